@@ -1,0 +1,37 @@
+//! zerofan-codec: a sans-IO, zero-copy codec for MQTT 3.1, 3.1.1 and 5.0.
+//!
+//! No sockets, no async, no clock: bytes in, packets out, and back.
+//!
+//! - [`framing`]: find packet boundaries in a partial buffer ([`frame`]),
+//!   checking the remaining length and the maximum packet size before any
+//!   body is buffered.
+//! - [`decode`]: turn one complete frame (`Bytes`) into a [`Packet`] whose
+//!   topic names and payloads are slices of that frame, never copies.
+//! - [`encode`]: write a [`Packet`] into any `BufMut`; for PUBLISH also
+//!   [`encode_publish_header`], which writes only the fixed and variable
+//!   header so a payload can travel as its own iovec.
+//! - [`packet`], [`properties`], [`reason`], [`string`]: the data types.
+//! - [`topic`]: topic-name and topic-filter validation and matching.
+//! - [`DecodeError`]: every malformed input, with the MQTT 5 reason code it
+//!   deserves.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod decode;
+pub mod encode;
+pub mod error;
+pub mod framing;
+pub mod packet;
+pub mod properties;
+pub mod reason;
+pub mod string;
+pub mod topic;
+
+pub use decode::decode;
+pub use encode::{encode, encode_publish_header, encoded_len, PublishHeader};
+pub use error::{DecodeError, EncodeError};
+pub use framing::{frame, Frame};
+pub use packet::*;
+pub use properties::Properties;
+pub use reason::ReasonCode;
+pub use string::{MqttStr, StrError};
