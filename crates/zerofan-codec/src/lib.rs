@@ -26,12 +26,13 @@ pub mod properties;
 pub mod reason;
 pub mod string;
 pub mod topic;
+mod wire;
 
 pub use decode::decode;
 pub use encode::{encode, encode_publish_header, encoded_len, PublishHeader};
 pub use error::{DecodeError, EncodeError};
-pub use framing::{frame, Frame};
+pub use framing::{frame, Frame, MAX_REMAINING_LENGTH};
 pub use packet::*;
 pub use properties::Properties;
-pub use reason::ReasonCode;
+pub use reason::{connack_reason_from_v3, v3_connack_code, v3_suback_code, ReasonCode};
 pub use string::{MqttStr, StrError};

@@ -64,3 +64,96 @@ impl ReasonCode {
         self.0 >= 0x80
     }
 }
+
+/// The MQTT 3.1 / 3.1.1 CONNACK return code for an MQTT 5 reason code.
+///
+/// 0x00 → 0 accepted; 0x84 → 1 unacceptable protocol version; 0x85 → 2
+/// identifier rejected; 0x88 → 3 server unavailable; 0x86 and 0x8C → 4 bad
+/// user name or password; 0x87 and 0x8A → 5 not authorized. Every other
+/// code is mapped to 3 (server unavailable), the closest 3.x has to "try
+/// again later / not now" (0x89 server busy, 0x9F connection rate exceeded,
+/// 0x80 unspecified error, ...).
+pub const fn v3_connack_code(reason: ReasonCode) -> u8 {
+    match reason.0 {
+        0x00 => 0,
+        0x84 => 1,
+        0x85 => 2,
+        0x86 | 0x8C => 4,
+        0x87 | 0x8A => 5,
+        _ => 3,
+    }
+}
+
+/// The MQTT 5 reason code for a 3.1 / 3.1.1 CONNACK return code 0..=5
+/// (the inverse of [`v3_connack_code`] on its canonical codes); `None` for
+/// the reserved values 6..=255.
+pub const fn connack_reason_from_v3(code: u8) -> Option<ReasonCode> {
+    match code {
+        0 => Some(ReasonCode::SUCCESS),
+        1 => Some(ReasonCode::UNSUPPORTED_PROTOCOL_VERSION),
+        2 => Some(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID),
+        3 => Some(ReasonCode::SERVER_UNAVAILABLE),
+        4 => Some(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+        5 => Some(ReasonCode::NOT_AUTHORIZED),
+        _ => None,
+    }
+}
+
+/// The MQTT 3.1.1 SUBACK return code for an MQTT 5 SUBACK reason code:
+/// granted QoS 0..=2 unchanged, every failure 0x80.
+pub const fn v3_suback_code(reason: ReasonCode) -> u8 {
+    if reason.0 <= 2 {
+        reason.0
+    } else {
+        0x80
+    }
+}
+
+impl ReasonCode {
+    /// Valid in an MQTT 5 CONNACK (§3.2.2.2).
+    pub const fn valid_in_connack(self) -> bool {
+        matches!(
+            self.0,
+            0x00 | 0x80..=0x8A | 0x8C | 0x90 | 0x95 | 0x97 | 0x99..=0x9D | 0x9F
+        )
+    }
+    /// Valid in an MQTT 5 PUBACK or PUBREC (§3.4.2.1, §3.5.2.1).
+    pub const fn valid_in_puback(self) -> bool {
+        matches!(
+            self.0,
+            0x00 | 0x10 | 0x80 | 0x83 | 0x87 | 0x90 | 0x91 | 0x97 | 0x99
+        )
+    }
+    /// Valid in an MQTT 5 PUBREL or PUBCOMP (§3.6.2.1, §3.7.2.1).
+    pub const fn valid_in_pubrel(self) -> bool {
+        matches!(self.0, 0x00 | 0x92)
+    }
+    /// Valid in an MQTT 5 SUBACK (§3.9.3).
+    pub const fn valid_in_suback(self) -> bool {
+        matches!(
+            self.0,
+            0x00..=0x02 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91 | 0x97 | 0x9E | 0xA1 | 0xA2
+        )
+    }
+    /// Valid in an MQTT 5 UNSUBACK (§3.11.3).
+    pub const fn valid_in_unsuback(self) -> bool {
+        matches!(self.0, 0x00 | 0x11 | 0x80 | 0x83 | 0x87 | 0x8F | 0x91)
+    }
+    /// Valid in an MQTT 5 DISCONNECT (§3.14.2.1).
+    pub const fn valid_in_disconnect(self) -> bool {
+        matches!(
+            self.0,
+            0x00 | 0x04
+                | 0x80..=0x83
+                | 0x87
+                | 0x89
+                | 0x8B
+                | 0x8D..=0x90
+                | 0x93..=0xA2
+        )
+    }
+    /// Valid in an MQTT 5 AUTH (§3.15.2.1).
+    pub const fn valid_in_auth(self) -> bool {
+        matches!(self.0, 0x00 | 0x18 | 0x19)
+    }
+}
