@@ -582,9 +582,7 @@ impl Pool {
             returns: sum[RETURNS],
             discards: sum[DISCARDS],
             preallocated: sum[PREALLOCATED],
-            bytes_retained: (inner.shared_retained.load(Relaxed) as u64)
-                .wrapping_add(sum[CACHED])
-                .min(inner.cap as u64),
+            bytes_retained: (inner.shared_retained.load(Relaxed) as u64).wrapping_add(sum[CACHED]),
             bytes_outstanding: outstanding.max(0) as u64,
         }
     }
@@ -1009,5 +1007,89 @@ unsafe impl BufMut for PooledBuf {
         );
         self.buf[self.len..self.len + src.len()].copy_from_slice(src);
         self.len += src.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// The budget (the ground truth behind the cap) never exceeds the cap,
+    /// sampled while threads churn, and once every thread cache is flushed
+    /// it equals exactly the bytes in the shared lists.
+    #[test]
+    fn budget_never_exceeds_cap_and_balances_at_rest() {
+        const CAP: usize = 200 * 1024;
+        let pool = Pool::new(PoolConfig {
+            max_retained_bytes: CAP,
+            thread_cache_depth: 2,
+        });
+        let inner = pool.inner;
+        let rounds = if cfg!(miri) { 20 } else { 20_000 };
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut samples = 0u64;
+                while !stop.load(Relaxed) {
+                    assert!(inner.budget.load(Relaxed) <= CAP);
+                    samples += 1;
+                    std::thread::yield_now();
+                }
+                samples
+            })
+        };
+        let workers: Vec<_> = (0..2)
+            .map(|t| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..rounds {
+                        let c = (i * 7 + t) % NUM_CLASSES;
+                        held.push(pool.get(CLASS_SIZES[c]));
+                        if held.len() > 5 {
+                            held.swap_remove(i % 5);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Relaxed);
+        assert!(watcher.join().unwrap() > 0);
+        pool.flush_thread_cache();
+        let shared: usize = inner
+            .lists
+            .iter()
+            .map(|l| lock(l).iter().map(|b| b.len()).sum::<usize>())
+            .sum();
+        assert_eq!(inner.shared_retained.load(Relaxed), shared);
+        assert_eq!(inner.budget.load(Relaxed), shared);
+        assert!(shared <= CAP);
+        let m = pool.metrics();
+        assert_eq!(m.bytes_retained, shared as u64);
+        assert_eq!(m.bytes_outstanding, 0);
+        assert_eq!(m.gets, m.returns);
+    }
+
+    /// Every buffer in a shared list has its class's size.
+    #[test]
+    fn shared_lists_hold_their_class_only() {
+        let pool = Pool::new(PoolConfig {
+            max_retained_bytes: 1 << 20,
+            thread_cache_depth: 0,
+        });
+        for n in [1, 3000, 5000, 9000, 17000, 40000, 65536] {
+            drop(pool.get(n));
+        }
+        let mut g = pool.get(1);
+        g.extend_from_slice(&[1; 70_000]);
+        drop(g);
+        for (c, l) in pool.inner.lists.iter().enumerate() {
+            assert!(lock(l).iter().all(|b| b.len() == CLASS_SIZES[c]));
+        }
     }
 }
