@@ -135,13 +135,25 @@ fn freeze_costs_exactly_one_allocation_and_clones_none() {
     assert_eq!(allocs, n, "one `Bytes::from_owner` header per freeze");
     assert_eq!(frees, n, "the header is freed with the last clone");
 
-    // Clones and slices alone allocate nothing.
+    // Clones and slices alone allocate nothing, and neither does dropping
+    // all but the last.
     let mut b = pool.get(100);
     b.extend_from_slice(b"payload");
     let bytes = b.freeze();
-    let (allocs, frees, clones) = count(|| (0..100).map(|_| bytes.slice(2..)).count());
-    assert_eq!(clones, 100);
+    let mut clones: Vec<Bytes> = Vec::with_capacity(100);
+    let (allocs, frees, ()) = count(|| {
+        for i in 0..100 {
+            clones.push(if i % 2 == 0 {
+                bytes.clone()
+            } else {
+                bytes.slice(2..)
+            });
+        }
+        clones.clear();
+    });
     assert_eq!((allocs, frees), (0, 0));
+    let (allocs, frees, ()) = count(|| drop(bytes));
+    assert_eq!((allocs, frees), (0, 1), "last drop frees the header only");
 }
 
 #[test]
