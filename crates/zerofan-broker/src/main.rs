@@ -1,1 +1,5 @@
-fn main() {}
+//! The `zerofan` broker binary; everything lives in the library.
+
+fn main() -> std::process::ExitCode {
+    zerofan_broker::cli::main()
+}

@@ -1,0 +1,189 @@
+//! Broker settings: every limit the core enforces, loaded from a flat TOML
+//! table whose keys are all optional.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// What a session queue does with a QoS 1/2 message when it is full.
+/// (QoS 0 always drops the oldest QoS 0 message.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueFull {
+    /// Drop the oldest queued message to make room.
+    DropOldest,
+    /// Drop the new message.
+    #[default]
+    DropNew,
+    /// Disconnect the slow consumer (DISCONNECT 0x97 under MQTT 5).
+    Disconnect,
+}
+
+/// All broker settings. Field names are the TOML keys.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Addresses to listen on (TCP).
+    pub listen: Vec<SocketAddr>,
+    /// Largest keep alive (seconds) a client may use; an MQTT 5 client asking
+    /// for more (or for 0 while this is below 65535) is told this value as
+    /// Server Keep Alive.
+    pub max_keepalive: u16,
+    /// Largest packet (bytes, fixed header included) accepted from a client.
+    pub max_packet_size: u32,
+    /// Our Receive Maximum: QoS 2 publications a client may have unfinished
+    /// towards us; exceeding it gets DISCONNECT 0x93.
+    pub receive_maximum: u16,
+    /// Cap on QoS 1/2 messages in flight towards one client (also capped by
+    /// the client's own Receive Maximum).
+    pub max_inflight: u16,
+    /// Messages a session queue holds before it drops.
+    pub max_queued_messages: usize,
+    /// Payload bytes a session queue holds before it drops.
+    pub max_queued_bytes: usize,
+    /// What a full queue does with a QoS 1/2 message.
+    pub queue_full: QueueFull,
+    /// Cap on the Session Expiry Interval (seconds); 4294967295 means none.
+    pub max_session_expiry: u32,
+    /// Seconds between `$SYS/` refreshes; 0 turns `$SYS/` off.
+    pub sys_interval: u64,
+    /// Topic aliases we accept from a client (MQTT 5); 0 turns them off.
+    pub topic_alias_maximum: u16,
+    /// Whether retained messages are supported.
+    pub retain_available: bool,
+    /// Seconds a new connection has to send CONNECT.
+    pub connect_timeout: u64,
+    /// Most levels a topic name or filter may have.
+    pub max_topic_levels: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 1883))],
+            max_keepalive: 65535,
+            max_packet_size: 268_435_455,
+            receive_maximum: 65535,
+            max_inflight: 65535,
+            max_queued_messages: 1000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            queue_full: QueueFull::DropNew,
+            max_session_expiry: u32::MAX,
+            sys_interval: 10,
+            topic_alias_maximum: 65535,
+            retain_available: true,
+            connect_timeout: 10,
+            max_topic_levels: 128,
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown / mistyped keys.
+    #[error("invalid config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// What the TOML parser said.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("invalid setting {key}: {why}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        why: &'static str,
+    },
+}
+
+impl Config {
+    /// Parse a TOML document.
+    pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Read and parse a TOML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Config::from_toml(&text, &shown)
+    }
+
+    /// Check ranges the type system does not.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, why| Err(ConfigError::Invalid { key, why });
+        if self.max_packet_size == 0 || self.max_packet_size > 268_435_455 {
+            return bad("max_packet_size", "must be 1..=268435455");
+        }
+        if self.receive_maximum == 0 {
+            return bad("receive_maximum", "must be at least 1");
+        }
+        if self.max_inflight == 0 {
+            return bad("max_inflight", "must be at least 1");
+        }
+        if self.max_queued_messages == 0 {
+            return bad("max_queued_messages", "must be at least 1");
+        }
+        if self.connect_timeout == 0 {
+            return bad("connect_timeout", "must be at least 1 second");
+        }
+        if self.max_topic_levels == 0 {
+            return bad("max_topic_levels", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = Config::from_toml("", "x").unwrap();
+        assert_eq!(c.max_queued_messages, 1000);
+        assert_eq!(c.queue_full, QueueFull::DropNew);
+    }
+
+    #[test]
+    fn keys_parse() {
+        let c = Config::from_toml(
+            "listen = [\"127.0.0.1:0\"]\nsys_interval = 1\nqueue_full = \"drop_oldest\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.sys_interval, 1);
+        assert_eq!(c.queue_full, QueueFull::DropOldest);
+        assert_eq!(c.listen[0].port(), 0);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() {
+        let e = Config::from_toml("max_keep_alive = 3\n", "x").unwrap_err();
+        assert!(e.to_string().contains("max_keep_alive"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_is_an_error() {
+        assert!(Config::from_toml("receive_maximum = 0\n", "x").is_err());
+    }
+}

@@ -1,0 +1,438 @@
+//! The broker state machine: the public entry points the shell calls, and
+//! the bookkeeping they share. Protocol handling lives in the sibling files
+//! (`connect`, `publish`, `subscribe`, `deliver`, `sys`) as further
+//! `impl Broker` blocks.
+
+use super::connection::{Connection, Phase};
+use super::ids::{ConnId, SessionId};
+use super::metrics::{Metrics, ShellStats};
+use super::outbox::{Outgoing, Transmit};
+use super::session::Session;
+use super::store::{MemoryStore, Store};
+use super::timers::{Timer, Timers};
+use super::trie::Trie;
+use crate::config::Config;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use zerofan_codec::{DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, ReasonCode};
+
+/// The whole broker as a deterministic state machine: packets and time go
+/// in, outboxes and wake-ups come out. No sockets, no clock, no async.
+pub struct Broker {
+    pub(crate) config: Config,
+    pub(crate) conns: HashMap<ConnId, Connection>,
+    pub(crate) sessions: HashMap<SessionId, Session>,
+    pub(crate) by_client: HashMap<MqttStr, SessionId>,
+    pub(crate) trie: Trie,
+    pub(crate) store: Box<dyn Store>,
+    pub(crate) timers: Timers,
+    pub(crate) metrics: Metrics,
+    pub(crate) shell_stats: ShellStats,
+    pub(crate) started: Instant,
+    next_conn: u64,
+    pub(crate) next_session: u64,
+    pub(crate) next_assigned: u64,
+    wakeups: Vec<ConnId>,
+}
+
+impl Broker {
+    /// A broker with in-memory storage, starting at `now`.
+    pub fn new(config: Config, now: Instant) -> Self {
+        Broker::with_store(config, Box::new(MemoryStore::default()), now)
+    }
+
+    /// A broker over the given store.
+    pub fn with_store(config: Config, store: Box<dyn Store>, now: Instant) -> Self {
+        let mut timers = Timers::default();
+        if config.sys_interval > 0 {
+            timers.arm(now, Timer::Sys);
+        }
+        Broker {
+            config,
+            conns: HashMap::new(),
+            sessions: HashMap::new(),
+            by_client: HashMap::new(),
+            trie: Trie::default(),
+            store,
+            timers,
+            metrics: Metrics::default(),
+            shell_stats: ShellStats::default(),
+            started: now,
+            next_conn: 1,
+            next_session: 1,
+            next_assigned: 1,
+            wakeups: Vec::new(),
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A new network connection; it has `connect_timeout` to send CONNECT.
+    pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.conns.insert(id, Connection::new(peer, now));
+        self.metrics.connections_opened += 1;
+        self.timers.arm(
+            now + Duration::from_secs(self.config.connect_timeout),
+            Timer::ConnectTimeout(id),
+        );
+        id
+    }
+
+    /// A decoded packet from a connection.
+    pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.last_activity = now;
+        let sid = match c.phase {
+            Phase::Closing => return,
+            Phase::AwaitingConnect => {
+                match packet {
+                    Packet::Connect(connect) => self.on_connect(now, conn, connect),
+                    _ => {
+                        // The first packet must be CONNECT (MQTT-3.1.0-1).
+                        self.metrics.protocol_errors += 1;
+                        self.close(now, conn, None, false);
+                    }
+                }
+                return;
+            }
+            Phase::Connected(sid) => sid,
+        };
+        match packet {
+            Packet::Publish(p) => self.on_publish(now, conn, sid, p),
+            Packet::PubAck(a) => self.on_puback(conn, sid, a),
+            Packet::PubRec(a) => self.on_pubrec(conn, sid, a),
+            Packet::PubRel(a) => self.on_pubrel(conn, sid, a),
+            Packet::PubComp(a) => self.on_pubcomp(conn, sid, a),
+            Packet::Subscribe(s) => self.on_subscribe(now, conn, sid, s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(now, conn, sid, u),
+            Packet::PingReq => self.send(conn, Packet::PingResp),
+            Packet::Disconnect(d) => self.on_disconnect(now, conn, sid, d),
+            Packet::Connect(_) => self.protocol_error(now, conn, "second CONNECT"),
+            Packet::Auth(_) => {
+                self.protocol_error(now, conn, "AUTH without an authentication method")
+            }
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                self.protocol_error(now, conn, "server-to-client packet sent by a client")
+            }
+        }
+    }
+
+    /// A frame that could not be framed or decoded: close that connection
+    /// with the reason the codec chose (MQTT 5) or silently (3.x).
+    pub fn handle_decode_error(&mut self, now: Instant, conn: ConnId, err: DecodeError) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if err.reason == ReasonCode::PROTOCOL_ERROR {
+            self.metrics.protocol_errors += 1;
+        } else {
+            self.metrics.malformed_packets += 1;
+        }
+        tracing::debug!(%conn, peer = %c.peer, error = %err, "bad packet");
+        match c.phase {
+            Phase::Closing => {}
+            Phase::AwaitingConnect => {
+                if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
+                    // Answered in 3.1.1 form (return code 1), which every
+                    // client version can read (MQTT-3.1.2-2).
+                    c.protocol = Protocol::V311;
+                    let ack = zerofan_codec::ConnAck {
+                        session_present: false,
+                        reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+                        properties: Properties::default(),
+                    };
+                    self.send(conn, Packet::ConnAck(ack));
+                }
+                self.close(now, conn, None, false);
+            }
+            Phase::Connected(_) => {
+                let reason = disconnect_reason(err.reason);
+                self.close_with(now, conn, reason, Some(err.what), true);
+            }
+        }
+    }
+
+    /// The network connection is gone (EOF, error, or the shell closed it
+    /// after a `Transmit::Close`). Publishes the will when the close was not
+    /// a normal DISCONNECT. Must be called exactly once per connection.
+    pub fn connection_lost(&mut self, now: Instant, conn: ConnId) {
+        self.close(now, conn, None, true);
+        self.conns.remove(&conn);
+    }
+
+    /// When [`Broker::handle_timeout`] next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Run every deadline that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(timer) = self.timers.pop_due(now) {
+            match timer {
+                Timer::ConnectTimeout(conn) => {
+                    if self
+                        .conns
+                        .get(&conn)
+                        .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+                    {
+                        self.metrics.connect_timeouts += 1;
+                        self.close(now, conn, None, false);
+                    }
+                }
+                Timer::KeepAlive(conn) => {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    if c.session().is_none() {
+                        continue;
+                    }
+                    match c.keep_alive_deadline() {
+                        Some(at) if at <= now => {
+                            self.metrics.keep_alive_timeouts += 1;
+                            tracing::debug!(%conn, "keep alive timeout");
+                            self.close(now, conn, Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
+                        }
+                        Some(at) => self.timers.arm(at, Timer::KeepAlive(conn)),
+                        None => {}
+                    }
+                }
+                Timer::Will(sid) => {
+                    let due = self
+                        .sessions
+                        .get(&sid)
+                        .and_then(|s| s.pending_will.as_ref())
+                        .is_some_and(|w| w.at <= now);
+                    if due {
+                        if let Some(w) = self
+                            .sessions
+                            .get_mut(&sid)
+                            .and_then(|s| s.pending_will.take())
+                        {
+                            self.publish_will(now, w.will);
+                        }
+                    }
+                }
+                Timer::SessionExpiry(sid) => {
+                    let expired = self.sessions.get(&sid).is_some_and(|s| {
+                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
+                    });
+                    if expired {
+                        self.metrics.sessions_expired += 1;
+                        self.end_session(now, sid);
+                    }
+                }
+                Timer::Sys => {
+                    self.publish_sys(now);
+                    self.timers.arm(
+                        now + Duration::from_secs(self.config.sys_interval),
+                        Timer::Sys,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
+    /// is closed after its outbox is flushed.
+    pub fn shutdown(&mut self, now: Instant) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in ids {
+            self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+        }
+    }
+
+    /// Move up to `max` items for `conn`'s writer into `out`: control
+    /// packets first, then queued messages as far as the client's window
+    /// allows. Call again after writing them; an empty batch with
+    /// [`Transmit::Open`] means nothing to do until the next wake-up.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        out: &mut Vec<Outgoing>,
+        max: usize,
+    ) -> Transmit {
+        self.fill_batch(now, conn, out, max)
+    }
+
+    /// Connections whose writer has something new (or must close), since
+    /// the last call. Each appears once.
+    pub fn take_wakeups(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.wakeups);
+    }
+
+    /// The protocol to decode this connection's packets with.
+    pub fn protocol(&self, conn: ConnId) -> Protocol {
+        self.conns.get(&conn).map_or(Protocol::V311, |c| c.protocol)
+    }
+
+    /// The largest packet to accept from this connection.
+    pub fn max_packet_size(&self, conn: ConnId) -> u32 {
+        let _ = conn; // one limit for all today; per-listener limits later
+        self.config.max_packet_size
+    }
+
+    /// True once the broker has decided to close the connection (or it is unknown).
+    pub fn is_closing(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .map_or(true, |c| c.phase == Phase::Closing)
+    }
+
+    /// Control packets waiting for the writer; the shell stops reading from
+    /// a client that does not read its answers.
+    pub fn outbox_len(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn).map_or(0, |c| c.outbox.len())
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Hand over figures only the shell knows, for `$SYS/`.
+    pub fn set_shell_stats(&mut self, stats: ShellStats) {
+        self.shell_stats = stats;
+    }
+
+    /// Clients currently connected.
+    pub fn connected_clients(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|c| c.session().is_some())
+            .count()
+    }
+
+    /// Sessions that exist (connected or not).
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Messages queued (not yet sent) for `client_id`'s session.
+    pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
+        let key = MqttStr::try_from(client_id).ok()?;
+        let sid = self.by_client.get(&key)?;
+        self.sessions.get(sid).map(|s| s.queue.len())
+    }
+
+    /// Messages in flight (sent, not acknowledged) to `client_id`.
+    pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
+        let key = MqttStr::try_from(client_id).ok()?;
+        let sid = self.by_client.get(&key)?;
+        self.sessions.get(sid).map(|s| s.inflight.len())
+    }
+
+    /// Retained messages stored.
+    pub fn retained_count(&self) -> usize {
+        self.store.len()
+    }
+
+    // ----- shared helpers -------------------------------------------------
+
+    /// Queue a control packet for a connection.
+    pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.outbox.push_back(Outgoing::Packet(packet));
+            self.wake(conn);
+        }
+    }
+
+    /// Tell the shell this connection's writer has work.
+    pub(crate) fn wake(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if !c.woken {
+                c.woken = true;
+                self.wakeups.push(conn);
+            }
+        }
+    }
+
+    /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
+    pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
+        self.metrics.protocol_errors += 1;
+        tracing::debug!(%conn, what, "protocol error");
+        self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
+    }
+
+    /// Close with a reason code and a reason string for MQTT 5 clients that
+    /// asked for problem information.
+    pub(crate) fn close_with(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: ReasonCode,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, Some(reason), what, publish_will);
+    }
+
+    /// Start closing a connection: optional DISCONNECT (MQTT 5 only), the
+    /// session detached, the will published or scheduled if asked.
+    pub(crate) fn close(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, reason, None, publish_will);
+    }
+
+    fn close_inner(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
+        if prev == Phase::Closing {
+            return;
+        }
+        if let (Some(reason), Phase::Connected(_)) = (reason, prev) {
+            if c.protocol.is_v5() {
+                let mut properties = Properties::default();
+                if c.problem_info {
+                    properties.reason_string = what.map(MqttStr::from_static);
+                }
+                c.outbox
+                    .push_back(Outgoing::Packet(Packet::Disconnect(Disconnect {
+                        reason,
+                        properties,
+                    })));
+            }
+        }
+        let will = if publish_will {
+            c.will.take().map(|w| (w, c.will_delay))
+        } else {
+            c.will = None;
+            None
+        };
+        self.wake(conn);
+        if let Phase::Connected(sid) = prev {
+            self.detach(now, sid, will);
+        }
+    }
+}
+
+/// The DISCONNECT reason for a decode error: the codec's code when it is one
+/// DISCONNECT may carry, else 0x81 Malformed Packet.
+fn disconnect_reason(code: ReasonCode) -> ReasonCode {
+    match code.0 {
+        0x80..=0x83 | 0x87 | 0x8F | 0x90 | 0x93..=0x9A | 0x9E | 0xA1 | 0xA2 => code,
+        _ => ReasonCode::MALFORMED_PACKET,
+    }
+}

@@ -1,0 +1,383 @@
+//! CONNECT, DISCONNECT, session attach / detach / end, and wills.
+
+use super::broker::Broker;
+use super::connection::Phase;
+use super::ids::{ConnId, SessionId};
+use super::message::Message;
+use super::outbox::Outgoing;
+use super::session::{InflightState, PendingWill, Session};
+use super::store::SessionRecord;
+use super::timers::Timer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zerofan_codec::{
+    ConnAck, Connect, Disconnect, MqttStr, Packet, Properties, Publish, ReasonCode, Will,
+};
+
+impl Broker {
+    /// CONNECT on a fresh connection.
+    pub(crate) fn on_connect(&mut self, now: Instant, conn: ConnId, connect: Box<Connect>) {
+        let Connect {
+            protocol,
+            clean_start,
+            keep_alive,
+            properties,
+            client_id,
+            will,
+            username: _,
+            password: _,
+        } = *connect;
+        let v5 = protocol.is_v5();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.protocol = protocol;
+        }
+
+        if v5 && properties.authentication_method.is_some() {
+            // No enhanced authentication methods are supported (MQTT-4.12.0-1).
+            self.refuse(now, conn, ReasonCode::BAD_AUTHENTICATION_METHOD);
+            return;
+        }
+        if let Some(w) = &will {
+            if zerofan_codec::topic::validate_topic_name(&w.topic).is_err() {
+                self.refuse(now, conn, ReasonCode::TOPIC_NAME_INVALID);
+                return;
+            }
+            if w.retain && !self.config.retain_available {
+                self.refuse(now, conn, ReasonCode::RETAIN_NOT_SUPPORTED);
+                return;
+            }
+        }
+
+        let mut assigned = None;
+        let client_id = if client_id.is_empty() {
+            if !v5 && !clean_start {
+                // 3.1.1: a zero-byte ClientId needs CleanSession=1 (MQTT-3.1.3-8).
+                self.refuse(now, conn, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+                return;
+            }
+            let id = self.assign_client_id();
+            assigned = Some(id.clone());
+            id
+        } else {
+            client_id
+        };
+
+        let mut keep = keep_alive;
+        let mut server_keep_alive = None;
+        let max_ka = self.config.max_keepalive;
+        if v5 && (keep > max_ka || (keep == 0 && max_ka < u16::MAX)) {
+            keep = max_ka;
+            server_keep_alive = Some(max_ka);
+        }
+
+        let requested_expiry = if v5 {
+            properties.session_expiry_interval.unwrap_or(0)
+        } else if clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let expiry = requested_expiry.min(self.config.max_session_expiry);
+
+        // Takeover: the old connection is closed with 0x8E (MQTT-3.1.4-3).
+        if let Some(old) = self
+            .by_client
+            .get(&client_id)
+            .and_then(|sid| self.sessions.get(sid))
+            .and_then(|s| s.conn)
+        {
+            self.metrics.takeovers += 1;
+            self.close(now, old, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+
+        let existing = self.by_client.get(&client_id).copied();
+        if clean_start {
+            if let Some(sid) = existing {
+                self.end_session(now, sid);
+            }
+        }
+        let resumed = if clean_start { None } else { existing };
+        let sid = match resumed {
+            Some(sid) => sid,
+            None => {
+                let sid = SessionId(self.next_session);
+                self.next_session += 1;
+                self.sessions
+                    .insert(sid, Session::new(client_id.clone(), protocol));
+                self.by_client.insert(client_id.clone(), sid);
+                sid
+            }
+        };
+        let session_present = resumed.is_some();
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            s.conn = Some(conn);
+            s.protocol = protocol;
+            s.expiry_interval = expiry;
+            s.expires_at = None;
+            // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
+            s.pending_will = None;
+        }
+
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.phase = Phase::Connected(sid);
+        c.keep_alive = Duration::from_secs(u64::from(keep));
+        if v5 {
+            c.max_packet_out = properties.maximum_packet_size.unwrap_or(u32::MAX);
+            c.send_window = properties
+                .receive_maximum
+                .unwrap_or(u16::MAX)
+                .min(self.config.max_inflight);
+            c.alias_max_out = properties.topic_alias_maximum.unwrap_or(0);
+            c.problem_info = properties.request_problem_information != Some(0);
+        } else {
+            c.send_window = self.config.max_inflight;
+        }
+        c.will_delay = will
+            .as_ref()
+            .and_then(|w| w.properties.will_delay_interval)
+            .unwrap_or(0);
+        c.will = will;
+        if let Some(at) = c.keep_alive_deadline() {
+            self.timers.arm(at, Timer::KeepAlive(conn));
+        }
+        self.metrics.clients_connected_total += 1;
+        tracing::debug!(%conn, client_id = %client_id, ?protocol, session_present, "connected");
+
+        let mut props = Properties::default();
+        if v5 {
+            let cfg = &self.config;
+            if cfg.receive_maximum != u16::MAX {
+                props.receive_maximum = Some(cfg.receive_maximum);
+            }
+            if cfg.max_packet_size < 268_435_455 {
+                props.maximum_packet_size = Some(cfg.max_packet_size);
+            }
+            if cfg.topic_alias_maximum > 0 {
+                props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
+            }
+            if !cfg.retain_available {
+                props.retain_available = Some(0);
+            }
+            if expiry != requested_expiry {
+                props.session_expiry_interval = Some(expiry);
+            }
+            props.server_keep_alive = server_keep_alive;
+            props.assigned_client_identifier = assigned;
+        }
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present,
+                reason: ReasonCode::SUCCESS,
+                properties: props,
+            }),
+        );
+        if session_present {
+            self.redeliver(now, conn, sid);
+        }
+        self.save_session(sid);
+        self.wake(conn);
+    }
+
+    /// CONNACK with a failure code, then close.
+    fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present: false,
+                reason,
+                properties: Properties::default(),
+            }),
+        );
+        self.close(now, conn, None, false);
+    }
+
+    /// A client identifier nobody uses.
+    fn assign_client_id(&mut self) -> MqttStr {
+        loop {
+            let n = self.next_assigned;
+            self.next_assigned += 1;
+            let id = MqttStr::try_from(format!("zerofan-{n:08x}")).unwrap_or_default();
+            if !self.by_client.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Resend what was in flight when the last connection dropped, in the
+    /// original order: PUBLISH with DUP, or PUBREL (MQTT-4.4.0-1).
+    fn redeliver(&mut self, now: Instant, conn: ConnId, sid: SessionId) {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let mut flying: Vec<(u64, u16)> = s.inflight.iter().map(|(pid, f)| (f.seq, *pid)).collect();
+        flying.sort_unstable();
+        for (_, pid) in flying {
+            let (Some(s), Some(c)) = (self.sessions.get(&sid), self.conns.get_mut(&conn)) else {
+                return;
+            };
+            let Some(f) = s.inflight.get(&pid) else {
+                continue;
+            };
+            let out = match f.state {
+                InflightState::AwaitingAck => {
+                    let mut d = super::deliver::make_delivery(c, &f.item, pid, now);
+                    d.dup = true;
+                    Outgoing::Publish(d)
+                }
+                InflightState::AwaitingComp => {
+                    Outgoing::Packet(Packet::PubRel(zerofan_codec::Ack {
+                        packet_id: pid,
+                        ..Default::default()
+                    }))
+                }
+            };
+            c.outbox.push_back(out);
+        }
+        self.wake(conn);
+    }
+
+    /// DISCONNECT from the client.
+    pub(crate) fn on_disconnect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        d: Disconnect,
+    ) {
+        if let Some(requested) = d.properties.session_expiry_interval {
+            let current = self.sessions.get(&sid).map_or(0, |s| s.expiry_interval);
+            if current == 0 && requested != 0 {
+                // MQTT-3.14.2-2.
+                self.protocol_error(
+                    now,
+                    conn,
+                    "session expiry set on DISCONNECT after 0 in CONNECT",
+                );
+                return;
+            }
+            let capped = requested.min(self.config.max_session_expiry);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.expiry_interval = capped;
+            }
+        }
+        // A normal DISCONNECT discards the will; 0x04 asks for it (MQTT-3.14.4-3).
+        let with_will = d.reason == ReasonCode::DISCONNECT_WITH_WILL;
+        self.close(now, conn, None, with_will);
+    }
+
+    /// The connection of `sid` is gone: schedule or publish its will, keep
+    /// the session for its expiry interval or end it now.
+    pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Will, u32)>) {
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        s.conn = None;
+        let expiry = s.expiry_interval;
+        let shares: Vec<Box<str>> = s
+            .subscriptions
+            .keys()
+            .filter(|f| f.starts_with("$share/"))
+            .cloned()
+            .collect();
+        for share in shares {
+            self.hand_over_shared(now, sid, &share, true);
+        }
+        if let Some((will, delay)) = will {
+            // The will waits for its delay or the session's end, whichever
+            // comes first (MQTT-3.1.3-9).
+            let delay = delay.min(expiry);
+            if delay == 0 {
+                self.publish_will(now, will);
+            } else {
+                let at = now + Duration::from_secs(u64::from(delay));
+                if let Some(s) = self.sessions.get_mut(&sid) {
+                    s.pending_will = Some(PendingWill { will, at });
+                }
+                self.timers.arm(at, Timer::Will(sid));
+            }
+        }
+        if expiry == 0 {
+            self.end_session(now, sid);
+        } else if expiry != u32::MAX {
+            let at = now + Duration::from_secs(u64::from(expiry));
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.expires_at = Some(at);
+            }
+            self.timers.arm(at, Timer::SessionExpiry(sid));
+        }
+    }
+
+    /// Remove a session for good: subscriptions out of the trie, shared
+    /// messages handed to other members, a pending will published.
+    pub(crate) fn end_session(&mut self, now: Instant, sid: SessionId) {
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            // Only reached for clean-start replacement after a takeover, where
+            // the old connection is already closing; make sure it is detached.
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.phase = Phase::Closing;
+            }
+        }
+        let filters: Vec<Box<str>> = self
+            .sessions
+            .get(&sid)
+            .map(|s| s.subscriptions.keys().cloned().collect())
+            .unwrap_or_default();
+        for filter in &filters {
+            if filter.starts_with("$share/") {
+                self.hand_over_shared(now, sid, filter, false);
+            }
+            self.trie_remove(filter, sid);
+        }
+        let Some(mut s) = self.sessions.remove(&sid) else {
+            return;
+        };
+        if self.by_client.get(&s.client_id) == Some(&sid) {
+            self.by_client.remove(&s.client_id);
+        }
+        self.store.remove(s.client_id.as_str());
+        if let Some(w) = s.pending_will.take() {
+            self.publish_will(now, w.will);
+        }
+    }
+
+    /// Publish a will message.
+    pub(crate) fn publish_will(&mut self, now: Instant, will: Will) {
+        self.metrics.wills_published += 1;
+        let mut properties = will.properties;
+        properties.will_delay_interval = None;
+        let publish = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: 0,
+            properties,
+            payload: will.payload,
+        };
+        let msg = Arc::new(Message::from_publish(publish, None, now));
+        self.route(now, msg);
+    }
+
+    /// Tell the session store about a session worth keeping.
+    pub(crate) fn save_session(&mut self, sid: SessionId) {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        if s.expiry_interval == 0 {
+            return;
+        }
+        let record = SessionRecord {
+            client_id: s.client_id.to_string(),
+            expiry_interval: s.expiry_interval,
+            subscriptions: s
+                .subscriptions
+                .iter()
+                .map(|(f, r)| (f.to_string(), *r))
+                .collect(),
+        };
+        self.store.save(record);
+    }
+}

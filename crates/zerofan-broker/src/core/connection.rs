@@ -1,0 +1,95 @@
+//! Per-connection protocol state: what CONNECT negotiated, topic aliases,
+//! keep alive and the outbox the shell drains.
+
+use super::ids::SessionId;
+use super::outbox::Outgoing;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use zerofan_codec::{MqttStr, Protocol, Will};
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for CONNECT until the deadline.
+    AwaitingConnect,
+    /// CONNECT accepted; attached to a session.
+    Connected(SessionId),
+    /// The broker decided to close it; the outbox is flushed, then closed.
+    Closing,
+}
+
+/// One network connection as the core sees it.
+#[derive(Debug)]
+pub struct Connection {
+    /// Peer address, for logs.
+    pub peer: SocketAddr,
+    /// Phase.
+    pub phase: Phase,
+    /// Protocol from CONNECT (3.1.1 until then).
+    pub protocol: Protocol,
+    /// Keep alive in force (zero: off).
+    pub keep_alive: Duration,
+    /// When the last packet arrived.
+    pub last_activity: Instant,
+    /// The client's Maximum Packet Size (what we may send).
+    pub max_packet_out: u32,
+    /// Outbound window: min(client's Receive Maximum, our cap).
+    pub send_window: u16,
+    /// The client's Topic Alias Maximum (what we may use outbound).
+    pub alias_max_out: u16,
+    /// Topic aliases we established towards the client.
+    pub aliases_out: HashMap<MqttStr, u16>,
+    /// Inbound topic aliases the client established.
+    pub aliases_in: HashMap<u16, MqttStr>,
+    /// Request Problem Information.
+    pub problem_info: bool,
+    /// The will from CONNECT, until a normal DISCONNECT clears it.
+    pub will: Option<Will>,
+    /// Will Delay Interval in seconds.
+    pub will_delay: u32,
+    /// Packets and deliveries waiting for the writer.
+    pub outbox: VecDeque<Outgoing>,
+    /// Whether the shell has already been told to wake this writer.
+    pub woken: bool,
+}
+
+impl Connection {
+    /// A connection that has not sent CONNECT yet.
+    pub fn new(peer: SocketAddr, now: Instant) -> Self {
+        Connection {
+            peer,
+            phase: Phase::AwaitingConnect,
+            protocol: Protocol::V311,
+            keep_alive: Duration::ZERO,
+            last_activity: now,
+            max_packet_out: u32::MAX,
+            send_window: u16::MAX,
+            alias_max_out: 0,
+            aliases_out: HashMap::new(),
+            aliases_in: HashMap::new(),
+            problem_info: true,
+            will: None,
+            will_delay: 0,
+            outbox: VecDeque::new(),
+            woken: false,
+        }
+    }
+
+    /// The session, when connected.
+    pub fn session(&self) -> Option<SessionId> {
+        match self.phase {
+            Phase::Connected(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// When keep alive runs out (1.5 times the interval after the last packet).
+    pub fn keep_alive_deadline(&self) -> Option<Instant> {
+        if self.keep_alive.is_zero() {
+            None
+        } else {
+            Some(self.last_activity + self.keep_alive * 3 / 2)
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Outbound delivery: session queues (bounded, with drop counters), the
+//! inflight window, topic aliases towards the client, and the batches the
+//! shell's writer pulls.
+
+use super::broker::Broker;
+use super::connection::{Connection, Phase};
+use super::ids::{ConnId, SessionId};
+use super::message::Message;
+use super::outbox::{Delivery, Outgoing, Transmit};
+use super::publish::COMPACT_AT_MOST;
+use super::session::{Inflight, InflightState, PushOutcome, Queued};
+use std::sync::Arc;
+use std::time::Instant;
+use zerofan_codec::{QoS, ReasonCode};
+
+impl Broker {
+    /// Put a message in a session's queue, within its bounds.
+    pub(crate) fn enqueue(&mut self, now: Instant, sid: SessionId, item: Queued) {
+        let mut cache = None;
+        self.enqueue_with(now, sid, item, &mut cache);
+    }
+
+    /// [`Broker::enqueue`] sharing one compacted copy between every absent
+    /// session of the same message.
+    pub(crate) fn enqueue_with(
+        &mut self,
+        now: Instant,
+        sid: SessionId,
+        mut item: Queued,
+        compacted: &mut Option<Arc<Message>>,
+    ) {
+        let _ = now;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if s.conn.is_none() {
+            if item.qos == QoS::AtMostOnce {
+                // QoS 0 is not kept for absent clients.
+                return;
+            }
+            if item.msg.size() <= COMPACT_AT_MOST {
+                let copy = compacted.get_or_insert_with(|| {
+                    self.metrics.compactions += 1;
+                    Arc::new(item.msg.compacted())
+                });
+                item.msg = copy.clone();
+            }
+        }
+        let cfg = &self.config;
+        let outcome = s.push(
+            item,
+            cfg.max_queued_messages,
+            cfg.max_queued_bytes,
+            cfg.queue_full,
+        );
+        let conn = s.conn;
+        match outcome {
+            PushOutcome::Queued => {}
+            PushOutcome::DroppedOldQos0 | PushOutcome::DroppedNewQos0 => {
+                self.metrics.dropped_qos0_queue_full += 1
+            }
+            PushOutcome::DroppedOldest | PushOutcome::DroppedNew => {
+                self.metrics.dropped_queue_full += 1
+            }
+            PushOutcome::Disconnect => {
+                self.metrics.dropped_queue_full += 1;
+                if let Some(conn) = conn {
+                    self.metrics.slow_consumer_disconnects += 1;
+                    self.close_with(
+                        now,
+                        conn,
+                        ReasonCode::QUOTA_EXCEEDED,
+                        Some("queue full"),
+                        true,
+                    );
+                }
+                return;
+            }
+        }
+        if let Some(conn) = conn {
+            self.wake(conn);
+        }
+    }
+
+    /// The body of [`Broker::poll_transmit`].
+    pub(crate) fn fill_batch(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        out: &mut Vec<Outgoing>,
+        max: usize,
+    ) -> Transmit {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Transmit::Gone;
+        };
+        c.woken = false;
+        while out.len() < max {
+            match c.outbox.pop_front() {
+                Some(item) => out.push(item),
+                None => break,
+            }
+        }
+        let sid = match c.phase {
+            Phase::Closing => {
+                return if c.outbox.is_empty() {
+                    Transmit::Close
+                } else {
+                    Transmit::Open
+                };
+            }
+            Phase::AwaitingConnect => return Transmit::Open,
+            Phase::Connected(sid) => sid,
+        };
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return Transmit::Open;
+        };
+        let window = usize::from(c.send_window);
+        while out.len() < max {
+            let Some(front) = s.queue.front() else {
+                break;
+            };
+            if front.qos != QoS::AtMostOnce && s.inflight.len() >= window {
+                // Flow control: never more than the client's Receive Maximum
+                // unacknowledged (MQTT-3.3.4-9). Order is kept, so wait.
+                break;
+            }
+            let Some(item) = s.pop() else {
+                break;
+            };
+            if item.msg.is_expired(now) {
+                self.metrics.dropped_expired += 1;
+                continue;
+            }
+            if c.protocol.is_v5() && !fits(c, &item, now) {
+                // Never send more than the client's Maximum Packet Size; the
+                // message is dropped as if delivered (MQTT-3.1.2-25).
+                self.metrics.dropped_too_large += 1;
+                continue;
+            }
+            let pid = if item.qos == QoS::AtMostOnce {
+                0
+            } else {
+                s.alloc_packet_id()
+            };
+            let d = make_delivery(c, &item, pid, now);
+            if item.qos != QoS::AtMostOnce {
+                let seq = s.next_seq;
+                s.next_seq += 1;
+                s.inflight.insert(
+                    pid,
+                    Inflight {
+                        item,
+                        state: InflightState::AwaitingAck,
+                        seq,
+                    },
+                );
+            }
+            self.metrics.messages_sent += 1;
+            self.metrics.payload_bytes_sent += d.message.payload.len() as u64;
+            out.push(Outgoing::Publish(d));
+        }
+        Transmit::Open
+    }
+
+    /// A shared-subscription member `from` leaves `share` (or just lost its
+    /// connection, `keep_if_alone`): its queued and unacknowledged messages
+    /// of that group go to other members.
+    pub(crate) fn hand_over_shared(
+        &mut self,
+        now: Instant,
+        from: SessionId,
+        share: &str,
+        keep_if_alone: bool,
+    ) {
+        let Some((group, filter)) = zerofan_codec::topic::split_shared(share) else {
+            return;
+        };
+        let items = match self.sessions.get_mut(&from) {
+            Some(s) => s.take_shared(share),
+            None => return,
+        };
+        for mut item in items {
+            let sessions = &self.sessions;
+            let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+            let pick = self
+                .trie
+                .group_mut(filter, group)
+                .and_then(|g| g.pick_other(from, online));
+            match pick {
+                Some(e) => {
+                    item.qos = e.options.qos.min(item.msg.qos);
+                    item.sub_ids = e.id.into_iter().collect();
+                    self.enqueue(now, e.session, item);
+                }
+                None if keep_if_alone => {
+                    if let Some(s) = self.sessions.get_mut(&from) {
+                        let cfg = &self.config;
+                        let _ = s.push(
+                            item,
+                            cfg.max_queued_messages,
+                            cfg.max_queued_bytes,
+                            cfg.queue_full,
+                        );
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Remove one of `sid`'s subscriptions from the trie.
+    pub(crate) fn trie_remove(&mut self, filter: &str, sid: SessionId) -> bool {
+        match zerofan_codec::topic::split_shared(filter) {
+            Some((group, plain)) => self.trie.remove(plain, Some(group), sid),
+            None => self.trie.remove(filter, None, sid),
+        }
+    }
+}
+
+/// Whether the delivery fits the client's Maximum Packet Size, counted with
+/// the full topic (an alias could only make it smaller).
+fn fits(c: &Connection, item: &Queued, now: Instant) -> bool {
+    if c.max_packet_out == u32::MAX {
+        return true;
+    }
+    let header = zerofan_codec::PublishHeader {
+        dup: false,
+        qos: item.qos,
+        retain: item.retain,
+        packet_id: 1,
+        topic: item.msg.topic.as_str(),
+        topic_alias: None,
+        properties: &item.msg.properties,
+        message_expiry_interval: item.msg.remaining_expiry(now),
+        subscription_identifiers: &item.sub_ids,
+        payload_len: item.msg.payload.len(),
+    };
+    header
+        .packet_len(c.protocol)
+        .is_ok_and(|len| len <= c.max_packet_out as usize)
+}
+
+/// Build the per-subscriber PUBLISH, choosing a topic alias when the client
+/// allows them: the first message on a topic establishes one, later ones
+/// send only the alias.
+pub(crate) fn make_delivery(
+    c: &mut Connection,
+    item: &Queued,
+    packet_id: u16,
+    now: Instant,
+) -> Delivery {
+    let (topic_alias, send_topic) = if c.alias_max_out == 0 {
+        (None, true)
+    } else if let Some(&a) = c.aliases_out.get(&item.msg.topic) {
+        (Some(a), false)
+    } else if c.aliases_out.len() < usize::from(c.alias_max_out) {
+        let a = c.aliases_out.len() as u16 + 1;
+        c.aliases_out.insert(item.msg.topic.clone(), a);
+        (Some(a), true)
+    } else {
+        (None, true)
+    };
+    let v5 = c.protocol.is_v5();
+    Delivery {
+        message: item.msg.clone(),
+        qos: item.qos,
+        packet_id,
+        dup: false,
+        retain: item.retain,
+        topic_alias,
+        send_topic,
+        subscription_identifiers: if v5 { item.sub_ids.clone() } else { Vec::new() },
+        message_expiry_interval: if v5 {
+            item.msg.remaining_expiry(now)
+        } else {
+            None
+        },
+    }
+}

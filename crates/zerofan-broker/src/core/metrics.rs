@@ -1,0 +1,81 @@
+//! Broker counters, published under `$SYS/` and readable by tests.
+
+/// Counters the core keeps. Every dropped message has a counter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Connections ever opened.
+    pub connections_opened: u64,
+    /// CONNECTs accepted.
+    pub clients_connected_total: u64,
+    /// PUBLISH packets received from clients.
+    pub messages_received: u64,
+    /// PUBLISH packets sent to clients.
+    pub messages_sent: u64,
+    /// Payload bytes received in PUBLISH packets.
+    pub payload_bytes_received: u64,
+    /// Payload bytes sent in PUBLISH packets.
+    pub payload_bytes_sent: u64,
+    /// QoS 0 messages dropped because a session queue was full.
+    pub dropped_qos0_queue_full: u64,
+    /// QoS 1/2 messages dropped because a session queue was full.
+    pub dropped_queue_full: u64,
+    /// Messages dropped because they expired before delivery.
+    pub dropped_expired: u64,
+    /// Messages dropped because they exceed the client's Maximum Packet Size.
+    pub dropped_too_large: u64,
+    /// Clients disconnected because their queue was full (`queue_full = "disconnect"`).
+    pub slow_consumer_disconnects: u64,
+    /// Malformed packets received.
+    pub malformed_packets: u64,
+    /// Protocol violations (connections closed by the broker for them).
+    pub protocol_errors: u64,
+    /// Keep alive timeouts.
+    pub keep_alive_timeouts: u64,
+    /// Connections that never sent CONNECT in time.
+    pub connect_timeouts: u64,
+    /// Sessions taken over by a new connection with the same client id.
+    pub takeovers: u64,
+    /// Sessions removed because their expiry interval passed.
+    pub sessions_expired: u64,
+    /// Wills published.
+    pub wills_published: u64,
+    /// Messages copied out of their read buffer before being kept for long
+    /// (retained, offline queues), so they do not pin a large buffer.
+    pub compactions: u64,
+}
+
+impl Metrics {
+    /// Every message dropped for any reason.
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped_qos0_queue_full
+            + self.dropped_queue_full
+            + self.dropped_expired
+            + self.dropped_too_large
+    }
+}
+
+/// Figures only the shell knows (bytes on sockets, pool), handed to the core
+/// for `$SYS/`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShellStats {
+    /// Bytes read from sockets.
+    pub bytes_received: u64,
+    /// Bytes written to sockets.
+    pub bytes_sent: u64,
+    /// Pool: buffer requests.
+    pub pool_gets: u64,
+    /// Pool: requests served from the pool.
+    pub pool_hits: u64,
+    /// Pool: requests that allocated.
+    pub pool_misses: u64,
+    /// Pool: buffers returned.
+    pub pool_returns: u64,
+    /// Pool: buffers freed instead of kept.
+    pub pool_discards: u64,
+    /// Pool: bytes held for reuse.
+    pub pool_bytes_retained: u64,
+    /// Pool: bytes handed out and not yet back.
+    pub pool_bytes_outstanding: u64,
+    /// Pool: hits / gets.
+    pub pool_hit_rate: f64,
+}

@@ -1,0 +1,34 @@
+//! The sans-IO protocol core: sessions, routing, QoS state, keep alive,
+//! wills and expiry as a deterministic state machine. Time comes in as an
+//! argument; nothing here touches a socket or a clock.
+//!
+//! - [`Broker`]: the entry points the shell calls.
+//! - [`Outgoing`] / [`Delivery`]: what a connection's writer sends; a
+//!   delivery references the shared [`Message`], never a copy.
+//! - [`store`]: the storage traits and the in-memory store.
+//! - [`Metrics`]: every counter, published under `$SYS/`.
+
+mod broker;
+mod connect;
+mod connection;
+mod deliver;
+mod ids;
+mod message;
+mod metrics;
+mod outbox;
+mod publish;
+mod session;
+pub mod store;
+mod subscribe;
+mod sys;
+mod timers;
+mod trie;
+
+#[cfg(test)]
+mod tests;
+
+pub use broker::Broker;
+pub use ids::{ConnId, SessionId};
+pub use message::Message;
+pub use metrics::{Metrics, ShellStats};
+pub use outbox::{Delivery, Outgoing, Transmit};

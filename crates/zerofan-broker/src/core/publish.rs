@@ -1,0 +1,300 @@
+//! Inbound PUBLISH and the acknowledgement flows in both directions, and
+//! routing a message to every matching session.
+
+use super::broker::Broker;
+use super::ids::{ConnId, SessionId};
+use super::message::Message;
+use super::session::{InflightState, Queued};
+use super::trie::Hit;
+use std::sync::Arc;
+use std::time::Instant;
+use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
+
+/// Messages at most this large are copied out of their read buffer before
+/// being kept for long (retained, offline queues): a small slice must not
+/// pin a large pooled buffer.
+pub(crate) const COMPACT_AT_MOST: usize = 8 * 1024;
+
+impl Broker {
+    /// PUBLISH from a client.
+    pub(crate) fn on_publish(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        mut p: Publish,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if p.retain && !self.config.retain_available {
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                Some("retain not supported"),
+                true,
+            );
+            return;
+        }
+        if let Some(alias) = p.properties.topic_alias {
+            if alias == 0 || alias > self.config.topic_alias_maximum {
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::TOPIC_ALIAS_INVALID,
+                    Some("topic alias out of range"),
+                    true,
+                );
+                return;
+            }
+            if p.topic.is_empty() {
+                match c.aliases_in.get(&alias) {
+                    Some(t) => p.topic = t.clone(),
+                    None => {
+                        self.protocol_error(now, conn, "unknown topic alias");
+                        return;
+                    }
+                }
+            } else {
+                c.aliases_in.insert(alias, p.topic.clone());
+            }
+        }
+        if zerofan_codec::topic::validate_topic_name(&p.topic).is_err()
+            || p.topic.split('/').count() > self.config.max_topic_levels
+        {
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::TOPIC_NAME_INVALID,
+                Some("invalid topic name"),
+                true,
+            );
+            return;
+        }
+        let v5 = c.protocol.is_v5();
+        self.metrics.messages_received += 1;
+        self.metrics.payload_bytes_received += p.payload.len() as u64;
+        let pid = p.packet_id;
+        let qos = p.qos;
+
+        if qos == QoS::ExactlyOnce {
+            let Some(s) = self.sessions.get_mut(&sid) else {
+                return;
+            };
+            if s.incoming_qos2.contains(&pid) {
+                // A resent PUBLISH of a message already taken: ack, do not route twice.
+                self.send(conn, Packet::PubRec(ack(pid, ReasonCode::SUCCESS)));
+                return;
+            }
+            if s.incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                    Some("receive maximum exceeded"),
+                    true,
+                );
+                return;
+            }
+            s.incoming_qos2.insert(pid);
+        }
+
+        // `$SYS/` belongs to the broker: clients may not publish into it.
+        let matched = if p.topic.starts_with("$SYS/") || &*p.topic == "$SYS" {
+            0
+        } else {
+            let msg = Arc::new(Message::from_publish(p, Some(sid), now));
+            self.route(now, msg)
+        };
+        let reason = if matched == 0 && v5 {
+            ReasonCode::NO_MATCHING_SUBSCRIBERS
+        } else {
+            ReasonCode::SUCCESS
+        };
+        match qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(conn, Packet::PubAck(ack(pid, reason))),
+            QoS::ExactlyOnce => self.send(conn, Packet::PubRec(ack(pid, reason))),
+        }
+    }
+
+    /// PUBREL from a client: the QoS 2 message is complete.
+    pub(crate) fn on_pubrel(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        let known = self
+            .sessions
+            .get_mut(&sid)
+            .is_some_and(|s| s.incoming_qos2.remove(&a.packet_id));
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let reason = if known || !v5 {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+        };
+        self.send(conn, Packet::PubComp(ack(a.packet_id, reason)));
+    }
+
+    /// PUBACK from a client: a QoS 1 delivery is done.
+    pub(crate) fn on_puback(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            let done = s.inflight.get(&a.packet_id).is_some_and(|f| {
+                f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
+            });
+            if done {
+                s.inflight.remove(&a.packet_id);
+                // The window has room again.
+                if !s.queue.is_empty() {
+                    self.wake(conn);
+                }
+            }
+        }
+    }
+
+    /// PUBREC from a client: answer PUBREL (or drop the message on an error code).
+    pub(crate) fn on_pubrec(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        match s.inflight.get_mut(&a.packet_id) {
+            Some(f) if f.item.qos == QoS::ExactlyOnce => {
+                if a.reason.is_error() {
+                    s.inflight.remove(&a.packet_id);
+                    if !s.queue.is_empty() {
+                        self.wake(conn);
+                    }
+                    return;
+                }
+                f.state = InflightState::AwaitingComp;
+                // The payload is no longer needed; keep only the id state.
+                self.send(conn, Packet::PubRel(ack(a.packet_id, ReasonCode::SUCCESS)));
+            }
+            _ => {
+                let reason = if v5 {
+                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.send(conn, Packet::PubRel(ack(a.packet_id, reason)));
+            }
+        }
+    }
+
+    /// PUBCOMP from a client: a QoS 2 delivery is done.
+    pub(crate) fn on_pubcomp(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            let done = s
+                .inflight
+                .get(&a.packet_id)
+                .is_some_and(|f| f.state == InflightState::AwaitingComp);
+            if done {
+                s.inflight.remove(&a.packet_id);
+                if !s.queue.is_empty() {
+                    self.wake(conn);
+                }
+            }
+        }
+    }
+
+    /// Route a message: retained store, then one queue entry per matching
+    /// session (overlapping subscriptions merged: highest QoS, every
+    /// subscription identifier), one member per shared group. Returns how
+    /// many sessions got it.
+    pub(crate) fn route(&mut self, now: Instant, msg: Arc<Message>) -> usize {
+        if msg.retain && self.config.retain_available {
+            if msg.payload.is_empty() {
+                self.store.clear(msg.topic.as_str());
+            } else {
+                let kept = self.keepable(&msg);
+                self.store.set(kept);
+            }
+        }
+        let mut direct = Vec::new();
+        let mut shared = Vec::new();
+        {
+            let sessions = &self.sessions;
+            self.trie
+                .for_each_match(msg.topic.as_str(), |hit| match hit {
+                    Hit::Direct(e) => {
+                        // No Local: not back to the publisher (MQTT-3.8.3-3).
+                        if !(e.options.no_local && msg.origin == Some(e.session)) {
+                            direct.push(*e);
+                        }
+                    }
+                    Hit::Shared(g) => {
+                        let online =
+                            |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+                        if let Some(e) = g.pick(online) {
+                            shared.push((e, g.key.clone()));
+                        }
+                    }
+                });
+        }
+        direct.sort_unstable_by_key(|e| e.session);
+        let mut count = 0;
+        let mut i = 0;
+        let mut compacted = None;
+        while i < direct.len() {
+            let session = direct[i].session;
+            let mut qos = QoS::AtMostOnce;
+            let mut retain = false;
+            let mut sub_ids = Vec::new();
+            while i < direct.len() && direct[i].session == session {
+                let e = &direct[i];
+                qos = qos.max(e.options.qos.min(msg.qos));
+                retain |= e.options.retain_as_published && msg.retain;
+                sub_ids.extend(e.id);
+                i += 1;
+            }
+            count += 1;
+            self.enqueue_with(
+                now,
+                session,
+                Queued {
+                    msg: msg.clone(),
+                    qos,
+                    retain,
+                    sub_ids,
+                    share: None,
+                },
+                &mut compacted,
+            );
+        }
+        for (e, key) in shared {
+            count += 1;
+            self.enqueue_with(
+                now,
+                e.session,
+                Queued {
+                    msg: msg.clone(),
+                    qos: e.options.qos.min(msg.qos),
+                    retain: e.options.retain_as_published && msg.retain,
+                    sub_ids: e.id.into_iter().collect(),
+                    share: Some(key),
+                },
+                &mut compacted,
+            );
+        }
+        count
+    }
+
+    /// The message to keep for long: small ones are copied out of their read
+    /// buffer (counted), large ones are worth the buffer they hold.
+    pub(crate) fn keepable(&mut self, msg: &Arc<Message>) -> Arc<Message> {
+        if msg.size() <= COMPACT_AT_MOST {
+            self.metrics.compactions += 1;
+            Arc::new(msg.compacted())
+        } else {
+            msg.clone()
+        }
+    }
+}
+
+/// An acknowledgement packet body.
+pub(crate) fn ack(packet_id: u16, reason: ReasonCode) -> Ack {
+    Ack {
+        packet_id,
+        reason,
+        properties: Default::default(),
+    }
+}

@@ -1,0 +1,306 @@
+//! Session state: subscriptions, the bounded queue, the inflight window and
+//! the QoS 2 receive state. Outlives connections while its expiry allows.
+
+use super::ids::ConnId;
+use super::message::Message;
+use crate::config::QueueFull;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
+
+/// A message waiting in a session queue, with its per-subscriber options.
+#[derive(Clone, Debug)]
+pub struct Queued {
+    /// The shared message.
+    pub msg: Arc<Message>,
+    /// QoS for this subscriber (already downgraded).
+    pub qos: QoS,
+    /// RETAIN flag to send.
+    pub retain: bool,
+    /// Matching subscription identifiers.
+    pub sub_ids: Vec<u32>,
+    /// The shared subscription (full `$share/...` filter) it came through,
+    /// so it can move to another member if this one leaves unacknowledged.
+    pub share: Option<Arc<str>>,
+}
+
+/// Where a QoS 1/2 delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InflightState {
+    /// PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
+    AwaitingAck,
+    /// PUBREL sent, waiting for PUBCOMP.
+    AwaitingComp,
+}
+
+/// One QoS 1/2 delivery in flight.
+#[derive(Clone, Debug)]
+pub struct Inflight {
+    /// What was sent.
+    pub item: Queued,
+    /// Progress.
+    pub state: InflightState,
+    /// Send order, for in-order redelivery.
+    pub seq: u64,
+}
+
+/// A subscription as the session remembers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubRecord {
+    /// Options.
+    pub options: SubscriptionOptions,
+    /// Subscription identifier.
+    pub id: Option<u32>,
+}
+
+/// A will waiting for its delay (or its session's end).
+#[derive(Clone, Debug)]
+pub struct PendingWill {
+    /// The will from CONNECT.
+    pub will: Will,
+    /// When it is due.
+    pub at: Instant,
+}
+
+/// What [`Session::push`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// Queued without loss.
+    Queued,
+    /// Queued after dropping an older QoS 0 message.
+    DroppedOldQos0,
+    /// Queued after dropping the oldest message (QoS 1/2 policy).
+    DroppedOldest,
+    /// Not queued: QoS 0 message with the queue full of QoS 1/2.
+    DroppedNewQos0,
+    /// Not queued (QoS 1/2, `drop_new`).
+    DroppedNew,
+    /// Not queued and the consumer must be disconnected.
+    Disconnect,
+}
+
+/// One session.
+#[derive(Debug)]
+pub struct Session {
+    /// The client identifier.
+    pub client_id: MqttStr,
+    /// The connection currently attached, if any.
+    pub conn: Option<ConnId>,
+    /// Protocol of the last connection.
+    pub protocol: Protocol,
+    /// Session Expiry Interval in seconds (u32::MAX: never).
+    pub expiry_interval: u32,
+    /// When an absent session expires.
+    pub expires_at: Option<Instant>,
+    /// Subscriptions by full filter (including `$share/...`).
+    pub subscriptions: HashMap<Box<str>, SubRecord>,
+    /// Messages not yet sent.
+    pub queue: VecDeque<Queued>,
+    /// Payload bytes in `queue`.
+    pub queued_bytes: usize,
+    /// QoS 1/2 deliveries in flight by packet id.
+    pub inflight: HashMap<u16, Inflight>,
+    /// Next send sequence number.
+    pub next_seq: u64,
+    /// Next packet id to try.
+    next_pid: u16,
+    /// QoS 2 packet ids received (PUBREC sent), waiting for PUBREL.
+    pub incoming_qos2: HashSet<u16>,
+    /// The will of a lost connection, waiting for its delay.
+    pub pending_will: Option<PendingWill>,
+}
+
+impl Session {
+    /// A fresh session.
+    pub fn new(client_id: MqttStr, protocol: Protocol) -> Self {
+        Session {
+            client_id,
+            conn: None,
+            protocol,
+            expiry_interval: 0,
+            expires_at: None,
+            subscriptions: HashMap::new(),
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            inflight: HashMap::new(),
+            next_seq: 0,
+            next_pid: 1,
+            incoming_qos2: HashSet::new(),
+            pending_will: None,
+        }
+    }
+
+    /// A packet id not in flight. The caller guarantees the window is below
+    /// 65,535, so one always exists.
+    pub fn alloc_packet_id(&mut self) -> u16 {
+        loop {
+            let pid = self.next_pid;
+            self.next_pid = if pid == u16::MAX { 1 } else { pid + 1 };
+            if !self.inflight.contains_key(&pid) {
+                return pid;
+            }
+        }
+    }
+
+    /// Queue a message within the bounds, applying the full-queue policy.
+    pub fn push(
+        &mut self,
+        item: Queued,
+        max_messages: usize,
+        max_bytes: usize,
+        policy: QueueFull,
+    ) -> PushOutcome {
+        let size = item.msg.size();
+        let full = |s: &Session| {
+            s.queue.len() >= max_messages
+                || (s.queued_bytes + size > max_bytes && !s.queue.is_empty())
+        };
+        if !full(self) {
+            self.push_back(item);
+            return PushOutcome::Queued;
+        }
+        if item.qos == QoS::AtMostOnce {
+            // QoS 0 makes room by dropping the oldest QoS 0 message, never a
+            // QoS 1/2 one.
+            if let Some(pos) = self.queue.iter().position(|q| q.qos == QoS::AtMostOnce) {
+                self.remove_at(pos);
+                if !full(self) {
+                    self.push_back(item);
+                    return PushOutcome::DroppedOldQos0;
+                }
+            }
+            return PushOutcome::DroppedNewQos0;
+        }
+        match policy {
+            QueueFull::DropNew => PushOutcome::DroppedNew,
+            QueueFull::Disconnect => PushOutcome::Disconnect,
+            QueueFull::DropOldest => {
+                while full(self) && !self.queue.is_empty() {
+                    self.remove_at(0);
+                }
+                self.push_back(item);
+                PushOutcome::DroppedOldest
+            }
+        }
+    }
+
+    fn push_back(&mut self, item: Queued) {
+        self.queued_bytes += item.msg.size();
+        self.queue.push_back(item);
+    }
+
+    fn remove_at(&mut self, pos: usize) {
+        if let Some(q) = self.queue.remove(pos) {
+            self.queued_bytes -= q.msg.size();
+        }
+    }
+
+    /// Take the next queued message.
+    pub fn pop(&mut self) -> Option<Queued> {
+        let q = self.queue.pop_front()?;
+        self.queued_bytes -= q.msg.size();
+        Some(q)
+    }
+
+    /// Remove every queued or unacknowledged message that came through the
+    /// shared subscription `share`, oldest first, for another member.
+    pub fn take_shared(&mut self, share: &str) -> Vec<Queued> {
+        let mut flying: Vec<&Inflight> = self
+            .inflight
+            .values()
+            .filter(|f| {
+                f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share)
+            })
+            .collect();
+        flying.sort_by_key(|f| f.seq);
+        let mut out: Vec<Queued> = flying.into_iter().map(|f| f.item.clone()).collect();
+        self.inflight.retain(|_, f| {
+            !(f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share))
+        });
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for q in self.queue.drain(..) {
+            if q.share.as_deref() == Some(share) {
+                self.queued_bytes -= q.msg.size();
+                out.push(q);
+            } else {
+                kept.push_back(q);
+            }
+        }
+        self.queue = kept;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn q(qos: QoS, n: u8) -> Queued {
+        Queued {
+            msg: Arc::new(Message {
+                topic: MqttStr::from_static("t"),
+                payload: Bytes::from(vec![n]),
+                qos,
+                retain: false,
+                properties: Default::default(),
+                origin: None,
+                expires_at: None,
+            }),
+            qos,
+            retain: false,
+            sub_ids: Vec::new(),
+            share: None,
+        }
+    }
+
+    #[test]
+    fn packet_ids_skip_inflight_and_wrap() {
+        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        s.next_pid = u16::MAX;
+        assert_eq!(s.alloc_packet_id(), u16::MAX);
+        s.inflight.insert(
+            1,
+            Inflight {
+                item: q(QoS::AtLeastOnce, 0),
+                state: InflightState::AwaitingAck,
+                seq: 0,
+            },
+        );
+        assert_eq!(s.alloc_packet_id(), 2);
+    }
+
+    #[test]
+    fn full_queue_policies() {
+        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        assert_eq!(
+            s.push(q(QoS::AtMostOnce, 0), 2, 100, QueueFull::DropNew),
+            PushOutcome::Queued
+        );
+        assert_eq!(
+            s.push(q(QoS::AtLeastOnce, 1), 2, 100, QueueFull::DropNew),
+            PushOutcome::Queued
+        );
+        // QoS 0 evicts the older QoS 0.
+        assert_eq!(
+            s.push(q(QoS::AtMostOnce, 2), 2, 100, QueueFull::DropNew),
+            PushOutcome::DroppedOldQos0
+        );
+        assert_eq!(
+            s.push(q(QoS::AtLeastOnce, 3), 2, 100, QueueFull::DropNew),
+            PushOutcome::DroppedNew
+        );
+        assert_eq!(
+            s.push(q(QoS::AtLeastOnce, 3), 2, 100, QueueFull::Disconnect),
+            PushOutcome::Disconnect
+        );
+        assert_eq!(
+            s.push(q(QoS::AtLeastOnce, 4), 2, 100, QueueFull::DropOldest),
+            PushOutcome::DroppedOldest
+        );
+        let left: Vec<u8> = s.queue.iter().map(|q| q.msg.payload[0]).collect();
+        assert_eq!(left, vec![2, 4]);
+        assert_eq!(s.queued_bytes, 4);
+    }
+}

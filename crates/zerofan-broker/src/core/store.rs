@@ -1,0 +1,95 @@
+//! Storage interfaces for what must outlive a process once persistence
+//! exists: retained messages and session records. The broker talks only to
+//! these traits; [`MemoryStore`] keeps everything in memory (`--memory`).
+
+use super::message::Message;
+use super::session::SubRecord;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where retained messages live.
+pub trait RetainedStore {
+    /// Set (or replace) the retained message of `msg.topic`.
+    fn set(&mut self, msg: Arc<Message>);
+    /// Clear the retained message of `topic`.
+    fn clear(&mut self, topic: &str);
+    /// Every retained message whose topic matches `filter` (a plain filter,
+    /// `$share/` already stripped).
+    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>);
+    /// How many retained messages there are.
+    fn len(&self) -> usize;
+    /// True when there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a durable store keeps about a session (queued messages follow with
+/// the durable store's own issue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// Client identifier.
+    pub client_id: String,
+    /// Session Expiry Interval.
+    pub expiry_interval: u32,
+    /// Subscriptions by filter.
+    pub subscriptions: Vec<(String, SubRecord)>,
+}
+
+/// Where session records live.
+pub trait SessionStore {
+    /// Save (or replace) a session record.
+    fn save(&mut self, record: SessionRecord);
+    /// Forget a session.
+    fn remove(&mut self, client_id: &str);
+    /// Every saved session, for a restart.
+    fn load(&self) -> Vec<SessionRecord>;
+}
+
+/// Both stores in memory: nothing survives the process.
+#[derive(Default, Debug)]
+pub struct MemoryStore {
+    retained: HashMap<Box<str>, Arc<Message>>,
+    sessions: HashMap<String, SessionRecord>,
+}
+
+impl RetainedStore for MemoryStore {
+    fn set(&mut self, msg: Arc<Message>) {
+        self.retained.insert(msg.topic.as_str().into(), msg);
+    }
+
+    fn clear(&mut self, topic: &str) {
+        self.retained.remove(topic);
+    }
+
+    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
+        for (topic, msg) in &self.retained {
+            if zerofan_codec::topic::matches(filter, topic) {
+                out.push(msg.clone());
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.retained.len()
+    }
+}
+
+impl SessionStore for MemoryStore {
+    fn save(&mut self, record: SessionRecord) {
+        self.sessions.insert(record.client_id.clone(), record);
+    }
+
+    fn remove(&mut self, client_id: &str) {
+        self.sessions.remove(client_id);
+    }
+
+    fn load(&self) -> Vec<SessionRecord> {
+        self.sessions.values().cloned().collect()
+    }
+}
+
+/// The storage the broker needs: retained messages and sessions.
+pub trait Store: RetainedStore + SessionStore {}
+
+impl<T: RetainedStore + SessionStore> Store for T {}

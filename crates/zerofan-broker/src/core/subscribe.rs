@@ -1,0 +1,147 @@
+//! SUBSCRIBE and UNSUBSCRIBE, with retained messages delivered as Retain
+//! Handling says.
+
+use super::broker::Broker;
+use super::ids::{ConnId, SessionId};
+use super::session::{Queued, SubRecord};
+use super::trie::SubEntry;
+use std::time::Instant;
+use zerofan_codec::{Packet, QoS, ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe};
+
+impl Broker {
+    /// SUBSCRIBE from a client.
+    pub(crate) fn on_subscribe(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        sub: Subscribe,
+    ) {
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let sub_id = sub.properties.subscription_identifiers.first().copied();
+        let mut reasons = Vec::with_capacity(sub.filters.len());
+        let mut retained = Vec::new();
+        for (filter, options) in &sub.filters {
+            let valid = zerofan_codec::topic::validate_topic_filter(filter).is_ok()
+                && filter.split('/').count() <= self.config.max_topic_levels + 2;
+            if !valid {
+                reasons.push(if v5 {
+                    ReasonCode::TOPIC_FILTER_INVALID
+                } else {
+                    ReasonCode::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            let shared = zerofan_codec::topic::split_shared(filter);
+            if shared.is_some() && options.no_local {
+                // MQTT-3.8.3-4.
+                self.protocol_error(now, conn, "No Local on a shared subscription");
+                return;
+            }
+            let record = SubRecord {
+                options: *options,
+                id: sub_id,
+            };
+            let Some(s) = self.sessions.get_mut(&sid) else {
+                return;
+            };
+            let is_new = s
+                .subscriptions
+                .insert(filter.as_str().into(), record)
+                .is_none();
+            let entry = SubEntry {
+                session: sid,
+                options: *options,
+                id: sub_id,
+            };
+            match shared {
+                Some((group, plain)) => {
+                    self.trie.insert(plain, Some(group), entry);
+                }
+                None => {
+                    self.trie.insert(filter, None, entry);
+                    // Retained messages: always (0), only for a new
+                    // subscription (1), never (2) (MQTT-3.3.1-9..11). Not for
+                    // shared subscriptions (MQTT-3.8.4-? / 4.8.2).
+                    let wanted = match options.retain_handling {
+                        0 => true,
+                        1 => is_new,
+                        _ => false,
+                    };
+                    if wanted && self.config.retain_available {
+                        let mut found = Vec::new();
+                        self.store.matching(filter, &mut found);
+                        retained.extend(found.into_iter().map(|m| (m, *options)));
+                    }
+                }
+            }
+            reasons.push(ReasonCode(options.qos as u8));
+        }
+        self.send(
+            conn,
+            Packet::SubAck(SubAck {
+                packet_id: sub.packet_id,
+                properties: Default::default(),
+                reasons,
+            }),
+        );
+        for (msg, options) in retained {
+            if msg.is_expired(now) {
+                continue;
+            }
+            let qos: QoS = options.qos.min(msg.qos);
+            self.enqueue(
+                now,
+                sid,
+                Queued {
+                    msg,
+                    qos,
+                    // A retained message sent because of a subscription keeps
+                    // RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
+                    retain: true,
+                    sub_ids: sub_id.into_iter().collect(),
+                    share: None,
+                },
+            );
+        }
+        self.save_session(sid);
+    }
+
+    /// UNSUBSCRIBE from a client.
+    pub(crate) fn on_unsubscribe(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        unsub: Unsubscribe,
+    ) {
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let mut reasons = Vec::with_capacity(unsub.filters.len());
+        for filter in &unsub.filters {
+            let existed = self
+                .sessions
+                .get_mut(&sid)
+                .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
+            if existed {
+                if filter.starts_with("$share/") {
+                    self.hand_over_shared(now, sid, filter, false);
+                }
+                self.trie_remove(filter, sid);
+            }
+            reasons.push(if existed {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::NO_SUBSCRIPTION_EXISTED
+            });
+        }
+        self.send(
+            conn,
+            Packet::UnsubAck(UnsubAck {
+                packet_id: unsub.packet_id,
+                properties: Default::default(),
+                reasons: if v5 { reasons } else { Vec::new() },
+            }),
+        );
+        self.save_session(sid);
+    }
+}

@@ -1,0 +1,299 @@
+//! The subscription trie: one node per topic level, `+` and `#` stored as
+//! ordinary children, shared groups kept at the node of their filter.
+
+use super::ids::SessionId;
+use std::collections::HashMap;
+use std::sync::Arc;
+use zerofan_codec::SubscriptionOptions;
+
+/// One subscription as the router sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubEntry {
+    /// The subscribing session.
+    pub session: SessionId,
+    /// Its options.
+    pub options: SubscriptionOptions,
+    /// Its subscription identifier (MQTT 5).
+    pub id: Option<u32>,
+}
+
+/// The members of one `$share/{group}/{filter}`; each message goes to one.
+#[derive(Debug)]
+pub struct SharedGroup {
+    /// Group name.
+    pub name: Box<str>,
+    /// The full `$share/{group}/{filter}`, as sessions remember it.
+    pub key: Arc<str>,
+    /// Members in subscription order.
+    pub members: Vec<SubEntry>,
+    /// Round-robin cursor.
+    next: usize,
+}
+
+impl SharedGroup {
+    /// Pick the next member round robin, preferring one whose client is
+    /// connected so messages do not pile up in an absent member's queue.
+    pub fn pick(&mut self, online: impl Fn(SessionId) -> bool) -> Option<SubEntry> {
+        let n = self.members.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next % n;
+        let chosen = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| online(self.members[i].session))
+            .unwrap_or(start);
+        self.next = chosen + 1;
+        Some(self.members[chosen])
+    }
+
+    /// Pick a member other than `exclude` (one that is leaving), round robin,
+    /// preferring connected ones.
+    pub fn pick_other(
+        &mut self,
+        exclude: SessionId,
+        online: impl Fn(SessionId) -> bool,
+    ) -> Option<SubEntry> {
+        if !self.members.iter().any(|m| m.session != exclude) {
+            return None;
+        }
+        if self
+            .members
+            .iter()
+            .any(|m| m.session != exclude && online(m.session))
+        {
+            self.pick(|s| s != exclude && online(s))
+        } else {
+            self.pick(|s| s != exclude)
+        }
+    }
+}
+
+/// A match found while routing.
+pub enum Hit<'a> {
+    /// An ordinary subscription.
+    Direct(&'a SubEntry),
+    /// A shared group: the caller picks one member.
+    Shared(&'a mut SharedGroup),
+}
+
+#[derive(Default, Debug)]
+struct Node {
+    children: HashMap<Box<str>, Node>,
+    subs: Vec<SubEntry>,
+    shared: Vec<SharedGroup>,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.subs.is_empty() && self.shared.is_empty()
+    }
+}
+
+/// The subscription trie.
+#[derive(Default, Debug)]
+pub struct Trie {
+    root: Node,
+}
+
+impl Trie {
+    /// Add or replace `entry.session`'s subscription to `filter` (in `group`
+    /// when shared). Returns true when it did not exist before.
+    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
+        let mut node = &mut self.root;
+        for level in filter.split('/') {
+            node = node.children.entry(level.into()).or_default();
+        }
+        let list = match group {
+            None => &mut node.subs,
+            Some(g) => {
+                let pos = match node.shared.iter().position(|s| &*s.name == g) {
+                    Some(p) => p,
+                    None => {
+                        node.shared.push(SharedGroup {
+                            name: g.into(),
+                            key: format!("$share/{g}/{filter}").into(),
+                            members: Vec::new(),
+                            next: 0,
+                        });
+                        node.shared.len() - 1
+                    }
+                };
+                &mut node.shared[pos].members
+            }
+        };
+        match list.iter_mut().find(|e| e.session == entry.session) {
+            Some(existing) => {
+                *existing = entry;
+                false
+            }
+            None => {
+                list.push(entry);
+                true
+            }
+        }
+    }
+
+    /// Remove a subscription; true if it existed. Empty nodes are pruned.
+    pub fn remove(&mut self, filter: &str, group: Option<&str>, session: SessionId) -> bool {
+        let levels: Vec<&str> = filter.split('/').collect();
+        remove_in(&mut self.root, &levels, group, session)
+    }
+
+    /// The shared group `group` of `filter`, if it exists.
+    pub fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
+        let mut node = &mut self.root;
+        for level in filter.split('/') {
+            node = node.children.get_mut(level)?;
+        }
+        node.shared.iter_mut().find(|g| &*g.name == group)
+    }
+
+    /// Call `f` for every subscription matching `topic`. Wildcards at the
+    /// first level do not match topics starting with `$`.
+    pub fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let dollar = topic.starts_with('$');
+        walk(&mut self.root, &levels, dollar, &mut f);
+    }
+}
+
+fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
+    for e in &node.subs {
+        f(Hit::Direct(e));
+    }
+    for g in &mut node.shared {
+        f(Hit::Shared(g));
+    }
+}
+
+fn walk(node: &mut Node, levels: &[&str], dollar: bool, f: &mut impl FnMut(Hit<'_>)) {
+    if !dollar {
+        // `a/#` matches `a` itself as well as everything below it.
+        if let Some(hash) = node.children.get_mut("#") {
+            emit(hash, f);
+        }
+    }
+    match levels.split_first() {
+        None => emit(node, f),
+        Some((level, rest)) => {
+            if let Some(child) = node.children.get_mut(*level) {
+                walk(child, rest, false, f);
+            }
+            if !dollar && *level != "+" {
+                if let Some(plus) = node.children.get_mut("+") {
+                    walk(plus, rest, false, f);
+                }
+            }
+        }
+    }
+}
+
+fn remove_in(node: &mut Node, levels: &[&str], group: Option<&str>, session: SessionId) -> bool {
+    match levels.split_first() {
+        None => match group {
+            None => {
+                let before = node.subs.len();
+                node.subs.retain(|e| e.session != session);
+                before != node.subs.len()
+            }
+            Some(g) => {
+                let Some(pos) = node.shared.iter().position(|s| &*s.name == g) else {
+                    return false;
+                };
+                let members = &mut node.shared[pos].members;
+                let before = members.len();
+                members.retain(|e| e.session != session);
+                let removed = before != members.len();
+                if members.is_empty() {
+                    node.shared.remove(pos);
+                }
+                removed
+            }
+        },
+        Some((level, rest)) => {
+            let Some(child) = node.children.get_mut(*level) else {
+                return false;
+            };
+            let removed = remove_in(child, rest, group, session);
+            if child.is_empty() {
+                node.children.remove(*level);
+            }
+            removed
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(s: u64) -> SubEntry {
+        SubEntry {
+            session: SessionId(s),
+            options: SubscriptionOptions::default(),
+            id: None,
+        }
+    }
+
+    fn matched(t: &mut Trie, topic: &str) -> Vec<u64> {
+        let mut out = Vec::new();
+        t.for_each_match(topic, |h| match h {
+            Hit::Direct(e) => out.push(e.session.0),
+            Hit::Shared(g) => out.push(1000 + g.pick(|_| true).map_or(0, |e| e.session.0)),
+        });
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn wildcards() {
+        let mut t = Trie::default();
+        t.insert("a/b", None, entry(1));
+        t.insert("a/+", None, entry(2));
+        t.insert("a/#", None, entry(3));
+        t.insert("#", None, entry(4));
+        t.insert("+/+/c", None, entry(5));
+        assert_eq!(matched(&mut t, "a/b"), vec![1, 2, 3, 4]);
+        assert_eq!(matched(&mut t, "a"), vec![3, 4]);
+        assert_eq!(matched(&mut t, "a/x/c"), vec![3, 4, 5]);
+        assert_eq!(matched(&mut t, "b"), vec![4]);
+    }
+
+    #[test]
+    fn dollar_topics_skip_first_level_wildcards() {
+        let mut t = Trie::default();
+        t.insert("#", None, entry(1));
+        t.insert("+/x", None, entry(2));
+        t.insert("$SYS/#", None, entry(3));
+        assert_eq!(matched(&mut t, "$SYS/x"), vec![3]);
+        assert_eq!(matched(&mut t, "s/x"), vec![1, 2]);
+    }
+
+    #[test]
+    fn remove_prunes() {
+        let mut t = Trie::default();
+        assert!(t.insert("a/b/c", None, entry(1)));
+        assert!(!t.insert("a/b/c", None, entry(1)));
+        assert!(t.remove("a/b/c", None, SessionId(1)));
+        assert!(!t.remove("a/b/c", None, SessionId(1)));
+        assert!(t.root.is_empty());
+    }
+
+    #[test]
+    fn shared_round_robin_prefers_online() {
+        let mut t = Trie::default();
+        t.insert("s", Some("g"), entry(1));
+        t.insert("s", Some("g"), entry(2));
+        t.insert("s", Some("g"), entry(3));
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            t.for_each_match("s", |h| {
+                if let Hit::Shared(g) = h {
+                    got.push(g.pick(|s| s.0 != 2).map(|e| e.session.0));
+                }
+            });
+        }
+        assert_eq!(got, [1, 3, 1, 3, 1, 3].map(Some).to_vec());
+    }
+}

@@ -1,0 +1,130 @@
+//! A connection's reader: waits until the socket is readable before taking
+//! a buffer (an idle connection holds none), frames and decodes every
+//! complete packet as a slice of the frozen buffer, and carries a partial
+//! tail into a fresh buffer sized for the whole packet.
+
+use super::buffers::{Buffers, ReadBuf, READ_SIZE};
+use super::state::{ConnHandle, Shared};
+use crate::core::ConnId;
+use bytes::BufMut;
+use std::time::Instant;
+use tokio::net::tcp::OwnedReadHalf;
+use zerofan_codec::Frame;
+
+/// Control packets waiting in the outbox above which the reader pauses: a
+/// client that does not read its acknowledgements is not read either.
+const OUTBOX_HIGH: usize = 1024;
+
+/// Why the read loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadEnd {
+    /// EOF or a socket error: the connection is lost.
+    PeerClosed,
+    /// The core closes the connection; the writer flushes first.
+    CloseRequested,
+}
+
+/// Read and feed packets to the core until the peer or the core ends it.
+pub async fn reader_loop(
+    shared: &Shared,
+    id: ConnId,
+    handle: &ConnHandle,
+    rd: OwnedReadHalf,
+) -> ReadEnd {
+    let mut buf: Option<ReadBuf> = None;
+    loop {
+        while shared.broker.borrow().outbox_len(id) > OUTBOX_HIGH {
+            tokio::select! {
+                biased;
+                _ = handle.close.notified() => return ReadEnd::CloseRequested,
+                _ = handle.drained.notified() => {}
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = handle.close.notified() => return ReadEnd::CloseRequested,
+            r = rd.readable() => if r.is_err() { return ReadEnd::PeerClosed },
+        }
+        let b = buf.get_or_insert_with(|| shared.buffers.get(READ_SIZE));
+        if Buffers::spare(b) == 0 {
+            grow(&shared.buffers, b, b.len() * 2);
+        }
+        match rd.try_read_buf(b) {
+            Ok(0) => return ReadEnd::PeerClosed,
+            Ok(n) => shared.bytes_in.set(shared.bytes_in.get() + n as u64),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(_) => return ReadEnd::PeerClosed,
+        }
+        let max = shared.broker.borrow().max_packet_size(id);
+        match zerofan_codec::frame(&b[..], max) {
+            Frame::NeedMore(more) => {
+                // Size the buffer for the whole packet now, so a large
+                // payload lands in one allocation without further copies.
+                let want = b.len() + more;
+                if b.capacity() < want {
+                    grow(&shared.buffers, b, want);
+                }
+                continue;
+            }
+            Frame::Invalid(e) => {
+                shared
+                    .broker
+                    .borrow_mut()
+                    .handle_decode_error(Instant::now(), id, e);
+                shared.dispatch();
+                return ReadEnd::CloseRequested;
+            }
+            Frame::Complete(_) => {}
+        }
+        let Some(filled) = buf.take() else {
+            continue;
+        };
+        let bytes = Buffers::freeze(filled);
+        let mut off = 0;
+        let end = loop {
+            match zerofan_codec::frame(&bytes[off..], max) {
+                Frame::Complete(len) => {
+                    let packet = bytes.slice(off..off + len);
+                    off += len;
+                    let now = Instant::now();
+                    let mut broker = shared.broker.borrow_mut();
+                    let protocol = broker.protocol(id);
+                    match zerofan_codec::decode(packet, protocol) {
+                        Ok(p) => broker.handle_packet(now, id, p),
+                        Err(e) => broker.handle_decode_error(now, id, e),
+                    }
+                    if broker.is_closing(id) {
+                        break Some(ReadEnd::CloseRequested);
+                    }
+                }
+                Frame::NeedMore(more) => {
+                    let tail = &bytes[off..];
+                    if !tail.is_empty() {
+                        let mut fresh = shared.buffers.get(READ_SIZE.max(tail.len() + more));
+                        fresh.put_slice(tail);
+                        buf = Some(fresh);
+                    }
+                    break None;
+                }
+                Frame::Invalid(e) => {
+                    shared
+                        .broker
+                        .borrow_mut()
+                        .handle_decode_error(Instant::now(), id, e);
+                    break Some(ReadEnd::CloseRequested);
+                }
+            }
+        };
+        shared.dispatch();
+        if let Some(end) = end {
+            return end;
+        }
+    }
+}
+
+/// Replace `b` with a buffer of at least `min` bytes holding the same data.
+fn grow(buffers: &Buffers, b: &mut ReadBuf, min: usize) {
+    let mut bigger = buffers.get(min.max(READ_SIZE));
+    bigger.put_slice(&b[..]);
+    *b = bigger;
+}

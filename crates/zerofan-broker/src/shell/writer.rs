@@ -1,0 +1,168 @@
+//! A connection's writer: drains the core's outbox in batches, encodes
+//! control packets and PUBLISH headers into one scratch buffer, and sends
+//! headers and shared payloads together with vectored writes.
+
+use super::state::{ConnHandle, Shared};
+use crate::core::{ConnId, Outgoing, Transmit};
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::rc::Rc;
+use std::time::Instant;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+
+/// Items taken from the core per batch.
+const BATCH: usize = 256;
+/// Iovecs per `writev` call (well under every IOV_MAX).
+const IOVECS: usize = 64;
+
+/// Run until the core says close (after flushing) or the connection is gone.
+pub async fn writer_loop(
+    shared: Rc<Shared>,
+    id: ConnId,
+    handle: Rc<ConnHandle>,
+    mut wr: OwnedWriteHalf,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut scratch = BytesMut::with_capacity(8 * 1024);
+    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+    loop {
+        let (status, protocol) = {
+            let mut broker = shared.broker.borrow_mut();
+            let status = broker.poll_transmit(Instant::now(), id, &mut batch, BATCH);
+            (status, broker.protocol(id))
+        };
+        if status == Transmit::Gone {
+            return;
+        }
+        if batch.is_empty() {
+            if status == Transmit::Close {
+                let _ = wr.shutdown().await;
+                return;
+            }
+            handle.write.notified().await;
+            continue;
+        }
+        for item in batch.drain(..) {
+            match item {
+                Outgoing::Packet(p) => {
+                    if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
+                        tracing::warn!(%id, error = %e, "cannot encode packet");
+                    }
+                }
+                Outgoing::Publish(d) => {
+                    if let Err(e) =
+                        zerofan_codec::encode_publish_header(&d.header(), protocol, &mut scratch)
+                    {
+                        tracing::warn!(%id, error = %e, "cannot encode publish header");
+                        continue;
+                    }
+                    // Headers so far go as one chunk, the payload as its own:
+                    // shared with every other subscriber, never copied.
+                    chunks.push_back(scratch.split().freeze());
+                    if !d.message.payload.is_empty() {
+                        chunks.push_back(d.message.payload.clone());
+                    }
+                }
+            }
+        }
+        if !scratch.is_empty() {
+            chunks.push_back(scratch.split().freeze());
+        }
+        match write_chunks(&mut wr, &mut chunks).await {
+            Ok(n) => shared.bytes_out.set(shared.bytes_out.get() + n as u64),
+            Err(_) => {
+                chunks.clear();
+                // The peer is gone; let the reader report it.
+                handle.close.notify_one();
+                return;
+            }
+        }
+        handle.drained.notify_one();
+        if status == Transmit::Close {
+            let _ = wr.shutdown().await;
+            return;
+        }
+        // Reclaim the scratch buffer once every header chunk is written.
+        scratch.reserve(8 * 1024);
+    }
+}
+
+/// Write every chunk with as few `writev` calls as the socket allows,
+/// handling partial writes. Returns the bytes written.
+pub async fn write_chunks<W: tokio::io::AsyncWrite + Unpin>(
+    wr: &mut W,
+    chunks: &mut VecDeque<Bytes>,
+) -> io::Result<usize> {
+    let mut total = 0;
+    while !chunks.is_empty() {
+        let mut slices = [IoSlice::new(&[]); IOVECS];
+        let mut count = 0;
+        for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
+            *slot = IoSlice::new(chunk);
+            count += 1;
+        }
+        let mut n = wr.write_vectored(&slices[..count]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        total += n;
+        while n > 0 {
+            let Some(front) = chunks.front_mut() else {
+                break;
+            };
+            if front.len() <= n {
+                n -= front.len();
+                chunks.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A sink that accepts at most 3 bytes per call, to exercise partial writes.
+    struct Trickle(Vec<u8>);
+
+    impl tokio::io::AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn partial_writes_keep_order() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut sink = Trickle(Vec::new());
+        let mut chunks: VecDeque<Bytes> = ["ab", "cdefg", "", "h", "ijklmnop"]
+            .iter()
+            .map(|s| Bytes::from_static(s.as_bytes()))
+            .collect();
+        let n = rt.block_on(write_chunks(&mut sink, &mut chunks)).unwrap();
+        assert_eq!(n, 16);
+        assert_eq!(sink.0, b"abcdefghijklmnop");
+    }
+}
