@@ -1,0 +1,396 @@
+//! A minimal async MQTT client connection built on `zerofan-codec`.
+//!
+//! Just enough for load generation: CONNECT/CONNACK, SUBSCRIBE/SUBACK,
+//! PUBLISH at any QoS with the acks, and a split into a [`Reader`] (frames
+//! and decodes from one growing `BytesMut`) and a [`Writer`] (encodes into a
+//! scratch buffer and writes many packets per syscall). No keep-alive timer:
+//! every bench run is far shorter than the keep-alive it announces.
+
+use bytes::{Bytes, BytesMut};
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use zerofan_codec::{
+    decode, encode, encode_publish_header, frame, Ack, ConnAck, Connect, Frame, MqttStr, Packet,
+    Properties, Protocol, PublishHeader, QoS, Subscribe, SubscriptionOptions,
+};
+
+/// Largest packet this client accepts (the MQTT maximum, 256 MiB).
+pub const MAX_PACKET: u32 = 268_435_460;
+
+/// Keep alive announced in CONNECT, in seconds; runs are much shorter.
+pub const KEEP_ALIVE: u16 = 600;
+
+/// Payloads at least this large are written straight from their `Bytes`
+/// instead of being copied into the write buffer.
+const DIRECT_WRITE: usize = 64 * 1024;
+
+/// Everything that can go wrong on a bench connection.
+#[derive(Debug)]
+pub enum ConnError {
+    /// Socket error.
+    Io(std::io::Error),
+    /// The broker sent bytes the codec refused.
+    Decode(zerofan_codec::DecodeError),
+    /// A packet could not be encoded.
+    Encode(zerofan_codec::EncodeError),
+    /// The broker closed the connection.
+    Closed,
+    /// The broker answered with something the protocol does not allow here,
+    /// or refused (CONNACK / SUBACK failure).
+    Protocol(String),
+    /// No answer within the time allowed.
+    Timeout(&'static str),
+}
+
+impl fmt::Display for ConnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnError::Io(e) => write!(f, "i/o error: {e}"),
+            ConnError::Decode(e) => write!(f, "decode error: {e}"),
+            ConnError::Encode(e) => write!(f, "encode error: {e}"),
+            ConnError::Closed => write!(f, "connection closed by the broker"),
+            ConnError::Protocol(s) => write!(f, "protocol error: {s}"),
+            ConnError::Timeout(what) => write!(f, "timed out waiting for {what}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnError {}
+
+impl From<std::io::Error> for ConnError {
+    fn from(e: std::io::Error) -> Self {
+        ConnError::Io(e)
+    }
+}
+impl From<zerofan_codec::DecodeError> for ConnError {
+    fn from(e: zerofan_codec::DecodeError) -> Self {
+        ConnError::Decode(e)
+    }
+}
+impl From<zerofan_codec::EncodeError> for ConnError {
+    fn from(e: zerofan_codec::EncodeError) -> Self {
+        ConnError::Encode(e)
+    }
+}
+
+/// Result alias for connection operations.
+pub type Result<T> = std::result::Result<T, ConnError>;
+
+/// The read half: a growing buffer, framed and decoded in place.
+pub struct Reader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    protocol: Protocol,
+    /// Spare room asked for before a read; doubles while reads fill it.
+    read_size: usize,
+}
+
+/// Smallest and largest spare room a read asks for.
+const READ_MIN: usize = 2 * 1024;
+const READ_MAX: usize = 256 * 1024;
+
+impl Reader {
+    /// Decode the next complete packet already buffered, if any.
+    pub fn try_next(&mut self) -> Result<Option<Packet>> {
+        match frame(&self.buf, MAX_PACKET) {
+            Frame::Complete(len) => {
+                let bytes = self.buf.split_to(len).freeze();
+                Ok(Some(decode(bytes, self.protocol)?))
+            }
+            Frame::NeedMore(n) => {
+                self.buf.reserve(n);
+                Ok(None)
+            }
+            Frame::Invalid(e) => Err(e.into()),
+        }
+    }
+
+    /// Read more bytes from the socket (at least one). Cancel-safe.
+    pub async fn fill(&mut self) -> Result<()> {
+        if self.buf.capacity() - self.buf.len() < self.read_size / 2 {
+            self.buf.reserve(self.read_size);
+        }
+        let spare = self.buf.capacity() - self.buf.len();
+        let n = self.rd.read_buf(&mut self.buf).await?;
+        if n == 0 {
+            return Err(ConnError::Closed);
+        }
+        if n >= spare && self.read_size < READ_MAX {
+            self.read_size *= 2;
+        }
+        Ok(())
+    }
+
+    /// Wait for the next packet.
+    pub async fn next(&mut self) -> Result<Packet> {
+        loop {
+            if let Some(p) = self.try_next()? {
+                return Ok(p);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Wait for the next packet, for at most `limit`.
+    pub async fn next_within(&mut self, limit: Duration, what: &'static str) -> Result<Packet> {
+        tokio::time::timeout(limit, self.next())
+            .await
+            .map_err(|_| ConnError::Timeout(what))?
+    }
+}
+
+/// The write half: packets are encoded into `buf` and sent by [`Writer::flush`].
+pub struct Writer {
+    wr: OwnedWriteHalf,
+    buf: BytesMut,
+    protocol: Protocol,
+}
+
+impl Writer {
+    /// Encode a packet into the write buffer.
+    pub fn push(&mut self, packet: &Packet) -> Result<()> {
+        encode(packet, self.protocol, &mut self.buf)?;
+        Ok(())
+    }
+
+    /// Queue an acknowledgement (PUBACK, PUBREC, PUBREL or PUBCOMP).
+    pub fn push_ack(&mut self, kind: AckKind, packet_id: u16) -> Result<()> {
+        let ack = Ack {
+            packet_id,
+            ..Ack::default()
+        };
+        let p = match kind {
+            AckKind::Ack => Packet::PubAck(ack),
+            AckKind::Rec => Packet::PubRec(ack),
+            AckKind::Rel => Packet::PubRel(ack),
+            AckKind::Comp => Packet::PubComp(ack),
+        };
+        self.push(&p)
+    }
+
+    /// Queue a PUBLISH whose payload is `prefix` followed by `body`. Small
+    /// payloads are copied into the write buffer; large bodies are written
+    /// from their own buffer (the pending buffer is flushed first).
+    pub async fn publish(
+        &mut self,
+        topic: &str,
+        qos: QoS,
+        packet_id: u16,
+        prefix: &[u8],
+        body: &Bytes,
+    ) -> Result<()> {
+        static EMPTY: std::sync::OnceLock<Properties> = std::sync::OnceLock::new();
+        let props = EMPTY.get_or_init(Properties::default);
+        let header = PublishHeader {
+            dup: false,
+            qos,
+            retain: false,
+            packet_id: if qos == QoS::AtMostOnce { 0 } else { packet_id },
+            topic,
+            topic_alias: None,
+            properties: props,
+            message_expiry_interval: None,
+            subscription_identifiers: &[],
+            payload_len: prefix.len() + body.len(),
+        };
+        encode_publish_header(&header, self.protocol, &mut self.buf)?;
+        self.buf.extend_from_slice(prefix);
+        if body.len() >= DIRECT_WRITE {
+            self.flush().await?;
+            self.wr.write_all(body).await?;
+        } else {
+            self.buf.extend_from_slice(body);
+        }
+        Ok(())
+    }
+
+    /// Bytes waiting in the write buffer.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Write everything buffered.
+    pub async fn flush(&mut self) -> Result<()> {
+        if !self.buf.is_empty() {
+            self.wr.write_all(&self.buf).await?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Send DISCONNECT (best effort) and shut the socket down.
+    pub async fn disconnect(mut self) {
+        let _ = self.push(&Packet::Disconnect(Default::default()));
+        let _ = self.flush().await;
+        let _ = self.wr.shutdown().await;
+    }
+}
+
+/// Which acknowledgement to send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckKind {
+    /// PUBACK: QoS 1 acknowledgement.
+    Ack,
+    /// PUBREC: QoS 2 step 1 (receiver to sender).
+    Rec,
+    /// PUBREL: QoS 2 step 2 (sender to receiver).
+    Rel,
+    /// PUBCOMP: QoS 2 step 3 (receiver to sender).
+    Comp,
+}
+
+/// A connected, accepted MQTT session split into halves.
+pub struct Conn {
+    /// Read half.
+    pub reader: Reader,
+    /// Write half.
+    pub writer: Writer,
+    /// The broker's CONNACK.
+    pub connack: ConnAck,
+}
+
+impl Conn {
+    /// The broker's Receive Maximum (MQTT 5), or `u16::MAX`.
+    pub fn receive_maximum(&self) -> u16 {
+        self.connack.properties.receive_maximum.unwrap_or(u16::MAX)
+    }
+
+    /// The broker's Maximum Packet Size (MQTT 5), if announced.
+    pub fn maximum_packet_size(&self) -> Option<u32> {
+        self.connack.properties.maximum_packet_size
+    }
+}
+
+/// Open a TCP connection, send CONNECT with a clean session and wait for a
+/// successful CONNACK.
+pub async fn connect(
+    addr: SocketAddr,
+    client_id: &str,
+    protocol: Protocol,
+    timeout: Duration,
+) -> Result<Conn> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| ConnError::Timeout("TCP connect"))??;
+    stream.set_nodelay(true)?;
+    let (rd, wr) = stream.into_split();
+    let mut reader = Reader {
+        rd,
+        buf: BytesMut::new(),
+        protocol,
+        read_size: READ_MIN,
+    };
+    let mut writer = Writer {
+        wr,
+        buf: BytesMut::with_capacity(256),
+        protocol,
+    };
+    let client_id = MqttStr::try_from(client_id)
+        .map_err(|e| ConnError::Protocol(format!("bad client id: {e}")))?;
+    let connect = Connect {
+        protocol,
+        clean_start: true,
+        keep_alive: KEEP_ALIVE,
+        properties: Properties::default(),
+        client_id,
+        will: None,
+        username: None,
+        password: None,
+    };
+    writer.push(&Packet::Connect(Box::new(connect)))?;
+    writer.flush().await?;
+    match reader.next_within(timeout, "CONNACK").await? {
+        Packet::ConnAck(ack) if !ack.reason.is_error() && ack.reason.0 == 0 => Ok(Conn {
+            reader,
+            writer,
+            connack: ack,
+        }),
+        Packet::ConnAck(ack) => Err(ConnError::Protocol(format!(
+            "CONNACK refused with code {:#04x}",
+            ack.reason.0
+        ))),
+        other => Err(ConnError::Protocol(format!(
+            "expected CONNACK, got {}",
+            packet_name(&other)
+        ))),
+    }
+}
+
+impl Conn {
+    /// Subscribe to `filters` at `qos` and wait for a SUBACK granting all of them.
+    pub async fn subscribe(
+        &mut self,
+        filters: &[String],
+        qos: QoS,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut list = Vec::with_capacity(filters.len());
+        for f in filters {
+            let f = MqttStr::try_from(f.as_str())
+                .map_err(|e| ConnError::Protocol(format!("bad filter: {e}")))?;
+            list.push((
+                f,
+                SubscriptionOptions {
+                    qos,
+                    ..SubscriptionOptions::default()
+                },
+            ));
+        }
+        let sub = Subscribe {
+            packet_id: 1,
+            properties: Properties::default(),
+            filters: list,
+        };
+        self.writer.push(&Packet::Subscribe(sub))?;
+        self.writer.flush().await?;
+        loop {
+            match self.reader.next_within(timeout, "SUBACK").await? {
+                Packet::SubAck(ack) if ack.packet_id == 1 => {
+                    if let Some(bad) = ack.reasons.iter().find(|r| r.is_error()) {
+                        return Err(ConnError::Protocol(format!(
+                            "SUBACK refused a filter with code {:#04x}",
+                            bad.0
+                        )));
+                    }
+                    if ack.reasons.len() != filters.len() {
+                        return Err(ConnError::Protocol("SUBACK with wrong count".into()));
+                    }
+                    return Ok(());
+                }
+                // Retained messages or anything else before the SUBACK: ignore.
+                Packet::Publish(_) => continue,
+                other => {
+                    return Err(ConnError::Protocol(format!(
+                        "expected SUBACK, got {}",
+                        packet_name(&other)
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// A short name for a packet, for error messages.
+pub fn packet_name(p: &Packet) -> &'static str {
+    match p {
+        Packet::Connect(_) => "CONNECT",
+        Packet::ConnAck(_) => "CONNACK",
+        Packet::Publish(_) => "PUBLISH",
+        Packet::PubAck(_) => "PUBACK",
+        Packet::PubRec(_) => "PUBREC",
+        Packet::PubRel(_) => "PUBREL",
+        Packet::PubComp(_) => "PUBCOMP",
+        Packet::Subscribe(_) => "SUBSCRIBE",
+        Packet::SubAck(_) => "SUBACK",
+        Packet::Unsubscribe(_) => "UNSUBSCRIBE",
+        Packet::UnsubAck(_) => "UNSUBACK",
+        Packet::PingReq => "PINGREQ",
+        Packet::PingResp => "PINGRESP",
+        Packet::Disconnect(_) => "DISCONNECT",
+        Packet::Auth(_) => "AUTH",
+    }
+}

@@ -1,0 +1,600 @@
+//! The engine behind every throughput and latency scenario: publishers and
+//! subscribers on their own connections, flow-controlled so that the figure
+//! is sustained delivered throughput.
+//!
+//! Each publisher may have at most `window` messages between publish and
+//! receipt: it counts what it sent, the receivers count what they got (per
+//! publisher, from the sequence prefix of each payload), and a publisher
+//! whose window is full sleeps until a receiver wakes it. With a fan-out of
+//! N, a message counts as received once all N deliveries have arrived (in
+//! aggregate). Publishers stop at the deadline or after `max_messages`;
+//! the run then waits up to `drain` for the last deliveries and reports
+//! whatever is still missing as lost.
+
+use crate::conn::{self, AckKind, Conn, ConnError, Reader, Writer};
+use crate::payload::{self, Rng, SizeDist, Stamp};
+use crate::report::{latency_of, new_histogram, CaseResult};
+use hdrhistogram::Histogram;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::time::sleep_until;
+use zerofan_codec::{Packet, Protocol, QoS};
+
+/// How many PUBLISH packets a publisher encodes before it flushes.
+const BATCH: u64 = 64;
+
+/// Where and how to connect.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// Broker address.
+    pub addr: SocketAddr,
+    /// Protocol level.
+    pub protocol: Protocol,
+    /// Unique prefix for client ids and topics of this invocation.
+    pub run_id: String,
+    /// Time allowed for each connect / subscribe handshake.
+    pub handshake_timeout: Duration,
+    /// Connections opened at once while setting up.
+    pub connect_concurrency: usize,
+}
+
+/// One publisher of a flow.
+#[derive(Clone, Debug)]
+pub struct PubSpec {
+    /// Topic it publishes to.
+    pub topic: String,
+    /// Message sizes.
+    pub sizes: SizeDist,
+    /// Deliveries each of its messages should produce.
+    pub fanout: u64,
+}
+
+/// One subscriber of a flow.
+#[derive(Clone, Debug)]
+pub struct SubSpec {
+    /// Topic filters it subscribes to.
+    pub filters: Vec<String>,
+}
+
+/// A complete flow: who publishes, who subscribes, and the bounds.
+#[derive(Clone, Debug)]
+pub struct FlowSpec {
+    /// Scenario name for the report.
+    pub scenario: String,
+    /// Case description for the report.
+    pub case: String,
+    /// The publishers.
+    pub publishers: Vec<PubSpec>,
+    /// The subscribers.
+    pub subscribers: Vec<SubSpec>,
+    /// QoS of publications and subscriptions.
+    pub qos: QoS,
+    /// Messages in flight per publisher between publish and receipt.
+    pub window: u64,
+    /// Publishing stops after this long.
+    pub duration: Duration,
+    /// Publishing stops after this many messages per publisher.
+    pub max_messages: u64,
+    /// How long to wait for late deliveries after publishing stops.
+    pub drain: Duration,
+    /// Subscribers share their messages ($share): no per-receiver order check.
+    pub shared: bool,
+}
+
+/// Per-publisher counters shared with the receivers.
+struct PubState {
+    sent: AtomicU64,
+    delivered: AtomicU64,
+    notify: Notify,
+}
+
+/// What one receiver counted.
+struct RecvStats {
+    received: u64,
+    bytes: u64,
+    duplicates: u64,
+    foreign: u64,
+    last_ns: u64,
+    hist: Histogram<u64>,
+}
+
+/// Open one connection per entry of `filters`, at most
+/// `target.connect_concurrency` at a time, with client ids
+/// `{run_id}-{role}{i}`; each subscribes to its filters (if any) at `qos`.
+pub async fn connect_many(
+    target: &Target,
+    role: &str,
+    filters: Vec<Vec<String>>,
+    qos: QoS,
+) -> Result<Vec<Conn>, ConnError> {
+    let sem = Arc::new(Semaphore::new(target.connect_concurrency.max(1)));
+    let mut handles = Vec::with_capacity(filters.len());
+    for (i, f) in filters.into_iter().enumerate() {
+        let sem = sem.clone();
+        let id = format!("{}-{role}{i}", target.run_id);
+        let (addr, protocol, t) = (target.addr, target.protocol, target.handshake_timeout);
+        handles.push(tokio::spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            let mut c = conn::connect(addr, &id, protocol, t).await?;
+            if !f.is_empty() {
+                c.subscribe(&f, qos, t).await?;
+            }
+            Ok::<Conn, ConnError>(c)
+        }));
+    }
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        match h.await {
+            Ok(r) => out.push(r?),
+            Err(e) => return Err(ConnError::Protocol(format!("connect task failed: {e}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Run one flow to completion and report it. Never panics on network data;
+/// setup errors become a failed case.
+pub async fn run(target: &Target, spec: &FlowSpec) -> CaseResult {
+    match run_inner(target, spec).await {
+        Ok(r) => r,
+        Err(e) => CaseResult::failed(&spec.scenario, &spec.case, e.to_string()),
+    }
+}
+
+async fn run_inner(target: &Target, spec: &FlowSpec) -> Result<CaseResult, ConnError> {
+    // Subscribers first, all subscribed before anyone publishes.
+    let filters = spec.subscribers.iter().map(|s| s.filters.clone()).collect();
+    let subs = connect_many(target, &format!("{}-s", spec.scenario), filters, spec.qos).await?;
+    let none = vec![Vec::new(); spec.publishers.len()];
+    let pubs = connect_many(target, &format!("{}-p", spec.scenario), none, spec.qos).await?;
+    // Give brokers with an asynchronous router a moment to install the routes.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let states: Arc<Vec<PubState>> = Arc::new(
+        spec.publishers
+            .iter()
+            .map(|_| PubState {
+                sent: AtomicU64::new(0),
+                delivered: AtomicU64::new(0),
+                notify: Notify::new(),
+            })
+            .collect(),
+    );
+    let epoch = Instant::now();
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let mut recv_handles = Vec::with_capacity(subs.len());
+    for c in subs {
+        let states = states.clone();
+        let stop = stop_rx.clone();
+        let shared = spec.shared;
+        recv_handles.push(tokio::spawn(async move {
+            receive(c, states, epoch, stop, shared).await
+        }));
+    }
+
+    let max_size = spec
+        .publishers
+        .iter()
+        .map(|p| p.sizes.max())
+        .max()
+        .unwrap_or(64);
+    let filler = payload::filler(max_size);
+    let deadline = tokio::time::Instant::from_std(epoch + spec.duration);
+    let drain_deadline = deadline + spec.drain;
+    let mut pub_handles = Vec::with_capacity(pubs.len());
+    for (i, (c, p)) in pubs.into_iter().zip(&spec.publishers).enumerate() {
+        let job = PublishJob {
+            index: i as u32,
+            topic: p.topic.clone(),
+            sizes: p.sizes.clone(),
+            fanout: p.fanout.max(1),
+            qos: spec.qos,
+            window: spec.window.max(1),
+            max_messages: spec.max_messages,
+            deadline,
+            drain_deadline,
+            filler: filler.clone(),
+            epoch,
+        };
+        let states = states.clone();
+        pub_handles.push(tokio::spawn(async move { publish(c, job, states).await }));
+    }
+
+    // Publishers return their connections: keep them open until the
+    // receivers are done, so a broker that delivers on PUBREL still can.
+    let mut kept = Vec::new();
+    let mut first_error: Option<String> = None;
+    for h in pub_handles {
+        match h.await {
+            Ok(Ok(c)) => kept.push(c),
+            Ok(Err(e)) => {
+                first_error.get_or_insert_with(|| format!("publisher: {e}"));
+            }
+            Err(e) => {
+                first_error.get_or_insert_with(|| format!("publisher task: {e}"));
+            }
+        }
+    }
+    let publish_end = Instant::now();
+    let expected_of = |states: &[PubState], specs: &[PubSpec]| -> u64 {
+        states
+            .iter()
+            .zip(specs)
+            .map(|(s, p)| s.sent.load(Ordering::Acquire) * p.fanout.max(1))
+            .sum()
+    };
+    let expected = expected_of(&states, &spec.publishers);
+    // Drain: wait until every expected delivery arrived or the drain ends.
+    let drain_until = publish_end.max(epoch + spec.duration) + spec.drain;
+    loop {
+        let got: u64 = states
+            .iter()
+            .map(|s| s.delivered.load(Ordering::Acquire))
+            .sum();
+        if got >= expected || Instant::now() >= drain_until {
+            break;
+        }
+        if recv_handles.iter().all(|h| h.is_finished()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let _ = stop_tx.send(true);
+
+    let mut hist = new_histogram();
+    let (mut received, mut bytes, mut dups, mut foreign, mut last_ns) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    for h in recv_handles {
+        match h.await {
+            Ok(Ok(s)) => {
+                received += s.received;
+                bytes += s.bytes;
+                dups += s.duplicates;
+                foreign += s.foreign;
+                last_ns = last_ns.max(s.last_ns);
+                let _ = hist.add(&s.hist);
+            }
+            Ok(Err(e)) => {
+                first_error.get_or_insert_with(|| format!("subscriber: {e}"));
+            }
+            Err(e) => {
+                first_error.get_or_insert_with(|| format!("subscriber task: {e}"));
+            }
+        }
+    }
+    for c in kept {
+        c.writer.disconnect().await;
+    }
+
+    let sent: u64 = states.iter().map(|s| s.sent.load(Ordering::Acquire)).sum();
+    let unique = received.saturating_sub(dups);
+    let lost = expected.saturating_sub(unique);
+    let seconds = last_ns as f64 / 1e9;
+    let (rate, mib) = if seconds > 0.0 {
+        (
+            received as f64 / seconds,
+            bytes as f64 / seconds / (1 << 20) as f64,
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    let mut notes = Vec::new();
+    if foreign > 0 {
+        notes.push(format!("{foreign} messages without a known stamp"));
+    }
+    Ok(CaseResult {
+        scenario: spec.scenario.clone(),
+        case: spec.case.clone(),
+        sent,
+        expected,
+        received,
+        lost,
+        duplicates: dups,
+        seconds,
+        msgs_per_s: rate,
+        mib_per_s: mib,
+        latency: latency_of(&hist),
+        metrics: Vec::new(),
+        notes,
+        error: first_error,
+    })
+}
+
+/// Everything a publisher task needs.
+struct PublishJob {
+    index: u32,
+    topic: String,
+    sizes: SizeDist,
+    fanout: u64,
+    qos: QoS,
+    window: u64,
+    max_messages: u64,
+    deadline: tokio::time::Instant,
+    drain_deadline: tokio::time::Instant,
+    filler: bytes::Bytes,
+    epoch: Instant,
+}
+
+/// Packet identifiers for QoS 1/2 in flight.
+struct Ids {
+    free: Vec<u16>,
+    capacity: usize,
+}
+
+impl Ids {
+    fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, 65_535);
+        Ids {
+            free: (1..=capacity as u16).rev().collect(),
+            capacity,
+        }
+    }
+    fn in_flight(&self) -> usize {
+        self.capacity - self.free.len()
+    }
+}
+
+/// Publish until the deadline or the message cap, within the window; then,
+/// at QoS 1/2, wait (up to the drain deadline) for the acks of what is in
+/// flight. Returns the connection so the caller decides when to close it.
+async fn publish(
+    mut c: Conn,
+    job: PublishJob,
+    states: Arc<Vec<PubState>>,
+) -> Result<Conn, ConnError> {
+    let state = &states[job.index as usize];
+    if let Some(max) = c.maximum_packet_size() {
+        // Fixed header, topic and id: well under 1 KiB for our topics.
+        if (job.sizes.max() + job.topic.len() + 16) as u64 > u64::from(max) {
+            return Err(ConnError::Protocol(format!(
+                "the broker's Maximum Packet Size is {max} bytes, below the {} byte messages of this case",
+                job.sizes.max()
+            )));
+        }
+    }
+    let qos_window = match job.qos {
+        QoS::AtMostOnce => usize::MAX,
+        _ => (job.window as usize).min(c.receive_maximum() as usize),
+    };
+    let mut ids = Ids::new(if job.qos == QoS::AtMostOnce {
+        1
+    } else {
+        qos_window
+    });
+    let mut rng = Rng::new(0x5EED ^ u64::from(job.index));
+    let mut seq: u64 = 0;
+    let limit = job.window * job.fanout;
+    loop {
+        // Acks first: they free packet ids.
+        while let Some(p) = c.reader.try_next()? {
+            handle_publisher_packet(p, &mut ids, &mut c.writer)?;
+        }
+        let now = tokio::time::Instant::now();
+        let stopping = now >= job.deadline || seq >= job.max_messages;
+        if stopping {
+            c.writer.flush().await?;
+            if ids.in_flight() == 0 || now >= job.drain_deadline {
+                break;
+            }
+            tokio::select! {
+                r = c.reader.fill() => r?,
+                _ = sleep_until(job.drain_deadline) => {}
+            }
+            continue;
+        }
+        let delivered = state.delivered.load(Ordering::Acquire);
+        let outstanding = (seq * job.fanout).saturating_sub(delivered);
+        let mut credit = limit.saturating_sub(outstanding) / job.fanout;
+        credit = credit.min(job.max_messages - seq).min(BATCH);
+        if job.qos != QoS::AtMostOnce {
+            credit = credit.min(ids.free.len() as u64);
+        }
+        if credit > 0 {
+            for _ in 0..credit {
+                let size = job.sizes.size(seq, &mut rng);
+                let body = payload::body(&job.filler, size);
+                let stamp = Stamp {
+                    publisher: job.index,
+                    seq,
+                    sent_ns: job.epoch.elapsed().as_nanos() as u64,
+                };
+                let id = if job.qos == QoS::AtMostOnce {
+                    0
+                } else {
+                    ids.free.pop().unwrap_or(1)
+                };
+                c.writer
+                    .publish(&job.topic, job.qos, id, &stamp.encode(), &body)
+                    .await?;
+                seq += 1;
+                state.sent.store(seq, Ordering::Release);
+            }
+            c.writer.flush().await?;
+            continue;
+        }
+        c.writer.flush().await?;
+        tokio::select! {
+            r = c.reader.fill() => r?,
+            _ = state.notify.notified() => {}
+            _ = sleep_until(job.deadline) => {}
+        }
+    }
+    Ok(c)
+}
+
+fn handle_publisher_packet(p: Packet, ids: &mut Ids, writer: &mut Writer) -> Result<(), ConnError> {
+    match p {
+        Packet::PubAck(a) | Packet::PubComp(a) => {
+            if ids.free.len() < ids.capacity {
+                ids.free.push(a.packet_id);
+            }
+        }
+        Packet::PubRec(a) => {
+            if a.reason.is_error() {
+                // The broker refused the message: the id is free again.
+                if ids.free.len() < ids.capacity {
+                    ids.free.push(a.packet_id);
+                }
+            } else {
+                writer.push_ack(AckKind::Rel, a.packet_id)?;
+            }
+        }
+        Packet::PingResp | Packet::Publish(_) => {}
+        Packet::Disconnect(d) => {
+            return Err(ConnError::Protocol(format!(
+                "broker disconnected the publisher with code {:#04x}",
+                d.reason.0
+            )))
+        }
+        other => {
+            return Err(ConnError::Protocol(format!(
+                "unexpected {} on a publisher",
+                conn::packet_name(&other)
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Count deliveries until told to stop; acknowledge QoS 1/2.
+async fn receive(
+    c: Conn,
+    states: Arc<Vec<PubState>>,
+    epoch: Instant,
+    mut stop: watch::Receiver<bool>,
+    shared: bool,
+) -> Result<RecvStats, ConnError> {
+    let Conn {
+        mut reader,
+        mut writer,
+        ..
+    } = c;
+    let n = states.len();
+    let mut next_seq = vec![0u64; n];
+    let mut batch = vec![0u64; n];
+    let mut touched: Vec<usize> = Vec::with_capacity(n);
+    let mut st = RecvStats {
+        received: 0,
+        bytes: 0,
+        duplicates: 0,
+        foreign: 0,
+        last_ns: 0,
+        hist: new_histogram(),
+    };
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        tokio::select! {
+            _ = stop.changed() => break,
+            r = reader.fill() => r?,
+        }
+        let now_ns = epoch.elapsed().as_nanos() as u64;
+        drain_buffer(
+            &mut reader,
+            &mut writer,
+            &mut st,
+            now_ns,
+            &mut next_seq,
+            &mut batch,
+            &mut touched,
+            shared,
+        )?;
+        for &i in &touched {
+            states[i].delivered.fetch_add(batch[i], Ordering::AcqRel);
+            states[i].notify.notify_one();
+            batch[i] = 0;
+        }
+        touched.clear();
+        if writer.pending() > 0 {
+            writer.flush().await?;
+        }
+    }
+    writer.disconnect().await;
+    Ok(st)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drain_buffer(
+    reader: &mut Reader,
+    writer: &mut Writer,
+    st: &mut RecvStats,
+    now_ns: u64,
+    next_seq: &mut [u64],
+    batch: &mut [u64],
+    touched: &mut Vec<usize>,
+    shared: bool,
+) -> Result<(), ConnError> {
+    while let Some(p) = reader.try_next()? {
+        match p {
+            Packet::Publish(p) => {
+                match p.qos {
+                    QoS::AtMostOnce => {}
+                    QoS::AtLeastOnce => writer.push_ack(AckKind::Ack, p.packet_id)?,
+                    QoS::ExactlyOnce => writer.push_ack(AckKind::Rec, p.packet_id)?,
+                }
+                let Some(stamp) = Stamp::decode(&p.payload) else {
+                    st.foreign += 1;
+                    continue;
+                };
+                let i = stamp.publisher as usize;
+                if i >= batch.len() {
+                    st.foreign += 1;
+                    continue;
+                }
+                st.received += 1;
+                st.bytes += p.payload.len() as u64;
+                st.last_ns = now_ns;
+                let _ = st.hist.record(now_ns.saturating_sub(stamp.sent_ns).max(1));
+                if !shared {
+                    if stamp.seq < next_seq[i] {
+                        st.duplicates += 1;
+                    } else {
+                        next_seq[i] = stamp.seq + 1;
+                    }
+                }
+                if batch[i] == 0 {
+                    touched.push(i);
+                }
+                batch[i] += 1;
+            }
+            Packet::PubRel(a) => writer.push_ack(AckKind::Comp, a.packet_id)?,
+            Packet::PingResp | Packet::PubAck(_) | Packet::PubComp(_) => {}
+            Packet::Disconnect(d) => {
+                return Err(ConnError::Protocol(format!(
+                    "broker disconnected a subscriber with code {:#04x}",
+                    d.reason.0
+                )))
+            }
+            other => {
+                return Err(ConnError::Protocol(format!(
+                    "unexpected {} on a subscriber",
+                    conn::packet_name(&other)
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_hand_out_and_take_back() {
+        let mut ids = Ids::new(3);
+        assert_eq!(ids.in_flight(), 0);
+        let a = ids.free.pop().unwrap();
+        let b = ids.free.pop().unwrap();
+        assert_eq!((a, b), (1, 2));
+        assert_eq!(ids.in_flight(), 2);
+        ids.free.push(a);
+        assert_eq!(ids.in_flight(), 1);
+        assert_eq!(Ids::new(100_000).capacity, 65_535);
+    }
+}

@@ -1,0 +1,436 @@
+//! The scenarios of the comparison, each a function from options to case results.
+
+use crate::conn::ConnError;
+use crate::flow::{self, connect_many, FlowSpec, PubSpec, SubSpec, Target};
+use crate::payload::SizeDist;
+use crate::report::{CaseResult, Metric};
+use crate::sys;
+use std::time::{Duration, Instant};
+use zerofan_codec::QoS;
+
+/// Every scenario, in the order `all` runs them.
+pub const ALL: &[&str] = &[
+    "fan-in",
+    "fan-out",
+    "shared",
+    "topics",
+    "mixed",
+    "qos1",
+    "qos2",
+    "ping-pong",
+    "large",
+    "connections",
+];
+
+/// Knobs shared by the scenarios; `None` means "the scenario's default".
+#[derive(Clone, Debug)]
+pub struct Knobs {
+    /// Publishing time per case.
+    pub duration: Duration,
+    /// Cap on messages per publisher per case.
+    pub max_messages: u64,
+    /// Grace period for late deliveries.
+    pub drain: Duration,
+    /// Messages in flight per publisher.
+    pub window: Option<u64>,
+    /// Message size in bytes.
+    pub size: Option<usize>,
+    /// Publishers (fan-in, shared).
+    pub publishers: Option<usize>,
+    /// Subscriber counts (fan-out).
+    pub subscribers: Option<Vec<usize>>,
+    /// Shared group sizes.
+    pub groups: Option<Vec<usize>>,
+    /// Clients for the connections scenario.
+    pub clients: Option<usize>,
+    /// Broker process to read memory from.
+    pub broker_pid: Option<u32>,
+    /// Tiny counts for CI.
+    pub smoke: bool,
+}
+
+impl Knobs {
+    fn flow(&self, scenario: &str, case: String, qos: QoS, window: u64) -> FlowSpec {
+        FlowSpec {
+            scenario: scenario.into(),
+            case,
+            publishers: Vec::new(),
+            subscribers: Vec::new(),
+            qos,
+            window: self.window.unwrap_or(window),
+            duration: self.duration,
+            max_messages: self.max_messages,
+            drain: self.drain,
+            shared: false,
+        }
+    }
+}
+
+/// Human-readable size: 256B, 1KiB, 10MiB.
+pub fn size_label(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{}MiB", n >> 20)
+    } else if n >= 1024 && n.is_multiple_of(1024) {
+        format!("{}KiB", n >> 10)
+    } else {
+        format!("{n}B")
+    }
+}
+
+fn with_rate(mut r: CaseResult) -> CaseResult {
+    if r.error.is_none() {
+        r.metrics.push(Metric::higher("msg/s", r.msgs_per_s));
+    }
+    r
+}
+
+/// Run one scenario by name; unknown names are an error.
+pub async fn run(name: &str, t: &Target, k: &Knobs) -> Result<Vec<CaseResult>, String> {
+    let topic = |s: &str| format!("zfb/{}/{s}", t.run_id);
+    let mut out = Vec::new();
+    match name {
+        "fan-in" => {
+            let n = k.publishers.unwrap_or(10);
+            let size = k.size.unwrap_or(256);
+            let mut f = k.flow(
+                name,
+                format!("pubs={n} {}", size_label(size)),
+                QoS::AtMostOnce,
+                64,
+            );
+            f.publishers = (0..n)
+                .map(|i| PubSpec {
+                    topic: topic(&format!("in/{i}")),
+                    sizes: SizeDist::Fixed(size),
+                    fanout: 1,
+                })
+                .collect();
+            f.subscribers = vec![SubSpec {
+                filters: vec![topic("in/+")],
+            }];
+            out.push(with_rate(flow::run(t, &f).await));
+        }
+        "fan-out" => {
+            let default = if k.smoke {
+                vec![1, 10]
+            } else {
+                vec![1, 10, 100, 1000]
+            };
+            let size = k.size.unwrap_or(1024);
+            for n in k.subscribers.clone().unwrap_or(default) {
+                let window = (4096 / n.max(1) as u64).clamp(16, 256);
+                let mut f = k.flow(
+                    name,
+                    format!("subs={n} {}", size_label(size)),
+                    QoS::AtMostOnce,
+                    window,
+                );
+                let tp = topic(&format!("out{n}"));
+                f.publishers = vec![PubSpec {
+                    topic: tp.clone(),
+                    sizes: SizeDist::Fixed(size),
+                    fanout: n as u64,
+                }];
+                f.subscribers = (0..n)
+                    .map(|_| SubSpec {
+                        filters: vec![tp.clone()],
+                    })
+                    .collect();
+                out.push(with_rate(flow::run(t, &f).await));
+            }
+        }
+        "shared" => {
+            let default = if k.smoke { vec![2] } else { vec![2, 5, 10] };
+            let pubs = k.publishers.unwrap_or(2);
+            let size = k.size.unwrap_or(256);
+            for g in k.groups.clone().unwrap_or(default) {
+                let mut f = k.flow(
+                    name,
+                    format!("group={g} pubs={pubs} {}", size_label(size)),
+                    QoS::AtMostOnce,
+                    64,
+                );
+                f.shared = true;
+                f.publishers = (0..pubs)
+                    .map(|i| PubSpec {
+                        topic: topic(&format!("sh{g}/{i}")),
+                        sizes: SizeDist::Fixed(size),
+                        fanout: 1,
+                    })
+                    .collect();
+                let filter = format!("$share/zfb{g}/{}", topic(&format!("sh{g}/+")));
+                f.subscribers = (0..g)
+                    .map(|_| SubSpec {
+                        filters: vec![filter.clone()],
+                    })
+                    .collect();
+                out.push(with_rate(flow::run(t, &f).await));
+            }
+        }
+        "topics" => {
+            let size = k.size.unwrap_or(512);
+            let mut f = k.flow(
+                name,
+                format!("5x5 {}", size_label(size)),
+                QoS::AtMostOnce,
+                64,
+            );
+            f.publishers = (0..5)
+                .map(|i| PubSpec {
+                    topic: topic(&format!("t/{i}")),
+                    sizes: SizeDist::Fixed(size),
+                    fanout: 5,
+                })
+                .collect();
+            f.subscribers = (0..25)
+                .map(|j| SubSpec {
+                    filters: vec![topic(&format!("t/{}", j % 5))],
+                })
+                .collect();
+            out.push(with_rate(flow::run(t, &f).await));
+        }
+        "mixed" => {
+            let mut f = k.flow(name, "subs=10 100B-64KiB".into(), QoS::AtMostOnce, 32);
+            let tp = topic("mixed");
+            f.publishers = vec![PubSpec {
+                topic: tp.clone(),
+                sizes: SizeDist::Mixed,
+                fanout: 10,
+            }];
+            f.subscribers = (0..10)
+                .map(|_| SubSpec {
+                    filters: vec![tp.clone()],
+                })
+                .collect();
+            let mut r = flow::run(t, &f).await;
+            if r.error.is_none() {
+                r.metrics.push(Metric::higher("msg/s", r.msgs_per_s));
+                r.metrics.push(Metric::higher("MiB/s", r.mib_per_s));
+            }
+            out.push(r);
+        }
+        "qos1" | "qos2" => {
+            let qos = if name == "qos1" {
+                QoS::AtLeastOnce
+            } else {
+                QoS::ExactlyOnce
+            };
+            let size = k.size.unwrap_or(256);
+            let window = k.window.unwrap_or(64);
+            let mut f = k.flow(
+                name,
+                format!("1:1 window={window} {}", size_label(size)),
+                qos,
+                window,
+            );
+            let tp = topic(name);
+            f.publishers = vec![PubSpec {
+                topic: tp.clone(),
+                sizes: SizeDist::Fixed(size),
+                fanout: 1,
+            }];
+            f.subscribers = vec![SubSpec { filters: vec![tp] }];
+            out.push(with_rate(flow::run(t, &f).await));
+        }
+        "ping-pong" => {
+            let size = k.size.unwrap_or(64);
+            let mut f = k.flow(
+                name,
+                format!("1:1 {}", size_label(size)),
+                QoS::AtMostOnce,
+                1,
+            );
+            f.window = 1;
+            let tp = topic("ping");
+            f.publishers = vec![PubSpec {
+                topic: tp.clone(),
+                sizes: SizeDist::Fixed(size),
+                fanout: 1,
+            }];
+            f.subscribers = vec![SubSpec { filters: vec![tp] }];
+            let mut r = flow::run(t, &f).await;
+            if let (None, Some(l)) = (&r.error, r.latency) {
+                r.metrics.push(Metric::lower("p50 us", l.p50_us));
+                r.metrics.push(Metric::lower("p99 us", l.p99_us));
+                r.metrics.push(Metric::lower("p99.9 us", l.p999_us));
+            }
+            out.push(r);
+        }
+        "large" => {
+            out.extend(large(t, k).await);
+        }
+        "connections" => {
+            out.push(connections(t, k).await);
+        }
+        other => {
+            return Err(format!(
+                "unknown scenario {other:?}; known: {}",
+                ALL.join(", ")
+            ))
+        }
+    }
+    Ok(out)
+}
+
+fn mem_note(pid: Option<u32>) -> Option<sys::Mem> {
+    pid.and_then(|p| sys::read_mem(p).ok())
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// 10 MiB messages, then one 50 MiB message followed by 1,000 tiny ones,
+/// with the broker's memory before and after when its pid is known.
+async fn large(t: &Target, k: &Knobs) -> Vec<CaseResult> {
+    let mut out = Vec::new();
+    let (big, huge, tiny_count) = if k.smoke {
+        (1 << 20, 5 << 20, 100)
+    } else {
+        (10 << 20, 50 << 20, 1000)
+    };
+    let tp = format!("zfb/{}/large", t.run_id);
+    let size = k.size.unwrap_or(big);
+    let mut f = k.flow(
+        "large",
+        format!("1:1 {}", size_label(size)),
+        QoS::AtMostOnce,
+        2,
+    );
+    f.publishers = vec![PubSpec {
+        topic: tp.clone(),
+        sizes: SizeDist::Fixed(size),
+        fanout: 1,
+    }];
+    f.subscribers = vec![SubSpec {
+        filters: vec![tp.clone()],
+    }];
+    let mut r = flow::run(t, &f).await;
+    if r.error.is_none() {
+        r.metrics.push(Metric::higher("MiB/s", r.mib_per_s));
+    }
+    out.push(r);
+
+    let before = mem_note(k.broker_pid);
+    let mut f = k.flow(
+        "large",
+        format!("1x{} then {tiny_count}x64B", size_label(huge)),
+        QoS::AtMostOnce,
+        tiny_count + 1,
+    );
+    f.window = tiny_count + 1;
+    f.max_messages = tiny_count + 1;
+    // Count-bounded: give it time even when --duration is short.
+    f.duration = f
+        .duration
+        .max(Duration::from_secs(if k.smoke { 10 } else { 60 }));
+    f.publishers = vec![PubSpec {
+        topic: tp.clone(),
+        sizes: SizeDist::FirstThen {
+            first: huge,
+            rest: 64,
+        },
+        fanout: 1,
+    }];
+    f.subscribers = vec![SubSpec { filters: vec![tp] }];
+    let mut r = flow::run(t, &f).await;
+    if r.error.is_none() {
+        r.metrics.push(Metric::lower("seconds", r.seconds));
+    }
+    tokio::time::sleep(Duration::from_millis(if k.smoke { 100 } else { 1000 })).await;
+    let after = mem_note(k.broker_pid);
+    if let (Some(b), Some(a)) = (before, after) {
+        r.notes.push(format!(
+            "broker RSS {:.1} -> {:.1} MiB (peak {:.1} MiB)",
+            mib(b.rss_kib),
+            mib(a.rss_kib),
+            mib(a.hwm_kib)
+        ));
+        if r.error.is_none() {
+            r.metrics
+                .push(Metric::lower("RSS after MiB", mib(a.rss_kib)));
+            r.metrics.push(Metric::lower(
+                "RSS growth MiB",
+                mib(a.rss_kib) - mib(b.rss_kib),
+            ));
+        }
+    } else if k.broker_pid.is_some() {
+        r.notes.push("broker memory unreadable".into());
+    }
+    out.push(r);
+    out
+}
+
+/// Connect many clients (CONNECT + CONNACK each), report the rate and the
+/// broker's memory per idle connection.
+async fn connections(t: &Target, k: &Knobs) -> CaseResult {
+    let wanted = k.clients.unwrap_or(if k.smoke { 50 } else { 10_000 });
+    let mut notes = Vec::new();
+    let n = match sys::raise_nofile(wanted as u64 + 256) {
+        Ok(limit) if limit >= wanted as u64 + 64 => wanted,
+        Ok(limit) => {
+            let n = (limit.saturating_sub(64)) as usize;
+            notes.push(format!(
+                "fd limit {limit}: only {n} of {wanted} clients (raise `ulimit -Hn`)"
+            ));
+            n
+        }
+        Err(e) => {
+            notes.push(format!("could not raise the fd limit: {e}"));
+            wanted.min(900)
+        }
+    };
+    let case = format!("{n} clients");
+    let before = mem_note(k.broker_pid);
+    let start = Instant::now();
+    let res: Result<Vec<_>, ConnError> = tokio::time::timeout(
+        Duration::from_secs(120),
+        connect_many(t, "conn", vec![Vec::new(); n], QoS::AtMostOnce),
+    )
+    .await
+    .unwrap_or(Err(ConnError::Timeout("all connections")));
+    let conns = match res {
+        Ok(c) => c,
+        Err(e) => return CaseResult::failed("connections", &case, e.to_string()),
+    };
+    let secs = start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(if k.smoke { 200 } else { 1500 })).await;
+    let after = mem_note(k.broker_pid);
+    let rate = n as f64 / secs.max(1e-9);
+    let mut r = CaseResult {
+        scenario: "connections".into(),
+        case,
+        seconds: secs,
+        metrics: vec![Metric::higher("connect/s", rate)],
+        notes,
+        ..Default::default()
+    };
+    r.notes
+        .push(format!("{} connect/s", crate::report::si(rate)));
+    if let (Some(b), Some(a)) = (before, after) {
+        let per = (a.rss_kib as f64 - b.rss_kib as f64) / n.max(1) as f64;
+        r.notes.push(format!(
+            "broker RSS {:.1} -> {:.1} MiB, {per:.2} KiB per idle connection",
+            mib(b.rss_kib),
+            mib(a.rss_kib)
+        ));
+        r.metrics.push(Metric::lower("KiB/conn", per));
+    }
+    for c in conns {
+        c.writer.disconnect().await;
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(256), "256B");
+        assert_eq!(size_label(1024), "1KiB");
+        assert_eq!(size_label(1500), "1500B");
+        assert_eq!(size_label(10 << 20), "10MiB");
+    }
+}
