@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# Side-by-side comparison of zerofan with mosquitto, rumqttd and Mochi, driven
+# by zerofan-bench. Not part of CI (it takes minutes); CI runs
+# `zerofan-bench smoke` instead.
+#
+# What it does:
+#   1. installs the peers when absent: mosquitto from apt, rumqttd with
+#      `cargo install --locked` into bench/.cache/rumqttd, Mochi through our
+#      Go main in bench/mochi (Go module proxy) into bench/.cache/mochi;
+#   2. builds zerofan and zerofan-bench in release mode;
+#   3. for each repeat, for each broker (order rotated between repeats):
+#      starts a fresh broker pinned to core $BROKER_CPU, runs the scenarios
+#      with zerofan-bench pinned to core $BENCH_CPU, stops the broker;
+#   4. writes medians (min-max) and zerofan / best peer into BENCHMARKS.md,
+#      section "## End-to-end comparison (zerofan-bench)".
+#
+# Environment (all optional):
+#   REPEATS=3            runs per broker (at least 3 for a recorded table)
+#   DURATION=3           seconds of publishing per case
+#   SCENARIOS=all        comma-separated subset, e.g. fan-in,fan-out,qos1,ping-pong
+#   SUBSCRIBERS=         fan-out subscriber counts, e.g. 1,10,100 (default 1,10,100,1000)
+#   BROKERS="mosquitto rumqttd mochi zerofan"
+#   PROTOCOL=4           MQTT protocol level, 4 or 5
+#   BASE_PORT=18830      brokers listen on 127.0.0.1:BASE_PORT (+1 for rumqttd's v5 listener)
+#   BROKER_CPU=0 BENCH_CPU=1
+#   WRITE=1              0: print the Markdown instead of editing BENCHMARKS.md
+#   EXTRA_ARGS=          more zerofan-bench options (e.g. "--window 128")
+#   NOTE=                a remark recorded with the table (e.g. about machine load)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=$ROOT/bench/.cache
+REPEATS=${REPEATS:-3}
+DURATION=${DURATION:-3}
+SCENARIOS=${SCENARIOS:-all}
+SUBSCRIBERS=${SUBSCRIBERS:-}
+BROKERS=${BROKERS:-"mosquitto rumqttd mochi zerofan"}
+PROTOCOL=${PROTOCOL:-4}
+BASE_PORT=${BASE_PORT:-18830}
+BROKER_CPU=${BROKER_CPU:-0}
+BENCH_CPU=${BENCH_CPU:-1}
+WRITE=${WRITE:-1}
+EXTRA_ARGS=${EXTRA_ARGS:-}
+NOTE=${NOTE:-}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT=$CACHE/results/$STAMP
+mkdir -p "$OUT"
+
+log() { echo "compare.sh: $*" >&2; }
+
+# 10,000 client connections need descriptors on both sides.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+if [ "$(ulimit -n)" -lt 20500 ] 2>/dev/null; then
+    log "warning: ulimit -n is $(ulimit -n); the connections scenario wants 10,000 clients per side"
+fi
+
+# ---------------------------------------------------------------- installs
+install_mosquitto() {
+    if ! command -v mosquitto >/dev/null; then
+        log "installing mosquitto (apt)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null
+    fi
+}
+install_rumqttd() {
+    if [ ! -x "$CACHE/rumqttd/bin/rumqttd" ]; then
+        log "installing rumqttd (cargo install --locked, a few minutes)"
+        cargo install --locked rumqttd --root "$CACHE/rumqttd"
+    fi
+}
+install_mochi() {
+    if [ ! -x "$CACHE/mochi/mochi-bench" ] || [ bench/mochi/main.go -nt "$CACHE/mochi/mochi-bench" ]; then
+        log "building Mochi (Go module proxy)"
+        mkdir -p "$CACHE/mochi"
+        (cd bench/mochi && go build -o "$CACHE/mochi/mochi-bench" .)
+    fi
+}
+for b in $BROKERS; do
+    case $b in
+        mosquitto) install_mosquitto ;;
+        rumqttd) install_rumqttd ;;
+        mochi) install_mochi ;;
+        zerofan) ;;
+        *) log "unknown broker $b"; exit 2 ;;
+    esac
+done
+
+log "building zerofan and zerofan-bench (release, target dir $TARGET_DIR)"
+CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-bench
+BENCH=$TARGET_DIR/release/zerofan-bench
+if [[ " $BROKERS " == *" zerofan "* ]]; then
+    if ! CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-broker --bin zerofan; then
+        log "zerofan does not build: leaving it out"
+        BROKERS=${BROKERS//zerofan/}
+    fi
+fi
+ZEROFAN=$TARGET_DIR/release/zerofan
+
+# ------------------------------------------------------------ broker control
+CONF=$OUT/conf
+mkdir -p "$CONF"
+cat >"$CONF/mosquitto.conf" <<EOF
+listener $BASE_PORT 127.0.0.1
+allow_anonymous true
+persistence false
+# Queue limits high enough that the bench's bounded windows never hit them.
+max_queued_messages 100000
+max_inflight_messages 0
+log_dest none
+EOF
+cat >"$CONF/rumqttd.toml" <<EOF
+id = 0
+
+[router]
+id = 0
+max_connections = 20010
+max_outgoing_packet_count = 200
+max_segment_size = 104857600
+max_segment_count = 10
+
+[v4.1]
+name = "v4-1"
+listen = "127.0.0.1:$BASE_PORT"
+next_connection_delay_ms = 0
+    [v4.1.connections]
+    connection_timeout_ms = 60000
+    max_payload_size = 104857600
+    max_inflight_count = 100
+    dynamic_filters = true
+
+[v5.1]
+name = "v5-1"
+listen = "127.0.0.1:$((BASE_PORT + 1))"
+next_connection_delay_ms = 0
+    [v5.1.connections]
+    connection_timeout_ms = 60000
+    max_payload_size = 104857600
+    max_inflight_count = 100
+EOF
+
+BROKER_PID=
+port_of() {
+    if [ "$1" = rumqttd ] && [ "$PROTOCOL" = 5 ]; then echo $((BASE_PORT + 1)); else echo "$BASE_PORT"; fi
+}
+start_broker() {
+    local b=$1 logf=$OUT/$1.log
+    case $b in
+        mosquitto) taskset -c "$BROKER_CPU" mosquitto -c "$CONF/mosquitto.conf" >>"$logf" 2>&1 & ;;
+        rumqttd) taskset -c "$BROKER_CPU" "$CACHE/rumqttd/bin/rumqttd" -c "$CONF/rumqttd.toml" >>"$logf" 2>&1 & ;;
+        mochi) taskset -c "$BROKER_CPU" "$CACHE/mochi/mochi-bench" --listen "127.0.0.1:$BASE_PORT" >>"$logf" 2>&1 & ;;
+        zerofan) taskset -c "$BROKER_CPU" "$ZEROFAN" --listen "127.0.0.1:$BASE_PORT" --memory >>"$logf" 2>&1 & ;;
+    esac
+    BROKER_PID=$!
+    local port
+    port=$(port_of "$b")
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+            log "$b exited at start (see $logf)"
+            return 1
+        fi
+        sleep 0.1
+    done
+    log "$b did not listen on $port within 10 s"
+    stop_broker
+    return 1
+}
+stop_broker() {
+    if [ -n "$BROKER_PID" ] && kill -0 "$BROKER_PID" 2>/dev/null; then
+        kill "$BROKER_PID" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$BROKER_PID" 2>/dev/null || true
+        wait "$BROKER_PID" 2>/dev/null || true
+    fi
+    BROKER_PID=
+}
+trap stop_broker EXIT
+
+version_of() {
+    case $1 in
+        mosquitto) mosquitto -h 2>/dev/null | head -1 | sed 's/^mosquitto //' || true ;;
+        rumqttd) "$CACHE/rumqttd/bin/rumqttd" --version 2>/dev/null | head -1 || echo "rumqttd (cargo install)" ;;
+        mochi) echo "mochi $(grep 'mochi-mqtt/server/v2 ' bench/mochi/go.mod | awk '{print $2}') ($(go version | awk '{print $3}'))" ;;
+        zerofan) echo "zerofan $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty')" ;;
+    esac
+}
+
+# ------------------------------------------------------------------- runs
+if [ "$SCENARIOS" = all ]; then
+    SCENARIO_ARGS=(all)
+else
+    SCENARIO_ARGS=(all --only "$SCENARIOS")
+fi
+if [ -n "$SUBSCRIBERS" ]; then SCENARIO_ARGS+=(--subscribers "$SUBSCRIBERS"); fi
+read -r -a EXTRA <<<"$EXTRA_ARGS"
+
+read -r -a ORDER <<<"$BROKERS"
+n=${#ORDER[@]}
+for rep in $(seq 1 "$REPEATS"); do
+    for i in $(seq 0 $((n - 1))); do
+        b=${ORDER[$(((i + rep - 1) % n))]}
+        log "repeat $rep/$REPEATS: $b"
+        if ! start_broker "$b"; then
+            continue
+        fi
+        sleep 0.3
+        taskset -c "$BENCH_CPU" "$BENCH" "${SCENARIO_ARGS[@]}" \
+            --port "$(port_of "$b")" --protocol "$PROTOCOL" --duration "$DURATION" \
+            --label "$b" --broker-pid "$BROKER_PID" --json "${EXTRA[@]}" \
+            >"$OUT/$b-$rep.json" 2>"$OUT/$b-$rep.err" || log "$b repeat $rep reported failures (see $OUT/$b-$rep.err)"
+        if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+            log "$b died during the run"
+        fi
+        stop_broker
+        [ -s "$OUT/$b-$rep.json" ] || rm -f "$OUT/$b-$rep.json"
+    done
+done
+
+# ---------------------------------------------------------------- report
+shopt -s nullglob
+files=("$OUT"/*.json)
+if [ ${#files[@]} -eq 0 ]; then
+    log "no results"
+    exit 1
+fi
+versions=()
+for b in $BROKERS; do versions+=("$(version_of "$b")"); done
+versions_line=$(IFS=';'; echo "${versions[*]}" | sed 's/;/, /g')
+model=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+cmd="REPEATS=$REPEATS DURATION=$DURATION SCENARIOS=$SCENARIOS${SUBSCRIBERS:+ SUBSCRIBERS=$SUBSCRIBERS} PROTOCOL=$PROTOCOL bench/compare.sh"
+meta=(
+    --meta "Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    --meta "Machine: $(nproc) cores, ${model:-unknown CPU}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); broker pinned to core $BROKER_CPU, zerofan-bench to core $BENCH_CPU (taskset); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    --meta "Versions: $versions_line"
+    --meta "Command: \`$cmd\` (MQTT protocol level $PROTOCOL, $DURATION s of publishing per case; raw JSON in bench/.cache/results/$STAMP)"
+    --meta "Cells: median (min–max) over $REPEATS repeats; ↑ higher is better, ↓ lower is better; the last column is zerofan's median over the best peer's median. Throughput is counted at the receivers with a bounded window of messages in flight per publisher; **lost N** marks deliveries that never arrived."
+)
+if [ -n "$NOTE" ]; then meta+=(--meta "Note: $NOTE"); fi
+# shellcheck disable=SC2086 # word splitting collapses the spaces on purpose
+order_csv=$(echo $BROKERS | tr ' ' ',')
+if [ "$WRITE" = 1 ]; then
+    "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}" --write-section BENCHMARKS.md
+    log "wrote the comparison into BENCHMARKS.md (raw results in $OUT)"
+else
+    "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}"
+fi
