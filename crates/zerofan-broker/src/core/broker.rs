@@ -282,9 +282,7 @@ impl Broker {
 
     /// True once the broker has decided to close the connection (or it is unknown).
     pub fn is_closing(&self, conn: ConnId) -> bool {
-        self.conns
-            .get(&conn)
-            .map_or(true, |c| c.phase == Phase::Closing)
+        !matches!(self.conns.get(&conn), Some(c) if c.phase != Phase::Closing)
     }
 
     /// Control packets waiting for the writer; the shell stops reading from
@@ -431,8 +429,9 @@ impl Broker {
 /// The DISCONNECT reason for a decode error: the codec's code when it is one
 /// DISCONNECT may carry, else 0x81 Malformed Packet.
 fn disconnect_reason(code: ReasonCode) -> ReasonCode {
-    match code.0 {
-        0x80..=0x83 | 0x87 | 0x8F | 0x90 | 0x93..=0x9A | 0x9E | 0xA1 | 0xA2 => code,
-        _ => ReasonCode::MALFORMED_PACKET,
+    if code.is_error() && code.valid_in_disconnect() {
+        code
+    } else {
+        ReasonCode::MALFORMED_PACKET
     }
 }

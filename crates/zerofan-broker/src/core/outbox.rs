@@ -6,7 +6,11 @@ use std::sync::Arc;
 use zerofan_codec::{Packet, PublishHeader, QoS};
 
 /// One item for the connection's writer.
+///
+/// `Packet` is large (a `Properties` inline) but items live only briefly in
+/// the outbox, and boxing would cost an allocation per acknowledgement.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Outgoing {
     /// A control packet to encode as-is.
     Packet(Packet),

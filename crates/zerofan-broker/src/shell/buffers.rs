@@ -1,32 +1,38 @@
-//! Read buffers. One function to get a buffer, so the pool can replace the
-//! plain allocation without touching the reader.
+//! Read buffers come from the size-class pool: a connection borrows one only
+//! while bytes are waiting, and the memory returns to the pool when the last
+//! `Bytes` sliced from it (a packet, a payload in some queue) drops.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use zerofan_pool::{Pool, PoolConfig, PooledBuf};
 
-/// Default size of a fresh read buffer.
+/// Default size of a fresh read buffer (one pool class).
 pub const READ_SIZE: usize = 16 * 1024;
 
 /// A connection's read buffer.
-pub type ReadBuf = BytesMut;
+pub type ReadBuf = PooledBuf;
 
 /// Where read buffers come from.
-#[derive(Debug, Default)]
-pub struct Buffers {}
+#[derive(Debug)]
+pub struct Buffers {
+    pool: Pool,
+}
 
 impl Buffers {
-    /// A buffers source.
+    /// A fresh pool for one broker.
     pub fn new() -> Self {
-        Buffers {}
+        Buffers {
+            pool: Pool::new(PoolConfig::default()),
+        }
     }
 
     /// An empty buffer with room for at least `min` bytes.
     pub fn get(&self, min: usize) -> ReadBuf {
-        BytesMut::with_capacity(min)
+        self.pool.get(min)
     }
 
     /// Free space left in `buf`.
     pub fn spare(buf: &ReadBuf) -> usize {
-        buf.capacity() - buf.len()
+        buf.remaining_capacity()
     }
 
     /// Turn a filled buffer into shared bytes that packets are sliced from.
@@ -34,8 +40,22 @@ impl Buffers {
         buf.freeze()
     }
 
-    /// Pool figures for `$SYS/` (zero until the pool is in use).
+    /// Pool figures for `$SYS/`.
     pub fn stats(&self, stats: &mut crate::core::ShellStats) {
-        let _ = stats;
+        let m = self.pool.metrics();
+        stats.pool_gets = m.gets;
+        stats.pool_hits = m.hits;
+        stats.pool_misses = m.misses;
+        stats.pool_returns = m.returns;
+        stats.pool_discards = m.discards;
+        stats.pool_bytes_retained = m.bytes_retained;
+        stats.pool_bytes_outstanding = m.bytes_outstanding;
+        stats.pool_hit_rate = m.hit_rate();
+    }
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        Buffers::new()
     }
 }

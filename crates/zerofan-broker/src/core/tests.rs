@@ -1,1 +1,0 @@
-//! Unit tests of the sans-IO core.

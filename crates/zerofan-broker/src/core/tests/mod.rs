@@ -1,0 +1,258 @@
+//! Unit tests of the sans-IO core: packets in, packets out, time jumped at
+//! will. Every outgoing item is encoded with the codec and decoded again, so
+//! these also check what a client would really see.
+
+mod connect;
+mod delivery;
+mod qos;
+mod retained;
+mod sessions;
+mod shared;
+mod wills;
+
+use super::{Broker, ConnId, Outgoing, Transmit};
+use crate::config::Config;
+use bytes::{Bytes, BytesMut};
+use std::time::{Duration, Instant};
+use zerofan_codec::{
+    Ack, Connect, Disconnect, MqttStr, Packet, Properties, Protocol, Publish, QoS, ReasonCode,
+    Subscribe, SubscriptionOptions, Will,
+};
+
+/// A broker and a clock.
+pub(super) struct H {
+    pub b: Broker,
+    pub now: Instant,
+}
+
+/// What one connection received, decoded.
+pub(super) struct Out {
+    pub packets: Vec<Packet>,
+    pub closed: bool,
+}
+
+impl Out {
+    pub fn publishes(&self) -> Vec<&Publish> {
+        self.packets
+            .iter()
+            .filter_map(|p| match p {
+                Packet::Publish(p) => Some(p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn payloads(&self) -> Vec<String> {
+        self.publishes()
+            .iter()
+            .map(|p| String::from_utf8_lossy(&p.payload).into_owned())
+            .collect()
+    }
+
+    pub fn disconnect(&self) -> Option<ReasonCode> {
+        self.packets.iter().find_map(|p| match p {
+            Packet::Disconnect(d) => Some(d.reason),
+            _ => None,
+        })
+    }
+
+    pub fn connack(&self) -> Option<&zerofan_codec::ConnAck> {
+        self.packets.iter().find_map(|p| match p {
+            Packet::ConnAck(c) => Some(c),
+            _ => None,
+        })
+    }
+}
+
+pub(super) fn s(v: &str) -> MqttStr {
+    MqttStr::try_from(v).unwrap()
+}
+
+pub(super) fn connect_packet(id: &str, protocol: Protocol, clean: bool) -> Connect {
+    Connect {
+        protocol,
+        clean_start: clean,
+        keep_alive: 60,
+        properties: Properties::default(),
+        client_id: s(id),
+        will: None,
+        username: None,
+        password: None,
+    }
+}
+
+pub(super) fn will(topic: &str, payload: &str) -> Will {
+    Will {
+        topic: s(topic),
+        payload: Bytes::copy_from_slice(payload.as_bytes()),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: Properties::default(),
+    }
+}
+
+pub(super) fn publish(topic: &str, payload: &str, qos: QoS, pid: u16) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: s(topic),
+        packet_id: if qos == QoS::AtMostOnce { 0 } else { pid },
+        properties: Properties::default(),
+        payload: Bytes::copy_from_slice(payload.as_bytes()),
+    }
+}
+
+pub(super) fn opts(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
+pub(super) fn ack(pid: u16) -> Ack {
+    Ack {
+        packet_id: pid,
+        reason: ReasonCode::SUCCESS,
+        properties: Properties::default(),
+    }
+}
+
+impl H {
+    pub fn new() -> Self {
+        let cfg = Config {
+            sys_interval: 0,
+            ..Config::default()
+        };
+        H::with(cfg)
+    }
+
+    pub fn with(cfg: Config) -> Self {
+        let now = Instant::now();
+        H {
+            b: Broker::new(cfg, now),
+            now,
+        }
+    }
+
+    pub fn open(&mut self) -> ConnId {
+        self.b
+            .connection_opened(self.now, "127.0.0.1:5000".parse().unwrap())
+    }
+
+    pub fn send(&mut self, c: ConnId, p: Packet) {
+        self.b.handle_packet(self.now, c, p);
+    }
+
+    /// Open, CONNECT (edited by `f`), and return the connection and CONNACK.
+    pub fn connect_with(
+        &mut self,
+        id: &str,
+        protocol: Protocol,
+        clean: bool,
+        f: impl FnOnce(&mut Connect),
+    ) -> (ConnId, Out) {
+        let c = self.open();
+        let mut pkt = connect_packet(id, protocol, clean);
+        f(&mut pkt);
+        self.send(c, Packet::Connect(Box::new(pkt)));
+        let out = self.out(c);
+        (c, out)
+    }
+
+    /// A v5 client with a clean start and session expiry 0.
+    pub fn client(&mut self, id: &str) -> ConnId {
+        let (c, out) = self.connect_with(id, Protocol::V5, true, |_| {});
+        assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
+        c
+    }
+
+    pub fn subscribe(&mut self, c: ConnId, filter: &str, o: SubscriptionOptions) -> Out {
+        self.subscribe_id(c, filter, o, None)
+    }
+
+    pub fn subscribe_id(
+        &mut self,
+        c: ConnId,
+        filter: &str,
+        o: SubscriptionOptions,
+        id: Option<u32>,
+    ) -> Out {
+        let mut properties = Properties::default();
+        properties.subscription_identifiers.extend(id);
+        self.send(
+            c,
+            Packet::Subscribe(Subscribe {
+                packet_id: 1,
+                properties,
+                filters: vec![(s(filter), o)],
+            }),
+        );
+        self.out(c)
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.b.handle_timeout(self.now);
+    }
+
+    pub fn secs(&mut self, n: u64) {
+        self.advance(Duration::from_secs(n));
+    }
+
+    /// Drain everything the writer would send, round-tripped through the codec.
+    pub fn out(&mut self, c: ConnId) -> Out {
+        let protocol = self.b.protocol(c);
+        let mut packets = Vec::new();
+        let mut closed = false;
+        loop {
+            let mut batch = Vec::new();
+            let t = self.b.poll_transmit(self.now, c, &mut batch, 16);
+            for item in &batch {
+                packets.push(roundtrip(item, protocol));
+            }
+            match t {
+                Transmit::Gone => {
+                    closed = true;
+                    break;
+                }
+                Transmit::Close if self.b.outbox_len(c) == 0 => {
+                    closed = true;
+                    break;
+                }
+                _ => {}
+            }
+            if batch.is_empty() {
+                break;
+            }
+        }
+        let mut wakeups = Vec::new();
+        self.b.take_wakeups(&mut wakeups);
+        Out { packets, closed }
+    }
+}
+
+/// Encode what the writer would, decode what the client would.
+fn roundtrip(item: &Outgoing, protocol: Protocol) -> Packet {
+    let mut buf = BytesMut::new();
+    match item {
+        Outgoing::Packet(p) => zerofan_codec::encode(p, protocol, &mut buf).unwrap(),
+        Outgoing::Publish(d) => {
+            zerofan_codec::encode_publish_header(&d.header(), protocol, &mut buf).unwrap();
+            buf.extend_from_slice(&d.message.payload);
+        }
+    }
+    let frame = buf.freeze();
+    assert_eq!(
+        zerofan_codec::frame(&frame, u32::MAX),
+        zerofan_codec::Frame::Complete(frame.len())
+    );
+    zerofan_codec::decode(frame, protocol).unwrap()
+}
+
+pub(super) fn disconnect(reason: ReasonCode) -> Packet {
+    Packet::Disconnect(Disconnect {
+        reason,
+        properties: Properties::default(),
+    })
+}
