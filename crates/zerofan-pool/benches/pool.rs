@@ -6,6 +6,11 @@
 //! ```
 //! (two-thread cases need two cores: run them with `taskset -c 0,1`.)
 //!
+//! Every case runs twice: in groups named `…` timed by wall clock (criterion's
+//! default), and in groups named `…_cpu` timed by the thread's own CPU clock
+//! (`CLOCK_THREAD_CPUTIME_ID`), which leaves out the time the thread spent
+//! waiting for a core on a busy machine.
+//!
 //! After the timed benchmarks, heap allocations per operation are counted
 //! with a counting global allocator and printed as `allocs/op` lines.
 
@@ -17,7 +22,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use criterion::{criterion_group, BenchmarkId, Criterion};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{BenchmarkId, Criterion};
 use zerofan_pool::{Pool, PoolConfig};
 
 // ---- counting allocator (per thread, so the harness does not disturb it) --
@@ -58,6 +64,63 @@ static GLOBAL: Counting = Counting;
 
 fn allocs() -> u64 {
     ALLOCS.with(Cell::get)
+}
+
+// ---- thread CPU time as a criterion measurement ---------------------------
+
+#[repr(C)]
+struct Timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+}
+
+/// `CLOCK_THREAD_CPUTIME_ID` on Linux.
+const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+
+/// CPU time consumed by the calling thread.
+fn thread_cpu_time() -> Duration {
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` (glibc, x86-64/aarch64 Linux, where `time_t`
+    // and `long` are 64-bit so `Timespec` matches `struct timespec`) writes
+    // one `struct timespec` through a valid, exclusive pointer and touches
+    // nothing else.
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Criterion measurement: CPU time of the measuring thread.
+struct ThreadCpuTime;
+
+impl Measurement for ThreadCpuTime {
+    type Intermediate = Duration;
+    type Value = Duration;
+    fn start(&self) -> Duration {
+        thread_cpu_time()
+    }
+    fn end(&self, start: Duration) -> Duration {
+        thread_cpu_time() - start
+    }
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn to_f64(&self, v: &Duration) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        static WALL: WallTime = WallTime;
+        WALL.formatter() // nanoseconds, same units and scaling
+    }
 }
 
 // ---- the operations measured -------------------------------------------
@@ -102,10 +165,10 @@ fn bytesmut_freeze_drop() {
     drop(clone);
 }
 
-/// Runs `op` `iters` times on each of two threads at once; returns the wall
-/// time of the slower thread (so time/iter is per operation, per thread,
-/// with both threads busy).
-fn two_threads(iters: u64, op: impl Fn() + Send + Sync + 'static) -> Duration {
+/// Runs `op` `iters` times on each of two threads at once; returns the time
+/// (wall clock, or the thread's CPU clock if `cpu`) of the slower thread, so
+/// time/iter is per operation, per thread, with both threads busy.
+fn two_threads(iters: u64, cpu: bool, op: impl Fn() + Send + Sync + 'static) -> Duration {
     let op = Arc::new(op);
     let barrier = Arc::new(Barrier::new(2));
     let handles: Vec<_> = (0..2)
@@ -116,11 +179,15 @@ fn two_threads(iters: u64, op: impl Fn() + Send + Sync + 'static) -> Duration {
                 // One untimed round so thread-cache set-up is not measured.
                 op();
                 barrier.wait();
-                let start = Instant::now();
+                let (wall, cpu_start) = (Instant::now(), thread_cpu_time());
                 for _ in 0..iters {
                     op();
                 }
-                start.elapsed()
+                if cpu {
+                    thread_cpu_time() - cpu_start
+                } else {
+                    wall.elapsed()
+                }
             })
         })
         .collect();
@@ -131,8 +198,8 @@ fn two_threads(iters: u64, op: impl Fn() + Send + Sync + 'static) -> Duration {
         .unwrap()
 }
 
-fn bench_get_return(c: &mut Criterion) {
-    let mut g = c.benchmark_group("get_return");
+fn bench_get_return<M: Measurement<Value = Duration>>(c: &mut Criterion<M>, cpu: bool) {
+    let mut g = c.benchmark_group(if cpu { "get_return_cpu" } else { "get_return" });
     for (size, name) in SIZES {
         let pool = warmed_pool();
         pooled_get_return(&pool, size); // thread cache set-up
@@ -146,26 +213,29 @@ fn bench_get_return(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("pooled_2threads", name), |b| {
             b.iter_custom(|iters| {
                 let pool = shared.clone();
-                two_threads(iters, move || pooled_get_return(&pool, size))
+                two_threads(iters, cpu, move || pooled_get_return(&pool, size))
             })
         });
         g.bench_function(BenchmarkId::new("bytesmut_2threads", name), |b| {
-            b.iter_custom(|iters| two_threads(iters, move || bytesmut_alloc_drop(size)))
+            b.iter_custom(|iters| two_threads(iters, cpu, move || bytesmut_alloc_drop(size)))
         });
     }
     g.finish();
 }
 
-fn bench_freeze(c: &mut Criterion) {
-    let mut g = c.benchmark_group("get_fill64_freeze_clone_drop");
+fn bench_freeze<M: Measurement>(c: &mut Criterion<M>, cpu: bool) {
+    let name = "get_fill64_freeze_clone_drop";
+    let mut g = c.benchmark_group(if cpu {
+        format!("{name}_cpu")
+    } else {
+        name.into()
+    });
     let pool = warmed_pool();
     pooled_freeze_drop(&pool);
     g.bench_function("pooled_2KiB", |b| b.iter(|| pooled_freeze_drop(&pool)));
     g.bench_function("bytesmut_2KiB", |b| b.iter(bytesmut_freeze_drop));
     g.finish();
 }
-
-criterion_group!(benches, bench_get_return, bench_freeze);
 
 /// Heap allocations per operation, measured outside the timed loops.
 fn report_allocations() {
@@ -211,7 +281,14 @@ fn report_allocations() {
 }
 
 fn main() {
-    benches();
+    let mut wall = Criterion::default().configure_from_args();
+    bench_get_return(&mut wall, false);
+    bench_freeze(&mut wall, false);
+    let mut cpu = Criterion::default()
+        .with_measurement(ThreadCpuTime)
+        .configure_from_args();
+    bench_get_return(&mut cpu, true);
+    bench_freeze(&mut cpu, true);
     report_allocations();
-    Criterion::default().configure_from_args().final_summary();
+    wall.final_summary();
 }

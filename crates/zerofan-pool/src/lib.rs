@@ -209,19 +209,33 @@ impl PoolMetrics {
     }
 }
 
-// Counter slots.
-const GETS: usize = 0;
-const HITS: usize = 1;
-const MISSES: usize = 2;
-const UNPOOLED_GETS: usize = 3;
-const RETURNS: usize = 4;
-const DISCARDS: usize = 5;
-const PREALLOCATED: usize = 6;
-/// Signed (two's complement, wrapping) bytes outstanding delta.
-const OUTSTANDING: usize = 7;
-/// Bytes in this thread's cache (thread blocks only).
-const CACHED: usize = 8;
-const NUM_COUNTERS: usize = 9;
+// Per-class event counters. Every byte figure in `PoolMetrics` is derived
+// from these at snapshot time, so a get or return served by the thread
+// cache updates exactly one counter.
+/// Gets served from the calling thread's cache.
+const GET_LOCAL: usize = 0;
+/// Gets served from the shared list.
+const GET_SHARED: usize = 1;
+/// Gets that allocated.
+const GET_MISS: usize = 2;
+/// Returns kept in the calling thread's cache.
+const RET_LOCAL: usize = 3;
+/// Returns kept in the shared list.
+const RET_SHARED: usize = 4;
+/// Returns freed (over the cap, or the pool closed).
+const RET_DISCARD: usize = 5;
+/// Buffers moved from a thread cache to the shared list (or freed) when the
+/// thread cache was retired.
+const FLUSHED: usize = 6;
+const NUM_KINDS: usize = 7;
+
+// Scalar counters (unpooled buffers, warm-up).
+const UNPOOLED_GETS: usize = 0;
+const UNPOOLED_RETURNS: usize = 1;
+const UNPOOLED_BYTES_OUT: usize = 2;
+const UNPOOLED_BYTES_IN: usize = 3;
+const PREALLOCATED: usize = 4;
+const NUM_SCALARS: usize = 5;
 
 /// A block of counters. A thread's own block is written only by that thread
 /// (relaxed load + store, no read-modify-write); the pool's shared block is
@@ -230,7 +244,14 @@ const NUM_COUNTERS: usize = 9;
 #[repr(align(128))]
 #[derive(Default)]
 struct Counters {
-    vals: [AtomicU64; NUM_COUNTERS],
+    per_class: [[AtomicU64; NUM_CLASSES]; NUM_KINDS],
+    scalars: [AtomicU64; NUM_SCALARS],
+}
+
+impl Counters {
+    fn all(&self) -> impl Iterator<Item = &AtomicU64> {
+        self.per_class.iter().flatten().chain(&self.scalars)
+    }
 }
 
 /// Where the counts of one operation go.
@@ -244,21 +265,30 @@ enum Tally<'a> {
 
 impl Tally<'_> {
     #[inline]
-    fn add(self, slot: usize, n: u64) {
-        match self {
-            Tally::Local(c) => {
-                let a = &c.vals[slot];
-                a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
-            }
-            Tally::Shared(c) => {
-                c.vals[slot].fetch_add(n, Relaxed);
-            }
+    fn bump(a: &AtomicU64, n: u64, local: bool) {
+        if local {
+            a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
+        } else {
+            a.fetch_add(n, Relaxed);
         }
     }
 
+    /// Counts `n` events of `kind` for class `c`.
     #[inline]
-    fn sub(self, slot: usize, n: u64) {
-        self.add(slot, n.wrapping_neg());
+    fn class(self, kind: usize, c: usize, n: u64) {
+        match self {
+            Tally::Local(b) => Self::bump(&b.per_class[kind][c], n, true),
+            Tally::Shared(b) => Self::bump(&b.per_class[kind][c], n, false),
+        }
+    }
+
+    /// Adds `n` to scalar counter `slot`.
+    #[inline]
+    fn scalar(self, slot: usize, n: u64) {
+        match self {
+            Tally::Local(b) => Self::bump(&b.scalars[slot], n, true),
+            Tally::Shared(b) => Self::bump(&b.scalars[slot], n, false),
+        }
     }
 }
 
@@ -331,6 +361,7 @@ impl Inner {
 
     /// Puts a returned buffer of class `c` on the shared list if the cap
     /// allows and the pool is open, else frees it and counts a discard.
+    #[cold]
     fn put_shared(&self, c: usize, buf: Box<[u8]>, t: Tally<'_>) {
         let size = buf.len();
         if self.reserve(size) {
@@ -338,24 +369,21 @@ impl Inner {
             if !self.closed.load(Relaxed) {
                 list.push(buf);
                 self.shared_retained.fetch_add(size, Relaxed);
+                t.class(RET_SHARED, c, 1);
                 return;
             }
             drop(list);
             self.unreserve(size);
         }
-        t.add(DISCARDS, 1);
+        t.class(RET_DISCARD, c, 1);
         drop(buf);
     }
 
     /// Get of class `c` given the calling thread's cache (if any).
     #[inline]
     fn get_class(&self, c: usize, local: Option<&mut LocalClass>, t: Tally<'_>) -> Box<[u8]> {
-        let size = CLASS_SIZES[c];
-        t.add(GETS, 1);
-        t.add(OUTSTANDING, size as u64);
         if let Some(buf) = local.and_then(|lc| lc.bufs.pop()) {
-            t.sub(CACHED, size as u64);
-            t.add(HITS, 1);
+            t.class(GET_LOCAL, c, 1);
             return buf;
         }
         self.get_class_slow(c, t)
@@ -365,11 +393,11 @@ impl Inner {
     fn get_class_slow(&self, c: usize, t: Tally<'_>) -> Box<[u8]> {
         match self.take_shared(c) {
             Some(buf) => {
-                t.add(HITS, 1);
+                t.class(GET_SHARED, c, 1);
                 buf
             }
             None => {
-                t.add(MISSES, 1);
+                t.class(GET_MISS, c, 1);
                 alloc_buf(CLASS_SIZES[c])
             }
         }
@@ -378,19 +406,16 @@ impl Inner {
     /// Return of a class-`c` buffer given the calling thread's cache.
     #[inline]
     fn put_class(&self, c: usize, buf: Box<[u8]>, local: Option<&mut LocalClass>, t: Tally<'_>) {
-        let size = buf.len();
-        t.add(RETURNS, 1);
-        t.sub(OUTSTANDING, size as u64);
         if let Some(lc) = local {
             if lc.bufs.len() < lc.charged {
                 lc.bufs.push(buf);
-                t.add(CACHED, size as u64);
+                t.class(RET_LOCAL, c, 1);
                 return;
             }
-            if lc.charged < self.depth && self.reserve(size) {
+            if lc.charged < self.depth && self.reserve(buf.len()) {
                 lc.charged += 1;
                 lc.bufs.push(buf);
-                t.add(CACHED, size as u64);
+                t.class(RET_LOCAL, c, 1);
                 return;
             }
         }
@@ -545,7 +570,7 @@ impl Pool {
             inner.shared_retained.fetch_add(class_size, Relaxed);
             added += 1;
         }
-        Tally::Shared(&inner.shared).add(PREALLOCATED, added as u64);
+        Tally::Shared(&inner.shared).scalar(PREALLOCATED, added as u64);
         added
     }
 
@@ -571,27 +596,53 @@ impl Pool {
     /// pool; see [`PoolMetrics`].
     pub fn metrics(&self) -> PoolMetrics {
         let inner = self.inner;
-        let mut sum = [0u64; NUM_COUNTERS];
+        let mut k = [[0u64; NUM_CLASSES]; NUM_KINDS];
+        let mut sc = [0u64; NUM_SCALARS];
         {
             let threads = lock(&inner.threads);
             for block in std::iter::once(&inner.shared).chain(threads.iter().map(|a| &**a)) {
-                for (s, v) in sum.iter_mut().zip(&block.vals) {
+                for (kind, row) in k.iter_mut().zip(&block.per_class) {
+                    for (s, v) in kind.iter_mut().zip(row) {
+                        *s = s.wrapping_add(v.load(Relaxed));
+                    }
+                }
+                for (s, v) in sc.iter_mut().zip(&block.scalars) {
                     *s = s.wrapping_add(v.load(Relaxed));
                 }
             }
         }
-        let outstanding = sum[OUTSTANDING] as i64;
-        PoolMetrics {
-            gets: sum[GETS],
-            hits: sum[HITS],
-            misses: sum[MISSES],
-            unpooled: sum[UNPOOLED_GETS],
-            returns: sum[RETURNS],
-            discards: sum[DISCARDS],
-            preallocated: sum[PREALLOCATED],
-            bytes_retained: (inner.shared_retained.load(Relaxed) as u64).wrapping_add(sum[CACHED]),
-            bytes_outstanding: outstanding.max(0) as u64,
+        let mut m = PoolMetrics {
+            gets: sc[UNPOOLED_GETS],
+            misses: sc[UNPOOLED_GETS],
+            unpooled: sc[UNPOOLED_GETS],
+            returns: sc[UNPOOLED_RETURNS],
+            discards: sc[UNPOOLED_RETURNS],
+            preallocated: sc[PREALLOCATED],
+            ..PoolMetrics::default()
+        };
+        let mut cached = 0u64;
+        let mut out = sc[UNPOOLED_BYTES_OUT].wrapping_sub(sc[UNPOOLED_BYTES_IN]);
+        for (c, &size) in CLASS_SIZES.iter().enumerate() {
+            let size = size as u64;
+            let gets = k[GET_LOCAL][c] + k[GET_SHARED][c] + k[GET_MISS][c];
+            let rets = k[RET_LOCAL][c] + k[RET_SHARED][c] + k[RET_DISCARD][c];
+            m.gets += gets;
+            m.hits += k[GET_LOCAL][c] + k[GET_SHARED][c];
+            m.misses += k[GET_MISS][c];
+            m.returns += rets;
+            m.discards += k[RET_DISCARD][c];
+            let in_caches = k[RET_LOCAL][c]
+                .wrapping_sub(k[GET_LOCAL][c])
+                .wrapping_sub(k[FLUSHED][c]);
+            cached = cached.wrapping_add(in_caches.wrapping_mul(size));
+            out = out.wrapping_add(gets.wrapping_sub(rets).wrapping_mul(size));
         }
+        // Both are exact at rest; while threads work, reading the counters
+        // one by one can see a transient negative, reported as 0.
+        let retained = (inner.shared_retained.load(Relaxed) as u64).wrapping_add(cached);
+        m.bytes_retained = (retained as i64).max(0) as u64;
+        m.bytes_outstanding = (out as i64).max(0) as u64;
+        m
     }
 }
 
@@ -641,7 +692,7 @@ impl Entry {
             // Cached buffers keep their charge as they move to the shared
             // list; empty slots give theirs back.
             pool.unreserve((lc.charged - cached) * size);
-            t.sub(CACHED, (cached * size) as u64);
+            t.class(FLUSHED, c, cached as u64);
             if cached == 0 {
                 continue;
             }
@@ -656,7 +707,7 @@ impl Entry {
             }
         }
         let mut threads = lock(&pool.threads);
-        for (s, v) in pool.shared.vals.iter().zip(&self.stats.vals) {
+        for (s, v) in pool.shared.all().zip(self.stats.all()) {
             s.fetch_add(v.load(Relaxed), Relaxed);
         }
         threads.retain(|a| !Arc::ptr_eq(a, &self.stats));
@@ -749,10 +800,8 @@ fn get_from(inner: &'static Inner, min_capacity: usize) -> PooledBuf {
 #[cold]
 fn get_unpooled(inner: &'static Inner, size: usize) -> PooledBuf {
     let t = Tally::Shared(&inner.shared);
-    t.add(GETS, 1);
-    t.add(MISSES, 1);
-    t.add(UNPOOLED_GETS, 1);
-    t.add(OUTSTANDING, size as u64);
+    t.scalar(UNPOOLED_GETS, 1);
+    t.scalar(UNPOOLED_BYTES_OUT, size as u64);
     PooledBuf {
         buf: alloc_buf(size),
         len: 0,
@@ -911,11 +960,14 @@ impl Drop for PooledBuf {
         // An empty boxed slice does not allocate.
         let buf = std::mem::take(&mut self.buf);
         let pool = self.pool;
-        if self.class == UNPOOLED || pool.closed.load(Relaxed) {
+        if self.class == UNPOOLED {
             let t = Tally::Shared(&pool.shared);
-            t.add(RETURNS, 1);
-            t.add(DISCARDS, 1);
-            t.sub(OUTSTANDING, buf.len() as u64);
+            t.scalar(UNPOOLED_RETURNS, 1);
+            t.scalar(UNPOOLED_BYTES_IN, buf.len() as u64);
+            return;
+        }
+        if pool.closed.load(Relaxed) {
+            Tally::Shared(&pool.shared).class(RET_DISCARD, self.class as usize, 1);
             return;
         }
         let c = self.class as usize;
