@@ -2,8 +2,22 @@
 # The one test command: installs what the tests need (idempotent), then runs
 # every test: formatting, clippy, the Rust unit and integration tests, and
 # the interop tests that drive the real binary with third-party clients.
+#
+# Installs, each only when missing or out of date:
+#   apt:  mosquitto-clients, mosquitto (a reference broker for the interop tests)
+#   pip:  tests/interop/requirements.txt into ./.venv (paho-mqtt, pytest)
+#   npm:  tests/interop/package-lock.json into tests/interop/node_modules (MQTT.js)
+#
+# Environment:
+#   BROKER=mosquitto        run the interop tests against mosquitto instead
+#   ZEROFAN_BIN=PATH        broker binary for the interop tests
+#                           (default ${CARGO_TARGET_DIR:-target}/release/zerofan)
+#   INTEROP_ALL=1           also run the interop tests listed in
+#                           tests/interop/pending.txt (known to fail for now)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+INTEROP=tests/interop
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -13,3 +27,80 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo test"
 cargo test --workspace
+
+# ---------------------------------------------------------------- installs
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+echo "== interop: system packages"
+missing=()
+command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
+    || missing+=(mosquitto-clients)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"
+else
+    echo "all present"
+fi
+
+echo "== interop: python venv (.venv)"
+req="$INTEROP/requirements.txt"
+stamp=.venv/.requirements.sha256
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+    echo "$want" >"$stamp"
+else
+    echo "up to date"
+fi
+
+echo "== interop: node modules ($INTEROP/node_modules)"
+if [ -f "$INTEROP/package-lock.json" ]; then
+    nstamp="$INTEROP/node_modules/.zerofan-lock.sha256"
+    nwant=$(sha256sum "$INTEROP/package-lock.json" | cut -d' ' -f1)
+    if [ "$(cat "$nstamp" 2>/dev/null)" != "$nwant" ]; then
+        (cd "$INTEROP" && npm ci --no-audit --no-fund --loglevel=error)
+        echo "$nwant" >"$nstamp"
+    else
+        echo "up to date"
+    fi
+else
+    (cd "$INTEROP" && npm install --no-audit --no-fund --loglevel=error)
+fi
+
+# ---------------------------------------------------------------- interop
+
+echo "== interop: build the broker (release)"
+cargo build --release --bin zerofan
+target_dir=${CARGO_TARGET_DIR:-target}
+case "$target_dir" in /*) ;; *) target_dir="$ROOT/$target_dir" ;; esac
+export ZEROFAN_BIN=${ZEROFAN_BIN:-$target_dir/release/zerofan}
+export BROKER=${BROKER:-zerofan}
+
+pending_args=(-m "not zerofan_pending")
+if [ "${INTEROP_ALL:-0}" = 1 ]; then
+    pending_args=()
+    export ZEROFAN_RUN_PENDING=1
+fi
+
+echo "== interop: pytest (paho-mqtt) against $BROKER"
+set +e
+.venv/bin/pytest "$INTEROP" -q "${pending_args[@]}"
+rc=$?
+set -e
+# 5 = every test deselected (all still pending): not a failure
+if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
+    exit $rc
+fi
+
+echo "== interop: node --test (MQTT.js) against $BROKER"
+node --test "$INTEROP/js/"
