@@ -22,7 +22,11 @@ fuzz_target!(|data: &[u8]| {
     for protocol in [Protocol::V31, Protocol::V311, Protocol::V5] {
         // A stream: frame packet after packet, as a connection would.
         let mut rest = data;
-        let max = if data.first().is_some_and(|b| b & 1 == 1) { 64 } else { u32::MAX };
+        let max = if data.first().is_some_and(|b| b & 1 == 1) {
+            64
+        } else {
+            u32::MAX
+        };
         while let Frame::Complete(n) = frame(rest, max) {
             let (one, tail) = rest.split_at(n);
             if let Ok(packet) = decode(Bytes::copy_from_slice(one), protocol) {

@@ -173,3 +173,35 @@ pub fn write_varint(v: u32, dst: &mut impl BufMut) -> Result<(), EncodeError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varint_boundaries() {
+        for (v, n) in [
+            (0u32, 1usize),
+            (127, 1),
+            (128, 2),
+            (16_383, 2),
+            (16_384, 3),
+            (2_097_151, 3),
+            (2_097_152, 4),
+            (MAX_REMAINING_LENGTH, 4),
+        ] {
+            let mut b = Vec::new();
+            write_varint(v, &mut b).unwrap();
+            assert_eq!(b.len(), n);
+            assert_eq!(varint_len(v), n);
+            assert_eq!(read_varint(&b).unwrap(), Some((v, n)));
+            assert_eq!(read_varint(&b[..n - 1]).unwrap(), None);
+        }
+        assert_eq!(
+            write_varint(MAX_REMAINING_LENGTH + 1, &mut Vec::new()),
+            Err(EncodeError::TooLarge)
+        );
+        assert!(read_varint(&[0x80, 0x80, 0x80, 0x80, 0x01]).is_err());
+        assert!(read_varint(&[0xff, 0x00]).is_err());
+    }
+}

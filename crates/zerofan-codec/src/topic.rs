@@ -88,3 +88,111 @@ pub fn matches(filter: &str, topic: &str) -> bool {
 pub fn split_shared(filter: &str) -> Option<(&str, &str)> {
     filter.strip_prefix("$share/")?.split_once('/')
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in [
+            "a",
+            "a/b",
+            "/",
+            "a//b",
+            "$SYS/x",
+            " ",
+            "sport/tennis/player1",
+        ] {
+            assert!(validate_topic_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/+", "#", "a/#/b", "a+b"] {
+            let e = validate_topic_name(bad).unwrap_err();
+            assert_eq!(e.reason, ReasonCode::TOPIC_NAME_INVALID, "{bad}");
+        }
+    }
+
+    #[test]
+    fn filters() {
+        for ok in [
+            "#",
+            "+",
+            "a/#",
+            "a/+/b",
+            "+/+",
+            "/+",
+            "a//b",
+            "sport/tennis/#",
+            "$SYS/#",
+            "$share/g/a/b",
+            "$share/g/#",
+            "$share/g/+/x",
+            "$share",
+            "$sharex/y",
+        ] {
+            assert!(validate_topic_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a#",
+            "a/#/b",
+            "#/a",
+            "a+",
+            "a/b+/c",
+            "++",
+            "$share/",
+            "$share/g",
+            "$share/g/",
+            "$share//a",
+            "$share/g+/a",
+            "$share/#/a",
+        ] {
+            let e = validate_topic_filter(bad).unwrap_err();
+            assert_eq!(e.reason, ReasonCode::TOPIC_FILTER_INVALID, "{bad}");
+        }
+    }
+
+    #[test]
+    fn matching() {
+        let yes = [
+            ("a/b", "a/b"),
+            ("a/+", "a/b"),
+            ("a/#", "a"),
+            ("a/#", "a/b/c"),
+            ("#", "a/b"),
+            ("+/+", "/a"),
+            ("a/+/b", "a//b"),
+            ("+", ""),
+            ("/#", "/a"),
+            ("$SYS/#", "$SYS/load"),
+            ("$SYS/+", "$SYS/x"),
+            ("sport/tennis/player1/#", "sport/tennis/player1"),
+        ];
+        for (f, t) in yes {
+            assert!(matches(f, t), "{f} should match {t}");
+        }
+        let no = [
+            ("a/b", "a/c"),
+            ("a/+", "a/b/c"),
+            ("a/+", "a"),
+            ("a/b", "a/b/c"),
+            ("a/b/c", "a/b"),
+            ("#", "$SYS/x"),
+            ("+/x", "$SYS/x"),
+            ("+", "$x"),
+            ("sport/+", "sport"),
+        ];
+        for (f, t) in no {
+            assert!(!matches(f, t), "{f} should not match {t}");
+        }
+    }
+
+    #[test]
+    fn shared() {
+        assert_eq!(split_shared("$share/g/a/b"), Some(("g", "a/b")));
+        assert_eq!(split_shared("$share/g/#"), Some(("g", "#")));
+        assert_eq!(split_shared("$share/g"), None);
+        assert_eq!(split_shared("a/b"), None);
+        assert_eq!(split_shared("$sharex/g/a"), None);
+    }
+}

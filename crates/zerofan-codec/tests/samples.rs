@@ -3,7 +3,7 @@
 
 mod common;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use zerofan_codec::*;
 
 const ALL: [Protocol; 3] = [Protocol::V31, Protocol::V311, Protocol::V5];
@@ -28,7 +28,11 @@ fn samples_roundtrip() {
 fn write_fuzz_seeds() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/decode");
     std::fs::create_dir_all(&dir).unwrap();
-    for (tag, p) in [("v31", Protocol::V31), ("v311", Protocol::V311), ("v5", Protocol::V5)] {
+    for (tag, p) in [
+        ("v31", Protocol::V31),
+        ("v311", Protocol::V311),
+        ("v5", Protocol::V5),
+    ] {
         let mut stream = BytesMut::new();
         for (name, packet) in common::samples(p) {
             let mut out = BytesMut::new();
@@ -38,5 +42,4 @@ fn write_fuzz_seeds() {
         }
         std::fs::write(dir.join(format!("{tag}-stream")), &stream).unwrap();
     }
-    let _ = Bytes::new();
 }

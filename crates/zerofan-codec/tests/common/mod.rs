@@ -130,7 +130,11 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
         ("pubrel", Packet::PubRel),
         ("pubcomp", Packet::PubComp),
     ] {
-        let code = if name == "pubrel" || name == "pubcomp" { 0x92 } else { 0x10 };
+        let code = if name == "pubrel" || name == "pubcomp" {
+            0x92
+        } else {
+            0x10
+        };
         out.push((
             name,
             mk(Ack {
