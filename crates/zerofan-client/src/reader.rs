@@ -1,0 +1,152 @@
+//! The read path: socket bytes land in a pooled buffer, complete packets are
+//! cut out of it as `Bytes` slices (no copy) and decoded in place.
+//!
+//! When a packet is only partly in, the buffer is resized for the whole
+//! packet at once (so a 50 MiB message is read into one exact allocation
+//! that is freed when the application drops its payload), and a partial
+//! tail left after the complete packets moves to a fresh buffer.
+
+use bytes::Bytes;
+use std::collections::VecDeque;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use zerofan_codec::{frame, DecodeError, Frame, Packet, Protocol};
+use zerofan_pool::{Pool, PooledBuf};
+
+/// Size of a read buffer when no larger packet is expected.
+pub(crate) const READ_SIZE: usize = 16 * 1024;
+
+pub(crate) struct Reader {
+    pool: Pool,
+    buf: Option<PooledBuf>,
+    /// Largest packet accepted (our Maximum Packet Size).
+    max_packet: u32,
+    /// Complete frames cut out but not decoded yet.
+    frames: VecDeque<Bytes>,
+}
+
+impl Reader {
+    pub fn new(pool: Pool, max_packet: u32) -> Self {
+        Reader {
+            pool,
+            buf: None,
+            max_packet,
+            frames: VecDeque::new(),
+        }
+    }
+
+    /// Forget everything buffered (a new connection starts clean).
+    pub fn reset(&mut self) {
+        self.buf = None;
+        self.frames.clear();
+    }
+
+    /// Read once from `rd`; `Ok(0)` is end of stream.
+    pub async fn read<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> std::io::Result<usize> {
+        let pool = &self.pool;
+        let b = self.buf.get_or_insert_with(|| pool.get(READ_SIZE));
+        if b.remaining_capacity() == 0 {
+            let want = b.len() * 2;
+            grow(pool, b, want);
+        }
+        rd.read_buf(b).await
+    }
+
+    /// Cut every complete packet out of the buffer. Errors are fatal for the
+    /// connection (bad framing, packet over our maximum size).
+    pub fn split_frames(&mut self) -> Result<(), DecodeError> {
+        let Some(b) = self.buf.as_mut() else {
+            return Ok(());
+        };
+        match frame(&b[..], self.max_packet) {
+            Frame::NeedMore(more) => {
+                let want = b.len() + more;
+                if b.capacity() < want {
+                    grow(&self.pool, b, want);
+                }
+                return Ok(());
+            }
+            Frame::Invalid(e) => return Err(e),
+            Frame::Complete(_) => {}
+        }
+        let Some(filled) = self.buf.take() else {
+            return Ok(());
+        };
+        let all = filled.freeze();
+        let mut pos = 0;
+        while pos < all.len() {
+            match frame(&all[pos..], self.max_packet) {
+                Frame::Complete(n) => {
+                    self.frames.push_back(all.slice(pos..pos + n));
+                    pos += n;
+                }
+                Frame::NeedMore(more) => {
+                    let tail = &all[pos..];
+                    let mut nb = self.pool.get((tail.len() + more).max(READ_SIZE));
+                    nb.extend_from_slice(tail);
+                    self.buf = Some(nb);
+                    break;
+                }
+                Frame::Invalid(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode the next complete packet, if any.
+    pub fn next_packet(&mut self, protocol: Protocol) -> Option<Result<Packet, DecodeError>> {
+        self.frames
+            .pop_front()
+            .map(|f| zerofan_codec::decode(f, protocol))
+    }
+}
+
+/// Move `b`'s contents into a buffer of at least `want` bytes.
+fn grow(pool: &Pool, b: &mut PooledBuf, want: usize) {
+    let mut nb = pool.get(want);
+    nb.extend_from_slice(b);
+    *b = nb;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_split_across_reads_are_reassembled_without_copies() {
+        let mut wire = Vec::new();
+        for i in 0..50u32 {
+            let p = Packet::Publish(zerofan_codec::Publish {
+                topic: zerofan_codec::MqttStr::try_from("t").unwrap(),
+                payload: Bytes::from(vec![i as u8; (i as usize) * 997]),
+                ..Default::default()
+            });
+            let mut v = bytes::BytesMut::new();
+            v.resize(zerofan_codec::encoded_len(&p, Protocol::V5).unwrap(), 0);
+            let mut s: &mut [u8] = &mut v[..];
+            zerofan_codec::encode(&p, Protocol::V5, &mut s).unwrap();
+            wire.extend_from_slice(&v);
+        }
+        let (mut a, mut b) = tokio::io::duplex(1000);
+        let w = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            a.write_all(&wire).await.unwrap();
+        });
+        let mut r = Reader::new(Pool::global().clone(), u32::MAX);
+        let mut got = 0u32;
+        while got < 50 {
+            assert!(r.read(&mut b).await.unwrap() > 0);
+            r.split_frames().unwrap();
+            while let Some(p) = r.next_packet(Protocol::V5) {
+                match p.unwrap() {
+                    Packet::Publish(p) => {
+                        assert_eq!(p.payload.len(), got as usize * 997);
+                        assert!(p.payload.iter().all(|&x| x == got as u8));
+                        got += 1;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        w.await.unwrap();
+    }
+}

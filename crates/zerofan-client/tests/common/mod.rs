@@ -1,0 +1,239 @@
+//! Test harness: real brokers (the zerofan binary, Debian's mosquitto)
+//! started per test on loopback ports, and a TCP proxy that can cut or
+//! stall connections.
+//!
+//! The zerofan binary comes from `ZEROFAN_BIN`, else from the target
+//! directory this test runs from (`target/debug/zerofan`, built by
+//! `cargo test --workspace` or `cargo build --workspace --bins`). mosquitto
+//! must be installed (`scripts/test.sh` installs it).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub mod proxy;
+
+/// Which broker a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Zerofan,
+    Mosquitto,
+}
+
+pub const BOTH: [Kind; 2] = [Kind::Zerofan, Kind::Mosquitto];
+
+pub struct Broker {
+    pub kind: Kind,
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    /// mosquitto listener lines after `listener PORT 127.0.0.1`.
+    extra: String,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+pub fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "zerofan-client-{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub fn zerofan_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ZEROFAN_BIN") {
+        return PathBuf::from(p);
+    }
+    // target/debug/deps/<test exe> -> target/debug/zerofan
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let bin = dir.join("zerofan");
+    assert!(
+        bin.exists(),
+        "zerofan binary not found at {}: build it first (`cargo build --workspace --bins`, \
+         which scripts/test.sh and `cargo test --workspace` do) or set ZEROFAN_BIN",
+        bin.display()
+    );
+    bin
+}
+
+pub fn mosquitto_bin() -> PathBuf {
+    for p in [
+        "/usr/sbin/mosquitto",
+        "/usr/bin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ] {
+        if std::path::Path::new(p).exists() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!(
+        "mosquitto is not installed: these tests need Debian's mosquitto \
+         (scripts/test.sh installs it; or `apt-get install -y mosquitto`)"
+    );
+}
+
+impl Broker {
+    pub fn start(kind: Kind) -> Broker {
+        match kind {
+            Kind::Zerofan => Broker::zerofan(),
+            Kind::Mosquitto => Broker::mosquitto(""),
+        }
+    }
+
+    pub fn zerofan() -> Broker {
+        let mut b = Broker {
+            kind: Kind::Zerofan,
+            child: None,
+            port: 0,
+            dir: tmpdir("zerofan"),
+            extra: String::new(),
+        };
+        b.spawn();
+        b
+    }
+
+    /// mosquitto with `extra` lines in its listener block (e.g.
+    /// `protocol websockets`, `certfile ...`).
+    pub fn mosquitto(extra: &str) -> Broker {
+        let mut b = Broker {
+            kind: Kind::Mosquitto,
+            child: None,
+            port: free_port(),
+            dir: tmpdir("mosquitto"),
+            extra: extra.to_string(),
+        };
+        b.spawn();
+        b
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        match self.kind {
+            Kind::Zerofan => {
+                let listen = format!("127.0.0.1:{}", self.port);
+                let mut child = Command::new(zerofan_bin())
+                    .args(["--listen", &listen, "--memory"])
+                    .current_dir(&self.dir)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .expect("spawn zerofan");
+                let out = child.stdout.take().expect("stdout");
+                let mut line = String::new();
+                BufReader::new(out)
+                    .read_line(&mut line)
+                    .expect("read zerofan banner");
+                let port = line
+                    .trim()
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or_else(|| panic!("unexpected zerofan banner {line:?}"));
+                self.port = port;
+                self.child = Some(child);
+            }
+            Kind::Mosquitto => {
+                let conf = self.dir.join("mosquitto.conf");
+                let text = format!(
+                    "per_listener_settings false\nallow_anonymous true\npersistence false\n\
+                     log_type error\nlog_dest stderr\nuser root\n\
+                     listener {} 127.0.0.1\n{}\n",
+                    self.port, self.extra
+                );
+                std::fs::write(&conf, text).expect("write mosquitto.conf");
+                let log = std::fs::File::create(self.dir.join("mosquitto.log"))
+                    .expect("create mosquitto.log");
+                let child = Command::new(mosquitto_bin())
+                    .arg("-c")
+                    .arg(&conf)
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .expect("spawn mosquitto");
+                self.child = Some(child);
+            }
+        }
+        self.wait_listening();
+    }
+
+    fn wait_listening(&self) {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if std::net::TcpStream::connect(self.addr()).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{:?} did not listen on {}", self.kind, self.addr());
+    }
+
+    /// kill -9 (nothing saved, connections reset).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status();
+        }
+    }
+
+    /// SIGSTOP: connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Await `f` or panic after `secs` seconds with `what`.
+pub async fn within<T>(secs: u64, what: &str, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {secs}s: {what}"),
+    }
+}
