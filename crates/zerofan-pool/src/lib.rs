@@ -33,20 +33,35 @@
 //!
 //! The hot path (a get served by the calling thread's cache and a return into
 //! it) takes no lock, performs no atomic read-modify-write and allocates
-//! nothing: the counters it touches belong to the calling thread and are
-//! updated with relaxed loads and stores, and the buffer finds its pool
-//! through a plain `&'static` reference rather than a reference count.
+//! nothing: it updates one counter that belongs to the calling thread, with a
+//! relaxed load and store, and the buffer finds its pool through a plain
+//! `&'static` reference rather than a reference count.
+//!
+//! Buffers move between a thread cache and the shared list in batches of
+//! half the cache depth under one lock: a get that finds its cache empty
+//! takes one buffer plus a batch from the shared list, and a return that
+//! finds the cache full first spills a batch to it. So a thread that only
+//! gets (a connection reader) and one that only returns (a writer dropping
+//! the last `Bytes`) touch the shared lists once per batch, not per buffer.
 //!
 //! # Retention cap
 //!
 //! The pool keeps a budget of at most [`PoolConfig::max_retained_bytes`]
 //! bytes. Buffers in the shared lists are charged to it, and so is every
 //! thread-cache slot the moment it is first used (the slot keeps its charge
-//! while it is empty, so that the hot path never touches the shared budget).
-//! Hence the bytes the pool retains never exceed the cap; a return that
-//! would exceed it frees the buffer and counts a discard. A thread's slot
-//! charges are given back when the thread exits or calls
-//! [`Pool::flush_thread_cache`].
+//! while it is emptied by gets, so that the hot path never touches the
+//! shared budget). Hence the bytes the pool retains never exceed the cap; a
+//! return that would exceed it frees the buffer and counts a discard. Empty
+//! slots give their charges back when the thread next finds its cache empty
+//! (refill or miss), exits, or calls [`Pool::flush_thread_cache`]; until
+//! then they can make a return be discarded a little before the retained
+//! bytes reach the cap (at most `depth` × class size per thread and class).
+//!
+//! Buffers in one thread's cache are not available to other threads: a
+//! thread that finds its cache and the shared list empty allocates (a miss)
+//! even if another thread's cache holds buffers. With a cap that leaves
+//! room, misses stop after ramp-up; a cap close to the working set trades
+//! memory for misses and discards.
 //!
 //! # Lifetime of a pool
 //!
@@ -153,7 +168,7 @@ pub struct PoolConfig {
     pub max_retained_bytes: usize,
     /// How many buffers of each class each thread caches for this pool
     /// before returns go to the shared lists. `0` disables thread caches.
-    /// Values above 1024 are treated as 1024. Default: 4.
+    /// Values above 1024 are treated as 1024. Default: 8.
     pub thread_cache_depth: usize,
 }
 
@@ -161,7 +176,7 @@ impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             max_retained_bytes: 64 << 20,
-            thread_cache_depth: 4,
+            thread_cache_depth: 8,
         }
     }
 }
@@ -224,10 +239,12 @@ const RET_LOCAL: usize = 3;
 const RET_SHARED: usize = 4;
 /// Returns freed (over the cap, or the pool closed).
 const RET_DISCARD: usize = 5;
-/// Buffers moved from a thread cache to the shared list (or freed) when the
-/// thread cache was retired.
+/// Buffers moved from a thread cache to the shared list (or freed if the
+/// pool had closed): spills from a full cache, and retirement.
 const FLUSHED: usize = 6;
-const NUM_KINDS: usize = 7;
+/// Buffers moved from the shared list into a thread cache (refills).
+const REFILLED: usize = 7;
+const NUM_KINDS: usize = 8;
 
 // Scalar counters (unpooled buffers, warm-up).
 const UNPOOLED_GETS: usize = 0;
@@ -349,16 +366,6 @@ impl Inner {
         self.budget.fetch_sub(n, Relaxed);
     }
 
-    /// Pops a buffer of class `c` from the shared list.
-    fn take_shared(&self, c: usize) -> Option<Box<[u8]>> {
-        let mut list = lock(&self.lists[c]);
-        let buf = list.pop()?;
-        self.shared_retained.fetch_sub(buf.len(), Relaxed);
-        drop(list);
-        self.unreserve(buf.len());
-        Some(buf)
-    }
-
     /// Puts a returned buffer of class `c` on the shared list if the cap
     /// allows and the pool is open, else frees it and counts a discard.
     #[cold]
@@ -382,25 +389,71 @@ impl Inner {
     /// Get of class `c` given the calling thread's cache (if any).
     #[inline]
     fn get_class(&self, c: usize, local: Option<&mut LocalClass>, t: Tally<'_>) -> Box<[u8]> {
-        if let Some(buf) = local.and_then(|lc| lc.bufs.pop()) {
-            t.class(GET_LOCAL, c, 1);
-            return buf;
+        match local {
+            Some(lc) => match lc.bufs.pop() {
+                Some(buf) => {
+                    t.class(GET_LOCAL, c, 1);
+                    buf
+                }
+                None => self.get_class_slow(c, Some(lc), t),
+            },
+            None => self.get_class_slow(c, None, t),
         }
-        self.get_class_slow(c, t)
     }
 
+    /// How many buffers move between a thread cache and the shared list in
+    /// one lock acquisition (refill on an empty cache, spill from a full
+    /// one): half the depth, rounded up.
+    #[inline]
+    fn batch(&self) -> usize {
+        self.depth.div_ceil(2)
+    }
+
+    /// Get when the thread cache (if any) is empty: one buffer from the
+    /// shared list for the caller plus up to `batch()` more to refill the
+    /// cache, under one lock; or an allocation (a miss).
+    ///
+    /// Either way the cache's empty charged slots give their charges back
+    /// (refilled buffers bring their own), so a thread that mostly gets and
+    /// rarely returns does not sit on budget it does not use.
     #[cold]
-    fn get_class_slow(&self, c: usize, t: Tally<'_>) -> Box<[u8]> {
-        match self.take_shared(c) {
-            Some(buf) => {
-                t.class(GET_SHARED, c, 1);
-                buf
+    fn get_class_slow(&self, c: usize, local: Option<&mut LocalClass>, t: Tally<'_>) -> Box<[u8]> {
+        let size = CLASS_SIZES[c];
+        let mut list = lock(&self.lists[c]);
+        let popped = list.pop();
+        let mut moved = 0;
+        // Charges given back, in buffers of this class.
+        let mut released = 0;
+        if let Some(lc) = local {
+            if popped.is_some() {
+                let room = self.depth - lc.bufs.len();
+                moved = self.batch().min(room).min(list.len());
+                let from = list.len() - moved;
+                lc.bufs.extend(list.drain(from..));
             }
-            None => {
-                t.class(GET_MISS, c, 1);
-                alloc_buf(CLASS_SIZES[c])
-            }
+            // Empty slots' charges go back; refilled buffers keep theirs,
+            // now as slot charges.
+            let cached_before = lc.bufs.len() - moved;
+            released += lc.charged - cached_before;
+            lc.charged = lc.bufs.len();
         }
+        let Some(buf) = popped else {
+            drop(list);
+            if released > 0 {
+                self.unreserve(released * size);
+            }
+            t.class(GET_MISS, c, 1);
+            return alloc_buf(size);
+        };
+        self.shared_retained.fetch_sub((1 + moved) * size, Relaxed);
+        drop(list);
+        // The caller's buffer leaves the budget too.
+        self.unreserve((released + 1) * size);
+        t.class(GET_SHARED, c, 1);
+        if moved > 0 {
+            t.class(REFILLED, c, moved as u64);
+        }
+        buf
     }
 
     /// Return of a class-`c` buffer given the calling thread's cache.
@@ -412,8 +465,46 @@ impl Inner {
                 t.class(RET_LOCAL, c, 1);
                 return;
             }
-            if lc.charged < self.depth && self.reserve(buf.len()) {
+            self.put_class_slow(c, buf, lc, t);
+            return;
+        }
+        self.put_shared(c, buf, t);
+    }
+
+    /// Return when every charged slot of the thread cache is full: charge a
+    /// new slot if the depth allows, else spill `batch()` cached buffers to
+    /// the shared list under one lock (their charges go with them, and the
+    /// emptied slots are charged anew if the cap allows); then cache the
+    /// buffer, or failing that put it on the shared list or discard it.
+    #[cold]
+    fn put_class_slow(&self, c: usize, buf: Box<[u8]>, lc: &mut LocalClass, t: Tally<'_>) {
+        let size = buf.len();
+        if lc.charged < self.depth {
+            if self.reserve(size) {
                 lc.charged += 1;
+                lc.bufs.push(buf);
+                t.class(RET_LOCAL, c, 1);
+                return;
+            }
+        } else if !lc.bufs.is_empty() {
+            let k = self.batch().min(lc.bufs.len());
+            let recharged = self.reserve(k * size);
+            let from = lc.bufs.len() - k;
+            let mut list = lock(&self.lists[c]);
+            if self.closed.load(Relaxed) {
+                drop(list);
+                lc.bufs.truncate(from);
+                self.unreserve(k * size);
+            } else {
+                list.extend(lc.bufs.drain(from..));
+                self.shared_retained.fetch_add(k * size, Relaxed);
+                drop(list);
+            }
+            t.class(FLUSHED, c, k as u64);
+            if !recharged {
+                lc.charged -= k;
+            }
+            if lc.bufs.len() < lc.charged {
                 lc.bufs.push(buf);
                 t.class(RET_LOCAL, c, 1);
                 return;
@@ -632,6 +723,7 @@ impl Pool {
             m.returns += rets;
             m.discards += k[RET_DISCARD][c];
             let in_caches = k[RET_LOCAL][c]
+                .wrapping_add(k[REFILLED][c])
                 .wrapping_sub(k[GET_LOCAL][c])
                 .wrapping_sub(k[FLUSHED][c]);
             cached = cached.wrapping_add(in_caches.wrapping_mul(size));
@@ -1132,6 +1224,73 @@ mod tests {
         assert_eq!(m.bytes_retained, shared as u64);
         assert_eq!(m.bytes_outstanding, 0);
         assert_eq!(m.gets, m.returns);
+    }
+
+    /// One thread gets, another returns (the broker's reader/writer
+    /// pattern): buffers flow through refills and spills, the budget stays
+    /// within the cap throughout and balances once the caches are flushed.
+    #[test]
+    fn producer_consumer_balances() {
+        // A tight cap: buffers are discarded and re-allocated, and the
+        // accounting must still balance.
+        let tight = producer_consumer(64 * 1024);
+        if !cfg!(miri) {
+            assert!(tight.discards > 0, "{tight:?}");
+        }
+        // A roomy cap: after ramp-up the same buffers circulate.
+        let roomy = producer_consumer(1 << 20);
+        assert_eq!(roomy.discards, 0, "{roomy:?}");
+        assert!(roomy.misses <= 64, "{roomy:?}");
+    }
+
+    fn producer_consumer(cap: usize) -> PoolMetrics {
+        let pool = Pool::new(PoolConfig {
+            max_retained_bytes: cap,
+            thread_cache_depth: 4,
+        });
+        let inner = pool.inner;
+        let n = if cfg!(miri) { 40 } else { 50_000 };
+        let (tx, rx) = std::sync::mpsc::sync_channel::<PooledBuf>(16);
+        let producer = {
+            let pool = pool.clone();
+            std::thread::spawn(move || {
+                for i in 0..n {
+                    let mut b = pool.get(if i % 3 == 0 { 2048 } else { 4096 });
+                    b.extend_from_slice(&[i as u8; 16]);
+                    tx.send(b).unwrap();
+                    assert!(inner.budget.load(Relaxed) <= cap);
+                }
+            })
+        };
+        let consumer = std::thread::spawn(move || {
+            let mut count = 0;
+            for b in rx {
+                assert_eq!(b.len(), 16);
+                let bytes = b.freeze();
+                drop(bytes.clone());
+                drop(bytes);
+                assert!(inner.budget.load(Relaxed) <= cap);
+                count += 1;
+            }
+            count
+        });
+        producer.join().unwrap();
+        assert_eq!(consumer.join().unwrap(), n);
+        let shared: usize = inner
+            .lists
+            .iter()
+            .map(|l| lock(l).iter().map(|b| b.len()).sum::<usize>())
+            .sum();
+        assert_eq!(inner.shared_retained.load(Relaxed), shared);
+        assert_eq!(inner.budget.load(Relaxed), shared);
+        let m = pool.metrics();
+        assert_eq!(m.gets, n as u64);
+        assert_eq!(m.returns, n as u64);
+        assert_eq!(m.gets, m.hits + m.misses);
+        assert_eq!(m.bytes_retained, shared as u64);
+        assert_eq!(m.bytes_outstanding, 0);
+        assert!(m.bytes_retained <= cap as u64);
+        m
     }
 
     /// Every buffer in a shared list has its class's size.

@@ -146,6 +146,34 @@ fn metrics_are_exact_in_a_deterministic_scenario() {
 }
 
 #[test]
+fn thread_cache_refills_and_spills_in_batches() {
+    // Depth 4: refills and spills move 2 buffers per lock.
+    let p = pool(1 << 20, 4);
+    assert_eq!(p.warm_up(2048, 5), 5);
+    let mut out = vec![p.get(1)]; // 1 for us + 2 refilled into the cache
+    let m = p.metrics();
+    assert_eq!((m.hits, m.misses), (1, 0));
+    assert_eq!(m.bytes_retained, 4 * 2048, "2 cached + 2 shared");
+    out.extend((0..4).map(|_| p.get(1))); // 2 cached, then 1 + 1 refilled
+    out.push(p.get(1)); // shared list empty: a miss
+    let m = p.metrics();
+    assert_eq!((m.gets, m.hits, m.misses), (6, 5, 1));
+    assert_eq!(m.bytes_retained, 0);
+    // Returning 6 fills the cache (4), spills 2 to the shared list, and
+    // caches the rest.
+    drop(out);
+    let m = p.metrics();
+    assert_eq!(m.bytes_retained, 6 * 2048);
+    assert_eq!(m.discards, 0);
+    assert_eq!(
+        p.trim(),
+        2 * 2048,
+        "exactly one spill of 2 reached the shared list"
+    );
+    assert_eq!(p.metrics().bytes_retained, 4 * 2048);
+}
+
+#[test]
 fn return_from_another_thread() {
     let p = Pool::default();
     let mut buf = p.get(5000);
