@@ -367,7 +367,6 @@ async fn publish(
     });
     let mut rng = Rng::new(0x5EED ^ u64::from(job.index));
     let mut seq: u64 = 0;
-    let limit = job.window * job.fanout;
     loop {
         // Acks first: they free packet ids.
         while let Some(p) = c.reader.try_next()? {
@@ -386,13 +385,19 @@ async fn publish(
             }
             continue;
         }
-        let delivered = state.delivered.load(Ordering::Acquire);
-        let outstanding = (seq * job.fanout).saturating_sub(delivered);
-        let mut credit = limit.saturating_sub(outstanding) / job.fanout;
-        credit = credit.min(job.max_messages - seq).min(BATCH);
-        if job.qos != QoS::AtMostOnce {
-            credit = credit.min(ids.free.len() as u64);
-        }
+        let free_ids = if job.qos == QoS::AtMostOnce {
+            u64::MAX
+        } else {
+            ids.free.len() as u64
+        };
+        let credit = credit(
+            seq,
+            state.delivered.load(Ordering::Acquire),
+            job.fanout,
+            job.window,
+            job.max_messages - seq,
+            free_ids,
+        );
         if credit > 0 {
             for _ in 0..credit {
                 let size = job.sizes.size(seq, &mut rng);
@@ -424,6 +429,17 @@ async fn publish(
         }
     }
     Ok(c)
+}
+
+/// How many messages a publisher may send now: what its window allows given
+/// the deliveries counted so far (`sent * fanout - delivered` deliveries are
+/// outstanding, at most `window * fanout`), capped by the messages left, the
+/// free packet ids and one write batch.
+fn credit(sent: u64, delivered: u64, fanout: u64, window: u64, left: u64, free_ids: u64) -> u64 {
+    let fanout = fanout.max(1);
+    let outstanding = (sent * fanout).saturating_sub(delivered);
+    let room = (window * fanout).saturating_sub(outstanding) / fanout;
+    room.min(left).min(free_ids).min(BATCH)
 }
 
 fn handle_publisher_packet(p: Packet, ids: &mut Ids, writer: &mut Writer) -> Result<(), ConnError> {
@@ -584,6 +600,29 @@ fn drain_buffer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credit_follows_the_window() {
+        // Nothing sent: a full window, capped by one batch.
+        assert_eq!(credit(0, 0, 1, 16, 1000, u64::MAX), 16);
+        assert_eq!(credit(0, 0, 1, 1000, 1000, u64::MAX), BATCH);
+        // 10 sent, 4 received: 6 outstanding of 16.
+        assert_eq!(credit(10, 4, 1, 16, 1000, u64::MAX), 10);
+        // Fan-out 10: a message frees its slot only once all 10 deliveries
+        // arrived (in aggregate).
+        assert_eq!(credit(16, 9, 10, 16, 1000, u64::MAX), 0);
+        assert_eq!(credit(16, 10, 10, 16, 1000, u64::MAX), 1);
+        assert_eq!(credit(16, 159, 10, 16, 1000, u64::MAX), 15);
+        assert_eq!(credit(16, 160, 10, 16, 1000, u64::MAX), 16);
+        // Message cap and packet ids.
+        assert_eq!(credit(0, 0, 1, 16, 3, u64::MAX), 3);
+        assert_eq!(credit(0, 0, 1, 16, 1000, 2), 2);
+        // Window of one: ping-pong.
+        assert_eq!(credit(1, 0, 1, 1, 1000, u64::MAX), 0);
+        assert_eq!(credit(1, 1, 1, 1, 1000, u64::MAX), 1);
+        // More deliveries than expected (duplicates) never overflow.
+        assert_eq!(credit(1, 5, 1, 4, 1000, u64::MAX), 4);
+    }
 
     #[test]
     fn ids_hand_out_and_take_back() {
