@@ -52,6 +52,13 @@
 //! with `$`: `topic read #` does not grant `$SYS/...`; `topic read $SYS/#`
 //! does. This is how mosquitto keeps `$SYS` private under an ACL.
 //!
+//! Before any ACL, mosquitto refuses every client PUBLISH to a topic
+//! starting with `$SYS` (bridge status topics `$SYS/broker/connection/+/state`
+//! excepted) and any read or write of a `$share...` topic, even when the ACL
+//! file says `topic readwrite $SYS/#`: [`check_dollar`], which
+//! [`Acl::check`] applies first. The broker should call [`check_dollar`]
+//! itself when no ACL file is configured.
+//!
 //! # SUBSCRIBE
 //!
 //! mosquitto 2.0's `acl_file` grants every SUBSCRIBE (its subscribe hook is
@@ -259,7 +266,8 @@ impl Acl {
     /// Whether the client may `access` the topic name `topic` (PUBLISH for
     /// [`Access::Write`]; each delivery, retained ones included, for
     /// [`Access::Read`]). `client_id` is the client identifier in use (the
-    /// assigned one if the broker assigned it).
+    /// assigned one if the broker assigned it). [`check_dollar`] is applied
+    /// first, as mosquitto does.
     pub fn check(
         &self,
         client_id: &str,
@@ -267,6 +275,9 @@ impl Acl {
         topic: &str,
         access: Access,
     ) -> bool {
+        if !check_dollar(topic, access) {
+            return false;
+        }
         if let Some(block) = self.block(username) {
             if block.deny.iter().any(|r| matches(&r.filter, topic)) {
                 return false;
@@ -353,6 +364,24 @@ impl Acl {
     /// The `pattern` rules.
     pub fn patterns(&self) -> impl Iterator<Item = &Rule> {
         self.patterns.deny.iter().chain(self.patterns.allow.iter())
+    }
+}
+
+/// mosquitto's rules for `$` topics, applied to every client before (and
+/// without) any ACL file (`acl__check_dollar` in mosquitto 2.0):
+///
+/// - a topic starting with `$SYS` may be read (subject to the ACL) but not
+///   written, except `$SYS/broker/connection/+/state` (bridge status);
+/// - a topic starting with `$share` can be neither read nor written (it is
+///   only a subscription prefix);
+/// - other topics, `$` or not, are left to the ACL.
+///
+/// Returns false when the access is refused outright.
+pub fn check_dollar(topic: &str, access: Access) -> bool {
+    if topic.starts_with("$SYS") {
+        access == Access::Read || matches("$SYS/broker/connection/+/state", topic)
+    } else {
+        !topic.starts_with("$share")
     }
 }
 

@@ -28,7 +28,7 @@ pub mod passwd;
 pub mod throttle;
 pub mod topic;
 
-pub use acl::{Access, Acl};
+pub use acl::{check_dollar, Access, Acl};
 pub use conf::{
     parse_mosquitto_conf, parse_mosquitto_conf_with, EffectiveListener, Listener, MosqConfig,
     Protocol, Security, Warning, WarningKind,

@@ -26,16 +26,25 @@ fn committed_mosquitto_passwd_file_verifies() {
     let f = PasswordFile::parse(FIXTURE).expect("fixture parses");
     assert_eq!(f.len(), USERS.len());
     for (user, pass) in USERS {
-        assert!(f.verify(user, pass.as_bytes()), "{user} with right password");
+        assert!(
+            f.verify(user, pass.as_bytes()),
+            "{user} with right password"
+        );
         assert!(!f.verify(user, b"wrong"), "{user} with wrong password");
-        assert!(!f.verify(user, format!("{pass} ").as_bytes()), "{user} + space");
+        assert!(
+            !f.verify(user, format!("{pass} ").as_bytes()),
+            "{user} + space"
+        );
     }
     assert!(!f.verify("ALICE", b"apass"), "usernames are case-sensitive");
     assert!(!f.verify("mallory", b"apass"));
     assert!(matches!(f.get("legacy"), Some(PasswordHash::Sha512 { .. })));
     assert!(matches!(
         f.get("alice"),
-        Some(PasswordHash::Pbkdf2Sha512 { iterations: 101, .. })
+        Some(PasswordHash::Pbkdf2Sha512 {
+            iterations: 101,
+            ..
+        })
     ));
     // Writing back changes nothing, comments included.
     assert_eq!(f.to_string(), FIXTURE);

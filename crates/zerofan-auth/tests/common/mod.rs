@@ -79,7 +79,16 @@ impl Mosquitto {
     /// connection, Err(stderr) otherwise.
     pub fn publish(&self, user: Option<(&str, &str)>, topic: &str) -> Result<(), String> {
         let mut cmd = Command::new(tool("mosquitto_pub").expect("mosquitto_pub"));
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", topic, "-m", "x"]);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-t",
+            topic,
+            "-m",
+            "x",
+        ]);
         if let Some((u, p)) = user {
             cmd.args(["-u", u, "-P", p]);
         }
