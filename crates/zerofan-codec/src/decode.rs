@@ -34,6 +34,7 @@ use crate::framing::parse_fixed_header;
 use crate::packet::*;
 use crate::properties::Properties;
 use crate::reason::{connack_reason_from_v3, ReasonCode};
+use crate::string::MqttStr;
 use crate::topic::{split_shared, validate_topic_name};
 use crate::wire::{id, Ctx, Reader};
 use bytes::Bytes;
@@ -62,10 +63,14 @@ pub fn decode(frame: Bytes, protocol: Protocol) -> Result<Packet, DecodeError> {
     }
     let mut r = Reader::new(&frame, header_len, total);
     let v5 = protocol.is_v5();
+    // PUBLISH first and in tail position: it is the hot path, and returning
+    // it straight from here lets the compiler build it in place.
+    if first >> 4 == 3 {
+        return publish(&mut r, first, v5);
+    }
     let packet = match first >> 4 {
         1 => Packet::Connect(Box::new(connect(&mut r)?)),
         2 => Packet::ConnAck(connack(&mut r, protocol)?),
-        3 => Packet::Publish(publish(&mut r, first, v5)?),
         4 => Packet::PubAck(ack(&mut r, v5, ReasonCode::valid_in_puback)?),
         5 => Packet::PubRec(ack(&mut r, v5, ReasonCode::valid_in_puback)?),
         6 => Packet::PubRel(ack(&mut r, v5, ReasonCode::valid_in_pubrel)?),
@@ -218,7 +223,7 @@ fn connack(r: &mut Reader<'_>, protocol: Protocol) -> Result<ConnAck, DecodeErro
     })
 }
 
-fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Publish, DecodeError> {
+fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Packet, DecodeError> {
     let dup = first & 0x08 != 0;
     let retain = first & 0x01 != 0;
     let Some(qos) = QoS::from_u8((first >> 1) & 0x03) else {
@@ -227,42 +232,67 @@ fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Publish, DecodeErr
     if dup && qos == QoS::AtMostOnce {
         return Err(DecodeError::malformed("PUBLISH with DUP at QoS 0"));
     }
-    let topic = r.string()?;
+    let topic = r.topic_name()?;
     let packet_id = if qos == QoS::AtMostOnce {
         0
     } else {
         nonzero_pid(r)?
     };
-    let properties = if v5 {
-        read_properties(r, Ctx::Publish)?
-    } else {
-        Properties::default()
-    };
-    if topic.is_empty() {
-        if !v5 {
-            return Err(DecodeError::new(
-                ReasonCode::TOPIC_NAME_INVALID,
-                "empty topic name",
-            ));
+    if v5 {
+        let len = r.varint()? as usize;
+        if len > 0 {
+            return publish_with_properties(r, dup, qos, retain, topic, packet_id, len);
         }
-        if properties.topic_alias.is_none() {
-            return Err(DecodeError::protocol(
-                "empty topic name without a topic alias",
-            ));
-        }
-    } else {
-        validate_topic_name(&topic)?;
     }
-    let payload = r.rest();
-    Ok(Publish {
+    if topic.is_empty() {
+        return Err(if v5 {
+            DecodeError::protocol("empty topic name without a topic alias")
+        } else {
+            DecodeError::new(ReasonCode::TOPIC_NAME_INVALID, "empty topic name")
+        });
+    }
+    // The common case, built in place: no properties, nothing allocated.
+    Ok(Packet::Publish(Publish {
         dup,
         qos,
         retain,
         topic,
         packet_id,
-        properties,
-        payload,
-    })
+        properties: Properties::default(),
+        payload: r.rest(),
+    }))
+}
+
+#[inline(never)]
+fn publish_with_properties(
+    r: &mut Reader<'_>,
+    dup: bool,
+    qos: QoS,
+    retain: bool,
+    topic: MqttStr,
+    packet_id: u16,
+    props_len: usize,
+) -> Result<Packet, DecodeError> {
+    let mut packet = Packet::Publish(Publish {
+        dup,
+        qos,
+        retain,
+        topic,
+        packet_id,
+        properties: Properties::default(),
+        payload: Bytes::new(),
+    });
+    let Packet::Publish(p) = &mut packet else {
+        return Err(DecodeError::malformed("unreachable"));
+    };
+    read_property_list(r, Ctx::Publish, &mut p.properties, props_len)?;
+    if p.topic.is_empty() && p.properties.topic_alias.is_none() {
+        return Err(DecodeError::protocol(
+            "empty topic name without a topic alias",
+        ));
+    }
+    p.payload = r.rest();
+    Ok(packet)
 }
 
 fn ack(r: &mut Reader<'_>, v5: bool, valid: fn(ReasonCode) -> bool) -> Result<Ack, DecodeError> {
@@ -469,11 +499,31 @@ fn bool_byte(r: &mut Reader<'_>) -> Result<u8, DecodeError> {
 
 /// A property list: Variable Byte Integer length, then properties.
 fn read_properties(r: &mut Reader<'_>, ctx: Ctx) -> Result<Properties, DecodeError> {
-    let len = r.varint()? as usize;
     let mut p = Properties::default();
+    read_properties_into(r, ctx, &mut p)?;
+    Ok(p)
+}
+
+/// [`read_properties`] into a `Properties` already in place (all unset).
+#[inline]
+fn read_properties_into(
+    r: &mut Reader<'_>,
+    ctx: Ctx,
+    p: &mut Properties,
+) -> Result<(), DecodeError> {
+    let len = r.varint()? as usize;
     if len == 0 {
-        return Ok(p);
+        return Ok(());
     }
+    read_property_list(r, ctx, p, len)
+}
+
+fn read_property_list(
+    r: &mut Reader<'_>,
+    ctx: Ctx,
+    p: &mut Properties,
+    len: usize,
+) -> Result<(), DecodeError> {
     let mut r = r.sub(len)?;
     while r.remaining() > 0 {
         let pid = r.u8()?;
@@ -586,5 +636,5 @@ fn read_properties(r: &mut Reader<'_>, ctx: Ctx) -> Result<Properties, DecodeErr
             "authentication data without authentication method",
         ));
     }
-    Ok(p)
+    Ok(())
 }

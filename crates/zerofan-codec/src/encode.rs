@@ -68,7 +68,7 @@ pub fn encode(
     }
     dst.put_u8(first);
     write_varint(c.0 as u32, dst)?;
-    body(&mut Writer(dst), packet, protocol)
+    body(&mut Writer::new(dst), packet, protocol)
 }
 
 /// The number of bytes [`encode`] would write, fixed header included; used
@@ -162,20 +162,107 @@ pub fn encode_publish_header(
     protocol: Protocol,
     dst: &mut impl BufMut,
 ) -> Result<(), EncodeError> {
+    // The hot path of every delivery: lengths are computed arithmetically
+    // and the bytes go out in three or four `put_slice` calls.
     let v = header.view();
     let first = publish_first_byte(&v)?;
-    let mut c = Counter(0);
-    publish_var_header(&mut c, &v, protocol)?;
-    let var_len = c.0;
+    let v5 = protocol.is_v5();
+    if v.topic.is_empty() && !(v5 && v.ovr.topic_alias.is_some()) {
+        return Err(EncodeError::Invalid(
+            "empty topic name needs MQTT 5 and a topic alias",
+        ));
+    }
+    if v.topic.len() > 65535 {
+        return Err(EncodeError::Invalid("string longer than 65535 bytes"));
+    }
+    let queued = v.qos != QoS::AtMostOnce;
+    if queued && v.packet_id == 0 {
+        return Err(EncodeError::Invalid("packet identifier 0"));
+    }
+    let props_len = if v5 && !publish_props_empty(v.props, &v.ovr) {
+        props_len(v.props, Ctx::Publish, v.ovr)?
+    } else {
+        0
+    };
+    let var_len = 2
+        + v.topic.len()
+        + if queued { 2 } else { 0 }
+        + if v5 {
+            varint_len(props_len as u32) + props_len
+        } else {
+            0
+        };
     let remaining = var_len.saturating_add(header.payload_len);
     let total = total_len(remaining)?;
     let header_len = total - header.payload_len;
     if dst.remaining_mut() < header_len {
         return Err(EncodeError::Invalid("destination buffer too small"));
     }
-    dst.put_u8(first);
-    write_varint(remaining as u32, dst)?;
-    publish_var_header(&mut Writer(dst), &v, protocol)
+    // Fixed header, topic length, and (for short topics) the topic, packet
+    // identifier and property length: one `put_slice` in the usual case.
+    let mut head = [0u8; 64];
+    head[0] = first;
+    let mut n = 1 + put_varint(remaining as u32, &mut head, 1);
+    let tl = v.topic.len();
+    head[n] = (tl >> 8) as u8;
+    head[n + 1] = tl as u8;
+    n += 2;
+    if tl <= 64 - 13 {
+        head[n..n + tl].copy_from_slice(v.topic);
+        n += tl;
+    } else {
+        dst.put_slice(&head[..n]);
+        dst.put_slice(v.topic);
+        n = 0;
+    }
+    if queued {
+        head[n] = (v.packet_id >> 8) as u8;
+        head[n + 1] = v.packet_id as u8;
+        n += 2;
+    }
+    if v5 {
+        n += put_varint(props_len as u32, &mut head, n);
+    }
+    if n > 0 {
+        dst.put_slice(&head[..n]);
+    }
+    if props_len > 0 {
+        props_content(&mut Writer::new(dst), v.props, Ctx::Publish, v.ovr)?;
+    }
+    Ok(())
+}
+
+/// Write a Variable Byte Integer (at most 4 bytes, value range-checked by
+/// the caller) into `buf` at `at`; the number of bytes written.
+#[inline(always)]
+fn put_varint(v: u32, buf: &mut [u8; 64], at: usize) -> usize {
+    let mut x = v;
+    let mut i = 0;
+    while i < 4 {
+        let b = (x & 0x7F) as u8;
+        x >>= 7;
+        if let Some(slot) = buf.get_mut(at + i) {
+            *slot = if x > 0 && i < 3 { b | 0x80 } else { b };
+        }
+        i += 1;
+        if x == 0 {
+            break;
+        }
+    }
+    i
+}
+
+/// Nothing to write among the properties a PUBLISH may carry.
+#[inline(always)]
+fn publish_props_empty(p: &Properties, ovr: &Ovr<'_>) -> bool {
+    p.payload_format_indicator.is_none()
+        && ovr.message_expiry_interval.is_none()
+        && p.content_type.is_none()
+        && p.response_topic.is_none()
+        && p.correlation_data.is_none()
+        && ovr.subscription_identifiers.is_empty()
+        && ovr.topic_alias.is_none()
+        && p.user_properties.is_empty()
 }
 
 /// Property values that a PUBLISH header may override.

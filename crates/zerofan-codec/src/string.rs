@@ -48,7 +48,18 @@ impl MqttStr {
         Ok(Self(bytes))
     }
 
+    /// Wrap bytes the caller has already checked with [`validate`].
+    pub(crate) fn from_validated(bytes: Bytes) -> Self {
+        debug_assert!(validate(&bytes).is_ok());
+        Self(bytes)
+    }
+
     /// The string.
+    ///
+    /// Cost: without `unsafe` (which this crate forbids) the bytes are
+    /// re-checked as UTF-8 on each call, O(length); keep the `&str` rather
+    /// than calling this in a loop, or use [`MqttStr::as_bytes`] for
+    /// byte-wise work.
     pub fn as_str(&self) -> &str {
         // Validated at construction, so this never falls back to "".
         std::str::from_utf8(&self.0).unwrap_or("")
@@ -80,6 +91,26 @@ pub fn validate(b: &[u8]) -> Result<(), StrError> {
     if b.len() > 65535 {
         return Err(StrError::TooLong);
     }
+    // Fast path: ASCII without NUL (every byte in 1..=0x7F), checked
+    // without early exit so it vectorises.
+    let mut bad = 0u8;
+    let mut chunks = b.chunks_exact(16);
+    for chunk in &mut chunks {
+        for &c in chunk {
+            bad |= u8::from(c.wrapping_sub(1) >= 0x7F);
+        }
+    }
+    for &c in chunks.remainder() {
+        bad |= u8::from(c.wrapping_sub(1) >= 0x7F);
+    }
+    if bad != 0 {
+        return validate_slow(b);
+    }
+    Ok(())
+}
+
+#[cold]
+fn validate_slow(b: &[u8]) -> Result<(), StrError> {
     if b.contains(&0) {
         return Err(StrError::NullChar);
     }

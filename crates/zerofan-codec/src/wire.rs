@@ -233,6 +233,28 @@ impl<'a> Reader<'a> {
         MqttStr::from_bytes(b).map_err(str_error)
     }
 
+    /// A PUBLISH or will topic name: a valid MQTT string (0x81 otherwise)
+    /// without `+` or `#` (0x90). May be empty; the caller decides.
+    #[inline]
+    pub(crate) fn topic_name(&mut self) -> Result<MqttStr, DecodeError> {
+        let n = self.u16()? as usize;
+        let (s, e) = self.take(n)?;
+        let view = self.frame.get(s..e).ok_or(EOF)?;
+        if !plain_topic(view) {
+            crate::string::validate(view).map_err(str_error)?;
+            if view.iter().any(|&c| c == b'+' || c == b'#') {
+                return Err(DecodeError::new(
+                    crate::reason::ReasonCode::TOPIC_NAME_INVALID,
+                    "topic name contains a wildcard",
+                ));
+            }
+        }
+        if s == e {
+            return Ok(MqttStr::new());
+        }
+        Ok(MqttStr::from_validated(self.frame.slice(s..e)))
+    }
+
     /// Everything left, as one slice.
     pub(crate) fn rest(&mut self) -> Bytes {
         let n = self.remaining();
@@ -244,6 +266,28 @@ impl<'a> Reader<'a> {
         let (s, e) = self.take(n)?;
         Ok(Reader::new(self.frame, s, e))
     }
+}
+
+/// True when every byte is ASCII, not NUL and not a wildcard: then the
+/// bytes are a valid MQTT string and a valid (possibly empty) topic name.
+/// Branch-free over 16-byte chunks so it vectorises.
+#[inline]
+pub(crate) fn plain_topic(b: &[u8]) -> bool {
+    #[inline(always)]
+    fn odd(c: u8) -> u8 {
+        u8::from(c.wrapping_sub(1) >= 0x7F) | u8::from(c == b'+') | u8::from(c == b'#')
+    }
+    let mut bad = 0u8;
+    let mut chunks = b.chunks_exact(16);
+    for chunk in &mut chunks {
+        for &c in chunk {
+            bad |= odd(c);
+        }
+    }
+    for &c in chunks.remainder() {
+        bad |= odd(c);
+    }
+    bad == 0
 }
 
 pub(crate) fn str_error(e: StrError) -> DecodeError {
@@ -290,30 +334,97 @@ impl Out for Counter {
     }
 }
 
-/// Writes into a `BufMut` whose capacity was checked beforehand.
-pub(crate) struct Writer<'a, B: BufMut>(pub &'a mut B);
+/// Writes into a `BufMut` whose capacity was checked beforehand. Small
+/// writes gather in a stack buffer, flushed by slices too large for it and
+/// on drop, so a packet costs a few `put_slice` calls, not one per field.
+pub(crate) struct Writer<'a, B: BufMut> {
+    dst: &'a mut B,
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl<'a, B: BufMut> Writer<'a, B> {
+    pub(crate) fn new(dst: &'a mut B) -> Self {
+        Self {
+            dst,
+            buf: [0; 64],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn flush(&mut self) {
+        if self.len > 0 {
+            self.dst.put_slice(&self.buf[..self.len]);
+            self.len = 0;
+        }
+    }
+
+    #[inline]
+    fn small(&mut self, s: &[u8]) {
+        if self.len + s.len() > self.buf.len() {
+            self.flush();
+        }
+        if let Some(dst) = self.buf.get_mut(self.len..self.len + s.len()) {
+            dst.copy_from_slice(s);
+            self.len += s.len();
+        }
+    }
+}
+
+impl<B: BufMut> Drop for Writer<'_, B> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
 
 impl<B: BufMut> Out for Writer<'_, B> {
     #[inline]
     fn u8(&mut self, v: u8) {
-        self.0.put_u8(v);
+        self.small(&[v]);
     }
     #[inline]
     fn u16(&mut self, v: u16) {
-        self.0.put_u16(v);
+        self.small(&v.to_be_bytes());
     }
     #[inline]
     fn u32(&mut self, v: u32) {
-        self.0.put_u32(v);
+        self.small(&v.to_be_bytes());
     }
     #[inline]
     fn slice(&mut self, s: &[u8]) {
-        self.0.put_slice(s);
+        if s.len() <= 16 {
+            self.small(s);
+        } else {
+            self.flush();
+            self.dst.put_slice(s);
+        }
     }
     #[inline]
     fn varint(&mut self, v: u32) {
-        // Values were range-checked while counting; on a bad value nothing
-        // is written here rather than panicking.
-        let _ = crate::framing::write_varint(v, self.0);
+        let mut b = [0u8; 4];
+        let n = varint_into(v, &mut b);
+        self.small(&b[..n]);
+    }
+}
+
+/// Write `v` (at most [`crate::framing::MAX_REMAINING_LENGTH`], checked by
+/// the caller; larger values are truncated to 4 bytes) into `out`, returning
+/// the number of bytes used.
+#[inline]
+pub(crate) fn varint_into(v: u32, out: &mut [u8; 4]) -> usize {
+    let mut x = v;
+    let mut i = 0;
+    loop {
+        let mut b = (x & 0x7F) as u8;
+        x >>= 7;
+        if x > 0 && i < 3 {
+            b |= 0x80;
+        }
+        out[i] = b;
+        i += 1;
+        if x == 0 || i == 4 {
+            return i;
+        }
     }
 }
