@@ -198,6 +198,59 @@ fn two_threads(iters: u64, cpu: bool, op: impl Fn() + Send + Sync + 'static) -> 
         .unwrap()
 }
 
+/// Gets (or allocates) on this thread, writes 64 bytes, sends the buffer
+/// through a bounded channel to a second thread that drops it: the
+/// reader/writer pattern of the broker, where the last reference of a read
+/// buffer is dropped on another thread. Returns (time, allocations on the
+/// producer, allocations on the consumer).
+fn handoff<T: Send + 'static>(iters: u64, cpu: bool, make: impl Fn() -> T) -> (Duration, u64, u64) {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<T>(64);
+    let consumer = thread::spawn(move || {
+        let (a0, c0) = (allocs(), thread_cpu_time());
+        for item in rx {
+            drop(black_box(item));
+        }
+        (thread_cpu_time() - c0, allocs() - a0)
+    });
+    let (wall, c0, a0) = (Instant::now(), thread_cpu_time(), allocs());
+    for _ in 0..iters {
+        tx.send(make()).unwrap();
+    }
+    drop(tx);
+    let (producer_cpu, producer_allocs) = (thread_cpu_time() - c0, allocs() - a0);
+    let (consumer_cpu, consumer_allocs) = consumer.join().unwrap();
+    let time = if cpu {
+        producer_cpu + consumer_cpu
+    } else {
+        wall.elapsed()
+    };
+    (time, producer_allocs, consumer_allocs)
+}
+
+fn pooled_filled(pool: &Pool) -> zerofan_pool::PooledBuf {
+    let mut b = pool.get(black_box(2048));
+    b.put_slice(&[0x5a; 64]);
+    b
+}
+
+fn bytesmut_filled() -> BytesMut {
+    let mut b = BytesMut::with_capacity(black_box(2048));
+    b.put_slice(&[0x5a; 64]);
+    b
+}
+
+fn bench_handoff<M: Measurement<Value = Duration>>(c: &mut Criterion<M>, cpu: bool) {
+    let mut g = c.benchmark_group(if cpu { "handoff_cpu" } else { "handoff" });
+    let pool = warmed_pool();
+    g.bench_function("pooled_2KiB", |b| {
+        b.iter_custom(|iters| handoff(iters, cpu, || pooled_filled(&pool)).0)
+    });
+    g.bench_function("bytesmut_2KiB", |b| {
+        b.iter_custom(|iters| handoff(iters, cpu, bytesmut_filled).0)
+    });
+    g.finish();
+}
+
 fn bench_get_return<M: Measurement<Value = Duration>>(c: &mut Criterion<M>, cpu: bool) {
     let mut g = c.benchmark_group(if cpu { "get_return_cpu" } else { "get_return" });
     for (size, name) in SIZES {
@@ -270,6 +323,16 @@ fn report_allocations() {
         .map(|h| h.join().unwrap())
         .collect();
     println!("allocs/op get_return/pooled_2threads/2KiB: {per_thread:?}");
+    for (name, (_, p, c)) in [
+        ("pooled_2KiB", handoff(N, false, || pooled_filled(&pool))),
+        ("bytesmut_2KiB", handoff(N, false, bytesmut_filled)),
+    ] {
+        println!(
+            "allocs/op handoff/{name}: producer {} consumer {}",
+            p as f64 / N as f64,
+            c as f64 / N as f64
+        );
+    }
     let m = pool.metrics();
     println!(
         "pool metrics after the allocation runs: gets {} hits {} misses {} hit rate {:.6}",
@@ -284,11 +347,13 @@ fn main() {
     let mut wall = Criterion::default().configure_from_args();
     bench_get_return(&mut wall, false);
     bench_freeze(&mut wall, false);
+    bench_handoff(&mut wall, false);
     let mut cpu = Criterion::default()
         .with_measurement(ThreadCpuTime)
         .configure_from_args();
     bench_get_return(&mut cpu, true);
     bench_freeze(&mut cpu, true);
+    bench_handoff(&mut cpu, true);
     report_allocations();
     wall.final_summary();
 }
