@@ -5,7 +5,6 @@ import time
 import pytest
 
 import mqttraw as r
-from brokerenv import IS_ZEROFAN
 from pahoclient import PacketTypes, props
 
 
@@ -165,9 +164,8 @@ def test_takeover_keeps_session_paho(broker, client_factory, version):
     new = client_factory(broker, client_id="paho-dup", version=version, clean=False,
                          connect_props=cp)
     assert new.session_present
-    rc, _ = old.expect_disconnect()
-    if version == 5 and IS_ZEROFAN:
-        assert rc == 0x8E, f"old connection got reason {rc:#x}"
+    old.expect_disconnect()  # the reason code is checked with raw sockets above:
+    # paho 2.1 only decodes a server DISCONNECT's reason when properties follow it
     pub = client_factory(broker, version=version)
     pub.publish("takeover/t", b"after", 1)
     assert new.expect_message().payload == b"after"
