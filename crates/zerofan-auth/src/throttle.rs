@@ -59,7 +59,7 @@ struct Record {
     failures: u32,
     last_failure: Instant,
     /// Key in the LRU order.
-    stamp: u64,
+    stamp: (Instant, u64),
 }
 
 /// Bounded per-address login-failure memory (see the module documentation).
@@ -67,8 +67,8 @@ struct Record {
 pub struct FailureTracker {
     config: ThrottleConfig,
     records: HashMap<IpAddr, Record>,
-    /// stamp -> address, oldest failure first.
-    order: BTreeMap<u64, IpAddr>,
+    /// (last failure, sequence) -> address, oldest failure first.
+    order: BTreeMap<(Instant, u64), IpAddr>,
     next_stamp: u64,
     evictions: u64,
 }
@@ -138,7 +138,7 @@ impl FailureTracker {
     /// on the next attempt from that address.
     pub fn record_failure(&mut self, addr: IpAddr, now: Instant) -> Duration {
         let k = key(addr);
-        let stamp = self.next_stamp;
+        let stamp = (now, self.next_stamp);
         self.next_stamp += 1;
         let failures = match self.records.get(&k).copied() {
             Some(r) => {
