@@ -20,7 +20,7 @@ use std::process::ExitCode;
     after_help = "Config file keys (all optional): listen, max_keepalive, max_packet_size, \
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
-retain_available, connect_timeout, max_topic_levels.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
+retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
     /// Address to accept MQTT connections on, e.g. 0.0.0.0:1883. Repeat for

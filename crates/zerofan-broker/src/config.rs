@@ -55,6 +55,9 @@ pub struct Config {
     pub connect_timeout: u64,
     /// Most levels a topic name or filter may have.
     pub max_topic_levels: usize,
+    /// Most bytes of free read buffers the buffer pool keeps for reuse;
+    /// beyond it returned buffers are freed.
+    pub pool_max_retained_bytes: usize,
 }
 
 impl Default for Config {
@@ -74,6 +77,7 @@ impl Default for Config {
             retain_available: true,
             connect_timeout: 10,
             max_topic_levels: 128,
+            pool_max_retained_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -404,7 +404,10 @@ impl Broker {
             if c.protocol.is_v5() {
                 let mut properties = Properties::default();
                 if c.problem_info {
-                    properties.reason_string = what.map(MqttStr::from_static);
+                    // Always with a reason string: some clients (paho-mqtt)
+                    // read the reason code only when properties follow it.
+                    let text = what.unwrap_or_else(|| reason_text(reason));
+                    properties.reason_string = Some(MqttStr::from_static(text));
                 }
                 c.outbox
                     .push_back(Outgoing::Packet(Packet::Disconnect(Disconnect {
@@ -433,5 +436,19 @@ fn disconnect_reason(code: ReasonCode) -> ReasonCode {
         code
     } else {
         ReasonCode::MALFORMED_PACKET
+    }
+}
+
+/// A human description of a DISCONNECT reason the broker sends.
+fn reason_text(reason: ReasonCode) -> &'static str {
+    match reason {
+        ReasonCode::SERVER_SHUTTING_DOWN => "server shutting down",
+        ReasonCode::KEEP_ALIVE_TIMEOUT => "keep alive timeout",
+        ReasonCode::SESSION_TAKEN_OVER => "session taken over by another connection",
+        ReasonCode::QUOTA_EXCEEDED => "quota exceeded",
+        ReasonCode::PROTOCOL_ERROR => "protocol error",
+        ReasonCode::MALFORMED_PACKET => "malformed packet",
+        ReasonCode::PACKET_TOO_LARGE => "packet too large",
+        _ => "disconnected by the server",
     }
 }

@@ -119,12 +119,15 @@ impl Broker {
             let Some(front) = s.queue.front() else {
                 break;
             };
-            if front.qos != QoS::AtMostOnce && s.inflight.len() >= window {
+            let next = if front.qos != QoS::AtMostOnce && s.inflight.len() >= window {
                 // Flow control: never more than the client's Receive Maximum
-                // unacknowledged (MQTT-3.3.4-9). Order is kept, so wait.
-                break;
-            }
-            let Some(item) = s.pop() else {
+                // unacknowledged (MQTT-3.3.4-9). QoS 0 is not counted, so it
+                // may go ahead of the waiting QoS 1/2 messages.
+                s.pop_qos0()
+            } else {
+                s.pop()
+            };
+            let Some(item) = next else {
                 break;
             };
             if item.msg.is_expired(now) {

@@ -99,6 +99,8 @@ pub struct Session {
     pub queue: VecDeque<Queued>,
     /// Payload bytes in `queue`.
     pub queued_bytes: usize,
+    /// QoS 0 messages in `queue` (they may pass a full inflight window).
+    pub queued_qos0: usize,
     /// QoS 1/2 deliveries in flight by packet id.
     pub inflight: HashMap<u16, Inflight>,
     /// Next send sequence number.
@@ -123,6 +125,7 @@ impl Session {
             subscriptions: HashMap::new(),
             queue: VecDeque::new(),
             queued_bytes: 0,
+            queued_qos0: 0,
             inflight: HashMap::new(),
             next_seq: 0,
             next_pid: 1,
@@ -187,20 +190,37 @@ impl Session {
 
     fn push_back(&mut self, item: Queued) {
         self.queued_bytes += item.msg.size();
+        self.queued_qos0 += usize::from(item.qos == QoS::AtMostOnce);
         self.queue.push_back(item);
     }
 
-    fn remove_at(&mut self, pos: usize) {
-        if let Some(q) = self.queue.remove(pos) {
-            self.queued_bytes -= q.msg.size();
-        }
+    fn remove_at(&mut self, pos: usize) -> Option<Queued> {
+        let q = self.queue.remove(pos)?;
+        self.forget(&q);
+        Some(q)
+    }
+
+    /// Update the counters for an item that left the queue.
+    fn forget(&mut self, q: &Queued) {
+        self.queued_bytes -= q.msg.size();
+        self.queued_qos0 -= usize::from(q.qos == QoS::AtMostOnce);
     }
 
     /// Take the next queued message.
     pub fn pop(&mut self) -> Option<Queued> {
         let q = self.queue.pop_front()?;
-        self.queued_bytes -= q.msg.size();
+        self.forget(&q);
         Some(q)
+    }
+
+    /// Take the oldest queued QoS 0 message: it needs no inflight slot, so
+    /// it may overtake QoS 1/2 messages waiting for the window.
+    pub fn pop_qos0(&mut self) -> Option<Queued> {
+        if self.queued_qos0 == 0 {
+            return None;
+        }
+        let pos = self.queue.iter().position(|q| q.qos == QoS::AtMostOnce)?;
+        self.remove_at(pos)
     }
 
     /// Remove every queued or unacknowledged message that came through the
@@ -219,9 +239,10 @@ impl Session {
             !(f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share))
         });
         let mut kept = VecDeque::with_capacity(self.queue.len());
-        for q in self.queue.drain(..) {
+        let all = std::mem::take(&mut self.queue);
+        for q in all {
             if q.share.as_deref() == Some(share) {
-                self.queued_bytes -= q.msg.size();
+                self.forget(&q);
                 out.push(q);
             } else {
                 kept.push_back(q);

@@ -5,8 +5,11 @@
 use bytes::Bytes;
 use zerofan_pool::{Pool, PoolConfig, PooledBuf};
 
-/// Default size of a fresh read buffer (one pool class).
-pub const READ_SIZE: usize = 16 * 1024;
+/// Smallest read buffer (the smallest pool class): most packets are small,
+/// and a thousand idle-ish connections must not each touch 16 KiB.
+pub const READ_MIN: usize = 2 * 1024;
+/// Largest read buffer a busy connection grows to (the largest pool class).
+pub const READ_MAX: usize = 64 * 1024;
 
 /// A connection's read buffer.
 pub type ReadBuf = PooledBuf;
@@ -18,10 +21,13 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    /// A fresh pool for one broker.
-    pub fn new() -> Self {
+    /// A fresh pool for one broker, keeping at most `max_retained` free bytes.
+    pub fn new(max_retained: usize) -> Self {
         Buffers {
-            pool: Pool::new(PoolConfig::default()),
+            pool: Pool::new(PoolConfig {
+                max_retained_bytes: max_retained,
+                ..PoolConfig::default()
+            }),
         }
     }
 
@@ -51,11 +57,5 @@ impl Buffers {
         stats.pool_bytes_retained = m.bytes_retained;
         stats.pool_bytes_outstanding = m.bytes_outstanding;
         stats.pool_hit_rate = m.hit_rate();
-    }
-}
-
-impl Default for Buffers {
-    fn default() -> Self {
-        Buffers::new()
     }
 }

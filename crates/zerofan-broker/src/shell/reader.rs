@@ -3,7 +3,7 @@
 //! complete packet as a slice of the frozen buffer, and carries a partial
 //! tail into a fresh buffer sized for the whole packet.
 
-use super::buffers::{Buffers, ReadBuf, READ_SIZE};
+use super::buffers::{Buffers, ReadBuf, READ_MAX, READ_MIN};
 use super::state::{ConnHandle, Shared};
 use crate::core::ConnId;
 use bytes::BufMut;
@@ -32,6 +32,9 @@ pub async fn reader_loop(
     rd: OwnedReadHalf,
 ) -> ReadEnd {
     let mut buf: Option<ReadBuf> = None;
+    // Adapts to the traffic: doubles while reads fill the buffer, halves
+    // while they use less than a quarter of it.
+    let mut read_size = READ_MIN;
     loop {
         while shared.broker.borrow().outbox_len(id) > OUTBOX_HIGH {
             tokio::select! {
@@ -45,13 +48,21 @@ pub async fn reader_loop(
             _ = handle.close.notified() => return ReadEnd::CloseRequested,
             r = rd.readable() => if r.is_err() { return ReadEnd::PeerClosed },
         }
-        let b = buf.get_or_insert_with(|| shared.buffers.get(READ_SIZE));
+        let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
         if Buffers::spare(b) == 0 {
             grow(&shared.buffers, b, b.len() * 2);
         }
+        let room = Buffers::spare(b);
         match rd.try_read_buf(b) {
             Ok(0) => return ReadEnd::PeerClosed,
-            Ok(n) => shared.bytes_in.set(shared.bytes_in.get() + n as u64),
+            Ok(n) => {
+                shared.bytes_in.set(shared.bytes_in.get() + n as u64);
+                if n == room {
+                    read_size = (read_size * 2).min(READ_MAX);
+                } else if n < room / 4 {
+                    read_size = (read_size / 2).max(READ_MIN);
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(_) => return ReadEnd::PeerClosed,
         }
@@ -100,7 +111,7 @@ pub async fn reader_loop(
                 Frame::NeedMore(more) => {
                     let tail = &bytes[off..];
                     if !tail.is_empty() {
-                        let mut fresh = shared.buffers.get(READ_SIZE.max(tail.len() + more));
+                        let mut fresh = shared.buffers.get(read_size.max(tail.len() + more));
                         fresh.put_slice(tail);
                         buf = Some(fresh);
                     }
@@ -124,7 +135,7 @@ pub async fn reader_loop(
 
 /// Replace `b` with a buffer of at least `min` bytes holding the same data.
 fn grow(buffers: &Buffers, b: &mut ReadBuf, min: usize) {
-    let mut bigger = buffers.get(min.max(READ_SIZE));
+    let mut bigger = buffers.get(min.max(READ_MIN));
     bigger.put_slice(&b[..]);
     *b = bigger;
 }

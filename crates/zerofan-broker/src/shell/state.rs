@@ -38,10 +38,11 @@ pub struct Shared {
 impl Shared {
     /// Wrap a broker.
     pub fn new(broker: Broker) -> Self {
+        let buffers = Buffers::new(broker.config().pool_max_retained_bytes);
         Shared {
             broker: RefCell::new(broker),
             conns: RefCell::new(HashMap::new()),
-            buffers: Buffers::new(),
+            buffers,
             bytes_in: Cell::new(0),
             bytes_out: Cell::new(0),
             wake_scratch: RefCell::new(Vec::new()),

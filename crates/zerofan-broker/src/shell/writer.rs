@@ -14,6 +14,9 @@ use tokio::net::tcp::OwnedWriteHalf;
 
 /// Items taken from the core per batch.
 const BATCH: usize = 256;
+/// Scratch space reserved per batch for headers and control packets; a
+/// written batch's space is reclaimed, not reallocated.
+const SCRATCH: usize = 4 * 1024;
 /// Iovecs per `writev` call (well under every IOV_MAX).
 const IOVECS: usize = 64;
 
@@ -24,8 +27,9 @@ pub async fn writer_loop(
     handle: Rc<ConnHandle>,
     mut wr: OwnedWriteHalf,
 ) {
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut scratch = BytesMut::with_capacity(8 * 1024);
+    let mut batch = Vec::new();
+    // Grows on first use: an idle connection keeps no scratch space.
+    let mut scratch = BytesMut::new();
     let mut chunks: VecDeque<Bytes> = VecDeque::new();
     loop {
         let (status, protocol) = {
@@ -41,9 +45,13 @@ pub async fn writer_loop(
                 let _ = wr.shutdown().await;
                 return;
             }
+            // Idle: give the scratch space back instead of holding it.
+            scratch = BytesMut::new();
+            batch = Vec::new();
             handle.write.notified().await;
             continue;
         }
+        scratch.reserve(SCRATCH);
         for item in batch.drain(..) {
             match item {
                 Outgoing::Packet(p) => {
@@ -84,8 +92,6 @@ pub async fn writer_loop(
             let _ = wr.shutdown().await;
             return;
         }
-        // Reclaim the scratch buffer once every header chunk is written.
-        scratch.reserve(8 * 1024);
     }
 }
 

@@ -176,3 +176,29 @@ fn messages_larger_than_the_client_maximum_are_dropped() {
     assert_eq!(h.out(sub).payloads(), ["small"]);
     assert_eq!(h.b.metrics().dropped_too_large, 1);
 }
+
+#[test]
+fn qos0_overtakes_a_full_window() {
+    let mut h = H::new();
+    let (sub, _) = h.connect_with("sub", Protocol::V5, true, |c| {
+        c.properties.receive_maximum = Some(1)
+    });
+    h.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    let publ = h.client("pub");
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "a", QoS::AtLeastOnce, 1)),
+    );
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "b", QoS::AtLeastOnce, 2)),
+    );
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "zero", QoS::AtMostOnce, 0)),
+    );
+    let out = h.out(sub);
+    assert_eq!(out.payloads(), ["a", "zero"]);
+    h.send(sub, Packet::PubAck(ack(out.publishes()[0].packet_id)));
+    assert_eq!(h.out(sub).payloads(), ["b"]);
+}
