@@ -33,6 +33,10 @@ pub struct Broker {
     pub dir: PathBuf,
     /// mosquitto listener lines after `listener PORT 127.0.0.1`.
     extra: String,
+    /// Port of a second mosquitto listener (WebSocket), 0 if none.
+    pub ws_port: u16,
+    /// Lines of that second listener block.
+    ws_extra: String,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -106,6 +110,8 @@ impl Broker {
             port: 0,
             dir: tmpdir("zerofan"),
             extra: String::new(),
+            ws_port: 0,
+            ws_extra: String::new(),
         };
         b.spawn();
         b
@@ -120,9 +126,33 @@ impl Broker {
             port: free_port(),
             dir: tmpdir("mosquitto"),
             extra: extra.to_string(),
+            ws_port: 0,
+            ws_extra: String::new(),
         };
         b.spawn();
         b
+    }
+
+    /// mosquitto with a plain TCP listener and a WebSocket listener
+    /// (`ws_addr()`) carrying `ws_extra` lines (e.g. certfile/keyfile).
+    /// mosquitto 2.0.11 with libwebsockets 4 refuses to start with a
+    /// WebSocket listener alone, hence the TCP one.
+    pub fn mosquitto_ws(ws_extra: &str) -> Broker {
+        let mut b = Broker {
+            kind: Kind::Mosquitto,
+            child: None,
+            port: free_port(),
+            dir: tmpdir("mosquitto-ws"),
+            extra: String::new(),
+            ws_port: free_port(),
+            ws_extra: ws_extra.to_string(),
+        };
+        b.spawn();
+        b
+    }
+
+    pub fn ws_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.ws_port)
     }
 
     pub fn addr(&self) -> String {
@@ -162,6 +192,14 @@ impl Broker {
                      listener {} 127.0.0.1\n{}\n",
                     self.port, self.extra
                 );
+                let text = if self.ws_port == 0 {
+                    text
+                } else {
+                    format!(
+                        "{text}listener {} 127.0.0.1\nprotocol websockets\n{}\n",
+                        self.ws_port, self.ws_extra
+                    )
+                };
                 std::fs::write(&conf, text).expect("write mosquitto.conf");
                 let log = std::fs::File::create(self.dir.join("mosquitto.log"))
                     .expect("create mosquitto.log");
@@ -179,14 +217,10 @@ impl Broker {
     }
 
     fn wait_listening(&self) {
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if std::net::TcpStream::connect(self.addr()).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        wait_port(self.kind, &self.addr());
+        if self.ws_port != 0 {
+            wait_port(self.kind, &self.ws_addr());
         }
-        panic!("{:?} did not listen on {}", self.kind, self.addr());
     }
 
     /// kill -9 (nothing saved, connections reset).
@@ -228,6 +262,17 @@ impl Drop for Broker {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn wait_port(kind: Kind, addr: &str) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{kind:?} did not listen on {addr}");
 }
 
 /// Await `f` or panic after `secs` seconds with `what`.
