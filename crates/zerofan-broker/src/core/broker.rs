@@ -10,10 +10,11 @@ use super::outbox::{Outgoing, Transmit};
 use super::session::Session;
 use super::store::{MemoryStore, Store};
 use super::timers::{Timer, Timers};
-use super::trie::Trie;
+use super::trie::{SubEntry, Trie};
 use crate::config::Config;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_codec::{DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, ReasonCode};
 
@@ -34,6 +35,8 @@ pub struct Broker {
     pub(crate) next_session: u64,
     pub(crate) next_assigned: u64,
     wakeups: Vec<ConnId>,
+    pub(crate) route_direct: Vec<SubEntry>,
+    pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
 }
 
 impl Broker {
@@ -63,6 +66,8 @@ impl Broker {
             next_session: 1,
             next_assigned: 1,
             wakeups: Vec::new(),
+            route_direct: Vec::new(),
+            route_shared: Vec::new(),
         }
     }
 

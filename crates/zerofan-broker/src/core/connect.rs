@@ -3,7 +3,7 @@
 use super::broker::Broker;
 use super::connection::Phase;
 use super::ids::{ConnId, SessionId};
-use super::message::Message;
+use super::message::{later, Message};
 use super::outbox::Outgoing;
 use super::session::{InflightState, PendingWill, Session};
 use super::store::SessionRecord;
@@ -291,8 +291,7 @@ impl Broker {
             let delay = delay.min(expiry);
             if delay == 0 {
                 self.publish_will(now, will);
-            } else {
-                let at = now + Duration::from_secs(u64::from(delay));
+            } else if let Some(at) = later(now, delay) {
                 if let Some(s) = self.sessions.get_mut(&sid) {
                     s.pending_will = Some(PendingWill { will, at });
                 }
@@ -301,8 +300,7 @@ impl Broker {
         }
         if expiry == 0 {
             self.end_session(now, sid);
-        } else if expiry != u32::MAX {
-            let at = now + Duration::from_secs(u64::from(expiry));
+        } else if let Some(at) = later(now, expiry).filter(|_| expiry != u32::MAX) {
             if let Some(s) = self.sessions.get_mut(&sid) {
                 s.expires_at = Some(at);
             }

@@ -35,7 +35,7 @@ impl Message {
             .properties
             .message_expiry_interval
             .take()
-            .map(|secs| now + Duration::from_secs(u64::from(secs)));
+            .and_then(|secs| later(now, secs));
         publish.properties.topic_alias = None;
         publish.properties.subscription_identifiers.clear();
         Message {
@@ -99,4 +99,9 @@ impl Message {
 fn copy_str(s: &MqttStr) -> MqttStr {
     // Already valid, so this cannot fail; the fallback is unreachable.
     MqttStr::from_bytes(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_default()
+}
+
+/// `now` plus `secs` seconds; `None` (never) if the clock cannot represent it.
+pub(crate) fn later(now: Instant, secs: u32) -> Option<Instant> {
+    now.checked_add(Duration::from_secs(u64::from(secs)))
 }

@@ -209,8 +209,10 @@ impl Broker {
                 self.store.set(kept);
             }
         }
-        let mut direct = Vec::new();
-        let mut shared = Vec::new();
+        // Reused between publishes: routing allocates nothing per message
+        // once these have grown.
+        let mut direct = std::mem::take(&mut self.route_direct);
+        let mut shared = std::mem::take(&mut self.route_shared);
         {
             let sessions = &self.sessions;
             self.trie
@@ -260,7 +262,7 @@ impl Broker {
                 &mut compacted,
             );
         }
-        for (e, key) in shared {
+        for (e, key) in shared.drain(..) {
             count += 1;
             self.enqueue_with(
                 now,
@@ -275,6 +277,9 @@ impl Broker {
                 &mut compacted,
             );
         }
+        direct.clear();
+        self.route_direct = direct;
+        self.route_shared = shared;
         count
     }
 

@@ -152,9 +152,8 @@ impl Trie {
     /// Call `f` for every subscription matching `topic`. Wildcards at the
     /// first level do not match topics starting with `$`.
     pub fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
-        let levels: Vec<&str> = topic.split('/').collect();
         let dollar = topic.starts_with('$');
-        walk(&mut self.root, &levels, dollar, &mut f);
+        walk(&mut self.root, topic.split('/'), dollar, &mut f);
     }
 }
 
@@ -167,22 +166,29 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
     }
 }
 
-fn walk(node: &mut Node, levels: &[&str], dollar: bool, f: &mut impl FnMut(Hit<'_>)) {
+/// Walk without allocating: `levels` is the topic's `split('/')`, cloned
+/// (cheaply) at each branch.
+fn walk(
+    node: &mut Node,
+    mut levels: std::str::Split<'_, char>,
+    dollar: bool,
+    f: &mut impl FnMut(Hit<'_>),
+) {
     if !dollar {
         // `a/#` matches `a` itself as well as everything below it.
         if let Some(hash) = node.children.get_mut("#") {
             emit(hash, f);
         }
     }
-    match levels.split_first() {
+    match levels.next() {
         None => emit(node, f),
-        Some((level, rest)) => {
-            if let Some(child) = node.children.get_mut(*level) {
-                walk(child, rest, false, f);
+        Some(level) => {
+            if let Some(child) = node.children.get_mut(level) {
+                walk(child, levels.clone(), false, f);
             }
-            if !dollar && *level != "+" {
+            if !dollar && level != "+" {
                 if let Some(plus) = node.children.get_mut("+") {
-                    walk(plus, rest, false, f);
+                    walk(plus, levels, false, f);
                 }
             }
         }

@@ -14,6 +14,8 @@ use zerofan_codec::Frame;
 /// Control packets waiting in the outbox above which the reader pauses: a
 /// client that does not read its acknowledgements is not read either.
 const OUTBOX_HIGH: usize = 1024;
+/// Largest buffer allocated in one step for an announced packet size.
+const PREALLOC_MAX: usize = 8 * 1024 * 1024;
 
 /// Why the read loop ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,9 +73,16 @@ pub async fn reader_loop(
             Frame::NeedMore(more) => {
                 // Size the buffer for the whole packet now, so a large
                 // payload lands in one allocation without further copies.
+                // A peer announcing a huge packet gets the buffer in doubling
+                // steps past PREALLOC_MAX, so a lie costs it bytes, not us.
                 let want = b.len() + more;
                 if b.capacity() < want {
-                    grow(&shared.buffers, b, want);
+                    let target = if want <= PREALLOC_MAX {
+                        want
+                    } else {
+                        want.min(b.capacity() * 2)
+                    };
+                    grow(&shared.buffers, b, target);
                 }
                 continue;
             }
@@ -111,7 +120,10 @@ pub async fn reader_loop(
                 Frame::NeedMore(more) => {
                     let tail = &bytes[off..];
                     if !tail.is_empty() {
-                        let mut fresh = shared.buffers.get(read_size.max(tail.len() + more));
+                        let whole = tail.len() + more;
+                        let mut fresh = shared
+                            .buffers
+                            .get(whole.min(PREALLOC_MAX.max(tail.len() * 2)).max(read_size));
                         fresh.put_slice(tail);
                         buf = Some(fresh);
                     }
