@@ -18,6 +18,60 @@
 //!   failed logins that tells how long the next attempt must wait.
 //! - [`topic`]: topic-filter validation and matching with mosquitto's rules.
 //! - [`ParseError`]: every parser's error, with its line number.
+//!
+//! # Wiring into the broker
+//!
+//! At start (and on reload): read the files, parse, keep the results.
+//! `zerofan -c mosquitto.conf` goes through [`parse_mosquitto_conf_with`]
+//! and [`MosqConfig::effective_listeners`]; each warning is logged once, and
+//! a [`ParseError`] is what `--test-config` prints.
+//!
+//! Per CONNECT, in this order:
+//!
+//! 1. [`FailureTracker::delay`] for the peer address: non-zero means refuse
+//!    (or hold) the attempt without checking the password.
+//! 2. No username: allowed only if the listener's `allow_anonymous`.
+//!    Username: [`PasswordFile::verify`]. A refusal is CONNACK 0x86 (bad
+//!    username or password) / 0x87 (not authorized: anonymous refused) under
+//!    MQTT 5, 0x04 / 0x05 under 3.1.1; then
+//!    [`FailureTracker::record_failure`]. Success:
+//!    [`FailureTracker::record_success`].
+//! 3. With `use_identity_as_username` the certificate's CN is the username
+//!    and the password file is not consulted.
+//!
+//! Per message, with the client's id (the assigned one if assigned) and
+//! username:
+//!
+//! - PUBLISH: [`Acl::check`] with [`Access::Write`]; refused means PUBACK /
+//!   PUBREC 0x87 under MQTT 5, and the message is dropped (QoS 0 silently).
+//!   Without an ACL file call [`check_dollar`] alone.
+//! - SUBSCRIBE: [`Acl::check_subscribe`] per filter (without `$share/G/`);
+//!   refused means SUBACK 0x87 (MQTT 5) / 0x80 (3.1.1) for that filter.
+//! - Every delivery, retained messages and `$SYS` included:
+//!   [`Acl::check`] with [`Access::Read`]; refused means not sent.
+//!
+//! ```
+//! use std::time::Instant;
+//! use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
+//!
+//! let mut passwd = PasswordFile::new();
+//! passwd.set_with_iterations("alice", b"secret", 10).unwrap();
+//! let passwd = PasswordFile::parse(&passwd.to_string()).unwrap();
+//! let acl = Acl::parse("user alice\ntopic readwrite alice/#\n").unwrap();
+//! let mut throttle = FailureTracker::new(ThrottleConfig::default());
+//!
+//! let peer = "192.0.2.1".parse().unwrap();
+//! let now = Instant::now();
+//! assert!(throttle.delay(peer, now).is_zero());
+//! if passwd.verify("alice", b"secret") {
+//!     throttle.record_success(peer);
+//! } else {
+//!     throttle.record_failure(peer, now);
+//! }
+//! assert!(acl.check("client-1", Some("alice"), "alice/temp", Access::Write));
+//! assert!(acl.check_subscribe("client-1", Some("alice"), "#"));
+//! assert!(!acl.check("client-1", Some("alice"), "bob/temp", Access::Read));
+//! ```
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -344,13 +344,29 @@ impl PasswordFile {
     /// Whether `user` may log in with `password`.
     ///
     /// The digest comparison is constant-time. For an unknown user a hash is
-    /// still computed, so the answer takes about as long as for a known
-    /// user with the default iteration count.
+    /// still computed (with the first entry's parameters), so the answer
+    /// takes about as long as for a known user.
+    ///
+    /// Cost: one PBKDF2 run of the entry's iteration count; measured in a
+    /// release build on the 2-core development machine while it was busy:
+    /// 0.25 ms for mosquitto 2.0's 101 iterations, 1.9 ms for 1000. A
+    /// broker with many logins per second may want to run it off the
+    /// event loop (and keep [`crate::FailureTracker`] in front of it).
     pub fn verify(&self, user: &str, password: &[u8]) -> bool {
         match self.get(user) {
             Some(hash) => hash.verify(password),
             None => {
-                let _ = pbkdf2_sha512(password, &[0u8; SALT_LEN], DEFAULT_ITERATIONS);
+                // Spend the time a real entry would, so response time does
+                // not tell which usernames exist: hash against the first
+                // entry's parameters (files are usually homogeneous).
+                match self.entries.iter().find(|e| !e.removed) {
+                    Some(e) => {
+                        let _ = e.hash.verify(password);
+                    }
+                    None => {
+                        let _ = pbkdf2_sha512(password, &[0u8; SALT_LEN], DEFAULT_ITERATIONS);
+                    }
+                }
                 false
             }
         }
