@@ -62,9 +62,10 @@ impl Proxy {
                         }
                     };
                     tokio::select! {
+                        biased;
+                        _ = cut.changed() => {}
                         _ = c2u => {}
                         _ = u2c => {}
-                        _ = cut.changed() => {}
                     }
                 });
             }
