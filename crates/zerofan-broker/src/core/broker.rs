@@ -414,11 +414,18 @@ impl Broker {
                     let text = what.unwrap_or_else(|| reason_text(reason));
                     properties.reason_string = Some(MqttStr::from_static(text));
                 }
-                c.outbox
-                    .push_back(Outgoing::Packet(Packet::Disconnect(Disconnect {
+                let mut packet = Packet::Disconnect(Disconnect { reason, properties });
+                let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
+                    .map_or(true, |len| len > c.max_packet_out as usize);
+                if too_big {
+                    // Never exceed the client's Maximum Packet Size: the
+                    // reason string is the part that may go (MQTT-3.14.2-3).
+                    packet = Packet::Disconnect(Disconnect {
                         reason,
-                        properties,
-                    })));
+                        properties: Properties::default(),
+                    });
+                }
+                c.outbox.push_back(Outgoing::Packet(packet));
             }
         }
         let will = if publish_will {

@@ -175,7 +175,7 @@ impl Broker {
             }),
         );
         if session_present {
-            self.redeliver(now, conn, sid);
+            self.redeliver(conn, sid);
         }
         self.save_session(sid);
         self.wake(conn);
@@ -207,34 +207,30 @@ impl Broker {
     }
 
     /// Resend what was in flight when the last connection dropped, in the
-    /// original order: PUBLISH with DUP, or PUBREL (MQTT-4.4.0-1).
-    fn redeliver(&mut self, now: Instant, conn: ConnId, sid: SessionId) {
-        let Some(s) = self.sessions.get(&sid) else {
+    /// original order (MQTT-4.4.0-1): PUBREL at once, PUBLISH with DUP as
+    /// the client's Receive Maximum allows (see `fill_batch`).
+    fn redeliver(&mut self, conn: ConnId, sid: SessionId) {
+        let (Some(s), Some(c)) = (self.sessions.get_mut(&sid), self.conns.get_mut(&conn)) else {
             return;
         };
-        let mut flying: Vec<(u64, u16)> = s.inflight.iter().map(|(pid, f)| (f.seq, *pid)).collect();
-        flying.sort_unstable();
-        for (_, pid) in flying {
-            let (Some(s), Some(c)) = (self.sessions.get(&sid), self.conns.get_mut(&conn)) else {
-                return;
-            };
-            let Some(f) = s.inflight.get(&pid) else {
-                continue;
-            };
-            let out = match f.state {
-                InflightState::AwaitingAck => {
-                    let mut d = super::deliver::make_delivery(c, &f.item, pid, now);
-                    d.dup = true;
-                    Outgoing::Publish(d)
-                }
+        let mut flying: Vec<(u64, u16, InflightState)> = s
+            .inflight
+            .iter()
+            .map(|(pid, f)| (f.seq, *pid, f.state))
+            .collect();
+        flying.sort_unstable_by_key(|(seq, _, _)| *seq);
+        s.resend.clear();
+        for (_, pid, state) in flying {
+            match state {
+                InflightState::AwaitingAck => s.resend.push_back(pid),
                 InflightState::AwaitingComp => {
-                    Outgoing::Packet(Packet::PubRel(zerofan_codec::Ack {
-                        packet_id: pid,
-                        ..Default::default()
-                    }))
+                    c.outbox
+                        .push_back(Outgoing::Packet(Packet::PubRel(zerofan_codec::Ack {
+                            packet_id: pid,
+                            ..Default::default()
+                        })))
                 }
-            };
-            c.outbox.push_back(out);
+            }
         }
         self.wake(conn);
     }

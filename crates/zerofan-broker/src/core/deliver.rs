@@ -116,6 +116,25 @@ impl Broker {
         };
         let window = usize::from(c.send_window);
         while out.len() < max {
+            let Some(&pid) = s.resend.front() else {
+                break;
+            };
+            if s.inflight.len().saturating_sub(s.resend.len()) >= window {
+                break;
+            }
+            s.resend.pop_front();
+            let Some(f) = s.inflight.get(&pid) else {
+                continue;
+            };
+            if f.state != InflightState::AwaitingAck {
+                continue;
+            }
+            let mut d = make_delivery(c, &f.item, pid, now);
+            d.dup = true;
+            self.metrics.messages_sent += 1;
+            out.push(Outgoing::Publish(d));
+        }
+        while out.len() < max {
             let Some(front) = s.queue.front() else {
                 break;
             };

@@ -105,6 +105,9 @@ pub struct Session {
     pub inflight: HashMap<u16, Inflight>,
     /// Next send sequence number.
     pub next_seq: u64,
+    /// In-flight PUBLISHes to resend (DUP) after a resume, oldest first,
+    /// sent as the client's window allows.
+    pub resend: VecDeque<u16>,
     /// Next packet id to try.
     next_pid: u16,
     /// QoS 2 packet ids received (PUBREC sent), waiting for PUBREL.
@@ -128,6 +131,7 @@ impl Session {
             queued_qos0: 0,
             inflight: HashMap::new(),
             next_seq: 0,
+            resend: VecDeque::new(),
             next_pid: 1,
             incoming_qos2: HashSet::new(),
             pending_will: None,

@@ -213,3 +213,18 @@ fn problem_information_zero_drops_reason_strings() {
     assert_eq!(d.reason, ReasonCode::PROTOCOL_ERROR);
     assert!(d.properties.reason_string.is_none());
 }
+
+#[test]
+fn disconnect_reason_string_respects_client_maximum_packet_size() {
+    let mut h = H::new();
+    let (c, _) = h.connect_with("a", Protocol::V5, true, |c| {
+        c.properties.maximum_packet_size = Some(8)
+    });
+    h.b.shutdown(h.now);
+    let out = h.out(c);
+    let Some(Packet::Disconnect(d)) = out.packets.last() else {
+        panic!("no disconnect")
+    };
+    assert_eq!(d.reason, ReasonCode::SERVER_SHUTTING_DOWN);
+    assert!(d.properties.reason_string.is_none());
+}

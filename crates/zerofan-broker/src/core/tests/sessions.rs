@@ -139,3 +139,27 @@ fn session_expiry_is_capped_by_config() {
     h.secs(11);
     assert_eq!(h.b.session_count(), 0);
 }
+
+#[test]
+fn resend_after_resume_respects_a_smaller_receive_maximum() {
+    let mut h = H::new();
+    let (sub, _) = persistent(&mut h, "sub", 100);
+    h.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    let publ = h.client("pub");
+    for i in 0..3 {
+        h.send(
+            publ,
+            Packet::Publish(publish("t", &i.to_string(), QoS::AtLeastOnce, i + 1)),
+        );
+    }
+    assert_eq!(h.out(sub).payloads(), ["0", "1", "2"]);
+    h.b.connection_lost(h.now, sub);
+    let (sub, out) = h.connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(100);
+        c.properties.receive_maximum = Some(1);
+    });
+    assert_eq!(out.payloads(), ["0"]);
+    assert!(out.publishes()[0].dup);
+    h.send(sub, Packet::PubAck(ack(out.publishes()[0].packet_id)));
+    assert_eq!(h.out(sub).payloads(), ["1"]);
+}
