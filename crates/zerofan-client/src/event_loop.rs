@@ -288,6 +288,11 @@ impl EventLoop {
         if let Err(e) = self.resume(&mut w, session_present) {
             return End::Lost(e);
         }
+        // Packets that arrived right behind CONNACK (a resumed session's
+        // queued messages) are already buffered.
+        if let Err(e) = self.on_read(&mut w) {
+            return End::Lost(e);
+        }
         let ka = Duration::from_secs(u64::from(self.server.keep_alive));
         let mut last_write = Instant::now();
         let mut shutdown = self.ch.shutdown.clone();

@@ -37,6 +37,8 @@ pub struct Broker {
     pub ws_port: u16,
     /// Lines of that second listener block.
     ws_extra: String,
+    /// mosquitto lines before the listener block.
+    global: String,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -112,6 +114,7 @@ impl Broker {
             extra: String::new(),
             ws_port: 0,
             ws_extra: String::new(),
+            global: String::new(),
         };
         b.spawn();
         b
@@ -128,7 +131,25 @@ impl Broker {
             extra: extra.to_string(),
             ws_port: 0,
             ws_extra: String::new(),
+            global: String::new(),
         };
+        b.spawn();
+        b
+    }
+
+    /// mosquitto with `global` lines before the listener block.
+    pub fn mosquitto_global(global: &str, port: u16) -> Broker {
+        let mut b = Broker {
+            kind: Kind::Mosquitto,
+            child: None,
+            port,
+            dir: tmpdir("mosquitto-global"),
+            extra: String::new(),
+            ws_port: 0,
+            ws_extra: String::new(),
+            global: String::new(),
+        };
+        b.global = global.to_string();
         b.spawn();
         b
     }
@@ -146,6 +167,7 @@ impl Broker {
             extra: String::new(),
             ws_port: free_port(),
             ws_extra: ws_extra.to_string(),
+            global: String::new(),
         };
         b.spawn();
         b
@@ -188,9 +210,9 @@ impl Broker {
                 let conf = self.dir.join("mosquitto.conf");
                 let text = format!(
                     "per_listener_settings false\nallow_anonymous true\npersistence false\n\
-                     log_type error\nlog_dest stderr\nuser root\n\
+                     log_type error\nlog_dest stderr\nuser root\n{}\n\
                      listener {} 127.0.0.1\n{}\n",
-                    self.port, self.extra
+                    self.global, self.port, self.extra
                 );
                 let text = if self.ws_port == 0 {
                     text
