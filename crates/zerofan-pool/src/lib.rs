@@ -22,13 +22,13 @@
 //! # How memory moves
 //!
 //! ```text
-//!           get (hit)                       get (hit, cache empty)
+//!           get (hit)                 get (cache empty: 1 + a batch refill)
 //!  thread cache ──────▶ PooledBuf ◀──────── shared free list (one per class, Mutex)
 //!  (per thread, per pool,  │   ▲                    ▲
 //!   per class, `depth`)    │   └── get (miss): allocate
 //!        ▲                 │ drop / last Bytes clone dropped (any thread)
-//!        └── cache has room┴── cache full ──▶ shared list if the cap allows,
-//!                                               else discard (free)
+//!        └── cache has room┴── cache full ──▶ spill a batch to the shared list,
+//!                                          cache this one; over the cap: discard
 //! ```
 //!
 //! The hot path (a get served by the calling thread's cache and a return into
@@ -65,16 +65,21 @@
 //!
 //! # Lifetime of a pool
 //!
-//! Each [`Pool::new`] leaks one small control block (512 bytes on x86-64:
-//! six mutex-guarded lists and a few counters, kept reachable from a static
-//! so leak checkers do not report it) for the life of the process, so that a
-//! buffer can name its pool with a `&'static` reference instead of an atomic
-//! reference count (which would cost two read-modify-writes on a shared
-//! cache line per get and return). When the last `Pool` handle drops, the pool closes:
-//! the shared lists are freed, buffers returned afterwards are freed, and
-//! other threads' caches for it are freed the next time those threads add a
-//! pool to their cache table or exit. Create pools once (one per broker), not
-//! per connection.
+//! Each [`Pool::new`] leaks one small control block (896 bytes on x86-64:
+//! six mutex-guarded lists and a block of counters, kept reachable from a
+//! static so leak checkers do not report it) for the life of the process, so
+//! that a buffer can name its pool with a `&'static` reference instead of an
+//! atomic reference count (which would cost two read-modify-writes on a
+//! shared cache line per get and return). When the last `Pool` handle drops,
+//! the pool closes: the shared lists are freed, buffers returned afterwards
+//! are freed, and other threads' caches for it are freed the next time
+//! those threads add a pool to their cache table or exit. Create pools once
+//! (one per broker), not per connection.
+//!
+//! Each thread that uses a pool gets, on first use, a cache entry for it
+//! (about 200 bytes, a 512-byte counter block and one `Vec` of `depth`
+//! slots per class); a thread caches for at most 8 pools at once, and uses
+//! the shared lists directly for any further pool.
 //!
 //! # Example
 //!

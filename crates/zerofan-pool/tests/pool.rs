@@ -459,3 +459,12 @@ fn global_pool() {
     drop(a);
     assert!(Pool::global().metrics().returns >= 1);
 }
+
+#[test]
+fn handles_and_buffers_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Pool>();
+    assert_send_sync::<zerofan_pool::PooledBuf>();
+    assert_send_sync::<PoolMetrics>();
+    assert_send_sync::<PoolConfig>();
+}
