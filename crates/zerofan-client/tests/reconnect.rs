@@ -145,7 +145,7 @@ async fn inflight_resent_with_dup_after_a_cut_connection() {
         expect_ids(
             &mut inc,
             &mut counts,
-            (0..20).filter(|i| i % 2 == 0).collect(),
+            (0..20u32).filter(|i| i % 2 == 0).collect(),
         )
         .await;
         assert_eq!(c.stats().publishes_sent, 20);
