@@ -34,10 +34,9 @@ use crate::framing::parse_fixed_header;
 use crate::packet::*;
 use crate::properties::Properties;
 use crate::reason::{connack_reason_from_v3, ReasonCode};
-use crate::string::MqttStr;
 use crate::topic::{split_shared, validate_topic_name};
 use crate::wire::{id, Ctx, Reader};
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 
 const TRAILING: DecodeError = DecodeError::malformed("trailing bytes after the packet body");
 const PID_ZERO: DecodeError = DecodeError::protocol("packet identifier 0");
@@ -61,13 +60,13 @@ pub fn decode(frame: Bytes, protocol: Protocol) -> Result<Packet, DecodeError> {
             "frame length differs from its remaining length",
         ));
     }
-    let mut r = Reader::new(&frame, header_len, total);
     let v5 = protocol.is_v5();
     // PUBLISH first and in tail position: it is the hot path, and returning
     // it straight from here lets the compiler build it in place.
     if first >> 4 == 3 {
-        return publish(&mut r, first, v5);
+        return publish(frame, header_len, total, first, v5);
     }
+    let mut r = Reader::new(&frame, header_len, total);
     let packet = match first >> 4 {
         1 => Packet::Connect(Box::new(connect(&mut r)?)),
         2 => Packet::ConnAck(connack(&mut r, protocol)?),
@@ -223,7 +222,24 @@ fn connack(r: &mut Reader<'_>, protocol: Protocol) -> Result<ConnAck, DecodeErro
     })
 }
 
-fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Packet, DecodeError> {
+/// The payload: the frame itself advanced past the headers, so it costs no
+/// reference count (and an empty payload does not pin the frame).
+#[inline]
+fn payload_of(mut frame: Bytes, at: usize) -> Bytes {
+    if at >= frame.len() {
+        return Bytes::new();
+    }
+    frame.advance(at);
+    frame
+}
+
+fn publish(
+    frame: Bytes,
+    header_len: usize,
+    total: usize,
+    first: u8,
+    v5: bool,
+) -> Result<Packet, DecodeError> {
     let dup = first & 0x08 != 0;
     let retain = first & 0x01 != 0;
     let Some(qos) = QoS::from_u8((first >> 1) & 0x03) else {
@@ -232,16 +248,31 @@ fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Packet, DecodeErro
     if dup && qos == QoS::AtMostOnce {
         return Err(DecodeError::malformed("PUBLISH with DUP at QoS 0"));
     }
+    let mut r = Reader::new(&frame, header_len, total);
     let topic = r.topic_name()?;
     let packet_id = if qos == QoS::AtMostOnce {
         0
     } else {
-        nonzero_pid(r)?
+        nonzero_pid(&mut r)?
     };
     if v5 {
         let len = r.varint()? as usize;
         if len > 0 {
-            return publish_with_properties(r, dup, qos, retain, topic, packet_id, len);
+            let mut packet = Packet::Publish(Publish {
+                dup,
+                qos,
+                retain,
+                topic,
+                packet_id,
+                properties: Properties::default(),
+                payload: Bytes::new(),
+            });
+            publish_properties(&mut packet, &mut r, len)?;
+            let at = r.position();
+            if let Packet::Publish(p) = &mut packet {
+                p.payload = payload_of(frame, at);
+            }
+            return Ok(packet);
         }
     }
     if topic.is_empty() {
@@ -251,6 +282,7 @@ fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Packet, DecodeErro
             DecodeError::new(ReasonCode::TOPIC_NAME_INVALID, "empty topic name")
         });
     }
+    let at = r.position();
     // The common case, built in place: no properties, nothing allocated.
     Ok(Packet::Publish(Publish {
         dup,
@@ -259,30 +291,17 @@ fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Packet, DecodeErro
         topic,
         packet_id,
         properties: Properties::default(),
-        payload: r.rest(),
+        payload: payload_of(frame, at),
     }))
 }
 
 #[inline(never)]
-fn publish_with_properties(
+fn publish_properties(
+    packet: &mut Packet,
     r: &mut Reader<'_>,
-    dup: bool,
-    qos: QoS,
-    retain: bool,
-    topic: MqttStr,
-    packet_id: u16,
     props_len: usize,
-) -> Result<Packet, DecodeError> {
-    let mut packet = Packet::Publish(Publish {
-        dup,
-        qos,
-        retain,
-        topic,
-        packet_id,
-        properties: Properties::default(),
-        payload: Bytes::new(),
-    });
-    let Packet::Publish(p) = &mut packet else {
+) -> Result<(), DecodeError> {
+    let Packet::Publish(p) = packet else {
         return Err(DecodeError::malformed("unreachable"));
     };
     read_property_list(r, Ctx::Publish, &mut p.properties, props_len)?;
@@ -291,8 +310,7 @@ fn publish_with_properties(
             "empty topic name without a topic alias",
         ));
     }
-    p.payload = r.rest();
-    Ok(packet)
+    Ok(())
 }
 
 fn ack(r: &mut Reader<'_>, v5: bool, valid: fn(ReasonCode) -> bool) -> Result<Ack, DecodeError> {

@@ -255,10 +255,10 @@ impl<'a> Reader<'a> {
         Ok(MqttStr::from_validated(self.frame.slice(s..e)))
     }
 
-    /// Everything left, as one slice.
-    pub(crate) fn rest(&mut self) -> Bytes {
-        let n = self.remaining();
-        self.bytes(n).unwrap_or_default()
+    /// Where the cursor is, as an offset into the frame.
+    #[inline]
+    pub(crate) fn position(&self) -> usize {
+        self.pos
     }
 
     /// A reader over the next `n` bytes; `self` skips past them.
@@ -284,7 +284,14 @@ pub(crate) fn plain_topic(b: &[u8]) -> bool {
             bad |= odd(c);
         }
     }
-    for &c in chunks.remainder() {
+    // The tail, padded with a harmless byte, goes through the same
+    // fixed-width loop.
+    let rem = chunks.remainder();
+    let mut last = [b'a'; 16];
+    if let Some(dst) = last.get_mut(..rem.len()) {
+        dst.copy_from_slice(rem);
+    }
+    for &c in &last {
         bad |= odd(c);
     }
     bad == 0
