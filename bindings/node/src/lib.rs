@@ -1,0 +1,1 @@
+//! Node.js binding for zerofan (being written).
