@@ -21,8 +21,11 @@
 #   SUBSCRIBERS=         fan-out subscriber counts, e.g. 1,10,100 (default 1,10,100,1000)
 #   BROKERS="mosquitto rumqttd mochi zerofan"
 #   PROTOCOL=4           MQTT protocol level, 4 or 5
-#   BASE_PORT=18830      brokers listen on 127.0.0.1:BASE_PORT (+1 for rumqttd's v5 listener)
+#   BASE_PORT=           brokers listen on 127.0.0.1:BASE_PORT (+1 for rumqttd's v5
+#                        listener); default: a free pair of ports picked at start
 #   BROKER_CPU=0 BENCH_CPU=1
+#   ZEROFAN_BIN=         use this zerofan binary instead of building one
+#   ZEROFAN_VERSION=     how to name that binary in the table (e.g. a commit)
 #   WRITE=1              0: print the Markdown instead of editing BENCHMARKS.md
 #   EXTRA_ARGS=          more zerofan-bench options (e.g. "--window 128")
 #   NOTE=                a remark recorded with the table (e.g. about machine load)
@@ -36,7 +39,19 @@ SCENARIOS=${SCENARIOS:-all}
 SUBSCRIBERS=${SUBSCRIBERS:-}
 BROKERS=${BROKERS:-"mosquitto rumqttd mochi zerofan"}
 PROTOCOL=${PROTOCOL:-4}
-BASE_PORT=${BASE_PORT:-18830}
+free_pair() {
+    # Two consecutive free loopback ports (rumqttd needs one per protocol).
+    python3 - <<'PY'
+import socket
+for _ in range(200):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    try:
+        b = socket.socket(); b.bind(("127.0.0.1", p + 1)); b.close(); a.close(); print(p); break
+    except OSError:
+        a.close()
+PY
+}
+BASE_PORT=${BASE_PORT:-$(free_pair)}
 BROKER_CPU=${BROKER_CPU:-0}
 BENCH_CPU=${BENCH_CPU:-1}
 WRITE=${WRITE:-1}
@@ -99,13 +114,13 @@ if ! CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-bench; the
         exit 1
     fi
 fi
-if [[ " $BROKERS " == *" zerofan "* ]]; then
+ZEROFAN=${ZEROFAN_BIN:-$TARGET_DIR/release/zerofan}
+if [[ " $BROKERS " == *" zerofan "* ]] && [ -z "${ZEROFAN_BIN:-}" ]; then
     if ! CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-broker --bin zerofan; then
         log "zerofan does not build: leaving it out"
         BROKERS=${BROKERS//zerofan/}
     fi
 fi
-ZEROFAN=$TARGET_DIR/release/zerofan
 
 # ------------------------------------------------------------ broker control
 CONF=$OUT/conf
@@ -154,7 +169,13 @@ port_of() {
     if [ "$1" = rumqttd ] && [ "$PROTOCOL" = 5 ]; then echo $((BASE_PORT + 1)); else echo "$BASE_PORT"; fi
 }
 start_broker() {
-    local b=$1 logf=$OUT/$1.log
+    local b=$1 logf=$OUT/$1.log port
+    port=$(port_of "$b")
+    # Other programs on this machine may hold ports too: never measure them.
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        log "port $port is already taken by another program; set BASE_PORT"
+        return 1
+    fi
     case $b in
         mosquitto) taskset -c "$BROKER_CPU" mosquitto -c "$CONF/mosquitto.conf" >>"$logf" 2>&1 & ;;
         rumqttd) taskset -c "$BROKER_CPU" "$CACHE/rumqttd/bin/rumqttd" -c "$CONF/rumqttd.toml" >>"$logf" 2>&1 & ;;
@@ -162,10 +183,13 @@ start_broker() {
         zerofan) taskset -c "$BROKER_CPU" "$ZEROFAN" --listen "127.0.0.1:$BASE_PORT" --memory >>"$logf" 2>&1 & ;;
     esac
     BROKER_PID=$!
-    local port
-    port=$(port_of "$b")
     for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        if command -v ss >/dev/null; then
+            # Listening, and the listener is the process we started.
+            if ss -ltnpH "sport = :$port" 2>/dev/null | grep -q "pid=$BROKER_PID,"; then
+                return 0
+            fi
+        elif (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             return 0
         fi
         if ! kill -0 "$BROKER_PID" 2>/dev/null; then
@@ -194,7 +218,14 @@ version_of() {
         mosquitto) mosquitto -h 2>/dev/null | head -1 | sed 's/ version / /' || true ;;
         rumqttd) "$CACHE/rumqttd/bin/rumqttd" --version 2>/dev/null | head -1 || echo "rumqttd (cargo install)" ;;
         mochi) echo "mochi $(sed -n 's|.*mochi-mqtt/server/v2 \(v[^ ]*\).*|\1|p' bench/mochi/go.mod) ($(go version | awk '{print $3}'))" ;;
-        zerofan) echo "zerofan $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty')" ;;
+        zerofan)
+            if [ -n "${ZEROFAN_VERSION:-}" ]; then
+                echo "zerofan $ZEROFAN_VERSION"
+            elif [ -n "${ZEROFAN_BIN:-}" ]; then
+                echo "zerofan ($ZEROFAN_BIN)"
+            else
+                echo "zerofan $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates 2>/dev/null || echo '+dirty')"
+            fi ;;
     esac
 }
 

@@ -349,10 +349,6 @@ async fn large(t: &Target, k: &Knobs) -> Vec<CaseResult> {
         if r.error.is_none() {
             r.metrics
                 .push(Metric::lower("RSS after MiB", mib(a.rss_kib)));
-            r.metrics.push(Metric::lower(
-                "RSS growth MiB",
-                mib(a.rss_kib) - mib(b.rss_kib),
-            ));
         }
     } else if k.broker_pid.is_some() {
         r.notes.push("broker memory unreadable".into());

@@ -138,7 +138,8 @@ pub fn markdown(reports: &[RunReport], order: &[String], subject: &str) -> Strin
             }
         }
         match (subject_median, best_peer) {
-            (Some(s), Some(b)) if b != 0.0 => {
+            // A ratio to zero or a negative figure (memory shrinking) says nothing.
+            (Some(s), Some(b)) if b > 0.0 && s >= 0.0 => {
                 let _ = writeln!(out, " {:.2}x |", s / b);
             }
             _ => {
