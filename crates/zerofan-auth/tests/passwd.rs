@@ -170,3 +170,23 @@ fn mosquitto_broker_accepts_our_file() {
     assert!(ok("nobody", "zed's password").is_err());
     assert!(broker.publish(None, "t").is_err(), "anonymous refused");
 }
+
+#[test]
+fn vectors_from_an_independent_implementation() {
+    // Made with Python's hashlib (pbkdf2_hmac('sha512', b'pw', 12 zero
+    // bytes, 1, 64) and sha512(b'pw' + salt)), not with this crate.
+    let text = "\
+cheap:$7$1$AAAAAAAAAAAAAAAA$HnlqzP97t90vV0ZnOqQ9iQGnDanPA5+h4vch90DH/3sqhYCcAGsXuCilxAegMRgv4tnlmKp0A9rSUdz9orclwA==
+old:$6$AAAAAAAAAAAAAAAA$hLHSHAxPIHLt12gSKRXtsNwbK/WGiwcbbMqHSWJCED1SPux6SEX7fY3DHcfc8q8xnyqlnaTD5392kLDs/fc6vg==
+";
+    let f = PasswordFile::parse(text).unwrap();
+    assert!(f.verify("cheap", b"pw"));
+    assert!(f.verify("old", b"pw"));
+    assert!(!f.verify("cheap", b"pW"));
+    assert!(!f.verify("old", b"pW"));
+    // Unpadded base64 is read too; the file is written back padded.
+    let unpadded = text.replace("==", "");
+    let g = PasswordFile::parse(&unpadded).unwrap();
+    assert!(g.verify("cheap", b"pw"));
+    assert_eq!(g.to_string(), text);
+}

@@ -17,9 +17,15 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     // Probe with words from the input itself, plus a few fixed ones.
-    let mut words: Vec<&str> = text.split([' ', '\n', '\t']).filter(|w| !w.is_empty()).take(8).collect();
+    let mut words: Vec<&str> = text
+        .split([' ', '\n', '\t'])
+        .filter(|w| !w.is_empty())
+        .take(8)
+        .collect();
     words.extend(["a/b", "#", "$SYS/x", "+/b", "c1", "u1"]);
-    let users: Vec<Option<&str>> = std::iter::once(None).chain(words.iter().take(3).map(|w| Some(*w))).collect();
+    let users: Vec<Option<&str>> = std::iter::once(None)
+        .chain(words.iter().take(3).map(|w| Some(*w)))
+        .collect();
     for &user in &users {
         for &client in words.iter().take(2) {
             for &topic in &words {
