@@ -36,7 +36,7 @@ fn mosquitto_conf_seeds() {
         let main = text.split('\0').next().unwrap_or("");
         match parse_mosquitto_conf(main) {
             Ok((c, _)) => assert!(!c.effective_listeners().is_empty(), "{name}"),
-            Err(e) => assert!(e.line >= 1, "{name}: {e}"),
+            Err(e) => assert!(name.starts_with("bad-"), "{name}: {e}"),
         }
     }
 }
