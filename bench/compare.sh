@@ -29,6 +29,8 @@
 #   WRITE=1              0: print the Markdown instead of editing BENCHMARKS.md
 #   EXTRA_ARGS=          more zerofan-bench options (e.g. "--window 128")
 #   NOTE=                a remark recorded with the table (e.g. about machine load)
+#   TITLE=               subsection of the comparison section to (re)write; default
+#                        "All scenarios" or "Scenarios: $SCENARIOS"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -283,7 +285,9 @@ if [ -n "$NOTE" ]; then meta+=(--meta "Note: $NOTE"); fi
 # shellcheck disable=SC2086 # word splitting collapses the spaces on purpose
 order_csv=$(echo $BROKERS | tr ' ' ',')
 if [ "$WRITE" = 1 ]; then
-    "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}" --write-section BENCHMARKS.md
+    if [ "$SCENARIOS" = all ]; then default_title="All scenarios"; else default_title="Scenarios: ${SCENARIOS//,/, }"; fi
+    "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}" \
+        --write-section BENCHMARKS.md --title "${TITLE:-$default_title}"
     log "wrote the comparison into BENCHMARKS.md (raw results in $OUT)"
 else
     "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}"

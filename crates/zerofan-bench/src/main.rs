@@ -146,10 +146,14 @@ struct SummarizeOpts {
     /// Lines printed above the table (date, machine, versions, command).
     #[arg(long)]
     meta: Vec<String>,
-    /// Write the result as the comparison section of this Markdown file
+    /// Write the result into the comparison section of this Markdown file
     /// instead of printing it.
     #[arg(long)]
     write_section: Option<PathBuf>,
+    /// With --write-section: the `### ` subsection of the comparison
+    /// section to replace or add (other subsections are kept).
+    #[arg(long, default_value = "All scenarios")]
+    title: String,
 }
 
 fn main() -> ExitCode {
@@ -334,7 +338,7 @@ fn summarize_cmd(s: SummarizeOpts) -> ExitCode {
         None => print!("{body}"),
         Some(path) => {
             let doc = std::fs::read_to_string(&path).unwrap_or_default();
-            let new = summarize::replace_section(&doc, &body);
+            let new = summarize::replace_subsection(&doc, &s.title, &body);
             if let Err(e) = std::fs::write(&path, new) {
                 eprintln!("zerofan-bench: cannot write {}: {e}", path.display());
                 return ExitCode::FAILURE;

@@ -183,6 +183,55 @@ pub fn replace_section(doc: &str, body: &str) -> String {
     out
 }
 
+/// Text placed under [`SECTION`] when the section is first created.
+pub const PREAMBLE: &str = "Written by `bench/compare.sh` (see `bench/README.md`): each broker \
+runs fresh on one core, zerofan-bench on the other, the same scenarios against each. One \
+subsection per scenario set; a new run of the same set replaces its subsection.";
+
+/// Replace (or add) the subsection `### {title}` inside the section headed
+/// [`SECTION`], creating the section (with [`PREAMBLE`]) if absent. Other
+/// sections and other subsections are kept as they are.
+pub fn replace_subsection(doc: &str, title: &str, body: &str) -> String {
+    let heading = format!("### {title}");
+    let block = format!("{heading}\n\n{}\n", body.trim_end());
+    let Some(start) = doc.find(SECTION) else {
+        return replace_section(doc, &format!("{PREAMBLE}\n\n{block}"));
+    };
+    let after = start + SECTION.len();
+    let end = doc[after..]
+        .find("\n## ")
+        .map(|i| after + i + 1)
+        .unwrap_or(doc.len());
+    let sec = &doc[after..end];
+    let needle = format!("\n{heading}\n");
+    let new_sec = match sec.find(&needle) {
+        Some(i) => {
+            let bstart = i + 1;
+            let rest = bstart + heading.len();
+            let bend = sec[rest..]
+                .find("\n### ")
+                .map(|j| rest + j + 1)
+                .unwrap_or(sec.len());
+            let mut s = sec[..bstart].to_string();
+            s.push_str(&block);
+            if bend < sec.len() {
+                s.push('\n');
+                s.push_str(&sec[bend..]);
+            }
+            s
+        }
+        None => format!("{}\n\n{block}", sec.trim_end()),
+    };
+    let mut out = String::with_capacity(doc.len() + block.len());
+    out.push_str(&doc[..after]);
+    out.push_str(&new_sec);
+    if end < doc.len() {
+        out.push('\n');
+        out.push_str(&doc[end..]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +287,26 @@ mod tests {
         let ping = lines.iter().find(|l| l.starts_with("| ping-pong")).unwrap();
         // Lower is better: best peer is mochi's 30, 15 / 30 = 0.5.
         assert!(ping.ends_with(" 0.50x |"), "{ping}");
+    }
+
+    #[test]
+    fn subsections_are_replaced_or_added() {
+        let doc = "# Benchmarks\n\n## Codec\n\nfast\n";
+        let one = replace_subsection(doc, "All scenarios", "table A1");
+        assert!(one.contains(&format!(
+            "{SECTION}\n\n{PREAMBLE}\n\n### All scenarios\n\ntable A1\n"
+        )));
+        let doc2 = format!("{one}\n## Pool\n\npool figures\n");
+        let two = replace_subsection(&doc2, "Core", "table C1");
+        assert!(two.contains("### All scenarios\n\ntable A1\n\n### Core\n\ntable C1\n\n## Pool"));
+        let three = replace_subsection(&two, "All scenarios", "table A2");
+        assert!(three.contains("### All scenarios\n\ntable A2\n\n### Core\n\ntable C1\n"));
+        assert!(!three.contains("table A1"));
+        let four = replace_subsection(&three, "Core", "table C2");
+        assert!(four.contains("### Core\n\ntable C2\n\n## Pool\n\npool figures\n"));
+        assert!(four.starts_with("# Benchmarks\n\n## Codec\n\nfast\n\n"));
+        assert_eq!(four.matches(SECTION).count(), 1);
+        assert_eq!(four.matches(PREAMBLE).count(), 1);
     }
 
     #[test]
