@@ -1,0 +1,95 @@
+"""Bounded queues, slow consumers, and the counters that say what was dropped."""
+
+import queue
+import socket
+import time
+
+import pytest
+
+import mqttraw as r
+from pahoclient import PacketTypes, props
+
+
+def sys_reaches(broker, client_factory, name, predicate, timeout=10.0):
+    """Wait until $SYS/broker/<name> satisfies predicate; returns its last value."""
+    c = client_factory(broker, version=5)
+    c.subscribe(f"$SYS/broker/{name}", 0)
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        try:
+            value = int(float(c.messages.get(timeout=0.5).payload))
+        except queue.Empty:
+            continue
+        if predicate(value):
+            return value
+    raise AssertionError(f"$SYS/broker/{name} = {value}, never satisfied the condition")
+
+
+def test_slow_subscriber_does_not_slow_others(broker, client_factory):
+    """A subscriber that stops reading: publishers and other subscribers carry on."""
+    stuck = socket.create_connection(broker.addr, timeout=10)
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.sendall(r.connect("stuck", version=5))
+    stuck.recv(64)  # CONNACK
+    stuck.sendall(r.subscribe(1, [("flood/#", 0)], 5))
+    stuck.recv(64)  # SUBACK; from here on it never reads again
+    fast = client_factory(broker, version=5)
+    fast.subscribe("flood/#", 0)
+    fast.subscribe("flood-end", 1)
+    pub = client_factory(broker, version=5)
+    n, payload = 2000, b"p" * 4096  # 8 MB towards a client that reads nothing
+    start = time.monotonic()
+    for i in range(n):
+        pub.publish(f"flood/{i % 7}", payload, 0, wait=False)
+    pub.publish("flood-end", b"end", 1)  # waits for PUBACK: the publisher got through
+    took = time.monotonic() - start
+    got = 0
+    while True:
+        m = fast.expect_message(timeout=15)
+        if m.topic == "flood-end":
+            break
+        got += 1
+    stuck.close()
+    assert took < 30, f"publishing took {took:.1f}s with a stuck subscriber"
+    assert got == n, f"the reading subscriber got {got} of {n} QoS 0 messages"
+
+
+def test_queue_full_disconnects_slow_consumer(broker_factory, raw_factory, client_factory):
+    b = broker_factory(queue_full="disconnect", max_queued_messages=5, max_inflight=2)
+    slow = raw_factory(b, 5)
+    slow.connect("slowpoke-q1")
+    slow.subscribe([("qf/t", 1)])
+    pub = client_factory(b, version=5)
+    for i in range(20):
+        pub.publish("qf/t", str(i).encode(), 1)
+    pkts = slow.recv_until_closed()
+    assert [p.type for p in pkts if p.type == r.PUBLISH], "nothing delivered before the cut"
+    assert [p.reason for p in pkts if p.type == r.DISCONNECT] == [0x97], pkts
+    sys_reaches(b, client_factory, "errors/slow_consumer_disconnects", lambda v: v >= 1)
+
+
+@pytest.mark.zerofan_only
+def test_dropped_messages_counted(broker_factory, client_factory):
+    b = broker_factory(max_queued_messages=3, queue_full="drop_new")
+    sub = client_factory(b, client_id="dropper", version=5, clean=False,
+                         connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=300))
+    sub.subscribe("dc/t", 1)
+    sub.disconnect()
+    pub = client_factory(b, version=5)
+    for i in range(8):
+        pub.publish("dc/t", str(i).encode(), 1)
+    sys_reaches(b, client_factory, "messages/dropped", lambda v: v >= 5)
+
+
+@pytest.mark.zerofan_only
+@pytest.mark.parametrize("counter,bad", [
+    ("errors/malformed", bytes([0x80]) + r.subscribe(1, [("t", 1)], 5)[1:]),
+    ("errors/protocol", r.connect("again", version=5)),
+])
+def test_bad_input_counted(broker, raw_factory, client_factory, counter, bad):
+    c = raw_factory(broker, 5)
+    c.connect("counted")
+    c.send(bad)
+    c.recv_until_closed()
+    sys_reaches(broker, client_factory, counter, lambda v: v >= 1)
