@@ -8,7 +8,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{scratch_dir, tool, Mosquitto};
 use proptest::prelude::*;
@@ -301,7 +302,7 @@ fn agrees_with_mosquitto() {
     let Some(broker) = Mosquitto::start(
         &dir,
         &format!(
-            "allow_anonymous true\nsys_interval 0\npassword_file {}\nacl_file {}\n",
+            "allow_anonymous true\nsys_interval 0\nlog_type error\nlog_type subscribe\npassword_file {}\nacl_file {}\n",
             dir.join("pw").display(),
             dir.join("acl").display()
         ),
@@ -361,7 +362,39 @@ fn agrees_with_mosquitto() {
         .iter()
         .map(|&u| (u, sub(&format!("s-{}", name(u)), u)))
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Ready when the broker has logged all 7 `$SYS/#` subscriptions.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while broker
+        .log()
+        .lines()
+        .filter(|l| l.ends_with(" $SYS/#"))
+        .count()
+        < 7
+    {
+        assert!(
+            Instant::now() < deadline,
+            "subscribers not ready:\n{}",
+            broker.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Root's output is read as it comes, to see the end marker.
+    let root_out = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let mut stdout = root.stdout.take().unwrap();
+        let out = Arc::clone(&root_out);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                out.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
 
     let publish = |cid: &str, user: Option<&str>, topic: &str, payload: &str| {
         let mut c = Command::new(tool("mosquitto_pub").unwrap());
@@ -393,7 +426,15 @@ fn agrees_with_mosquitto() {
     for t in &topics {
         publish("p-root", Some("root"), t, "r");
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // The broker handles these in order: once root has its own last
+    // message back, everything before it has been routed.
+    publish("p-root", Some("root"), "zz/end", "end");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !root_out.lock().unwrap().lines().any(|l| l == "zz/end end") {
+        assert!(Instant::now() < deadline, "end marker never arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
 
     let output = |child: &mut std::process::Child| {
         let _ = child.kill();
@@ -402,7 +443,10 @@ fn agrees_with_mosquitto() {
         let _ = child.wait();
         s
     };
-    let root_out = output(&mut root);
+    let _ = root.kill();
+    let _ = root.wait();
+    reader.join().unwrap();
+    let root_out = root_out.lock().unwrap().clone();
     let mut mismatches = Vec::new();
     for &u in &users {
         let n = name(u);
