@@ -1,1 +1,2 @@
-//! Node.js binding for zerofan (being written).
+//! zerofan-node: placeholder while the binding is built.
+#![deny(clippy::all)]
