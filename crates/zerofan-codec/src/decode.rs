@@ -222,6 +222,36 @@ fn connack(r: &mut Reader<'_>, protocol: Protocol) -> Result<ConnAck, DecodeErro
     })
 }
 
+const EMPTY_PROPERTIES: Properties = Properties {
+    payload_format_indicator: None,
+    message_expiry_interval: None,
+    content_type: None,
+    response_topic: None,
+    correlation_data: None,
+    subscription_identifiers: Vec::new(),
+    session_expiry_interval: None,
+    assigned_client_identifier: None,
+    server_keep_alive: None,
+    authentication_method: None,
+    authentication_data: None,
+    request_problem_information: None,
+    will_delay_interval: None,
+    request_response_information: None,
+    response_information: None,
+    server_reference: None,
+    reason_string: None,
+    receive_maximum: None,
+    topic_alias_maximum: None,
+    topic_alias: None,
+    maximum_qos: None,
+    retain_available: None,
+    user_properties: Vec::new(),
+    maximum_packet_size: None,
+    wildcard_subscription_available: None,
+    subscription_identifier_available: None,
+    shared_subscription_available: None,
+};
+
 /// The payload: the frame itself advanced past the headers, so it costs no
 /// reference count (and an empty payload does not pin the frame).
 #[inline]
@@ -283,6 +313,7 @@ fn publish(
         });
     }
     let at = r.position();
+    let payload = payload_of(frame, at);
     // The common case, built in place: no properties, nothing allocated.
     Ok(Packet::Publish(Publish {
         dup,
@@ -290,8 +321,8 @@ fn publish(
         retain,
         topic,
         packet_id,
-        properties: Properties::default(),
-        payload: payload_of(frame, at),
+        properties: EMPTY_PROPERTIES,
+        payload,
     }))
 }
 

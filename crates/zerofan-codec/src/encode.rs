@@ -52,7 +52,7 @@ use bytes::BufMut;
 /// Encode `packet` for a peer speaking `protocol` into `dst`.
 ///
 /// A CONNECT is written in the version its own `protocol` field names,
-/// whatever `protocol` says (as [`crate::decode`] reads it). See the module
+/// whatever `protocol` says (as [`crate::decode()`] reads it). See the module
 /// documentation for what is refused and what is dropped under 3.x.
 pub fn encode(
     packet: &Packet,

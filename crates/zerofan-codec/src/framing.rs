@@ -38,7 +38,7 @@ pub enum Frame {
 /// Pass `u32::MAX` for "no limit". What is checked (all 0x81 Malformed
 /// Packet unless said otherwise):
 /// - packet type 0 is reserved. Type 15 is accepted here (it is AUTH in
-///   MQTT 5); [`crate::decode`] refuses it under 3.x;
+///   MQTT 5); [`crate::decode()`] refuses it under 3.x;
 /// - the flags of PUBREL, SUBSCRIBE and UNSUBSCRIBE must be `0b0010`, those
 ///   of every other type but PUBLISH `0`; a PUBLISH with QoS 3 is refused;
 /// - the remaining length must fit in 4 bytes and be minimally encoded;

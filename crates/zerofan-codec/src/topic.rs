@@ -1,6 +1,6 @@
 //! Topic names and topic filters (§4.7): validation, matching, shared groups.
 //!
-//! [`crate::decode`] validates PUBLISH and will topic names itself, but it
+//! [`crate::decode()`] validates PUBLISH and will topic names itself, but it
 //! does **not** validate SUBSCRIBE / UNSUBSCRIBE topic filters beyond the
 //! UTF-8 string rules: the broker calls [`validate_topic_filter`] on each
 //! filter so it can answer 0x8F Topic Filter Invalid per filter in SUBACK
