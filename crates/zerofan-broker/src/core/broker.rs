@@ -343,7 +343,7 @@ impl Broker {
     /// Queue a control packet for a connection.
     pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            c.outbox.push_back(Outgoing::Packet(packet));
+            c.outbox.push_back(Outgoing::from_packet(packet));
             self.wake(conn);
         }
     }
@@ -425,7 +425,7 @@ impl Broker {
                         properties: Properties::default(),
                     });
                 }
-                c.outbox.push_back(Outgoing::Packet(packet));
+                c.outbox.push_back(Outgoing::from_packet(packet));
             }
         }
         let will = if publish_will {

@@ -3,7 +3,7 @@
 use super::broker::Broker;
 use super::connection::Phase;
 use super::ids::{ConnId, SessionId};
-use super::message::{later, Message};
+use super::message::{copy_str, later, own_properties, Message};
 use super::outbox::Outgoing;
 use super::session::{InflightState, PendingWill, Session};
 use super::store::SessionRecord;
@@ -59,7 +59,8 @@ impl Broker {
             assigned = Some(id.clone());
             id
         } else {
-            client_id
+            // Kept for the session's life: must not pin the CONNECT's buffer.
+            copy_str(&client_id)
         };
 
         let mut keep = keep_alive;
@@ -138,7 +139,7 @@ impl Broker {
             .as_ref()
             .and_then(|w| w.properties.will_delay_interval)
             .unwrap_or(0);
-        c.will = will;
+        c.will = will.map(|w| Box::new(own_will(w)));
         if let Some(at) = c.keep_alive_deadline() {
             self.timers.arm(at, Timer::KeepAlive(conn));
         }
@@ -225,7 +226,7 @@ impl Broker {
                 InflightState::AwaitingAck => s.resend.push_back(pid),
                 InflightState::AwaitingComp => {
                     c.outbox
-                        .push_back(Outgoing::Packet(Packet::PubRel(zerofan_codec::Ack {
+                        .push_back(Outgoing::from_packet(Packet::PubRel(zerofan_codec::Ack {
                             packet_id: pid,
                             ..Default::default()
                         })))
@@ -266,7 +267,7 @@ impl Broker {
 
     /// The connection of `sid` is gone: schedule or publish its will, keep
     /// the session for its expiry interval or end it now.
-    pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Will, u32)>) {
+    pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Box<Will>, u32)>) {
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -286,10 +287,10 @@ impl Broker {
             // comes first (MQTT-3.1.3-9).
             let delay = delay.min(expiry);
             if delay == 0 {
-                self.publish_will(now, will);
+                self.publish_will(now, *will);
             } else if let Some(at) = later(now, delay) {
                 if let Some(s) = self.sessions.get_mut(&sid) {
-                    s.pending_will = Some(PendingWill { will, at });
+                    s.pending_will = Some(Box::new(PendingWill { will: *will, at }));
                 }
                 self.timers.arm(at, Timer::Will(sid));
             }
@@ -373,5 +374,17 @@ impl Broker {
                 .collect(),
         };
         self.store.save(record);
+    }
+}
+
+/// A will that owns its bytes: it may wait for hours, and must not pin the
+/// CONNECT's read buffer meanwhile.
+fn own_will(w: Will) -> Will {
+    Will {
+        topic: copy_str(&w.topic),
+        payload: bytes::Bytes::copy_from_slice(&w.payload),
+        qos: w.qos,
+        retain: w.retain,
+        properties: own_properties(&w.properties),
     }
 }

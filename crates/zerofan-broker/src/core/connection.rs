@@ -45,7 +45,7 @@ pub struct Connection {
     /// Request Problem Information.
     pub problem_info: bool,
     /// The will from CONNECT, until a normal DISCONNECT clears it.
-    pub will: Option<Will>,
+    pub will: Option<Box<Will>>,
     /// Will Delay Interval in seconds.
     pub will_delay: u32,
     /// Packets and deliveries waiting for the writer.

@@ -5,7 +5,7 @@
 use super::broker::Broker;
 use super::connection::{Connection, Phase};
 use super::ids::{ConnId, SessionId};
-use super::message::Message;
+use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
 use super::publish::COMPACT_AT_MOST;
 use super::session::{Inflight, InflightState, PushOutcome, Queued};
@@ -277,7 +277,7 @@ pub(crate) fn make_delivery(
         (Some(a), false)
     } else if c.aliases_out.len() < usize::from(c.alias_max_out) {
         let a = c.aliases_out.len() as u16 + 1;
-        c.aliases_out.insert(item.msg.topic.clone(), a);
+        c.aliases_out.insert(copy_str(&item.msg.topic), a);
         (Some(a), true)
     } else {
         (None, true)

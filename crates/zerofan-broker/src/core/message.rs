@@ -72,17 +72,7 @@ impl Message {
     /// A copy that owns its own allocations, so keeping it for long does not
     /// pin the (possibly much larger) read buffer it was decoded from.
     pub fn compacted(&self) -> Message {
-        let mut properties = self.properties.clone();
-        properties.content_type = properties.content_type.as_ref().map(copy_str);
-        properties.response_topic = properties.response_topic.as_ref().map(copy_str);
-        properties.correlation_data = properties
-            .correlation_data
-            .as_ref()
-            .map(|b| Bytes::copy_from_slice(b));
-        for (k, v) in &mut properties.user_properties {
-            *k = copy_str(k);
-            *v = copy_str(v);
-        }
+        let properties = own_properties(&self.properties);
         Message {
             topic: copy_str(&self.topic),
             payload: Bytes::copy_from_slice(&self.payload),
@@ -95,8 +85,9 @@ impl Message {
     }
 }
 
-/// Copy an MQTT string into its own allocation.
-fn copy_str(s: &MqttStr) -> MqttStr {
+/// Copy an MQTT string into its own allocation, so keeping it does not pin
+/// the read buffer it was sliced from.
+pub(crate) fn copy_str(s: &MqttStr) -> MqttStr {
     // Already valid, so this cannot fail; the fallback is unreachable.
     MqttStr::from_bytes(Bytes::copy_from_slice(s.as_bytes())).unwrap_or_default()
 }
@@ -104,4 +95,20 @@ fn copy_str(s: &MqttStr) -> MqttStr {
 /// `now` plus `secs` seconds; `None` (never) if the clock cannot represent it.
 pub(crate) fn later(now: Instant, secs: u32) -> Option<Instant> {
     now.checked_add(Duration::from_secs(u64::from(secs)))
+}
+
+/// Properties that own their bytes (see [`copy_str`]).
+pub(crate) fn own_properties(p: &Properties) -> Properties {
+    let mut properties = p.clone();
+    properties.content_type = properties.content_type.as_ref().map(copy_str);
+    properties.response_topic = properties.response_topic.as_ref().map(copy_str);
+    properties.correlation_data = properties
+        .correlation_data
+        .as_ref()
+        .map(|b| Bytes::copy_from_slice(b));
+    for (k, v) in &mut properties.user_properties {
+        *k = copy_str(k);
+        *v = copy_str(v);
+    }
+    properties
 }

@@ -31,4 +31,4 @@ pub use broker::Broker;
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
 pub use metrics::{Metrics, ShellStats};
-pub use outbox::{Delivery, Outgoing, Transmit};
+pub use outbox::{AckKind, Delivery, Outgoing, Transmit};

@@ -3,20 +3,83 @@
 
 use super::message::Message;
 use std::sync::Arc;
-use zerofan_codec::{Packet, PublishHeader, QoS};
+use zerofan_codec::{Ack, Packet, PublishHeader, QoS, ReasonCode};
 
-/// One item for the connection's writer.
-///
-/// `Packet` is large (a `Properties` inline) but items live only briefly in
-/// the outbox, and boxing would cost an allocation per acknowledgement.
+/// One item for the connection's writer. Kept small (about 64 bytes), since
+/// every connection's outbox holds some: the rare large control packets are
+/// boxed, the frequent acknowledgements carry only what varies.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
 pub enum Outgoing {
     /// A control packet to encode as-is.
-    Packet(Packet),
+    Packet(Box<Packet>),
+    /// PUBACK / PUBREC / PUBREL / PUBCOMP without properties.
+    Ack {
+        /// Which acknowledgement.
+        kind: AckKind,
+        /// Packet identifier.
+        packet_id: u16,
+        /// Reason code (MQTT 5).
+        reason: ReasonCode,
+    },
     /// A PUBLISH of a shared message: the writer encodes only the small
     /// per-delivery header and sends the shared payload as its own iovec.
     Publish(Delivery),
+}
+
+/// The four acknowledgement packets of the QoS 1/2 flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckKind {
+    /// PUBACK.
+    PubAck,
+    /// PUBREC.
+    PubRec,
+    /// PUBREL.
+    PubRel,
+    /// PUBCOMP.
+    PubComp,
+}
+
+impl Outgoing {
+    /// The outbox form of a control packet.
+    pub fn from_packet(packet: Packet) -> Outgoing {
+        let (kind, a) = match packet {
+            Packet::PubAck(a) if a.properties.is_empty() => (AckKind::PubAck, a),
+            Packet::PubRec(a) if a.properties.is_empty() => (AckKind::PubRec, a),
+            Packet::PubRel(a) if a.properties.is_empty() => (AckKind::PubRel, a),
+            Packet::PubComp(a) if a.properties.is_empty() => (AckKind::PubComp, a),
+            other => return Outgoing::Packet(Box::new(other)),
+        };
+        Outgoing::Ack {
+            kind,
+            packet_id: a.packet_id,
+            reason: a.reason,
+        }
+    }
+
+    /// The control packet to encode; `None` for a PUBLISH delivery.
+    pub fn control_packet(&self) -> Option<Packet> {
+        match self {
+            Outgoing::Packet(p) => Some((**p).clone()),
+            Outgoing::Ack {
+                kind,
+                packet_id,
+                reason,
+            } => {
+                let a = Ack {
+                    packet_id: *packet_id,
+                    reason: *reason,
+                    properties: Default::default(),
+                };
+                Some(match kind {
+                    AckKind::PubAck => Packet::PubAck(a),
+                    AckKind::PubRec => Packet::PubRec(a),
+                    AckKind::PubRel => Packet::PubRel(a),
+                    AckKind::PubComp => Packet::PubComp(a),
+                })
+            }
+            Outgoing::Publish(_) => None,
+        }
+    }
 }
 
 /// The per-subscriber part of one PUBLISH.
@@ -74,4 +137,12 @@ pub enum Transmit {
     Close,
     /// The connection is unknown (already lost); stop.
     Gone,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn outbox_items_stay_small() {
+        assert!(std::mem::size_of::<super::Outgoing>() <= 72);
+    }
 }

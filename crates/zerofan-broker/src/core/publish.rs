@@ -3,7 +3,7 @@
 
 use super::broker::Broker;
 use super::ids::{ConnId, SessionId};
-use super::message::Message;
+use super::message::{copy_str, Message};
 use super::session::{InflightState, Queued};
 use super::trie::Hit;
 use std::sync::Arc;
@@ -57,7 +57,9 @@ impl Broker {
                     }
                 }
             } else {
-                c.aliases_in.insert(alias, p.topic.clone());
+                // Kept for the connection's life: copied, not a slice pinning
+                // this packet's read buffer.
+                c.aliases_in.insert(alias, copy_str(&p.topic));
             }
         }
         if zerofan_codec::topic::validate_topic_name(&p.topic).is_err()

@@ -113,7 +113,7 @@ pub struct Session {
     /// QoS 2 packet ids received (PUBREC sent), waiting for PUBREL.
     pub incoming_qos2: HashSet<u16>,
     /// The will of a lost connection, waiting for its delay.
-    pub pending_will: Option<PendingWill>,
+    pub pending_will: Option<Box<PendingWill>>,
 }
 
 impl Session {

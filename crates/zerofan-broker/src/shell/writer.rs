@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::rc::Rc;
 use std::time::Instant;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 
 /// Items taken from the core per batch.
@@ -59,6 +59,13 @@ pub async fn writer_loop(
                         tracing::warn!(%id, error = %e, "cannot encode packet");
                     }
                 }
+                ack @ Outgoing::Ack { .. } => {
+                    if let Some(p) = ack.control_packet() {
+                        if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
+                            tracing::warn!(%id, error = %e, "cannot encode ack");
+                        }
+                    }
+                }
                 Outgoing::Publish(d) => {
                     if let Err(e) =
                         zerofan_codec::encode_publish_header(&d.header(), protocol, &mut scratch)
@@ -97,19 +104,24 @@ pub async fn writer_loop(
 
 /// Write every chunk with as few `writev` calls as the socket allows,
 /// handling partial writes. Returns the bytes written.
-pub async fn write_chunks<W: tokio::io::AsyncWrite + Unpin>(
+pub async fn write_chunks<W: AsyncWrite + Unpin>(
     wr: &mut W,
     chunks: &mut VecDeque<Bytes>,
 ) -> io::Result<usize> {
     let mut total = 0;
     while !chunks.is_empty() {
-        let mut slices = [IoSlice::new(&[]); IOVECS];
-        let mut count = 0;
-        for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
-            *slot = IoSlice::new(chunk);
-            count += 1;
-        }
-        let mut n = wr.write_vectored(&slices[..count]).await?;
+        // The iovec array is built inside the poll, so it never becomes part
+        // of the (per-connection, long-lived) future.
+        let mut n = std::future::poll_fn(|cx| {
+            let mut slices = [IoSlice::new(&[]); IOVECS];
+            let mut count = 0;
+            for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
+                *slot = IoSlice::new(chunk);
+                count += 1;
+            }
+            std::pin::Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..count])
+        })
+        .await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

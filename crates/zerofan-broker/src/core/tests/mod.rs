@@ -236,7 +236,10 @@ impl H {
 fn roundtrip(item: &Outgoing, protocol: Protocol) -> Packet {
     let mut buf = BytesMut::new();
     match item {
-        Outgoing::Packet(p) => zerofan_codec::encode(p, protocol, &mut buf).unwrap(),
+        Outgoing::Packet(_) | Outgoing::Ack { .. } => {
+            let p = item.control_packet().unwrap();
+            zerofan_codec::encode(&p, protocol, &mut buf).unwrap()
+        }
         Outgoing::Publish(d) => {
             zerofan_codec::encode_publish_header(&d.header(), protocol, &mut buf).unwrap();
             buf.extend_from_slice(&d.message.payload);

@@ -1,0 +1,118 @@
+//! Heap bytes an idle connection keeps: after CONNECT/CONNACK, a connection
+//! holds no read buffer, no write scratch and no batch, only its state.
+
+use bytes::BytesMut;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use zerofan_broker::config::Config;
+use zerofan_broker::shell::Server;
+use zerofan_codec::{Connect, Packet, Properties, Protocol};
+
+struct Counting;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; counting is one relaxed
+// atomic add, which neither allocates nor unwinds.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded contract (see the impl).
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded contract (see the impl).
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded contract (see the impl).
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: forwarded contract (see the impl).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const CLIENTS: usize = 500;
+
+fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let c = Connect {
+        protocol: Protocol::V311,
+        clean_start: true,
+        keep_alive: 0,
+        properties: Properties::default(),
+        client_id: id.try_into().unwrap(),
+        will: None,
+        username: None,
+        password: None,
+    };
+    let mut b = BytesMut::new();
+    zerofan_codec::encode(&Packet::Connect(Box::new(c)), Protocol::V311, &mut b).unwrap();
+    s.write_all(&b).unwrap();
+    let mut connack = [0u8; 4];
+    s.read_exact(&mut connack).unwrap();
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    s
+}
+
+#[test]
+fn idle_connections_are_cheap() {
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async move {
+            let config = Config {
+                listen: vec!["127.0.0.1:0".parse().unwrap()],
+                sys_interval: 0,
+                pool_max_retained_bytes: 0,
+                ..Config::default()
+            };
+            let server = Server::bind(config).await.unwrap();
+            addr_tx.send(server.local_addrs()[0]).unwrap();
+            server
+                .run(async {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .unwrap();
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    // Warm up whatever grows once (maps, the runtime's slabs).
+    let warm: Vec<TcpStream> = (0..CLIENTS)
+        .map(|i| connect(addr, &format!("w{i}")))
+        .collect();
+    drop(warm);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut clients = Vec::with_capacity(CLIENTS);
+    let before = LIVE.load(Ordering::SeqCst);
+    for i in 0..CLIENTS {
+        clients.push(connect(addr, &format!("c{i}")));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;
+    stop_tx.send(()).unwrap();
+    server.join().unwrap();
+    println!("heap per idle connection: {per} bytes");
+    // Today about 4 KiB: tasks, connection and session state, map slots.
+    assert!(per < 6 * 1024, "an idle connection keeps {per} heap bytes");
+}
