@@ -36,6 +36,8 @@ use zerofan_codec::{
 
 /// Bytes queued for writing above which no new command is taken.
 const WRITE_HIGH: usize = 1 << 20;
+/// Most commands taken from the queue per wakeup.
+const BATCH: usize = 128;
 
 /// A request from a [`crate::Client`] handle.
 pub(crate) enum Command {
@@ -297,6 +299,8 @@ impl EventLoop {
         let mut last_write = Instant::now();
         let mut shutdown = self.ch.shutdown.clone();
         let in_tx = self.ch.in_tx.clone();
+        let ka_timer = tokio::time::sleep_until(last_write + ka);
+        tokio::pin!(ka_timer);
         let end = loop {
             if self.parked.is_some() && self.window_open() {
                 if let Some(c) = self.parked.take() {
@@ -308,6 +312,9 @@ impl EventLoop {
                 Some(t) => t + ka,
                 None => last_write + ka,
             };
+            if ka_timer.deadline() != deadline {
+                ka_timer.as_mut().reset(deadline);
+            }
             tokio::select! {
                 r = w.step(&mut wr), if w.has_work() => match r {
                     Ok(n) => {
@@ -346,7 +353,20 @@ impl EventLoop {
                     }
                 },
                 cmd = self.ch.cmd_rx.recv(), if accept => match cmd {
-                    Some(c) => self.command(c, &mut w),
+                    Some(c) => {
+                        self.command(c, &mut w);
+                        // Take what else is queued in one go: fewer wakeups,
+                        // more packets per vectored write.
+                        for _ in 0..BATCH {
+                            if self.parked.is_some() || w.queued() >= WRITE_HIGH {
+                                break;
+                            }
+                            match self.ch.cmd_rx.try_recv() {
+                                Ok(c) => self.command(c, &mut w),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => {
                         self.goodbye(&mut w, &mut wr).await;
                         break End::Shutdown;
@@ -359,7 +379,7 @@ impl EventLoop {
                     self.goodbye(&mut w, &mut wr).await;
                     break End::Shutdown;
                 },
-                _ = tokio::time::sleep_until(deadline), if !ka.is_zero() => {
+                _ = &mut ka_timer, if !ka.is_zero() => {
                     if self.ping_sent.is_some() {
                         break End::Lost(ClientError::Timeout("no PINGRESP within keep alive"));
                     }

@@ -12,7 +12,7 @@ use crate::delivery::PublishAck;
 use crate::error::ClientError;
 
 /// Slices handed to one `write_vectored` call.
-const MAX_IOV: usize = 64;
+const MAX_IOV: usize = 128;
 
 type Qos0Done = oneshot::Sender<Result<PublishAck, ClientError>>;
 
