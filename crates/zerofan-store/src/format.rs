@@ -7,16 +7,23 @@
 //!   log-000007.zlog     the live log; older generations are deleted
 //!
 //! log    = header frame*
-//! header = "ZFSTORE\0" (8) | format version u32 | reserved u32 (0) | generation u64   (24 bytes)
-//! frame  = body length u32 | CRC-32 (IEEE) of body u32 | body
+//! header = "ZFSTORE\0" (8) | format version u32 | reserved u32 (0) | generation u64
+//!          | snapshot length u64                                              (32 bytes)
+//! frame  = length u32 (bit 31: last frame of a commit) | CRC-32 (IEEE) of the
+//!          length field and the body u32 | body
 //! body   = kind u8 | fields (see [`Record`])
 //! ```
 //!
 //! A frame is valid when its length fits in the file and its checksum
-//! matches; recovery replays valid frames in order and cuts the file at the
-//! first invalid one (a torn or corrupt tail). Frames are self-contained and
+//! matches. Recovery replays valid frames commit by commit: the frames of a
+//! commit are applied only once the frame marked "last of a commit" is read,
+//! so a commit is all or nothing. Recovery cuts the file after the last
+//! complete commit, at the first invalid frame or a commit left unfinished (a
+//! torn or corrupt tail). Frames are self-contained and
 //! position-independent, so compaction copies live ones verbatim into the
-//! next generation's log.
+//! next generation's log: the first `snapshot length` bytes after the header
+//! of a compacted log are that copy, applied frame by frame (the log was
+//! fsynced whole before the manifest named it).
 
 use crate::types::{MessageProperties, StoredMessage, SubOptions};
 use bytes::Bytes;
@@ -26,7 +33,9 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// First bytes of every log file.
 pub(crate) const MAGIC: &[u8; 8] = b"ZFSTORE\0";
 /// Size of the log header.
-pub(crate) const HEADER_LEN: u64 = 24;
+pub(crate) const HEADER_LEN: u64 = 32;
+/// Bit 31 of a frame's length field: the last frame of a commit.
+pub(crate) const COMMIT_END: u32 = 1 << 31;
 /// Size of a frame's length and checksum.
 pub(crate) const FRAME_HEADER: usize = 8;
 /// Largest body accepted (a PUBLISH is at most 256 MiB; leave room).
@@ -47,26 +56,28 @@ pub(crate) fn parse_log_name(name: &str) -> Option<u64> {
         .ok()
 }
 
-/// The log header for `generation`.
-pub(crate) fn header(generation: u64) -> [u8; HEADER_LEN as usize] {
+/// The log header for `generation`, whose first `snapshot_len` bytes after
+/// the header are a compacted snapshot.
+pub(crate) fn header(generation: u64, snapshot_len: u64) -> [u8; HEADER_LEN as usize] {
     let mut h = [0u8; HEADER_LEN as usize];
     h[..8].copy_from_slice(MAGIC);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     h[16..24].copy_from_slice(&generation.to_le_bytes());
+    h[24..32].copy_from_slice(&snapshot_len.to_le_bytes());
     h
 }
 
-/// What a log header says: `Ok(version)` for a header with our magic.
-pub(crate) fn parse_header(data: &[u8]) -> Result<u32, &'static str> {
-    if data.len() < HEADER_LEN as usize {
-        return Err("log file shorter than its header");
-    }
-    if &data[..8] != MAGIC {
+/// What a log header says: the format version, and the snapshot length
+/// (meaningful only for a version this build reads).
+pub(crate) fn parse_header(data: &[u8]) -> Result<(u32, u64), &'static str> {
+    if data.get(..8) != Some(MAGIC.as_slice()) {
         return Err("log file does not start with the zerofan store magic");
     }
     let mut v = [0u8; 4];
-    v.copy_from_slice(&data[8..12]);
-    Ok(u32::from_le_bytes(v))
+    v.copy_from_slice(data.get(8..12).ok_or("log file shorter than its header")?);
+    let mut n = [0u8; 8];
+    n.copy_from_slice(data.get(24..32).ok_or("log file shorter than its header")?);
+    Ok((u32::from_le_bytes(v), u64::from_le_bytes(n)))
 }
 
 /// The manifest's text for `generation`.
@@ -238,24 +249,36 @@ pub(crate) fn begin_frame(buf: &mut Vec<u8>) -> usize {
     start
 }
 
-/// Fill in the length and checksum of the frame started at `start`.
-pub(crate) fn finish_frame(buf: &mut [u8], start: usize) -> Result<(), &'static str> {
-    let body = &buf[start + FRAME_HEADER..];
-    if body.len() > MAX_BODY {
+/// Fill in the length and checksum of the frame started at `start` (the
+/// last frame in `buf`); `end` marks it as the last frame of a commit.
+pub(crate) fn finish_frame(buf: &mut [u8], start: usize, end: bool) -> Result<(), &'static str> {
+    let body_len = buf.len() - start - FRAME_HEADER;
+    if body_len > MAX_BODY {
         return Err("record larger than the store's limit");
     }
-    let len = body.len() as u32;
-    let crc = crc32fast::hash(body);
-    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    let field = (body_len as u32) | if end { COMMIT_END } else { 0 };
+    buf[start..start + 4].copy_from_slice(&field.to_le_bytes());
+    let crc = frame_crc(field, &buf[start + FRAME_HEADER..]);
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     Ok(())
+}
+
+fn frame_crc(field: u32, body: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&field.to_le_bytes());
+    h.update(body);
+    h.finalize()
 }
 
 /// What is at `data[pos..]`: a valid frame's body and total length, or why
 /// not.
 pub(crate) enum Frame<'a> {
-    /// A frame whose checksum matches.
-    Valid { body: &'a [u8], len: usize },
+    /// A frame whose checksum matches; `end` when it closes a commit.
+    Valid {
+        body: &'a [u8],
+        len: usize,
+        end: bool,
+    },
     /// Fewer bytes than the frame claims (a torn write).
     Torn,
     /// The checksum does not match (or the length is absurd).
@@ -268,7 +291,8 @@ pub(crate) fn read_frame(data: &[u8], pos: usize) -> Frame<'_> {
     if rest.len() < FRAME_HEADER {
         return Frame::Torn;
     }
-    let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    let field = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+    let len = (field & !COMMIT_END) as usize;
     let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
     if len == 0 || len > MAX_BODY {
         return Frame::Corrupt;
@@ -276,19 +300,27 @@ pub(crate) fn read_frame(data: &[u8], pos: usize) -> Frame<'_> {
     let Some(body) = rest.get(FRAME_HEADER..FRAME_HEADER + len) else {
         return Frame::Torn;
     };
-    if crc32fast::hash(body) != crc {
+    if frame_crc(field, body) != crc {
         return Frame::Corrupt;
     }
     Frame::Valid {
         body,
         len: FRAME_HEADER + len,
+        end: field & COMMIT_END != 0,
     }
+}
+
+/// Mark the frame at `buf[start..]` (the last one in `buf`) as the end of a
+/// commit.
+pub(crate) fn mark_commit_end(buf: &mut [u8], start: usize) {
+    // Cannot fail: the frame was finished (and its size checked) before.
+    let _ = finish_frame(buf, start, true);
 }
 
 /// Append `rec` as one frame to `buf`. On error `buf` is left unchanged.
 pub(crate) fn encode(rec: &Record<'_>, buf: &mut Vec<u8>) -> Result<(), &'static str> {
     let start = begin_frame(buf);
-    let r = encode_body(rec, buf).and_then(|()| finish_frame(buf, start));
+    let r = encode_body(rec, buf).and_then(|()| finish_frame(buf, start, false));
     if r.is_err() {
         buf.truncate(start);
     }

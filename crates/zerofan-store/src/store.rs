@@ -38,6 +38,8 @@ pub struct Store {
     model: Model,
     staged: Vec<u8>,
     staged_records: u64,
+    /// Where the last staged frame starts (marked as a commit's end).
+    last_frame: usize,
     /// Log length once everything committed so far is written.
     committed_end: u64,
     generation: u64,
@@ -99,7 +101,7 @@ impl Store {
                 // A fresh store: the log first, then the manifest naming it.
                 let path = dir.join(format::log_name(1));
                 let mut f = File::create(&path).map_err(|e| StoreError::io(&path, e))?;
-                f.write_all(&format::header(1))
+                f.write_all(&format::header(1, 0))
                     .and_then(|()| f.sync_all())
                     .map_err(|e| StoreError::io(&path, e))?;
                 writer::write_manifest(&dir, 1).map_err(|e| StoreError::io(&dir, e))?;
@@ -111,7 +113,7 @@ impl Store {
 
         let path = dir.join(format::log_name(generation));
         let data = std::fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
-        let version =
+        let (version, snapshot_len) =
             format::parse_header(&data).map_err(|r| bad(format!("{}: {r}", path.display())))?;
         if version > format::FORMAT_VERSION {
             return Err(StoreError::NewerFormat {
@@ -121,40 +123,9 @@ impl Store {
             });
         }
 
-        // Replay every valid frame; stop at the first torn or corrupt one.
         let mut model = Model::default();
         let mut report = RecoveryReport::default();
-        let mut pos = HEADER_LEN as usize;
-        let mut why_cut = None;
-        while pos < data.len() {
-            match format::read_frame(&data, pos) {
-                format::Frame::Valid { body, len } => match format::decode(body) {
-                    Ok(rec) => {
-                        let span = Span {
-                            off: pos as u64,
-                            len: len as u32,
-                        };
-                        if !model.apply(&rec, span) {
-                            report.ignored_records += 1;
-                        }
-                        report.records += 1;
-                        pos += len;
-                    }
-                    Err(reason) => {
-                        why_cut = Some(reason);
-                        break;
-                    }
-                },
-                format::Frame::Torn => {
-                    why_cut = Some("torn record (partial write)");
-                    break;
-                }
-                format::Frame::Corrupt => {
-                    why_cut = Some("checksum mismatch");
-                    break;
-                }
-            }
-        }
+        let (pos, why_cut) = replay(&data, snapshot_len, &mut model, &mut report);
         model.sweep();
         if let Some(reason) = why_cut {
             report.truncated_bytes = (data.len() - pos) as u64;
@@ -163,7 +134,7 @@ impl Store {
                 offset = pos,
                 cut_bytes = report.truncated_bytes,
                 reason,
-                "zerofan store: cut the log back to its last valid record"
+                "zerofan store: cut the log back to its last complete commit"
             );
             let f = OpenOptions::new()
                 .write(true)
@@ -204,6 +175,7 @@ impl Store {
             model,
             staged: Vec::with_capacity(64 << 10),
             staged_records: 0,
+            last_frame: 0,
             committed_end: pos as u64,
             generation,
             last_lsn: 0,
@@ -234,6 +206,7 @@ impl Store {
         };
         self.model.apply(rec, span);
         self.staged_records += 1;
+        self.last_frame = start;
         Ok(())
     }
 
@@ -507,6 +480,7 @@ impl Store {
             return Ok(self.last_lsn);
         }
         self.model.sweep();
+        format::mark_commit_end(&mut self.staged, self.last_frame);
         let lsn = self.last_lsn + 1;
         let len = self.staged.len() as u64;
         {
@@ -666,6 +640,63 @@ impl Drop for Store {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Replay the log `data` into `model`: the compacted snapshot (the first
+/// `snapshot_len` bytes after the header) frame by frame, then every complete
+/// commit. Returns where the valid log ends and, if it had a bad tail, why.
+fn replay(
+    data: &[u8],
+    snapshot_len: u64,
+    model: &mut Model,
+    report: &mut RecoveryReport,
+) -> (usize, Option<&'static str>) {
+    let snapshot_end = HEADER_LEN.saturating_add(snapshot_len);
+    let mut pos = HEADER_LEN as usize;
+    // End of the last complete commit, and the frames read since.
+    let mut valid_end = pos;
+    let mut pending: Vec<(Record<'_>, Span)> = Vec::new();
+    let mut why_cut = None;
+    while pos < data.len() {
+        let (body, len, end) = match format::read_frame(data, pos) {
+            format::Frame::Valid { body, len, end } => (body, len, end),
+            format::Frame::Torn => {
+                why_cut = Some("torn record (partial write)");
+                break;
+            }
+            format::Frame::Corrupt => {
+                why_cut = Some("checksum mismatch");
+                break;
+            }
+        };
+        let rec = match format::decode(body) {
+            Ok(rec) => rec,
+            Err(reason) => {
+                why_cut = Some(reason);
+                break;
+            }
+        };
+        let span = Span {
+            off: pos as u64,
+            len: len as u32,
+        };
+        pos += len;
+        pending.push((rec, span));
+        if end || pos as u64 <= snapshot_end {
+            for (rec, span) in pending.drain(..) {
+                if !model.apply(&rec, span) {
+                    report.ignored_records += 1;
+                }
+                report.records += 1;
+            }
+            valid_end = pos;
+        }
+    }
+    if why_cut.is_none() && !pending.is_empty() {
+        why_cut = Some("unfinished commit");
+    }
+    model.sweep();
+    (valid_end, why_cut)
 }
 
 /// Delete what an interrupted compaction or manifest switch left behind:

@@ -214,7 +214,8 @@ impl Writer {
         let started = Instant::now();
         let new_path = self.dir.join(format::log_name(generation));
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&new_path)?);
-        out.write_all(&format::header(generation))?;
+        let snapshot: u64 = ranges.iter().map(|(_, len)| len).sum();
+        out.write_all(&format::header(generation, snapshot))?;
         let mut src = File::open(&self.path)?;
         let mut copied = HEADER_LEN;
         for &(off, len) in ranges {
