@@ -1,2 +1,39 @@
-//! zerofan-node: placeholder while the binding is built.
+//! zerofan-node: the Node.js face of zerofan, built with napi-rs.
+//!
+//! - [`client`]: `NativeClient`, the zerofan Rust client driven from
+//!   JavaScript. Received payloads become external `Buffer`s over the
+//!   pooled read buffer they arrived in (see [`payload`]); messages reach
+//!   JavaScript in batches through an async pull (`nextBatch`).
+//! - [`payload`]: turning a `Bytes` into a `Buffer` without a copy, and the
+//!   finalizer that gives the memory back to the pool.
+//! - [`pool`]: the buffer pool the Node clients read into, its size and its
+//!   statistics.
+//! - [`broker`]: the zerofan broker run inside the Node process, on its own
+//!   thread with its own current-thread runtime.
+//! - [`tls`]: rustls settings from MQTT.js-style options (`ca`,
+//!   `servername`, `rejectUnauthorized`).
+//! - [`loadgen`]: a native publisher for tests and benchmarks, so a load
+//!   generator does not compete with the client under test for the
+//!   JavaScript thread.
+//!
+//! The JavaScript layer (`index.js`) wraps these in an MQTT.js-shaped API.
 #![deny(clippy::all)]
+
+pub mod broker;
+pub mod client;
+pub mod loadgen;
+pub mod payload;
+pub mod pool;
+pub mod tls;
+
+use napi::{Error, Status};
+
+/// A napi error from anything displayable.
+pub(crate) fn js_err(e: impl std::fmt::Display) -> Error {
+    Error::new(Status::GenericFailure, e.to_string())
+}
+
+/// A napi error for a bad argument.
+pub(crate) fn arg_err(e: impl std::fmt::Display) -> Error {
+    Error::new(Status::InvalidArg, e.to_string())
+}

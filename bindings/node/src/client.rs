@@ -1,0 +1,622 @@
+//! `NativeClient`: the zerofan Rust client driven from JavaScript.
+//!
+//! Messages travel to JavaScript by an async pull: `nextBatch(max)` returns
+//! a Promise resolved with up to `max` messages that were waiting (at least
+//! one; `null` once the client is closed). The JavaScript wrapper keeps one
+//! `nextBatch` outstanding and emits `message` for each entry. Why a pull
+//! and not a ThreadsafeFunction per message:
+//!
+//! - one Promise resolution, one handle scope and one trip through the
+//!   event loop carry a whole batch, so the fixed cost per crossing is
+//!   spread over up to `max` messages when the stream is busy, while a
+//!   quiet stream still delivers each message on its own at once;
+//! - backpressure is built in: while JavaScript is busy no batch is asked
+//!   for, the bounded incoming queue fills, the client stops reading the
+//!   socket and the broker's flow control takes over. A ThreadsafeFunction
+//!   queue would either grow without bound or block a tokio worker.
+//!
+//! A batch is a flat array `[topic, payload, flags, properties, ...]`, four
+//! entries per message (`flags` = QoS | retain << 2 | dup << 3; properties
+//! `undefined` unless the message carries MQTT 5 properties), so no object
+//! is built per message on the native side. A topic equal to the previous
+//! message's reuses the same JavaScript string.
+
+use crate::payload::to_buffer;
+use crate::pool::{self, PoolStats};
+use crate::{arg_err, js_err, tls};
+use bytes::Bytes;
+use napi::bindgen_prelude::{Buffer, Either};
+use napi::{Env, JsObject, JsString, JsUnknown, NapiRaw, NapiValue, Result};
+use napi_derive::napi;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Mutex};
+use zerofan_client::{
+    Backoff, Client, ClientError, ClientOptions, ConnState, Incoming, LastWill, Message,
+    Properties, Protocol, PublishOptions, QoS, RetainHandling, Subscription, Transport,
+};
+use zerofan_codec::MqttStr;
+use zerofan_pool::Pool;
+
+/// Most messages in one batch when the caller asks for more.
+const MAX_BATCH: u32 = 4096;
+
+/// Will message, MQTT.js style.
+#[napi(object)]
+pub struct NativeWill {
+    pub topic: String,
+    pub payload: Option<Either<String, Buffer>>,
+    pub qos: Option<u32>,
+    pub retain: Option<bool>,
+}
+
+/// Everything `connectNative` needs; the JavaScript layer fills it from a
+/// URL and MQTT.js options.
+#[napi(object)]
+pub struct NativeConnectOptions {
+    /// "mqtt", "mqtts", "ws" or "wss".
+    pub protocol: String,
+    pub host: String,
+    pub port: u32,
+    /// WebSocket path (default "/mqtt").
+    pub path: Option<String>,
+    pub client_id: Option<String>,
+    /// 4 (3.1.1) or 5 (default).
+    pub protocol_version: Option<u32>,
+    pub clean: Option<bool>,
+    /// Seconds; 0 turns keep alive off.
+    pub keepalive: Option<u32>,
+    pub username: Option<String>,
+    pub password: Option<Either<String, Buffer>>,
+    pub session_expiry_interval: Option<u32>,
+    pub will: Option<NativeWill>,
+    /// Milliseconds between reconnect attempts; 0 turns reconnecting off.
+    pub reconnect_period: Option<u32>,
+    /// Milliseconds to wait for CONNACK.
+    pub connect_timeout: Option<u32>,
+    pub receive_maximum: Option<u32>,
+    pub maximum_packet_size: Option<u32>,
+    /// Messages the native incoming queue holds before reading pauses.
+    pub incoming_capacity: Option<u32>,
+    pub max_inflight: Option<u32>,
+    pub resubscribe: Option<bool>,
+    /// PEM text of trusted CAs (mqtts/wss).
+    pub ca: Option<Vec<String>>,
+    pub servername: Option<String>,
+    pub reject_unauthorized: Option<bool>,
+    /// Payloads as external Buffers (default true) or copies.
+    pub use_external_buffer: Option<bool>,
+    /// Bytes: gives this client a pool of its own with this retention cap.
+    pub pool_size: Option<f64>,
+}
+
+/// One subscription request.
+#[napi(object)]
+pub struct NativeSubscription {
+    pub topic: String,
+    pub qos: u32,
+    pub nl: Option<bool>,
+    pub rap: Option<bool>,
+    pub rh: Option<u32>,
+}
+
+/// MQTT 5 publish properties, MQTT.js names.
+#[napi(object)]
+pub struct NativePublishProperties {
+    pub payload_format_indicator: Option<bool>,
+    pub message_expiry_interval: Option<u32>,
+    pub content_type: Option<String>,
+    pub response_topic: Option<String>,
+    pub correlation_data: Option<Buffer>,
+    pub user_properties: Option<Vec<Vec<String>>>,
+}
+
+/// What the broker answered to a publish.
+#[napi(object)]
+pub struct NativePublishAck {
+    pub message_id: u32,
+    pub reason_code: u32,
+}
+
+/// A connection state change.
+#[napi(object)]
+pub struct NativeState {
+    /// "connecting", "connected", "reconnecting" or "closed".
+    pub state: String,
+    /// Why the connection was lost (reconnecting).
+    pub error: Option<String>,
+    pub session_present: Option<bool>,
+    pub assigned_client_id: Option<String>,
+    /// Connections made so far, so the caller sees connects it missed.
+    pub connects: f64,
+    /// Connections lost so far.
+    pub losses: f64,
+}
+
+/// Client counters.
+#[napi(object)]
+pub struct NativeClientStats {
+    pub connects: f64,
+    pub connection_losses: f64,
+    pub sessions_resumed: f64,
+    pub publishes_resent: f64,
+    pub resubscribed: f64,
+    pub publishes_sent: f64,
+    pub messages_received: f64,
+    pub bytes_in: f64,
+    pub bytes_out: f64,
+}
+
+/// A connected client (the JavaScript wrapper holds one).
+#[napi]
+pub struct NativeClient {
+    client: Client,
+    incoming: Arc<Mutex<Incoming>>,
+    state: Arc<Mutex<watch::Receiver<ConnState>>>,
+    external: bool,
+    pool: Pool,
+    client_id: String,
+}
+
+fn qos_of(n: u32) -> Result<QoS> {
+    u8::try_from(n)
+        .ok()
+        .and_then(QoS::from_u8)
+        .ok_or_else(|| arg_err(format!("invalid QoS {n}")))
+}
+
+fn bytes_of(v: Either<String, Buffer>) -> Bytes {
+    match v {
+        Either::A(s) => Bytes::from(s),
+        Either::B(b) => Bytes::copy_from_slice(&b),
+    }
+}
+
+fn mqtt_str(s: String) -> Result<MqttStr> {
+    MqttStr::try_from(s).map_err(arg_err)
+}
+
+fn options_from(o: NativeConnectOptions) -> Result<(ClientOptions, bool, Pool)> {
+    let addr = format!("{}:{}", o.host, o.port);
+    let reject = o.reject_unauthorized.unwrap_or(true);
+    let server_name = o.servername.clone().unwrap_or_else(|| o.host.clone());
+    let path = o.path.clone().unwrap_or_else(|| "/mqtt".to_string());
+    let transport = match o.protocol.as_str() {
+        "mqtt" | "tcp" => Transport::tcp(addr),
+        "mqtts" | "ssl" | "tls" => {
+            Transport::tls(addr, tls::settings(&server_name, o.ca.as_deref(), reject)?)
+        }
+        "ws" => Transport::websocket(addr, path),
+        "wss" => Transport::websocket_tls(
+            addr,
+            path,
+            tls::settings(&server_name, o.ca.as_deref(), reject)?,
+        ),
+        other => return Err(arg_err(format!("unsupported protocol {other:?}"))),
+    };
+    let mut c = ClientOptions::with_transport(transport);
+    c.protocol = match o.protocol_version.unwrap_or(5) {
+        5 => Protocol::V5,
+        4 => Protocol::V311,
+        3 => Protocol::V31,
+        v => return Err(arg_err(format!("unsupported protocolVersion {v}"))),
+    };
+    if let Some(id) = o.client_id {
+        c.client_id = id;
+    }
+    c.clean_start = o.clean.unwrap_or(true);
+    if let Some(k) = o.keepalive {
+        c.keep_alive = u16::try_from(k).map_err(|_| arg_err("keepalive above 65535"))?;
+    }
+    c.username = o.username;
+    c.password = o.password.map(bytes_of);
+    if let Some(s) = o.session_expiry_interval {
+        c.session_expiry = s;
+    }
+    if let Some(w) = o.will {
+        c.will = Some(LastWill::new(
+            w.topic,
+            w.payload.map(bytes_of).unwrap_or_default(),
+            qos_of(w.qos.unwrap_or(0))?,
+            w.retain.unwrap_or(false),
+        ));
+    }
+    let period = o.reconnect_period.unwrap_or(1000);
+    c.reconnect = period > 0;
+    let p = Duration::from_millis(u64::from(period.max(1)));
+    c.backoff = Backoff {
+        initial: p,
+        max: p,
+        multiplier: 1.0,
+    };
+    if let Some(t) = o.connect_timeout {
+        c.connect_timeout = Duration::from_millis(u64::from(t.max(1)));
+    }
+    if let Some(n) = o.receive_maximum {
+        c.receive_maximum = Some(u16::try_from(n).unwrap_or(u16::MAX));
+    }
+    c.maximum_packet_size = o.maximum_packet_size;
+    if let Some(n) = o.incoming_capacity {
+        c.incoming_capacity = n.max(1) as usize;
+    }
+    if let Some(n) = o.max_inflight {
+        c.max_inflight = u16::try_from(n).unwrap_or(u16::MAX).max(1);
+    }
+    if let Some(r) = o.resubscribe {
+        c.resubscribe = r;
+    }
+    let pool = match o.pool_size {
+        Some(bytes) => pool::dedicated(bytes.max(0.0) as usize),
+        None => pool::shared().clone(),
+    };
+    c.pool = Some(pool.clone());
+    Ok((c, o.use_external_buffer.unwrap_or(true), pool))
+}
+
+/// Connect; resolves with a `NativeClient` once the broker accepted the
+/// connection (CONNACK), rejects if the first attempt fails.
+#[napi(ts_return_type = "Promise<NativeClient>")]
+pub fn connect_native(env: Env, options: NativeConnectOptions) -> Result<JsObject> {
+    let (opts, external, pool) = options_from(options)?;
+    env.execute_tokio_future(
+        async move {
+            let (client, incoming) = Client::connect(opts).await.map_err(js_err)?;
+            let client_id = match client.state() {
+                ConnState::Connected(info) => info.client_id.clone(),
+                _ => String::new(),
+            };
+            Ok((client, incoming, client_id))
+        },
+        move |_env, (client, incoming, client_id)| {
+            let state = client.state_watch();
+            Ok(NativeClient {
+                client,
+                incoming: Arc::new(Mutex::new(incoming)),
+                state: Arc::new(Mutex::new(state)),
+                external,
+                pool,
+                client_id,
+            })
+        },
+    )
+}
+
+fn state_of(s: &ConnState, client: &Client) -> NativeState {
+    let st = client.stats();
+    let mut out = NativeState {
+        state: String::new(),
+        error: None,
+        session_present: None,
+        assigned_client_id: None,
+        connects: st.connects as f64,
+        losses: st.connection_losses as f64,
+    };
+    match s {
+        ConnState::Connecting => out.state = "connecting".into(),
+        ConnState::Reconnecting(e) => {
+            out.state = "reconnecting".into();
+            out.error = Some(e.clone());
+        }
+        ConnState::Connected(info) => {
+            out.state = "connected".into();
+            out.session_present = Some(info.session_present);
+            out.assigned_client_id = Some(info.client_id.clone());
+        }
+        ConnState::Closed => out.state = "closed".into(),
+    }
+    out
+}
+
+/// Build the JavaScript array for a batch (see the module docs).
+fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject> {
+    let mut arr = env.create_array_with_length(msgs.len() * 4)?;
+    let undefined = env.get_undefined()?;
+    let mut last: Option<(Bytes, JsString)> = None;
+    for (i, m) in msgs.into_iter().enumerate() {
+        let base = (i * 4) as u32;
+        let topic_bytes = m.topic.as_bytes();
+        let topic = match &last {
+            Some((b, s)) if b == topic_bytes => *s,
+            _ => {
+                let s = env.create_string(m.topic())?;
+                last = Some((topic_bytes.clone(), s));
+                s
+            }
+        };
+        arr.set_element(base, topic)?;
+        let flags = (m.qos as u32) | (u32::from(m.retain) << 2) | (u32::from(m.dup) << 3);
+        let props = if m.properties.is_empty() {
+            None
+        } else {
+            Some(properties_to_js(env, &m.properties, external)?)
+        };
+        arr.set_element(base + 1, to_buffer(env, m.payload, external)?)?;
+        arr.set_element(base + 2, env.create_uint32(flags)?)?;
+        match props {
+            Some(p) => arr.set_element(base + 3, p)?,
+            None => arr.set_element(base + 3, undefined)?,
+        }
+    }
+    Ok(arr)
+}
+
+/// MQTT 5 PUBLISH properties as MQTT.js names them.
+fn properties_to_js(env: &Env, p: &Properties, external: bool) -> Result<JsObject> {
+    let mut o = env.create_object()?;
+    if let Some(v) = p.payload_format_indicator {
+        o.set_named_property("payloadFormatIndicator", env.get_boolean(v == 1)?)?;
+    }
+    if let Some(v) = p.message_expiry_interval {
+        o.set_named_property("messageExpiryInterval", env.create_uint32(v)?)?;
+    }
+    if let Some(v) = &p.content_type {
+        o.set_named_property("contentType", env.create_string(v.as_str())?)?;
+    }
+    if let Some(v) = &p.response_topic {
+        o.set_named_property("responseTopic", env.create_string(v.as_str())?)?;
+    }
+    if let Some(v) = &p.correlation_data {
+        o.set_named_property("correlationData", to_buffer(env, v.clone(), external)?)?;
+    }
+    if !p.subscription_identifiers.is_empty() {
+        let mut ids = env.create_array_with_length(p.subscription_identifiers.len())?;
+        for (i, id) in p.subscription_identifiers.iter().enumerate() {
+            ids.set_element(i as u32, env.create_uint32(*id)?)?;
+        }
+        // MQTT.js gives a number for one identifier, an array for several.
+        if p.subscription_identifiers.len() == 1 {
+            o.set_named_property(
+                "subscriptionIdentifier",
+                env.create_uint32(p.subscription_identifiers[0])?,
+            )?;
+        } else {
+            o.set_named_property("subscriptionIdentifier", ids)?;
+        }
+    }
+    if !p.user_properties.is_empty() {
+        // MQTT.js: { key: value } or { key: [values...] } for repeated keys.
+        let mut up = env.create_object()?;
+        for (k, v) in &p.user_properties {
+            let key = k.as_str();
+            if up.has_named_property(key)? {
+                let prev: JsUnknown = up.get_named_property(key)?;
+                let arr = if prev.is_array()? {
+                    // SAFETY: `is_array` just said `prev` is an array, and an
+                    // array is an object.
+                    unsafe { JsObject::from_raw_unchecked(env.raw(), prev.raw()) }
+                } else {
+                    let mut a = env.create_array_with_length(1)?;
+                    a.set_element(0, prev)?;
+                    a
+                };
+                let mut arr = arr;
+                let n = arr.get_array_length()?;
+                arr.set_element(n, env.create_string(v.as_str())?)?;
+                up.set_named_property(key, arr)?;
+            } else {
+                up.set_named_property(key, env.create_string(v.as_str())?)?;
+            }
+        }
+        o.set_named_property("userProperties", up)?;
+    }
+    if let Some(v) = p.topic_alias {
+        o.set_named_property("topicAlias", env.create_uint32(u32::from(v))?)?;
+    }
+    Ok(o)
+}
+
+fn publish_properties(p: NativePublishProperties) -> Result<Properties> {
+    let mut props = Properties {
+        payload_format_indicator: p.payload_format_indicator.map(u8::from),
+        message_expiry_interval: p.message_expiry_interval,
+        content_type: p.content_type.map(mqtt_str).transpose()?,
+        response_topic: p.response_topic.map(mqtt_str).transpose()?,
+        correlation_data: p.correlation_data.map(|b| Bytes::copy_from_slice(&b)),
+        ..Properties::default()
+    };
+    for kv in p.user_properties.unwrap_or_default() {
+        let mut it = kv.into_iter();
+        let (Some(k), Some(v)) = (it.next(), it.next()) else {
+            return Err(arg_err("userProperties: want [key, value] pairs"));
+        };
+        props.user_properties.push((mqtt_str(k)?, mqtt_str(v)?));
+    }
+    Ok(props)
+}
+
+#[napi]
+impl NativeClient {
+    /// Up to `max` waiting messages (at least one); `null` once closed.
+    #[napi(ts_return_type = "Promise<Array<any> | null>")]
+    pub fn next_batch(&self, env: Env, max: u32) -> Result<JsObject> {
+        let incoming = self.incoming.clone();
+        let max = max.clamp(1, MAX_BATCH) as usize;
+        let external = self.external;
+        env.execute_tokio_future(
+            async move {
+                let mut rx = incoming.lock().await;
+                let Some(first) = rx.recv().await else {
+                    return Ok(None);
+                };
+                let mut v = Vec::with_capacity(max.min(64));
+                v.push(first);
+                while v.len() < max {
+                    match rx.try_recv() {
+                        Some(m) => v.push(m),
+                        None => break,
+                    }
+                }
+                Ok(Some(v))
+            },
+            move |env, batch| match batch {
+                None => Ok(None),
+                Some(msgs) => batch_to_js(env, msgs, external).map(Some),
+            },
+        )
+    }
+
+    /// The next connection state change (resolves at once with the current
+    /// state when `current` is true).
+    #[napi(ts_return_type = "Promise<NativeState>")]
+    pub fn next_state(&self, env: Env, current: bool) -> Result<JsObject> {
+        let state = self.state.clone();
+        let client = self.client.clone();
+        env.execute_tokio_future(
+            async move {
+                let mut rx = state.lock().await;
+                if !current && rx.changed().await.is_err() {
+                    return Ok(state_of(&ConnState::Closed, &client));
+                }
+                let s = rx.borrow_and_update().clone();
+                Ok(state_of(&s, &client))
+            },
+            |_env, s| Ok(s),
+        )
+    }
+
+    /// Publish; resolves when the broker acknowledged it (QoS 1/2) or it
+    /// was written (QoS 0).
+    #[napi(ts_return_type = "Promise<NativePublishAck>")]
+    pub fn publish(
+        &self,
+        env: Env,
+        topic: String,
+        payload: Either<String, Buffer>,
+        qos: u32,
+        retain: bool,
+        properties: Option<NativePublishProperties>,
+    ) -> Result<JsObject> {
+        let qos = qos_of(qos)?;
+        // The one copy of a publish: out of the JavaScript heap, which may
+        // move or change after this call returns.
+        let payload = bytes_of(payload);
+        let opts = PublishOptions {
+            retain,
+            properties: properties
+                .map(publish_properties)
+                .transpose()?
+                .unwrap_or_default(),
+        };
+        let client = self.client.clone();
+        env.execute_tokio_future(
+            async move {
+                let delivery = client
+                    .publish_ext(&topic, qos, &opts, payload)
+                    .await
+                    .map_err(js_err)?;
+                let ack = delivery.await.map_err(js_err)?;
+                Ok(NativePublishAck {
+                    message_id: u32::from(ack.packet_id),
+                    reason_code: u32::from(ack.reason.0),
+                })
+            },
+            |_env, a| Ok(a),
+        )
+    }
+
+    /// Subscribe; resolves with one reason code (granted QoS or failure
+    /// code >= 0x80) per subscription.
+    #[napi(ts_return_type = "Promise<number[]>")]
+    pub fn subscribe(&self, env: Env, subs: Vec<NativeSubscription>) -> Result<JsObject> {
+        let mut list = Vec::with_capacity(subs.len());
+        for s in subs {
+            let rh = match s.rh.unwrap_or(0) {
+                0 => RetainHandling::SendAtSubscribe,
+                1 => RetainHandling::SendIfNew,
+                2 => RetainHandling::DoNotSend,
+                n => return Err(arg_err(format!("invalid retain handling {n}"))),
+            };
+            list.push(
+                Subscription::new(s.topic, qos_of(s.qos)?)
+                    .no_local(s.nl.unwrap_or(false))
+                    .retain_as_published(s.rap.unwrap_or(false))
+                    .retain_handling(rh),
+            );
+        }
+        let client = self.client.clone();
+        env.execute_tokio_future(
+            async move {
+                let ack = client
+                    .subscribe_many(list, Properties::default())
+                    .await
+                    .map_err(js_err)?;
+                Ok(ack
+                    .reasons
+                    .iter()
+                    .map(|r| u32::from(r.0))
+                    .collect::<Vec<u32>>())
+            },
+            |_env, v| Ok(v),
+        )
+    }
+
+    /// Unsubscribe; resolves with the MQTT 5 reason codes (empty on 3.1.1).
+    #[napi(ts_return_type = "Promise<number[]>")]
+    pub fn unsubscribe(&self, env: Env, topics: Vec<String>) -> Result<JsObject> {
+        let client = self.client.clone();
+        env.execute_tokio_future(
+            async move {
+                let ack = client
+                    .unsubscribe_many(topics, Properties::default())
+                    .await
+                    .map_err(js_err)?;
+                Ok(ack
+                    .reasons
+                    .iter()
+                    .map(|r| u32::from(r.0))
+                    .collect::<Vec<u32>>())
+            },
+            |_env, v| Ok(v),
+        )
+    }
+
+    /// Send DISCONNECT and stop; resolves once closed.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn end(&self, env: Env) -> Result<JsObject> {
+        let client = self.client.clone();
+        env.execute_tokio_future(
+            async move {
+                match client.disconnect().await {
+                    Ok(()) | Err(ClientError::Closed) => Ok(()),
+                    Err(e) => Err(js_err(e)),
+                }
+            },
+            |_env, ()| Ok(()),
+        )
+    }
+
+    /// The client identifier in use.
+    #[napi(getter)]
+    pub fn client_id(&self) -> String {
+        self.client_id.clone()
+    }
+
+    /// Whether payloads are external Buffers.
+    #[napi(getter)]
+    pub fn use_external_buffer(&self) -> bool {
+        self.external
+    }
+
+    /// Counters of this client.
+    #[napi]
+    pub fn stats(&self) -> NativeClientStats {
+        let s = self.client.stats();
+        NativeClientStats {
+            connects: s.connects as f64,
+            connection_losses: s.connection_losses as f64,
+            sessions_resumed: s.sessions_resumed as f64,
+            publishes_resent: s.publishes_resent as f64,
+            resubscribed: s.resubscribed as f64,
+            publishes_sent: s.publishes_sent as f64,
+            messages_received: s.messages_received as f64,
+            bytes_in: s.bytes_in as f64,
+            bytes_out: s.bytes_out as f64,
+        }
+    }
+
+    /// Statistics of the pool this client reads into.
+    #[napi]
+    pub fn pool_stats(&self) -> PoolStats {
+        pool::stats_of(&self.pool)
+    }
+}

@@ -1,0 +1,76 @@
+//! `Bytes` to `Buffer` without a copy.
+//!
+//! [`to_buffer`] hands V8 a pointer into the message's memory (a slice of a
+//! pooled read buffer) with `napi_create_external_buffer`. The `Bytes` that
+//! owns the memory is boxed and given to napi as the finalize hint; when V8
+//! collects the `Buffer`, [`finalize_bytes`] drops it, and once the last
+//! slice of a read buffer is gone the buffer is back in its pool.
+//!
+//! Where external buffers are forbidden (Electron's V8 sandbox, answered
+//! with `napi_no_external_buffers_allowed`) the payload is copied instead,
+//! and so it is when the caller asks for copies (`useExternalBuffer: false`)
+//! or the payload is empty (V8 wants distinct data pointers, and an empty
+//! `Bytes` may point at a shared static).
+
+use bytes::Bytes;
+use napi::{check_status, sys, Env, JsBuffer, NapiValue, Result};
+use std::ffi::c_void;
+use std::ptr;
+
+/// Finalizer for an external buffer made by [`to_buffer`].
+///
+/// # Safety
+/// `hint` must be the pointer produced by `Box::into_raw(Box<Bytes>)` in
+/// [`to_buffer`], and napi calls each finalizer exactly once.
+unsafe extern "C" fn finalize_bytes(_env: sys::napi_env, _data: *mut c_void, hint: *mut c_void) {
+    // SAFETY: `hint` is the `Box<Bytes>` leaked in `to_buffer` for this one
+    // buffer; napi calls the finalizer exactly once, after V8 has dropped
+    // the last reference to the buffer's memory, so nothing reads it later.
+    drop(unsafe { Box::from_raw(hint.cast::<Bytes>()) });
+}
+
+/// A `Buffer` over `payload`'s memory (`external`), or a copy of it.
+pub fn to_buffer(env: &Env, payload: Bytes, external: bool) -> Result<JsBuffer> {
+    if !external || payload.is_empty() {
+        return Ok(env.create_buffer_copy(&payload)?.into_raw());
+    }
+    let len = payload.len();
+    let data = payload.as_ptr().cast_mut().cast::<c_void>();
+    let hint = Box::into_raw(Box::new(payload));
+    let mut value = ptr::null_mut();
+    // SAFETY: `data..data+len` is the memory of the `Bytes` now owned by
+    // `hint`. A `Bytes` never moves or frees its memory while it lives, and
+    // it lives until `finalize_bytes` drops it, which napi calls only after
+    // V8 collected the buffer, so the pointer stays valid for every access
+    // JavaScript can make. The memory is a heap region of its own (a slice
+    // of a pooled read buffer that no other message covers), so a write
+    // from JavaScript cannot reach another message's bytes, and no Rust
+    // reference to it exists while JavaScript holds it. `len > 0` and the
+    // region is distinct from every other live external buffer's, as V8
+    // requires. `env` is the live environment of the current call.
+    let status = unsafe {
+        sys::napi_create_external_buffer(
+            env.raw(),
+            len,
+            data,
+            Some(finalize_bytes),
+            hint.cast::<c_void>(),
+            &mut value,
+        )
+    };
+    if status == sys::Status::napi_no_external_buffers_allowed {
+        // SAFETY: napi refused the buffer and did not take the hint, so we
+        // still own the box and take it back exactly once.
+        let payload = unsafe { Box::from_raw(hint) };
+        return Ok(env.create_buffer_copy(&*payload)?.into_raw());
+    }
+    if status != sys::Status::napi_ok {
+        // SAFETY: on failure napi registered no finalizer for the hint (it
+        // is only attached to a buffer that was created), so we own it.
+        drop(unsafe { Box::from_raw(hint) });
+        check_status!(status)?;
+    }
+    // SAFETY: napi returned `napi_ok`, so `value` is a valid Buffer handle
+    // in `env`'s current handle scope.
+    Ok(unsafe { JsBuffer::from_raw_unchecked(env.raw(), value) })
+}
