@@ -35,6 +35,9 @@ pub struct Broker {
     pub(crate) next_session: u64,
     pub(crate) next_assigned: u64,
     wakeups: Vec<ConnId>,
+    /// Rate limit for bad-input warnings: when the last was logged, and
+    /// how many were suppressed since.
+    bad_input_log: Option<(Instant, u64)>,
     pub(crate) route_direct: Vec<SubEntry>,
     pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
 }
@@ -66,6 +69,7 @@ impl Broker {
             next_session: 1,
             next_assigned: 1,
             wakeups: Vec::new(),
+            bad_input_log: None,
             route_direct: Vec::new(),
             route_shared: Vec::new(),
         }
@@ -141,7 +145,11 @@ impl Broker {
         } else {
             self.metrics.malformed_packets += 1;
         }
-        tracing::debug!(%conn, peer = %c.peer, error = %err, "bad packet");
+        let peer = c.peer;
+        self.log_bad_input(now, conn, peer, err.what, err.reason);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
         match c.phase {
             Phase::Closing => {}
             Phase::AwaitingConnect => {
@@ -340,6 +348,31 @@ impl Broker {
 
     // ----- shared helpers -------------------------------------------------
 
+    /// Warn about bad input at most once a second (a hostile client must not
+    /// flood the log), counting what was suppressed; every case at debug.
+    fn log_bad_input(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        peer: SocketAddr,
+        what: &str,
+        reason: ReasonCode,
+    ) {
+        tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
+        match &mut self.bad_input_log {
+            Some((last, suppressed))
+                if now.saturating_duration_since(*last) < Duration::from_secs(1) =>
+            {
+                *suppressed += 1;
+            }
+            slot => {
+                let suppressed = slot.map_or(0, |(_, n)| n);
+                tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
+                *slot = Some((now, 0));
+            }
+        }
+    }
+
     /// Queue a control packet for a connection.
     pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
         if let Some(c) = self.conns.get_mut(&conn) {
@@ -361,7 +394,9 @@ impl Broker {
     /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
     pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
         self.metrics.protocol_errors += 1;
-        tracing::debug!(%conn, what, "protocol error");
+        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
+            self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
+        }
         self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
     }
 
