@@ -63,6 +63,11 @@ impl RetainedStore for MemoryStore {
     }
 
     fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
+        if !filter.contains(['+', '#']) {
+            // A plain filter names one topic: no scan.
+            out.extend(self.retained.get(filter).cloned());
+            return;
+        }
         for (topic, msg) in &self.retained {
             if zerofan_codec::topic::matches(filter, topic) {
                 out.push(msg.clone());
@@ -93,3 +98,54 @@ impl SessionStore for MemoryStore {
 pub trait Store: RetainedStore + SessionStore {}
 
 impl<T: RetainedStore + SessionStore> Store for T {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use zerofan_codec::{MqttStr, QoS};
+
+    fn msg(topic: &'static str) -> Arc<Message> {
+        Arc::new(Message {
+            topic: MqttStr::from_static(topic),
+            payload: Bytes::from_static(b"x"),
+            qos: QoS::AtMostOnce,
+            retain: true,
+            properties: Default::default(),
+            origin: None,
+            expires_at: None,
+        })
+    }
+
+    #[test]
+    fn retained_set_clear_match() {
+        let mut s = MemoryStore::default();
+        s.set(msg("a/b"));
+        s.set(msg("a/c"));
+        s.set(msg("$SYS/x"));
+        let mut out = Vec::new();
+        s.matching("a/b", &mut out);
+        assert_eq!(out.len(), 1);
+        out.clear();
+        s.matching("#", &mut out);
+        assert_eq!(out.len(), 2, "# does not match $SYS");
+        s.clear("a/b");
+        out.clear();
+        s.matching("a/+", &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(RetainedStore::len(&s), 2);
+    }
+
+    #[test]
+    fn sessions_save_load_remove() {
+        let mut s = MemoryStore::default();
+        s.save(SessionRecord {
+            client_id: "c".into(),
+            expiry_interval: 10,
+            subscriptions: Vec::new(),
+        });
+        assert_eq!(s.load().len(), 1);
+        s.remove("c");
+        assert!(s.load().is_empty());
+    }
+}
