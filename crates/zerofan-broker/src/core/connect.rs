@@ -273,6 +273,25 @@ impl Broker {
         };
         s.conn = None;
         let expiry = s.expiry_interval;
+        if expiry > 0 {
+            // What waits for an absent client may wait long: small messages
+            // get their own bytes instead of pinning publishers' buffers.
+            let mut copies = 0;
+            for q in s
+                .queue
+                .iter_mut()
+                .chain(s.inflight.values_mut().map(|f| &mut f.item))
+            {
+                if q.msg.worth_compacting() {
+                    q.msg = Arc::new(q.msg.compacted());
+                    copies += 1;
+                }
+            }
+            self.metrics.compactions += copies;
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
         let shares: Vec<Box<str>> = s
             .subscriptions
             .keys()

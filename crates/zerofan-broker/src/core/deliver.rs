@@ -7,7 +7,6 @@ use super::connection::{Connection, Phase};
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
-use super::publish::COMPACT_AT_MOST;
 use super::session::{Inflight, InflightState, PushOutcome, Queued};
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,7 +37,7 @@ impl Broker {
                 // QoS 0 is not kept for absent clients.
                 return;
             }
-            if item.msg.size() <= COMPACT_AT_MOST {
+            if item.msg.worth_compacting() {
                 let copy = compacted.get_or_insert_with(|| {
                     self.metrics.compactions += 1;
                     Arc::new(item.msg.compacted())

@@ -26,6 +26,9 @@ pub struct Message {
     pub origin: Option<SessionId>,
     /// When the message expires (Message Expiry Interval), if ever.
     pub expires_at: Option<Instant>,
+    /// True when topic, payload and properties are its own allocations (not
+    /// slices of a read buffer), so compacting it again would only copy.
+    pub owns_bytes: bool,
 }
 
 impl Message {
@@ -46,6 +49,7 @@ impl Message {
             properties: publish.properties,
             origin,
             expires_at,
+            owns_bytes: false,
         }
     }
 
@@ -69,6 +73,12 @@ impl Message {
         self.payload.len() + self.topic.len()
     }
 
+    /// Whether keeping this message for long is worth a copy: small, and
+    /// still a slice of some read buffer.
+    pub fn worth_compacting(&self) -> bool {
+        !self.owns_bytes && self.size() <= crate::core::publish::COMPACT_AT_MOST
+    }
+
     /// A copy that owns its own allocations, so keeping it for long does not
     /// pin the (possibly much larger) read buffer it was decoded from.
     pub fn compacted(&self) -> Message {
@@ -81,6 +91,7 @@ impl Message {
             properties,
             origin: self.origin,
             expires_at: self.expires_at,
+            owns_bytes: true,
         }
     }
 }

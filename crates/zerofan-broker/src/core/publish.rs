@@ -288,7 +288,7 @@ impl Broker {
     /// The message to keep for long: small ones are copied out of their read
     /// buffer (counted), large ones are worth the buffer they hold.
     pub(crate) fn keepable(&mut self, msg: &Arc<Message>) -> Arc<Message> {
-        if msg.size() <= COMPACT_AT_MOST {
+        if msg.worth_compacting() {
             self.metrics.compactions += 1;
             Arc::new(msg.compacted())
         } else {

@@ -272,6 +272,7 @@ mod tests {
                 properties: Default::default(),
                 origin: None,
                 expires_at: None,
+                owns_bytes: true,
             }),
             qos,
             retain: false,

@@ -114,6 +114,7 @@ mod tests {
             properties: Default::default(),
             origin: None,
             expires_at: None,
+            owns_bytes: true,
         })
     }
 

@@ -93,6 +93,7 @@ impl Broker {
                 properties: Properties::default(),
                 origin: None,
                 expires_at: None,
+                owns_bytes: true,
             };
             self.route_sys(now, Arc::new(msg));
         }
@@ -111,6 +112,7 @@ impl Broker {
             properties: Properties::default(),
             origin: None,
             expires_at: None,
+            owns_bytes: true,
         };
         self.route(now, Arc::new(live));
     }

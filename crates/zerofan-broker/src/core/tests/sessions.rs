@@ -163,3 +163,37 @@ fn resend_after_resume_respects_a_smaller_receive_maximum() {
     h.send(sub, Packet::PubAck(ack(out.publishes()[0].packet_id)));
     assert_eq!(h.out(sub).payloads(), ["1"]);
 }
+
+#[test]
+fn going_offline_compacts_small_kept_messages_once() {
+    let mut h = H::new();
+    let (sub, _) = persistent(&mut h, "sub", 100);
+    h.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    let publ = h.client("pub");
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "inflight", QoS::AtLeastOnce, 1)),
+    );
+    let _ = h.out(sub);
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "queued", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(
+        h.b.metrics().compactions,
+        0,
+        "online deliveries share the read buffer"
+    );
+    h.b.connection_lost(h.now, sub);
+    assert_eq!(h.b.metrics().compactions, 2);
+    h.b.connection_lost(h.now, publ);
+    let (_, out) = persistent(&mut h, "sub", 100);
+    assert_eq!(out.payloads(), ["inflight", "queued"]);
+    let (s2, _) = persistent(&mut h, "sub", 100);
+    let _ = s2;
+    assert_eq!(
+        h.b.metrics().compactions,
+        2,
+        "already owned: not copied again"
+    );
+}
