@@ -29,6 +29,7 @@
 #   WRITE=1              0: print the Markdown instead of editing BENCHMARKS.md
 #   EXTRA_ARGS=          more zerofan-bench options (e.g. "--window 128")
 #   NOTE=                a remark recorded with the table (e.g. about machine load)
+#   RESULTS=             summarize this earlier results directory again (no install, no run)
 #   TITLE=               subsection of the comparison section to (re)write; default
 #                        "All scenarios" or "Scenarios: $SCENARIOS"
 set -euo pipefail
@@ -60,9 +61,14 @@ WRITE=${WRITE:-1}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 NOTE=${NOTE:-}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-OUT=$CACHE/results/$STAMP
-mkdir -p "$OUT"
+if [ -n "${RESULTS:-}" ]; then
+    OUT=$(cd "$RESULTS" && pwd)
+    STAMP=$(basename "$OUT")
+else
+    STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+    OUT=$CACHE/results/$STAMP
+    mkdir -p "$OUT"
+fi
 
 log() { echo "compare.sh: $*" >&2; }
 
@@ -98,6 +104,7 @@ install_mochi() {
     fi
 }
 for b in $BROKERS; do
+    [ -n "${RESULTS:-}" ] && break
     case $b in
         mosquitto) install_mosquitto ;;
         rumqttd) install_rumqttd ;;
@@ -117,7 +124,7 @@ if ! CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-bench; the
     fi
 fi
 ZEROFAN=${ZEROFAN_BIN:-$TARGET_DIR/release/zerofan}
-if [[ " $BROKERS " == *" zerofan "* ]] && [ -z "${ZEROFAN_BIN:-}" ]; then
+if [[ " $BROKERS " == *" zerofan "* ]] && [ -z "${ZEROFAN_BIN:-}" ] && [ -z "${RESULTS:-}" ]; then
     if ! CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -q -p zerofan-broker --bin zerofan; then
         log "zerofan does not build: leaving it out"
         BROKERS=${BROKERS//zerofan/}
@@ -242,7 +249,9 @@ read -r -a EXTRA <<<"$EXTRA_ARGS"
 
 read -r -a ORDER <<<"$BROKERS"
 n=${#ORDER[@]}
-for rep in $(seq 1 "$REPEATS"); do
+runs=$REPEATS
+[ -n "${RESULTS:-}" ] && runs=0
+for rep in $(seq 1 "$runs"); do
     for i in $(seq 0 $((n - 1))); do
         b=${ORDER[$(((i + rep - 1) % n))]}
         log "repeat $rep/$REPEATS: $b"
@@ -269,18 +278,23 @@ if [ ${#files[@]} -eq 0 ]; then
     log "no results"
     exit 1
 fi
-versions=()
-for b in $BROKERS; do versions+=("$(version_of "$b")"); done
-versions_line=$(IFS=';'; echo "${versions[*]}" | sed 's/;/, /g')
-model=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
-cmd="REPEATS=$REPEATS DURATION=$DURATION SCENARIOS=$SCENARIOS${SUBSCRIBERS:+ SUBSCRIBERS=$SUBSCRIBERS} PROTOCOL=$PROTOCOL bench/compare.sh"
-meta=(
-    --meta "Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    --meta "Machine: $(nproc) cores, ${model:-unknown CPU}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); broker pinned to core $BROKER_CPU, zerofan-bench to core $BENCH_CPU (taskset); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-    --meta "Versions: $versions_line"
-    --meta "Command: \`$cmd\` (MQTT protocol level $PROTOCOL, $DURATION s of publishing per case; raw JSON in bench/.cache/results/$STAMP)"
-    --meta "Cells: median (min–max) over $REPEATS repeats; ↑ higher is better, ↓ lower is better; the last column is zerofan's median over the best peer's median. Throughput is counted at the receivers with a bounded window of messages in flight per publisher; **lost N** marks deliveries that never arrived."
-)
+if [ ! -s "$OUT/meta.txt" ]; then
+    versions=()
+    for b in $BROKERS; do versions+=("$(version_of "$b")"); done
+    versions_line=$(IFS=';'; echo "${versions[*]}" | sed 's/;/, /g')
+    model=$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+    cmd="REPEATS=$REPEATS DURATION=$DURATION SCENARIOS=$SCENARIOS${SUBSCRIBERS:+ SUBSCRIBERS=$SUBSCRIBERS} PROTOCOL=$PROTOCOL bench/compare.sh"
+    meta=(
+        --meta "Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+        --meta "Machine: $(nproc) cores, ${model:-unknown CPU}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); broker pinned to core $BROKER_CPU, zerofan-bench to core $BENCH_CPU (taskset); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+        --meta "Versions: $versions_line"
+        --meta "Command: \`$cmd\` (MQTT protocol level $PROTOCOL, $DURATION s of publishing per case; raw JSON in bench/.cache/results/$STAMP)"
+        --meta "Cells: median (min–max) over $REPEATS repeats; ↑ higher is better, ↓ lower is better; the last column is zerofan's median over the best peer's median. Throughput is counted at the receivers with a bounded window of messages in flight per publisher; **lost N** marks deliveries that never arrived."
+    )
+    for ((k = 1; k < ${#meta[@]}; k += 2)); do printf '%s\n' "${meta[$k]}"; done >"$OUT/meta.txt"
+fi
+meta=()
+while IFS= read -r line; do meta+=(--meta "$line"); done <"$OUT/meta.txt"
 if [ -n "$NOTE" ]; then meta+=(--meta "Note: $NOTE"); fi
 # shellcheck disable=SC2086 # word splitting collapses the spaces on purpose
 order_csv=$(echo $BROKERS | tr ' ' ',')
