@@ -172,11 +172,20 @@ pub fn table(report: &RunReport) -> String {
         if let Some(e) = &r.error {
             notes = format!("ERROR: {e}");
         }
+        let no_messages = r.sent == 0 && r.received == 0;
         rows.push(vec![
             r.scenario.clone(),
             r.case.clone(),
-            si(r.msgs_per_s),
-            format!("{:.1}", r.mib_per_s),
+            if no_messages {
+                "-".into()
+            } else {
+                si(r.msgs_per_s)
+            },
+            if no_messages {
+                "-".into()
+            } else {
+                format!("{:.1}", r.mib_per_s)
+            },
             r.sent.to_string(),
             r.received.to_string(),
             if r.duplicates > 0 {
