@@ -191,3 +191,17 @@ mod tests {
         assert!(Config::from_toml("receive_maximum = 0\n", "x").is_err());
     }
 }
+
+#[cfg(test)]
+mod example {
+    use super::*;
+
+    /// The shipped example documents every key with its default value.
+    #[test]
+    fn example_file_is_the_defaults() {
+        let text = include_str!("../zerofan.example.toml");
+        let c = Config::from_toml(text, "zerofan.example.toml").unwrap();
+        let d = Config::default();
+        assert_eq!(format!("{c:?}"), format!("{d:?}"));
+    }
+}
