@@ -1,0 +1,173 @@
+//! The real shell over loopback sockets: bad input closes only its own
+//! connection with the right reason, and shutdown says 0x8B to MQTT 5
+//! clients before the server returns.
+
+use bytes::{Bytes, BytesMut};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+use zerofan_broker::config::Config;
+use zerofan_broker::shell::Server;
+use zerofan_codec::{Connect, Frame, Packet, Properties, Protocol, Publish, QoS, ReasonCode};
+
+struct Broker {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Broker {
+    fn start(config: Config) -> Broker {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let local = tokio::task::LocalSet::new();
+            local.block_on(&rt, async move {
+                let config = Config {
+                    listen: vec!["127.0.0.1:0".parse().unwrap()],
+                    sys_interval: 0,
+                    ..config
+                };
+                let server = Server::bind(config).await.unwrap();
+                addr_tx.send(server.local_addrs()[0]).unwrap();
+                server
+                    .run(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .unwrap();
+            });
+        });
+        Broker {
+            addr: addr_rx.recv().unwrap(),
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr, id: &str) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client { s, buf: Vec::new() };
+        c.send(&Packet::Connect(Box::new(Connect {
+            protocol: Protocol::V5,
+            clean_start: true,
+            keep_alive: 0,
+            properties: Properties::default(),
+            client_id: id.try_into().unwrap(),
+            will: None,
+            username: None,
+            password: None,
+        })));
+        assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
+        c
+    }
+
+    fn send(&mut self, p: &Packet) {
+        let mut b = BytesMut::new();
+        zerofan_codec::encode(p, Protocol::V5, &mut b).unwrap();
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// The next packet, or `None` at EOF.
+    fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Frame::Complete(n) = zerofan_codec::frame(&self.buf, u32::MAX) {
+                let frame = Bytes::copy_from_slice(&self.buf[..n]);
+                self.buf.drain(..n);
+                return Some(zerofan_codec::decode(frame, Protocol::V5).unwrap());
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.s.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn ping(&mut self) {
+        self.send(&Packet::PingReq);
+        assert!(matches!(self.recv(), Some(Packet::PingResp)));
+    }
+}
+
+fn disconnect_reason(p: Option<Packet>) -> Option<ReasonCode> {
+    match p {
+        Some(Packet::Disconnect(d)) => Some(d.reason),
+        _ => None,
+    }
+}
+
+#[test]
+fn malformed_and_oversized_packets_close_only_their_connection() {
+    let b = Broker::start(Config {
+        max_packet_size: 200,
+        ..Config::default()
+    });
+    let mut good = Client::connect(b.addr, "good");
+
+    let mut junk = Client::connect(b.addr, "junk");
+    // A PUBLISH whose topic length runs past the packet: malformed.
+    junk.s.write_all(&[0x30, 0x03, 0x00, 0x09, b'a']).unwrap();
+    assert_eq!(
+        disconnect_reason(junk.recv()),
+        Some(ReasonCode::MALFORMED_PACKET)
+    );
+    assert!(junk.recv().is_none(), "closed after the DISCONNECT");
+
+    let mut big = Client::connect(b.addr, "big");
+    big.send(&Packet::Publish(Publish {
+        qos: QoS::AtMostOnce,
+        topic: "t".try_into().unwrap(),
+        payload: Bytes::from(vec![0u8; 500]),
+        ..Publish::default()
+    }));
+    assert_eq!(
+        disconnect_reason(big.recv()),
+        Some(ReasonCode::PACKET_TOO_LARGE)
+    );
+    assert!(big.recv().is_none());
+
+    good.ping();
+}
+
+#[test]
+fn shutdown_sends_server_shutting_down_and_returns() {
+    let mut b = Broker::start(Config::default());
+    let mut c = Client::connect(b.addr, "c");
+    c.ping();
+    b.stop();
+    assert_eq!(
+        disconnect_reason(c.recv()),
+        Some(ReasonCode::SERVER_SHUTTING_DOWN)
+    );
+    assert!(c.recv().is_none());
+    assert!(TcpStream::connect(b.addr).is_err(), "no longer accepting");
+}
