@@ -3,7 +3,8 @@
 # every test: formatting, clippy, the Rust unit and integration tests, and
 # the interop tests that drive the real binary with third-party clients.
 #
-# Installs, each only when missing or out of date:
+# Installs first (the Rust tests of zerofan-client use mosquitto too), each
+# only when missing or out of date:
 #   apt:  mosquitto-clients, mosquitto (a reference broker for the interop tests)
 #   pip:  tests/interop/requirements.txt into ./.venv (paho-mqtt, pytest)
 #   npm:  tests/interop/package-lock.json into tests/interop/node_modules (MQTT.js)
@@ -19,22 +20,13 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 INTEROP=tests/interop
 
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
-
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
-
-echo "== cargo test"
-cargo test --workspace
-
 # ---------------------------------------------------------------- installs
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-echo "== interop: system packages"
+echo "== install: system packages (apt)"
 missing=()
 command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
     || missing+=(mosquitto-clients)
@@ -45,11 +37,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "${missing[@]}"
+    # the tests start their own mosquitto on a free port: don't leave Debian's
+    # service holding 1883 where systemd started it on install
+    if [[ " ${missing[*]} " == *" mosquitto "* ]] && command -v systemctl >/dev/null 2>&1 \
+        && systemctl is-active --quiet mosquitto 2>/dev/null; then
+        as_root systemctl disable --now mosquitto || true
+    fi
 else
     echo "all present"
 fi
 
-echo "== interop: python venv (.venv)"
+echo "== install: python venv (.venv)"
 req="$INTEROP/requirements.txt"
 stamp=.venv/.requirements.sha256
 want=$(sha256sum "$req" | cut -d' ' -f1)
@@ -63,7 +61,7 @@ else
     echo "up to date"
 fi
 
-echo "== interop: node modules ($INTEROP/node_modules)"
+echo "== install: node modules ($INTEROP/node_modules)"
 if [ -f "$INTEROP/package-lock.json" ]; then
     nstamp="$INTEROP/node_modules/.zerofan-lock.sha256"
     nwant=$(sha256sum "$INTEROP/package-lock.json" | cut -d' ' -f1)
@@ -76,6 +74,17 @@ if [ -f "$INTEROP/package-lock.json" ]; then
 else
     (cd "$INTEROP" && npm install --no-audit --no-fund --loglevel=error)
 fi
+
+# ---------------------------------------------------------------- tests
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace
 
 # ---------------------------------------------------------------- interop
 

@@ -219,3 +219,19 @@ def test_client_maximum_packet_size_respected(broker, raw_factory, client_factor
     pub.publish("mps/small", b"y" * 20, 1)
     p = sub.expect(r.PUBLISH)
     assert p.topic == b"mps/small", f"oversized message delivered: {p!r}"
+
+
+def test_request_problem_information_zero(broker, raw_factory):
+    """With Request Problem Information 0 the server sends no Reason String or User
+    Property except on PUBLISH, CONNACK and DISCONNECT (MQTT-3.1.2-29)."""
+    c = raw_factory(broker, 5)
+    c.connect("quiet", props={r.REQUEST_PROBLEM_INFO: 0})
+    acks = [c.subscribe([("rpi/ok", 1)], packet_id=1),
+            c.subscribe([("$share/g/rpi/s", 2)], packet_id=2)]
+    c.send(r.unsubscribe(3, ["never/subscribed"]))
+    acks.append(c.expect(r.UNSUBACK))
+    acks.append(c.publish("rpi/nobody", b"x", 1, packet_id=4))  # maybe 0x10 no subscribers
+    acks.append(c.publish("rpi/nobody2", b"x", 2, packet_id=5))
+    for a in acks:
+        assert r.REASON_STRING not in a.props and r.USER_PROPERTY not in a.props, a
+    c.ping()
