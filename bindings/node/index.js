@@ -195,16 +195,24 @@ class MqttClient extends EventEmitter {
   async _pump (n) {
     const max = this._batchSize
     for (;;) {
-      const batch = await n.nextBatch(max)
+      let batch = await n.nextBatch(max)
       if (batch === null) return
+      this._dispatch(batch)
+      // The suspended async frame would otherwise keep the last batch (and
+      // so its payloads' native memory) alive until the next one arrives.
+      batch = null
+    }
+  }
+
+  _dispatch (batch) {
+    for (let i = 0; i < batch.length; i += 4) {
+      const topic = batch[i]
+      const payload = batch[i + 1]
       try {
-        for (let i = 0; i < batch.length; i += 4) {
-          const topic = batch[i]
-          const payload = batch[i + 1]
-          this.emit('message', topic, payload, new PublishPacket(topic, payload, batch[i + 2], batch[i + 3]))
-        }
+        this.emit('message', topic, payload, new PublishPacket(topic, payload, batch[i + 2], batch[i + 3]))
       } catch (e) {
-        // A listener threw: report it as Node reports any uncaught error.
+        // A listener threw: report it as Node reports any uncaught error,
+        // after the rest of the batch is delivered.
         process.nextTick(() => { throw e })
       }
     }

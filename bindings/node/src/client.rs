@@ -30,7 +30,7 @@ use napi::{Env, JsObject, JsString, JsUnknown, NapiRaw, NapiValue, Result};
 use napi_derive::napi;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::{mpsc, oneshot, watch, Mutex};
 use zerofan_client::{
     Backoff, Client, ClientError, ClientOptions, ConnState, Incoming, LastWill, Message,
     Properties, Protocol, PublishOptions, QoS, RetainHandling, Subscription, Transport,
@@ -151,6 +151,7 @@ pub struct NativeClientStats {
 #[napi]
 pub struct NativeClient {
     client: Client,
+    ops: mpsc::UnboundedSender<Op>,
     incoming: Arc<Mutex<Incoming>>,
     state: Arc<Mutex<watch::Receiver<ConnState>>>,
     external: bool,
@@ -265,12 +266,15 @@ pub fn connect_native(env: Env, options: NativeConnectOptions) -> Result<JsObjec
                 ConnState::Connected(info) => info.client_id.clone(),
                 _ => String::new(),
             };
-            Ok((client, incoming, client_id))
+            let (ops, rx) = mpsc::unbounded_channel();
+            tokio::spawn(drive(client.clone(), rx));
+            Ok((client, incoming, client_id, ops))
         },
-        move |_env, (client, incoming, client_id)| {
+        move |_env, (client, incoming, client_id, ops)| {
             let state = client.state_watch();
             Ok(NativeClient {
                 client,
+                ops,
                 incoming: Arc::new(Mutex::new(incoming)),
                 state: Arc::new(Mutex::new(state)),
                 external,
@@ -278,6 +282,110 @@ pub fn connect_native(env: Env, options: NativeConnectOptions) -> Result<JsObjec
                 client_id,
             })
         },
+    )
+}
+
+type Done<T> = oneshot::Sender<std::result::Result<T, String>>;
+
+/// An operation from JavaScript, queued in call order.
+enum Op {
+    Publish {
+        topic: String,
+        qos: QoS,
+        opts: PublishOptions,
+        payload: Bytes,
+        done: Done<NativePublishAck>,
+    },
+    Subscribe {
+        list: Vec<Subscription>,
+        done: Done<Vec<u32>>,
+    },
+    Unsubscribe {
+        topics: Vec<String>,
+        done: Done<Vec<u32>>,
+    },
+    End {
+        done: Done<()>,
+    },
+}
+
+/// Carries out the operations one after the other, so that they reach the
+/// broker in the order JavaScript made them (a publish after a subscribe
+/// goes out after the SUBACK; publishes keep their order). A publish only
+/// waits here until it is in the client's outgoing queue; its
+/// acknowledgement is awaited on a task of its own.
+async fn drive(client: Client, mut rx: mpsc::UnboundedReceiver<Op>) {
+    while let Some(op) = rx.recv().await {
+        match op {
+            Op::Publish {
+                topic,
+                qos,
+                opts,
+                payload,
+                done,
+            } => match client.publish_ext(&topic, qos, &opts, payload).await {
+                Ok(delivery) => {
+                    tokio::spawn(async move {
+                        let r = delivery.await.map_err(|e| e.to_string()).map(|ack| {
+                            NativePublishAck {
+                                message_id: u32::from(ack.packet_id),
+                                reason_code: u32::from(ack.reason.0),
+                            }
+                        });
+                        let _ = done.send(r);
+                    });
+                }
+                Err(e) => {
+                    let _ = done.send(Err(e.to_string()));
+                }
+            },
+            Op::Subscribe { list, done } => {
+                let r = client
+                    .subscribe_many(list, Properties::default())
+                    .await
+                    .map(|ack| ack.reasons.iter().map(|r| u32::from(r.0)).collect())
+                    .map_err(|e| e.to_string());
+                let _ = done.send(r);
+            }
+            Op::Unsubscribe { topics, done } => {
+                let r = client
+                    .unsubscribe_many(topics, Properties::default())
+                    .await
+                    .map(|ack| ack.reasons.iter().map(|r| u32::from(r.0)).collect())
+                    .map_err(|e| e.to_string());
+                let _ = done.send(r);
+            }
+            Op::End { done } => {
+                let r = match client.disconnect().await {
+                    Ok(()) | Err(ClientError::Closed) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = done.send(r);
+            }
+        }
+    }
+}
+
+/// Queue `op` and return a Promise of its outcome.
+fn queued<T, F>(env: &Env, ops: &mpsc::UnboundedSender<Op>, make: F) -> Result<JsObject>
+where
+    T: Send + napi::bindgen_prelude::ToNapiValue + 'static,
+    F: FnOnce(Done<T>) -> Op,
+{
+    let (done, rx) = oneshot::channel();
+    let sent = ops.send(make(done)).is_ok();
+    env.execute_tokio_future(
+        async move {
+            if !sent {
+                return Err(js_err(ClientError::Closed));
+            }
+            match rx.await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(js_err(e)),
+                Err(_) => Err(js_err(ClientError::Closed)),
+            }
+        },
+        |_env, v| Ok(v),
     )
 }
 
@@ -497,21 +605,13 @@ impl NativeClient {
                 .transpose()?
                 .unwrap_or_default(),
         };
-        let client = self.client.clone();
-        env.execute_tokio_future(
-            async move {
-                let delivery = client
-                    .publish_ext(&topic, qos, &opts, payload)
-                    .await
-                    .map_err(js_err)?;
-                let ack = delivery.await.map_err(js_err)?;
-                Ok(NativePublishAck {
-                    message_id: u32::from(ack.packet_id),
-                    reason_code: u32::from(ack.reason.0),
-                })
-            },
-            |_env, a| Ok(a),
-        )
+        queued(&env, &self.ops, |done| Op::Publish {
+            topic,
+            qos,
+            opts,
+            payload,
+            done,
+        })
     }
 
     /// Subscribe; resolves with one reason code (granted QoS or failure
@@ -533,56 +633,19 @@ impl NativeClient {
                     .retain_handling(rh),
             );
         }
-        let client = self.client.clone();
-        env.execute_tokio_future(
-            async move {
-                let ack = client
-                    .subscribe_many(list, Properties::default())
-                    .await
-                    .map_err(js_err)?;
-                Ok(ack
-                    .reasons
-                    .iter()
-                    .map(|r| u32::from(r.0))
-                    .collect::<Vec<u32>>())
-            },
-            |_env, v| Ok(v),
-        )
+        queued(&env, &self.ops, |done| Op::Subscribe { list, done })
     }
 
     /// Unsubscribe; resolves with the MQTT 5 reason codes (empty on 3.1.1).
     #[napi(ts_return_type = "Promise<number[]>")]
     pub fn unsubscribe(&self, env: Env, topics: Vec<String>) -> Result<JsObject> {
-        let client = self.client.clone();
-        env.execute_tokio_future(
-            async move {
-                let ack = client
-                    .unsubscribe_many(topics, Properties::default())
-                    .await
-                    .map_err(js_err)?;
-                Ok(ack
-                    .reasons
-                    .iter()
-                    .map(|r| u32::from(r.0))
-                    .collect::<Vec<u32>>())
-            },
-            |_env, v| Ok(v),
-        )
+        queued(&env, &self.ops, |done| Op::Unsubscribe { topics, done })
     }
 
     /// Send DISCONNECT and stop; resolves once closed.
     #[napi(ts_return_type = "Promise<void>")]
     pub fn end(&self, env: Env) -> Result<JsObject> {
-        let client = self.client.clone();
-        env.execute_tokio_future(
-            async move {
-                match client.disconnect().await {
-                    Ok(()) | Err(ClientError::Closed) => Ok(()),
-                    Err(e) => Err(js_err(e)),
-                }
-            },
-            |_env, ()| Ok(()),
-        )
+        queued(&env, &self.ops, |done| Op::End { done })
     }
 
     /// The client identifier in use.

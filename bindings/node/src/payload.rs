@@ -32,7 +32,7 @@ unsafe extern "C" fn finalize_bytes(_env: sys::napi_env, _data: *mut c_void, hin
 /// A `Buffer` over `payload`'s memory (`external`), or a copy of it.
 pub fn to_buffer(env: &Env, payload: Bytes, external: bool) -> Result<JsBuffer> {
     if !external || payload.is_empty() {
-        return Ok(env.create_buffer_copy(&payload)?.into_raw());
+        return copy_buffer(env, &payload);
     }
     let len = payload.len();
     let data = payload.as_ptr().cast_mut().cast::<c_void>();
@@ -62,7 +62,7 @@ pub fn to_buffer(env: &Env, payload: Bytes, external: bool) -> Result<JsBuffer> 
         // SAFETY: napi refused the buffer and did not take the hint, so we
         // still own the box and take it back exactly once.
         let payload = unsafe { Box::from_raw(hint) };
-        return Ok(env.create_buffer_copy(&*payload)?.into_raw());
+        return copy_buffer(env, &payload);
     }
     if status != sys::Status::napi_ok {
         // SAFETY: on failure napi registered no finalizer for the hint (it
@@ -70,6 +70,37 @@ pub fn to_buffer(env: &Env, payload: Bytes, external: bool) -> Result<JsBuffer> 
         drop(unsafe { Box::from_raw(hint) });
         check_status!(status)?;
     }
+    // SAFETY: napi returned `napi_ok`, so `value` is a valid Buffer handle
+    // in `env`'s current handle scope.
+    Ok(unsafe { JsBuffer::from_raw_unchecked(env.raw(), value) })
+}
+
+/// A `Buffer` holding a copy of `data` in memory V8 allocates.
+///
+/// napi-rs's own `create_buffer_copy` builds a `Vec` over V8's memory
+/// (and over a null pointer for an empty buffer), so it is not used.
+pub fn copy_buffer(env: &Env, data: &[u8]) -> Result<JsBuffer> {
+    let mut value = ptr::null_mut();
+    let status = if data.is_empty() {
+        // SAFETY: a zero-length buffer needs no data pointer; `env` is the
+        // live environment of the current call.
+        unsafe { sys::napi_create_buffer(env.raw(), 0, ptr::null_mut(), &mut value) }
+    } else {
+        let mut copied = ptr::null_mut();
+        // SAFETY: `data` is a valid slice for the duration of the call and
+        // napi copies exactly `data.len()` bytes out of it; `copied` is an
+        // out-parameter we do not use afterwards.
+        unsafe {
+            sys::napi_create_buffer_copy(
+                env.raw(),
+                data.len(),
+                data.as_ptr().cast::<c_void>(),
+                &mut copied,
+                &mut value,
+            )
+        }
+    };
+    check_status!(status)?;
     // SAFETY: napi returned `napi_ok`, so `value` is a valid Buffer handle
     // in `env`'s current handle scope.
     Ok(unsafe { JsBuffer::from_raw_unchecked(env.raw(), value) })

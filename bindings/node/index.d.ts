@@ -1,0 +1,181 @@
+// Types of the zerofan Node.js package (the JavaScript layer in index.js;
+// the native layer's generated types are in native.d.ts).
+/// <reference types="node" />
+import { EventEmitter } from 'node:events'
+import type { PoolStats, PoolOptions, NativeClientStats, BrokerStats, LoadOptions, LoadPublisher } from './native'
+
+export type { PoolStats, PoolOptions, NativeClientStats, BrokerStats, LoadOptions, LoadPublisher }
+
+export type QoS = 0 | 1 | 2
+
+export interface UserProperties {
+  [key: string]: string | string[]
+}
+
+export interface PublishProperties {
+  payloadFormatIndicator?: boolean
+  messageExpiryInterval?: number
+  contentType?: string
+  responseTopic?: string
+  correlationData?: Buffer
+  userProperties?: UserProperties
+}
+
+export interface ReceivedProperties extends PublishProperties {
+  subscriptionIdentifier?: number | number[]
+  topicAlias?: number
+}
+
+export interface ClientOptions {
+  protocol?: 'mqtt' | 'mqtts' | 'ws' | 'wss' | 'tcp' | 'ssl' | 'tls'
+  host?: string
+  hostname?: string
+  port?: number
+  /** WebSocket path (default /mqtt). */
+  path?: string
+  clientId?: string
+  /** 4 (3.1.1) or 5 (default 5). */
+  protocolVersion?: 3 | 4 | 5
+  clean?: boolean
+  /** Seconds (default 60). */
+  keepalive?: number
+  username?: string
+  password?: string | Buffer
+  /** Milliseconds between reconnect attempts; 0 turns reconnecting off (default 1000). */
+  reconnectPeriod?: number
+  /** Milliseconds to wait for CONNACK (default 30000). */
+  connectTimeout?: number
+  will?: { topic: string; payload?: string | Buffer; qos?: QoS; retain?: boolean }
+  properties?: { sessionExpiryInterval?: number; receiveMaximum?: number; maximumPacketSize?: number }
+  /** PEM text of trusted CAs (mqtts / wss). Default: Mozilla's roots. */
+  ca?: string | Buffer | Array<string | Buffer>
+  servername?: string
+  rejectUnauthorized?: boolean
+  /** Payloads as external Buffers over native pooled memory (default true) or as copies. */
+  useExternalBuffer?: boolean
+  /** Bytes: a buffer pool of its own for this client with this retention cap. */
+  poolSize?: number
+  /** Most messages per native-to-JavaScript batch (default 256). */
+  batchSize?: number
+  /** Messages the native incoming queue holds before reading pauses (default 1024). */
+  incomingCapacity?: number
+  maxInflight?: number
+  resubscribe?: boolean
+}
+
+export interface IClientPublishOptions {
+  qos?: QoS
+  retain?: boolean
+  properties?: PublishProperties
+}
+
+export interface IClientSubscribeOptions {
+  qos?: QoS
+  /** No Local (MQTT 5). */
+  nl?: boolean
+  /** Retain As Published (MQTT 5). */
+  rap?: boolean
+  /** Retain Handling 0, 1 or 2 (MQTT 5). */
+  rh?: number
+}
+
+export interface ISubscriptionGrant {
+  topic: string
+  /** Granted QoS, or a failure reason code (>= 128). */
+  qos: number
+}
+
+export interface PublishAck {
+  messageId: number
+  reasonCode: number
+}
+
+export interface IConnackPacket {
+  cmd: 'connack'
+  sessionPresent: boolean
+  returnCode: number
+  reasonCode: number
+}
+
+export declare class PublishPacket {
+  cmd: 'publish'
+  topic: string
+  payload: Buffer
+  qos: QoS
+  retain: boolean
+  dup: boolean
+  properties?: ReceivedProperties
+}
+
+export declare class MqttClient extends EventEmitter {
+  options: ClientOptions & { clientId?: string }
+  connected: boolean
+  reconnecting: boolean
+  disconnecting: boolean
+  disconnected: boolean
+
+  on(event: 'connect', listener: (packet: IConnackPacket) => void): this
+  on(event: 'message', listener: (topic: string, payload: Buffer, packet: PublishPacket) => void): this
+  on(event: 'error', listener: (error: Error) => void): this
+  on(event: 'close' | 'offline' | 'reconnect' | 'end', listener: () => void): this
+  on(event: string | symbol, listener: (...args: any[]) => void): this
+
+  publish(topic: string, message: string | Buffer | Uint8Array, opts?: IClientPublishOptions, callback?: (error?: Error | null, ack?: PublishAck) => void): this
+  publish(topic: string, message: string | Buffer | Uint8Array, callback?: (error?: Error | null, ack?: PublishAck) => void): this
+  publishAsync(topic: string, message: string | Buffer | Uint8Array, opts?: IClientPublishOptions): Promise<PublishAck>
+
+  subscribe(topic: string | string[] | Record<string, IClientSubscribeOptions | QoS>, opts?: IClientSubscribeOptions, callback?: (error: Error | null, granted?: ISubscriptionGrant[]) => void): this
+  subscribe(topic: string | string[] | Record<string, IClientSubscribeOptions | QoS>, callback?: (error: Error | null, granted?: ISubscriptionGrant[]) => void): this
+  subscribeAsync(topic: string | string[] | Record<string, IClientSubscribeOptions | QoS>, opts?: IClientSubscribeOptions): Promise<ISubscriptionGrant[]>
+
+  unsubscribe(topic: string | string[], opts?: object, callback?: (error?: Error | null) => void): this
+  unsubscribe(topic: string | string[], callback?: (error?: Error | null) => void): this
+  unsubscribeAsync(topic: string | string[]): Promise<number[]>
+
+  end(force?: boolean, opts?: object, callback?: (error?: Error | null) => void): this
+  end(callback?: (error?: Error | null) => void): this
+  endAsync(): Promise<void>
+
+  /** Statistics of the buffer pool this client reads into. */
+  getPoolStats(): PoolStats
+  /** Native counters (null before the first connection). */
+  stats(): NativeClientStats | null
+}
+
+export declare function connect(url: string, options?: ClientOptions): MqttClient
+export declare function connect(options: ClientOptions): MqttClient
+/** Resolves once connected; rejects if the first attempt fails. */
+export declare function connectAsync(url: string, options?: ClientOptions): Promise<MqttClient>
+export declare function connectAsync(options: ClientOptions): Promise<MqttClient>
+
+export interface StartBrokerOptions {
+  host?: string
+  /** 0 picks a free port (default 1883). */
+  port?: number
+  /** Created if missing; the broker has no persistent store yet. */
+  dataDir?: string
+  /** Seconds between $SYS refreshes = how often stats() changes (default 1; 0 turns stats off). */
+  sysInterval?: number
+  maxQueuedMessages?: number
+  maxPacketSize?: number
+  /** Broker settings in the zerofan binary's TOML format. */
+  configToml?: string
+}
+
+export declare class Broker {
+  readonly port: number
+  readonly addresses: string[]
+  readonly url: string
+  stats(): BrokerStats
+  close(): Promise<void>
+}
+
+export declare function startBroker(options?: StartBrokerOptions): Promise<Broker>
+
+/** Statistics of the pool shared by every client without a poolSize. */
+export declare function getPoolStats(): PoolStats
+/** Size the shared pool; false if it already exists (a warm-up is still done). */
+export declare function configurePool(options: PoolOptions): boolean
+/** A native publisher for tests and benchmarks. */
+export declare function startLoadPublisher(options: LoadOptions): Promise<LoadPublisher>
+export declare const native: typeof import('./native')
