@@ -600,6 +600,145 @@ fn drain_buffer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+    use zerofan_codec::{decode, encode, frame, ConnAck, Frame, ReasonCode, SubAck};
+
+    /// A toy broker for tests: QoS 0 only, exact topic match, and every
+    /// `drop_every`-th PUBLISH (if non-zero) is silently dropped.
+    async fn toy_broker(drop_every: u64) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        type Subs = Arc<Mutex<Vec<(String, mpsc::UnboundedSender<Packet>)>>>;
+        let subs: Subs = Arc::new(Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicU64::new(0));
+        tokio::spawn(async move {
+            loop {
+                let Ok((sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let (subs, count) = (subs.clone(), count.clone());
+                tokio::spawn(async move {
+                    let (mut rd, mut wr) = sock.into_split();
+                    let (tx, mut rx) = mpsc::unbounded_channel::<Packet>();
+                    tokio::spawn(async move {
+                        let mut out = BytesMut::new();
+                        while let Some(p) = rx.recv().await {
+                            out.clear();
+                            encode(&p, Protocol::V311, &mut out).unwrap();
+                            if wr.write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    let mut buf = BytesMut::new();
+                    loop {
+                        while let Frame::Complete(n) = frame(&buf, conn::MAX_PACKET) {
+                            let p = decode(buf.split_to(n).freeze(), Protocol::V311).unwrap();
+                            match p {
+                                Packet::Connect(_) => {
+                                    let _ = tx.send(Packet::ConnAck(ConnAck::default()));
+                                }
+                                Packet::Subscribe(s) => {
+                                    for (f, _) in &s.filters {
+                                        subs.lock().unwrap().push((f.to_string(), tx.clone()));
+                                    }
+                                    let _ = tx.send(Packet::SubAck(SubAck {
+                                        packet_id: s.packet_id,
+                                        reasons: vec![ReasonCode::GRANTED_QOS_0; s.filters.len()],
+                                        ..SubAck::default()
+                                    }));
+                                }
+                                Packet::Publish(p) => {
+                                    let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+                                    if drop_every > 0 && n % drop_every == 0 {
+                                        continue;
+                                    }
+                                    for (f, s) in subs.lock().unwrap().iter() {
+                                        if *f == *p.topic {
+                                            let _ = s.send(Packet::Publish(p.clone()));
+                                        }
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                        if rd.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn spec(max_messages: u64, duration: Duration) -> FlowSpec {
+        FlowSpec {
+            scenario: "test".into(),
+            case: "2x2".into(),
+            publishers: (0..2)
+                .map(|i| PubSpec {
+                    topic: format!("t/{i}"),
+                    sizes: SizeDist::Fixed(100),
+                    fanout: 2,
+                })
+                .collect(),
+            subscribers: vec![
+                SubSpec {
+                    filters: vec!["t/0".into(), "t/1".into()],
+                },
+                SubSpec {
+                    filters: vec!["t/0".into(), "t/1".into()],
+                },
+            ],
+            qos: QoS::AtMostOnce,
+            window: 8,
+            duration,
+            max_messages,
+            drain: Duration::from_millis(300),
+            shared: false,
+        }
+    }
+
+    fn target(addr: SocketAddr) -> Target {
+        Target {
+            addr,
+            protocol: Protocol::V311,
+            run_id: "test".into(),
+            handshake_timeout: Duration::from_secs(5),
+            connect_concurrency: 4,
+        }
+    }
+
+    #[tokio::test]
+    async fn every_message_is_counted_once() {
+        let addr = toy_broker(0).await;
+        let r = run(&target(addr), &spec(500, Duration::from_secs(10))).await;
+        assert_eq!(r.error, None);
+        assert_eq!(r.sent, 1000);
+        assert_eq!(r.expected, 2000);
+        assert_eq!(r.received, 2000);
+        assert_eq!((r.lost, r.duplicates), (0, 0));
+        assert!(r.msgs_per_s > 0.0);
+        assert_eq!(r.latency.map(|l| l.count), Some(2000));
+    }
+
+    #[tokio::test]
+    async fn losses_are_reported_and_the_run_still_ends() {
+        let addr = toy_broker(7).await;
+        let started = Instant::now();
+        let r = run(&target(addr), &spec(1_000_000, Duration::from_millis(500))).await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(r.error, None);
+        assert!(r.lost > 0, "{r:?}");
+        assert_eq!(r.received + r.lost, r.expected);
+        // The window stalls the publishers once enough messages are lost.
+        assert!(r.sent < 1000, "{}", r.sent);
+    }
 
     #[test]
     fn credit_follows_the_window() {
