@@ -5,6 +5,11 @@ import time
 import pytest
 
 import mqttraw as r
+from brokerenv import IS_ZEROFAN
+
+# Keep alive 1 s: the broker must close after 1.5 s of silence. zerofan's timer is
+# exact; mosquitto 2.0 checks keep alive coarsely and takes up to ~6 s.
+KA_LATEST = 3.0 if IS_ZEROFAN else 8.0
 from pahoclient import PacketTypes, props
 
 
@@ -64,8 +69,8 @@ def _silent_v5_client(broker, raw_factory, client_id):
     c.connect(client_id, keepalive=1)
     pkts = c.recv_until_closed(timeout=10)
     elapsed = time.monotonic() - start
-    assert elapsed >= 1.0, f"closed after {elapsed:.2f}s, before the keep alive ran out"
-    assert elapsed < 6.0, f"closed only after {elapsed:.2f}s"
+    assert elapsed >= 1.45, f"closed after {elapsed:.2f}s, before 1.5x the keep alive"
+    assert elapsed < KA_LATEST, f"closed only after {elapsed:.2f}s"
     return [p for p in pkts if p.type == r.DISCONNECT]
 
 
@@ -87,7 +92,7 @@ def test_keepalive_enforced_v311(broker, raw_factory):
     c.connect("silent3", keepalive=1)
     pkts = c.recv_until_closed(timeout=10)
     elapsed = time.monotonic() - start
-    assert 1.0 <= elapsed < 6.0, elapsed
+    assert 1.45 <= elapsed < KA_LATEST, elapsed
     assert pkts == [], f"3.1.1 has no DISCONNECT from the server: {pkts}"
 
 
@@ -121,7 +126,7 @@ def test_server_keep_alive_enforced(broker_factory, raw_factory):
     ack = c.connect("ka-enforced", keepalive=60)
     assert ack.prop(r.SERVER_KEEP_ALIVE) == 1, ack
     pkts = c.recv_until_closed(timeout=10)
-    assert time.monotonic() - start < 6.0
+    assert 1.45 <= time.monotonic() - start < KA_LATEST
     assert [p.reason for p in pkts if p.type == r.DISCONNECT] == [0x8D], pkts
 
 

@@ -79,7 +79,7 @@ def test_will_on_keepalive_timeout(broker, raw_factory, client_factory, version)
     _raw_with_will(broker, raw_factory, version, "w-ka", "will/ka", keepalive=1)
     m = watcher.expect_message()
     assert m.payload == b"gone:w-ka"
-    assert time.monotonic() - start >= 1.0, "will sent before the keep alive expired"
+    assert time.monotonic() - start >= 1.45, "will sent before 1.5x the keep alive"
 
 
 def test_no_will_on_normal_disconnect(broker, raw_factory, client_factory, version):
@@ -112,7 +112,7 @@ def test_will_delay_interval(broker, raw_factory, client_factory):
     watcher.assert_no_message(1.2)  # the delay has not run out yet
     m = watcher.expect_message()
     assert m.payload == b"gone:w-delay"
-    assert time.monotonic() - start >= 1.5, "will published before its delay"
+    assert time.monotonic() - start >= 1.9, "will published before its delay"
 
 
 def test_will_delay_cancelled_by_reconnect(broker, raw_factory, client_factory):
