@@ -27,6 +27,7 @@
 
 use crate::types::{MessageProperties, StoredMessage, SubOptions};
 use bytes::Bytes;
+use std::borrow::Cow;
 
 /// The format this build writes and the newest it reads.
 pub(crate) const FORMAT_VERSION: u32 = 1;
@@ -193,7 +194,7 @@ pub(crate) enum Record<'a> {
         entry: u64,
         msg: u64,
         flags: u8,
-        sub_ids: Vec<u32>,
+        sub_ids: Cow<'a, [u32]>,
         share: Option<&'a [u8]>,
     },
     Dequeue {
@@ -391,7 +392,7 @@ fn encode_body(rec: &Record<'_>, b: &mut Vec<u8>) -> Result<(), &'static str> {
             b.push((flags & 0b111) | if share.is_some() { 8 } else { 0 });
             let n = u16::try_from(sub_ids.len()).map_err(|_| "too many subscription ids")?;
             put_u16(b, n);
-            for id in sub_ids {
+            for id in sub_ids.iter() {
                 put_u32(b, *id);
             }
             if let Some(s) = share {
@@ -646,7 +647,7 @@ pub(crate) fn decode(body: &[u8]) -> Result<Record<'_>, Bad> {
                 entry,
                 msg,
                 flags: flags & 0b111,
-                sub_ids,
+                sub_ids: Cow::Owned(sub_ids),
                 share,
             }
         }

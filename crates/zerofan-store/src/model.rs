@@ -482,7 +482,7 @@ impl Model {
                         msg: MsgId(msg),
                         qos: flags & 3,
                         retain: flags & 4 != 0,
-                        subscription_ids: sub_ids,
+                        subscription_ids: sub_ids.into_owned(),
                         share: share.map(|s| String::from_utf8_lossy(s).into_owned()),
                     },
                     message: messages.get(&msg)?.clone(),

@@ -10,6 +10,7 @@ use crate::types::{
     SessionMeta, StoreStats, StoredMessage, StoredWill, SubOptions,
 };
 use crate::writer::{self, Chunk, Shared, Writer};
+use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -328,7 +329,7 @@ impl Store {
             entry: id,
             msg: entry.msg.0,
             flags: entry.qos | (u8::from(entry.retain) << 2),
-            sub_ids: entry.subscription_ids.clone(),
+            sub_ids: Cow::Borrowed(&entry.subscription_ids),
             share: entry.share.as_deref().map(str::as_bytes),
         })?;
         self.next_entry += 1;
@@ -483,11 +484,14 @@ impl Store {
         format::mark_commit_end(&mut self.staged, self.last_frame);
         let lsn = self.last_lsn + 1;
         let len = self.staged.len() as u64;
-        {
+        let wake = {
             let mut inbox = self.shared.lock();
             if let Some(msg) = &inbox.failed {
                 return Err(StoreError::Failed(msg.clone()));
             }
+            // The writer waits only on an empty inbox; if it was not empty,
+            // it was woken already and will take this commit too.
+            let wake = inbox.chunks.is_empty();
             match inbox.chunks.back_mut() {
                 Some(Chunk::Data { buf, lsn: last }) => {
                     buf.extend_from_slice(&self.staged);
@@ -500,8 +504,11 @@ impl Store {
                     inbox.chunks.push_back(Chunk::Data { buf, lsn });
                 }
             }
+            wake
+        };
+        if wake {
+            self.shared.work.notify_one();
         }
-        self.shared.work.notify_one();
         self.last_lsn = lsn;
         self.committed_end += len;
         self.commits += 1;

@@ -15,8 +15,10 @@
 //! The producer (the broker core) keeps at most `WINDOW` messages waiting for
 //! durability, like publishers waiting for their PUBACK.
 //!
-//! Run: `cargo bench -p zerofan-store --bench engines` (env `N` = messages
-//! per run, default 20000; `FSYNC=never` runs zerofan-store without fsync, to
+//! Run: `cargo run --release --manifest-path
+//! crates/zerofan-store/engine-bench/Cargo.toml` (env `N` = messages
+//! per run, default 20000; `WINDOW` = messages awaiting durability, default
+//! 256; `FANOUT` = comma-separated fan-outs, default 1,10,100; `FSYNC=never` runs zerofan-store without fsync, to
 //! see its CPU cost alone).
 
 use bytes::Bytes;
@@ -26,13 +28,29 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 use zerofan_store::{Options, QueueEntry, SessionMeta, Store, StoredMessage};
 
-const WINDOW: u64 = 256;
 const PAYLOAD: usize = 256;
 
 struct Outcome {
     msgs_per_s: f64,
+    cpu_us_per_msg: f64,
     syncs: u64,
     disk_bytes: u64,
+}
+
+/// CPU time (user + system, all threads) this process used so far, in
+/// seconds: less sensitive than wall time to other load on a shared machine.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses).
+    let Some(rest) = stat.rsplit(')').next() else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 (1-based), 11 and 12 here.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn dir_size(p: &std::path::Path) -> u64 {
@@ -56,7 +74,15 @@ fn payload(i: u64) -> Bytes {
     Bytes::from(p)
 }
 
+fn window() -> u64 {
+    std::env::var("WINDOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
 fn run_zerofan(n: u64, fanout: u32) -> Outcome {
+    let window = window();
     let dir = tempfile::tempdir().unwrap();
     let fsync = if std::env::var("FSYNC").as_deref() == Ok("never") {
         zerofan_store::FsyncPolicy::Never
@@ -110,8 +136,8 @@ fn run_zerofan(n: u64, fanout: u32) -> Outcome {
                 .unwrap();
         }
         last = store.commit().unwrap();
-        if last > WINDOW && store.durable_lsn() < last - WINDOW {
-            store.wait_durable(last - WINDOW).unwrap();
+        if last > window && store.durable_lsn() < last - window {
+            store.wait_durable(last - window).unwrap();
         }
     }
     store.wait_durable(last).unwrap();
@@ -120,6 +146,7 @@ fn run_zerofan(n: u64, fanout: u32) -> Outcome {
     store.close().unwrap();
     Outcome {
         msgs_per_s: n as f64 / secs,
+        cpu_us_per_msg: 0.0,
         syncs,
         disk_bytes: dir_size(dir.path()),
     }
@@ -181,6 +208,7 @@ where
             }
         })
     };
+    let window = window();
     let start = Instant::now();
     for seq in 1..=n {
         tx.send(Op {
@@ -188,8 +216,8 @@ where
             payload: payload(seq),
         })
         .unwrap();
-        if seq > WINDOW && durable.get() < seq - WINDOW {
-            durable.wait(seq - WINDOW);
+        if seq > window && durable.get() < seq - window {
+            durable.wait(seq - window);
         }
     }
     durable.wait(n);
@@ -226,6 +254,7 @@ fn run_redb(n: u64, fanout: u32) -> Outcome {
     });
     Outcome {
         msgs_per_s: rate,
+        cpu_us_per_msg: 0.0,
         syncs,
         disk_bytes: dir_size(dir.path()),
     }
@@ -265,36 +294,48 @@ fn run_fjall(n: u64, fanout: u32) -> Outcome {
     drop(db);
     Outcome {
         msgs_per_s: rate,
+        cpu_us_per_msg: 0.0,
         syncs,
         disk_bytes: disk,
     }
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; under `cargo test --all-targets` do nothing.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
-    }
     let n: u64 = std::env::var("N")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20_000);
     println!(
-        "QoS 1 append, {PAYLOAD} B payload, fsync group commit, window {WINDOW}, {n} messages per run"
+        "QoS 1 append, {PAYLOAD} B payload, fsync group commit, window {}, {n} messages per run",
+        window()
     );
     println!();
-    println!("| fan-out | engine | msgs/s | fsyncs | msgs/fsync | disk bytes | bytes/msg |");
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
-    for fanout in [1u32, 10, 100] {
+    println!(
+        "| fan-out | engine | msgs/s | CPU µs/msg | fsyncs | msgs/fsync | disk bytes | bytes/msg |"
+    );
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let fanouts: Vec<u32> = std::env::var("FANOUT")
+        .unwrap_or_else(|_| "1,10,100".into())
+        .split(',')
+        .filter_map(|f| f.trim().parse().ok())
+        .collect();
+    for fanout in fanouts {
+        let timed = |run: &dyn Fn() -> Outcome| {
+            let cpu = cpu_seconds();
+            let mut o = run();
+            o.cpu_us_per_msg = (cpu_seconds() - cpu) * 1e6 / n as f64;
+            o
+        };
         let runs = [
-            ("zerofan-store log", run_zerofan(n, fanout)),
-            ("redb 4.5", run_redb(n, fanout)),
-            ("fjall 3.1", run_fjall(n, fanout)),
+            ("zerofan-store log", timed(&|| run_zerofan(n, fanout))),
+            ("redb 4.5", timed(&|| run_redb(n, fanout))),
+            ("fjall 3.1", timed(&|| run_fjall(n, fanout))),
         ];
         for (name, o) in runs {
             println!(
-                "| {fanout} | {name} | {:.0} | {} | {:.1} | {} | {:.0} |",
+                "| {fanout} | {name} | {:.0} | {:.1} | {} | {:.1} | {} | {:.0} |",
                 o.msgs_per_s,
+                o.cpu_us_per_msg,
                 o.syncs,
                 n as f64 / o.syncs.max(1) as f64,
                 o.disk_bytes,
