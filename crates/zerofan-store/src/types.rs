@@ -165,6 +165,40 @@ pub enum FsyncPolicy {
     Never,
 }
 
+impl std::str::FromStr for FsyncPolicy {
+    type Err = String;
+
+    /// `"always"`, `"never"`, `"interval"` (1000 ms) or `"interval:MS"`, as
+    /// configuration files spell it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            "interval" => Ok(FsyncPolicy::Interval(Duration::from_millis(1000))),
+            other => other
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.trim().parse::<u64>().ok())
+                .filter(|ms| *ms > 0)
+                .map(|ms| FsyncPolicy::Interval(Duration::from_millis(ms)))
+                .ok_or_else(|| {
+                    format!(
+                        "unknown fsync policy {s:?}: expected \"always\", \"never\", \"interval\" or \"interval:MS\""
+                    )
+                }),
+        }
+    }
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::Always => f.write_str("always"),
+            FsyncPolicy::Never => f.write_str("never"),
+            FsyncPolicy::Interval(d) => write!(f, "interval:{}", d.as_millis()),
+        }
+    }
+}
+
 /// Called by the writer thread with the highest durable [`Lsn`] after each
 /// write round. Must be cheap and must not block (for example, store the value
 /// and wake a tokio `Notify`).

@@ -90,7 +90,11 @@ pub(crate) struct Writer {
 impl Writer {
     /// Run until shutdown (or a failure), then fsync what was written.
     pub fn run(mut self) {
-        if let Err(e) = self.main_loop() {
+        // A panic (say, in the notifier) must fail the store loudly, not leave
+        // callers waiting for a durable LSN that never comes.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.main_loop()))
+            .unwrap_or_else(|_| Err(io::Error::other("the writer thread panicked")));
+        if let Err(e) = outcome {
             let msg = e.to_string();
             tracing::error!(error = %msg, "zerofan store: write failed; the store accepts no more writes");
             let mut inbox = self.shared.lock();

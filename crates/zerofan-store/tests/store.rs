@@ -850,3 +850,47 @@ fn random_damage_anywhere_never_panics_and_never_refuses_to_start() {
         assert_eq!(state(&again), state(&rec));
     }
 }
+
+#[test]
+fn fsync_policy_parses_as_configured_and_prints_back() {
+    for (text, want) in [
+        ("always", FsyncPolicy::Always),
+        ("Never", FsyncPolicy::Never),
+        (
+            "interval",
+            FsyncPolicy::Interval(Duration::from_millis(1000)),
+        ),
+        (
+            "interval:250",
+            FsyncPolicy::Interval(Duration::from_millis(250)),
+        ),
+    ] {
+        let got: FsyncPolicy = text.parse().unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.to_string().parse::<FsyncPolicy>().unwrap(), want);
+    }
+    assert!("sometimes".parse::<FsyncPolicy>().is_err());
+    assert!("interval:0".parse::<FsyncPolicy>().is_err());
+    assert_eq!(FsyncPolicy::default(), FsyncPolicy::Always);
+}
+
+#[test]
+fn a_panicking_notifier_fails_the_store_instead_of_hanging_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = Store::open(
+        dir.path(),
+        Options {
+            on_durable: Some(Arc::new(|_| panic!("notifier bug"))),
+            ..manual()
+        },
+    )
+    .unwrap();
+    store.put_session("c", meta(1)).unwrap();
+    let lsn = store.commit().unwrap();
+    // Written and fsynced before the notifier ran, so durable; then failed.
+    store.wait_durable(lsn).unwrap();
+    store.put_session("d", meta(1)).unwrap();
+    let later = store.commit();
+    let waited = later.and_then(|l| store.wait_durable(l));
+    assert!(matches!(waited, Err(StoreError::Failed(_))), "{waited:?}");
+}
