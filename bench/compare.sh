@@ -8,9 +8,9 @@
 #      `cargo install --locked` into bench/.cache/rumqttd, Mochi through our
 #      Go main in bench/mochi (Go module proxy) into bench/.cache/mochi;
 #   2. builds zerofan and zerofan-bench in release mode;
-#   3. for each repeat, for each broker (order rotated between repeats):
-#      starts a fresh broker pinned to core $BROKER_CPU, runs the scenarios
-#      with zerofan-bench pinned to core $BENCH_CPU, stops the broker;
+#   3. for each repeat, for each broker (order rotated between repeats), for
+#      each scenario: starts a fresh broker pinned to core $BROKER_CPU, runs
+#      the scenario with zerofan-bench pinned to core $BENCH_CPU, stops it;
 #   4. writes medians (min-max) and zerofan / best peer into BENCHMARKS.md,
 #      section "## End-to-end comparison (zerofan-bench)".
 #
@@ -239,12 +239,15 @@ version_of() {
 }
 
 # ------------------------------------------------------------------- runs
+# Every scenario gets a freshly started broker, so memory figures (large,
+# connections) do not carry what earlier scenarios left behind.
 if [ "$SCENARIOS" = all ]; then
-    SCENARIO_ARGS=(all)
+    LIST="fan-in fan-out shared topics mixed qos1 qos2 ping-pong large connections"
 else
-    SCENARIO_ARGS=(all --only "$SCENARIOS")
+    LIST=${SCENARIOS//,/ }
 fi
-if [ -n "$SUBSCRIBERS" ]; then SCENARIO_ARGS+=(--subscribers "$SUBSCRIBERS"); fi
+COMMON=()
+if [ -n "$SUBSCRIBERS" ]; then COMMON+=(--subscribers "$SUBSCRIBERS"); fi
 read -r -a EXTRA <<<"$EXTRA_ARGS"
 
 read -r -a ORDER <<<"$BROKERS"
@@ -255,19 +258,22 @@ for rep in $(seq 1 "$runs"); do
     for i in $(seq 0 $((n - 1))); do
         b=${ORDER[$(((i + rep - 1) % n))]}
         log "repeat $rep/$REPEATS: $b"
-        if ! start_broker "$b"; then
-            continue
-        fi
-        sleep 0.3
-        taskset -c "$BENCH_CPU" "$BENCH" "${SCENARIO_ARGS[@]}" \
-            --port "$(port_of "$b")" --protocol "$PROTOCOL" --duration "$DURATION" \
-            --label "$b" --broker-pid "$BROKER_PID" --json "${EXTRA[@]}" \
-            >"$OUT/$b-$rep.json" 2>"$OUT/$b-$rep.err" || log "$b repeat $rep reported failures (see $OUT/$b-$rep.err)"
-        if ! kill -0 "$BROKER_PID" 2>/dev/null; then
-            log "$b died during the run"
-        fi
-        stop_broker
-        [ -s "$OUT/$b-$rep.json" ] || rm -f "$OUT/$b-$rep.json"
+        for s in $LIST; do
+            f=$OUT/$b-$rep-$s
+            if ! start_broker "$b"; then
+                continue
+            fi
+            sleep 0.3
+            taskset -c "$BENCH_CPU" "$BENCH" "$s" \
+                --port "$(port_of "$b")" --protocol "$PROTOCOL" --duration "$DURATION" \
+                --label "$b" --broker-pid "$BROKER_PID" --json "${COMMON[@]}" "${EXTRA[@]}" \
+                >"$f.json" 2>"$f.err" || log "$b $s (repeat $rep) reported failures (see $f.err)"
+            if ! kill -0 "$BROKER_PID" 2>/dev/null; then
+                log "$b died during $s"
+            fi
+            stop_broker
+            [ -s "$f.json" ] || rm -f "$f.json"
+        done
     done
 done
 

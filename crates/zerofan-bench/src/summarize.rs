@@ -45,7 +45,8 @@ fn fmt_value(v: f64) -> String {
 /// whose ratio to the best other broker is shown.
 pub fn markdown(reports: &[RunReport], order: &[String], subject: &str) -> String {
     // (scenario, case, metric) -> (higher_is_better, label -> cell)
-    type Key = (usize, String, String, String);
+    // Rows follow the scenario order of `all`, then first appearance.
+    type Key = (usize, usize, String, String, String);
     let mut rows: BTreeMap<Key, (bool, BTreeMap<String, Cell>)> = BTreeMap::new();
     let mut first_seen: Vec<(String, String, String)> = Vec::new();
     let mut labels: Vec<String> = order.to_vec();
@@ -67,7 +68,11 @@ pub fn markdown(reports: &[RunReport], order: &[String], subject: &str) -> Strin
                         first_seen.len() - 1
                     }
                 };
-                let key = (pos, id.0, id.1, id.2);
+                let rank = crate::scenarios::ALL
+                    .iter()
+                    .position(|s| *s == id.0)
+                    .unwrap_or(usize::MAX);
+                let key = (rank, pos, id.0, id.1, id.2);
                 let entry = rows
                     .entry(key)
                     .or_insert_with(|| (m.higher_is_better, BTreeMap::new()));
@@ -77,7 +82,7 @@ pub fn markdown(reports: &[RunReport], order: &[String], subject: &str) -> Strin
             }
             if r.error.is_some() {
                 // Make the failure visible in every row of that case.
-                for ((_, s, c, _), (_, cells)) in rows.iter_mut() {
+                for ((_, _, s, c, _), (_, cells)) in rows.iter_mut() {
                     if *s == r.scenario && *c == r.case {
                         cells.entry(rep.label.clone()).or_default().errors += 1;
                     }
@@ -96,7 +101,7 @@ pub fn markdown(reports: &[RunReport], order: &[String], subject: &str) -> Strin
         let _ = write!(out, " ---: |");
     }
     let _ = writeln!(out, " ---: |");
-    for ((_, scenario, case, metric), (higher, cells)) in &rows {
+    for ((_, _, scenario, case, metric), (higher, cells)) in &rows {
         let arrow = if *higher { "↑" } else { "↓" };
         let _ = write!(out, "| {scenario} | {case} | {metric} {arrow} |");
         let mut subject_median = None;
@@ -277,7 +282,11 @@ mod tests {
             rep("mochi", 200_000.0, 30.0, 3),
             rep("zerofan", 600_000.0, 15.0, 0),
         ];
+        let mut reports = reports;
+        reports[0].results.reverse();
         let md = markdown(&reports, &["mosquitto".into()], "zerofan");
+        let fan_in_at = md.find("| fan-in").unwrap();
+        assert!(fan_in_at < md.find("| ping-pong").unwrap());
         let lines: Vec<&str> = md.lines().collect();
         assert!(lines[0].starts_with("| scenario | case | metric | mosquitto | mochi | zerofan |"));
         let fan_in = lines.iter().find(|l| l.starts_with("| fan-in")).unwrap();
