@@ -1,0 +1,1 @@
+//! Publishing (filled in next).
