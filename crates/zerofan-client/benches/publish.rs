@@ -40,27 +40,27 @@ const CASES: &[Case] = &[
     Case {
         name: "100 B",
         sizes: &[100],
-        count: 100_000,
+        count: 500_000,
     },
     Case {
         name: "1 KiB",
         sizes: &[1024],
-        count: 50_000,
+        count: 300_000,
     },
     Case {
         name: "64 KiB",
         sizes: &[64 * 1024],
-        count: 2_000,
+        count: 10_000,
     },
     Case {
         name: "10 MiB",
         sizes: &[10 * MIB],
-        count: 20,
+        count: 50,
     },
     Case {
         name: "10 MiB / 10 B alternating",
         sizes: &[10 * MIB, 10],
-        count: 40,
+        count: 100,
     },
 ];
 
@@ -81,6 +81,32 @@ impl Mode {
             Mode::Rumqttc => "rumqttc",
         }
     }
+}
+
+/// CPU time this process's threads have used so far: the client's cost,
+/// without the broker's, which runs in another process. Read from
+/// `/proc/self/task/*/schedstat` (nanoseconds on CPU per thread; the
+/// runtime's worker threads live for the whole run).
+fn cpu_time() -> Duration {
+    let mut ns = 0u64;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(ns)
+}
+
+/// One measurement: wall time and client CPU time.
+#[derive(Clone, Copy)]
+struct Run {
+    wall: Duration,
+    cpu: Duration,
 }
 
 struct Broker {
@@ -264,17 +290,12 @@ fn main() {
         .expect("runtime");
     let quick = std::env::var("BENCH_QUICK").is_ok();
     println!(
-        "broker: {}; QoS 0 then a QoS 1 fence; median of 3 runs",
+        "broker: {}; QoS 0 then a QoS 1 fence; median of 3 runs (by wall time)",
         broker.name
     );
-    println!(
-        "| payload | messages | {} | {} | {} | {} | expert / simple (copy) | expert / rumqttc |",
-        Mode::SimpleCopy.label(),
-        Mode::SimpleShared.label(),
-        Mode::Expert.label(),
-        Mode::Rumqttc.label()
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| payload | client | messages | msg/s | MiB/s | client CPU per message |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    let mut summary = Vec::new();
     for case in CASES {
         let count = if quick {
             (case.count / 10).max(4)
@@ -292,43 +313,58 @@ fn main() {
             .map(|&n| Bytes::from((0..n).map(|i| (i % 251) as u8).collect::<Vec<u8>>()))
             .collect();
         let bytes: usize = (0..case.count).map(|i| src[i % src.len()].len()).sum();
-        let mut cells = Vec::new();
-        let mut secs = Vec::new();
+        let mut results = Vec::new();
         for mode in [
             Mode::SimpleCopy,
             Mode::SimpleShared,
             Mode::Expert,
             Mode::Rumqttc,
         ] {
-            let mut runs: Vec<Duration> = (0..3)
+            let mut runs: Vec<Run> = (0..3)
                 .map(|_| {
-                    rt.block_on(async {
+                    let cpu0 = cpu_time();
+                    let wall = rt.block_on(async {
                         match mode {
                             Mode::Rumqttc => run_rumqttc(&broker.addr, case, &src).await,
                             m => run_ours(&broker.addr, m, case, &src).await,
                         }
-                    })
+                    });
+                    Run {
+                        wall,
+                        cpu: cpu_time().saturating_sub(cpu0),
+                    }
                 })
                 .collect();
-            runs.sort();
-            let t = runs[1].as_secs_f64();
-            secs.push(t);
-            cells.push(format!(
-                "{:.0} msg/s, {:.0} MiB/s",
+            runs.sort_by_key(|r| r.wall);
+            let r = runs[1];
+            let t = r.wall.as_secs_f64();
+            println!(
+                "| {} | {} | {} | {:.0} | {:.0} | {:.2} µs |",
+                case.name,
+                mode.label(),
+                case.count,
                 case.count as f64 / t,
-                bytes as f64 / t / MIB as f64
-            ));
+                bytes as f64 / t / MIB as f64,
+                r.cpu.as_secs_f64() * 1e6 / case.count as f64
+            );
+            results.push(r);
         }
+        summary.push((case.name, results));
+    }
+    println!();
+    println!(
+        "| payload | simple (copy) / expert, wall | simple (copy) / expert, client CPU \
+         | rumqttc / expert, wall | rumqttc / expert, client CPU |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (name, r) in summary {
+        let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x |",
-            case.name,
-            case.count,
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            secs[0] / secs[2],
-            secs[3] / secs[2]
+            "| {name} | {:.2}x | {:.2}x | {:.2}x | {:.2}x |",
+            ratio(r[0].wall, r[2].wall),
+            ratio(r[0].cpu, r[2].cpu),
+            ratio(r[3].wall, r[2].wall),
+            ratio(r[3].cpu, r[2].cpu)
         );
     }
 }
