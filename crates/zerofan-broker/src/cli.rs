@@ -20,7 +20,9 @@ use std::process::ExitCode;
     after_help = "Config file keys (all optional): listen, max_keepalive, max_packet_size, \
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
-retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
+retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, metrics, \
+log_format.\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
+file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
     /// Address to accept MQTT connections on, e.g. 0.0.0.0:1883. Repeat for
@@ -43,6 +45,14 @@ pub struct Args {
     /// overrides.
     #[arg(short, long, action = ArgAction::Count)]
     pub verbose: u8,
+    /// Serve Prometheus metrics on http://ADDR/metrics (and /healthz,
+    /// /readyz), e.g. 127.0.0.1:9234. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+    /// Log format on stderr: text (readable) or json (one object a line).
+    /// [default: text]
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<crate::logging::LogFormat>,
 }
 
 impl Args {
@@ -55,6 +65,12 @@ impl Args {
         if !self.listen.is_empty() {
             config.listen = self.listen.clone();
         }
+        if self.metrics.is_some() {
+            config.metrics = self.metrics;
+        }
+        if let Some(format) = self.log_format {
+            config.log_format = format;
+        }
         Ok(config)
     }
 }
@@ -62,14 +78,15 @@ impl Args {
 /// Entry point of the `zerofan` binary.
 pub fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.verbose);
     let config = match args.config() {
         Ok(c) => c,
         Err(e) => {
+            crate::logging::init(args.verbose, args.log_format.unwrap_or_default());
             eprintln!("zerofan: {e}");
             return ExitCode::from(2);
         }
     };
+    crate::logging::init(args.verbose, config.log_format);
     if let Some(dir) = &args.data_dir {
         eprintln!(
             "zerofan: note: --data-dir {} ignored: persistence is not implemented yet, running in memory",
@@ -83,19 +100,4 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn init_logging(verbose: u8) {
-    let level = match verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }

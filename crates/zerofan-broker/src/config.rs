@@ -58,6 +58,11 @@ pub struct Config {
     /// Most bytes of free read buffers the buffer pool keeps for reuse;
     /// beyond it returned buffers are freed.
     pub pool_max_retained_bytes: usize,
+    /// Address of the HTTP listener serving `/metrics` (Prometheus),
+    /// `/healthz` and `/readyz`; none (the default) turns it off.
+    pub metrics: Option<SocketAddr>,
+    /// Log line format: `text` (default) or `json`.
+    pub log_format: crate::logging::LogFormat,
 }
 
 impl Default for Config {
@@ -78,6 +83,8 @@ impl Default for Config {
             connect_timeout: 10,
             max_topic_levels: 128,
             pool_max_retained_bytes: 4 * 1024 * 1024,
+            metrics: None,
+            log_format: crate::logging::LogFormat::Text,
         }
     }
 }

@@ -9,10 +9,15 @@
 //!   outboxes with vectored writes. One thread, no locks on the publish path.
 //! - [`config`]: every setting, loaded from a flat TOML table.
 //! - [`cli`]: the `zerofan` command line.
+//! - [`logging`]: `tracing` output as text or JSON lines.
+//! - [`ratelimit`]: the token-bucket limiter every per-client log line
+//!   goes through.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod logging;
+pub mod ratelimit;
 pub mod shell;
