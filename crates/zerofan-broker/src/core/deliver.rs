@@ -131,6 +131,7 @@ impl Broker {
             let mut d = make_delivery(c, &f.item, pid, now);
             d.dup = true;
             self.metrics.messages_sent += 1;
+            self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
             out.push(Outgoing::Publish(d));
         }
         while out.len() < max {
@@ -178,6 +179,9 @@ impl Broker {
             }
             self.metrics.messages_sent += 1;
             self.metrics.payload_bytes_sent += d.message.payload.len() as u64;
+            self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
+            self.metrics.payload_bytes_sent_by_qos[d.qos as usize] +=
+                d.message.payload.len() as u64;
             out.push(Outgoing::Publish(d));
         }
         Transmit::Open

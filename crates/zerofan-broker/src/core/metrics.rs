@@ -15,6 +15,14 @@ pub struct Metrics {
     pub payload_bytes_received: u64,
     /// Payload bytes sent in PUBLISH packets.
     pub payload_bytes_sent: u64,
+    /// PUBLISH packets received, by QoS (index 0, 1, 2).
+    pub messages_received_by_qos: [u64; 3],
+    /// PUBLISH packets sent, by QoS (index 0, 1, 2; resends included).
+    pub messages_sent_by_qos: [u64; 3],
+    /// Payload bytes received, by QoS.
+    pub payload_bytes_received_by_qos: [u64; 3],
+    /// Payload bytes sent, by QoS (resends not counted, as in `payload_bytes_sent`).
+    pub payload_bytes_sent_by_qos: [u64; 3],
     /// QoS 0 messages dropped because a session queue was full.
     pub dropped_qos0_queue_full: u64,
     /// QoS 1/2 messages dropped because a session queue was full.

@@ -77,6 +77,8 @@ impl Broker {
         let v5 = c.protocol.is_v5();
         self.metrics.messages_received += 1;
         self.metrics.payload_bytes_received += p.payload.len() as u64;
+        self.metrics.messages_received_by_qos[p.qos as usize] += 1;
+        self.metrics.payload_bytes_received_by_qos[p.qos as usize] += p.payload.len() as u64;
         let pid = p.packet_id;
         let qos = p.qos;
 
