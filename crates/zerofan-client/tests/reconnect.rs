@@ -180,3 +180,66 @@ async fn inflight_resent_with_dup_after_a_cut_connection() {
         sub.disconnect().await.expect("disconnect");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pubrel_resent_after_a_cut_between_pubrec_and_pubcomp() {
+    for kind in BOTH {
+        let b = Broker::start(kind);
+        let proxy = Proxy::start(b.addr()).await;
+        let (sub, mut inc) = Client::connect(ClientOptions::new(b.addr()))
+            .await
+            .expect("subscriber");
+        sub.subscribe("rel/#", QoS::ExactlyOnce)
+            .await
+            .expect("subscribe");
+        let opts = ClientOptions::new(proxy.addr())
+            .client_id(format!("rel-publisher-{kind:?}"))
+            .session_expiry(60)
+            .backoff(backoff());
+        let (c, _inc) = Client::connect(opts).await.expect("publisher");
+        proxy.stall(true);
+        let before = c.stats().bytes_out;
+        let d = c
+            .publish("rel/x", QoS::ExactlyOnce, "once")
+            .await
+            .expect("publish");
+        // Let the PUBREC through byte by byte until the client answers with
+        // PUBREL; the broker's PUBCOMP is then held back.
+        // The PUBLISH itself is written first (nothing else is: keep alive
+        // is 30 s).
+        within(10, "PUBLISH written", async {
+            while c.stats().bytes_out == before {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let out = c.stats().bytes_out;
+        within(10, "PUBREL sent", async {
+            while c.stats().bytes_out == out {
+                proxy.release(1);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        // Brokers deliver QoS 2 on PUBLISH (zerofan) or on PUBREL (mosquitto).
+        let m = within(10, "message", inc.recv()).await.expect("message");
+        assert_eq!(&m.payload[..], b"once");
+        proxy.sever();
+        within(10, "connection loss seen", async {
+            while c.stats().connection_losses == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        proxy.stall(false);
+        let a = within(10, "PUBCOMP after reconnect", d).await.expect("ack");
+        assert!(!a.reason.is_error(), "{kind:?}: {a:?}");
+        let s = c.stats();
+        assert_eq!(s.pubrels_resent, 1, "{kind:?}: {s:?}");
+        assert_eq!(s.publishes_resent, 0, "{kind:?}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(inc.try_recv().is_none(), "{kind:?}: delivered once");
+        c.disconnect().await.expect("disconnect");
+        sub.disconnect().await.expect("disconnect");
+    }
+}

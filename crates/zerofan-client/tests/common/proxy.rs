@@ -11,8 +11,18 @@ pub struct Proxy {
     pub port: u16,
     /// Generation: bumping it severs every current connection.
     sever: watch::Sender<u64>,
-    /// While true, bytes from the broker are held back.
-    stall: Arc<watch::Sender<bool>>,
+    /// Bytes from the broker that may still pass: `None` for no limit,
+    /// `Some(0)` holds everything back.
+    stall: Arc<watch::Sender<Option<usize>>>,
+}
+
+/// Count `k` bytes against the allowance.
+fn st_dec(tx: &watch::Sender<Option<usize>>, k: usize) {
+    tx.send_modify(|s| {
+        if let Some(a) = s {
+            *a = a.saturating_sub(k);
+        }
+    });
 }
 
 impl Proxy {
@@ -20,7 +30,7 @@ impl Proxy {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = l.local_addr().expect("addr").port();
         let (sever, _) = watch::channel(0u64);
-        let stall = Arc::new(watch::channel(false).0);
+        let stall = Arc::new(watch::channel(None::<usize>).0);
         let sv = sever.clone();
         let st = stall.clone();
         tokio::spawn(async move {
@@ -32,6 +42,7 @@ impl Proxy {
                 let _ = up.set_nodelay(true);
                 let mut cut = sv.subscribe();
                 let stall = st.subscribe();
+                let stall_tx = st.clone();
                 tokio::spawn(async move {
                     let (mut dr, mut dw) = down.into_split();
                     let (mut ur, mut uw) = up.into_split();
@@ -55,9 +66,20 @@ impl Proxy {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => n,
                             };
-                            let _ = stall.wait_for(|s| !*s).await;
-                            if dw.write_all(&b[..n]).await.is_err() {
-                                return;
+                            let mut at = 0;
+                            while at < n {
+                                let allowed = match stall.wait_for(|s| *s != Some(0)).await {
+                                    Ok(s) => *s,
+                                    Err(_) => None,
+                                };
+                                let k = allowed.map_or(n - at, |a| a.min(n - at));
+                                if dw.write_all(&b[at..at + k]).await.is_err() {
+                                    return;
+                                }
+                                at += k;
+                                if allowed.is_some() {
+                                    st_dec(&stall_tx, k);
+                                }
                             }
                         }
                     };
@@ -84,6 +106,15 @@ impl Proxy {
 
     /// Hold back (true) or release (false) bytes from the broker.
     pub fn stall(&self, on: bool) {
-        self.stall.send_replace(on);
+        self.stall.send_replace(if on { Some(0) } else { None });
+    }
+
+    /// While stalled, let the next `n` bytes from the broker through.
+    pub fn release(&self, n: usize) {
+        self.stall.send_modify(|s| {
+            if let Some(a) = s {
+                *a += n;
+            }
+        });
     }
 }
