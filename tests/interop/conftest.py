@@ -13,6 +13,7 @@ Environment:
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -46,6 +47,18 @@ MOSQUITTO_EQUIVALENT = {
     "topic_alias_maximum": "max_topic_alias",
     "max_queued_messages": "max_queued_messages",
 }
+
+
+def _raise_fd_limit(want: int = 8192) -> None:
+    """The storm opens 1,000+ sockets here and in the broker (which inherits this
+    limit); Debian's default soft limit is 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
+_raise_fd_limit()
 
 
 def zerofan_bin() -> Path:

@@ -2,6 +2,7 @@
 
 import asyncio
 import random
+import resource
 import socket
 import struct
 import time
@@ -89,6 +90,8 @@ def _settled_rss(broker, seconds=2.0):
 
 
 def test_storm(broker, client_factory):
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft >= STORM_CLIENTS + 200, f"open-file limit {soft} is too low for the storm"
     observer = client_factory(broker, version=5)
     observer.subscribe("storm/#", 1)
     _run_storm(broker, 50, "warm")  # warm up pools, allocator arenas, tables
