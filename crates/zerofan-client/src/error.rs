@@ -34,6 +34,9 @@ pub enum ClientError {
     /// A topic name or filter breaks the MQTT rules.
     #[error("invalid topic: {0}")]
     InvalidTopic(String),
+    /// An expert-mode closure misused the frame buffer.
+    #[error("bad payload: {0}")]
+    Payload(&'static str),
     /// The packet is larger than the broker's Maximum Packet Size.
     #[error("packet of {size} bytes exceeds the broker's maximum packet size {max}")]
     PacketTooLarge {

@@ -146,7 +146,12 @@ impl FrameBuilder {
         self.ensure(reserve);
         self.buf.put_bytes(0, reserve);
         write(&mut self.buf);
-        let payload_len = self.buf.len() - reserve;
+        let Some(payload_len) = self.buf.len().checked_sub(reserve) else {
+            self.buf.clear();
+            return Err(ClientError::Payload(
+                "publish_with closure removed bytes it did not write",
+            ));
+        };
         let h = Self::header(topic, qos, opts, payload_len);
         let hl = h.header_len(protocol)?;
         let skip = reserve - hl;
@@ -237,6 +242,30 @@ mod tests {
             .unwrap();
         }
         assert!(b.capacity() <= INITIAL_CAPACITY);
+    }
+
+    #[test]
+    fn a_closure_that_truncates_the_buffer_is_an_error_not_a_panic() {
+        let mut b = FrameBuilder::default();
+        let r = b.expert(
+            Protocol::V5,
+            "t",
+            QoS::AtLeastOnce,
+            &PublishOptions::default(),
+            |buf| buf.clear(),
+        );
+        assert!(matches!(r, Err(ClientError::Payload(_))));
+        // The builder is still usable.
+        let f = b
+            .expert(
+                Protocol::V5,
+                "t",
+                QoS::AtMostOnce,
+                &PublishOptions::default(),
+                |buf| buf.put_slice(b"ok"),
+            )
+            .unwrap();
+        assert_eq!(roundtrip(f).payload, Bytes::from_static(b"ok"));
     }
 
     #[test]

@@ -308,3 +308,57 @@ impl ClientOptions {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2.0,
+        };
+        assert_eq!(b.delay(0), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(400));
+        assert_eq!(b.delay(10), Duration::from_secs(1));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn connect_packet_carries_every_option() {
+        let o = ClientOptions::new("127.0.0.1:1")
+            .session_expiry(60)
+            .receive_maximum(10)
+            .maximum_packet_size(1000)
+            .topic_alias_maximum(5)
+            .keep_alive(7)
+            .credentials("u", "p")
+            .will(LastWill::new("w/t", "bye", QoS::AtLeastOnce, true));
+        let c = o.connect_packet("id", false).unwrap();
+        assert!(!c.clean_start);
+        assert_eq!(c.keep_alive, 7);
+        assert_eq!(c.properties.session_expiry_interval, Some(60));
+        assert_eq!(c.properties.receive_maximum, Some(10));
+        assert_eq!(c.properties.maximum_packet_size, Some(1000));
+        assert_eq!(c.properties.topic_alias_maximum, Some(5));
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some(&b"p"[..]));
+        let w = c.will.unwrap();
+        assert_eq!(
+            (w.topic.as_str(), w.qos, w.retain),
+            ("w/t", QoS::AtLeastOnce, true)
+        );
+        // 3.1.1 has no properties.
+        let c = o
+            .protocol(Protocol::V311)
+            .connect_packet("id", true)
+            .unwrap();
+        assert!(c.properties.is_empty());
+        assert!(ClientOptions::new("x")
+            .will(LastWill::new("w/#", "", QoS::AtMostOnce, false))
+            .connect_packet("id", true)
+            .is_err());
+    }
+}
