@@ -39,8 +39,8 @@ def test_slow_subscriber_does_not_slow_others(broker, client_factory):
     fast.subscribe("flood-end", 1)
     pub = client_factory(broker, version=5)
     # 19 MB towards a client that reads nothing (well past any socket buffers); 600
-    # messages stay within the default
-    # queue bound, so the reading subscriber loses none even on a loaded machine
+    # messages stay within the default queue bound, so the reading subscriber
+    # loses none even on a loaded machine
     n, payload = 600, b"p" * 32768
     start = time.monotonic()
     for i in range(n):
