@@ -88,6 +88,12 @@ pub struct CaptureStats {
     pub drops_sink: u64,
     /// Frames the callback received.
     pub frames: u64,
+    /// Device callbacks so far.
+    pub callbacks: u64,
+    /// Most frames one callback delivered: a backend that delivers in
+    /// bursts larger than the packet queue (`queue_packets` packets) loses
+    /// packets however fast the consumer is.
+    pub max_callback_frames: u64,
     /// Errors the backend reported (overruns included).
     pub errors: u64,
     /// Overruns / underruns among them.
@@ -285,6 +291,8 @@ pub(crate) fn stats(c: &Counters, pool: &Pool) -> CaptureStats {
         drops_no_buffer: nb,
         drops_sink: sk,
         frames: ld(&c.frames),
+        callbacks: ld(&c.callbacks),
+        max_callback_frames: ld(&c.max_callback_frames),
         errors: ld(&c.errors),
         xruns: ld(&c.xruns),
         pool_hits: m.hits,
@@ -437,14 +445,19 @@ fn open(chosen: &Chosen, config: &CaptureConfig, pool: Pool) -> Result<Opened, A
         format: config.format,
         frames_per_packet: StreamParams::frames_for(rate, config.packet_duration),
     };
-    // Ask for callbacks of one packet when the device allows it (steadier
-    // delivery, e.g. PulseAudio's default record fragments are large);
-    // fall back to the backend's default if that is refused.
-    let fixed = match range.as_ref().map(|r| *r.buffer_size()) {
-        Some(cpal::SupportedBufferSize::Range { min, max })
-            if (min..=max).contains(&params.frames_per_packet) =>
+    // A fixed callback size only when asked for and within the device's
+    // range; else (or if the backend refuses it) the backend's default.
+    let fixed = match (
+        config.buffer_frames,
+        range.as_ref().map(|r| *r.buffer_size()),
+    ) {
+        (Some(n), Some(cpal::SupportedBufferSize::Range { min, max }))
+            if (min..=max).contains(&n) =>
         {
-            Some(cpal::BufferSize::Fixed(params.frames_per_packet))
+            Some(cpal::BufferSize::Fixed(n))
+        }
+        (Some(n), None | Some(cpal::SupportedBufferSize::Unknown)) => {
+            Some(cpal::BufferSize::Fixed(n))
         }
         _ => None,
     };

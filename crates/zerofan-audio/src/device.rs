@@ -39,7 +39,7 @@ pub struct DefaultConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// Unique id to pass back as the device selector: `"HOST:ID"` as cpal
-    /// prints a `DeviceId` (`"PulseAudio:zf_null.monitor"`, `"ALSA:pulse"`),
+    /// prints a `DeviceId` (`"pulseaudio:zf_null.monitor"`, `"alsa:pulse"`),
     /// with [`LOOPBACK_PREFIX`] in front for loopback of an output device.
     pub id: String,
     /// The host (audio API) name: `"ALSA"`, `"PulseAudio"`, `"WASAPI"`,
@@ -231,7 +231,7 @@ fn find_named(wanted: &str) -> Result<Chosen, AudioError> {
     // equal another device's id.
     type Matcher = fn(&cpal::Device, &str) -> bool;
     let passes: [Matcher; 3] = [
-        |d, w| id_string(d).as_deref() == Some(w),
+        |d, w| id_string(d).is_some_and(|id| id.eq_ignore_ascii_case(w)),
         |d, w| d.id().map(|id| id.id() == w).unwrap_or(false),
         |d, w| name_of(d) == w,
     ];

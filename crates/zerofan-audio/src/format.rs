@@ -72,8 +72,11 @@ pub struct PacketInfo {
     /// Capture time of the packet's first frame, in nanoseconds on the
     /// audio host's monotonic stream clock (cpal's `InputStreamTimestamp::
     /// capture`, advanced by the frames that came before in the same
-    /// callback). Only differences between packets of one stream mean
-    /// something.
+    /// callback), never before the previous packet's. Only differences
+    /// between packets of one stream mean something, and they jitter as
+    /// the backend's clock estimate does (PulseAudio interpolates latency,
+    /// ALSA's first callbacks report the start-up delay): the exact sample
+    /// position of a packet is `seq * frames`.
     pub timestamp_ns: u64,
     /// Frames per second.
     pub sample_rate: u32,
@@ -91,7 +94,8 @@ pub enum DeviceSelector {
     #[default]
     Default,
     /// A device matched by, in this order: its full id as listed
-    /// (`"PulseAudio:zf_null.monitor"`, `"ALSA:pulse"`), its id within its
+    /// (`"pulseaudio:zf_null.monitor"`, `"alsa:pulse"`; the host part is
+    /// matched ignoring ASCII case), its id within its
     /// host (`"zf_null.monitor"`, `"pulse"`), its name
     /// (`"Monitor of Null Output"`). See [`crate::list_devices`].
     Named(String),
@@ -128,8 +132,16 @@ pub struct CaptureConfig {
     pub packet_duration: Duration,
     /// How many finished packets may wait for the consumer, and how many
     /// empty buffers wait for the callback. When either runs out, the
-    /// packet is dropped and counted. Default 64 (640 ms at 10 ms).
+    /// packet is dropped and counted. Default 256 (2.56 s at 10 ms: room
+    /// for a consumer thread starved of CPU for a while, at 2 × 256 pooled
+    /// buffers, 1 MiB for 48 kHz mono i16).
     pub queue_packets: usize,
+    /// Frames per device callback to ask the backend for. `None` (default)
+    /// leaves it to the backend: the packetizer takes any callback size, and
+    /// small fixed buffers lose data on some servers (cpal's PulseAudio
+    /// host makes a fixed record buffer exactly one callback long, which
+    /// overruns as soon as the reading thread is a little late).
+    pub buffer_frames: Option<u32>,
 }
 
 impl Default for CaptureConfig {
@@ -140,7 +152,8 @@ impl Default for CaptureConfig {
             channels: None,
             format: SampleFormat::I16,
             packet_duration: Duration::from_millis(10),
-            queue_packets: 64,
+            queue_packets: 256,
+            buffer_frames: None,
         }
     }
 }

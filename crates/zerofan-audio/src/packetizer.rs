@@ -117,6 +117,10 @@ pub(crate) struct Counters {
     pub dropped_by_sink: AtomicU64,
     /// Frames seen by the packetizer.
     pub frames: AtomicU64,
+    /// Calls to `Packetizer::push` (device callbacks).
+    pub callbacks: AtomicU64,
+    /// Most frames in one callback (how bursty the backend delivers).
+    pub max_callback_frames: AtomicU64,
     /// Errors reported by the audio backend (xruns included).
     pub errors: AtomicU64,
     /// Of those, overruns/underruns.
@@ -231,6 +235,10 @@ impl Packetizer {
         let bps = self.params.format.bytes_per_sample();
         let total = samples.len() / ch;
         bump(&self.counters.frames, total as u64);
+        bump(&self.counters.callbacks, 1);
+        self.counters
+            .max_callback_frames
+            .fetch_max(total as u64, Relaxed);
         let mut done = 0usize;
         while done < total {
             if self.frames_in_cur == 0 {
@@ -254,7 +262,13 @@ impl Packetizer {
     }
 
     fn start_packet(&mut self, ts: u64) {
-        self.cur_ts = ts;
+        // Backends derive callback timestamps from clocks and latency
+        // estimates that jitter; never let a packet start before the last.
+        self.cur_ts = if self.seq == 0 {
+            ts
+        } else {
+            ts.max(self.cur_ts)
+        };
         if self.cur.is_none() {
             self.cur = self.free.pop().ok();
         }
