@@ -101,6 +101,8 @@ async fn credentials_are_checked_by_mosquitto() {
             Err(ClientError::Refused(_))
         ));
     }
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

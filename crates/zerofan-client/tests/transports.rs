@@ -21,6 +21,13 @@ struct Pki {
     roots: RootCertStore,
     cert: String,
     key: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 fn pki() -> Pki {
@@ -45,6 +52,7 @@ fn pki() -> Pki {
         roots,
         cert: cert_path.display().to_string(),
         key: key_path.display().to_string(),
+        dir,
     }
 }
 
@@ -83,7 +91,7 @@ async fn exercise(transport: Transport, protocol: Protocol, sizes: &[usize]) {
 async fn tls_against_mosquitto() {
     let p = pki();
     let b = Broker::mosquitto(&format!("certfile {}\nkeyfile {}", p.cert, p.key));
-    let tls = TlsSettings::with_roots("localhost", p.roots).expect("tls settings");
+    let tls = TlsSettings::with_roots("localhost", p.roots.clone()).expect("tls settings");
     exercise(Transport::tls(b.addr(), tls.clone()), Protocol::V5, SIZES).await;
     exercise(Transport::tls(b.addr(), tls), Protocol::V311, SIZES).await;
 }
@@ -93,7 +101,7 @@ async fn tls_refuses_an_unknown_ca() {
     let p = pki();
     let other = pki();
     let b = Broker::mosquitto(&format!("certfile {}\nkeyfile {}", p.cert, p.key));
-    let tls = TlsSettings::with_roots("localhost", other.roots).expect("tls settings");
+    let tls = TlsSettings::with_roots("localhost", other.roots.clone()).expect("tls settings");
     let r = Client::connect(ClientOptions::with_transport(Transport::tls(b.addr(), tls))).await;
     assert!(matches!(r, Err(ClientError::Tls(_))), "{r:?}");
 }
@@ -119,7 +127,7 @@ async fn websocket_against_mosquitto() {
 async fn secure_websocket_against_mosquitto() {
     let p = pki();
     let b = Broker::mosquitto_ws(&format!("certfile {}\nkeyfile {}", p.cert, p.key));
-    let tls = TlsSettings::with_roots("localhost", p.roots).expect("tls settings");
+    let tls = TlsSettings::with_roots("localhost", p.roots.clone()).expect("tls settings");
     exercise(
         Transport::websocket_tls(b.ws_addr(), "/mqtt", tls),
         Protocol::V5,
