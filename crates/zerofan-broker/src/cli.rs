@@ -1,7 +1,7 @@
 //! The `zerofan` command line.
 
 use crate::config::Config;
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,9 +30,18 @@ pub struct Args {
     /// [default: 127.0.0.1:1883]
     #[arg(long = "listen", value_name = "ADDR")]
     pub listen: Vec<SocketAddr>,
-    /// TOML file with settings (see the keys below).
-    #[arg(long, value_name = "FILE")]
+    /// Settings file: TOML (see the keys below), or a mosquitto
+    /// configuration (name ending in .conf, or not TOML).
+    #[arg(short = 'c', long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Check the configuration (and every file it names: password file,
+    /// ACL, certificates) and exit: 0 with "configuration OK", or 1 with
+    /// what is wrong, naming the file and line.
+    #[arg(long)]
+    pub test_config: bool,
+    /// A subcommand instead of running the broker.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Keep sessions and retained messages in memory only (the only mode
     /// for now: nothing survives a restart).
     #[arg(long)]
@@ -55,6 +64,14 @@ pub struct Args {
     pub log_format: Option<crate::logging::LogFormat>,
 }
 
+/// Subcommands of `zerofan`.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Add, change (-b PASSWORD, or prompted) or delete (-D) a user in a
+    /// mosquitto password file; -c creates the file.
+    Passwd(crate::passwd_cmd::PasswdArgs),
+}
+
 impl Args {
     /// The configuration these arguments describe.
     pub fn config(&self) -> Result<Config, crate::config::ConfigError> {
@@ -75,9 +92,33 @@ impl Args {
     }
 }
 
+/// `--test-config`: load the configuration and every file it names.
+fn test_config(args: &Args) -> ExitCode {
+    let result = args
+        .config()
+        .map_err(|e| e.to_string())
+        .and_then(|c| crate::security::load(&c).map_err(|e| e.to_string()));
+    match result {
+        Ok(_) => {
+            println!("configuration OK");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("zerofan: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Entry point of the `zerofan` binary.
 pub fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Passwd(p)) = &args.command {
+        return crate::passwd_cmd::run(p);
+    }
+    if args.test_config {
+        return test_config(&args);
+    }
     let config = match args.config() {
         Ok(c) => c,
         Err(e) => {

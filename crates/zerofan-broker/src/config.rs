@@ -23,8 +23,33 @@ pub enum QueueFull {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Addresses to listen on (TCP).
+    /// Addresses to listen on (plain TCP). With neither this nor any
+    /// `[[listener]]` table: 127.0.0.1:1883.
     pub listen: Vec<SocketAddr>,
+    /// Listeners with their own options (`[[listener]]` tables: TLS,
+    /// WebSocket, PROXY protocol, limits), opened besides `listen`.
+    pub listener: Vec<crate::listen_config::ListenerConfig>,
+    /// mosquitto password file (`user:$7$...`); when set, a client with a
+    /// username must give its password.
+    pub password_file: Option<std::path::PathBuf>,
+    /// mosquitto ACL file; when set, whatever no rule allows is denied.
+    pub acl_file: Option<std::path::PathBuf>,
+    /// Whether clients without a username may connect (a listener's own
+    /// setting wins). Unset: only on listeners bound to a loopback address.
+    pub allow_anonymous: Option<bool>,
+    /// Most simultaneous connections overall; 0: no limit.
+    pub max_connections: usize,
+    /// Longest topic name or filter, in bytes.
+    pub max_topic_length: usize,
+    /// PUBLISH packets per second one client may send (token bucket with a
+    /// one-second burst); above it: DISCONNECT 0x96. 0: no limit.
+    pub max_publish_rate: u32,
+    /// PUBLISH payload bytes per second one client may send (token bucket
+    /// with a one-second burst); above it: DISCONNECT 0x96. 0: no limit.
+    pub max_publish_bytes_rate: u64,
+    /// New connections per second from one address (IPv6: per /64); above
+    /// it CONNECT is refused with 0x9F (3.1.1: 0x03). 0: no limit.
+    pub max_connection_rate: u32,
     /// Largest keep alive (seconds) a client may use; an MQTT 5 client asking
     /// for more (or for 0 while this is below 65535) is told this value as
     /// Server Keep Alive.
@@ -68,7 +93,16 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: vec![SocketAddr::from(([127, 0, 0, 1], 1883))],
+            listen: Vec::new(),
+            listener: Vec::new(),
+            password_file: None,
+            acl_file: None,
+            allow_anonymous: None,
+            max_connections: 0,
+            max_topic_length: 65535,
+            max_publish_rate: 0,
+            max_publish_bytes_rate: 0,
+            max_connection_rate: 0,
             max_keepalive: 65535,
             max_packet_size: 268_435_455,
             receive_maximum: 65535,
@@ -119,6 +153,25 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// Every listener to open: `listen` addresses as plain TCP listeners,
+    /// then the `[[listener]]` tables; 127.0.0.1:1883 when there is none.
+    pub fn listeners(&self) -> Vec<crate::listen_config::ListenerConfig> {
+        use crate::listen_config::ListenerConfig;
+        let mut out: Vec<ListenerConfig> = self
+            .listen
+            .iter()
+            .map(|a| ListenerConfig::tcp(*a))
+            .collect();
+        out.extend(self.listener.iter().cloned());
+        if out.is_empty() {
+            out.push(ListenerConfig::tcp(SocketAddr::from((
+                [127, 0, 0, 1],
+                1883,
+            ))));
+        }
+        out
+    }
+
     /// Parse a TOML document.
     pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -129,13 +182,18 @@ impl Config {
         Ok(config)
     }
 
-    /// Read and parse a TOML file.
+    /// Read and parse a configuration file: TOML, or a mosquitto
+    /// configuration (name ending in `.conf`, or text that is not TOML but
+    /// reads as mosquitto's; see [`crate::mosquitto_conf`]).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: shown.clone(),
             source,
         })?;
+        if crate::mosquitto_conf::is_mosquitto(path, &text) {
+            return crate::mosquitto_conf::load(&text, path);
+        }
         Config::from_toml(&text, &shown)
     }
 
@@ -159,6 +217,22 @@ impl Config {
         }
         if self.max_topic_levels == 0 {
             return bad("max_topic_levels", "must be at least 1");
+        }
+        if self.max_topic_length == 0 || self.max_topic_length > 65535 {
+            return bad("max_topic_length", "must be 1..=65535");
+        }
+        for l in &self.listener {
+            if let Some(tls) = &l.tls {
+                if tls.require_certificate && tls.ca.is_none() {
+                    return bad("listener.tls.require_certificate", "needs tls.ca");
+                }
+                if tls.use_identity_as_username && !tls.require_certificate {
+                    return bad(
+                        "listener.tls.use_identity_as_username",
+                        "needs tls.require_certificate = true",
+                    );
+                }
+            }
         }
         Ok(())
     }

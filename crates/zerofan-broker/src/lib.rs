@@ -9,6 +9,13 @@
 //!   outboxes with vectored writes. One thread, no locks on the publish path.
 //! - [`config`]: every setting, loaded from a flat TOML table.
 //! - [`cli`]: the `zerofan` command line.
+//! - [`listen_config`]: `[[listener]]` settings (TCP, TLS, WebSocket,
+//!   PROXY protocol, per-listener limits and authentication).
+//! - [`mosquitto_conf`]: `zerofan -c mosquitto.conf`, a mosquitto
+//!   configuration mapped onto ours.
+//! - [`security`]: reading password, ACL and certificate files into what
+//!   the core and the listeners use (also `--test-config`).
+//! - [`passwd_cmd`]: `zerofan passwd FILE USER`.
 //! - [`logging`]: `tracing` output as text or JSON lines.
 //! - [`ratelimit`]: the token-bucket limiter every per-client log line
 //!   goes through.
@@ -18,6 +25,10 @@
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod listen_config;
 pub mod logging;
+pub mod mosquitto_conf;
+pub mod passwd_cmd;
 pub mod ratelimit;
+pub mod security;
 pub mod shell;

@@ -40,6 +40,8 @@ pub struct Broker {
     bad_input_log: Option<(Instant, u64)>,
     pub(crate) route_direct: Vec<SubEntry>,
     pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
+    /// Authentication, ACL and connection limits (see `auth`).
+    pub(crate) auth: super::auth::AuthState,
 }
 
 impl Broker {
@@ -72,6 +74,7 @@ impl Broker {
             bad_input_log: None,
             route_direct: Vec::new(),
             route_shared: Vec::new(),
+            auth: super::auth::AuthState::default(),
         }
     }
 
@@ -178,6 +181,7 @@ impl Broker {
     /// a normal DISCONNECT. Must be called exactly once per connection.
     pub fn connection_lost(&mut self, now: Instant, conn: ConnId) {
         self.close(now, conn, None, true);
+        self.auth_connection_closed(conn);
         self.conns.remove(&conn);
     }
 

@@ -24,8 +24,8 @@ impl Broker {
             properties,
             client_id,
             will,
-            username: _,
-            password: _,
+            username,
+            password,
         } = *connect;
         let v5 = protocol.is_v5();
         if let Some(c) = self.conns.get_mut(&conn) {
@@ -35,6 +35,10 @@ impl Broker {
         if v5 && properties.authentication_method.is_some() {
             // No enhanced authentication methods are supported (MQTT-4.12.0-1).
             self.refuse(now, conn, ReasonCode::BAD_AUTHENTICATION_METHOD);
+            return;
+        }
+        if let Err(code) = self.authenticate(now, conn, username.as_deref(), password.as_deref()) {
+            self.refuse(now, conn, code);
             return;
         }
         if let Some(w) = &will {
@@ -116,7 +120,8 @@ impl Broker {
             s.expiry_interval = expiry;
             s.expires_at = None;
             // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
-            s.pending_will = None;
+            let cancelled = s.pending_will.take().is_some();
+            self.dur_connected(sid, cancelled);
         }
 
         let Some(c) = self.conns.get_mut(&conn) else {
@@ -144,6 +149,7 @@ impl Broker {
             self.timers.arm(at, Timer::KeepAlive(conn));
         }
         self.metrics.clients_connected_total += 1;
+        self.auth_attach(conn, sid, client_id.as_str());
         tracing::debug!(%conn, client_id = %client_id, ?protocol, session_present, "connected");
 
         let mut props = Properties::default();
@@ -322,6 +328,9 @@ impl Broker {
             }
             self.timers.arm(at, Timer::SessionExpiry(sid));
         }
+        if expiry > 0 {
+            self.dur_detached(sid);
+        }
     }
 
     /// Remove a session for good: subscriptions out of the trie, shared
@@ -345,6 +354,7 @@ impl Broker {
             }
             self.trie_remove(filter, sid);
         }
+        self.auth_forget(sid);
         let Some(mut s) = self.sessions.remove(&sid) else {
             return;
         };
@@ -352,6 +362,7 @@ impl Broker {
             self.by_client.remove(&s.client_id);
         }
         self.store.remove(s.client_id.as_str());
+        self.dur_session_ended(s.client_id.as_str());
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
         }

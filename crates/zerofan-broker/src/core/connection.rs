@@ -52,6 +52,8 @@ pub struct Connection {
     pub outbox: VecDeque<Outgoing>,
     /// Whether the shell has already been told to wake this writer.
     pub woken: bool,
+    /// Listener, certificate identity, username, limits (see `auth`).
+    pub sec: super::auth::ConnSecurity,
 }
 
 impl Connection {
@@ -73,6 +75,7 @@ impl Connection {
             will_delay: 0,
             outbox: VecDeque::new(),
             woken: false,
+            sec: Default::default(),
         }
     }
 

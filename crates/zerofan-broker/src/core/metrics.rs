@@ -50,6 +50,16 @@ pub struct Metrics {
     /// Messages copied out of their read buffer before being kept for long
     /// (retained, offline queues), so they do not pin a large buffer.
     pub compactions: u64,
+    /// Durable store operations or commits that failed.
+    pub store_errors: u64,
+    /// Store records skipped at restart because they could not be restored.
+    pub store_restore_skipped: u64,
+    /// Torn or corrupt log tails cut back at startup (0 or 1 per start).
+    pub store_torn_tails: u64,
+    /// Bytes cut off the log at startup.
+    pub store_truncated_bytes: u64,
+    /// Refusals by authentication, access control and limits.
+    pub security: super::limits::SecurityMetrics,
 }
 
 impl Metrics {

@@ -8,11 +8,13 @@
 //! - [`store`]: the storage traits and the in-memory store.
 //! - [`Metrics`]: every counter, published under `$SYS/`.
 
+pub mod auth;
 mod broker;
 mod connect;
 mod connection;
 mod deliver;
 mod ids;
+pub mod limits;
 mod message;
 mod metrics;
 mod outbox;
@@ -27,6 +29,7 @@ mod trie;
 #[cfg(test)]
 mod tests;
 
+pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::Broker;
 pub use ids::{ConnId, SessionId};
 pub use message::Message;

@@ -4,6 +4,7 @@
 use super::broker::Broker;
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
+use super::outbox::Outgoing;
 use super::session::{InflightState, Queued};
 use super::trie::Hit;
 use std::sync::Arc;
@@ -74,7 +75,10 @@ impl Broker {
             );
             return;
         }
-        let v5 = c.protocol.is_v5();
+        if self.publish_refused(now, conn, sid, &p) {
+            return;
+        }
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
         self.metrics.messages_received += 1;
         self.metrics.payload_bytes_received += p.payload.len() as u64;
         self.metrics.messages_received_by_qos[p.qos as usize] += 1;
@@ -88,7 +92,10 @@ impl Broker {
             };
             if s.incoming_qos2.contains(&pid) {
                 // A resent PUBLISH of a message already taken: ack, do not route twice.
-                self.send(conn, Packet::PubRec(ack(pid, ReasonCode::SUCCESS)));
+                self.send_publish_ack(
+                    conn,
+                    Outgoing::from_packet(Packet::PubRec(ack(pid, ReasonCode::SUCCESS))),
+                );
                 return;
             }
             if s.incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
@@ -102,6 +109,7 @@ impl Broker {
                 return;
             }
             s.incoming_qos2.insert(pid);
+            self.dur_qos2_received(sid, pid);
         }
 
         // `$SYS/` belongs to the broker: clients may not publish into it.
@@ -116,10 +124,17 @@ impl Broker {
         } else {
             ReasonCode::SUCCESS
         };
+        // Held until durable when this publish was written (see `durable`).
         match qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send(conn, Packet::PubAck(ack(pid, reason))),
-            QoS::ExactlyOnce => self.send(conn, Packet::PubRec(ack(pid, reason))),
+            QoS::AtLeastOnce => self.send_publish_ack(
+                conn,
+                Outgoing::from_packet(Packet::PubAck(ack(pid, reason))),
+            ),
+            QoS::ExactlyOnce => self.send_publish_ack(
+                conn,
+                Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
+            ),
         }
     }
 
@@ -135,7 +150,15 @@ impl Broker {
         } else {
             ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
         };
-        self.send(conn, Packet::PubComp(ack(a.packet_id, reason)));
+        if known {
+            self.dur_qos2_released(sid, a.packet_id);
+        }
+        // After the release is durable: a restart must not treat the packet
+        // id, free again for the client, as still taken.
+        self.send_publish_ack(
+            conn,
+            Outgoing::from_packet(Packet::PubComp(ack(a.packet_id, reason))),
+        );
     }
 
     /// PUBACK from a client: a QoS 1 delivery is done.
@@ -145,10 +168,16 @@ impl Broker {
                 f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
             });
             if done {
-                s.inflight.remove(&a.packet_id);
+                let stored = s
+                    .inflight
+                    .remove(&a.packet_id)
+                    .is_some_and(|f| f.item.entry.is_some());
                 // The window has room again.
                 if !s.queue.is_empty() {
                     self.wake(conn);
+                }
+                if stored {
+                    self.dur_complete(sid, a.packet_id);
                 }
             }
         }
@@ -162,14 +191,21 @@ impl Broker {
         };
         match s.inflight.get_mut(&a.packet_id) {
             Some(f) if f.item.qos == QoS::ExactlyOnce => {
+                let stored = f.item.entry.is_some();
                 if a.reason.is_error() {
                     s.inflight.remove(&a.packet_id);
                     if !s.queue.is_empty() {
                         self.wake(conn);
                     }
+                    if stored {
+                        self.dur_complete(sid, a.packet_id);
+                    }
                     return;
                 }
                 f.state = InflightState::AwaitingComp;
+                if stored {
+                    self.dur_pubrec(sid, a.packet_id);
+                }
                 // The payload is no longer needed; keep only the id state.
                 self.send(conn, Packet::PubRel(ack(a.packet_id, ReasonCode::SUCCESS)));
             }
@@ -192,9 +228,15 @@ impl Broker {
                 .get(&a.packet_id)
                 .is_some_and(|f| f.state == InflightState::AwaitingComp);
             if done {
-                s.inflight.remove(&a.packet_id);
+                let stored = s
+                    .inflight
+                    .remove(&a.packet_id)
+                    .is_some_and(|f| f.item.entry.is_some());
                 if !s.queue.is_empty() {
                     self.wake(conn);
+                }
+                if stored {
+                    self.dur_complete(sid, a.packet_id);
                 }
             }
         }
@@ -208,7 +250,9 @@ impl Broker {
         if msg.retain && self.config.retain_available {
             if msg.payload.is_empty() {
                 self.store.clear(msg.topic.as_str());
+                self.dur_clear_retained(msg.topic.as_str());
             } else {
+                self.dur_set_retained(&msg);
                 let kept = self.keepable(&msg);
                 self.store.set(kept);
             }
@@ -252,6 +296,9 @@ impl Broker {
                 sub_ids.extend(e.id);
                 i += 1;
             }
+            if !self.may_deliver(session, msg.topic.as_str()) {
+                continue;
+            }
             count += 1;
             self.enqueue_with(
                 now,
@@ -262,11 +309,15 @@ impl Broker {
                     retain,
                     sub_ids,
                     share: None,
+                    entry: None,
                 },
                 &mut compacted,
             );
         }
         for (e, key) in shared.drain(..) {
+            if !self.may_deliver(e.session, msg.topic.as_str()) {
+                continue;
+            }
             count += 1;
             self.enqueue_with(
                 now,
@@ -277,6 +328,7 @@ impl Broker {
                     retain: e.options.retain_as_published && msg.retain,
                     sub_ids: e.id.into_iter().collect(),
                     share: Some(key),
+                    entry: None,
                 },
                 &mut compacted,
             );

@@ -32,6 +32,10 @@ impl Broker {
                 });
                 continue;
             }
+            if let Some(code) = self.subscribe_refused(conn, sid, filter, v5) {
+                reasons.push(code);
+                continue;
+            }
             let shared = zerofan_codec::topic::split_shared(filter);
             if shared.is_some() && options.no_local {
                 // MQTT-3.8.3-4.
@@ -54,6 +58,7 @@ impl Broker {
                 options: *options,
                 id: sub_id,
             };
+            self.dur_subscribed(sid, filter, record);
             match shared {
                 Some((group, plain)) => {
                     self.trie.insert(plain, Some(group), entry);
@@ -86,7 +91,7 @@ impl Broker {
             }),
         );
         for (msg, options) in retained {
-            if msg.is_expired(now) {
+            if msg.is_expired(now) || !self.may_deliver(sid, msg.topic.as_str()) {
                 continue;
             }
             let qos: QoS = options.qos.min(msg.qos);
@@ -101,6 +106,7 @@ impl Broker {
                     retain: true,
                     sub_ids: sub_id.into_iter().collect(),
                     share: None,
+                    entry: None,
                 },
             );
         }
@@ -123,6 +129,7 @@ impl Broker {
                 .get_mut(&sid)
                 .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
             if existed {
+                self.dur_unsubscribed(sid, filter);
                 if filter.starts_with("$share/") {
                     self.hand_over_shared(now, sid, filter, false);
                 }

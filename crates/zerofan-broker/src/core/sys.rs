@@ -81,6 +81,8 @@ impl Broker {
             ),
             ("pool/hit_rate", format!("{:.4}", st.pool_hit_rate)),
         ];
+        let mut figures = figures;
+        figures.extend(m.security.sys_figures());
         for (name, value) in figures {
             let Ok(topic) = MqttStr::try_from(format!("$SYS/broker/{name}")) else {
                 continue;
@@ -94,6 +96,7 @@ impl Broker {
                 origin: None,
                 expires_at: None,
                 owns_bytes: true,
+                stored: Default::default(),
             };
             self.route_sys(now, Arc::new(msg));
         }
@@ -113,6 +116,7 @@ impl Broker {
             origin: None,
             expires_at: None,
             owns_bytes: true,
+            stored: Default::default(),
         };
         self.route(now, Arc::new(live));
     }

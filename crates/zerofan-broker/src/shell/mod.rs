@@ -4,9 +4,12 @@
 //! publish path takes no lock.
 
 mod buffers;
+pub mod listener;
+pub mod proxy;
 mod reader;
 mod server;
 mod state;
+pub mod ws;
 mod writer;
 
 pub use server::{run_until_signal, Server};

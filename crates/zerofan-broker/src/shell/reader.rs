@@ -8,6 +8,7 @@ use super::state::{ConnHandle, Shared};
 use crate::core::ConnId;
 use bytes::BufMut;
 use std::time::Instant;
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 use zerofan_codec::Frame;
 
@@ -26,12 +27,21 @@ pub enum ReadEnd {
     CloseRequested,
 }
 
+/// The read half of a connection's transport.
+pub enum ReadSide {
+    /// Plain TCP: waits for readability before taking a buffer.
+    Tcp(OwnedReadHalf),
+    /// TLS / WebSocket: reads into a buffer taken before waiting (these
+    /// streams keep buffers of their own anyway).
+    Boxed(tokio::io::ReadHalf<super::listener::BoxStream>),
+}
+
 /// Read and feed packets to the core until the peer or the core ends it.
 pub async fn reader_loop(
     shared: &Shared,
     id: ConnId,
     handle: &ConnHandle,
-    rd: OwnedReadHalf,
+    mut rd: ReadSide,
 ) -> ReadEnd {
     let mut buf: Option<ReadBuf> = None;
     // Adapts to the traffic: doubles while reads fill the buffer, halves
@@ -45,17 +55,40 @@ pub async fn reader_loop(
                 _ = handle.drained.notified() => {}
             }
         }
-        tokio::select! {
-            biased;
-            _ = handle.close.notified() => return ReadEnd::CloseRequested,
-            r = rd.readable() => if r.is_err() { return ReadEnd::PeerClosed },
-        }
-        let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
-        if Buffers::spare(b) == 0 {
-            grow(&shared.buffers, b, b.len() * 2);
-        }
-        let room = Buffers::spare(b);
-        match rd.try_read_buf(b) {
+        let read = match &mut rd {
+            ReadSide::Tcp(rd) => {
+                tokio::select! {
+                    biased;
+                    _ = handle.close.notified() => return ReadEnd::CloseRequested,
+                    r = rd.readable() => if r.is_err() { return ReadEnd::PeerClosed },
+                }
+                let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
+                if Buffers::spare(b) == 0 {
+                    grow(&shared.buffers, b, b.len() * 2);
+                }
+                let room = Buffers::spare(b);
+                (rd.try_read_buf(b), room)
+            }
+            ReadSide::Boxed(rd) => {
+                let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
+                if Buffers::spare(b) == 0 {
+                    grow(&shared.buffers, b, b.len() * 2);
+                }
+                let room = Buffers::spare(b);
+                // `read_buf` is cancel safe: nothing is lost if close wins.
+                let r = tokio::select! {
+                    biased;
+                    _ = handle.close.notified() => return ReadEnd::CloseRequested,
+                    r = rd.read_buf(b) => r,
+                };
+                (r, room)
+            }
+        };
+        let Some(b) = buf.as_mut() else {
+            continue;
+        };
+        let (read, room) = read;
+        match read {
             Ok(0) => return ReadEnd::PeerClosed,
             Ok(n) => {
                 shared.bytes_in.set(shared.bytes_in.get() + n as u64);

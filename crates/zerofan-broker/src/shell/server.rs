@@ -1,16 +1,18 @@
 //! Listeners, per-connection tasks, the timer task and graceful shutdown.
 
-use super::reader::{reader_loop, ReadEnd};
+use super::listener::{accept_loop, Transport};
+use super::reader::{reader_loop, ReadEnd, ReadSide};
 use super::state::{ConnHandle, Shared};
 use super::writer::writer_loop;
 use crate::config::Config;
-use crate::core::{Broker, ShellStats};
+use crate::core::{Broker, ConnectionMeta, SecurityConfig, ShellStats};
+use crate::security::PreparedListener;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// How long a closing connection may take to flush before it is cut.
@@ -22,16 +24,38 @@ const TICK: Duration = Duration::from_millis(250);
 pub struct Server {
     config: Config,
     listeners: Vec<TcpListener>,
+    prepared: Vec<PreparedListener>,
+    security: SecurityConfig,
 }
 
 impl Server {
-    /// Bind every listen address of `config`.
+    /// Read the security files of `config` and bind every listener.
     pub async fn bind(config: Config) -> io::Result<Server> {
+        let loaded = crate::security::load(&config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let mut listeners = Vec::new();
-        for addr in &config.listen {
-            listeners.push(TcpListener::bind(addr).await?);
+        for l in &loaded.listeners {
+            let bound = TcpListener::bind(l.config.bind).await.map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot listen on {}: {e}", l.config.bind))
+            })?;
+            listeners.push(bound);
         }
-        Ok(Server { config, listeners })
+        Ok(Server {
+            config,
+            listeners,
+            prepared: loaded.listeners,
+            security: loaded.core,
+        })
+    }
+
+    /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
+    /// `websockets+tls`, ...).
+    pub fn local_listeners(&self) -> Vec<(SocketAddr, String)> {
+        self.listeners
+            .iter()
+            .zip(&self.prepared)
+            .filter_map(|(l, p)| Some((l.local_addr().ok()?, p.config.kind())))
+            .collect()
     }
 
     /// The addresses actually bound (real ports for port 0).
@@ -45,12 +69,18 @@ impl Server {
     /// Serve until `shutdown` completes, then disconnect everyone (MQTT 5
     /// clients get DISCONNECT 0x8B) and return. Must run inside a `LocalSet`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
-        let shared = Rc::new(Shared::new(Broker::new(self.config, Instant::now())));
+        let mut broker = Broker::new(self.config, Instant::now());
+        broker.set_security(self.security);
+        let shared = Rc::new(Shared::new(broker));
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
-        for listener in self.listeners {
+        for (index, (listener, prepared)) in
+            self.listeners.into_iter().zip(self.prepared).enumerate()
+        {
             tasks.push(tokio::task::spawn_local(accept_loop(
                 shared.clone(),
                 listener,
+                index,
+                Rc::new(prepared),
             )));
         }
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
@@ -70,31 +100,32 @@ impl Server {
     }
 }
 
-async fn accept_loop(shared: Rc<Shared>, listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::task::spawn_local(connection(shared.clone(), stream, peer));
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: back off, keep serving.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn connection(shared: Rc<Shared>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+/// Run one connection, set up (TLS, WebSocket, PROXY) by the listener,
+/// until it ends.
+pub(super) async fn connection(
+    shared: Rc<Shared>,
+    transport: Transport,
+    peer: SocketAddr,
+    meta: ConnectionMeta,
+) {
     let id = shared
         .broker
         .borrow_mut()
-        .connection_opened(Instant::now(), peer);
+        .connection_opened_with(Instant::now(), peer, meta);
     let handle = Rc::new(ConnHandle::default());
     shared.conns.borrow_mut().insert(id, handle.clone());
-    let (rd, wr) = stream.into_split();
-    let mut writer = tokio::task::spawn_local(writer_loop(shared.clone(), id, handle.clone(), wr));
+    let (rd, mut writer) = match transport {
+        Transport::Tcp(stream) => {
+            let (rd, wr) = stream.into_split();
+            let w = writer_loop(shared.clone(), id, handle.clone(), wr, true);
+            (ReadSide::Tcp(rd), tokio::task::spawn_local(w))
+        }
+        Transport::Boxed(stream) => {
+            let (rd, wr) = tokio::io::split(stream);
+            let w = writer_loop(shared.clone(), id, handle.clone(), wr, false);
+            (ReadSide::Boxed(rd), tokio::task::spawn_local(w))
+        }
+    };
     let end = reader_loop(&shared, id, &handle, rd).await;
     if end == ReadEnd::PeerClosed {
         shared
@@ -153,8 +184,8 @@ pub fn run_until_signal(config: Config) -> io::Result<()> {
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            for addr in server.local_addrs() {
-                writeln!(out, "zerofan listening on {addr}")?;
+            for (addr, kind) in server.local_listeners() {
+                writeln!(out, "zerofan listening on {addr} {kind}")?;
             }
             out.flush()?;
         }

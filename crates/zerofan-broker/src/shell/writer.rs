@@ -10,7 +10,6 @@ use std::io::{self, IoSlice};
 use std::rc::Rc;
 use std::time::Instant;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
 
 /// Items taken from the core per batch.
 const BATCH: usize = 256;
@@ -21,11 +20,14 @@ const SCRATCH: usize = 4 * 1024;
 const IOVECS: usize = 64;
 
 /// Run until the core says close (after flushing) or the connection is gone.
-pub async fn writer_loop(
+/// `vectored`: the stream does real vectored writes (plain TCP); otherwise
+/// (TLS, WebSocket) each batch is copied into one buffer, written, flushed.
+pub async fn writer_loop<W: AsyncWrite + Unpin>(
     shared: Rc<Shared>,
     id: ConnId,
     handle: Rc<ConnHandle>,
-    mut wr: OwnedWriteHalf,
+    mut wr: W,
+    vectored: bool,
 ) {
     let mut batch = Vec::new();
     // Grows on first use: an idle connection keeps no scratch space.
@@ -85,7 +87,19 @@ pub async fn writer_loop(
         if !scratch.is_empty() {
             chunks.push_back(scratch.split().freeze());
         }
-        match write_chunks(&mut wr, &mut chunks).await {
+        if !vectored && chunks.len() > 1 {
+            let total = chunks.iter().map(Bytes::len).sum();
+            let mut one = BytesMut::with_capacity(total);
+            for c in chunks.drain(..) {
+                one.extend_from_slice(&c);
+            }
+            chunks.push_back(one.freeze());
+        }
+        let written = match write_chunks(&mut wr, &mut chunks).await {
+            Ok(n) if !vectored => wr.flush().await.map(|()| n),
+            r => r,
+        };
+        match written {
             Ok(n) => shared.bytes_out.set(shared.bytes_out.get() + n as u64),
             Err(_) => {
                 chunks.clear();

@@ -1,0 +1,455 @@
+//! Authentication, access control and per-connection limits in the core.
+//!
+//! The shell reads the files (see [`crate::security`]) and hands the core a
+//! [`SecurityConfig`]: per listener, whether anonymous clients may connect,
+//! the password file, the ACL, and `use_identity_as_username`. Each
+//! connection is opened with a [`ConnectionMeta`] naming its listener and
+//! its client certificate's identity.
+//!
+//! # CONNECT
+//!
+//! In this order (the first refusal wins; CONNACK, then close):
+//!
+//! 1. Limits decided when the connection was opened: `max_connections`
+//!    (overall or the listener's) → 0x97; `max_connection_rate` → 0x9F.
+//! 2. Login throttling: while the peer address is penalised for earlier
+//!    failures ([`zerofan_auth::FailureTracker`]), the CONNECT is refused at
+//!    once with 0x87 (3.1.1: 0x05) without checking the password. We refuse
+//!    rather than hold the answer: nothing waits in memory for an attacker,
+//!    and a client sees at once that it must wait.
+//! 3. `use_identity_as_username`: the certificate's CN is the username (the
+//!    password file is not consulted); no CN → 0x87.
+//! 4. No username: allowed only with `allow_anonymous` → else 0x87.
+//! 5. Username with a password file: the password must match → else 0x86
+//!    (3.1.1: 0x04). Username without a password file: allowed only with
+//!    `allow_anonymous` (as mosquitto 2.0) → else 0x87.
+//!
+//! Failures (steps 3-5) are recorded against the address; a success
+//! clears it.
+//!
+//! # Access control
+//!
+//! With an ACL on the client's listener, [`zerofan_auth::Acl`] decides
+//! every PUBLISH (MQTT 5: PUBACK/PUBREC 0x87; 3.1.1: acknowledged as usual
+//! and dropped, as mosquitto does; QoS 0 dropped silently), every
+//! SUBSCRIBE filter (SUBACK 0x87 / 0x80) and every delivery, retained
+//! messages and `$SYS` included (not sent). Read decisions are cached per
+//! session and topic. Without an ACL the only cost on the delivery path is
+//! one boolean test.
+
+use super::broker::Broker;
+use super::ids::{ConnId, SessionId};
+use super::limits::{ConnectionRate, PublishLimiter};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
+use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
+
+/// Authentication and access settings of one listener.
+#[derive(Clone, Debug)]
+pub struct ListenerAuth {
+    /// Clients without a username may connect.
+    pub allow_anonymous: bool,
+    /// Usernames and password hashes; `None`: no password file.
+    pub passwords: Option<Arc<PasswordFile>>,
+    /// Access rules; `None`: everything allowed (except writing `$SYS`).
+    pub acl: Option<Arc<Acl>>,
+    /// The client certificate's CN is the username.
+    pub use_identity_as_username: bool,
+    /// Most simultaneous connections on this listener; 0: no limit.
+    pub max_connections: usize,
+}
+
+impl Default for ListenerAuth {
+    /// Anonymous allowed, no files: the broker as it was without security.
+    fn default() -> Self {
+        ListenerAuth {
+            allow_anonymous: true,
+            passwords: None,
+            acl: None,
+            use_identity_as_username: false,
+            max_connections: 0,
+        }
+    }
+}
+
+/// Everything the core needs to authenticate and authorize, by listener
+/// index (the index in [`crate::config::Config::listeners`]).
+#[derive(Clone, Debug, Default)]
+pub struct SecurityConfig {
+    /// Per listener; a listener index past the end gets the defaults.
+    pub listeners: Vec<ListenerAuth>,
+    /// How repeated login failures from one address are slowed down.
+    pub throttle: ThrottleConfig,
+}
+
+/// What the shell knows about a new connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConnectionMeta {
+    /// Index of the listener it came in on.
+    pub listener: usize,
+    /// The verified client certificate's Common Name, if any.
+    pub identity: Option<String>,
+}
+
+/// Per-connection security state (inside the core's `Connection`).
+#[derive(Debug, Default)]
+pub struct ConnSecurity {
+    /// Listener index.
+    pub listener: usize,
+    /// Certificate CN.
+    pub identity: Option<Box<str>>,
+    /// A limit decided at open: refuse CONNECT with this code.
+    pub refuse: Option<ReasonCode>,
+    /// The authenticated username.
+    pub username: Option<Box<str>>,
+    /// Publish rate limits, when configured.
+    pub publish: Option<Box<PublishLimiter>>,
+}
+
+/// A session under an ACL: who it is, and cached read decisions.
+#[derive(Debug)]
+struct SessionAcl {
+    acl: Arc<Acl>,
+    client_id: Box<str>,
+    username: Option<Box<str>>,
+    cache: HashMap<Box<str>, bool>,
+}
+
+/// Read decisions cached per session before the cache is cleared.
+const ACL_CACHE_MAX: usize = 256;
+
+/// The core's security state.
+#[derive(Debug)]
+pub(crate) struct AuthState {
+    listeners: Vec<ListenerAuth>,
+    default_listener: ListenerAuth,
+    tracker: FailureTracker,
+    rate: ConnectionRate,
+    /// Live connections per listener.
+    open: Vec<usize>,
+    sessions: HashMap<SessionId, SessionAcl>,
+}
+
+impl Default for AuthState {
+    fn default() -> Self {
+        AuthState::new(SecurityConfig::default())
+    }
+}
+
+impl AuthState {
+    pub(crate) fn new(config: SecurityConfig) -> Self {
+        AuthState {
+            listeners: config.listeners,
+            default_listener: ListenerAuth::default(),
+            tracker: FailureTracker::new(config.throttle),
+            rate: ConnectionRate::default(),
+            open: Vec::new(),
+            sessions: HashMap::new(),
+        }
+    }
+
+    fn listener(&self, i: usize) -> &ListenerAuth {
+        self.listeners.get(i).unwrap_or(&self.default_listener)
+    }
+
+    /// Whether any session is under an ACL (the delivery fast path).
+    #[inline]
+    pub(crate) fn any_acl(&self) -> bool {
+        !self.sessions.is_empty()
+    }
+
+    /// May session `sid` receive a message on `topic`? Always true for a
+    /// session without an ACL.
+    pub(crate) fn may_read(&mut self, sid: SessionId, topic: &str) -> bool {
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return true;
+        };
+        if let Some(&v) = s.cache.get(topic) {
+            return v;
+        }
+        let v = s
+            .acl
+            .check(&s.client_id, s.username.as_deref(), topic, Access::Read);
+        if s.cache.len() >= ACL_CACHE_MAX {
+            s.cache.clear();
+        }
+        s.cache.insert(topic.into(), v);
+        v
+    }
+}
+
+impl Broker {
+    /// Install authentication and access settings (at start; replaces the
+    /// previous ones for connections made from now on).
+    pub fn set_security(&mut self, config: SecurityConfig) {
+        let open = std::mem::take(&mut self.auth.open);
+        let sessions = std::mem::take(&mut self.auth.sessions);
+        self.auth = AuthState::new(config);
+        self.auth.open = open;
+        self.auth.sessions = sessions;
+    }
+
+    /// A new network connection with what the shell knows about it: its
+    /// listener and certificate identity. Connection limits are decided
+    /// here (the CONNECT is then refused with their reason code).
+    pub fn connection_opened_with(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+        meta: ConnectionMeta,
+    ) -> ConnId {
+        let total = self.conns.len();
+        let listener = meta.listener;
+        let on_listener = self.auth.open.get(listener).copied().unwrap_or(0);
+        let per_listener_max = self.auth.listener(listener).max_connections;
+        let refuse = if (self.config.max_connections > 0 && total >= self.config.max_connections)
+            || (per_listener_max > 0 && on_listener >= per_listener_max)
+        {
+            self.metrics.security.refused_max_connections += 1;
+            Some(ReasonCode::QUOTA_EXCEEDED)
+        } else if !self
+            .auth
+            .rate
+            .allow(peer.ip(), now, self.config.max_connection_rate)
+        {
+            self.metrics.security.refused_connection_rate += 1;
+            Some(ReasonCode::CONNECTION_RATE_EXCEEDED)
+        } else {
+            None
+        };
+        let id = self.connection_opened(now, peer);
+        if self.auth.open.len() <= listener {
+            self.auth.open.resize(listener + 1, 0);
+        }
+        self.auth.open[listener] += 1;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.sec.listener = listener;
+            c.sec.identity = meta.identity.map(String::into_boxed_str);
+            c.sec.refuse = refuse;
+        }
+        id
+    }
+
+    /// Bookkeeping when a connection is removed.
+    pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get(&conn) {
+            if let Some(n) = self.auth.open.get_mut(c.sec.listener) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Decide a CONNECT (see the module documentation). On success the
+    /// username is kept on the connection.
+    pub(crate) fn authenticate(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        username: Option<&str>,
+        password: Option<&[u8]>,
+    ) -> Result<(), ReasonCode> {
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        if let Some(code) = c.sec.refuse {
+            return Err(code);
+        }
+        let ip = c.peer.ip();
+        if !self.auth.tracker.delay(ip, now).is_zero() {
+            self.metrics.security.auth_throttled += 1;
+            return Err(ReasonCode::NOT_AUTHORIZED);
+        }
+        let l = self.auth.listener(c.sec.listener);
+        let decision: Result<Option<Box<str>>, ReasonCode> = if l.use_identity_as_username {
+            match &c.sec.identity {
+                Some(cn) => Ok(Some(cn.clone())),
+                None => Err(ReasonCode::NOT_AUTHORIZED),
+            }
+        } else {
+            match (username, &l.passwords) {
+                (None, _) if l.allow_anonymous => Ok(None),
+                (None, _) => Err(ReasonCode::NOT_AUTHORIZED),
+                (Some(u), Some(file)) => {
+                    if file.verify(u, password.unwrap_or(&[])) {
+                        Ok(Some(u.into()))
+                    } else {
+                        Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+                    }
+                }
+                (Some(u), None) if l.allow_anonymous => Ok(Some(u.into())),
+                (Some(_), None) => Err(ReasonCode::NOT_AUTHORIZED),
+            }
+        };
+        match decision {
+            Ok(user) => {
+                if user.is_some() {
+                    self.metrics.security.auth_success += 1;
+                    self.auth.tracker.record_success(ip);
+                }
+                let (rate, bytes) = (
+                    self.config.max_publish_rate,
+                    self.config.max_publish_bytes_rate,
+                );
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sec.username = user;
+                    c.sec.publish = PublishLimiter::new(rate, bytes, now);
+                }
+                Ok(())
+            }
+            Err(code) => {
+                if code == ReasonCode::BAD_USER_NAME_OR_PASSWORD {
+                    self.metrics.security.auth_bad_credentials += 1;
+                } else {
+                    self.metrics.security.auth_not_authorized += 1;
+                }
+                self.auth.tracker.record_failure(ip, now);
+                let peer = self.conns.get(&conn).map(|c| c.peer);
+                tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
+                Err(code)
+            }
+        }
+    }
+
+    /// The connection is attached to session `sid` as `client_id`: put the
+    /// session under its listener's ACL (or take it out of any).
+    pub(crate) fn auth_attach(&mut self, conn: ConnId, sid: SessionId, client_id: &str) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        match self.auth.listener(c.sec.listener).acl.clone() {
+            Some(acl) => {
+                let username = c.sec.username.clone();
+                self.auth.sessions.insert(
+                    sid,
+                    SessionAcl {
+                        acl,
+                        client_id: client_id.into(),
+                        username,
+                        cache: HashMap::new(),
+                    },
+                );
+            }
+            None => {
+                self.auth.sessions.remove(&sid);
+            }
+        }
+    }
+
+    /// The session is gone for good.
+    pub(crate) fn auth_forget(&mut self, sid: SessionId) {
+        self.auth.sessions.remove(&sid);
+    }
+
+    /// Whether session `sid` may receive `topic`; counts a refusal.
+    #[inline]
+    pub(crate) fn may_deliver(&mut self, sid: SessionId, topic: &str) -> bool {
+        if !self.auth.any_acl() || self.auth.may_read(sid, topic) {
+            return true;
+        }
+        self.metrics.security.acl_denied_delivery += 1;
+        false
+    }
+
+    /// Limits and access control for an inbound PUBLISH (topic alias
+    /// resolved, topic valid). Returns true when the PUBLISH was handled
+    /// here (refused): the caller stops.
+    pub(crate) fn publish_refused(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        p: &Publish,
+    ) -> bool {
+        if p.topic.len() > self.config.max_topic_length {
+            self.metrics.security.refused_topic_too_long += 1;
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::TOPIC_NAME_INVALID,
+                Some("topic name too long"),
+                true,
+            );
+            return true;
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return true;
+        };
+        if let Some(limiter) = c.sec.publish.as_mut() {
+            if !limiter.allow(now, p.payload.len()) {
+                self.metrics.security.rate_limited_disconnects += 1;
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::MESSAGE_RATE_TOO_HIGH,
+                    Some("message rate too high"),
+                    true,
+                );
+                return true;
+            }
+        }
+        let allowed = match self.auth.sessions.get(&sid) {
+            Some(s) => s
+                .acl
+                .check(&s.client_id, s.username.as_deref(), &p.topic, Access::Write),
+            None => true,
+        };
+        if allowed {
+            return false;
+        }
+        self.metrics.security.acl_denied_publish += 1;
+        let v5 = c.protocol.is_v5();
+        tracing::debug!(%conn, topic = %p.topic, "publish denied by the ACL");
+        let reason = if v5 {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode::SUCCESS
+        };
+        let ack = Ack {
+            packet_id: p.packet_id,
+            reason,
+            properties: Default::default(),
+        };
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(conn, Packet::PubAck(ack)),
+            QoS::ExactlyOnce => self.send(conn, Packet::PubRec(ack)),
+        }
+        true
+    }
+
+    /// Limits and access control for one SUBSCRIBE filter (valid, possibly
+    /// `$share/...`): the failure reason code, or `None` when granted.
+    pub(crate) fn subscribe_refused(
+        &mut self,
+        conn: ConnId,
+        sid: SessionId,
+        filter: &str,
+        v5: bool,
+    ) -> Option<ReasonCode> {
+        let _ = conn;
+        if filter.len() > self.config.max_topic_length {
+            self.metrics.security.refused_topic_too_long += 1;
+            return Some(if v5 {
+                ReasonCode::TOPIC_FILTER_INVALID
+            } else {
+                ReasonCode::UNSPECIFIED_ERROR
+            });
+        }
+        let s = self.auth.sessions.get(&sid)?;
+        let plain = zerofan_codec::topic::split_shared(filter).map_or(filter, |(_, f)| f);
+        if s.acl
+            .check_subscribe(&s.client_id, s.username.as_deref(), plain)
+        {
+            return None;
+        }
+        self.metrics.security.acl_denied_subscribe += 1;
+        Some(if v5 {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode::UNSPECIFIED_ERROR
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! One accept loop per listener, and what happens between `accept` and the
+//! first MQTT byte: the PROXY protocol header, the TLS handshake (client
+//! certificate identity for `use_identity_as_username`), the WebSocket
+//! upgrade. Each runs in the connection's own task under
+//! `connect_timeout`, so a slow or hostile client holds up nobody else. A
+//! failure closes that connection only, is counted, and logged at debug.
+
+use super::proxy;
+use super::server::connection;
+use super::state::Shared;
+use super::ws;
+use crate::core::ConnectionMeta;
+use crate::listen_config::ListenerProtocol;
+use crate::security::{certificate_cn, PreparedListener};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Any byte stream a connection can run over (TLS, WebSocket).
+pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncStream for T {}
+
+/// A boxed byte stream.
+pub type BoxStream = Box<dyn AsyncStream>;
+
+/// A connection's transport: plain TCP (split into owned halves, vectored
+/// writes, no buffer held while idle) or anything else, boxed.
+pub enum Transport {
+    /// Plain TCP.
+    Tcp(TcpStream),
+    /// TLS and/or WebSocket.
+    Boxed(BoxStream),
+}
+
+/// Which setup step failed.
+enum Failure {
+    Proxy(proxy::ProxyError),
+    Tls(std::io::Error),
+    Ws(String),
+}
+
+/// Accept connections on `listener` (index `index` in the configuration)
+/// until the task is aborted.
+pub async fn accept_loop(
+    shared: Rc<Shared>,
+    listener: TcpListener,
+    index: usize,
+    prepared: Rc<PreparedListener>,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let plain = prepared.tls.is_none()
+                    && !prepared.config.proxy_protocol
+                    && prepared.config.protocol == ListenerProtocol::Mqtt;
+                if plain {
+                    let meta = ConnectionMeta {
+                        listener: index,
+                        identity: None,
+                    };
+                    tokio::task::spawn_local(connection(
+                        shared.clone(),
+                        Transport::Tcp(stream),
+                        peer,
+                        meta,
+                    ));
+                } else {
+                    tokio::task::spawn_local(setup(
+                        shared.clone(),
+                        stream,
+                        peer,
+                        index,
+                        prepared.clone(),
+                    ));
+                }
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn setup(
+    shared: Rc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    index: usize,
+    prepared: Rc<PreparedListener>,
+) {
+    let (limit, max_packet) = {
+        let b = shared.broker.borrow();
+        (
+            Duration::from_secs(b.config().connect_timeout),
+            b.config().max_packet_size as usize,
+        )
+    };
+    let result = tokio::time::timeout(limit, handshake(stream, peer, &prepared, max_packet)).await;
+    let (transport, peer, identity) = match result {
+        Ok(Ok(done)) => done,
+        Ok(Err(failure)) => {
+            let mut b = shared.broker.borrow_mut();
+            let m = &mut b.metrics.security;
+            match failure {
+                Failure::Proxy(e) => {
+                    m.proxy_header_errors += 1;
+                    tracing::debug!(%peer, error = %e, "PROXY header refused");
+                }
+                Failure::Tls(e) => {
+                    m.tls_handshake_failures += 1;
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                }
+                Failure::Ws(e) => {
+                    m.ws_handshake_failures += 1;
+                    tracing::debug!(%peer, error = %e, "WebSocket upgrade failed");
+                }
+            }
+            return;
+        }
+        Err(_) => {
+            shared.broker.borrow_mut().metrics.connect_timeouts += 1;
+            tracing::debug!(%peer, "connection setup timed out");
+            return;
+        }
+    };
+    let meta = ConnectionMeta {
+        listener: index,
+        identity,
+    };
+    connection(shared, transport, peer, meta).await;
+}
+
+async fn handshake(
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
+    prepared: &PreparedListener,
+    max_packet: usize,
+) -> Result<(Transport, SocketAddr, Option<String>), Failure> {
+    if prepared.config.proxy_protocol {
+        if let Some(addr) = proxy::read_header(&mut stream)
+            .await
+            .map_err(Failure::Proxy)?
+        {
+            peer = addr;
+        }
+    }
+    let ws_max = max_packet.saturating_add(16).max(1024);
+    let websockets = prepared.config.protocol == ListenerProtocol::Websockets;
+    match &prepared.tls {
+        None => {
+            if websockets {
+                let ws = ws::accept(stream, ws_max).await.map_err(Failure::Ws)?;
+                Ok((Transport::Boxed(Box::new(ws)), peer, None))
+            } else {
+                Ok((Transport::Tcp(stream), peer, None))
+            }
+        }
+        Some(cfg) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
+            let tls = acceptor.accept(stream).await.map_err(Failure::Tls)?;
+            let identity = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| certificate_cn(c));
+            if websockets {
+                let ws = ws::accept(tls, ws_max).await.map_err(Failure::Ws)?;
+                Ok((Transport::Boxed(Box::new(ws)), peer, identity))
+            } else {
+                Ok((Transport::Boxed(Box::new(tls)), peer, identity))
+            }
+        }
+    }
+}
