@@ -27,6 +27,7 @@ pub enum AudioError {
     #[error("capture thread failed: {0}")]
     Thread(String),
     /// Publishing through the MQTT client failed.
+    #[cfg(feature = "mqtt")]
     #[error("publish failed: {0}")]
     Publish(#[from] zerofan_client::ClientError),
 }

@@ -18,7 +18,7 @@
 //! - [`header`]: the 32-byte wire header (magic, version, format, channels,
 //!   rate, frames, seq, timestamp) in front of each published packet, so a
 //!   listener detects gaps.
-//! - [`publish`]: a bounded publisher task that streams packets to a topic
+//! - `publish` (feature `mqtt`, on by default): a bounded publisher task that streams packets to a topic
 //!   with zerofan-client (expert mode: header and samples written straight
 //!   into the outgoing frame; or zero-copy `Bytes`).
 //!
@@ -50,6 +50,7 @@ mod error;
 mod format;
 pub mod header;
 mod packetizer;
+#[cfg(feature = "mqtt")]
 pub mod publish;
 
 pub use capture::{
