@@ -88,6 +88,17 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// Log line format: `text` (default) or `json`.
     pub log_format: crate::logging::LogFormat,
+    /// Directory of the embedded store. The `zerofan` binary uses
+    /// `./zerofan-data` when neither this nor `--data-dir` is given; a
+    /// library user without it runs in memory.
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Keep everything in memory (`--memory`): nothing survives a restart.
+    pub memory: bool,
+    /// When an acknowledged QoS 1/2 message is on disk: `always` (group
+    /// commit: one fsync per round, before the ack), `interval[:MS]`
+    /// (written before the ack, fsync at most every MS ms, default 1000),
+    /// or `never` (the OS decides).
+    pub fsync: String,
 }
 
 impl Default for Config {
@@ -119,6 +130,9 @@ impl Default for Config {
             pool_max_retained_bytes: 4 * 1024 * 1024,
             metrics: None,
             log_format: crate::logging::LogFormat::Text,
+            data_dir: None,
+            memory: false,
+            fsync: "always".into(),
         }
     }
 }
@@ -220,6 +234,12 @@ impl Config {
         }
         if self.max_topic_length == 0 || self.max_topic_length > 65535 {
             return bad("max_topic_length", "must be 1..=65535");
+        }
+        if self.fsync.parse::<zerofan_store::FsyncPolicy>().is_err() {
+            return bad(
+                "fsync",
+                "must be \"always\", \"never\", \"interval\" or \"interval:MS\"",
+            );
         }
         for l in &self.listener {
             if let Some(tls) = &l.tls {

@@ -42,6 +42,8 @@ pub struct Broker {
     pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
     /// Authentication, ACL and connection limits (see `auth`).
     pub(crate) auth: super::auth::AuthState,
+    /// The durable log and the acknowledgements waiting for it (see `durable`).
+    pub(crate) durable: super::durable::Durable,
 }
 
 impl Broker {
@@ -75,6 +77,7 @@ impl Broker {
             route_direct: Vec::new(),
             route_shared: Vec::new(),
             auth: super::auth::AuthState::default(),
+            durable: super::durable::Durable::memory(now),
         }
     }
 
@@ -98,6 +101,11 @@ impl Broker {
 
     /// A decoded packet from a connection.
     pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
+        self.dispatch_packet(now, conn, packet);
+        self.end_event();
+    }
+
+    fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -174,6 +182,7 @@ impl Broker {
                 self.close_with(now, conn, reason, Some(err.what), true);
             }
         }
+        self.end_event();
     }
 
     /// The network connection is gone (EOF, error, or the shell closed it
@@ -183,6 +192,7 @@ impl Broker {
         self.close(now, conn, None, true);
         self.auth_connection_closed(conn);
         self.conns.remove(&conn);
+        self.end_event();
     }
 
     /// When [`Broker::handle_timeout`] next has work.
@@ -234,6 +244,7 @@ impl Broker {
                             .and_then(|s| s.pending_will.take())
                         {
                             self.publish_will(now, w.will);
+                            self.dur_will_published(sid);
                         }
                     }
                 }
@@ -255,6 +266,7 @@ impl Broker {
                 }
             }
         }
+        self.end_event();
     }
 
     /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
@@ -264,6 +276,7 @@ impl Broker {
         for conn in ids {
             self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
         }
+        self.end_event();
     }
 
     /// Move up to `max` items for `conn`'s writer into `out`: control
@@ -277,7 +290,9 @@ impl Broker {
         out: &mut Vec<Outgoing>,
         max: usize,
     ) -> Transmit {
-        self.fill_batch(now, conn, out, max)
+        let status = self.fill_batch(now, conn, out, max);
+        self.end_event();
+        status
     }
 
     /// Connections whose writer has something new (or must close), since

@@ -28,7 +28,9 @@ impl Broker {
         mut item: Queued,
         compacted: &mut Option<Arc<Message>>,
     ) {
-        let _ = now;
+        // Stored before any compaction copy, which then carries the id.
+        self.dur_enqueue(sid, &mut item);
+        let entry = item.entry;
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -53,6 +55,12 @@ impl Broker {
             cfg.queue_full,
         );
         let conn = s.conn;
+        if entry.is_some() {
+            self.dur_evicted(sid);
+            if matches!(outcome, PushOutcome::DroppedNew | PushOutcome::Disconnect) {
+                self.dur_dequeue(sid, entry);
+            }
+        }
         match outcome {
             PushOutcome::Queued => {}
             PushOutcome::DroppedOldQos0 | PushOutcome::DroppedNewQos0 => {
@@ -151,12 +159,22 @@ impl Broker {
             };
             if item.msg.is_expired(now) {
                 self.metrics.dropped_expired += 1;
+                if let Some(e) = item.entry {
+                    let client = s.client_id.as_str();
+                    self.durable
+                        .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
+                }
                 continue;
             }
             if c.protocol.is_v5() && !fits(c, &item, now) {
                 // Never send more than the client's Maximum Packet Size; the
                 // message is dropped as if delivered (MQTT-3.1.2-25).
                 self.metrics.dropped_too_large += 1;
+                if let Some(e) = item.entry {
+                    let client = s.client_id.as_str();
+                    self.durable
+                        .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
+                }
                 continue;
             }
             let pid = if item.qos == QoS::AtMostOnce {
@@ -165,6 +183,11 @@ impl Broker {
                 s.alloc_packet_id()
             };
             let d = make_delivery(c, &item, pid, now);
+            if let (Some(e), true) = (item.entry, pid != 0) {
+                let client = s.client_id.as_str();
+                self.durable
+                    .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
+            }
             if item.qos != QoS::AtMostOnce {
                 let seq = s.next_seq;
                 s.next_seq += 1;
@@ -200,6 +223,7 @@ impl Broker {
         let Some((group, filter)) = zerofan_codec::topic::split_shared(share) else {
             return;
         };
+        self.dur_release_shared(from, share);
         let items = match self.sessions.get_mut(&from) {
             Some(s) => s.take_shared(share),
             None => return,
@@ -218,14 +242,23 @@ impl Broker {
                     self.enqueue(now, e.session, item);
                 }
                 None if keep_if_alone => {
+                    self.dur_enqueue(from, &mut item);
+                    let entry = item.entry;
                     if let Some(s) = self.sessions.get_mut(&from) {
                         let cfg = &self.config;
-                        let _ = s.push(
+                        let outcome = s.push(
                             item,
                             cfg.max_queued_messages,
                             cfg.max_queued_bytes,
                             cfg.queue_full,
                         );
+                        if entry.is_some() {
+                            self.dur_evicted(from);
+                            if matches!(outcome, PushOutcome::DroppedNew | PushOutcome::Disconnect)
+                            {
+                                self.dur_dequeue(from, entry);
+                            }
+                        }
                     }
                 }
                 None => {}

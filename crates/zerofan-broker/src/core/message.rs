@@ -29,6 +29,9 @@ pub struct Message {
     /// True when topic, payload and properties are its own allocations (not
     /// slices of a read buffer), so compacting it again would only copy.
     pub owns_bytes: bool,
+    /// Its id in the durable store once written (written once, however
+    /// many queues reference it).
+    pub stored: super::durable::StoredId,
 }
 
 impl Message {
@@ -50,6 +53,7 @@ impl Message {
             origin,
             expires_at,
             owns_bytes: false,
+            stored: Default::default(),
         }
     }
 
@@ -92,6 +96,7 @@ impl Message {
             origin: self.origin,
             expires_at: self.expires_at,
             owns_bytes: true,
+            stored: self.stored.copy(),
         }
     }
 }

@@ -13,6 +13,7 @@ mod broker;
 mod connect;
 mod connection;
 mod deliver;
+pub mod durable;
 mod ids;
 pub mod limits;
 mod message;

@@ -23,6 +23,8 @@ pub struct Queued {
     /// The shared subscription (full `$share/...` filter) it came through,
     /// so it can move to another member if this one leaves unacknowledged.
     pub share: Option<Arc<str>>,
+    /// Its entry in the durable store (persistent sessions, QoS 1/2).
+    pub entry: Option<zerofan_store::EntryId>,
 }
 
 /// Where a QoS 1/2 delivery stands.
@@ -114,6 +116,8 @@ pub struct Session {
     pub incoming_qos2: HashSet<u16>,
     /// The will of a lost connection, waiting for its delay.
     pub pending_will: Option<Box<PendingWill>>,
+    /// Stored queue entries dropped to make room, for the store to forget.
+    pub evicted: Vec<zerofan_store::EntryId>,
 }
 
 impl Session {
@@ -135,6 +139,7 @@ impl Session {
             next_pid: 1,
             incoming_qos2: HashSet::new(),
             pending_will: None,
+            evicted: Vec::new(),
         }
     }
 
@@ -201,6 +206,7 @@ impl Session {
     fn remove_at(&mut self, pos: usize) -> Option<Queued> {
         let q = self.queue.remove(pos)?;
         self.forget(&q);
+        self.evicted.extend(q.entry);
         Some(q)
     }
 
@@ -273,11 +279,13 @@ mod tests {
                 origin: None,
                 expires_at: None,
                 owns_bytes: true,
+                stored: Default::default(),
             }),
             qos,
             retain: false,
             sub_ids: Vec::new(),
             share: None,
+            entry: None,
         }
     }
 

@@ -115,6 +115,7 @@ mod tests {
             origin: None,
             expires_at: None,
             owns_bytes: true,
+            stored: Default::default(),
         })
     }
 

@@ -4,6 +4,7 @@
 //! publish path takes no lock.
 
 mod buffers;
+pub mod persist;
 pub mod listener;
 pub mod proxy;
 mod reader;
