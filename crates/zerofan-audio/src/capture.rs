@@ -342,8 +342,10 @@ fn pump(
     {
         return; // start() gave up (timeout): nobody listens.
     }
-    // A safety net only: the callback unparks this thread per packet.
-    let tick = (config.packet_duration * 4).max(Duration::from_millis(20));
+    // A safety net and the watchdog's clock: the callback unparks this
+    // thread per packet.
+    let tick =
+        (config.packet_duration * 4).clamp(Duration::from_millis(20), Duration::from_millis(250));
     let deliver = |sink: &mut Sink, p: Packet| {
         if sink(CaptureEvent::Packet(p)) {
             bump(&counters.delivered, 1);
@@ -351,9 +353,32 @@ fn pump(
             bump(&counters.dropped_by_sink, 1);
         }
     };
+    // Stall watchdog: callbacks counted by the packetizer.
+    let mut last_callbacks = 0u64;
+    let mut last_progress = std::time::Instant::now();
+    let mut stall_reported = false;
     let reason = 'run: loop {
         while let Some(p) = o.receiver.try_recv() {
             deliver(&mut sink, p);
+        }
+        if let Some(limit) = config.stall_timeout {
+            let now_callbacks = counters.callbacks.load(Ordering::Relaxed);
+            if now_callbacks != last_callbacks {
+                last_callbacks = now_callbacks;
+                last_progress = std::time::Instant::now();
+                stall_reported = false;
+            } else if !stall_reported && last_progress.elapsed() >= limit {
+                stall_reported = true;
+                bump(&counters.errors, 1);
+                sink(CaptureEvent::Error(StreamError {
+                    kind: "Stalled".into(),
+                    message: format!(
+                        "no audio from the device for {:?} (unplugged, suspended or gone)",
+                        last_progress.elapsed()
+                    ),
+                    fatal: false,
+                }));
+            }
         }
         while let Ok(e) = o.errors.try_recv() {
             let kind = e.kind();

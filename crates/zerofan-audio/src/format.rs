@@ -70,12 +70,14 @@ pub struct PacketInfo {
     /// number too, so a gap in `seq` is a lost packet.
     pub seq: u64,
     /// Capture time of the packet's first frame, in nanoseconds on the
-    /// audio host's monotonic stream clock (cpal's `InputStreamTimestamp::
-    /// capture`, advanced by the frames that came before in the same
-    /// callback), never before the previous packet's. Only differences
-    /// between packets of one stream mean something, and they jitter as
-    /// the backend's clock estimate does (PulseAudio interpolates latency,
-    /// ALSA's first callbacks report the start-up delay): the exact sample
+    /// audio host's monotonic stream clock: cpal's `InputStreamTimestamp::
+    /// capture` advanced by the frames before it in the same callback, but
+    /// never less than the previous packet's timestamp plus one packet
+    /// duration. Backends estimate these times (PulseAudio interpolates
+    /// latency, bursts of data carry one estimate), so the floor keeps the
+    /// steps exact (one packet duration) while the backend's estimate lags,
+    /// and follows it when it jumps ahead (a real gap). Only differences
+    /// between packets of one stream mean something; the exact sample
     /// position of a packet is `seq * frames`.
     pub timestamp_ns: u64,
     /// Frames per second.
@@ -137,11 +139,21 @@ pub struct CaptureConfig {
     /// buffers, 1 MiB for 48 kHz mono i16).
     pub queue_packets: usize,
     /// Frames per device callback to ask the backend for. `None` (default)
-    /// leaves it to the backend: the packetizer takes any callback size, and
-    /// small fixed buffers lose data on some servers (cpal's PulseAudio
-    /// host makes a fixed record buffer exactly one callback long, which
-    /// overruns as soon as the reading thread is a little late).
+    /// leaves it to the backend: the packetizer takes any callback size.
+    /// It does not tame cpal's PulseAudio host, which may deliver record
+    /// data in bursts of up to 64 KiB (0.7 s at 48 kHz mono i16) either way
+    /// (so `queue_packets` must absorb one), and makes a fixed record buffer
+    /// exactly one callback long, which overruns when the reading thread is
+    /// late. For steady 10 ms delivery on Linux, capture through ALSA's
+    /// `pulse` PCM (device `"alsa:pulse"`, source from `PULSE_SOURCE`).
     pub buffer_frames: Option<u32>,
+    /// After this long without a device callback, a (non-fatal)
+    /// `CaptureEvent::Error` of kind `"Stalled"` is sent, once per stall:
+    /// some backends (cpal's PulseAudio host among them) say nothing when
+    /// a device disappears, the data just stops. Not fatal because a
+    /// suspended source stops the same way and resumes. `None` disables.
+    /// Default 2 s.
+    pub stall_timeout: Option<Duration>,
 }
 
 impl Default for CaptureConfig {
@@ -154,6 +166,7 @@ impl Default for CaptureConfig {
             packet_duration: Duration::from_millis(10),
             queue_packets: 256,
             buffer_frames: None,
+            stall_timeout: Some(Duration::from_secs(2)),
         }
     }
 }

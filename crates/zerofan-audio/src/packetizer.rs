@@ -262,12 +262,16 @@ impl Packetizer {
     }
 
     fn start_packet(&mut self, ts: u64) {
-        // Backends derive callback timestamps from clocks and latency
-        // estimates that jitter; never let a packet start before the last.
+        // Backends derive callback timestamps from latency estimates that
+        // jitter: never less than the sample clock predicts from the last
+        // packet (`cur_ts` still holds its start here), see PacketInfo.
         self.cur_ts = if self.seq == 0 {
             ts
         } else {
-            ts.max(self.cur_ts)
+            let packet_ns = self
+                .params
+                .frames_to_ns(u64::from(self.params.frames_per_packet));
+            ts.max(self.cur_ts.saturating_add(packet_ns))
         };
         if self.cur.is_none() {
             self.cur = self.free.pop().ok();
@@ -484,6 +488,21 @@ mod tests {
             .map(|p| p.info().timestamp_ns)
             .collect();
         assert_eq!(ts, [1_000_000_000, 1_010_000_000, 1_020_000_000]);
+    }
+
+    #[test]
+    fn timestamps_never_step_less_than_a_packet() {
+        let p = params(SampleFormat::I16, 1, 480);
+        let (mut pk, mut rx) = packet_channel(p, Pool::new(PoolConfig::default()), 8);
+        // A burst of 3 packets stamped 100 ms, then a callback whose
+        // estimate (105 ms) lags the sample clock, then a real jump.
+        pk.push(&[0i16; 1440], 100_000_000);
+        pk.push(&[0i16; 480], 105_000_000);
+        pk.push(&[0i16; 480], 500_000_000);
+        let ts: Vec<u64> = std::iter::from_fn(|| rx.try_recv())
+            .map(|p| p.info().timestamp_ns / 1_000_000)
+            .collect();
+        assert_eq!(ts, [100, 110, 120, 130, 500]);
     }
 
     #[test]
