@@ -234,6 +234,19 @@ impl Capture {
         self.end_reason().is_some()
     }
 
+    /// Asks the capture to stop and returns at once: the pump stops the
+    /// stream, delivers what was captured, sends `Ended(Stopped)` and exits.
+    /// For callers that must not block, such as a JavaScript thread that
+    /// also has to drain the events the pump is sending (joining the pump
+    /// there could deadlock); [`stop`](Self::stop) or drop afterwards then
+    /// returns immediately once `Ended` was seen.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(pump) = &self.pump {
+            pump.thread().unpark();
+        }
+    }
+
     /// Stops the stream, delivers the packets already captured, sends
     /// `Ended(Stopped)` (unless it ended before) and waits for the pump
     /// thread. Idempotent.

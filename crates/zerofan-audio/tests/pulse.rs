@@ -406,7 +406,8 @@ async fn captures_the_tone_through_the_pulseaudio_host() {
         },
     );
     drop(packets);
-    capture.stop();
+    capture.request_stop(); // returns at once; the events follow
+
     // Every event after: remaining packets, then Ended(Stopped), then close.
     let mut ended = None;
     while let Some(ev) = rx.recv().await {
@@ -415,6 +416,8 @@ async fn captures_the_tone_through_the_pulseaudio_host() {
         }
     }
     assert_eq!(ended, Some(zerofan_audio::EndReason::Stopped));
+    assert!(capture.is_ended());
+    capture.stop(); // joins a thread that has already ended
     assert_eq!(capture.stats().drops, 0);
 }
 
