@@ -22,6 +22,9 @@
 //! wrapper around each helper; when the process ends, for any reason, the
 //! wrapper reads EOF and kills its helper and removes the temp dir.
 
+mod common;
+
+use common::{lifeline, start_pulse, which};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -50,59 +53,6 @@ struct Session {
 
 static SESSION: OnceLock<Result<Mutex<Session>, String>> = OnceLock::new();
 
-fn which(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(tool).is_file()))
-}
-
-/// Starts `script` (with `args` as $1...) under `sh`, stdin held open by
-/// the test process, stderr piped to the caller.
-fn lifeline(script: &str, args: &[&str]) -> Result<(Child, ChildStdin), String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .arg("sh")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("spawning sh: {e}"))?;
-    let stdin = child.stdin.take().ok_or("no stdin")?;
-    Ok((child, stdin))
-}
-
-/// Waits for a line containing `needle` on `child`'s stderr, at most
-/// `within`. Later lines keep being read (and dropped) so the pipe never
-/// fills.
-fn await_stderr_line(child: &mut Child, needle: &str, within: Duration) -> Result<(), String> {
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let (tx, rx) = mpsc::channel();
-    let wanted = needle.to_owned();
-    std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent {
-                if line.contains(&wanted) {
-                    let _ = tx.send(Ok(()));
-                    sent = true;
-                } else {
-                    seen.push(line);
-                }
-            }
-        }
-        if !sent {
-            let _ = tx.send(Err(seen.join("\n")));
-        }
-    });
-    match rx.recv_timeout(within) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(log)) => Err(format!("exited before {needle:?}:\n{log}")),
-        Err(_) => Err(format!("no {needle:?} within {within:?}")),
-    }
-}
-
 fn start_session() -> Result<Session, String> {
     let missing: Vec<&str> = ["pulseaudio", "pacat", "sox"]
         .into_iter()
@@ -121,7 +71,6 @@ fn start_session() -> Result<Session, String> {
         std::fs::create_dir_all(dir.join(sub)).map_err(|e| format!("temp dir: {e}"))?;
     }
     let sock = dir.join("native");
-    let dir_s = dir.to_string_lossy().into_owned();
     let sock_s = sock.to_string_lossy().into_owned();
     // Environment for the server, the helpers and this process's clients
     // (cpal's PulseAudio host and ALSA's pulse plugin read these).
@@ -133,23 +82,7 @@ fn start_session() -> Result<Session, String> {
     std::env::set_var("PULSE_SOURCE", MONITOR);
     std::env::set_var("PULSE_SINK", SINK);
 
-    let mut pulse = lifeline(
-        r#"dir=$1; sock=$2
-pulseaudio --daemonize=no --exit-idle-time=-1 --disallow-exit=yes --system=no \
-  --use-pid-file=no -n --log-target=stderr --log-level=info \
-  -L "module-native-protocol-unix socket=$sock auth-anonymous=1" \
-  -L "module-null-sink sink_name=zf_null rate=48000 channels=1" &
-pa=$!
-read _ignored
-kill "$pa" 2>/dev/null; wait "$pa" 2>/dev/null; rm -rf "$dir""#,
-        &[&dir_s, &sock_s],
-    )?;
-    await_stderr_line(
-        &mut pulse.0,
-        "Daemon startup complete",
-        Duration::from_secs(20),
-    )
-    .map_err(|e| format!("pulseaudio did not start: {e}"))?;
+    let pulse = start_pulse(&dir, &sock, SINK)?;
 
     // The tone, for as long as the tests run (capped at 10 minutes).
     let tone = lifeline(
