@@ -141,7 +141,10 @@ def _pump(stream, logf, found: threading.Event, result: list, marker: str):
     logf.close()
 
 
-def start_zerofan(tmp: Path, settings: dict) -> Broker:
+def start_zerofan(tmp: Path, settings: dict, store_args: tuple = ("--memory",),
+                  listen: str = "127.0.0.1:0") -> Broker:
+    """Start zerofan in `tmp`: in memory unless `store_args` says otherwise
+    (e.g. ("--data-dir", DIR)), on `listen` (port 0: a free one)."""
     binary = zerofan_bin()
     if not binary.exists():
         pytest.fail(f"broker binary {binary} not found (build it, or set ZEROFAN_BIN)")
@@ -150,7 +153,7 @@ def start_zerofan(tmp: Path, settings: dict) -> Broker:
     log = tmp / "zerofan.log"
     errlog = open(tmp / "zerofan.stderr.log", "wb")
     proc = subprocess.Popen(
-        [str(binary), "--listen", "127.0.0.1:0", "--memory", "--config", str(conf)],
+        [str(binary), "--listen", listen, *store_args, "--config", str(conf)],
         stdout=subprocess.PIPE, stderr=errlog, stdin=subprocess.DEVNULL, cwd=tmp,
     )
     errlog.close()

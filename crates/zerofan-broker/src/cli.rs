@@ -21,7 +21,7 @@ use std::process::ExitCode;
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, metrics, \
-log_format.\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
+log_format, data_dir, memory, fsync (always | interval[:MS] | never).\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
 file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
@@ -42,12 +42,12 @@ pub struct Args {
     /// A subcommand instead of running the broker.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Keep sessions and retained messages in memory only (the only mode
-    /// for now: nothing survives a restart).
-    #[arg(long)]
+    /// Keep sessions, queues and retained messages in memory only: nothing
+    /// survives a restart (the default keeps them in ./zerofan-data).
+    #[arg(long, conflicts_with = "data_dir")]
     pub memory: bool,
-    /// Directory for persistent data. Not implemented yet: accepted and
-    /// ignored (the broker runs in memory).
+    /// Directory of the embedded store (sessions, queues, retained
+    /// messages). [default: ./zerofan-data; `data_dir` in the config file]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// More logging on stderr: -v info, -vv debug, -vvv trace. RUST_LOG
@@ -87,6 +87,17 @@ impl Args {
         }
         if let Some(format) = self.log_format {
             config.log_format = format;
+        }
+        if self.memory {
+            config.memory = true;
+        }
+        if let Some(dir) = &self.data_dir {
+            config.data_dir = Some(dir.clone());
+            config.memory = false;
+        }
+        // Durable by default.
+        if !config.memory && config.data_dir.is_none() {
+            config.data_dir = Some(PathBuf::from("zerofan-data"));
         }
         Ok(config)
     }
@@ -128,12 +139,6 @@ pub fn main() -> ExitCode {
         }
     };
     crate::logging::init(args.verbose, config.log_format);
-    if let Some(dir) = &args.data_dir {
-        eprintln!(
-            "zerofan: note: --data-dir {} ignored: persistence is not implemented yet, running in memory",
-            dir.display()
-        );
-    }
     match crate::shell::run_until_signal(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

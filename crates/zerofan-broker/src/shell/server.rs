@@ -26,6 +26,8 @@ pub struct Server {
     listeners: Vec<TcpListener>,
     prepared: Vec<PreparedListener>,
     security: SecurityConfig,
+    /// The embedded store, opened (and recovered) by `bind`; `None` in memory.
+    persist: Option<super::persist::Opened>,
 }
 
 impl Server {
@@ -33,6 +35,10 @@ impl Server {
     pub async fn bind(config: Config) -> io::Result<Server> {
         let loaded = crate::security::load(&config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        // Before any listener: a store that cannot be opened (or is in a
+        // newer format) stops the broker here, with the store's message.
+        let persist = super::persist::open(&config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let mut listeners = Vec::new();
         for l in &loaded.listeners {
             let bound = TcpListener::bind(l.config.bind).await.map_err(|e| {
@@ -45,6 +51,7 @@ impl Server {
             listeners,
             prepared: loaded.listeners,
             security: loaded.core,
+            persist,
         })
     }
 
@@ -71,7 +78,12 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
+        let durable = self
+            .persist
+            .map(|p| super::persist::attach(&mut broker, p));
         let shared = Rc::new(Shared::new(broker));
+        let release = durable
+            .map(|n| tokio::task::spawn_local(super::persist::release_loop(shared.clone(), n)));
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
         for (index, (listener, prepared)) in
             self.listeners.into_iter().zip(self.prepared).enumerate()
@@ -96,6 +108,9 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         timer.abort();
+        if let Some(release) = release {
+            release.abort();
+        }
         Ok(())
     }
 }
