@@ -204,12 +204,30 @@ class MqttClient extends EventEmitter {
     }
   }
 
+  // A batch from nextBatch: [topics, meta, payloads, props] (see
+  // src/client.rs): meta holds three u32 per message (flags | topic index
+  // << 4, payload offset, payload length); payloads is an array of external
+  // Buffers, or one Buffer of copies to slice.
   _dispatch (batch) {
-    for (let i = 0; i < batch.length; i += 4) {
-      const topic = batch[i]
-      const payload = batch[i + 1]
+    const topics = batch[0]
+    const meta = batch[1]
+    const payloads = batch[2]
+    const props = batch[3]
+    const m = new Uint32Array(meta.buffer, meta.byteOffset, meta.byteLength >>> 2)
+    const n = m.length / 3
+    const copied = Buffer.isBuffer(payloads)
+    let p = 0
+    for (let i = 0; i < n; i++) {
+      const w = m[i * 3]
+      const topic = topics[w >>> 4]
+      const payload = copied ? payloads.subarray(m[i * 3 + 1], m[i * 3 + 1] + m[i * 3 + 2]) : payloads[i]
+      let properties
+      if (props !== undefined && props[p] === i) {
+        properties = props[p + 1]
+        p += 2
+      }
       try {
-        this.emit('message', topic, payload, new PublishPacket(topic, payload, batch[i + 2], batch[i + 3]))
+        this.emit('message', topic, payload, new PublishPacket(topic, payload, w & 15, properties))
       } catch (e) {
         // A listener threw: report it as Node reports any uncaught error,
         // after the rest of the batch is delivered.

@@ -173,6 +173,11 @@ export interface LoadResult {
 }
 /** Connect and start publishing; resolves once connected. */
 export declare function startLoadPublisher(o: LoadOptions): Promise<LoadPublisher>
+/**
+ * Micro-benchmark hook: `n` Buffers over slices of one shared `Bytes`
+ * (external) or copies of them, in an array. Not part of the API.
+ */
+export declare function _benchBuffers(n: number, size: number, external: boolean): object
 /** How to size the shared pool. */
 export interface PoolOptions {
   /** Most bytes of free buffers the pool keeps for reuse. */

@@ -107,6 +107,52 @@ async function throughput (name, port, pub, size, topic) {
   return { rate: (n1 - n0) / secs, heapBps: (h1 - h0) / (secs + 1), sent: res.sent, received: n, sink }
 }
 
+function startReplay () {
+  const child = fork(path.join(here, 'replay.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+  const ready = new Promise((resolve) => child.once('message', resolve))
+  return {
+    ready,
+    size (size) {
+      return new Promise((resolve) => {
+        child.once('message', resolve)
+        child.send({ cmd: 'size', size })
+      })
+    },
+    exit () {
+      child.send({ cmd: 'exit' })
+    }
+  }
+}
+
+// Client-bound: the replay server streams pre-encoded PUBLISH packets, so
+// the figure is what the client can take, not what a broker can route.
+async function replay (name, port, rep, size) {
+  await rep.size(size)
+  const { c, end } = await clients[name](port)
+  let n = 0
+  let sink = 0
+  c.on('message', (t, payload) => {
+    n++
+    sink ^= payload[payload.length - 1]
+  })
+  await fullGc()
+  const h0 = process.memoryUsage().heapUsed
+  const elu0 = performance.eventLoopUtilization()
+  await c.subscribeAsync('bench/r', { qos: 0 })
+  await sleep(1000)
+  const n0 = n
+  const t0 = performance.now()
+  await sleep(SECONDS * 1000)
+  const n1 = n
+  const secs = (performance.now() - t0) / 1000
+  const elu = performance.eventLoopUtilization(elu0).utilization
+  await end()
+  await sleep(200)
+  await fullGc()
+  const h1 = process.memoryUsage().heapUsed
+  return { rate: (n1 - n0) / secs, heapBps: (h1 - h0) / (secs + 1), elu, received: n, sink }
+}
+
 async function latency (name, port, pub, topic) {
   const { c, end } = await clients[name](port)
   await c.subscribeAsync(topic, { qos: 0 })
@@ -141,6 +187,17 @@ async function main () {
       console.error(`${name.padEnd(15)} ${String(size).padStart(5)} B: ${r.rate.toFixed(0).padStart(8)} msg/s, heap ${(r.heapBps / 1024).toFixed(2)} KB/s`)
     }
   }
+  const rep = startReplay()
+  const { port: repPort } = await rep.ready
+  const replayed = []
+  for (const size of SIZES) {
+    for (const name of Object.keys(clients)) {
+      const r = await replay(name, repPort, rep, size)
+      replayed.push({ client: name, size, ...r })
+      console.error(`replay ${name.padEnd(15)} ${String(size).padStart(5)} B: ${r.rate.toFixed(0).padStart(8)} msg/s, heap ${(r.heapBps / 1024).toFixed(2)} KB/s, event loop busy ${(r.elu * 100).toFixed(0)}%`)
+    }
+  }
+  rep.exit()
   const lat = {}
   for (const name of Object.keys(clients)) {
     lat[name] = await latency(name, broker.port, pub, 'bench/lat')
@@ -161,10 +218,21 @@ async function main () {
       lines.push(`| ${size} B | ${r.client} | ${r.rate.toFixed(0)} | ${(r.rate / base).toFixed(2)}x | ${(r.heapBps / 1024).toFixed(2)} KB/s | ${l ? l.p50.toFixed(0) + ' µs' : ''} | ${l ? l.p99.toFixed(0) + ' µs' : ''} |`)
     }
   }
+  lines.push('')
+  lines.push('Client-bound (replay server instead of a broker):')
+  lines.push('')
+  lines.push('| payload | client | msg/s received | vs MQTT.js | heapUsed growth | event loop busy |')
+  lines.push('| ---: | --- | ---: | ---: | ---: | ---: |')
+  for (const size of SIZES) {
+    const base = replayed.find((r) => r.size === size && r.client === 'MQTT.js').rate
+    for (const r of replayed.filter((x) => x.size === size)) {
+      lines.push(`| ${size} B | ${r.client} | ${r.rate.toFixed(0)} | ${(r.rate / base).toFixed(2)}x | ${(r.heapBps / 1024).toFixed(2)} KB/s | ${(r.elu * 100).toFixed(0)}% |`)
+    }
+  }
   const table = lines.join('\n')
   console.log(table)
   mkdirSync(path.join(here, 'results'), { recursive: true })
-  writeFileSync(path.join(here, 'results', `recv-${Date.now()}.json`), JSON.stringify({ seconds: SECONDS, rate: RATE, broker: brokerName, results, latency: lat }, null, 2))
+  writeFileSync(path.join(here, 'results', `recv-${Date.now()}.json`), JSON.stringify({ seconds: SECONDS, rate: RATE, broker: brokerName, results, replayed, latency: lat }, null, 2))
 }
 
 main().catch((e) => {

@@ -15,18 +15,25 @@
 //!   socket and the broker's flow control takes over. A ThreadsafeFunction
 //!   queue would either grow without bound or block a tokio worker.
 //!
-//! A batch is a flat array `[topic, payload, flags, properties, ...]`, four
-//! entries per message (`flags` = QoS | retain << 2 | dup << 3; properties
-//! `undefined` unless the message carries MQTT 5 properties), so no object
-//! is built per message on the native side. A topic equal to the previous
-//! message's reuses the same JavaScript string.
+//! A batch is `[topics, meta, payloads, props]`, built with as few napi
+//! calls per message as possible:
+//! - `topics`: the distinct topic strings of the batch;
+//! - `meta`: a Buffer of three little-endian u32 per message: `flags |
+//!   topicIndex << 4` (flags = QoS | retain << 2 | dup << 3), offset and
+//!   length of the payload;
+//! - `payloads`: with external buffers, an array with one external Buffer
+//!   per message; with copies (`useExternalBuffer: false`), one Buffer
+//!   holding every payload of the batch back to back, which JavaScript
+//!   slices with `subarray` (no napi call per message at all);
+//! - `props`: `undefined`, or `[index, properties, ...]` for the messages
+//!   that carry MQTT 5 properties.
 
-use crate::payload::to_buffer;
+use crate::payload::{alloc_buffer, copy_buffer, to_buffer};
 use crate::pool::{self, PoolStats};
 use crate::{arg_err, js_err, tls};
 use bytes::Bytes;
 use napi::bindgen_prelude::{Buffer, Either};
-use napi::{Env, JsObject, JsString, JsUnknown, NapiRaw, NapiValue, Result};
+use napi::{Env, JsObject, JsUnknown, NapiRaw, NapiValue, Result};
 use napi_derive::napi;
 use std::sync::Arc;
 use std::time::Duration;
@@ -323,22 +330,24 @@ async fn drive(client: Client, mut rx: mpsc::UnboundedReceiver<Op>) {
                 opts,
                 payload,
                 done,
-            } => match client.publish_ext(&topic, qos, &opts, payload).await {
-                Ok(delivery) => {
-                    tokio::spawn(async move {
-                        let r = delivery.await.map_err(|e| e.to_string()).map(|ack| {
-                            NativePublishAck {
-                                message_id: u32::from(ack.packet_id),
-                                reason_code: u32::from(ack.reason.0),
-                            }
+            } => {
+                match client.publish_ext(&topic, qos, &opts, payload).await {
+                    Ok(delivery) => {
+                        tokio::spawn(async move {
+                            let r = delivery.await.map_err(|e| e.to_string()).map(|ack| {
+                                NativePublishAck {
+                                    message_id: u32::from(ack.packet_id),
+                                    reason_code: u32::from(ack.reason.0),
+                                }
+                            });
+                            let _ = done.send(r);
                         });
-                        let _ = done.send(r);
-                    });
+                    }
+                    Err(e) => {
+                        let _ = done.send(Err(e.to_string()));
+                    }
                 }
-                Err(e) => {
-                    let _ = done.send(Err(e.to_string()));
-                }
-            },
+            }
             Op::Subscribe { list, done } => {
                 let r = client
                     .subscribe_many(list, Properties::default())
@@ -415,37 +424,84 @@ fn state_of(s: &ConnState, client: &Client) -> NativeState {
     out
 }
 
-/// Build the JavaScript array for a batch (see the module docs).
+/// Build the JavaScript value for a batch (see the module docs):
+/// `[topics, meta, payloads, props]`.
 fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject> {
-    let mut arr = env.create_array_with_length(msgs.len() * 4)?;
-    let undefined = env.get_undefined()?;
-    let mut last: Option<(Bytes, JsString)> = None;
+    let n = msgs.len();
+    // Distinct topics, most recent first in the search: a batch usually
+    // carries one or a few topics.
+    let mut topic_keys: Vec<Bytes> = Vec::new();
+    let mut topics = env.create_array_with_length(1)?;
+    let mut meta: Vec<u32> = Vec::with_capacity(n * 3);
+    let mut props: Option<JsObject> = None;
+    let mut props_len = 0u32;
+    let copy_total: usize = if external {
+        0
+    } else {
+        msgs.iter().map(|m| m.payload.len()).sum()
+    };
+    let mut copy_buf = if external {
+        None
+    } else {
+        Some(alloc_buffer(env, copy_total)?)
+    };
+    let mut payloads = if external {
+        Some(env.create_array_with_length(n)?)
+    } else {
+        None
+    };
+    let mut offset = 0usize;
     for (i, m) in msgs.into_iter().enumerate() {
-        let base = (i * 4) as u32;
-        let topic_bytes = m.topic.as_bytes();
-        let topic = match &last {
-            Some((b, s)) if b == topic_bytes => *s,
-            _ => {
-                let s = env.create_string(m.topic())?;
-                last = Some((topic_bytes.clone(), s));
-                s
+        let key = m.topic.as_bytes();
+        let recent = topic_keys.len().saturating_sub(8);
+        let idx = match topic_keys[recent..].iter().rposition(|k| k == key) {
+            Some(j) => recent + j,
+            None => {
+                topics.set_element(topic_keys.len() as u32, env.create_string(m.topic())?)?;
+                topic_keys.push(key.clone());
+                topic_keys.len() - 1
             }
         };
-        arr.set_element(base, topic)?;
         let flags = (m.qos as u32) | (u32::from(m.retain) << 2) | (u32::from(m.dup) << 3);
-        let props = if m.properties.is_empty() {
-            None
-        } else {
-            Some(properties_to_js(env, &m.properties, external)?)
-        };
-        arr.set_element(base + 1, to_buffer(env, m.payload, external)?)?;
-        arr.set_element(base + 2, env.create_uint32(flags)?)?;
-        match props {
-            Some(p) => arr.set_element(base + 3, p)?,
-            None => arr.set_element(base + 3, undefined)?,
+        meta.push(flags | ((idx as u32) << 4));
+        meta.push(offset as u32);
+        meta.push(m.payload.len() as u32);
+        if !m.properties.is_empty() {
+            let arr = match &mut props {
+                Some(a) => a,
+                None => props.insert(env.create_array_with_length(2)?),
+            };
+            arr.set_element(props_len, env.create_uint32(i as u32)?)?;
+            arr.set_element(
+                props_len + 1,
+                properties_to_js(env, &m.properties, external)?,
+            )?;
+            props_len += 2;
+        }
+        match (&mut payloads, &mut copy_buf) {
+            (Some(arr), _) => arr.set_element(i as u32, to_buffer(env, m.payload, true)?)?,
+            (None, Some((_, data))) => {
+                let len = m.payload.len();
+                data[offset..offset + len].copy_from_slice(&m.payload);
+                offset += len;
+            }
+            (None, None) => {}
         }
     }
-    Ok(arr)
+    let meta_bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut out = env.create_array_with_length(4)?;
+    out.set_element(0, topics)?;
+    out.set_element(1, copy_buffer(env, &meta_bytes)?)?;
+    match (payloads, copy_buf) {
+        (Some(arr), _) => out.set_element(2, arr)?,
+        (None, Some((buf, _))) => out.set_element(2, buf)?,
+        (None, None) => out.set_element(2, env.get_undefined()?)?,
+    }
+    match props {
+        Some(p) => out.set_element(3, p)?,
+        None => out.set_element(3, env.get_undefined()?)?,
+    }
+    Ok(out)
 }
 
 /// MQTT 5 PUBLISH properties as MQTT.js names them.

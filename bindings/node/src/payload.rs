@@ -105,3 +105,50 @@ pub fn copy_buffer(env: &Env, data: &[u8]) -> Result<JsBuffer> {
     // in `env`'s current handle scope.
     Ok(unsafe { JsBuffer::from_raw_unchecked(env.raw(), value) })
 }
+
+/// A new `Buffer` of `len` bytes and the slice of its memory to fill.
+///
+/// The slice is only valid until the Buffer can be collected or moved,
+/// that is within the current napi call: callers fill it before they return
+/// to JavaScript and keep the `JsBuffer` reachable meanwhile (it is in their
+/// handle scope).
+pub fn alloc_buffer(env: &Env, len: usize) -> Result<(JsBuffer, &'static mut [u8])> {
+    let mut value = ptr::null_mut();
+    let mut data = ptr::null_mut();
+    // SAFETY: `env` is the live environment of the current call; napi
+    // writes the new Buffer and its data pointer into the out-parameters.
+    check_status!(unsafe { sys::napi_create_buffer(env.raw(), len, &mut data, &mut value) })?;
+    let slice: &'static mut [u8] = if len == 0 || data.is_null() {
+        &mut []
+    } else {
+        // SAFETY: napi allocated `len` bytes at `data` for the new Buffer
+        // (off the V8 heap, so a collection does not move them), nothing
+        // else refers to them yet, and the Buffer stays alive in the
+        // caller's handle scope for as long as the caller uses the slice
+        // (see the function docs; the 'static lifetime is not used past
+        // the call).
+        unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), len) }
+    };
+    // SAFETY: napi returned `napi_ok`, so `value` is a valid Buffer handle
+    // in `env`'s current handle scope.
+    Ok((
+        unsafe { JsBuffer::from_raw_unchecked(env.raw(), value) },
+        slice,
+    ))
+}
+
+/// Micro-benchmark hook: `n` Buffers over slices of one shared `Bytes`
+/// (external) or copies of them, in an array. Not part of the API.
+#[napi_derive::napi(js_name = "_benchBuffers")]
+pub fn bench_buffers(env: Env, n: u32, size: u32, external: bool) -> Result<napi::JsObject> {
+    let all = Bytes::from(vec![7u8; (n as usize) * (size as usize).max(1)]);
+    let mut arr = env.create_array_with_length(n as usize)?;
+    for i in 0..n as usize {
+        let s = i * size as usize;
+        arr.set_element(
+            i as u32,
+            to_buffer(&env, all.slice(s..s + size as usize), external)?,
+        )?;
+    }
+    Ok(arr)
+}
