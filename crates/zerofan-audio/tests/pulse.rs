@@ -375,6 +375,39 @@ async fn captures_the_tone_through_alsa_pulse_plugin_as_f32_stereo() {
     capture.stop();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_and_loopback_selectors_resolve() {
+    session();
+    // "loopback": the default sink's monitor. Default: the default source,
+    // which on this server is that same monitor.
+    for (selector, name) in [
+        (DeviceSelector::Named("loopback".into()), "loopback"),
+        (DeviceSelector::Default, "default"),
+    ] {
+        let config = CaptureConfig {
+            device: selector,
+            ..CaptureConfig::default()
+        };
+        let (mut capture, mut rx) = Capture::start_channel(config, 1024).expect(name);
+        assert!(
+            capture.device().id.ends_with(MONITOR),
+            "{name}: {:?}",
+            capture.device()
+        );
+        // Defaults come from the device: 48 kHz mono, i16, 10 ms.
+        assert_eq!(capture.params().sample_rate, 48_000, "{name}");
+        assert_eq!(capture.params().channels, 1, "{name}");
+        let ev = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: no packet within 20 s"));
+        assert!(
+            matches!(ev, Some(CaptureEvent::Packet(_))),
+            "{name}: {ev:?}"
+        );
+        capture.stop();
+    }
+}
+
 #[test]
 fn a_missing_device_is_an_error_not_a_panic() {
     session();
