@@ -26,6 +26,9 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+echo "== install: audio build and test dependencies (apt)"
+bash scripts/install-audio-deps.sh
+
 echo "== install: system packages (apt)"
 missing=()
 command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 2>&1 \
@@ -82,6 +85,9 @@ cargo fmt --all -- --check
 
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+
+echo "== cargo build (every binary: tests of other crates start zerofan)"
+cargo build --workspace --bins
 
 echo "== cargo test"
 cargo test --workspace
