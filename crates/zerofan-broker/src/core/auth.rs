@@ -182,14 +182,28 @@ impl AuthState {
 }
 
 impl Broker {
-    /// Install authentication and access settings (at start; replaces the
-    /// previous ones for connections made from now on).
+    /// Install authentication and access settings: at start, or on reload
+    /// (new logins use the new password files; connected clients keep their
+    /// login and move to their listener's new ACL, with a fresh cache).
     pub fn set_security(&mut self, config: SecurityConfig) {
         let open = std::mem::take(&mut self.auth.open);
         let sessions = std::mem::take(&mut self.auth.sessions);
         self.auth = AuthState::new(config);
         self.auth.open = open;
         self.auth.sessions = sessions;
+        // Connected sessions follow their listener's new ACL (a reload).
+        let attached: Vec<(ConnId, SessionId)> = self
+            .conns
+            .iter()
+            .filter_map(|(id, c)| c.session().map(|sid| (*id, sid)))
+            .collect();
+        for (conn, sid) in attached {
+            let client_id = match self.sessions.get(&sid) {
+                Some(s) => s.client_id.to_string(),
+                None => continue,
+            };
+            self.auth_attach(conn, sid, &client_id);
+        }
     }
 
     /// A new network connection with what the shell knows about it: its

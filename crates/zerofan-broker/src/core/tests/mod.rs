@@ -6,6 +6,7 @@ mod connect;
 mod delivery;
 mod qos;
 mod retained;
+mod security;
 mod sessions;
 mod shared;
 mod wills;
