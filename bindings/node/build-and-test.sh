@@ -33,7 +33,7 @@ npx napi build --platform --release --dts native.d.ts --js false
 if [ "$heap" = 1 ]; then
   npm test
 else
-  node --expose-gc --test --test-concurrency=1 test/*.test.mjs
+  node --expose-gc --test --test-concurrency=1 --test-timeout=180000 test/*.test.mjs
 fi
 
 if [ "$bench" = 1 ]; then

@@ -299,7 +299,9 @@ enum Op {
     Publish {
         topic: String,
         qos: QoS,
-        opts: PublishOptions,
+        /// Boxed: MQTT 5 properties make it large, and most publishes
+        /// have none.
+        opts: Box<PublishOptions>,
         payload: Bytes,
         done: Done<NativePublishAck>,
     },
@@ -654,13 +656,13 @@ impl NativeClient {
         // The one copy of a publish: out of the JavaScript heap, which may
         // move or change after this call returns.
         let payload = bytes_of(payload);
-        let opts = PublishOptions {
+        let opts = Box::new(PublishOptions {
             retain,
             properties: properties
                 .map(publish_properties)
                 .transpose()?
                 .unwrap_or_default(),
-        };
+        });
         queued(&env, &self.ops, |done| Op::Publish {
             topic,
             qos,
