@@ -300,8 +300,10 @@ mod tests {
 
     #[test]
     fn missing_files_are_named() {
-        let mut c = Config::default();
-        c.password_file = Some("/nonexistent/passwd".into());
+        let c = Config {
+            password_file: Some("/nonexistent/passwd".into()),
+            ..Config::default()
+        };
         let e = load(&c).unwrap_err().to_string();
         assert!(e.contains("/nonexistent/passwd"), "{e}");
     }

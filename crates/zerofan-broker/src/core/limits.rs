@@ -202,11 +202,14 @@ impl PublishLimiter {
 
     /// Whether a PUBLISH of `payload` bytes at `now` is within the limits.
     pub fn allow(&mut self, now: Instant, payload: usize) -> bool {
-        let m = self.messages.as_mut().map_or(true, |b| b.take(now, 1));
-        let b = self
-            .bytes
-            .as_mut()
-            .map_or(true, |b| b.take(now, payload as u64));
+        let m = match self.messages.as_mut() {
+            Some(b) => b.take(now, 1),
+            None => true,
+        };
+        let b = match self.bytes.as_mut() {
+            Some(b) => b.take(now, payload as u64),
+            None => true,
+        };
         m && b
     }
 }

@@ -26,6 +26,7 @@ pub async fn accept<S>(stream: S, max_message: usize) -> Result<WsStream<S>, Str
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    #[allow(clippy::result_large_err)] // the signature tungstenite asks for
     let callback = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() != PATH {
             let mut e = ErrorResponse::new(Some(format!("MQTT is served at {PATH}\n")));
