@@ -139,7 +139,9 @@ pub fn main() -> ExitCode {
         }
     };
     crate::logging::init(args.verbose, config.log_format);
-    match crate::shell::run_until_signal(config) {
+    // SIGHUP reads the file and the flags again.
+    let reloader = Box::new(move || args.config().map_err(|e| e.to_string()));
+    match crate::shell::run_until_signal_with(config, Some(reloader)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("zerofan: {e}");

@@ -35,9 +35,8 @@ pub struct Broker {
     pub(crate) next_session: u64,
     pub(crate) next_assigned: u64,
     wakeups: Vec<ConnId>,
-    /// Rate limit for bad-input warnings: when the last was logged, and
-    /// how many were suppressed since.
-    bad_input_log: Option<(Instant, u64)>,
+    /// The rate limit every per-client log line goes through.
+    pub(crate) log_limit: crate::ratelimit::LogLimiter,
     pub(crate) route_direct: Vec<SubEntry>,
     pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
     /// Authentication, ACL and connection limits (see `auth`).
@@ -73,7 +72,7 @@ impl Broker {
             next_session: 1,
             next_assigned: 1,
             wakeups: Vec::new(),
-            bad_input_log: None,
+            log_limit: crate::ratelimit::LogLimiter::default(),
             route_direct: Vec::new(),
             route_shared: Vec::new(),
             auth: super::auth::AuthState::default(),
@@ -367,8 +366,9 @@ impl Broker {
 
     // ----- shared helpers -------------------------------------------------
 
-    /// Warn about bad input at most once a second (a hostile client must not
-    /// flood the log), counting what was suppressed; every case at debug.
+    /// Warn about bad input through the log rate limit (a hostile client
+    /// must not flood the log), counting what was suppressed; every case at
+    /// debug.
     fn log_bad_input(
         &mut self,
         now: Instant,
@@ -378,17 +378,8 @@ impl Broker {
         reason: ReasonCode,
     ) {
         tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
-        match &mut self.bad_input_log {
-            Some((last, suppressed))
-                if now.saturating_duration_since(*last) < Duration::from_secs(1) =>
-            {
-                *suppressed += 1;
-            }
-            slot => {
-                let suppressed = slot.map_or(0, |(_, n)| n);
-                tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
-                *slot = Some((now, 0));
-            }
+        if let Some(suppressed) = self.log_gate(now, what) {
+            tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
         }
     }
 

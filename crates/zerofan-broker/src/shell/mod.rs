@@ -4,14 +4,18 @@
 //! publish path takes no lock.
 
 mod buffers;
-pub mod persist;
+pub mod http;
 pub mod listener;
+pub mod ops;
+pub mod persist;
+pub mod prometheus;
 pub mod proxy;
 mod reader;
+pub mod reload;
 mod server;
 mod state;
-pub mod ws;
 mod writer;
+pub mod ws;
 
-pub use server::{run_until_signal, Server};
+pub use server::{run_until_signal, run_until_signal_with, Server};
 pub use writer::write_chunks;

@@ -28,6 +28,8 @@ pub struct Server {
     security: SecurityConfig,
     /// The embedded store, opened (and recovered) by `bind`; `None` in memory.
     persist: Option<super::persist::Opened>,
+    /// The metrics listener and the SIGHUP handler.
+    ops: super::ops::OpsSetup,
 }
 
 impl Server {
@@ -39,6 +41,7 @@ impl Server {
         // newer format) stops the broker here, with the store's message.
         let persist = super::persist::open(&config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let ops = super::ops::OpsSetup::prepare(&config).await?;
         let mut listeners = Vec::new();
         for l in &loaded.listeners {
             let bound = TcpListener::bind(l.config.bind).await.map_err(|e| {
@@ -52,7 +55,18 @@ impl Server {
             prepared: loaded.listeners,
             security: loaded.core,
             persist,
+            ops,
         })
+    }
+
+    /// The metrics listener's address, if `metrics` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.ops.metrics_addr()
+    }
+
+    /// Where SIGHUP gets the configuration to reload (see [`super::reload`]).
+    pub fn set_reloader(&mut self, reloader: super::reload::Reloader) {
+        self.ops.set_reloader(reloader);
     }
 
     /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
@@ -76,12 +90,14 @@ impl Server {
     /// Serve until `shutdown` completes, then disconnect everyone (MQTT 5
     /// clients get DISCONNECT 0x8B) and return. Must run inside a `LocalSet`.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let names = self.local_listeners();
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
-        let durable = self
-            .persist
-            .map(|p| super::persist::attach(&mut broker, p));
+        let durable = self.persist.map(|p| super::persist::attach(&mut broker, p));
         let shared = Rc::new(Shared::new(broker));
+        for (index, (addr, kind)) in names.into_iter().enumerate() {
+            shared.ops.name_listener(index, addr, &kind);
+        }
         let release = durable
             .map(|n| tokio::task::spawn_local(super::persist::release_loop(shared.clone(), n)));
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
@@ -96,8 +112,10 @@ impl Server {
             )));
         }
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
+        let ops_tasks = self.ops.start(&shared);
         shutdown.await;
         tracing::info!("shutting down");
+        shared.ops.shutting_down.set(true);
         for t in &tasks {
             t.abort();
         }
@@ -108,6 +126,9 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         timer.abort();
+        for t in ops_tasks {
+            t.abort();
+        }
         if let Some(release) = release {
             release.abort();
         }
@@ -123,6 +144,7 @@ pub(super) async fn connection(
     peer: SocketAddr,
     meta: ConnectionMeta,
 ) {
+    let _counted = super::ops::Ops::track(&shared, meta.listener);
     let id = shared
         .broker
         .borrow_mut()
@@ -190,15 +212,30 @@ async fn timer_loop(shared: Rc<Shared>) {
 /// Run a broker on the current thread until SIGINT or SIGTERM, printing
 /// `zerofan listening on ADDR` for every listener once bound.
 pub fn run_until_signal(config: Config) -> io::Result<()> {
+    run_until_signal_with(config, None)
+}
+
+/// [`run_until_signal`], reloading on SIGHUP from `reloader`; prints
+/// `zerofan metrics on http://ADDR/metrics` first when metrics are served.
+pub fn run_until_signal_with(
+    config: Config,
+    reloader: Option<super::reload::Reloader>,
+) -> io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let server = Server::bind(config).await?;
+        let mut server = Server::bind(config).await?;
+        if let Some(r) = reloader {
+            server.set_reloader(r);
+        }
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
+            if let Some(addr) = server.metrics_addr() {
+                writeln!(out, "zerofan metrics on http://{addr}/metrics")?;
+            }
             for (addr, kind) in server.local_listeners() {
                 writeln!(out, "zerofan listening on {addr} {kind}")?;
             }

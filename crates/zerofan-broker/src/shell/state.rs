@@ -32,6 +32,8 @@ pub struct Shared {
     pub bytes_in: Cell<u64>,
     /// Bytes written to sockets.
     pub bytes_out: Cell<u64>,
+    /// Readiness, per-listener figures, reload counts (`/metrics`).
+    pub ops: super::ops::Ops,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -45,6 +47,7 @@ impl Shared {
             buffers,
             bytes_in: Cell::new(0),
             bytes_out: Cell::new(0),
+            ops: super::ops::Ops::default(),
             wake_scratch: RefCell::new(Vec::new()),
         }
     }

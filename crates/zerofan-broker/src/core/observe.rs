@@ -1,0 +1,261 @@
+//! What operators look at: gauges computed on demand (sessions, queue
+//! depths, inflight), the durable store's figures, the rate-limited log
+//! gate for per-client errors, and reloading the limits without a restart.
+//!
+//! Nothing here runs on the publish path: gauges walk the sessions when a
+//! scrape asks for them, and the counters stay plain integers in
+//! [`Metrics`](super::Metrics).
+
+use super::auth::SecurityConfig;
+use super::broker::Broker;
+use crate::config::Config;
+use crate::ratelimit::Verdict;
+use std::time::{Duration, Instant};
+
+/// Figures computed from the broker's state at one instant.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Network connections the core knows (CONNECT received or not).
+    pub connections: usize,
+    /// Sessions with a connection attached.
+    pub sessions_online: usize,
+    /// Sessions without a connection (kept for their expiry interval).
+    pub sessions_offline: usize,
+    /// Messages waiting in every session queue.
+    pub queued_messages: usize,
+    /// The longest session queue, in messages.
+    pub queued_messages_max: usize,
+    /// Payload bytes waiting in every session queue.
+    pub queued_bytes: usize,
+    /// The largest session queue, in payload bytes.
+    pub queued_bytes_max: usize,
+    /// QoS 1/2 messages sent and not yet acknowledged, all sessions.
+    pub inflight: usize,
+    /// The most in flight to one session.
+    pub inflight_max: usize,
+    /// Retained messages stored.
+    pub retained: usize,
+    /// Subscriptions, all sessions.
+    pub subscriptions: usize,
+    /// Per-client log lines held back by the rate limit.
+    pub log_suppressed: u64,
+}
+
+/// Upper bounds (seconds) of the [`LatencyHistogram`] buckets.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A latency histogram with fixed buckets ([`LATENCY_BUCKETS`]), exposed
+/// as a Prometheus histogram. `observe` is a few comparisons and adds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyHistogram {
+    /// Observations per bucket (not cumulative); the last slot counts
+    /// those above the largest bound.
+    pub buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    /// Observations.
+    pub count: u64,
+    /// Sum of the observations, seconds.
+    pub sum_seconds: f64,
+}
+
+impl LatencyHistogram {
+    /// Record one observation.
+    pub fn observe(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_seconds += s;
+    }
+}
+
+/// The store's figures for `/metrics` and `/readyz`. In memory: `durable:
+/// false`, `open: true` and zeros; a durable store fills what it knows
+/// (see [`Broker::store_figures`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreFigures {
+    /// A durable store is in use (false with `--memory`).
+    pub durable: bool,
+    /// The store is open and usable (`/readyz` waits for it).
+    pub open: bool,
+    /// Bytes of the store's log (committed, written or about to be).
+    pub size_bytes: u64,
+    /// Estimated bytes of live records (what a compaction would keep).
+    pub live_bytes: u64,
+    /// Records staged.
+    pub records: u64,
+    /// Commits (group commits count once).
+    pub commits: u64,
+    /// fsync calls.
+    pub fsyncs: u64,
+    /// Bytes written to the store's files, compaction included.
+    pub bytes_written: u64,
+    /// Compactions (log rewrites) done.
+    pub compactions: u64,
+    /// Latency of each fsync (or fdatasync), when the store measures it.
+    pub fsync: LatencyHistogram,
+}
+
+/// What [`Broker::reload`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadOutcome {
+    /// Settings whose new value is in force now.
+    pub changed: Vec<&'static str>,
+    /// Settings that differ in the new configuration but only take effect
+    /// on a restart (the old value stays).
+    pub needs_restart: Vec<&'static str>,
+}
+
+impl Broker {
+    /// Gauges at this instant: walks every session (cheap at scrape rates;
+    /// never called on the publish path).
+    pub fn gauges(&self) -> Gauges {
+        let mut g = Gauges {
+            connections: self.conns.len(),
+            retained: self.store.len(),
+            log_suppressed: self.log_limit.suppressed_total(),
+            ..Gauges::default()
+        };
+        for s in self.sessions.values() {
+            if s.conn.is_some() {
+                g.sessions_online += 1;
+            } else {
+                g.sessions_offline += 1;
+            }
+            g.queued_messages += s.queue.len();
+            g.queued_messages_max = g.queued_messages_max.max(s.queue.len());
+            g.queued_bytes += s.queued_bytes;
+            g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes);
+            g.inflight += s.inflight.len();
+            g.inflight_max = g.inflight_max.max(s.inflight.len());
+            g.subscriptions += s.subscriptions.len();
+        }
+        g
+    }
+
+    /// The store's figures for `/metrics` and `/readyz`.
+    pub fn store_figures(&self) -> StoreFigures {
+        let mut f = StoreFigures {
+            open: true,
+            ..StoreFigures::default()
+        };
+        if let Some(s) = self.store_stats() {
+            f.durable = true;
+            f.size_bytes = s.log_bytes;
+            f.live_bytes = s.live_bytes;
+            f.records = s.records;
+            f.commits = s.commits;
+            f.fsyncs = s.fsyncs;
+            f.bytes_written = s.bytes_written;
+            f.compactions = s.compactions;
+        }
+        f
+    }
+
+    /// Whether a per-client error of this `kind` may be logged now: the one
+    /// rate limit every such log line goes through. `Some(n)`: log it,
+    /// mentioning the `n` lines of this kind held back since the last one;
+    /// `None`: stay quiet (counted in [`Gauges::log_suppressed`]).
+    pub fn log_gate(&mut self, now: Instant, kind: &str) -> Option<u64> {
+        match self.log_limit.check(now, kind) {
+            Verdict::Log { suppressed } => Some(suppressed),
+            Verdict::Suppress => None,
+        }
+    }
+
+    /// Put a new configuration in force without dropping a connection,
+    /// all or nothing: the configuration is validated, the settings that
+    /// need a restart (listener addresses, metrics address, log format,
+    /// pool size, store location and mode) are kept at their old values,
+    /// then `security` reads the password and ACL files the resulting
+    /// configuration names. Only when all of that succeeded are the limits,
+    /// the password files and the ACLs swapped in, at once; an error
+    /// changes nothing. Sessions online now are put under the new ACL.
+    ///
+    /// Limits apply to what happens from now on: a queue already longer
+    /// than a lowered `max_queued_messages` is not trimmed, it drains.
+    pub fn reload(
+        &mut self,
+        now: Instant,
+        mut new: Config,
+        security: impl FnOnce(&Config) -> Result<Option<SecurityConfig>, String>,
+    ) -> Result<ReloadOutcome, String> {
+        new.validate().map_err(|e| e.to_string())?;
+        let old = &self.config;
+        let mut out = ReloadOutcome::default();
+        let binds = |c: &Config| -> Vec<String> {
+            c.listeners()
+                .iter()
+                .map(|l| format!("{} {}", l.bind, l.kind()))
+                .collect()
+        };
+        if binds(old) != binds(&new) {
+            out.needs_restart.push("listen");
+            new.listen = old.listen.clone();
+            new.listener = old.listener.clone();
+        } else if format!("{:?}", old.listener) != format!("{:?}", new.listener) {
+            out.changed.push("listener");
+        }
+        macro_rules! restart_only {
+            ($($field:ident),*) => {$(
+                if format!("{:?}", old.$field) != format!("{:?}", new.$field) {
+                    out.needs_restart.push(stringify!($field));
+                    new.$field = old.$field.clone();
+                }
+            )*};
+        }
+        restart_only!(
+            metrics,
+            log_format,
+            pool_max_retained_bytes,
+            data_dir,
+            memory,
+            fsync
+        );
+        macro_rules! live {
+            ($($field:ident),*) => {$(
+                if format!("{:?}", old.$field) != format!("{:?}", new.$field) {
+                    out.changed.push(stringify!($field));
+                }
+            )*};
+        }
+        live!(
+            password_file,
+            acl_file,
+            allow_anonymous,
+            max_connections,
+            max_topic_length,
+            max_publish_rate,
+            max_publish_bytes_rate,
+            max_connection_rate,
+            max_keepalive,
+            max_packet_size,
+            receive_maximum,
+            max_inflight,
+            max_queued_messages,
+            max_queued_bytes,
+            queue_full,
+            max_session_expiry,
+            sys_interval,
+            topic_alias_maximum,
+            retain_available,
+            connect_timeout,
+            max_topic_levels
+        );
+        // Everything read and checked: from here on nothing can fail.
+        let security = security(&new)?;
+        if self.config.sys_interval == 0 && new.sys_interval > 0 {
+            self.timers.arm(now, super::timers::Timer::Sys);
+        }
+        self.config = new;
+        if let Some(security) = security {
+            // Connected sessions move to their listener's new ACL.
+            self.set_security(security);
+        }
+        Ok(out)
+    }
+}

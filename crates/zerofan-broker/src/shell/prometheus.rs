@@ -1,0 +1,719 @@
+//! The Prometheus text exposition format (version 0.0.4), written by hand:
+//! `# HELP` and `# TYPE` once per family, counters ending in `_total`,
+//! labels for qos, reason and listener.
+
+use crate::core::{Gauges, Metrics, ShellStats, StoreFigures, LATENCY_BUCKETS};
+use std::fmt::Write;
+
+/// The `Content-Type` of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// One listener's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListenerFigures {
+    /// The bound address, e.g. `127.0.0.1:1883`.
+    pub addr: String,
+    /// Its kind (`mqtt`, `mqtt+tls`, `ws`, ...).
+    pub kind: String,
+    /// Connections open now.
+    pub open: u64,
+    /// Connections accepted since start.
+    pub opened: u64,
+}
+
+/// Everything one scrape shows, gathered in one short borrow of the core.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Seconds since start.
+    pub uptime_seconds: f64,
+    /// The core's counters.
+    pub metrics: Metrics,
+    /// The core's gauges.
+    pub gauges: Gauges,
+    /// Socket bytes and buffer pool figures.
+    pub shell: ShellStats,
+    /// The store.
+    pub store: StoreFigures,
+    /// Per listener.
+    pub listeners: Vec<ListenerFigures>,
+    /// Reloads that took effect.
+    pub reloads_ok: u64,
+    /// Reloads refused (the old configuration stayed).
+    pub reloads_failed: u64,
+    /// Scrapes turned away because too many were in progress.
+    pub http_refused: u64,
+}
+
+/// Writes families and samples.
+#[derive(Debug, Default)]
+pub struct Exposition {
+    out: String,
+}
+
+/// A metric family's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (name ends in `_total`).
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Buckets, sum and count.
+    Histogram,
+}
+
+impl Exposition {
+    /// `# HELP` and `# TYPE` lines of a family.
+    pub fn family(&mut self, name: &str, kind: Kind, help: &str) {
+        let kind = match kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        };
+        let _ = writeln!(self.out, "# HELP {name} {}", escape_help(help));
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    /// One sample.
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape_label(v));
+            }
+            self.out.push('}');
+        }
+        self.out.push(' ');
+        self.out.push_str(&format_value(value));
+        self.out.push('\n');
+    }
+
+    /// A family with one unlabelled sample.
+    pub fn single(&mut self, name: &str, kind: Kind, help: &str, value: f64) {
+        self.family(name, kind, help);
+        self.sample(name, &[], value);
+    }
+
+    /// A family with one sample per value of one label.
+    pub fn labelled(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        help: &str,
+        label: &str,
+        values: &[(&str, f64)],
+    ) {
+        self.family(name, kind, help);
+        for (l, v) in values {
+            self.sample(name, &[(label, l)], *v);
+        }
+    }
+
+    /// The text written so far.
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// A sample value: integers without a fraction, `+Inf`, `-Inf`, `NaN`.
+pub fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Label values escape `\`, `"` and newlines.
+fn escape_label(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Help text escapes `\` and newlines.
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+const QOS: [&str; 3] = ["0", "1", "2"];
+
+fn by_qos(v: &[u64; 3]) -> [(&'static str, f64); 3] {
+    [
+        (QOS[0], v[0] as f64),
+        (QOS[1], v[1] as f64),
+        (QOS[2], v[2] as f64),
+    ]
+}
+
+/// The whole `/metrics` page.
+pub fn render(s: &Snapshot) -> String {
+    use Kind::{Counter, Gauge, Histogram};
+    let mut e = Exposition::default();
+    let m = &s.metrics;
+    let g = &s.gauges;
+    let st = &s.shell;
+
+    e.family(
+        "zerofan_build_info",
+        Gauge,
+        "Version of the running broker (always 1).",
+    );
+    e.sample(
+        "zerofan_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    e.single(
+        "zerofan_uptime_seconds",
+        Gauge,
+        "Seconds since the broker started.",
+        s.uptime_seconds,
+    );
+
+    // Connections and sessions.
+    e.single(
+        "zerofan_connections",
+        Gauge,
+        "Network connections open now (CONNECT received or not).",
+        g.connections as f64,
+    );
+    e.single(
+        "zerofan_connections_opened_total",
+        Counter,
+        "Network connections accepted since start.",
+        m.connections_opened as f64,
+    );
+    e.single(
+        "zerofan_clients_connected_total",
+        Counter,
+        "CONNECTs accepted since start.",
+        m.clients_connected_total as f64,
+    );
+    e.family(
+        "zerofan_listener_connections",
+        Gauge,
+        "Network connections open now, by listener.",
+    );
+    for l in &s.listeners {
+        e.sample(
+            "zerofan_listener_connections",
+            &[("listener", &l.addr), ("kind", &l.kind)],
+            l.open as f64,
+        );
+    }
+    e.family(
+        "zerofan_listener_connections_opened_total",
+        Counter,
+        "Network connections accepted since start, by listener.",
+    );
+    for l in &s.listeners {
+        e.sample(
+            "zerofan_listener_connections_opened_total",
+            &[("listener", &l.addr), ("kind", &l.kind)],
+            l.opened as f64,
+        );
+    }
+    e.labelled("zerofan_sessions", Gauge, "Sessions, by state: online (a connection attached) or offline (kept for their expiry interval).", "state",
+        &[("online", g.sessions_online as f64), ("offline", g.sessions_offline as f64)]);
+    e.single(
+        "zerofan_subscriptions",
+        Gauge,
+        "Subscriptions, all sessions.",
+        g.subscriptions as f64,
+    );
+    e.single(
+        "zerofan_session_takeovers_total",
+        Counter,
+        "Sessions taken over by a new connection with the same client id.",
+        m.takeovers as f64,
+    );
+    e.single(
+        "zerofan_sessions_expired_total",
+        Counter,
+        "Sessions removed because their expiry interval passed.",
+        m.sessions_expired as f64,
+    );
+    e.single(
+        "zerofan_wills_published_total",
+        Counter,
+        "Will messages published.",
+        m.wills_published as f64,
+    );
+
+    // Messages and bytes.
+    e.labelled(
+        "zerofan_messages_received_total",
+        Counter,
+        "PUBLISH packets received from clients, by QoS.",
+        "qos",
+        &by_qos(&m.messages_received_by_qos),
+    );
+    e.labelled(
+        "zerofan_messages_sent_total",
+        Counter,
+        "PUBLISH packets sent to clients, by QoS (resends included).",
+        "qos",
+        &by_qos(&m.messages_sent_by_qos),
+    );
+    e.labelled(
+        "zerofan_payload_bytes_received_total",
+        Counter,
+        "Payload bytes received in PUBLISH packets, by QoS.",
+        "qos",
+        &by_qos(&m.payload_bytes_received_by_qos),
+    );
+    e.labelled(
+        "zerofan_payload_bytes_sent_total",
+        Counter,
+        "Payload bytes sent in PUBLISH packets, by QoS (resends not counted).",
+        "qos",
+        &by_qos(&m.payload_bytes_sent_by_qos),
+    );
+    e.single(
+        "zerofan_network_bytes_received_total",
+        Counter,
+        "Bytes read from client sockets.",
+        st.bytes_received as f64,
+    );
+    e.single(
+        "zerofan_network_bytes_sent_total",
+        Counter,
+        "Bytes written to client sockets.",
+        st.bytes_sent as f64,
+    );
+    e.labelled(
+        "zerofan_messages_dropped_total",
+        Counter,
+        "Messages dropped, by reason.",
+        "reason",
+        &[
+            ("qos0_queue_full", m.dropped_qos0_queue_full as f64),
+            ("queue_full", m.dropped_queue_full as f64),
+            ("expired", m.dropped_expired as f64),
+            ("too_large", m.dropped_too_large as f64),
+        ],
+    );
+    e.single(
+        "zerofan_slow_consumer_disconnects_total",
+        Counter,
+        "Clients disconnected because their queue was full (queue_full = \"disconnect\").",
+        m.slow_consumer_disconnects as f64,
+    );
+    e.labelled(
+        "zerofan_connection_errors_total",
+        Counter,
+        "Connections closed by the broker for an error, by reason.",
+        "reason",
+        &[
+            ("malformed_packet", m.malformed_packets as f64),
+            ("protocol_error", m.protocol_errors as f64),
+            ("keep_alive_timeout", m.keep_alive_timeouts as f64),
+            ("connect_timeout", m.connect_timeouts as f64),
+        ],
+    );
+    e.single(
+        "zerofan_compactions_total",
+        Counter,
+        "Messages copied out of their read buffer before being kept for long.",
+        m.compactions as f64,
+    );
+
+    // Queues.
+    e.single(
+        "zerofan_queued_messages",
+        Gauge,
+        "Messages waiting in session queues, all sessions.",
+        g.queued_messages as f64,
+    );
+    e.single(
+        "zerofan_queued_messages_max",
+        Gauge,
+        "The longest session queue, in messages.",
+        g.queued_messages_max as f64,
+    );
+    e.single(
+        "zerofan_queued_bytes",
+        Gauge,
+        "Payload bytes waiting in session queues, all sessions.",
+        g.queued_bytes as f64,
+    );
+    e.single(
+        "zerofan_queued_bytes_max",
+        Gauge,
+        "The largest session queue, in payload bytes.",
+        g.queued_bytes_max as f64,
+    );
+    e.single(
+        "zerofan_inflight_messages",
+        Gauge,
+        "QoS 1/2 messages sent and not yet acknowledged, all sessions.",
+        g.inflight as f64,
+    );
+    e.single(
+        "zerofan_inflight_messages_max",
+        Gauge,
+        "The most QoS 1/2 messages in flight to one session.",
+        g.inflight_max as f64,
+    );
+    e.single(
+        "zerofan_retained_messages",
+        Gauge,
+        "Retained messages stored.",
+        g.retained as f64,
+    );
+
+    // Store.
+    let store = &s.store;
+    e.single(
+        "zerofan_store_durable",
+        Gauge,
+        "1 when a durable store is in use, 0 in memory.",
+        f64::from(u8::from(store.durable)),
+    );
+    e.single(
+        "zerofan_store_open",
+        Gauge,
+        "1 when the store is open.",
+        f64::from(u8::from(store.open)),
+    );
+    e.single(
+        "zerofan_store_size_bytes",
+        Gauge,
+        "Bytes the store occupies on disk.",
+        store.size_bytes as f64,
+    );
+    e.single(
+        "zerofan_store_live_bytes",
+        Gauge,
+        "Estimated bytes of live records in the store (what a compaction would keep).",
+        store.live_bytes as f64,
+    );
+    e.single(
+        "zerofan_store_records_total",
+        Counter,
+        "Records staged in the store.",
+        store.records as f64,
+    );
+    e.single(
+        "zerofan_store_commits_total",
+        Counter,
+        "Store commits (a group commit counts once).",
+        store.commits as f64,
+    );
+    e.single(
+        "zerofan_store_fsyncs_total",
+        Counter,
+        "fsync calls made by the store.",
+        store.fsyncs as f64,
+    );
+    e.single(
+        "zerofan_store_errors_total",
+        Counter,
+        "Store operations that failed.",
+        m.store_errors as f64,
+    );
+    e.single(
+        "zerofan_store_restore_skipped_total",
+        Counter,
+        "Records skipped while restoring from the store.",
+        m.store_restore_skipped as f64,
+    );
+    e.single(
+        "zerofan_store_torn_tails_total",
+        Counter,
+        "Torn or corrupt log tails cut off when the store was opened.",
+        m.store_torn_tails as f64,
+    );
+    e.single(
+        "zerofan_store_truncated_bytes_total",
+        Counter,
+        "Bytes of torn or corrupt tail cut off when the store was opened.",
+        m.store_truncated_bytes as f64,
+    );
+    e.single(
+        "zerofan_store_written_bytes_total",
+        Counter,
+        "Bytes written to the store's files.",
+        store.bytes_written as f64,
+    );
+    e.single(
+        "zerofan_store_compactions_total",
+        Counter,
+        "Store compactions (log rewrites).",
+        store.compactions as f64,
+    );
+    e.family(
+        "zerofan_store_fsync_seconds",
+        Histogram,
+        "Latency of the store's fsyncs.",
+    );
+    let mut cumulative = 0u64;
+    for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+        cumulative += store.fsync.buckets[i];
+        e.sample(
+            "zerofan_store_fsync_seconds_bucket",
+            &[("le", &format_value(*bound))],
+            cumulative as f64,
+        );
+    }
+    e.sample(
+        "zerofan_store_fsync_seconds_bucket",
+        &[("le", "+Inf")],
+        store.fsync.count as f64,
+    );
+    e.sample(
+        "zerofan_store_fsync_seconds_sum",
+        &[],
+        store.fsync.sum_seconds,
+    );
+    e.sample(
+        "zerofan_store_fsync_seconds_count",
+        &[],
+        store.fsync.count as f64,
+    );
+
+    // Buffer pool.
+    e.single(
+        "zerofan_pool_gets_total",
+        Counter,
+        "Buffer pool: buffers requested.",
+        st.pool_gets as f64,
+    );
+    e.single(
+        "zerofan_pool_hits_total",
+        Counter,
+        "Buffer pool: requests served with a pooled buffer.",
+        st.pool_hits as f64,
+    );
+    e.single(
+        "zerofan_pool_misses_total",
+        Counter,
+        "Buffer pool: requests that allocated.",
+        st.pool_misses as f64,
+    );
+    e.single(
+        "zerofan_pool_returns_total",
+        Counter,
+        "Buffer pool: buffers returned.",
+        st.pool_returns as f64,
+    );
+    e.single(
+        "zerofan_pool_discards_total",
+        Counter,
+        "Buffer pool: returned buffers freed instead of kept.",
+        st.pool_discards as f64,
+    );
+    e.single(
+        "zerofan_pool_hit_ratio",
+        Gauge,
+        "Buffer pool: hits / gets since start.",
+        st.pool_hit_rate,
+    );
+    e.single(
+        "zerofan_pool_outstanding_bytes",
+        Gauge,
+        "Buffer pool: bytes handed out and not yet returned.",
+        st.pool_bytes_outstanding as f64,
+    );
+    e.single(
+        "zerofan_pool_retained_bytes",
+        Gauge,
+        "Buffer pool: free bytes kept for reuse.",
+        st.pool_bytes_retained as f64,
+    );
+
+    // Operations.
+    e.single(
+        "zerofan_log_lines_suppressed_total",
+        Counter,
+        "Per-client log lines held back by the log rate limit.",
+        g.log_suppressed as f64,
+    );
+    e.labelled(
+        "zerofan_reloads_total",
+        Counter,
+        "Configuration reloads (SIGHUP), by result; a failed one keeps the configuration in force.",
+        "result",
+        &[
+            ("ok", s.reloads_ok as f64),
+            ("error", s.reloads_failed as f64),
+        ],
+    );
+    e.single(
+        "zerofan_http_refused_total",
+        Counter,
+        "Metrics/health requests turned away because too many were in progress.",
+        s.http_refused as f64,
+    );
+    security(&mut e, m);
+    e.finish()
+}
+
+/// Authentication, access control and limit refusals.
+fn security(e: &mut Exposition, m: &Metrics) {
+    use Kind::Counter;
+    let s = &m.security;
+    e.single(
+        "zerofan_auth_success_total",
+        Counter,
+        "Successful logins with a username (password or certificate).",
+        s.auth_success as f64,
+    );
+    e.labelled(
+        "zerofan_auth_refused_total",
+        Counter,
+        "CONNECTs refused by authentication, by reason.",
+        "reason",
+        &[
+            ("bad_credentials", s.auth_bad_credentials as f64),
+            ("not_authorized", s.auth_not_authorized as f64),
+            ("throttled", s.auth_throttled as f64),
+        ],
+    );
+    e.labelled(
+        "zerofan_acl_denied_total",
+        Counter,
+        "Operations refused by the ACL, by action.",
+        "action",
+        &[
+            ("publish", s.acl_denied_publish as f64),
+            ("subscribe", s.acl_denied_subscribe as f64),
+            ("delivery", s.acl_denied_delivery as f64),
+        ],
+    );
+    e.labelled(
+        "zerofan_limit_refused_total",
+        Counter,
+        "Connections, clients or topics refused by a limit, by limit.",
+        "limit",
+        &[
+            ("max_connections", s.refused_max_connections as f64),
+            ("max_connection_rate", s.refused_connection_rate as f64),
+            ("max_publish_rate", s.rate_limited_disconnects as f64),
+            ("max_topic_length", s.refused_topic_too_long as f64),
+        ],
+    );
+    e.labelled(
+        "zerofan_handshake_failures_total",
+        Counter,
+        "Connections that failed before MQTT, by layer.",
+        "layer",
+        &[
+            ("tls", s.tls_handshake_failures as f64),
+            ("websocket", s.ws_handshake_failures as f64),
+            ("proxy", s.proxy_header_errors as f64),
+        ],
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values() {
+        assert_eq!(format_value(3.0), "3");
+        assert_eq!(format_value(0.25), "0.25");
+        assert_eq!(format_value(f64::INFINITY), "+Inf");
+        assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
+        assert_eq!(format_value(f64::NAN), "NaN");
+        assert_eq!(format_value(0.0001), "0.0001");
+    }
+
+    #[test]
+    fn labels_and_help_are_escaped() {
+        let mut e = Exposition::default();
+        e.family("x_total", Kind::Counter, "a \\ b\nc");
+        e.sample(
+            "x_total",
+            &[("listener", "a\"b\\c\nd"), ("kind", "mqtt")],
+            2.0,
+        );
+        assert_eq!(
+            e.finish(),
+            "# HELP x_total a \\\\ b\\nc\n# TYPE x_total counter\nx_total{listener=\"a\\\"b\\\\c\\nd\",kind=\"mqtt\"} 2\n"
+        );
+    }
+
+    /// Every family has HELP then TYPE before its samples, every sample
+    /// belongs to the family declared last, counters end in `_total`, no
+    /// family is declared twice, and every line parses.
+    #[test]
+    fn page_is_well_formed() {
+        let mut s = Snapshot::default();
+        s.metrics.messages_received_by_qos = [1, 2, 3];
+        s.gauges.sessions_online = 4;
+        s.store.fsync.observe(std::time::Duration::from_micros(300));
+        s.store.fsync.observe(std::time::Duration::from_secs(9));
+        s.listeners.push(ListenerFigures {
+            addr: "127.0.0.1:1883".into(),
+            kind: "mqtt".into(),
+            open: 1,
+            opened: 2,
+        });
+        let text = render(&s);
+        let mut declared = std::collections::HashSet::new();
+        let mut current: Option<(String, String)> = None;
+        let mut pending_help: Option<String> = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap().to_string();
+                assert!(declared.insert(name.clone()), "{name} declared twice");
+                pending_help = Some(name);
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                let name = it.next().unwrap().to_string();
+                let kind = it.next().unwrap().to_string();
+                assert_eq!(
+                    pending_help.take().as_deref(),
+                    Some(name.as_str()),
+                    "{line}"
+                );
+                if kind == "counter" {
+                    assert!(name.ends_with("_total"), "{name}");
+                } else {
+                    assert!(!name.ends_with("_total"), "{name}");
+                }
+                current = Some((name, kind));
+            } else {
+                let (family, kind) = current.clone().expect("sample before any TYPE");
+                let name_end = line.find(['{', ' ']).unwrap();
+                let name = &line[..name_end];
+                let ok = name == family
+                    || (kind == "histogram"
+                        && ["_bucket", "_sum", "_count"]
+                            .iter()
+                            .any(|s| name == format!("{family}{s}")));
+                assert!(ok, "{line} outside its family {family}");
+                let value = line.rsplit(' ').next().unwrap();
+                assert!(
+                    value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+                    "{line}"
+                );
+            }
+        }
+        assert!(text.contains("zerofan_messages_received_total{qos=\"2\"} 3\n"));
+        assert!(text.contains("zerofan_sessions{state=\"online\"} 4\n"));
+        assert!(text.contains("zerofan_store_fsync_seconds_bucket{le=\"0.0005\"} 1\n"));
+        assert!(text.contains("zerofan_store_fsync_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("zerofan_store_fsync_seconds_count 2\n"));
+        assert!(text.contains(
+            "zerofan_listener_connections_opened_total{listener=\"127.0.0.1:1883\",kind=\"mqtt\"} 2\n"
+        ));
+    }
+}

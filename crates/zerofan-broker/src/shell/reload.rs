@@ -1,0 +1,71 @@
+//! SIGHUP: read the configuration, the password files and the ACLs again
+//! and put them in force without dropping a connection. Everything is read and validated first; only a
+//! wholly valid configuration reaches the core, through one
+//! [`Broker::reload`](crate::core::Broker::reload) call. A bad file keeps
+//! the configuration in force and the error (file and line) is logged.
+
+use super::state::Shared;
+use crate::config::Config;
+use std::time::Instant;
+
+/// Produces the configuration to reload: the CLI re-reads `--config` and
+/// applies its flags again.
+pub type Reloader = Box<dyn Fn() -> Result<Config, String>>;
+
+/// Reload on every SIGHUP.
+#[cfg(unix)]
+pub async fn sighup_loop(
+    shared: std::rc::Rc<Shared>,
+    mut hangup: tokio::signal::unix::Signal,
+    reloader: Option<Reloader>,
+) {
+    while hangup.recv().await.is_some() {
+        match &reloader {
+            Some(r) => {
+                reload_now(&shared, r());
+            }
+            None => tracing::warn!("SIGHUP: no configuration source to reload from"),
+        }
+    }
+}
+
+/// Put `config` in force (or log why not); true when it took effect.
+pub fn reload_now(shared: &Shared, config: Result<Config, String>) -> bool {
+    let result = config.and_then(|config| {
+        shared
+            .broker
+            .borrow_mut()
+            .reload(Instant::now(), config, |effective| {
+                // The password files and ACLs, read and parsed in full
+                // before anything changes (errors name the file and line).
+                crate::security::load(effective)
+                    .map(|loaded| Some(loaded.core))
+                    .map_err(|e| e.to_string())
+            })
+    });
+    shared.dispatch();
+    match result {
+        Ok(outcome) => {
+            shared.ops.reloads_ok.set(shared.ops.reloads_ok.get() + 1);
+            tracing::info!(
+                changed = ?outcome.changed,
+                "configuration reloaded"
+            );
+            if !outcome.needs_restart.is_empty() {
+                tracing::warn!(
+                    settings = ?outcome.needs_restart,
+                    "reload: these settings changed but take effect only after a restart"
+                );
+            }
+            true
+        }
+        Err(error) => {
+            shared
+                .ops
+                .reloads_failed
+                .set(shared.ops.reloads_failed.get() + 1);
+            tracing::error!(%error, "reload failed: the configuration in force is kept");
+            false
+        }
+    }
+}
