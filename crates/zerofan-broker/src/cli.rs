@@ -21,7 +21,12 @@ use std::process::ExitCode;
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, metrics, \
-log_format, data_dir, memory, fsync (always | interval[:MS] | never).\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
+log_format, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
+max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
+ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
+max_connections, password_file, acl_file). A mosquitto.conf is read too (-c mosquitto.conf).\n\n\
+User management: zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER.\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
 file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
