@@ -73,6 +73,16 @@ impl Ops {
         }
     }
 
+    /// The core's log rate limit ([`crate::core::Broker::log_gate`]) for
+    /// per-client errors the shell sees: `Some(suppressed)` means log now.
+    pub fn log_gate(shared: &Shared, kind: &str) -> Option<u64> {
+        shared
+            .broker
+            .try_borrow_mut()
+            .ok()?
+            .log_gate(Instant::now(), kind)
+    }
+
     /// Whether `/readyz` says ready.
     pub fn is_ready(shared: &Shared) -> bool {
         shared.ops.ready.get()

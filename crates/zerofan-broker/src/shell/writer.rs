@@ -2,6 +2,7 @@
 //! control packets and PUBLISH headers into one scratch buffer, and sends
 //! headers and shared payloads together with vectored writes.
 
+use super::ops::Ops;
 use super::state::{ConnHandle, Shared};
 use crate::core::{ConnId, Outgoing, Transmit};
 use bytes::{Buf, Bytes, BytesMut};
@@ -58,13 +59,17 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
             match item {
                 Outgoing::Packet(p) => {
                     if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
-                        tracing::warn!(%id, error = %e, "cannot encode packet");
+                        if let Some(suppressed) = Ops::log_gate(&shared, "cannot encode packet") {
+                            tracing::warn!(%id, error = %e, suppressed, "cannot encode packet");
+                        }
                     }
                 }
                 ack @ Outgoing::Ack { .. } => {
                     if let Some(p) = ack.control_packet() {
                         if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
-                            tracing::warn!(%id, error = %e, "cannot encode ack");
+                            if let Some(suppressed) = Ops::log_gate(&shared, "cannot encode ack") {
+                                tracing::warn!(%id, error = %e, suppressed, "cannot encode ack");
+                            }
                         }
                     }
                 }
@@ -72,7 +77,11 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
                     if let Err(e) =
                         zerofan_codec::encode_publish_header(&d.header(), protocol, &mut scratch)
                     {
-                        tracing::warn!(%id, error = %e, "cannot encode publish header");
+                        if let Some(suppressed) =
+                            Ops::log_gate(&shared, "cannot encode publish header")
+                        {
+                            tracing::warn!(%id, error = %e, suppressed, "cannot encode publish header");
+                        }
                         continue;
                     }
                     // Headers so far go as one chunk, the payload as its own:
