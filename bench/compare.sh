@@ -299,13 +299,20 @@ if [ ! -s "$OUT/meta.txt" ]; then
     )
     for ((k = 1; k < ${#meta[@]}; k += 2)); do printf '%s\n' "${meta[$k]}"; done >"$OUT/meta.txt"
 fi
+if [ ! -s "$OUT/title.txt" ]; then
+    if [ "$SCENARIOS" = all ]; then
+        echo "All scenarios"
+    else
+        echo "Scenarios: ${SCENARIOS//,/, }${SUBSCRIBERS:+ (fan-out subscribers $SUBSCRIBERS)}"
+    fi >"$OUT/title.txt"
+fi
+default_title=$(cat "$OUT/title.txt")
 meta=()
 while IFS= read -r line; do meta+=(--meta "$line"); done <"$OUT/meta.txt"
 if [ -n "$NOTE" ]; then meta+=(--meta "Note: $NOTE"); fi
 # shellcheck disable=SC2086 # word splitting collapses the spaces on purpose
 order_csv=$(echo $BROKERS | tr ' ' ',')
 if [ "$WRITE" = 1 ]; then
-    if [ "$SCENARIOS" = all ]; then default_title="All scenarios"; else default_title="Scenarios: ${SCENARIOS//,/, }"; fi
     "$BENCH" summarize "${files[@]}" --order "$order_csv" --subject zerofan "${meta[@]}" \
         --write-section BENCHMARKS.md --title "${TITLE:-$default_title}"
     log "wrote the comparison into BENCHMARKS.md (raw results in $OUT)"
