@@ -259,3 +259,104 @@ impl Broker {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn broker() -> Broker {
+        Broker::new(Config::default(), Instant::now())
+    }
+
+    #[test]
+    fn reload_swaps_limits_and_keeps_restart_only_settings() {
+        let mut b = broker();
+        let new = Config {
+            max_queued_messages: 5,
+            queue_full: crate::config::QueueFull::DropOldest,
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 9999))],
+            pool_max_retained_bytes: 1,
+            ..Config::default()
+        };
+        let out = b.reload(Instant::now(), new, |_| Ok(None)).expect("valid");
+        assert_eq!(b.config().max_queued_messages, 5);
+        assert_eq!(b.config().queue_full, crate::config::QueueFull::DropOldest);
+        assert_eq!(out.changed, vec!["max_queued_messages", "queue_full"]);
+        assert_eq!(out.needs_restart, vec!["listen", "pool_max_retained_bytes"]);
+        assert_eq!(b.config().listeners()[0].bind.port(), 1883);
+        assert_eq!(
+            b.config().pool_max_retained_bytes,
+            Config::default().pool_max_retained_bytes
+        );
+    }
+
+    #[test]
+    fn invalid_config_or_files_change_nothing() {
+        let mut b = broker();
+        let bad = Config {
+            max_queued_messages: 0,
+            ..Config::default()
+        };
+        assert!(b.reload(Instant::now(), bad, |_| Ok(None)).is_err());
+        let good = Config {
+            max_queued_messages: 7,
+            ..Config::default()
+        };
+        let err = b
+            .reload(Instant::now(), good, |_| Err("passwd:3: bad line".into()))
+            .unwrap_err();
+        assert!(err.contains("passwd:3"), "{err}");
+        assert_eq!(b.config().max_queued_messages, 1000);
+    }
+
+    #[test]
+    fn sys_turned_on_by_reload_is_armed() {
+        let config = Config {
+            sys_interval: 0,
+            ..Config::default()
+        };
+        let now = Instant::now();
+        let mut b = Broker::new(config, now);
+        assert!(b.poll_timeout().is_none());
+        let new = Config {
+            sys_interval: 5,
+            ..Config::default()
+        };
+        b.reload(now, new, |_| Ok(None)).expect("valid");
+        assert!(b.poll_timeout().is_some());
+    }
+
+    #[test]
+    fn gauges_of_an_empty_broker() {
+        let b = broker();
+        let g = b.gauges();
+        assert_eq!(g, Gauges::default());
+        let s = b.store_figures();
+        assert!(s.open && !s.durable);
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        let mut h = LatencyHistogram::default();
+        h.observe(Duration::from_micros(50));
+        h.observe(Duration::from_millis(1));
+        h.observe(Duration::from_secs(10));
+        assert_eq!(h.buckets[0], 1);
+        assert_eq!(h.buckets[3], 1, "1 ms lands in the le=0.001 bucket");
+        assert_eq!(h.buckets[LATENCY_BUCKETS.len()], 1);
+        assert_eq!(h.count, 3);
+    }
+
+    #[test]
+    fn log_gate_limits_per_kind() {
+        let mut b = broker();
+        let now = Instant::now();
+        let logged = (0..100)
+            .filter(|_| b.log_gate(now, "bad input").is_some())
+            .count();
+        assert!(logged <= 5, "{logged}");
+        assert!(b.log_gate(now, "other kind").is_some());
+        assert_eq!(b.gauges().log_suppressed, 100 - logged as u64);
+    }
+}
