@@ -26,8 +26,8 @@ allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publis
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
 max_connections, password_file, acl_file). A mosquitto.conf is read too (-c mosquitto.conf).\n\n\
-User management: zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER.\n\nSIGHUP reloads the config file (limits) without dropping connections; a bad \
-file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
+User management: zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER.\n\nSIGHUP reloads the config file (limits), password files and ACLs without dropping \
+connections; a bad file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
     /// Address to accept MQTT connections on, e.g. 0.0.0.0:1883. Repeat for
