@@ -1,6 +1,7 @@
 // Shared test helpers: brokers, proxies, payload checks.
 import { spawn } from 'node:child_process'
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readFileSync, mkdtempSync, rmSync } from 'node:fs'
+import os from 'node:os'
 import net from 'node:net'
 import tls from 'node:tls'
 import https from 'node:https'
@@ -67,7 +68,9 @@ export function zerofanBinary () {
 /** Run the zerofan binary on a free port; resolves { port, close() }. */
 export function runZerofan (bin) {
   return new Promise((resolve, reject) => {
-    const child = spawn(bin, ['--listen', '127.0.0.1:0'], { stdio: ['ignore', 'pipe', 'inherit'] })
+    // A scratch working directory: the broker keeps its data under ./zerofan-data.
+    const cwd = mkdtempSync(path.join(os.tmpdir(), 'zerofan-node-test-'))
+    const child = spawn(bin, ['--listen', '127.0.0.1:0'], { cwd, stdio: ['ignore', 'pipe', 'inherit'] })
     let out = ''
     child.on('error', reject)
     child.on('exit', (code) => reject(new Error(`zerofan exited with ${code}`)))
@@ -79,7 +82,10 @@ export function runZerofan (bin) {
         resolve({
           port: Number(m[1]),
           close: () => new Promise((resolve) => {
-            child.once('exit', resolve)
+            child.once('exit', () => {
+              rmSync(cwd, { recursive: true, force: true })
+              resolve()
+            })
             child.kill('SIGTERM')
           })
         })
