@@ -15,7 +15,7 @@
 //! | `max_inflight_messages` (0: no limit) | `max_inflight` (0 → 65535) |
 //! | `max_queued_messages` (0: no limit) | `max_queued_messages` (0 → no limit) |
 //! | `max_keepalive` | `max_keepalive` |
-//! | `persistence`, `persistence_location` | [`MosquittoExtras`]: the store's on/off and directory |
+//! | `persistence` (default false), `persistence_location` | `memory = !persistence`, `data_dir` (also in [`MosquittoExtras`]) |
 //! | `include_dir` | followed: its `*.conf` files in mosquitto's order |
 //!
 //! Every directive zerofan does not read gets exactly one warning (on
@@ -183,6 +183,15 @@ pub fn from_mosquitto(
         persistence: m.persistence,
         persistence_location: m.persistence_location.as_ref().map(PathBuf::from),
     };
+    // mosquitto keeps nothing unless `persistence true`; its location is our
+    // store's directory.
+    match m.persistence {
+        Some(true) => {
+            c.memory = false;
+            c.data_dir = extras.persistence_location.clone().or(c.data_dir);
+        }
+        _ => c.memory = true,
+    }
     c.validate()?;
     Ok((c, extras, warnings))
 }
@@ -243,6 +252,8 @@ bogus_directive 3
         assert_eq!(c.max_keepalive, 120);
         assert_eq!(c.max_packet_size, 1_048_576);
         assert_eq!(extras.persistence, Some(true));
+        assert!(!c.memory);
+        assert_eq!(c.data_dir.as_deref(), Some(Path::new("/var/lib/mosquitto/")));
         // pid_file, log_dest, bogus_directive: one warning each, with lines.
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(
@@ -275,5 +286,6 @@ bogus_directive 3
         let (c, _, _) = from_mosquitto("allow_anonymous true\n", Path::new("m.conf")).unwrap();
         assert!(c.listener.iter().all(|l| l.bind.ip().is_loopback()));
         assert!(c.listener.iter().all(|l| l.allow_anonymous == Some(true)));
+        assert!(c.memory, "mosquitto persists nothing by default");
     }
 }

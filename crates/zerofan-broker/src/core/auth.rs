@@ -404,11 +404,16 @@ impl Broker {
                 return true;
             }
         }
-        let allowed = match self.auth.sessions.get(&sid) {
-            Some(s) => s
-                .acl
-                .check(&s.client_id, s.username.as_deref(), &p.topic, Access::Write),
-            None => true,
+        let allowed = if !self.auth.any_acl() {
+            true
+        } else {
+            match self.auth.sessions.get(&sid) {
+                Some(s) => {
+                    s.acl
+                        .check(&s.client_id, s.username.as_deref(), &p.topic, Access::Write)
+                }
+                None => true,
+            }
         };
         if allowed {
             return false;
