@@ -156,10 +156,7 @@ mod tests {
             l.check(t + Duration::from_secs(1), "k"),
             Verdict::Log { suppressed: 98 }
         );
-        assert_eq!(
-            l.check(t + Duration::from_secs(1), "k"),
-            Verdict::Suppress
-        );
+        assert_eq!(l.check(t + Duration::from_secs(1), "k"), Verdict::Suppress);
     }
 
     #[test]
@@ -210,9 +207,6 @@ mod tests {
         let mut l = LogLimiter::new(1, Duration::from_secs(1), 2);
         let t = Instant::now() + Duration::from_secs(10);
         assert_eq!(l.check(t, "a"), Verdict::Log { suppressed: 0 });
-        assert_eq!(
-            l.check(t - Duration::from_secs(5), "a"),
-            Verdict::Suppress
-        );
+        assert_eq!(l.check(t - Duration::from_secs(5), "a"), Verdict::Suppress);
     }
 }
