@@ -362,7 +362,7 @@ impl Broker {
             self.by_client.remove(&s.client_id);
         }
         self.store.remove(s.client_id.as_str());
-        self.dur_session_ended(s.client_id.as_str());
+        self.dur_session_ended(s.client_id.as_str(), s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
         }

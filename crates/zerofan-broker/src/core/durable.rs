@@ -521,10 +521,14 @@ impl Broker {
         let errors = &mut self.metrics.store_errors;
         if s.expiry_interval == 0 {
             // Not persistent (any more): the store keeps nothing of it.
-            forget_entries(s);
-            self.durable.stage(errors, |l| l.drop_session(&client));
+            if s.stored {
+                s.stored = false;
+                forget_entries(s);
+                self.durable.stage(errors, |l| l.drop_session(&client));
+            }
             return;
         }
+        s.stored = true;
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,
             expires_at_ms: None,
@@ -576,9 +580,10 @@ impl Broker {
         }
     }
 
-    /// A session ended (clean start, expiry, not persistent any more).
-    pub(crate) fn dur_session_ended(&mut self, client_id: &str) {
-        if self.durable.on() {
+    /// A session ended (clean start, expiry, not persistent any more);
+    /// `stored`: the store has a record of it.
+    pub(crate) fn dur_session_ended(&mut self, client_id: &str, stored: bool) {
+        if stored && self.durable.on() {
             self.durable
                 .stage(&mut self.metrics.store_errors, |l| l.drop_session(client_id));
         }
@@ -675,6 +680,7 @@ impl Broker {
             };
             let mut s = Session::new(client_id.clone(), protocol);
             s.expiry_interval = rs.meta.expiry_interval;
+            s.stored = true;
             for sub in &rs.subscriptions {
                 let Some(qos) = QoS::from_u8(sub.options.qos) else {
                     damaged += 1;

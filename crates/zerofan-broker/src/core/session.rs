@@ -118,6 +118,8 @@ pub struct Session {
     pub pending_will: Option<Box<PendingWill>>,
     /// Stored queue entries dropped to make room, for the store to forget.
     pub evicted: Vec<zerofan_store::EntryId>,
+    /// The durable store has a record of this session.
+    pub stored: bool,
 }
 
 impl Session {
@@ -140,6 +142,7 @@ impl Session {
             incoming_qos2: HashSet::new(),
             pending_will: None,
             evicted: Vec::new(),
+            stored: false,
         }
     }
 

@@ -4,6 +4,7 @@
 
 mod connect;
 mod delivery;
+mod durable;
 mod qos;
 mod retained;
 mod security;
