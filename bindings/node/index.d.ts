@@ -152,7 +152,7 @@ export interface StartBrokerOptions {
   host?: string
   /** 0 picks a free port (default 1883). */
   port?: number
-  /** Created if missing; the broker has no persistent store yet. */
+  /** Directory of the embedded store (created if missing); without it the broker runs in memory. */
   dataDir?: string
   /** Seconds between $SYS refreshes = how often stats() changes (default 1; 0 turns stats off). */
   sysInterval?: number

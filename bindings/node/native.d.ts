@@ -10,8 +10,8 @@ export interface BrokerOptions {
   /** Listen port (default 1883; 0 picks a free port). */
   port?: number
   /**
-   * Data directory. Created if missing; the broker library has no
-   * persistent store to put in it yet.
+   * Directory of the embedded store (retained messages, persistent
+   * sessions); created if missing. Without it the broker runs in memory.
    */
   dataDir?: string
   /**

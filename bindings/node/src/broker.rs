@@ -32,8 +32,8 @@ pub struct BrokerOptions {
     pub host: Option<String>,
     /// Listen port (default 1883; 0 picks a free port).
     pub port: Option<u32>,
-    /// Data directory. Created if missing; the broker library has no
-    /// persistent store to put in it yet.
+    /// Directory of the embedded store (retained messages, persistent
+    /// sessions); created if missing. Without it the broker runs in memory.
     pub data_dir: Option<String>,
     /// Seconds between `$SYS` refreshes, which is how often `stats()`
     /// changes (default 1).
@@ -96,6 +96,9 @@ fn config_from(o: &BrokerOptions) -> Result<Config> {
             .copied()
             .ok_or_else(|| js_err(format!("no address for {host}")))?;
         config.listen = vec![first];
+    }
+    if let Some(dir) = &o.data_dir {
+        config.data_dir = Some(dir.into());
     }
     config.sys_interval = u64::from(o.sys_interval.unwrap_or(1));
     if let Some(n) = o.max_queued_messages {

@@ -191,7 +191,7 @@ test('reconnect: a cut connection emits offline, close, reconnect, connect and r
 })
 
 test('embedded broker: stats move, close() ends it', async () => {
-  const b = await zf.startBroker({ port: 0, dataDir: (await import('node:os')).tmpdir() + '/zerofan-node-test' })
+  const b = await zf.startBroker({ port: 0 })
   const c = await zf.connectAsync(`mqtt://127.0.0.1:${b.port}`)
   await c.subscribeAsync('s/t')
   for (let i = 0; i < 10; i++) await c.publishAsync('s/t', 'x', { qos: 1 })
@@ -202,6 +202,29 @@ test('embedded broker: stats move, close() ends it', async () => {
   await c.endAsync()
   await b.close()
   await assert.rejects(zf.connectAsync(`mqtt://127.0.0.1:${b.port}`, { reconnectPeriod: 0 }))
+})
+
+test('embedded broker with dataDir keeps retained messages across a restart', async () => {
+  const { mkdtempSync, rmSync } = await import('node:fs')
+  const os = await import('node:os')
+  const path = await import('node:path')
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'zerofan-node-data-'))
+  try {
+    let b = await zf.startBroker({ port: 0, dataDir: dir })
+    const p = await zf.connectAsync(`mqtt://127.0.0.1:${b.port}`)
+    await p.publishAsync('persist/t', 'survives', { qos: 1, retain: true })
+    await p.endAsync()
+    await b.close()
+    b = await zf.startBroker({ port: 0, dataDir: dir })
+    const s = await zf.connectAsync(`mqtt://127.0.0.1:${b.port}`)
+    const got = collect(s, 1)
+    await s.subscribeAsync('persist/t', { qos: 1 })
+    assert.equal((await got)[0].payload.toString(), 'survives')
+    await s.endAsync()
+    await b.close()
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
 })
 
 test('startBroker rejects a port in use', async () => {
