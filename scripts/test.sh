@@ -119,3 +119,6 @@ fi
 
 echo "== interop: node --test (MQTT.js) against $BROKER"
 node --test "$INTEROP/js/"
+
+echo "== bench: zerofan-bench smoke run against zerofan (tiny counts; keeps the load generator from rotting)"
+bash bench/smoke.sh
