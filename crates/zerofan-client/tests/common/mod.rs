@@ -39,6 +39,11 @@ pub struct Broker {
     ws_extra: String,
     /// mosquitto lines before the listener block.
     global: String,
+    /// zerofan TOML config (`[[listener]]` tables...), empty for none.
+    config: String,
+    /// zerofan: every listener as printed (`ADDR`, `KIND`), e.g.
+    /// (`127.0.0.1:4321`, `websockets+tls`).
+    pub listeners: Vec<(String, String)>,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -115,6 +120,8 @@ impl Broker {
             ws_port: 0,
             ws_extra: String::new(),
             global: String::new(),
+            config: String::new(),
+            listeners: Vec::new(),
         };
         b.spawn();
         b
@@ -132,6 +139,8 @@ impl Broker {
             ws_port: 0,
             ws_extra: String::new(),
             global: String::new(),
+            config: String::new(),
+            listeners: Vec::new(),
         };
         b.spawn();
         b
@@ -148,6 +157,8 @@ impl Broker {
             ws_port: 0,
             ws_extra: String::new(),
             global: String::new(),
+            config: String::new(),
+            listeners: Vec::new(),
         };
         b.global = global.to_string();
         b.spawn();
@@ -168,9 +179,41 @@ impl Broker {
             ws_port: free_port(),
             ws_extra: ws_extra.to_string(),
             global: String::new(),
+            config: String::new(),
+            listeners: Vec::new(),
         };
         b.spawn();
         b
+    }
+
+    /// zerofan with a plain TCP listener (`addr()`) plus the `[[listener]]`
+    /// tables (or other settings) of the TOML `config`; `listener(kind)`
+    /// gives each listener's address.
+    pub fn zerofan_config(config: &str) -> Broker {
+        let mut b = Broker {
+            kind: Kind::Zerofan,
+            child: None,
+            port: 0,
+            dir: tmpdir("zerofan-config"),
+            extra: String::new(),
+            ws_port: 0,
+            ws_extra: String::new(),
+            global: String::new(),
+            config: config.to_string(),
+            listeners: Vec::new(),
+        };
+        b.spawn();
+        b
+    }
+
+    /// Address of the zerofan listener of this kind (`mqtt`, `mqtt+tls`,
+    /// `websockets`, `websockets+tls`).
+    pub fn listener(&self, kind: &str) -> String {
+        self.listeners
+            .iter()
+            .find(|(_, k)| k == kind)
+            .map(|(a, _)| a.clone())
+            .unwrap_or_else(|| panic!("no {kind} listener in {:?}", self.listeners))
     }
 
     pub fn ws_addr(&self) -> String {
@@ -185,25 +228,48 @@ impl Broker {
         match self.kind {
             Kind::Zerofan => {
                 let listen = format!("127.0.0.1:{}", self.port);
-                let mut child = Command::new(zerofan_bin())
-                    .args(["--listen", &listen, "--memory"])
+                let mut cmd = Command::new(zerofan_bin());
+                cmd.args(["--listen", &listen, "--memory"]);
+                // One banner line for --listen, one per [[listener]] table.
+                let expected = 1 + self
+                    .config
+                    .lines()
+                    .filter(|l| l.trim() == "[[listener]]")
+                    .count();
+                if !self.config.is_empty() {
+                    let conf = self.dir.join("zerofan.toml");
+                    std::fs::write(&conf, &self.config).expect("write zerofan.toml");
+                    cmd.arg("--config").arg(conf);
+                }
+                let mut child = cmd
                     .current_dir(&self.dir)
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit())
                     .spawn()
                     .expect("spawn zerofan");
-                let out = child.stdout.take().expect("stdout");
-                let mut line = String::new();
-                BufReader::new(out)
-                    .read_line(&mut line)
-                    .expect("read zerofan banner");
-                let port = line
-                    .trim()
+                let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+                // `zerofan listening on ADDR KIND`, one line per listener.
+                let mut listeners = Vec::new();
+                while listeners.len() < expected {
+                    let mut line = String::new();
+                    let n = out.read_line(&mut line).expect("read zerofan banner");
+                    assert!(n > 0, "zerofan exited before listening");
+                    let Some(rest) = line.trim().strip_prefix("zerofan listening on ") else {
+                        continue;
+                    };
+                    let mut words = rest.split_whitespace();
+                    let addr = words.next().expect("listener address").to_string();
+                    let kind = words.next().unwrap_or("mqtt").to_string();
+                    listeners.push((addr, kind));
+                }
+                let port = listeners[0]
+                    .0
                     .rsplit(':')
                     .next()
                     .and_then(|p| p.parse().ok())
-                    .unwrap_or_else(|| panic!("unexpected zerofan banner {line:?}"));
+                    .unwrap_or_else(|| panic!("unexpected zerofan banner {listeners:?}"));
                 self.port = port;
+                self.listeners = listeners;
                 self.child = Some(child);
             }
             Kind::Mosquitto => {
