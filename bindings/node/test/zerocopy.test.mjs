@@ -45,13 +45,16 @@ test('payloads stay intact under GC pressure (20,000 messages, sizes 16 B to 20 
     }
     if (n === want) reached()
   })
-  // One size after the other, paced so the broker's session queue (64 MiB
-  // by default) never has to drop a QoS 1 message for this subscriber.
+  // One size after the other, paced at 16 MB/s at most so the broker's
+  // session queue (64 MiB by default) never has to drop a QoS 1 message
+  // for this subscriber on a slow machine.
   for (const s of sizes) {
     want += per
     const arrived = new Promise((resolve) => { reached = resolve })
-    await (await publisher(`zc/gc/${s}`, s, per, 20000)).done()
-    await arrived
+    const rate = Math.min(20000, Math.floor(16e6 / s))
+    await (await publisher(`zc/gc/${s}`, s, per, rate)).done()
+    await Promise.race([arrived, new Promise((resolve) => setTimeout(resolve, 30000))])
+    assert.equal(n, want, `received ${n} of ${want} messages`)
   }
   assert.equal(bad, null)
   await fullGc()
