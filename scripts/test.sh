@@ -120,5 +120,8 @@ fi
 echo "== interop: node --test (MQTT.js) against $BROKER"
 node --test "$INTEROP/js/"
 
+echo "== node: build the Node.js package (napi-rs) and run its tests, heap tests included"
+bash bindings/node/build-and-test.sh
+
 echo "== bench: zerofan-bench smoke run against zerofan (tiny counts; keeps the load generator from rotting)"
 bash bench/smoke.sh
