@@ -291,11 +291,21 @@ pub async fn connect(
     };
     let client_id = MqttStr::try_from(client_id)
         .map_err(|e| ConnError::Protocol(format!("bad client id: {e}")))?;
+    // ZEROFAN_BENCH_SESSION_EXPIRY=N (MQTT 5, --version 5): every session is
+    // persistent (expiry N s; still clean start), so a durable broker writes
+    // its QoS 1/2 queue to its store.
+    let properties = Properties {
+        session_expiry_interval: std::env::var("ZEROFAN_BENCH_SESSION_EXPIRY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|_| protocol == Protocol::V5),
+        ..Properties::default()
+    };
     let connect = Connect {
         protocol,
         clean_start: true,
         keep_alive: KEEP_ALIVE,
-        properties: Properties::default(),
+        properties,
         client_id,
         will: None,
         username: None,
