@@ -183,6 +183,10 @@ impl Broker {
                 s.alloc_packet_id()
             };
             let d = make_delivery(c, &item, pid, now);
+            // A stored QoS 2 delivery goes out only once its `send` record is
+            // durable: a restart then resends it with DUP and the same packet
+            // id (deduplicated by the client), never as a new message.
+            let hold = item.entry.is_some() && item.qos == QoS::ExactlyOnce;
             if let (Some(e), true) = (item.entry, pid != 0) {
                 let client = s.client_id.as_str();
                 self.durable
@@ -205,7 +209,11 @@ impl Broker {
             self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
             self.metrics.payload_bytes_sent_by_qos[d.qos as usize] +=
                 d.message.payload.len() as u64;
-            out.push(Outgoing::Publish(d));
+            if hold {
+                self.durable.hold(conn, Outgoing::Publish(d));
+            } else {
+                out.push(Outgoing::Publish(d));
+            }
         }
         Transmit::Open
     }

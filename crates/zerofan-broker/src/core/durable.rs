@@ -136,6 +136,11 @@ impl Durable {
         }
     }
 
+    /// Hold `out` for `conn` until this event's commit is durable.
+    pub(crate) fn hold(&mut self, conn: ConnId, out: Outgoing) {
+        self.pending.push((conn, out));
+    }
+
     /// True when a durable log is attached.
     #[inline]
     pub(crate) fn on(&self) -> bool {
@@ -294,7 +299,12 @@ impl Broker {
             return;
         };
         let durable = log.durable_lsn();
-        while self.durable.held.front().is_some_and(|(lsn, _, _)| *lsn <= durable) {
+        while self
+            .durable
+            .held
+            .front()
+            .is_some_and(|(lsn, _, _)| *lsn <= durable)
+        {
             let Some((_, conn, out)) = self.durable.held.pop_front() else {
                 break;
             };
@@ -381,8 +391,9 @@ impl Broker {
         }
         if let Some(id) = self.stored_msg(msg) {
             let topic = msg.topic.as_str();
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.set_retained(topic, id));
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.set_retained(topic, id)
+            });
         }
     }
 
@@ -494,16 +505,18 @@ impl Broker {
     /// An inbound QoS 2 packet id was taken by `sid`.
     pub(crate) fn dur_qos2_received(&mut self, sid: SessionId, pid: u16) {
         if let Some(client) = self.persistent_client(sid) {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.qos2_received(&client, pid));
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.qos2_received(&client, pid)
+            });
         }
     }
 
     /// PUBREL for an inbound QoS 2 packet id of `sid`.
     pub(crate) fn dur_qos2_released(&mut self, sid: SessionId, pid: u16) {
         if let Some(client) = self.persistent_client(sid) {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.qos2_released(&client, pid));
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.qos2_released(&client, pid)
+            });
         }
     }
 
@@ -584,8 +597,9 @@ impl Broker {
     /// `stored`: the store has a record of it.
     pub(crate) fn dur_session_ended(&mut self, client_id: &str, stored: bool) {
         if stored && self.durable.on() {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.drop_session(client_id));
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.drop_session(client_id)
+            });
         }
     }
 
@@ -602,8 +616,9 @@ impl Broker {
     /// A subscription of `sid` was removed.
     pub(crate) fn dur_unsubscribed(&mut self, sid: SessionId, filter: &str) {
         if let Some(client) = self.persistent_client(sid) {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.unsubscribe(&client, filter));
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.unsubscribe(&client, filter)
+            });
         }
     }
 
@@ -714,7 +729,12 @@ impl Broker {
                     damaged += 1;
                     continue;
                 };
-                let _ = s.push(item, usize::MAX, usize::MAX, crate::config::QueueFull::DropNew);
+                let _ = s.push(
+                    item,
+                    usize::MAX,
+                    usize::MAX,
+                    crate::config::QueueFull::DropNew,
+                );
             }
             for f in &rs.inflight {
                 let (item, state) = match (&f.entry, f.phase) {
@@ -731,7 +751,8 @@ impl Broker {
                 };
                 let seq = s.next_seq;
                 s.next_seq += 1;
-                s.inflight.insert(f.packet_id, Inflight { item, state, seq });
+                s.inflight
+                    .insert(f.packet_id, Inflight { item, state, seq });
             }
             s.incoming_qos2.extend(rs.incoming_qos2.iter().copied());
             if let Some(w) = &rs.will {
@@ -767,8 +788,9 @@ impl Broker {
                             expires_at_ms: Some(self.durable.unix_ms(at)),
                         };
                         let client = rs.client_id.as_str();
-                        self.durable
-                            .stage(&mut self.metrics.store_errors, |l| l.put_session(client, meta));
+                        self.durable.stage(&mut self.metrics.store_errors, |l| {
+                            l.put_session(client, meta)
+                        });
                     }
                     at
                 }
@@ -782,7 +804,10 @@ impl Broker {
             self.by_client.insert(client_id, sid);
         }
         if damaged > 0 {
-            tracing::warn!(damaged, "store records that could not be restored were skipped");
+            tracing::warn!(
+                damaged,
+                "store records that could not be restored were skipped"
+            );
         }
         self.metrics.store_restore_skipped += damaged;
         self.handle_timeout(now);

@@ -49,8 +49,15 @@ impl DurableLog for Fake {
         Ok(())
     }
     fn put_session(&mut self, client_id: &str, meta: SessionMeta) -> Result<(), StoreError> {
-        let deadline = if meta.expires_at_ms.is_some() { "deadline" } else { "none" };
-        self.log(format!("put_session {client_id} {} {deadline}", meta.expiry_interval));
+        let deadline = if meta.expires_at_ms.is_some() {
+            "deadline"
+        } else {
+            "none"
+        };
+        self.log(format!(
+            "put_session {client_id} {} {deadline}",
+            meta.expiry_interval
+        ));
         Ok(())
     }
     fn drop_session(&mut self, client_id: &str) -> Result<(), StoreError> {
@@ -170,8 +177,14 @@ fn clean_sessions_write_nothing_and_ack_at_once() {
     let sub = h.client("sub");
     h.subscribe(sub, "t", opts(QoS::AtLeastOnce));
     let publ = h.client("pub");
-    h.send(publ, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
-    h.send(publ, Packet::Publish(publish("t", "m2", QoS::ExactlyOnce, 2)));
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)),
+    );
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "m2", QoS::ExactlyOnce, 2)),
+    );
     h.send(publ, Packet::PubRel(ack(2)));
     assert_eq!(acks(&h.out(publ)), ["puback", "pubrec", "pubcomp"]);
     assert_eq!(h.out(sub).payloads(), ["m", "m2"]);
@@ -198,12 +211,18 @@ fn publish_to_persistent_session_is_acked_once_durable() {
         ]
     );
     let publ = h.client("pub");
-    h.send(publ, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)),
+    );
     assert_eq!(
         take(&shared),
         ["put_message 1 m", "enqueue sub 1 msg 1 qos 1", "commit"]
     );
-    assert!(acks(&h.out(publ)).is_empty(), "PUBACK before the commit is durable");
+    assert!(
+        acks(&h.out(publ)).is_empty(),
+        "PUBACK before the commit is durable"
+    );
     assert_eq!(h.b.held_acks(), 1);
     shared.durable.set(shared.lsn.get() - 1);
     h.b.release_durable();
@@ -223,7 +242,38 @@ fn publish_to_persistent_session_is_acked_once_durable() {
     let ev = take(&shared);
     assert!(ev.contains(&format!("send sub 1 pid {pid}")), "{ev:?}");
     h.send(sub, Packet::PubAck(ack(pid)));
-    assert_eq!(take(&shared), [format!("complete sub {pid}"), "commit".into()]);
+    assert_eq!(
+        take(&shared),
+        [format!("complete sub {pid}"), "commit".into()]
+    );
+}
+
+#[test]
+fn stored_qos2_delivery_waits_for_its_send_record() {
+    let (mut h, shared) = durable_h();
+    let sub = persistent(&mut h, "sub");
+    h.subscribe(sub, "t", opts(QoS::ExactlyOnce));
+    h.b.connection_lost(h.now, sub);
+    let publ = h.client("pub");
+    h.send(
+        publ,
+        Packet::Publish(publish("t", "once", QoS::ExactlyOnce, 1)),
+    );
+    shared.durable.set(shared.lsn.get());
+    h.b.release_durable();
+    take(&shared);
+    let (sub, mut out) = h.connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600)
+    });
+    out.packets.extend(h.out(sub).packets);
+    assert!(
+        out.payloads().is_empty(),
+        "QoS 2 PUBLISH before its send record is durable"
+    );
+    assert!(take(&shared).iter().any(|e| e.starts_with("send sub")));
+    shared.durable.set(shared.lsn.get());
+    h.b.release_durable();
+    assert_eq!(h.out(sub).payloads(), ["once"]);
 }
 
 #[test]
@@ -238,11 +288,26 @@ fn fan_out_writes_the_payload_once() {
     h.subscribe(clean, "t/#", opts(QoS::AtLeastOnce));
     take(&shared);
     let publ = h.client("pub");
-    h.send(publ, Packet::Publish(publish("t/x", "big", QoS::AtLeastOnce, 7)));
+    h.send(
+        publ,
+        Packet::Publish(publish("t/x", "big", QoS::AtLeastOnce, 7)),
+    );
     let ev = take(&shared);
-    assert_eq!(ev.iter().filter(|e| e.starts_with("put_message")).count(), 1, "{ev:?}");
-    assert_eq!(ev.iter().filter(|e| e.starts_with("enqueue")).count(), 3, "{ev:?}");
-    assert_eq!(ev.iter().filter(|e| e.starts_with("commit")).count(), 1, "{ev:?}");
+    assert_eq!(
+        ev.iter().filter(|e| e.starts_with("put_message")).count(),
+        1,
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev.iter().filter(|e| e.starts_with("enqueue")).count(),
+        3,
+        "{ev:?}"
+    );
+    assert_eq!(
+        ev.iter().filter(|e| e.starts_with("commit")).count(),
+        1,
+        "{ev:?}"
+    );
     assert_eq!(h.out(clean).payloads(), ["big"]);
 }
 
@@ -251,7 +316,10 @@ fn qos2_from_a_persistent_publisher_keeps_its_packet_id() {
     let (mut h, shared) = durable_h();
     let publ = persistent(&mut h, "pub");
     take(&shared);
-    h.send(publ, Packet::Publish(publish("nobody", "m", QoS::ExactlyOnce, 9)));
+    h.send(
+        publ,
+        Packet::Publish(publish("nobody", "m", QoS::ExactlyOnce, 9)),
+    );
     assert_eq!(take(&shared), ["qos2_received pub 9", "commit"]);
     assert!(acks(&h.out(publ)).is_empty());
     shared.durable.set(shared.lsn.get());
@@ -271,7 +339,10 @@ fn retained_set_and_clear_are_written() {
     let mut p = publish("r", "keep", QoS::AtMostOnce, 0);
     p.retain = true;
     h.send(publ, Packet::Publish(p));
-    assert_eq!(take(&shared), ["put_message 1 keep", "set_retained r 1", "commit"]);
+    assert_eq!(
+        take(&shared),
+        ["put_message 1 keep", "set_retained r 1", "commit"]
+    );
     let mut p = publish("r", "", QoS::AtLeastOnce, 3);
     p.retain = true;
     h.send(publ, Packet::Publish(p));
@@ -421,6 +492,9 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
     let publ = h.client("p");
     h.subscribe(publ, "t", opts(QoS::AtMostOnce));
     let _ = h.out(publ);
-    h.send(c, Packet::Publish(publish("t", "again", QoS::ExactlyOnce, 4)));
+    h.send(
+        c,
+        Packet::Publish(publish("t", "again", QoS::ExactlyOnce, 4)),
+    );
     assert!(h.out(publ).payloads().is_empty());
 }
