@@ -253,7 +253,10 @@ bogus_directive 3
         assert_eq!(c.max_packet_size, 1_048_576);
         assert_eq!(extras.persistence, Some(true));
         assert!(!c.memory);
-        assert_eq!(c.data_dir.as_deref(), Some(Path::new("/var/lib/mosquitto/")));
+        assert_eq!(
+            c.data_dir.as_deref(),
+            Some(Path::new("/var/lib/mosquitto/"))
+        );
         // pid_file, log_dest, bogus_directive: one warning each, with lines.
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(
