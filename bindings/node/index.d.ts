@@ -178,4 +178,73 @@ export declare function getPoolStats(): PoolStats
 export declare function configurePool(options: PoolOptions): boolean
 /** A native publisher for tests and benchmarks. */
 export declare function startLoadPublisher(options: LoadOptions): Promise<LoadPublisher>
+// ---- Live audio capture (zerofan-audio) ----
+
+export interface AudioDevice {
+  id: string
+  host: string
+  name: string
+  isDefault: boolean
+  isLoopback: boolean
+  defaultConfig: { sampleRate: number; channels: number; sampleFormat: string } | null
+}
+/** Capture sources of every audio host (run off the JS thread). */
+export declare function listDevices(): Promise<AudioDevice[]>
+
+export interface CaptureOptions {
+  /** Device id / name as listDevices() reports it; default device if omitted. */
+  device?: string
+  sampleRate?: number
+  channels?: number
+  format?: 'i16' | 'f32'
+  /** Packet duration, default 10 ms. */
+  packetMs?: number
+  /** Default true: Buffers over pooled native memory; false copies. */
+  useExternalBuffer?: boolean
+  queuePackets?: number
+  bufferFrames?: number
+  /** Events that may wait for the JS thread (default 256). */
+  jsQueue?: number
+}
+export interface AudioPacketInfo {
+  seq: number
+  timestampNs: bigint
+  sampleRate: number
+  channels: number
+  format: 'i16' | 'f32'
+  frames: number
+}
+export interface AudioEnd {
+  reason: 'stopped' | 'device-lost'
+  message: string
+}
+export interface CaptureStats {
+  packets: number
+  captured: number
+  drops: number
+  dropsQueueFull: number
+  dropsNoBuffer: number
+  dropsSink: number
+  frames: number
+  callbacks: number
+  maxCallbackFrames: number
+  errors: number
+  xruns: number
+  pool: { packets: number; drops: number; hits: number; misses: number; hitRate: number; outstandingBytes: number }
+  publish?: { offered: number; dropped: number; published: number; acked: number; failed: number }
+}
+export declare class AudioCapture extends EventEmitter {
+  on(event: 'data', listener: (buffer: Buffer, info: AudioPacketInfo) => void): this
+  on(event: 'error', listener: (err: Error & { code: string; fatal: boolean }) => void): this
+  on(event: 'end', listener: (end: AudioEnd) => void): this
+  on(event: 'start', listener: (params: { sampleRate: number; channels: number; format: string; framesPerPacket: number; device: string }) => void): this
+  on(event: string, listener: (...args: any[]) => void): this
+  readonly params: { sampleRate: number; channels: number; format: string; framesPerPacket: number; device: string } | null
+  stop(): this
+  getStats(): CaptureStats | null
+  /** Streams each packet (32-byte header + samples) to `topic` through the client's native Rust client. */
+  publish(client: MqttClient, topic: string, options?: { qos?: 0 | 1 | 2 }): this
+}
+/** Starts a capture; returns the emitter at once. */
+export declare function capture(options?: CaptureOptions): AudioCapture
 export declare const native: typeof import('./native')

@@ -4,6 +4,7 @@
 // broker embedded in the process. See README.md.
 const { EventEmitter } = require('node:events')
 const native = require('./lib/native')
+const audio = require('./lib/audio')
 
 const DEFAULT_PORTS = { mqtt: 1883, tcp: 1883, mqtts: 8883, ssl: 8883, tls: 8883, ws: 80, wss: 443 }
 const SECURE = { mqtts: true, ssl: true, tls: true, wss: true }
@@ -474,5 +475,8 @@ module.exports = {
   getPoolStats: native.getPoolStats,
   configurePool: native.configurePool,
   startLoadPublisher: native.startLoadPublisher,
+  listDevices: audio.listDevices,
+  capture: audio.capture,
+  AudioCapture: audio.AudioCapture,
   native
 }

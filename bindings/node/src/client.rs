@@ -741,3 +741,10 @@ impl NativeClient {
         pool::stats_of(&self.pool)
     }
 }
+
+impl NativeClient {
+    /// The Rust client (for the audio publisher, `crate::audio`).
+    pub(crate) fn rust_client(&self) -> Client {
+        self.client.clone()
+    }
+}

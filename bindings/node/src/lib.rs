@@ -8,6 +8,8 @@
 //!   finalizer that gives the memory back to the pool.
 //! - [`pool`]: the buffer pool the Node clients read into, its size and its
 //!   statistics.
+//! - [`audio`]: live audio capture (zerofan-audio) into external Buffers,
+//!   and onto MQTT topics through a `NativeClient`.
 //! - [`broker`]: the zerofan broker run inside the Node process, on its own
 //!   thread with its own current-thread runtime.
 //! - [`tls`]: rustls settings from MQTT.js-style options (`ca`,
@@ -19,6 +21,7 @@
 //! The JavaScript layer (`index.js`) wraps these in an MQTT.js-shaped API.
 #![deny(clippy::all)]
 
+pub mod audio;
 pub mod broker;
 pub mod client;
 pub mod loadgen;
