@@ -461,7 +461,9 @@ fn start_broker() -> Broker {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line.strip_prefix("zerofan listening on ") {
+            // The line is `zerofan listening on ADDR KIND`; keep ADDR.
+            if let Some(rest) = line.strip_prefix("zerofan listening on ") {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
                 let _ = tx.send(addr.to_owned());
             }
         }
