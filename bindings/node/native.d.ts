@@ -297,6 +297,11 @@ export declare class NativeCapture {
   /** Asks the capture to stop and returns at once; `end` follows. */
   stop(): void
   /**
+   * Drops the capture once it has ended (its thread has exited, so this
+   * does not block), keeping its final counters for `stats`.
+   */
+  release(): void
+  /**
    * Whether packets are sent to JavaScript (`data` events). Off when
    * only publishing.
    */

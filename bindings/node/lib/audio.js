@@ -68,7 +68,12 @@ class AudioCapture extends EventEmitter {
   _finish (info) {
     if (this._ended) return
     this._ended = true
-    if (this._native) this._lastStats = this._native.stats()
+    if (this._native) {
+      // The capture thread sent its last event: drop the device stream now,
+      // not when V8 collects the native object.
+      this._native.release()
+      this._lastStats = this._native.stats()
+    }
     this.emit('end', info)
   }
 

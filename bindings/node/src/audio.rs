@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use zerofan_audio::publish::{PublishConfig, PublishStats, Publisher};
 use zerofan_audio::{
-    list_devices, Capture, CaptureConfig, CaptureEvent, DeviceInfo, DeviceSelector, EndReason,
-    PacketInfo, SampleFormat, HEADER_LEN,
+    list_devices, Capture, CaptureConfig, CaptureEvent, CaptureStats, DeviceInfo, DeviceSelector,
+    EndReason, PacketInfo, SampleFormat, HEADER_LEN,
 };
 use zerofan_client::QoS;
 
@@ -326,6 +326,7 @@ impl Task for StartCapture {
             capture: Mutex::new(Some(capture)),
             shared: self.shared.clone(),
             deliver: self.deliver.clone(),
+            final_stats: Mutex::new(None),
             frames_per_packet: params.frames_per_packet,
             sample_rate: params.sample_rate,
             channels: u32::from(params.channels),
@@ -416,6 +417,8 @@ pub struct NativeCapture {
     capture: Mutex<Option<Capture>>,
     shared: Arc<Shared>,
     deliver: Arc<AtomicBool>,
+    /// Counters of a released capture.
+    final_stats: Mutex<Option<CaptureStats>>,
     frames_per_packet: u32,
     sample_rate: u32,
     channels: u32,
@@ -431,6 +434,22 @@ impl NativeCapture {
         if let Ok(g) = self.capture.lock() {
             if let Some(c) = g.as_ref() {
                 c.request_stop();
+            }
+        }
+    }
+
+    /// Drops the capture once it has ended (its thread has exited, so this
+    /// does not block), keeping its final counters for `stats`.
+    #[napi]
+    pub fn release(&self) {
+        if let Ok(mut g) = self.capture.lock() {
+            if g.as_ref().is_some_and(Capture::is_ended) {
+                if let Some(mut c) = g.take() {
+                    if let Ok(mut f) = self.final_stats.lock() {
+                        *f = Some(c.stats());
+                    }
+                    c.stop();
+                }
             }
         }
     }
@@ -477,7 +496,15 @@ impl NativeCapture {
             .capture
             .lock()
             .map_err(|_| js_err("capture lock poisoned"))?;
-        let s = g.as_ref().map(Capture::stats).unwrap_or_default();
+        let s = match g.as_ref() {
+            Some(c) => c.stats(),
+            None => self
+                .final_stats
+                .lock()
+                .ok()
+                .and_then(|f| *f)
+                .unwrap_or_default(),
+        };
         let publish = self
             .shared
             .publisher
