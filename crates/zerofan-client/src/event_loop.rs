@@ -211,7 +211,7 @@ impl EventLoop {
         self.reader.reset();
         loop {
             if let Some(p) = self.reader.next_packet(self.protocol()) {
-                return match p? {
+                return match p?.0 {
                     Packet::ConnAck(ack) if ack.reason.is_error() => {
                         Err(ClientError::Refused(ack.reason))
                     }
@@ -614,14 +614,16 @@ impl EventLoop {
     fn on_read(&mut self, w: &mut Writer) -> Result<(), ClientError> {
         self.reader.split_frames()?;
         while let Some(p) = self.reader.next_packet(self.protocol()) {
-            self.packet(p?, w)?;
+            let (p, src) = p?;
+            self.packet(p, src, w)?;
         }
         Ok(())
     }
 
-    fn packet(&mut self, p: Packet, w: &mut Writer) -> Result<(), ClientError> {
+    /// Handle one packet; `src` is the frozen read buffer it was decoded from.
+    fn packet(&mut self, p: Packet, src: Bytes, w: &mut Writer) -> Result<(), ClientError> {
         match p {
-            Packet::Publish(p) => self.incoming_publish(p, w)?,
+            Packet::Publish(p) => self.incoming_publish(p, src, w)?,
             Packet::PubAck(a) => {
                 if matches!(self.session.inflight.get(&a.packet_id), Some(i) if i.stage == Stage::Acked)
                 {
@@ -720,6 +722,7 @@ impl EventLoop {
     fn incoming_publish(
         &mut self,
         p: zerofan_codec::Publish,
+        src: Bytes,
         w: &mut Writer,
     ) -> Result<(), ClientError> {
         let topic = match p.properties.topic_alias {
@@ -744,7 +747,7 @@ impl EventLoop {
             _ => p.topic.clone(),
         };
         let (qos, pid) = (p.qos, p.packet_id);
-        let msg = Message::from_publish(p, topic);
+        let msg = Message::from_publish(p, topic, src);
         match qos {
             QoS::AtMostOnce => self.backlog.push_back((msg, None)),
             QoS::AtLeastOnce => self.backlog.push_back((msg, Some((pid, qos)))),

@@ -20,8 +20,9 @@ pub(crate) struct Reader {
     buf: Option<PooledBuf>,
     /// Largest packet accepted (our Maximum Packet Size).
     max_packet: u32,
-    /// Complete frames cut out but not decoded yet.
-    frames: VecDeque<Bytes>,
+    /// Complete frames cut out but not decoded yet, each with the whole
+    /// frozen read buffer it was cut from (see [`crate::Message::read_buffer`]).
+    frames: VecDeque<(Bytes, Bytes)>,
 }
 
 impl Reader {
@@ -76,7 +77,8 @@ impl Reader {
         while pos < all.len() {
             match frame(&all[pos..], self.max_packet) {
                 Frame::Complete(n) => {
-                    self.frames.push_back(all.slice(pos..pos + n));
+                    self.frames
+                        .push_back((all.slice(pos..pos + n), all.clone()));
                     pos += n;
                 }
                 Frame::NeedMore(more) => {
@@ -92,11 +94,15 @@ impl Reader {
         Ok(())
     }
 
-    /// Decode the next complete packet, if any.
-    pub fn next_packet(&mut self, protocol: Protocol) -> Option<Result<Packet, DecodeError>> {
+    /// Decode the next complete packet, if any, with the frozen read buffer
+    /// its frame (and so every slice decoded from it) lies in.
+    pub fn next_packet(
+        &mut self,
+        protocol: Protocol,
+    ) -> Option<Result<(Packet, Bytes), DecodeError>> {
         self.frames
             .pop_front()
-            .map(|f| zerofan_codec::decode(f, protocol))
+            .map(|(f, src)| zerofan_codec::decode(f, protocol).map(|p| (p, src)))
     }
 }
 
@@ -137,8 +143,15 @@ mod tests {
             assert!(r.read(&mut b).await.unwrap() > 0);
             r.split_frames().unwrap();
             while let Some(p) = r.next_packet(Protocol::V5) {
-                match p.unwrap() {
+                let (p, src) = p.unwrap();
+                match p {
                     Packet::Publish(p) => {
+                        // A payload is a slice of the buffer named with it.
+                        if !p.payload.is_empty() {
+                            let off = p.payload.as_ptr() as usize - src.as_ptr() as usize;
+                            assert!(off + p.payload.len() <= src.len());
+                            assert_eq!(&src[off..off + p.payload.len()], &p.payload[..]);
+                        }
                         assert_eq!(p.payload.len(), got as usize * 997);
                         assert!(p.payload.iter().all(|&x| x == got as u8));
                         got += 1;

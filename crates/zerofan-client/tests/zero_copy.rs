@@ -52,6 +52,25 @@ async fn payloads_are_slices_of_pooled_read_buffers() {
             shared > 100,
             "{kind:?}: consecutive payloads share a buffer ({shared})"
         );
+        // Each message names the read buffer its payload lies in; messages
+        // of one read name the same one, so there are as few distinct
+        // buffers as reads from the pool.
+        let mut buffers: Vec<(usize, usize)> = Vec::new();
+        for m in &msgs {
+            let (buf, off) = m.read_buffer().expect("payload in a read buffer");
+            assert_eq!(&buf[off..off + m.payload.len()], &m.payload[..]);
+            assert_eq!(buf.as_ptr().wrapping_add(off), m.payload.as_ptr());
+            let id = (buf.as_ptr() as usize, buf.len());
+            if buffers.last() != Some(&id) {
+                buffers.push(id);
+            }
+        }
+        assert!(
+            (buffers.len() as u64) <= m.gets,
+            "{kind:?}: {} distinct read buffers, {} pool gets",
+            buffers.len(),
+            m.gets
+        );
         let held = pool.metrics().bytes_outstanding;
         assert!(held > 0);
         drop(msgs);
