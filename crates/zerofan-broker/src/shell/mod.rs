@@ -17,5 +17,5 @@ mod state;
 mod writer;
 pub mod ws;
 
-pub use server::{run_until_signal, run_until_signal_with, Server};
+pub use server::{run_until_signal, run_until_signal_with, Server, SnapshotFn};
 pub use writer::write_chunks;

@@ -10,6 +10,7 @@ use crate::security::PreparedListener;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -19,6 +20,14 @@ use tokio::task::JoinHandle;
 const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// The timer task wakes at least this often.
 const TICK: Duration = Duration::from_millis(250);
+
+/// Takes a fresh snapshot of the running broker's figures (one short
+/// borrow of the core), for a [`Server::set_monitor`] task.
+pub type SnapshotFn = Rc<dyn Fn() -> super::prometheus::Snapshot>;
+
+/// A task started beside the broker, on its thread (see
+/// [`Server::set_monitor`]).
+type Monitor = Box<dyn FnOnce(SnapshotFn) -> Pin<Box<dyn Future<Output = ()>>>>;
 
 /// A bound broker, ready to run.
 pub struct Server {
@@ -30,6 +39,8 @@ pub struct Server {
     persist: Option<super::persist::Opened>,
     /// The metrics listener and the SIGHUP handler.
     ops: super::ops::OpsSetup,
+    /// Started with the broker, aborted at shutdown (see `set_monitor`).
+    monitor: Option<Monitor>,
 }
 
 impl Server {
@@ -56,6 +67,7 @@ impl Server {
             security: loaded.core,
             persist,
             ops,
+            monitor: None,
         })
     }
 
@@ -67,6 +79,18 @@ impl Server {
     /// Where SIGHUP gets the configuration to reload (see [`super::reload`]).
     pub fn set_reloader(&mut self, reloader: super::reload::Reloader) {
         self.ops.set_reloader(reloader);
+    }
+
+    /// Run `monitor` beside the broker, on its thread, from when it starts
+    /// serving until shutdown (the task is then aborted). It gets a function
+    /// that takes a fresh snapshot of the broker's figures: how an embedder
+    /// ([`crate::embed`]) reads statistics without a client on `$SYS`.
+    pub fn set_monitor<F, Fut>(&mut self, monitor: F)
+    where
+        F: FnOnce(SnapshotFn) -> Fut + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        self.monitor = Some(Box::new(move |snap| Box::pin(monitor(snap))));
     }
 
     /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
@@ -113,6 +137,10 @@ impl Server {
         }
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
         let ops_tasks = self.ops.start(&shared);
+        let monitor = self.monitor.map(|m| {
+            let s = shared.clone();
+            tokio::task::spawn_local(m(Rc::new(move || super::ops::Ops::snapshot(&s))))
+        });
         shutdown.await;
         tracing::info!("shutting down");
         shared.ops.shutting_down.set(true);
@@ -131,6 +159,9 @@ impl Server {
         }
         if let Some(release) = release {
             release.abort();
+        }
+        if let Some(m) = monitor {
+            m.abort();
         }
         Ok(())
     }
