@@ -7,6 +7,8 @@
 //! - [`shell`]: the thin tokio layer. Accepts connections, reads into pooled
 //!   buffers, frames and decodes packets, feeds the core, and writes its
 //!   outboxes with vectored writes. One thread, no locks on the publish path.
+//! - [`embed`]: the broker on a thread of its own inside another program,
+//!   with its figures and a graceful shutdown.
 //! - [`config`]: every setting, loaded from a flat TOML table.
 //! - [`cli`]: the `zerofan` command line.
 //! - [`listen_config`]: `[[listener]]` settings (TCP, TLS, WebSocket,
@@ -25,6 +27,7 @@
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod embed;
 pub mod listen_config;
 pub mod logging;
 pub mod mosquitto_conf;

@@ -1,0 +1,278 @@
+//! `zerofan_broker::embed`: a broker spawned on its own thread, its figures
+//! read from the core (with `$SYS` off, so they cannot come from there), and
+//! a graceful shutdown that MQTT 5 clients see as DISCONNECT 0x8B, that
+//! flushes the store and that leaves no thread behind.
+
+use bytes::{Bytes, BytesMut};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use zerofan_broker::config::Config;
+use zerofan_broker::embed::{self, BrokerHandle};
+use zerofan_codec::{
+    Connect, Frame, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Subscribe,
+    SubscriptionOptions,
+};
+
+/// The tests count the process's broker threads: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn config() -> Config {
+    Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        ..Config::default()
+    }
+}
+
+/// Threads of this process named `zerofan-broker` (Linux; elsewhere 0).
+fn broker_threads() -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim() == "zerofan-broker")
+        .count()
+}
+
+/// A minimal MQTT 5 client over a blocking socket.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr, id: &str) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client { s, buf: Vec::new() };
+        c.send(&Packet::Connect(Box::new(Connect {
+            protocol: Protocol::V5,
+            clean_start: true,
+            keep_alive: 0,
+            properties: Properties::default(),
+            client_id: id.try_into().unwrap(),
+            will: None,
+            username: None,
+            password: None,
+        })));
+        assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
+        c
+    }
+
+    fn send(&mut self, p: &Packet) {
+        let mut b = BytesMut::new();
+        zerofan_codec::encode(p, Protocol::V5, &mut b).unwrap();
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// The next packet, or `None` at EOF.
+    fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Frame::Complete(n) = zerofan_codec::frame(&self.buf, u32::MAX) {
+                let frame = Bytes::copy_from_slice(&self.buf[..n]);
+                self.buf.drain(..n);
+                return Some(zerofan_codec::decode(frame, Protocol::V5).unwrap());
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.s.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn subscribe(&mut self, filter: &str) {
+        self.send(&Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            properties: Properties::default(),
+            filters: vec![(
+                filter.try_into().unwrap(),
+                SubscriptionOptions {
+                    qos: QoS::AtMostOnce,
+                    ..SubscriptionOptions::default()
+                },
+            )],
+        }));
+        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
+    }
+
+    fn publish(&mut self, topic: &str, payload: &[u8], retain: bool) {
+        self.send(&Packet::Publish(Publish {
+            qos: QoS::AtMostOnce,
+            retain,
+            topic: topic.try_into().unwrap(),
+            payload: Bytes::copy_from_slice(payload),
+            ..Publish::default()
+        }));
+    }
+
+    fn expect_publish(&mut self) -> Publish {
+        match self.recv() {
+            Some(Packet::Publish(p)) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    fn ping(&mut self) {
+        self.send(&Packet::PingReq);
+        assert!(matches!(self.recv(), Some(Packet::PingResp)));
+    }
+}
+
+fn disconnect_reason(p: Option<Packet>) -> Option<ReasonCode> {
+    match p {
+        Some(Packet::Disconnect(d)) => Some(d.reason),
+        _ => None,
+    }
+}
+
+/// Poll `stats()` until `ok` holds (the broker handles packets on its own
+/// thread, a moment after the client wrote them).
+fn stats_until(
+    b: &BrokerHandle,
+    what: &str,
+    ok: impl Fn(&embed::BrokerStats) -> bool,
+) -> embed::BrokerStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = b.stats();
+        if ok(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn spawned_broker_serves_and_its_stats_move() {
+    let _g = serial();
+    let b = embed::spawn(config()).expect("spawn");
+    let addr = b.local_addrs()[0];
+    assert_ne!(addr.port(), 0, "the real port of port 0");
+    assert_eq!(b.local_listeners()[0].1, "mqtt");
+    assert!(b.is_running());
+    let s0 = b.stats();
+    assert_eq!(s0.clients_connected, 0);
+    assert_eq!(s0.messages_received, 0);
+
+    let mut sub = Client::connect(addr, "sub");
+    sub.subscribe("t/#");
+    let mut publ = Client::connect(addr, "pub");
+    for i in 0..3u8 {
+        publ.publish("t/a", &[i; 100], false);
+    }
+    publ.publish("t/keep", b"retained", true);
+    for i in 0..3u8 {
+        assert_eq!(&sub.expect_publish().payload[..], &[i; 100][..]);
+    }
+    assert_eq!(&sub.expect_publish().payload[..], b"retained");
+
+    let s = stats_until(&b, "4 in, 4 out", |s| {
+        s.messages_received == 4 && s.messages_sent == 4
+    });
+    assert_eq!(s.clients_connected, 2);
+    assert_eq!(s.connections_total, 2);
+    assert_eq!(s.subscriptions, 1);
+    assert_eq!(s.retained, 1);
+    assert_eq!(s.payload_bytes_received, 3 * 100 + 8);
+    assert_eq!(s.payload_bytes_sent, 3 * 100 + 8);
+    assert!(s.bytes_received > s.payload_bytes_received, "{s:?}");
+    assert!(s.bytes_sent > s.payload_bytes_sent, "{s:?}");
+    assert!(s.pool_gets > 0, "reads use the pool: {s:?}");
+    assert!(s.uptime > s0.uptime);
+    assert_eq!(s.snapshot.metrics.messages_received, 4, "the full figures");
+    // The cached figures are those of the last answer (or newer).
+    assert!(b.latest_stats().messages_received >= 4);
+
+    drop(publ);
+    stats_until(&b, "publisher gone", |s| s.clients_connected == 1);
+    b.shutdown().expect("shutdown");
+}
+
+#[test]
+fn shutdown_sends_0x8b_and_joins_the_thread() {
+    let _g = serial();
+    let before = broker_threads();
+    let b = embed::spawn(config()).expect("spawn");
+    if cfg!(target_os = "linux") {
+        assert_eq!(broker_threads(), before + 1, "one thread of its own");
+    }
+    let addr = b.local_addrs()[0];
+    let mut c = Client::connect(addr, "c");
+    c.ping();
+    stats_until(&b, "connected", |s| s.clients_connected == 1);
+    b.shutdown().expect("shutdown");
+    // shutdown() has returned: the thread is joined, the listener closed.
+    assert_eq!(broker_threads(), before, "broker thread gone");
+    assert_eq!(
+        disconnect_reason(c.recv()),
+        Some(ReasonCode::SERVER_SHUTTING_DOWN)
+    );
+    assert!(c.recv().is_none(), "closed after the DISCONNECT");
+    assert!(TcpStream::connect(addr).is_err(), "no longer accepting");
+}
+
+#[test]
+fn dropping_the_handle_shuts_down_too() {
+    let _g = serial();
+    let before = broker_threads();
+    let b = embed::spawn(config()).expect("spawn");
+    let mut c = Client::connect(b.local_addrs()[0], "c");
+    c.ping();
+    stats_until(&b, "connected", |s| s.clients_connected == 1);
+    drop(b);
+    assert_eq!(broker_threads(), before, "broker thread gone");
+    assert_eq!(
+        disconnect_reason(c.recv()),
+        Some(ReasonCode::SERVER_SHUTTING_DOWN)
+    );
+}
+
+#[test]
+fn the_store_is_flushed_on_shutdown() {
+    let _g = serial();
+    let dir = std::env::temp_dir().join(format!("zerofan-embed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_store = || Config {
+        data_dir: Some(dir.clone()),
+        ..config()
+    };
+    let b = embed::spawn(with_store()).expect("spawn");
+    let mut c = Client::connect(b.local_addrs()[0], "c");
+    c.publish("kept/a", b"across restarts", true);
+    stats_until(&b, "retained", |s| s.retained == 1);
+    b.shutdown().expect("shutdown");
+
+    let b = embed::spawn(with_store()).expect("spawn again");
+    assert_eq!(b.stats().retained, 1, "restored from the store");
+    let mut s = Client::connect(b.local_addrs()[0], "s");
+    s.subscribe("kept/#");
+    let p = s.expect_publish();
+    assert_eq!(&p.payload[..], b"across restarts");
+    assert!(p.retain);
+    b.shutdown().expect("shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn spawn_fails_on_an_address_in_use_and_leaves_no_thread() {
+    let _g = serial();
+    let before = broker_threads();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = embed::spawn(Config {
+        listen: vec![taken.local_addr().unwrap()],
+        ..config()
+    })
+    .expect_err("address in use");
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    assert_eq!(broker_threads(), before);
+}
