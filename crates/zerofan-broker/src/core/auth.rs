@@ -38,9 +38,9 @@
 //! one boolean test.
 
 use super::broker::Broker;
+use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -147,7 +147,7 @@ impl AuthState {
             tracker: FailureTracker::new(config.throttle),
             rate: ConnectionRate::default(),
             open: Vec::new(),
-            sessions: HashMap::new(),
+            sessions: HashMap::default(),
         }
     }
 
@@ -342,7 +342,7 @@ impl Broker {
                         acl,
                         client_id: client_id.into(),
                         username,
-                        cache: HashMap::new(),
+                        cache: HashMap::default(),
                     },
                 );
             }

@@ -4,6 +4,7 @@
 //! `impl Broker` blocks.
 
 use super::connection::{Connection, Phase};
+use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
 use super::metrics::{Metrics, ShellStats};
 use super::outbox::{Outgoing, Transmit};
@@ -12,7 +13,6 @@ use super::store::{MemoryStore, Store};
 use super::timers::{Timer, Timers};
 use super::trie::{SubEntry, Trie};
 use crate::config::Config;
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,9 +59,9 @@ impl Broker {
         }
         Broker {
             config,
-            conns: HashMap::new(),
-            sessions: HashMap::new(),
-            by_client: HashMap::new(),
+            conns: HashMap::default(),
+            sessions: HashMap::default(),
+            by_client: HashMap::default(),
             trie: Trie::default(),
             store,
             timers,

@@ -1,9 +1,10 @@
 //! Per-connection protocol state: what CONNECT negotiated, topic aliases,
 //! keep alive and the outbox the shell drains.
 
+use super::hash::HashMap;
 use super::ids::SessionId;
 use super::outbox::Outgoing;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Protocol, Will};
@@ -68,8 +69,8 @@ impl Connection {
             max_packet_out: u32::MAX,
             send_window: u16::MAX,
             alias_max_out: 0,
-            aliases_out: HashMap::new(),
-            aliases_in: HashMap::new(),
+            aliases_out: HashMap::default(),
+            aliases_in: HashMap::default(),
             problem_info: true,
             will: None,
             will_delay: 0,

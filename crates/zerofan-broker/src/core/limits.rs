@@ -19,7 +19,7 @@
 //! clock, no socket), deterministic, and visible to the client as a reason
 //! code.
 
-use std::collections::HashMap;
+use super::hash::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 

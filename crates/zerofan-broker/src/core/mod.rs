@@ -14,6 +14,7 @@ mod connect;
 mod connection;
 mod deliver;
 pub mod durable;
+mod hash;
 mod ids;
 pub mod limits;
 mod message;

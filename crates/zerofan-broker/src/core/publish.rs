@@ -64,7 +64,7 @@ impl Broker {
             }
         }
         if zerofan_codec::topic::validate_topic_name(&p.topic).is_err()
-            || p.topic.split('/').count() > self.config.max_topic_levels
+            || topic_levels(&p.topic) > self.config.max_topic_levels
         {
             self.close_with(
                 now,
@@ -349,6 +349,11 @@ impl Broker {
             msg.clone()
         }
     }
+}
+
+/// How many levels a topic has (one more than its `/` separators).
+fn topic_levels(topic: &str) -> usize {
+    1 + topic.bytes().filter(|&b| b == b'/').count()
 }
 
 /// An acknowledgement packet body.

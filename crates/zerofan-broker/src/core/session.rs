@@ -1,10 +1,11 @@
 //! Session state: subscriptions, the bounded queue, the inflight window and
 //! the QoS 2 receive state. Outlives connections while its expiry allows.
 
+use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::message::Message;
 use crate::config::QueueFull;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
@@ -131,15 +132,15 @@ impl Session {
             protocol,
             expiry_interval: 0,
             expires_at: None,
-            subscriptions: HashMap::new(),
+            subscriptions: HashMap::default(),
             queue: VecDeque::new(),
             queued_bytes: 0,
             queued_qos0: 0,
-            inflight: HashMap::new(),
+            inflight: HashMap::default(),
             next_seq: 0,
             resend: VecDeque::new(),
             next_pid: 1,
-            incoming_qos2: HashSet::new(),
+            incoming_qos2: HashSet::default(),
             pending_will: None,
             evicted: Vec::new(),
             stored: false,

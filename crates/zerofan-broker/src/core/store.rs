@@ -2,9 +2,9 @@
 //! exists: retained messages and session records. The broker talks only to
 //! these traits; [`MemoryStore`] keeps everything in memory (`--memory`).
 
+use super::hash::HashMap;
 use super::message::Message;
 use super::session::SubRecord;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Where retained messages live.

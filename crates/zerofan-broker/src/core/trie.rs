@@ -1,8 +1,10 @@
-//! The subscription trie: one node per topic level, `+` and `#` stored as
-//! ordinary children, shared groups kept at the node of their filter.
+//! The subscription trie: one node per topic level, shared groups kept at
+//! the node of their filter. `+` and `#` children have slots of their own,
+//! so routing a level costs one hash lookup, not three; levels are handled
+//! as bytes (`/` is ASCII), which spares a UTF-8 char search per level.
 
+use super::hash::HashMap;
 use super::ids::SessionId;
-use std::collections::HashMap;
 use std::sync::Arc;
 use zerofan_codec::SubscriptionOptions;
 
@@ -79,15 +81,61 @@ pub enum Hit<'a> {
 
 #[derive(Default, Debug)]
 struct Node {
-    children: HashMap<Box<str>, Node>,
+    /// Children by literal level (never `+` or `#`).
+    children: HashMap<Box<[u8]>, Node>,
+    /// The `+` child.
+    plus: Option<Box<Node>>,
+    /// The `#` child.
+    hash: Option<Box<Node>>,
     subs: Vec<SubEntry>,
     shared: Vec<SharedGroup>,
 }
 
 impl Node {
     fn is_empty(&self) -> bool {
-        self.children.is_empty() && self.subs.is_empty() && self.shared.is_empty()
+        self.children.is_empty()
+            && self.plus.is_none()
+            && self.hash.is_none()
+            && self.subs.is_empty()
+            && self.shared.is_empty()
     }
+
+    /// The child for `level`, if any.
+    fn child_mut(&mut self, level: &[u8]) -> Option<&mut Node> {
+        match level {
+            b"+" => self.plus.as_deref_mut(),
+            b"#" => self.hash.as_deref_mut(),
+            _ => self.children.get_mut(level),
+        }
+    }
+
+    /// The child for `level`, created when missing.
+    fn child_or_insert(&mut self, level: &[u8]) -> &mut Node {
+        match level {
+            b"+" => self.plus.get_or_insert_with(Default::default),
+            b"#" => self.hash.get_or_insert_with(Default::default),
+            _ => self.children.entry(level.into()).or_default(),
+        }
+    }
+
+    /// Drop the child for `level` (it became empty).
+    fn remove_child(&mut self, level: &[u8]) {
+        match level {
+            b"+" => self.plus = None,
+            b"#" => self.hash = None,
+            _ => {
+                self.children.remove(level);
+            }
+        }
+    }
+}
+
+/// A topic or filter's levels.
+fn levels(s: &str) -> std::slice::Split<'_, u8, fn(&u8) -> bool> {
+    fn slash(b: &u8) -> bool {
+        *b == b'/'
+    }
+    s.as_bytes().split(slash as fn(&u8) -> bool)
 }
 
 /// The subscription trie.
@@ -101,8 +149,8 @@ impl Trie {
     /// when shared). Returns true when it did not exist before.
     pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
         let mut node = &mut self.root;
-        for level in filter.split('/') {
-            node = node.children.entry(level.into()).or_default();
+        for level in levels(filter) {
+            node = node.child_or_insert(level);
         }
         let list = match group {
             None => &mut node.subs,
@@ -136,15 +184,15 @@ impl Trie {
 
     /// Remove a subscription; true if it existed. Empty nodes are pruned.
     pub fn remove(&mut self, filter: &str, group: Option<&str>, session: SessionId) -> bool {
-        let levels: Vec<&str> = filter.split('/').collect();
+        let levels: Vec<&[u8]> = levels(filter).collect();
         remove_in(&mut self.root, &levels, group, session)
     }
 
     /// The shared group `group` of `filter`, if it exists.
     pub fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
         let mut node = &mut self.root;
-        for level in filter.split('/') {
-            node = node.children.get_mut(level)?;
+        for level in levels(filter) {
+            node = node.child_mut(level)?;
         }
         node.shared.iter_mut().find(|g| &*g.name == group)
     }
@@ -153,7 +201,7 @@ impl Trie {
     /// first level do not match topics starting with `$`.
     pub fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
         let dollar = topic.starts_with('$');
-        walk(&mut self.root, topic.split('/'), dollar, &mut f);
+        walk(&mut self.root, levels(topic), dollar, &mut f);
     }
 }
 
@@ -166,17 +214,19 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
     }
 }
 
-/// Walk without allocating: `levels` is the topic's `split('/')`, cloned
-/// (cheaply) at each branch.
-fn walk(
+/// Walk without allocating: `levels` is the topic's levels, cloned
+/// (cheaply) at each branch. A topic name never contains `+` or `#` (the
+/// codec refuses them), so a level is looked up among the literal children
+/// only.
+fn walk<'t>(
     node: &mut Node,
-    mut levels: std::str::Split<'_, char>,
+    mut levels: impl Iterator<Item = &'t [u8]> + Clone,
     dollar: bool,
     f: &mut impl FnMut(Hit<'_>),
 ) {
     if !dollar {
         // `a/#` matches `a` itself as well as everything below it.
-        if let Some(hash) = node.children.get_mut("#") {
+        if let Some(hash) = node.hash.as_deref_mut() {
             emit(hash, f);
         }
     }
@@ -186,8 +236,8 @@ fn walk(
             if let Some(child) = node.children.get_mut(level) {
                 walk(child, levels.clone(), false, f);
             }
-            if !dollar && level != "+" {
-                if let Some(plus) = node.children.get_mut("+") {
+            if !dollar {
+                if let Some(plus) = node.plus.as_deref_mut() {
                     walk(plus, levels, false, f);
                 }
             }
@@ -195,7 +245,7 @@ fn walk(
     }
 }
 
-fn remove_in(node: &mut Node, levels: &[&str], group: Option<&str>, session: SessionId) -> bool {
+fn remove_in(node: &mut Node, levels: &[&[u8]], group: Option<&str>, session: SessionId) -> bool {
     match levels.split_first() {
         None => match group {
             None => {
@@ -218,12 +268,12 @@ fn remove_in(node: &mut Node, levels: &[&str], group: Option<&str>, session: Ses
             }
         },
         Some((level, rest)) => {
-            let Some(child) = node.children.get_mut(*level) else {
+            let Some(child) = node.child_mut(level) else {
                 return false;
             };
             let removed = remove_in(child, rest, group, session);
             if child.is_empty() {
-                node.children.remove(*level);
+                node.remove_child(level);
             }
             removed
         }
