@@ -13,14 +13,15 @@
 //! branch here and is acknowledged at once.
 
 use super::broker::Broker;
+use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
-use super::message::Message;
+use super::message::{Message, PublishProperties};
 use super::outbox::Outgoing;
 use super::session::{Inflight, InflightState, PendingWill, Queued, Session, SubRecord};
 use super::timers::Timer;
 use super::trie::SubEntry;
 use bytes::Bytes;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,7 +133,7 @@ impl Durable {
             anchor: (now, 0),
             pending: Vec::new(),
             held: VecDeque::new(),
-            held_per_conn: HashMap::new(),
+            held_per_conn: HashMap::default(),
         }
     }
 
@@ -245,7 +246,7 @@ pub(crate) fn from_stored(s: &StoredMessage, d: &Durable) -> Option<Message> {
         payload: s.payload.clone(),
         qos: QoS::from_u8(s.qos)?,
         retain: s.retain,
-        properties,
+        properties: PublishProperties::new(properties),
         origin: None,
         expires_at: s.expires_at_ms.map(|ms| d.instant(ms)),
         owns_bytes: true,
@@ -670,7 +671,7 @@ impl Broker {
     /// store held, then run every deadline that passed while the broker was
     /// down (expired sessions go, overdue wills are published).
     pub fn restore(&mut self, recovered: Recovered, now: Instant) {
-        let mut messages: HashMap<u64, Arc<Message>> = HashMap::new();
+        let mut messages: HashMap<u64, Arc<Message>> = HashMap::default();
         let mut damaged = 0u64;
         for r in recovered.retained {
             match self.restored_message(&mut messages, r.msg, &r.message) {
@@ -758,7 +759,7 @@ impl Broker {
             if let Some(w) = &rs.will {
                 match from_stored(&w.message, &self.durable) {
                     Some(m) => {
-                        let mut properties = m.properties;
+                        let mut properties = m.properties.into_inner();
                         properties.message_expiry_interval = w.message_expiry_interval;
                         let at = self.durable.instant(w.due_at_ms);
                         s.pending_will = Some(Box::new(PendingWill {
@@ -854,7 +855,7 @@ fn will_message(w: &Will) -> Message {
         payload: w.payload.clone(),
         qos: w.qos,
         retain: w.retain,
-        properties: w.properties.clone(),
+        properties: PublishProperties::new(w.properties.clone()),
         origin: None,
         expires_at: None,
         owns_bytes: true,
@@ -871,7 +872,7 @@ fn placeholder() -> Queued {
             payload: Bytes::new(),
             qos: QoS::ExactlyOnce,
             retain: false,
-            properties: Properties::default(),
+            properties: Default::default(),
             origin: None,
             expires_at: None,
             owns_bytes: true,

@@ -2,6 +2,7 @@
 
 use super::ids::SessionId;
 use bytes::Bytes;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Properties, Publish, QoS};
 
@@ -21,7 +22,7 @@ pub struct Message {
     pub retain: bool,
     /// The publisher's properties, with the per-hop ones (topic alias,
     /// subscription identifiers, message expiry) cleared.
-    pub properties: Properties,
+    pub properties: PublishProperties,
     /// The publishing session, for No Local; `None` for wills and `$SYS`.
     pub origin: Option<SessionId>,
     /// When the message expires (Message Expiry Interval), if ever.
@@ -49,7 +50,7 @@ impl Message {
             payload: publish.payload,
             qos: publish.qos,
             retain: publish.retain,
-            properties: publish.properties,
+            properties: PublishProperties::new(publish.properties),
             origin,
             expires_at,
             owns_bytes: false,
@@ -86,7 +87,7 @@ impl Message {
     /// A copy that owns its own allocations, so keeping it for long does not
     /// pin the (possibly much larger) read buffer it was decoded from.
     pub fn compacted(&self) -> Message {
-        let properties = own_properties(&self.properties);
+        let properties = PublishProperties::new(own_properties(&self.properties));
         Message {
             topic: copy_str(&self.topic),
             payload: Bytes::copy_from_slice(&self.payload),
@@ -97,6 +98,40 @@ impl Message {
             expires_at: self.expires_at,
             owns_bytes: true,
             stored: self.stored.copy(),
+        }
+    }
+}
+
+/// A message's PUBLISH properties: nothing but a null pointer when there are
+/// none (every MQTT 3.1.1 message, most MQTT 5 ones). `Properties` holds
+/// every property of every packet (about 500 bytes); inline, it made each
+/// `Message` that large, and moving it into its `Arc` showed in profiles.
+#[derive(Clone, Debug, Default)]
+pub struct PublishProperties(Option<Box<Properties>>);
+
+impl PublishProperties {
+    /// Keep `p`, boxed only when it holds something.
+    pub fn new(p: Properties) -> Self {
+        if p.is_empty() {
+            PublishProperties(None)
+        } else {
+            PublishProperties(Some(Box::new(p)))
+        }
+    }
+
+    /// The properties, by value.
+    pub fn into_inner(self) -> Properties {
+        self.0.map(|b| *b).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for PublishProperties {
+    type Target = Properties;
+    fn deref(&self) -> &Properties {
+        static EMPTY: OnceLock<Properties> = OnceLock::new();
+        match &self.0 {
+            Some(p) => p,
+            None => EMPTY.get_or_init(Properties::default),
         }
     }
 }

@@ -6,7 +6,7 @@ use super::message::Message;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
-use zerofan_codec::{MqttStr, Properties, QoS};
+use zerofan_codec::{MqttStr, QoS};
 
 impl Broker {
     /// Publish every `$SYS/` figure now.
@@ -95,7 +95,7 @@ impl Broker {
                 payload: Bytes::from(value),
                 qos: QoS::AtMostOnce,
                 retain: true,
-                properties: Properties::default(),
+                properties: Default::default(),
                 origin: None,
                 expires_at: None,
                 owns_bytes: true,
@@ -115,7 +115,7 @@ impl Broker {
             payload: msg.payload.clone(),
             qos: msg.qos,
             retain: false,
-            properties: Properties::default(),
+            properties: Default::default(),
             origin: None,
             expires_at: None,
             owns_bytes: true,
