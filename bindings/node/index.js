@@ -8,6 +8,8 @@ const audio = require('./lib/audio')
 
 const DEFAULT_PORTS = { mqtt: 1883, tcp: 1883, mqtts: 8883, ssl: 8883, tls: 8883, ws: 80, wss: 443 }
 const SECURE = { mqtts: true, ssl: true, tls: true, wss: true }
+// meta's ArrayBuffer index of an empty payload (src/client.rs).
+const NO_BUFFER = 0xffffffff
 
 /** A received PUBLISH, with MQTT.js's field names. */
 class PublishPacket {
@@ -206,22 +208,30 @@ class MqttClient extends EventEmitter {
   }
 
   // A batch from nextBatch: [topics, meta, payloads, props] (see
-  // src/client.rs): meta holds three u32 per message (flags | topic index
-  // << 4, payload offset, payload length); payloads is an array of external
-  // Buffers, or one Buffer of copies to slice.
+  // src/client.rs): meta holds four u32 per message (flags | topic index
+  // << 4, payload offset, payload length, ArrayBuffer index); payloads is
+  // an array of external ArrayBuffers, one per pooled read buffer, each
+  // payload a Buffer view into one of them (no copy, no napi call per
+  // message), or one Buffer of copies to slice.
   _dispatch (batch) {
     const topics = batch[0]
     const meta = batch[1]
     const payloads = batch[2]
     const props = batch[3]
     const m = new Uint32Array(meta.buffer, meta.byteOffset, meta.byteLength >>> 2)
-    const n = m.length / 3
+    const n = m.length >>> 2
     const copied = Buffer.isBuffer(payloads)
     let p = 0
     for (let i = 0; i < n; i++) {
-      const w = m[i * 3]
+      const j = i << 2
+      const w = m[j]
       const topic = topics[w >>> 4]
-      const payload = copied ? payloads.subarray(m[i * 3 + 1], m[i * 3 + 1] + m[i * 3 + 2]) : payloads[i]
+      const off = m[j + 1]
+      const len = m[j + 2]
+      const ab = m[j + 3]
+      const payload = copied
+        ? payloads.subarray(off, off + len)
+        : ab === NO_BUFFER ? Buffer.alloc(0) : Buffer.from(payloads[ab], off, len)
       let properties
       if (props !== undefined && props[p] === i) {
         properties = props[p + 1]

@@ -18,17 +18,23 @@
 //! A batch is `[topics, meta, payloads, props]`, built with as few napi
 //! calls per message as possible:
 //! - `topics`: the distinct topic strings of the batch;
-//! - `meta`: a Buffer of three little-endian u32 per message: `flags |
+//! - `meta`: a Buffer of four little-endian u32 per message: `flags |
 //!   topicIndex << 4` (flags = QoS | retain << 2 | dup << 3), offset and
-//!   length of the payload;
-//! - `payloads`: with external buffers, an array with one external Buffer
-//!   per message; with copies (`useExternalBuffer: false`), one Buffer
-//!   holding every payload of the batch back to back, which JavaScript
-//!   slices with `subarray` (no napi call per message at all);
+//!   length of the payload, and the index of the ArrayBuffer it is in
+//!   (`0xFFFFFFFF` for an empty payload);
+//! - `payloads`: with external buffers (the default), an array with one
+//!   external `ArrayBuffer` per pooled read buffer the batch's payloads
+//!   were cut from, over the part of it from the batch's first to its last
+//!   payload (see [`crate::payload::to_arraybuffer`]); JavaScript makes
+//!   each payload a `Buffer` view into it. No byte is copied and there is
+//!   one napi call and one finalizer per read buffer, not per message.
+//!   With copies (`useExternalBuffer: false`), one Buffer holding every
+//!   payload of the batch back to back, which JavaScript slices with
+//!   `subarray`;
 //! - `props`: `undefined`, or `[index, properties, ...]` for the messages
 //!   that carry MQTT 5 properties.
 
-use crate::payload::{alloc_buffer, copy_buffer, to_buffer};
+use crate::payload::{alloc_buffer, copy_buffer, to_arraybuffer, to_buffer};
 use crate::pool::{self, PoolStats};
 use crate::{arg_err, js_err, tls};
 use bytes::Bytes;
@@ -426,6 +432,69 @@ fn state_of(s: &ConnState, client: &Client) -> NativeState {
     out
 }
 
+/// The part of one pooled read buffer that holds a batch's payloads from
+/// that buffer: it becomes one external `ArrayBuffer`.
+struct Span {
+    /// The whole read buffer (identity: address and length).
+    buf: Bytes,
+    /// First payload byte of the batch in `buf`.
+    start: usize,
+    /// One past the last payload byte of the batch in `buf`.
+    end: usize,
+}
+
+/// `meta` word 3 of a message with an empty payload: no ArrayBuffer.
+const NO_BUFFER: u32 = u32::MAX;
+
+/// Which span each payload is in, and its offset in that span's
+/// `ArrayBuffer`: `(span index or NO_BUFFER, offset)` per message.
+fn plan_spans(msgs: &[Message]) -> (Vec<Span>, Vec<(u32, usize)>) {
+    let mut spans: Vec<Span> = Vec::new();
+    // Absolute offsets in the read buffer first; made relative to the span
+    // start once every span is known.
+    let mut at: Vec<(u32, usize)> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        if m.payload.is_empty() {
+            at.push((NO_BUFFER, 0));
+            continue;
+        }
+        let (buf, off) = match m.read_buffer() {
+            Some((buf, off)) => (buf, off),
+            // Not cut from a read buffer (not the case for a message from
+            // the client's reader): the payload is its own span.
+            None => (&m.payload, 0),
+        };
+        let end = off + m.payload.len();
+        // Messages of one read arrive together: look from the last span.
+        let same = spans
+            .iter()
+            .rposition(|s| s.buf.as_ptr() == buf.as_ptr() && s.buf.len() == buf.len());
+        let idx = match same {
+            Some(i) => {
+                let s = &mut spans[i];
+                s.start = s.start.min(off);
+                s.end = s.end.max(end);
+                i
+            }
+            None => {
+                spans.push(Span {
+                    buf: buf.clone(),
+                    start: off,
+                    end,
+                });
+                spans.len() - 1
+            }
+        };
+        at.push((idx as u32, off));
+    }
+    for a in &mut at {
+        if let Some(s) = spans.get(a.0 as usize) {
+            a.1 -= s.start;
+        }
+    }
+    (spans, at)
+}
+
 /// Build the JavaScript value for a batch (see the module docs):
 /// `[topics, meta, payloads, props]`.
 fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject> {
@@ -434,9 +503,14 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
     // carries one or a few topics.
     let mut topic_keys: Vec<Bytes> = Vec::new();
     let mut topics = env.create_array_with_length(1)?;
-    let mut meta: Vec<u32> = Vec::with_capacity(n * 3);
+    let mut meta: Vec<u32> = Vec::with_capacity(n * 4);
     let mut props: Option<JsObject> = None;
     let mut props_len = 0u32;
+    let (spans, at) = if external {
+        plan_spans(&msgs)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let copy_total: usize = if external {
         0
     } else {
@@ -446,11 +520,6 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
         None
     } else {
         Some(alloc_buffer(env, copy_total)?)
-    };
-    let mut payloads = if external {
-        Some(env.create_array_with_length(n)?)
-    } else {
-        None
     };
     let mut offset = 0usize;
     for (i, m) in msgs.into_iter().enumerate() {
@@ -466,8 +535,19 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
         };
         let flags = (m.qos as u32) | (u32::from(m.retain) << 2) | (u32::from(m.dup) << 3);
         meta.push(flags | ((idx as u32) << 4));
-        meta.push(offset as u32);
+        let (span, off) = match (at.get(i), &mut copy_buf) {
+            (Some(&(span, off)), _) => (span, off),
+            (None, Some((_, data))) => {
+                let len = m.payload.len();
+                data[offset..offset + len].copy_from_slice(&m.payload);
+                offset += len;
+                (0, offset - len)
+            }
+            (None, None) => (NO_BUFFER, 0),
+        };
+        meta.push(off as u32);
         meta.push(m.payload.len() as u32);
+        meta.push(span);
         if !m.properties.is_empty() {
             let arr = match &mut props {
                 Some(a) => a,
@@ -480,24 +560,23 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
             )?;
             props_len += 2;
         }
-        match (&mut payloads, &mut copy_buf) {
-            (Some(arr), _) => arr.set_element(i as u32, to_buffer(env, m.payload, true)?)?,
-            (None, Some((_, data))) => {
-                let len = m.payload.len();
-                data[offset..offset + len].copy_from_slice(&m.payload);
-                offset += len;
-            }
-            (None, None) => {}
-        }
     }
+    drop(topic_keys);
     let meta_bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
     let mut out = env.create_array_with_length(4)?;
     out.set_element(0, topics)?;
     out.set_element(1, copy_buffer(env, &meta_bytes)?)?;
-    match (payloads, copy_buf) {
-        (Some(arr), _) => out.set_element(2, arr)?,
-        (None, Some((buf, _))) => out.set_element(2, buf)?,
-        (None, None) => out.set_element(2, env.get_undefined()?)?,
+    match copy_buf {
+        Some((buf, _)) => out.set_element(2, buf)?,
+        None => {
+            // Every Rust value that points into the spans (the messages,
+            // the topic keys) is gone by now: see `to_arraybuffer`.
+            let mut arr = env.create_array_with_length(spans.len())?;
+            for (i, s) in spans.into_iter().enumerate() {
+                arr.set_element(i as u32, to_arraybuffer(env, s.buf.slice(s.start..s.end))?)?;
+            }
+            out.set_element(2, arr)?
+        }
     }
     match props {
         Some(p) => out.set_element(3, p)?,

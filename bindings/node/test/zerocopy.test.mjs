@@ -1,4 +1,5 @@
-// Zero-copy payloads: contents under GC pressure, finalizers giving memory
+// Zero-copy payloads: views into one external ArrayBuffer per pooled read
+// buffer and batch, contents under GC pressure, finalizers giving memory
 // back to the pool, and the copy mode for comparison.
 import test from 'node:test'
 import assert from 'node:assert/strict'
@@ -60,6 +61,85 @@ test('payloads stay intact under GC pressure (20,000 messages, sizes 16 B to 20 
   await fullGc()
   for (const [size, payload] of kept) assert.equal(checkPayload(payload, size), null)
   assert.ok(kept.length > 200)
+  await c.endAsync()
+})
+
+test('payloads of one read share one external ArrayBuffer: views, not copies', { timeout: 60000 }, async () => {
+  const c = await zf.connectAsync(url, { poolSize: 16 << 20 })
+  await c.subscribeAsync('zc/views', { qos: 1 })
+  await fullGc()
+  const before = c.getPoolStats()
+  const n = 2000
+  const size = 64
+  const got = collect(c, n)
+  // QoS 0 at full speed: the load publisher does not wait for PUBACKs, and
+  // QoS 1 publishes still queued behind its inflight window when it
+  // disconnects are not sent.
+  await (await zf.startLoadPublisher({ port: broker.port, topic: 'zc/views', size, count: n, rate: 0, qos: 0 })).done()
+  const payloads = (await got).map((m) => m.payload)
+  assert.ok(payloads.every((p) => checkPayload(p, size) === null))
+  const abs = new Map()
+  for (const p of payloads) abs.set(p.buffer, (abs.get(p.buffer) || 0) + 1)
+  // Payloads that arrived in one read and reached JavaScript in one batch
+  // are views into one ArrayBuffer: far fewer ArrayBuffers than messages
+  // (how many per read depends on the socket's timing; a 16 KiB read holds
+  // up to ~190 of these packets). One shared by several payloads spans
+  // from the first to the last of them: bigger than a payload.
+  assert.ok(abs.size <= n / 2, `${abs.size} ArrayBuffers for ${n} payloads`)
+  for (const [ab, count] of abs) {
+    if (count > 1) assert.ok(ab.byteLength >= count * size, `ArrayBuffer of ${ab.byteLength} B for ${count} payloads`)
+  }
+  let shared = 0
+  for (let i = 1; i < n; i++) {
+    const [a, b] = [payloads[i - 1], payloads[i]]
+    if (a.buffer === b.buffer) {
+      shared++
+      assert.ok(b.byteOffset >= a.byteOffset + a.length, 'in arrival order, not overlapping')
+    }
+  }
+  assert.equal(shared, n - abs.size, 'each ArrayBuffer holds a run of consecutive payloads')
+  // Not copies: the ArrayBuffers are the pool's read buffers, so holding
+  // the payloads holds pool memory (no more than the reads took), and the
+  // pool handed out about one buffer per read, not one per message.
+  const holding = c.getPoolStats()
+  const held = holding.bytesOutstanding - before.bytesOutstanding
+  const abBytes = [...abs.keys()].reduce((t, ab) => t + ab.byteLength, 0)
+  assert.ok(held >= abBytes, `outstanding grew ${held} B, ArrayBuffers ${abBytes} B`)
+  // (+1: the reader's current, still empty buffer)
+  assert.ok(holding.gets - before.gets <= abs.size + 1, `${holding.gets - before.gets} pool buffers, ${abs.size} ArrayBuffers`)
+  // A write lands in the pool's memory: a view over the same bytes sees it.
+  const p0 = payloads[0]
+  const again = Buffer.from(p0.buffer, p0.byteOffset, p0.length)
+  p0[20] ^= 0xff
+  assert.equal(again[20], p0[20])
+  await c.endAsync()
+})
+
+test('one kept payload keeps only its read buffer; dropping it gives that back', { timeout: 60000 }, async () => {
+  const c = await zf.connectAsync(url, { poolSize: 64 << 20 })
+  await c.subscribeAsync('zc/one', { qos: 1 })
+  await fullGc()
+  const before = c.getPoolStats()
+  let kept = await (async () => {
+    const got = collect(c, 2000)
+    await (await publisher('zc/one', 3840, 2000, 0)).done()
+    return (await got)[1000].payload
+  })()
+  await until(async () => {
+    await fullGc(1)
+    // The kept payload's read buffer, at most 64 KiB, and the reader's
+    // current one.
+    return c.getPoolStats().bytesOutstanding - before.bytesOutstanding <= 64 * 1024 + 16 * 1024
+  }, 10000, 'the other read buffers to come back').catch((e) => {
+    throw new Error(`${e.message}: ${JSON.stringify(c.getPoolStats())} before ${JSON.stringify(before)}`)
+  })
+  assert.ok(c.getPoolStats().bytesOutstanding - before.bytesOutstanding >= kept.length, 'the kept one is still out')
+  assert.equal(checkPayload(kept, 3840), null)
+  kept = null
+  await until(async () => {
+    await fullGc(1)
+    return c.getPoolStats().bytesOutstanding <= before.bytesOutstanding + 16 * 1024
+  }, 10000, 'the last read buffer to come back')
   await c.endAsync()
 })
 
