@@ -154,7 +154,7 @@ export interface StartBrokerOptions {
   port?: number
   /** Directory of the embedded store (created if missing); without it the broker runs in memory. */
   dataDir?: string
-  /** Seconds between $SYS refreshes = how often stats() changes (default 1; 0 turns stats off). */
+  /** Seconds between $SYS/broker/... refreshes for MQTT subscribers (default 1; 0 turns $SYS off). stats() does not depend on it. */
   sysInterval?: number
   maxQueuedMessages?: number
   maxPacketSize?: number

@@ -87,8 +87,8 @@ export interface BrokerOptions {
    */
   dataDir?: string
   /**
-   * Seconds between `$SYS` refreshes, which is how often `stats()`
-   * changes (default 1).
+   * Seconds between `$SYS/broker/...` refreshes for MQTT subscribers
+   * (default 1; 0 turns `$SYS` off). `stats()` does not depend on it.
    */
   sysInterval?: number
   /** Messages a session queue holds before it drops. */
@@ -116,7 +116,16 @@ export interface BrokerStats {
   poolMisses: number
   poolHitRate: number
   poolBytesOutstanding: number
-  /** Every `$SYS/broker/...` figure, by name (e.g. "messages/sent"). */
+  /** Sessions that exist, connected or not. */
+  sessions: number
+  /** Subscriptions, all sessions. */
+  subscriptions: number
+  /** Messages waiting in session queues. */
+  queuedMessages: number
+  /**
+   * Every figure under its `$SYS/broker/...` name (e.g.
+   * "messages/sent"), taken from the core like the fields above.
+   */
   sys: Record<string, string>
 }
 /** Start a broker; resolves with its handle once it listens. */
@@ -326,9 +335,15 @@ export declare class NativeBroker {
   get dataDir(): string | null
   /** Whether `close()` has been called. */
   get closed(): boolean
-  /** The latest figures (refreshed every `sysInterval` seconds). */
+  /**
+   * Fresh figures from the broker's core (after `close()`, those taken
+   * as it began).
+   */
   stats(): BrokerStats
-  /** Stop: disconnect every client and end the broker's thread. */
+  /**
+   * Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is
+   * flushed); resolves once the broker's thread has ended.
+   */
   close(): Promise<void>
 }
 /** A connected client (the JavaScript wrapper holds one). */

@@ -1,16 +1,14 @@
 //! The zerofan broker inside the Node.js process.
 //!
-//! `startBroker` spawns a thread that runs `zerofan_broker::shell::Server`
-//! on its own current-thread tokio runtime and `LocalSet` (the broker is
-//! single-threaded by design and never touches the JavaScript thread), and
-//! resolves once the listeners are bound. `close()` signals the server's
-//! shutdown future and resolves when the thread has ended.
-//!
-//! Statistics: the broker library keeps its counters inside `Server::run`
-//! and publishes them only as `$SYS/broker/...` retained messages, so this
-//! adapter keeps one internal client subscribed to `$SYS/broker/#` and
-//! serves `stats()` from the latest values (refreshed every `sysInterval`
-//! seconds, default 1). That client is left out of `clients/connected`.
+//! `startBroker` runs `zerofan_broker::embed::spawn` (the broker on a thread
+//! of its own with its own current-thread tokio runtime and `LocalSet`: the
+//! broker is single-threaded by design and never touches the JavaScript
+//! thread) off the JavaScript thread, and resolves once the listeners are
+//! bound. `stats()` asks the broker thread for a fresh snapshot of its
+//! core's figures (`BrokerHandle::stats`): no internal client, nothing
+//! subscribed to `$SYS`. `close()` shuts it down gracefully (MQTT 5 clients
+//! get DISCONNECT 0x8B, the store is flushed) and resolves when the thread
+//! has ended.
 
 use crate::js_err;
 use napi::{Env, JsObject, Result};
@@ -18,12 +16,8 @@ use napi_derive::napi;
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Instant;
-use tokio::sync::oneshot;
 use zerofan_broker::config::Config;
-use zerofan_broker::shell::Server;
-use zerofan_client::{Client, ClientOptions, Protocol, QoS};
+use zerofan_broker::embed::{self, BrokerHandle};
 
 /// Where and how to run the broker.
 #[napi(object)]
@@ -35,8 +29,8 @@ pub struct BrokerOptions {
     /// Directory of the embedded store (retained messages, persistent
     /// sessions); created if missing. Without it the broker runs in memory.
     pub data_dir: Option<String>,
-    /// Seconds between `$SYS` refreshes, which is how often `stats()`
-    /// changes (default 1).
+    /// Seconds between `$SYS/broker/...` refreshes for MQTT subscribers
+    /// (default 1; 0 turns `$SYS` off). `stats()` does not depend on it.
     pub sys_interval: Option<u32>,
     /// Messages a session queue holds before it drops.
     pub max_queued_messages: Option<u32>,
@@ -50,13 +44,25 @@ pub struct BrokerOptions {
 /// The running broker.
 #[napi]
 pub struct NativeBroker {
-    shutdown: Mutex<Option<oneshot::Sender<()>>>,
-    thread: Arc<Mutex<Option<JoinHandle<std::io::Result<()>>>>>,
+    /// `None` once `close()` was called.
+    handle: Arc<Mutex<Option<BrokerHandle>>>,
     addrs: Vec<SocketAddr>,
-    sys: Arc<Mutex<HashMap<String, String>>>,
-    monitor: Option<Client>,
-    started: Instant,
+    /// The figures taken as `close()` began, for `stats()` afterwards.
+    last: Arc<Mutex<Option<embed::BrokerStats>>>,
     data_dir: Option<String>,
+}
+
+impl Drop for NativeBroker {
+    /// Collected without `close()`: stop the broker on a thread of its own,
+    /// so that the garbage collector never waits for its shutdown.
+    fn drop(&mut self) {
+        let h = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = h {
+            let _ = std::thread::Builder::new()
+                .name("zerofan-broker-stop".into())
+                .spawn(move || drop(h));
+        }
+    }
 }
 
 /// Figures from the broker.
@@ -75,7 +81,14 @@ pub struct BrokerStats {
     pub pool_misses: f64,
     pub pool_hit_rate: f64,
     pub pool_bytes_outstanding: f64,
-    /// Every `$SYS/broker/...` figure, by name (e.g. "messages/sent").
+    /// Sessions that exist, connected or not.
+    pub sessions: f64,
+    /// Subscriptions, all sessions.
+    pub subscriptions: f64,
+    /// Messages waiting in session queues.
+    pub queued_messages: f64,
+    /// Every figure under its `$SYS/broker/...` name (e.g.
+    /// "messages/sent"), taken from the core like the fields above.
     pub sys: HashMap<String, String>,
 }
 
@@ -119,44 +132,17 @@ pub fn start_broker_native(env: Env, options: BrokerOptions) -> Result<JsObject>
         std::fs::create_dir_all(dir).map_err(|e| js_err(format!("dataDir {dir}: {e}")))?;
     }
     let data_dir = options.data_dir.clone();
-    let sys_on = config.sys_interval > 0;
-    let (bound_tx, bound_rx) = oneshot::channel::<std::io::Result<Vec<SocketAddr>>>();
-    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("zerofan-broker".into())
-        .spawn(move || run_broker(config, bound_tx, shutdown_rx))
-        .map_err(js_err)?;
-    let thread = Arc::new(Mutex::new(Some(thread)));
-    let t2 = thread.clone();
     env.execute_tokio_future(
         async move {
-            let addrs = match bound_rx.await {
-                Ok(Ok(a)) => a,
-                Ok(Err(e)) => {
-                    let _ = join(&t2);
-                    return Err(js_err(format!("broker failed to start: {e}")));
-                }
-                Err(_) => {
-                    let err = join(&t2).err().map(|e| e.to_string());
-                    return Err(js_err(format!(
-                        "broker thread ended before listening: {}",
-                        err.unwrap_or_default()
-                    )));
-                }
-            };
-            let sys = Arc::new(Mutex::new(HashMap::new()));
-            let monitor = if sys_on {
-                monitor(&addrs, sys.clone()).await
-            } else {
-                None
-            };
+            // `spawn` blocks until the listeners are bound (or failed).
+            let handle = tokio::task::spawn_blocking(move || embed::spawn(config))
+                .await
+                .map_err(js_err)?
+                .map_err(|e| js_err(format!("broker failed to start: {e}")))?;
             Ok(NativeBroker {
-                shutdown: Mutex::new(Some(shutdown_tx)),
-                thread,
-                addrs,
-                sys,
-                monitor,
-                started: Instant::now(),
+                addrs: handle.local_addrs(),
+                handle: Arc::new(Mutex::new(Some(handle))),
+                last: Arc::new(Mutex::new(None)),
                 data_dir,
             })
         },
@@ -164,72 +150,100 @@ pub fn start_broker_native(env: Env, options: BrokerOptions) -> Result<JsObject>
     )
 }
 
-fn join(t: &Mutex<Option<JoinHandle<std::io::Result<()>>>>) -> std::io::Result<()> {
-    let h = t.lock().unwrap_or_else(|e| e.into_inner()).take();
-    match h.map(|h| h.join()) {
-        None => Ok(()),
-        Some(Ok(r)) => r,
-        Some(Err(_)) => Err(std::io::Error::other("broker thread panicked")),
-    }
+/// `$SYS/broker/...` names for the figures (the names the broker publishes
+/// under `$SYS`, so code that read them from there finds them here).
+fn sys_map(st: &embed::BrokerStats) -> HashMap<String, String> {
+    let s = &st.snapshot;
+    let (m, g, sh) = (&s.metrics, &s.gauges, &s.shell);
+    let mut out: Vec<(&str, String)> = vec![
+        ("version", format!("zerofan {}", env!("CARGO_PKG_VERSION"))),
+        ("uptime", st.uptime.as_secs().to_string()),
+        ("clients/connected", g.sessions_online.to_string()),
+        ("clients/total", st.sessions.to_string()),
+        ("clients/disconnected", g.sessions_offline.to_string()),
+        ("clients/connections", m.connections_opened.to_string()),
+        ("messages/received", m.messages_received.to_string()),
+        ("messages/sent", m.messages_sent.to_string()),
+        ("messages/dropped", m.dropped_total().to_string()),
+        (
+            "messages/dropped/qos0_queue_full",
+            m.dropped_qos0_queue_full.to_string(),
+        ),
+        (
+            "messages/dropped/queue_full",
+            m.dropped_queue_full.to_string(),
+        ),
+        ("messages/dropped/expired", m.dropped_expired.to_string()),
+        (
+            "messages/dropped/too_large",
+            m.dropped_too_large.to_string(),
+        ),
+        ("messages/retained/count", g.retained.to_string()),
+        ("messages/compactions", m.compactions.to_string()),
+        ("messages/queued", g.queued_messages.to_string()),
+        ("subscriptions/count", g.subscriptions.to_string()),
+        ("bytes/received", sh.bytes_received.to_string()),
+        ("bytes/sent", sh.bytes_sent.to_string()),
+        ("load/bytes/received", sh.bytes_received.to_string()),
+        ("load/bytes/sent", sh.bytes_sent.to_string()),
+        (
+            "payload/bytes/received",
+            m.payload_bytes_received.to_string(),
+        ),
+        ("payload/bytes/sent", m.payload_bytes_sent.to_string()),
+        ("errors/malformed", m.malformed_packets.to_string()),
+        ("errors/protocol", m.protocol_errors.to_string()),
+        (
+            "errors/keepalive_timeouts",
+            m.keep_alive_timeouts.to_string(),
+        ),
+        (
+            "errors/slow_consumer_disconnects",
+            m.slow_consumer_disconnects.to_string(),
+        ),
+        ("sessions/expired", m.sessions_expired.to_string()),
+        ("sessions/takeovers", m.takeovers.to_string()),
+        ("wills/published", m.wills_published.to_string()),
+        ("store/torn_tails", m.store_torn_tails.to_string()),
+        ("store/truncated_bytes", m.store_truncated_bytes.to_string()),
+        ("store/errors", m.store_errors.to_string()),
+        ("pool/gets", sh.pool_gets.to_string()),
+        ("pool/hits", sh.pool_hits.to_string()),
+        ("pool/misses", sh.pool_misses.to_string()),
+        ("pool/returns", sh.pool_returns.to_string()),
+        ("pool/discards", sh.pool_discards.to_string()),
+        ("pool/bytes_retained", sh.pool_bytes_retained.to_string()),
+        (
+            "pool/bytes_outstanding",
+            sh.pool_bytes_outstanding.to_string(),
+        ),
+        ("pool/hit_rate", format!("{:.4}", sh.pool_hit_rate)),
+    ];
+    out.extend(m.security.sys_figures());
+    out.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
-fn run_broker(
-    config: Config,
-    bound: oneshot::Sender<std::io::Result<Vec<SocketAddr>>>,
-    shutdown: oneshot::Receiver<()>,
-) -> std::io::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async move {
-        let server = match Server::bind(config).await {
-            Ok(s) => s,
-            Err(e) => {
-                let kind = e.kind();
-                let msg = e.to_string();
-                let _ = bound.send(Err(e));
-                return Err(std::io::Error::new(kind, msg));
-            }
-        };
-        let _ = bound.send(Ok(server.local_addrs()));
-        server
-            .run(async move {
-                let _ = shutdown.await;
-            })
-            .await
-    })
-}
-
-/// The internal `$SYS` subscriber (see the module docs).
-async fn monitor(addrs: &[SocketAddr], sys: Arc<Mutex<HashMap<String, String>>>) -> Option<Client> {
-    let mut addr = *addrs.first()?;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(if addr.is_ipv4() {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        });
+fn to_js_stats(st: &embed::BrokerStats) -> BrokerStats {
+    let n = |v: u64| v as f64;
+    BrokerStats {
+        uptime_ms: st.uptime.as_secs_f64() * 1000.0,
+        clients_connected: n(st.clients_connected),
+        connections: n(st.connections_total),
+        messages_received: n(st.messages_received),
+        messages_sent: n(st.messages_sent),
+        messages_dropped: n(st.messages_dropped),
+        retained: n(st.retained),
+        bytes_received: n(st.bytes_received),
+        bytes_sent: n(st.bytes_sent),
+        pool_hits: n(st.pool_hits),
+        pool_misses: n(st.pool_misses),
+        pool_hit_rate: st.pool_hit_rate,
+        pool_bytes_outstanding: n(st.pool_bytes_outstanding),
+        sessions: n(st.sessions),
+        subscriptions: n(st.subscriptions),
+        queued_messages: n(st.queued_messages),
+        sys: sys_map(st),
     }
-    let opts = ClientOptions::new(addr.to_string())
-        .protocol(Protocol::V5)
-        .client_id("zerofan-node-stats")
-        .pool(zerofan_pool::Pool::global().clone());
-    let (client, mut incoming) = Client::connect(opts).await.ok()?;
-    client
-        .subscribe("$SYS/broker/#", QoS::AtMostOnce)
-        .await
-        .ok()?;
-    tokio::spawn(async move {
-        while let Some(m) = incoming.recv().await {
-            let name = m.topic().trim_start_matches("$SYS/broker/").to_string();
-            let value = String::from_utf8_lossy(&m.payload).into_owned();
-            sys.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(name, value);
-        }
-    });
-    Some(client)
 }
 
 #[napi]
@@ -255,62 +269,46 @@ impl NativeBroker {
     /// Whether `close()` has been called.
     #[napi(getter)]
     pub fn closed(&self) -> bool {
-        self.shutdown
+        self.handle
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_none()
     }
 
-    /// The latest figures (refreshed every `sysInterval` seconds).
+    /// Fresh figures from the broker's core (after `close()`, those taken
+    /// as it began).
     #[napi]
     pub fn stats(&self) -> BrokerStats {
-        let sys = self.sys.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let n = |k: &str| {
-            sys.get(k)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
+        let st = match &*self.handle.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(h) => h.stats(),
+            None => self
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default(),
         };
-        let own = if self.monitor.is_some() { 1.0 } else { 0.0 };
-        BrokerStats {
-            uptime_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-            clients_connected: (n("clients/connected") - own).max(0.0),
-            connections: (n("clients/connections") - own).max(0.0),
-            messages_received: n("messages/received"),
-            messages_sent: n("messages/sent"),
-            messages_dropped: n("messages/dropped"),
-            retained: n("messages/retained/count"),
-            bytes_received: n("bytes/received"),
-            bytes_sent: n("bytes/sent"),
-            pool_hits: n("pool/hits"),
-            pool_misses: n("pool/misses"),
-            pool_hit_rate: n("pool/hit_rate"),
-            pool_bytes_outstanding: n("pool/bytes_outstanding"),
-            sys,
-        }
+        to_js_stats(&st)
     }
 
-    /// Stop: disconnect every client and end the broker's thread.
+    /// Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is
+    /// flushed); resolves once the broker's thread has ended.
     #[napi(ts_return_type = "Promise<void>")]
     pub fn close(&self, env: Env) -> Result<JsObject> {
-        let tx = self
-            .shutdown
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let monitor = self.monitor.clone();
-        let thread = self.thread.clone();
+        let handle = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let last = self.last.clone();
         env.execute_tokio_future(
             async move {
-                if let Some(m) = monitor {
-                    let _ = m.disconnect().await;
-                }
-                if let Some(tx) = tx {
-                    let _ = tx.send(());
-                }
-                tokio::task::spawn_blocking(move || join(&thread))
-                    .await
-                    .map_err(js_err)?
-                    .map_err(js_err)
+                let Some(h) = handle else {
+                    return Ok(());
+                };
+                tokio::task::spawn_blocking(move || {
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(h.stats());
+                    h.shutdown()
+                })
+                .await
+                .map_err(js_err)?
+                .map_err(js_err)
             },
             |_env, ()| Ok(()),
         )

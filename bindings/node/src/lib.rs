@@ -1,17 +1,18 @@
 //! zerofan-node: the Node.js face of zerofan, built with napi-rs.
 //!
 //! - [`client`]: `NativeClient`, the zerofan Rust client driven from
-//!   JavaScript. Received payloads become external `Buffer`s over the
-//!   pooled read buffer they arrived in (see [`payload`]); messages reach
-//!   JavaScript in batches through an async pull (`nextBatch`).
-//! - [`payload`]: turning a `Bytes` into a `Buffer` without a copy, and the
-//!   finalizer that gives the memory back to the pool.
+//!   JavaScript. Messages reach JavaScript in batches through an async pull
+//!   (`nextBatch`); a batch's payloads are views into one external
+//!   `ArrayBuffer` per pooled read buffer they arrived in (see [`payload`]).
+//! - [`payload`]: turning a `Bytes` into an `ArrayBuffer` or `Buffer`
+//!   without a copy, and the finalizer that gives the memory back to the
+//!   pool.
 //! - [`pool`]: the buffer pool the Node clients read into, its size and its
 //!   statistics.
 //! - [`audio`]: live audio capture (zerofan-audio) into external Buffers,
 //!   and onto MQTT topics through a `NativeClient`.
-//! - [`broker`]: the zerofan broker run inside the Node process, on its own
-//!   thread with its own current-thread runtime.
+//! - [`broker`]: the zerofan broker run inside the Node process
+//!   (`zerofan_broker::embed`: its own thread and current-thread runtime).
 //! - [`tls`]: rustls settings from MQTT.js-style options (`ca`,
 //!   `servername`, `rejectUnauthorized`).
 //! - [`loadgen`]: a native publisher for tests and benchmarks, so a load

@@ -190,18 +190,29 @@ test('reconnect: a cut connection emits offline, close, reconnect, connect and r
   proxy.close()
 })
 
-test('embedded broker: stats move, close() ends it', async () => {
-  const b = await zf.startBroker({ port: 0 })
-  const c = await zf.connectAsync(`mqtt://127.0.0.1:${b.port}`)
+test('embedded broker: stats move (read from the core, $SYS off), close() ends it', async () => {
+  const b = await zf.startBroker({ port: 0, sysInterval: 0 })
+  const s0 = b.stats()
+  assert.equal(s0.clientsConnected, 0)
+  assert.equal(s0.messagesReceived, 0)
+  const c = await zf.connectAsync(`mqtt://127.0.0.1:${b.port}`, { reconnectPeriod: 0 })
   await c.subscribeAsync('s/t')
   for (let i = 0; i < 10; i++) await c.publishAsync('s/t', 'x', { qos: 1 })
   await until(() => b.stats().messagesReceived >= 10, 5000, 'broker stats')
   const st = b.stats()
+  assert.equal(st.messagesReceived, 10)
   assert.equal(st.clientsConnected, 1)
+  assert.equal(st.subscriptions, 1)
   assert.ok(st.bytesReceived > 0)
-  await c.endAsync()
+  assert.equal(st.sys['messages/received'], '10')
+  assert.equal(st.sys['clients/connected'], '1')
+  // close(): the MQTT 5 client is told the server is shutting down.
+  const closed = new Promise((resolve) => c.once('close', resolve))
   await b.close()
+  await closed
+  assert.ok(b.stats().messagesReceived >= 10, 'the figures taken as close() began')
   await assert.rejects(zf.connectAsync(`mqtt://127.0.0.1:${b.port}`, { reconnectPeriod: 0 }))
+  await c.endAsync()
 })
 
 test('embedded broker with dataDir keeps retained messages across a restart', async () => {
