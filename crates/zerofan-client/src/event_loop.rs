@@ -351,6 +351,11 @@ impl EventLoop {
                             break End::Lost(e);
                         }
                     }
+                    // Hand over what else fits now without another turn of
+                    // the loop: one wakeup of the reader for many messages.
+                    if let Err(e) = self.deliver_ready(&in_tx, &mut w) {
+                        break End::Lost(e);
+                    }
                 },
                 cmd = self.ch.cmd_rx.recv(), if accept => match cmd {
                     Some(c) => {
@@ -760,6 +765,35 @@ impl EventLoop {
                     self.backlog.push_back((msg, Some((pid, qos))));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Move backlog messages into the incoming queue while it has room
+    /// (acknowledging each as it enters, as the `select!` branch does).
+    fn deliver_ready(
+        &mut self,
+        in_tx: &mpsc::Sender<Message>,
+        w: &mut Writer,
+    ) -> Result<(), ClientError> {
+        while !self.backlog.is_empty() {
+            let ack = match in_tx.try_reserve() {
+                Ok(permit) => match self.backlog.pop_front() {
+                    Some((m, ack)) => {
+                        permit.send(m);
+                        ack
+                    }
+                    None => break,
+                },
+                Err(mpsc::error::TrySendError::Full(())) => break,
+                // Nobody listens: drop (and acknowledge) the message.
+                Err(mpsc::error::TrySendError::Closed(())) => match self.backlog.pop_front() {
+                    Some((_, ack)) => ack,
+                    None => break,
+                },
+            };
+            Stats::add(&self.ch.stats.messages_received, 1);
+            self.ack_incoming(ack, w)?;
         }
         Ok(())
     }
