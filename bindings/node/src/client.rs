@@ -680,16 +680,9 @@ impl NativeClient {
         env.execute_tokio_future(
             async move {
                 let mut rx = incoming.lock().await;
-                let Some(first) = rx.recv().await else {
+                let mut v = Vec::with_capacity(max.min(256));
+                if rx.recv_many(&mut v, max).await == 0 {
                     return Ok(None);
-                };
-                let mut v = Vec::with_capacity(max.min(64));
-                v.push(first);
-                while v.len() < max {
-                    match rx.try_recv() {
-                        Some(m) => v.push(m),
-                        None => break,
-                    }
                 }
                 Ok(Some(v))
             },
