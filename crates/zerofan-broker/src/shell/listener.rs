@@ -5,8 +5,8 @@
 //! `connect_timeout`, so a slow or hostile client holds up nobody else. A
 //! failure closes that connection only, is counted, and logged at debug.
 
+use super::conn::connection;
 use super::proxy;
-use super::server::connection;
 use super::state::Shared;
 use super::ws;
 use crate::core::ConnectionMeta;

@@ -1,9 +1,10 @@
-//! The thin tokio shell: listeners, one reader and one writer task per
-//! connection, a timer task, signals. Runs on one thread (`current_thread`
-//! runtime with a `LocalSet`); the core lives in an `Rc<RefCell<_>>`, so the
-//! publish path takes no lock.
+//! The thin tokio shell: listeners, one task per connection, a timer task,
+//! signals. Runs on one thread (`current_thread` runtime with a
+//! `LocalSet`); the core lives in an `Rc<RefCell<_>>`, so the publish path
+//! takes no lock.
 
 mod buffers;
+mod conn;
 pub mod http;
 pub mod listener;
 pub mod ops;

@@ -129,6 +129,14 @@ pub struct ListenerGuard {
     index: usize,
 }
 
+impl ListenerGuard {
+    /// The broker this guard counts in: a connection's task holds only its
+    /// guard, not a second handle.
+    pub fn shared(&self) -> &Rc<Shared> {
+        &self.shared
+    }
+}
+
 impl std::fmt::Debug for ListenerGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ListenerGuard")

@@ -1,106 +1,133 @@
-//! A connection's reader: waits until the socket is readable before taking
-//! a buffer (an idle connection holds none), frames and decodes every
+//! A connection's input side: waits until the socket is readable before
+//! taking a buffer (an idle connection holds none), frames and decodes every
 //! complete packet as a slice of the frozen buffer, and carries a partial
-//! tail into a fresh buffer sized for the whole packet.
+//! tail into a fresh buffer sized for the whole packet. Driven by the
+//! connection's one task (see `conn.rs`), one read per call.
 
 use super::buffers::{Buffers, ReadBuf, READ_MAX, READ_MIN};
-use super::state::{ConnHandle, Shared};
+use super::listener::BoxStream;
+use super::state::Shared;
 use crate::core::ConnId;
 use bytes::BufMut;
+use std::future::Future;
+use std::io;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncReadExt, Interest};
+use tokio::net::TcpStream;
 use zerofan_codec::Frame;
 
-/// Control packets waiting in the outbox above which the reader pauses: a
+/// Control packets waiting in the outbox above which reading pauses: a
 /// client that does not read its acknowledgements is not read either.
-const OUTBOX_HIGH: usize = 1024;
+pub const OUTBOX_HIGH: usize = 1024;
 /// Largest buffer allocated in one step for an announced packet size.
 const PREALLOC_MAX: usize = 8 * 1024 * 1024;
 
-/// Why the read loop ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadEnd {
-    /// EOF or a socket error: the connection is lost.
-    PeerClosed,
-    /// The core closes the connection; the writer flushes first.
-    CloseRequested,
+/// What a connection's input keeps between reads: a partial packet, if
+/// any, and the adaptive read size.
+pub struct ReadState {
+    buf: Option<ReadBuf>,
+    /// Adapts to the traffic: doubles while reads fill the buffer, halves
+    /// while they use less than a quarter of it.
+    read_size: u32,
 }
 
-/// The read half of a connection's transport.
-pub enum ReadSide {
-    /// Plain TCP: waits for readability before taking a buffer.
-    Tcp(OwnedReadHalf),
-    /// TLS / WebSocket: reads into a buffer taken before waiting (these
-    /// streams keep buffers of their own anyway).
-    Boxed(tokio::io::ReadHalf<super::listener::BoxStream>),
+impl Default for ReadState {
+    fn default() -> Self {
+        ReadState {
+            buf: None,
+            read_size: READ_MIN as u32,
+        }
+    }
 }
 
-/// Read and feed packets to the core until the peer or the core ends it.
-pub async fn reader_loop(
-    shared: &Shared,
-    id: ConnId,
-    handle: &ConnHandle,
-    mut rd: ReadSide,
-) -> ReadEnd {
-    let mut buf: Option<ReadBuf> = None;
-    // Adapts to the traffic: doubles while reads fill the buffer, halves
-    // while they use less than a quarter of it.
-    let mut read_size = READ_MIN;
-    loop {
-        while shared.broker.borrow().outbox_len(id) > OUTBOX_HIGH {
-            tokio::select! {
-                biased;
-                _ = handle.close.notified() => return ReadEnd::CloseRequested,
-                _ = handle.drained.notified() => {}
+impl ReadState {
+    /// Read once from plain TCP, waiting for readability before a buffer is
+    /// taken; `Ready(Ok(n))` once `n` bytes (0: EOF) are in the buffer.
+    pub fn poll_read_tcp(
+        &mut self,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+        stream: &TcpStream,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(stream.poll_read_ready(cx))?;
+            let b = self.buffer(shared);
+            let room = Buffers::spare(b);
+            let mut got = None;
+            // A short read means the socket is drained: report WouldBlock to
+            // tokio so that it clears the readiness now, which saves the read
+            // that would only return EAGAIN (one syscall per packet). Data
+            // that arrives later is a new edge and sets readiness again.
+            let r = stream.try_io(Interest::READABLE, || {
+                let n = stream.try_read_buf(&mut *b)?;
+                got = Some(n);
+                if n > 0 && n < room {
+                    Err(io::ErrorKind::WouldBlock.into())
+                } else {
+                    Ok(n)
+                }
+            });
+            if let Some(n) = got {
+                return Poll::Ready(Ok(self.account(shared, n, room)));
+            }
+            match r {
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Spurious readiness: give the buffer back rather than
+                    // hold it while idle.
+                    if self.buf.as_ref().is_some_and(|b| b.is_empty()) {
+                        self.buf = None;
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
             }
         }
-        let read = match &mut rd {
-            ReadSide::Tcp(rd) => {
-                tokio::select! {
-                    biased;
-                    _ = handle.close.notified() => return ReadEnd::CloseRequested,
-                    r = rd.readable() => if r.is_err() { return ReadEnd::PeerClosed },
-                }
-                let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
-                if Buffers::spare(b) == 0 {
-                    grow(&shared.buffers, b, b.len() * 2);
-                }
-                let room = Buffers::spare(b);
-                (rd.try_read_buf(b), room)
-            }
-            ReadSide::Boxed(rd) => {
-                let b = buf.get_or_insert_with(|| shared.buffers.get(read_size));
-                if Buffers::spare(b) == 0 {
-                    grow(&shared.buffers, b, b.len() * 2);
-                }
-                let room = Buffers::spare(b);
-                // `read_buf` is cancel safe: nothing is lost if close wins.
-                let r = tokio::select! {
-                    biased;
-                    _ = handle.close.notified() => return ReadEnd::CloseRequested,
-                    r = rd.read_buf(b) => r,
-                };
-                (r, room)
-            }
-        };
-        let Some(b) = buf.as_mut() else {
-            continue;
-        };
-        let (read, room) = read;
-        match read {
-            Ok(0) => return ReadEnd::PeerClosed,
-            Ok(n) => {
-                shared.bytes_in.set(shared.bytes_in.get() + n as u64);
-                if n == room {
-                    read_size = (read_size * 2).min(READ_MAX);
-                } else if n < room / 4 {
-                    read_size = (read_size / 2).max(READ_MIN);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(_) => return ReadEnd::PeerClosed,
+    }
+
+    /// Read once from a TLS / WebSocket stream. The buffer is taken before
+    /// waiting: these streams keep buffers of their own anyway.
+    pub fn poll_read_boxed(
+        &mut self,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+        stream: &mut BoxStream,
+    ) -> Poll<io::Result<usize>> {
+        let b = self.buffer(shared);
+        let room = Buffers::spare(b);
+        // `read_buf` is cancel safe and its future holds only the two
+        // borrows, so polling a fresh one per call loses nothing.
+        let n = ready!(std::pin::pin!(stream.read_buf(b)).poll(cx))?;
+        Poll::Ready(Ok(self.account(shared, n, room)))
+    }
+
+    /// The buffer to read into, with free space.
+    fn buffer(&mut self, shared: &Shared) -> &mut ReadBuf {
+        let size = self.read_size as usize;
+        let b = self.buf.get_or_insert_with(|| shared.buffers.get(size));
+        if Buffers::spare(b) == 0 {
+            grow(&shared.buffers, b, b.len() * 2);
         }
+        b
+    }
+
+    fn account(&mut self, shared: &Shared, n: usize, room: usize) -> usize {
+        shared.bytes_in.set(shared.bytes_in.get() + n as u64);
+        if n == room {
+            self.read_size = (self.read_size * 2).min(READ_MAX as u32);
+        } else if n < room / 4 {
+            self.read_size = (self.read_size / 2).max(READ_MIN as u32);
+        }
+        n
+    }
+
+    /// Hand every complete packet read so far to the core. True when the
+    /// core closes the connection (a protocol error, DISCONNECT, a refusal):
+    /// its pending output is flushed, nothing more is read.
+    pub fn feed(&mut self, shared: &Shared, id: ConnId) -> bool {
+        let Some(b) = self.buf.as_mut() else {
+            return false;
+        };
         let max = shared.broker.borrow().max_packet_size(id);
         match zerofan_codec::frame(&b[..], max) {
             Frame::NeedMore(more) => {
@@ -117,7 +144,7 @@ pub async fn reader_loop(
                     };
                     grow(&shared.buffers, b, target);
                 }
-                continue;
+                return false;
             }
             Frame::Invalid(e) => {
                 shared
@@ -125,12 +152,12 @@ pub async fn reader_loop(
                     .borrow_mut()
                     .handle_decode_error(Instant::now(), id, e);
                 shared.dispatch();
-                return ReadEnd::CloseRequested;
+                return true;
             }
             Frame::Complete(_) => {}
         }
-        let Some(filled) = buf.take() else {
-            continue;
+        let Some(filled) = self.buf.take() else {
+            return false;
         };
         let bytes = Buffers::freeze(filled);
         let mut off = 0;
@@ -147,34 +174,34 @@ pub async fn reader_loop(
                         Err(e) => broker.handle_decode_error(now, id, e),
                     }
                     if broker.is_closing(id) {
-                        break Some(ReadEnd::CloseRequested);
+                        break true;
                     }
                 }
                 Frame::NeedMore(more) => {
                     let tail = &bytes[off..];
                     if !tail.is_empty() {
                         let whole = tail.len() + more;
-                        let mut fresh = shared
-                            .buffers
-                            .get(whole.min(PREALLOC_MAX.max(tail.len() * 2)).max(read_size));
+                        let mut fresh = shared.buffers.get(
+                            whole
+                                .min(PREALLOC_MAX.max(tail.len() * 2))
+                                .max(self.read_size as usize),
+                        );
                         fresh.put_slice(tail);
-                        buf = Some(fresh);
+                        self.buf = Some(fresh);
                     }
-                    break None;
+                    break false;
                 }
                 Frame::Invalid(e) => {
                     shared
                         .broker
                         .borrow_mut()
                         .handle_decode_error(Instant::now(), id, e);
-                    break Some(ReadEnd::CloseRequested);
+                    break true;
                 }
             }
         };
         shared.dispatch();
-        if let Some(end) = end {
-            return end;
-        }
+        end
     }
 }
 

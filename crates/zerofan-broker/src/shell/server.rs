@@ -1,11 +1,10 @@
-//! Listeners, per-connection tasks, the timer task and graceful shutdown.
+//! Listeners, the timer task and graceful shutdown (each connection's task
+//! is in `conn.rs`).
 
-use super::listener::{accept_loop, Transport};
-use super::reader::{reader_loop, ReadEnd, ReadSide};
-use super::state::{ConnHandle, Shared};
-use super::writer::writer_loop;
+use super::listener::accept_loop;
+use super::state::Shared;
 use crate::config::Config;
-use crate::core::{Broker, ConnectionMeta, SecurityConfig, ShellStats};
+use crate::core::{Broker, SecurityConfig, ShellStats};
 use crate::security::PreparedListener;
 use std::future::Future;
 use std::io;
@@ -17,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// How long a closing connection may take to flush before it is cut.
-const FLUSH_GRACE: Duration = Duration::from_secs(2);
+pub(super) const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// The timer task wakes at least this often.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -165,58 +164,6 @@ impl Server {
         }
         Ok(())
     }
-}
-
-/// Run one connection, set up (TLS, WebSocket, PROXY) by the listener,
-/// until it ends.
-pub(super) async fn connection(
-    shared: Rc<Shared>,
-    transport: Transport,
-    peer: SocketAddr,
-    meta: ConnectionMeta,
-) {
-    let _counted = super::ops::Ops::track(&shared, meta.listener);
-    let id = shared
-        .broker
-        .borrow_mut()
-        .connection_opened_with(Instant::now(), peer, meta);
-    let handle = Rc::new(ConnHandle::default());
-    shared.conns.borrow_mut().insert(id, handle.clone());
-    let (rd, mut writer) = match transport {
-        Transport::Tcp(stream) => {
-            let (rd, wr) = stream.into_split();
-            let w = writer_loop(shared.clone(), id, handle.clone(), wr, true);
-            (ReadSide::Tcp(rd), tokio::task::spawn_local(w))
-        }
-        Transport::Boxed(stream) => {
-            let (rd, wr) = tokio::io::split(stream);
-            let w = writer_loop(shared.clone(), id, handle.clone(), wr, false);
-            (ReadSide::Boxed(rd), tokio::task::spawn_local(w))
-        }
-    };
-    let end = reader_loop(&shared, id, &handle, rd).await;
-    if end == ReadEnd::PeerClosed {
-        shared
-            .broker
-            .borrow_mut()
-            .connection_lost(Instant::now(), id);
-        shared.dispatch();
-        handle.write.notify_one();
-    }
-    if tokio::time::timeout(FLUSH_GRACE, &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-    if end == ReadEnd::CloseRequested {
-        shared
-            .broker
-            .borrow_mut()
-            .connection_lost(Instant::now(), id);
-        shared.dispatch();
-    }
-    shared.conns.borrow_mut().remove(&id);
 }
 
 async fn timer_loop(shared: Rc<Shared>) {

@@ -1,23 +1,20 @@
 //! What the shell's tasks share on their one thread: the core behind a
-//! `RefCell` (never borrowed across an await) and each connection's wake-up
-//! handles.
+//! `RefCell` (never borrowed across an await), each connection's waker and
+//! the encoder every connection borrows for one batch.
 
 use super::buffers::Buffers;
 use crate::core::{Broker, ConnId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
-use tokio::sync::Notify;
+use std::task::Waker;
 
-/// Per-connection signals from the core to the connection's tasks.
+/// How the core's wake-ups reach a connection's task: its waker, kept in
+/// `Shared::conns` itself (no allocation of its own). The task looks at
+/// the core on every wake (output, closing), so no other state is needed.
 #[derive(Debug, Default)]
 pub struct ConnHandle {
-    /// The writer has work (or must close).
-    pub write: Notify,
-    /// The core decided to close the connection: the reader stops.
-    pub close: Notify,
-    /// The writer finished a write: a reader held back by a full outbox may go on.
-    pub drained: Notify,
+    /// The task's waker, from its last poll.
+    pub waker: Option<Waker>,
 }
 
 /// Shared by every task of one broker.
@@ -25,7 +22,12 @@ pub struct Shared {
     /// The sans-IO core.
     pub broker: RefCell<Broker>,
     /// Live connections.
-    pub conns: RefCell<HashMap<ConnId, Rc<ConnHandle>>>,
+    pub conns: RefCell<HashMap<ConnId, ConnHandle>>,
+    /// The connection whose task is running: `dispatch` does not wake it,
+    /// since it looks at its output before it next waits anyway.
+    pub current: Cell<Option<ConnId>>,
+    /// Batch, scratch and chunk space, borrowed by one connection at a time.
+    pub encoder: RefCell<super::writer::Encoder>,
     /// Read buffers.
     pub buffers: Buffers,
     /// Bytes read from sockets.
@@ -44,6 +46,8 @@ impl Shared {
         Shared {
             broker: RefCell::new(broker),
             conns: RefCell::new(HashMap::new()),
+            current: Cell::new(None),
+            encoder: RefCell::default(),
             buffers,
             bytes_in: Cell::new(0),
             bytes_out: Cell::new(0),
@@ -52,8 +56,8 @@ impl Shared {
         }
     }
 
-    /// Wake the writers (and, for closing connections, the readers) of
-    /// every connection the core touched since the last call.
+    /// Wake the task of every connection the core touched (new output, or
+    /// closing) since the last call.
     pub fn dispatch(&self) {
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);
@@ -62,14 +66,14 @@ impl Shared {
             return;
         }
         {
-            let broker = self.broker.borrow();
             let conns = self.conns.borrow();
+            let current = self.current.get();
             for id in ids.drain(..) {
-                if let Some(h) = conns.get(&id) {
-                    h.write.notify_one();
-                    if broker.is_closing(id) {
-                        h.close.notify_one();
-                    }
+                if Some(id) == current {
+                    continue;
+                }
+                if let Some(w) = conns.get(&id).and_then(|h| h.waker.as_ref()) {
+                    w.wake_by_ref();
                 }
             }
         }

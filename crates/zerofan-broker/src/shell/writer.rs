@@ -1,73 +1,69 @@
-//! A connection's writer: drains the core's outbox in batches, encodes
-//! control packets and PUBLISH headers into one scratch buffer, and sends
-//! headers and shared payloads together with vectored writes.
+//! A connection's output side: drains the core's outbox in batches, encodes
+//! control packets and PUBLISH headers into the thread's shared scratch
+//! buffer, and sends headers and shared payloads together with vectored
+//! writes. Driven by the connection's one task (see `conn.rs`).
 
 use super::ops::Ops;
-use super::state::{ConnHandle, Shared};
+use super::state::Shared;
 use crate::core::{ConnId, Outgoing, Transmit};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::rc::Rc;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 
 /// Items taken from the core per batch.
 const BATCH: usize = 256;
-/// Scratch space reserved per batch for headers and control packets; a
-/// written batch's space is reclaimed, not reallocated.
+/// Scratch space the thread's encoder allocates at a time when it runs out.
+/// Shared by every connection (each batch takes what it encodes, `split`
+/// off), so an idle connection holds none and a 4-byte CONNACK costs 4
+/// bytes of it.
 const SCRATCH: usize = 4 * 1024;
 /// Iovecs per `writev` call (well under every IOV_MAX).
 const IOVECS: usize = 64;
 
-/// Run until the core says close (after flushing) or the connection is gone.
-/// `vectored`: the stream does real vectored writes (plain TCP); otherwise
-/// (TLS, WebSocket) each batch is copied into one buffer, written, flushed.
-pub async fn writer_loop<W: AsyncWrite + Unpin>(
-    shared: Rc<Shared>,
-    id: ConnId,
-    handle: Rc<ConnHandle>,
-    mut wr: W,
-    vectored: bool,
-) {
-    let mut batch = Vec::new();
-    // Grows on first use: an idle connection keeps no scratch space.
-    let mut scratch = BytesMut::new();
-    let mut chunks: VecDeque<Bytes> = VecDeque::new();
-    loop {
+/// What every connection's writer borrows for the length of one batch:
+/// nothing here is held across an await, so one set serves the thread.
+#[derive(Default)]
+pub struct Encoder {
+    batch: Vec<Outgoing>,
+    scratch: BytesMut,
+    /// Encoded chunks of the batch being written.
+    pub chunks: VecDeque<Bytes>,
+}
+
+impl Encoder {
+    /// Take one batch from the core and encode it into `self.chunks`:
+    /// headers and control packets in scratch chunks, payloads shared. With
+    /// `vectored` false (TLS, WebSocket) the batch becomes one chunk.
+    pub fn fill(&mut self, shared: &Shared, id: ConnId, vectored: bool) -> Transmit {
         let (status, protocol) = {
             let mut broker = shared.broker.borrow_mut();
-            let status = broker.poll_transmit(Instant::now(), id, &mut batch, BATCH);
+            let status = broker.poll_transmit(Instant::now(), id, &mut self.batch, BATCH);
             (status, broker.protocol(id))
         };
-        if status == Transmit::Gone {
-            return;
+        if self.batch.is_empty() {
+            return status;
         }
-        if batch.is_empty() {
-            if status == Transmit::Close {
-                let _ = wr.shutdown().await;
-                return;
-            }
-            // Idle: give the scratch space back instead of holding it.
-            scratch = BytesMut::new();
-            batch = Vec::new();
-            handle.write.notified().await;
-            continue;
+        let scratch = &mut self.scratch;
+        if scratch.capacity() - scratch.len() < 256 {
+            scratch.reserve(SCRATCH);
         }
-        scratch.reserve(SCRATCH);
-        for item in batch.drain(..) {
+        for item in self.batch.drain(..) {
             match item {
                 Outgoing::Packet(p) => {
-                    if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
-                        if let Some(suppressed) = Ops::log_gate(&shared, "cannot encode packet") {
+                    if let Err(e) = zerofan_codec::encode(&p, protocol, scratch) {
+                        if let Some(suppressed) = Ops::log_gate(shared, "cannot encode packet") {
                             tracing::warn!(%id, error = %e, suppressed, "cannot encode packet");
                         }
                     }
                 }
                 ack @ Outgoing::Ack { .. } => {
                     if let Some(p) = ack.control_packet() {
-                        if let Err(e) = zerofan_codec::encode(&p, protocol, &mut scratch) {
-                            if let Some(suppressed) = Ops::log_gate(&shared, "cannot encode ack") {
+                        if let Err(e) = zerofan_codec::encode(&p, protocol, scratch) {
+                            if let Some(suppressed) = Ops::log_gate(shared, "cannot encode ack") {
                                 tracing::warn!(%id, error = %e, suppressed, "cannot encode ack");
                             }
                         }
@@ -75,10 +71,10 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
                 }
                 Outgoing::Publish(d) => {
                     if let Err(e) =
-                        zerofan_codec::encode_publish_header(&d.header(), protocol, &mut scratch)
+                        zerofan_codec::encode_publish_header(&d.header(), protocol, scratch)
                     {
                         if let Some(suppressed) =
-                            Ops::log_gate(&shared, "cannot encode publish header")
+                            Ops::log_gate(shared, "cannot encode publish header")
                         {
                             tracing::warn!(%id, error = %e, suppressed, "cannot encode publish header");
                         }
@@ -86,69 +82,50 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
                     }
                     // Headers so far go as one chunk, the payload as its own:
                     // shared with every other subscriber, never copied.
-                    chunks.push_back(scratch.split().freeze());
+                    self.chunks.push_back(scratch.split().freeze());
                     if !d.message.payload.is_empty() {
-                        chunks.push_back(d.message.payload.clone());
+                        self.chunks.push_back(d.message.payload.clone());
                     }
                 }
             }
         }
         if !scratch.is_empty() {
-            chunks.push_back(scratch.split().freeze());
+            self.chunks.push_back(scratch.split().freeze());
         }
-        if !vectored && chunks.len() > 1 {
-            let total = chunks.iter().map(Bytes::len).sum();
+        if !vectored && self.chunks.len() > 1 {
+            let total = self.chunks.iter().map(Bytes::len).sum();
             let mut one = BytesMut::with_capacity(total);
-            for c in chunks.drain(..) {
+            for c in self.chunks.drain(..) {
                 one.extend_from_slice(&c);
             }
-            chunks.push_back(one.freeze());
+            self.chunks.push_back(one.freeze());
         }
-        let written = match write_chunks(&mut wr, &mut chunks).await {
-            Ok(n) if !vectored => wr.flush().await.map(|()| n),
-            r => r,
-        };
-        match written {
-            Ok(n) => shared.bytes_out.set(shared.bytes_out.get() + n as u64),
-            Err(_) => {
-                chunks.clear();
-                // The peer is gone; let the reader report it.
-                handle.close.notify_one();
-                return;
-            }
-        }
-        handle.drained.notify_one();
-        if status == Transmit::Close {
-            let _ = wr.shutdown().await;
-            return;
-        }
+        status
     }
 }
 
-/// Write every chunk with as few `writev` calls as the socket allows,
-/// handling partial writes. Returns the bytes written.
-pub async fn write_chunks<W: AsyncWrite + Unpin>(
+/// Write chunks until all are written or the stream would block (the waker
+/// is then registered), handling partial writes; adds the bytes written to
+/// `written` either way. The iovec array lives only inside this call, so it
+/// never becomes part of a (per-connection, long-lived) future.
+pub fn poll_write_chunks<W: AsyncWrite + Unpin + ?Sized>(
+    cx: &mut Context<'_>,
     wr: &mut W,
     chunks: &mut VecDeque<Bytes>,
-) -> io::Result<usize> {
-    let mut total = 0;
+    written: &mut usize,
+) -> Poll<io::Result<()>> {
     while !chunks.is_empty() {
-        // The iovec array is built inside the poll, so it never becomes part
-        // of the (per-connection, long-lived) future.
-        let mut n = std::future::poll_fn(|cx| {
-            let mut slices = [IoSlice::new(&[]); IOVECS];
-            let mut count = 0;
-            for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
-                *slot = IoSlice::new(chunk);
-                count += 1;
-            }
-            std::pin::Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..count])
-        })
-        .await?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+        let mut slices = [IoSlice::new(&[]); IOVECS];
+        let mut count = 0;
+        for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
+            *slot = IoSlice::new(chunk);
+            count += 1;
         }
-        total += n;
+        let mut n = ready!(Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..count]))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        *written += n;
         while n > 0 {
             let Some(front) = chunks.front_mut() else {
                 break;
@@ -162,6 +139,17 @@ pub async fn write_chunks<W: AsyncWrite + Unpin>(
             }
         }
     }
+    Poll::Ready(Ok(()))
+}
+
+/// Write every chunk with as few `writev` calls as the socket allows,
+/// handling partial writes. Returns the bytes written.
+pub async fn write_chunks<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    chunks: &mut VecDeque<Bytes>,
+) -> io::Result<usize> {
+    let mut total = 0;
+    std::future::poll_fn(|cx| poll_write_chunks(cx, wr, chunks, &mut total)).await?;
     Ok(total)
 }
 

@@ -1,0 +1,307 @@
+//! One connection, one task: a hand-written poll loop over socket readiness
+//! and the core's wake-ups, so an idle connection costs one small task and
+//! no buffers, and a reply to what was just read is written in the same
+//! turn, without a hop through the scheduler.
+//!
+//! Each poll first writes: what the socket did not take last time, then
+//! batches from the core, encoded with the thread's shared encoder (only
+//! what the socket refuses is kept by the connection). Then it reads, unless
+//! the core's outbox for this connection is over `OUTBOX_HIGH` (a client
+//! that does not read its acknowledgements is not read either) or the
+//! connection is closing, and loops back to writing.
+
+use super::listener::Transport;
+use super::ops::ListenerGuard;
+use super::reader::{ReadState, OUTBOX_HIGH};
+use super::server::FLUSH_GRACE;
+use super::state::{ConnHandle, Shared};
+use super::writer::poll_write_chunks;
+use crate::core::{ConnId, ConnectionMeta, Transmit};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+use tokio::io::AsyncWrite;
+use tokio::time::Sleep;
+
+/// Reads handled per poll before the task lets the others run.
+const READS_PER_POLL: u32 = 16;
+/// Batches written per poll before the task lets the others run.
+const BATCHES_PER_POLL: u32 = 16;
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Reading and writing.
+    Open,
+    /// The core closes it: no more reading; write what the core still has.
+    Closing,
+    /// The core's output is all written: shut the stream down, then end.
+    ShuttingDown,
+    /// The peer is gone and the core told: finish the pending write, end.
+    Lost,
+}
+
+/// One connection, set up (TLS, WebSocket, PROXY) by the listener: the
+/// future runs it until it ends. A plain struct rather than an `async fn`,
+/// whose state would keep the arguments beside the connection for its
+/// whole life.
+pub(super) fn connection(
+    shared: Rc<Shared>,
+    transport: Transport,
+    peer: SocketAddr,
+    meta: ConnectionMeta,
+) -> Conn {
+    let counted = super::ops::Ops::track(&shared, meta.listener);
+    let id = shared
+        .broker
+        .borrow_mut()
+        .connection_opened_with(Instant::now(), peer, meta);
+    shared.conns.borrow_mut().insert(id, ConnHandle::default());
+    Conn {
+        counted,
+        id,
+        io: transport,
+        input: ReadState::default(),
+        out: None,
+        unflushed: false,
+        phase: Phase::Open,
+        grace: None,
+    }
+}
+
+/// The state of one connection's task (kept small: every idle connection
+/// holds one).
+pub(super) struct Conn {
+    /// Counts the connection on its listener; also the handle to the broker.
+    counted: ListenerGuard,
+    id: ConnId,
+    io: Transport,
+    input: ReadState,
+    /// What the socket did not take of the last batch. Boxed on purpose:
+    /// it is rare, and inline every idle connection would carry 24 more
+    /// bytes of empty queue.
+    #[allow(clippy::box_collection)]
+    out: Option<Box<VecDeque<Bytes>>>,
+    /// A TLS / WebSocket stream was written to and not flushed yet.
+    unflushed: bool,
+    phase: Phase,
+    /// Started when closing begins: a peer that does not read cannot hold
+    /// the connection open for longer.
+    grace: Option<Pin<Box<Sleep>>>,
+}
+
+impl Future for Conn {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let shared = this.counted.shared().clone();
+        if let Some(h) = shared.conns.borrow_mut().get_mut(&this.id) {
+            if !h.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                h.waker = Some(cx.waker().clone());
+            }
+        }
+        shared.current.set(Some(this.id));
+        let r = this.drive(&shared, cx);
+        shared.current.set(None);
+        r
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Also when the task is aborted: no waker of a finished task stays.
+        self.counted.shared().conns.borrow_mut().remove(&self.id);
+    }
+}
+
+impl Conn {
+    fn drive(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
+        let mut reads = 0;
+        loop {
+            // Output first: a reply to what was just read leaves in this turn.
+            if self.poll_output(shared, cx).is_ready() {
+                return Poll::Ready(());
+            }
+            if self.phase == Phase::Open && shared.broker.borrow().is_closing(self.id) {
+                self.phase = Phase::Closing;
+                continue;
+            }
+            if self.phase != Phase::Open {
+                return self.poll_grace(shared, cx);
+            }
+            if shared.broker.borrow().outbox_len(self.id) > OUTBOX_HIGH {
+                // The output is blocked on the socket, which wakes us.
+                return Poll::Pending;
+            }
+            if reads == READS_PER_POLL {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let read = match &mut self.io {
+                Transport::Tcp(s) => self.input.poll_read_tcp(cx, shared, s),
+                Transport::Boxed(s) => self.input.poll_read_boxed(cx, shared, s),
+            };
+            match ready!(read) {
+                Ok(0) | Err(_) => self.forget(shared),
+                Ok(_) => {
+                    reads += 1;
+                    if self.input.feed(shared, self.id) {
+                        self.phase = Phase::Closing;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Write until the socket blocks or the core has nothing more; `Ready`
+    /// once the connection is over.
+    fn poll_output(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
+        let vectored = matches!(self.io, Transport::Tcp(_));
+        for _ in 0..BATCHES_PER_POLL {
+            if self.out.is_some() || self.unflushed {
+                let mut n = 0;
+                let r = self.poll_write(cx, None, &mut n);
+                Self::count(shared, n);
+                match r {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(_)) => return self.write_failed(shared),
+                    // Give the space back: the burst is over.
+                    Poll::Ready(Ok(())) => self.out = None,
+                }
+            }
+            match self.phase {
+                Phase::Lost => return Poll::Ready(()),
+                Phase::ShuttingDown => {
+                    let _ = ready!(match &mut self.io {
+                        Transport::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+                        Transport::Boxed(s) => Pin::new(s).poll_shutdown(cx),
+                    });
+                    self.forget(shared);
+                    return Poll::Ready(());
+                }
+                Phase::Open | Phase::Closing => {}
+            }
+            let mut enc = shared.encoder.borrow_mut();
+            let status = enc.fill(shared, self.id, vectored);
+            match status {
+                Transmit::Gone => return Poll::Ready(()),
+                Transmit::Close => self.phase = Phase::ShuttingDown,
+                Transmit::Open => {}
+            }
+            if enc.chunks.is_empty() {
+                if status == Transmit::Close {
+                    continue;
+                }
+                return Poll::Pending;
+            }
+            let mut n = 0;
+            let r = self.poll_write(cx, Some(&mut enc.chunks), &mut n);
+            Self::count(shared, n);
+            match r {
+                Poll::Ready(Ok(())) => {}
+                Poll::Pending => {
+                    // Only the rest the socket refused stays with the connection.
+                    if !enc.chunks.is_empty() {
+                        self.out = Some(Box::new(enc.chunks.drain(..).collect()));
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(_)) => {
+                    enc.chunks.clear();
+                    drop(enc);
+                    return self.write_failed(shared);
+                }
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Write `chunks` (the connection's own `out` if `None`), then flush a
+    /// TLS / WebSocket stream.
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunks: Option<&mut VecDeque<Bytes>>,
+        n: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        let mut none = VecDeque::new();
+        let chunks = match chunks {
+            Some(c) => c,
+            None => self.out.as_deref_mut().unwrap_or(&mut none),
+        };
+        match &mut self.io {
+            Transport::Tcp(s) => poll_write_chunks(cx, s, chunks, n),
+            Transport::Boxed(s) => {
+                if !chunks.is_empty() {
+                    self.unflushed = true;
+                    ready!(poll_write_chunks(cx, &mut **s, chunks, n))?;
+                }
+                ready!(Pin::new(&mut **s).poll_flush(cx))?;
+                self.unflushed = false;
+                Poll::Ready(Ok(()))
+            }
+        }
+    }
+
+    fn count(shared: &Shared, n: usize) {
+        let out = &shared.bytes_out;
+        out.set(out.get() + n as u64);
+    }
+
+    /// The peer is gone: nothing more can be written.
+    fn write_failed(&mut self, shared: &Shared) -> Poll<()> {
+        self.out = None;
+        if self.phase != Phase::Lost {
+            self.forget(shared);
+        }
+        Poll::Ready(())
+    }
+
+    /// Closing or lost: wait for the output, at most `FLUSH_GRACE`.
+    fn poll_grace(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
+        let grace = self
+            .grace
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(FLUSH_GRACE)));
+        ready!(grace.as_mut().poll(cx));
+        if self.phase != Phase::Lost {
+            self.forget(shared);
+        }
+        Poll::Ready(())
+    }
+
+    /// Tell the core the connection is over. On EOF or a read error this
+    /// happens at once (wills and sessions do not wait for our flush), and
+    /// what is being written is finished afterwards.
+    fn forget(&mut self, shared: &Shared) {
+        self.phase = Phase::Lost;
+        shared
+            .broker
+            .borrow_mut()
+            .connection_lost(Instant::now(), self.id);
+        shared.dispatch();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Conn;
+
+    #[test]
+    fn the_connection_task_stays_in_the_smallest_task_size() {
+        // tokio allocates each task as one 128-byte-aligned cell of about
+        // 110 bytes of its own plus the future: up to ~144 bytes of future
+        // the cell is 256 bytes, one byte more and it is 384 (every idle
+        // connection holds one).
+        let size = std::mem::size_of::<Conn>();
+        println!("connection future: {size} bytes");
+        assert!(size <= 144, "the connection future grew to {size} bytes");
+    }
+}
