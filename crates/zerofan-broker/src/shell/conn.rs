@@ -107,6 +107,10 @@ impl Future for Conn {
                 h.waker = Some(cx.waker().clone());
             }
         }
+        shared.activity.set(true);
+        if let Some(w) = shared.spinner.take() {
+            w.wake();
+        }
         shared.current.set(Some(this.id));
         let r = this.drive(&shared, cx);
         shared.current.set(None);

@@ -14,6 +14,7 @@ pub mod proxy;
 mod reader;
 pub mod reload;
 mod server;
+mod spin;
 mod state;
 mod writer;
 pub mod ws;

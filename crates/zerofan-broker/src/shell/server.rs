@@ -135,6 +135,13 @@ impl Server {
             )));
         }
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
+        let busy_poll = shared.broker.borrow().config().busy_poll_us;
+        let spin = (busy_poll > 0).then(|| {
+            tokio::task::spawn_local(super::spin::spin_loop(
+                shared.clone(),
+                Duration::from_micros(busy_poll),
+            ))
+        });
         let ops_tasks = self.ops.start(&shared);
         let monitor = self.monitor.map(|m| {
             let s = shared.clone();
@@ -153,6 +160,9 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         timer.abort();
+        if let Some(spin) = spin {
+            spin.abort();
+        }
         for t in ops_tasks {
             t.abort();
         }

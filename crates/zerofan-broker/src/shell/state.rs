@@ -26,6 +26,10 @@ pub struct Shared {
     /// The connection whose task is running: `dispatch` does not wake it,
     /// since it looks at its output before it next waits anyway.
     pub current: Cell<Option<ConnId>>,
+    /// A connection's task ran since the busy poller last looked.
+    pub activity: Cell<bool>,
+    /// The busy poller's waker while it sleeps (see `spin.rs`).
+    pub spinner: Cell<Option<std::task::Waker>>,
     /// Batch, scratch and chunk space, borrowed by one connection at a time.
     pub encoder: RefCell<super::writer::Encoder>,
     /// Read buffers.
@@ -47,6 +51,8 @@ impl Shared {
             broker: RefCell::new(broker),
             conns: RefCell::new(HashMap::new()),
             current: Cell::new(None),
+            activity: Cell::new(false),
+            spinner: Cell::new(None),
             encoder: RefCell::default(),
             buffers,
             bytes_in: Cell::new(0),
