@@ -159,6 +159,26 @@ fn malformed_and_oversized_packets_close_only_their_connection() {
 }
 
 #[test]
+fn a_first_packet_other_than_connect_is_refused_at_its_first_byte() {
+    // connect_timeout far beyond the socket's read timeout: the close must
+    // come from seeing the wrong packet type, not from the timeout.
+    let b = Broker::start(Config {
+        connect_timeout: 60,
+        ..Config::default()
+    });
+    // A PUBLISH header announcing 127 bytes that never come.
+    let mut s = TcpStream::connect(b.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&[0x30, 0x7f, 0x00]).unwrap();
+    let mut buf = [0u8; 16];
+    let n = s.read(&mut buf).expect("closed, not timed out");
+    assert_eq!(n, 0, "closed without an answer");
+    // A CONNECT is still accepted.
+    let mut c = Client::connect(b.addr, "after");
+    c.ping();
+}
+
+#[test]
 fn shutdown_sends_server_shutting_down_and_returns() {
     let mut b = Broker::start(Config::default());
     let mut c = Client::connect(b.addr, "c");

@@ -316,6 +316,15 @@ impl Broker {
         !matches!(self.conns.get(&conn), Some(c) if c.phase != Phase::Closing)
     }
 
+    /// True until the connection's CONNECT is accepted: the shell refuses a
+    /// first packet of any other type at its first byte (MQTT-3.1.0-1)
+    /// instead of waiting for the rest of it.
+    pub fn awaits_connect(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+    }
+
     /// Control packets waiting for the writer; the shell stops reading from
     /// a client that does not read its answers.
     pub fn outbox_len(&self, conn: ConnId) -> usize {

@@ -128,6 +128,21 @@ impl ReadState {
         let Some(b) = self.buf.as_mut() else {
             return false;
         };
+        // The first packet must be CONNECT (MQTT-3.1.0-1): anything else is
+        // refused at its first byte, not after waiting (up to the connect
+        // timeout) for the rest of a packet that may never come.
+        if b.first().is_some_and(|&t| t >> 4 != 1) && shared.broker.borrow().awaits_connect(id) {
+            let e = zerofan_codec::DecodeError::new(
+                zerofan_codec::ReasonCode::PROTOCOL_ERROR,
+                "first packet is not CONNECT",
+            );
+            shared
+                .broker
+                .borrow_mut()
+                .handle_decode_error(Instant::now(), id, e);
+            shared.dispatch();
+            return true;
+        }
         let max = shared.broker.borrow().max_packet_size(id);
         match zerofan_codec::frame(&b[..], max) {
             Frame::NeedMore(more) => {
