@@ -22,8 +22,12 @@ use zerofan_codec::{DecodeError, Disconnect, MqttStr, Packet, Properties, Protoc
 /// in, outboxes and wake-ups come out. No sockets, no clock, no async.
 pub struct Broker {
     pub(crate) config: Config,
-    pub(crate) conns: HashMap<ConnId, Connection>,
-    pub(crate) sessions: HashMap<SessionId, Session>,
+    /// Boxed: a map keeps empty slots (up to half of them right after it
+    /// grows), and at ~300 bytes inline those slots cost as much as the
+    /// live entries; boxed, a slot is 16 bytes.
+    pub(crate) conns: HashMap<ConnId, Box<Connection>>,
+    /// Boxed for the same reason as `conns`.
+    pub(crate) sessions: HashMap<SessionId, Box<Session>>,
     pub(crate) by_client: HashMap<MqttStr, SessionId>,
     pub(crate) trie: Trie,
     pub(crate) store: Box<dyn Store>,
@@ -89,7 +93,7 @@ impl Broker {
     pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
         let id = ConnId(self.next_conn);
         self.next_conn += 1;
-        self.conns.insert(id, Connection::new(peer, now));
+        self.conns.insert(id, Box::new(Connection::new(peer, now)));
         self.metrics.connections_opened += 1;
         self.timers.arm(
             now + Duration::from_secs(self.config.connect_timeout),

@@ -108,7 +108,7 @@ impl Broker {
                 let sid = SessionId(self.next_session);
                 self.next_session += 1;
                 self.sessions
-                    .insert(sid, Session::new(client_id.clone(), protocol));
+                    .insert(sid, Box::new(Session::new(client_id.clone(), protocol)));
                 self.by_client.insert(client_id.clone(), sid);
                 sid
             }

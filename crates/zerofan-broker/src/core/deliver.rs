@@ -12,6 +12,11 @@ use std::sync::Arc;
 use std::time::Instant;
 use zerofan_codec::{QoS, ReasonCode};
 
+/// Queue capacity (entries) a session keeps once its queue is empty; more
+/// is released, so a subscriber that once took a burst does not hold its
+/// peak forever.
+const QUEUE_KEEP: usize = 64;
+
 impl Broker {
     /// Put a message in a session's queue, within its bounds.
     pub(crate) fn enqueue(&mut self, now: Instant, sid: SessionId, item: Queued) {
@@ -107,6 +112,11 @@ impl Broker {
                 None => break,
             }
         }
+        if c.outbox.is_empty() && c.outbox.capacity() > 0 {
+            // An idle connection keeps no outbox capacity (224 bytes after
+            // its CONNACK); a busy one pays one allocation per batch.
+            c.outbox = std::collections::VecDeque::new();
+        }
         let sid = match c.phase {
             Phase::Closing => {
                 return if c.outbox.is_empty() {
@@ -144,6 +154,10 @@ impl Broker {
         }
         while out.len() < max {
             let Some(front) = s.queue.front() else {
+                if s.queue.capacity() > QUEUE_KEEP {
+                    // A burst is over: give its queue space back.
+                    s.queue = std::collections::VecDeque::new();
+                }
                 break;
             };
             let next = if front.qos != QoS::AtMostOnce && s.inflight.len() >= window {

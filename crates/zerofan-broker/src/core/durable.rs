@@ -801,7 +801,7 @@ impl Broker {
                 s.expires_at = Some(at);
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
-            self.sessions.insert(sid, s);
+            self.sessions.insert(sid, Box::new(s));
             self.by_client.insert(client_id, sid);
         }
         if damaged > 0 {
