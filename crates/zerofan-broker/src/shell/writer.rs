@@ -21,8 +21,11 @@ const BATCH: usize = 256;
 /// off), so an idle connection holds none and a 4-byte CONNACK costs 4
 /// bytes of it.
 const SCRATCH: usize = 4 * 1024;
+/// Payloads up to this size are copied into the scratch buffer after their
+/// header instead of being sent as an iovec of their own.
+const COPY_AT_MOST: usize = 256;
 /// Iovecs per `writev` call (well under every IOV_MAX).
-const IOVECS: usize = 64;
+const IOVECS: usize = 512;
 
 /// What every connection's writer borrows for the length of one batch:
 /// nothing here is held across an await, so one set serves the thread.
@@ -80,12 +83,18 @@ impl Encoder {
                         }
                         continue;
                     }
+                    let payload = &d.message.payload;
+                    if payload.len() <= COPY_AT_MOST {
+                        // Small: copied next to its header. An iovec of its
+                        // own (and a refcount up and down) costs more than
+                        // copying a few hundred bytes.
+                        scratch.extend_from_slice(payload);
+                        continue;
+                    }
                     // Headers so far go as one chunk, the payload as its own:
                     // shared with every other subscriber, never copied.
                     self.chunks.push_back(scratch.split().freeze());
-                    if !d.message.payload.is_empty() {
-                        self.chunks.push_back(d.message.payload.clone());
-                    }
+                    self.chunks.push_back(payload.clone());
                 }
             }
         }
