@@ -176,12 +176,14 @@ impl ReadState {
         };
         let bytes = Buffers::freeze(filled);
         let mut off = 0;
+        // One clock read per buffer, not per packet: the packets of one read
+        // arrived together.
+        let now = Instant::now();
         let end = loop {
             match zerofan_codec::frame(&bytes[off..], max) {
                 Frame::Complete(len) => {
                     let packet = bytes.slice(off..off + len);
                     off += len;
-                    let now = Instant::now();
                     let mut broker = shared.broker.borrow_mut();
                     let protocol = broker.protocol(id);
                     match zerofan_codec::decode(packet, protocol) {
