@@ -384,6 +384,10 @@ export declare class LoadPublisher {
   get sent(): number
   /** Ask it to stop. */
   stop(): void
-  /** Resolves when it has finished (stopped, count or duration reached). */
+  /**
+   * Resolves when it has finished (stopped, count or duration reached)
+   * and its last message was written (QoS 0) or acknowledged (QoS 1/2),
+   * so every message counted in `sent` has reached the broker.
+   */
   done(): Promise<LoadResult>
 }

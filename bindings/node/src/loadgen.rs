@@ -74,6 +74,10 @@ struct Plan {
 async fn run(plan: Plan, sent: Arc<AtomicU64>, mut stop: watch::Receiver<bool>) -> Option<String> {
     let start = Instant::now();
     let mut seq: u64 = 0;
+    // The last publish's outcome: awaited before disconnecting, so that
+    // "done" means every message left (QoS 0) or was acknowledged (QoS
+    // 1/2: acknowledgements come in order), not merely queued.
+    let mut last = None;
     let body = plan.size.saturating_sub(16);
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -112,7 +116,7 @@ async fn run(plan: Plan, sent: Arc<AtomicU64>, mut stop: watch::Receiver<bool>) 
                 })
                 .await;
             match r {
-                Ok(_delivery) => {}
+                Ok(delivery) => last = Some(delivery),
                 Err(e) => return Some(e.to_string()),
             }
             seq += 1;
@@ -127,8 +131,15 @@ async fn run(plan: Plan, sent: Arc<AtomicU64>, mut stop: watch::Receiver<bool>) 
             tokio::task::yield_now().await;
         }
     }
+    let failed = match last {
+        Some(d) => match tokio::time::timeout(Duration::from_secs(30), d).await {
+            Ok(r) => r.err().map(|e| e.to_string()),
+            Err(_) => Some("no acknowledgement of the last message within 30 s".into()),
+        },
+        None => None,
+    };
     let _ = plan.client.disconnect().await;
-    None
+    failed
 }
 
 /// Connect and start publishing; resolves once connected.
@@ -200,7 +211,9 @@ impl LoadPublisher {
         self.stop.send_replace(true);
     }
 
-    /// Resolves when it has finished (stopped, count or duration reached).
+    /// Resolves when it has finished (stopped, count or duration reached)
+    /// and its last message was written (QoS 0) or acknowledged (QoS 1/2),
+    /// so every message counted in `sent` has reached the broker.
     #[napi(ts_return_type = "Promise<LoadResult>")]
     pub fn done(&self, env: Env) -> Result<JsObject> {
         let mut rx = self.done.clone();
