@@ -378,8 +378,15 @@ impl EventLoop {
                     }
                 },
                 _ = async { shutdown.wait_for(|s| *s).await.is_ok() } => {
-                    while let Ok(c) = self.ch.cmd_rx.try_recv() {
-                        self.command(c, &mut w);
+                    // Send what is queued, in order, up to the first publish
+                    // that must wait for the inflight window: the rest fails
+                    // with `Closed` rather than overtaking it (or replacing
+                    // it in the one parked slot, which dropped it).
+                    while self.parked.is_none() {
+                        match self.ch.cmd_rx.try_recv() {
+                            Ok(c) => self.command(c, &mut w),
+                            Err(_) => break,
+                        }
                     }
                     self.goodbye(&mut w, &mut wr).await;
                     break End::Shutdown;
