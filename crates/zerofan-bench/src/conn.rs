@@ -305,7 +305,7 @@ pub async fn connect(
         protocol,
         clean_start: true,
         keep_alive: KEEP_ALIVE,
-        properties,
+        properties: properties.into(),
         client_id,
         will: None,
         username: None,
@@ -352,7 +352,7 @@ impl Conn {
         }
         let sub = Subscribe {
             packet_id: 1,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: list,
         };
         self.writer.push(&Packet::Subscribe(sub))?;

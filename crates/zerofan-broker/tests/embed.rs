@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use zerofan_broker::config::Config;
 use zerofan_broker::embed::{self, BrokerHandle};
 use zerofan_codec::{
-    Connect, Frame, Packet, Properties, Protocol, Publish, QoS, ReasonCode, Subscribe,
-    SubscriptionOptions,
+    Connect, Frame, Packet, Protocol, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
 };
 
 /// The tests count the process's broker threads: one test at a time.
@@ -55,7 +54,7 @@ impl Client {
             protocol: Protocol::V5,
             clean_start: true,
             keep_alive: 0,
-            properties: Properties::default(),
+            properties: Default::default(),
             client_id: id.try_into().unwrap(),
             will: None,
             username: None,
@@ -91,7 +90,7 @@ impl Client {
     fn subscribe(&mut self, filter: &str) {
         self.send(&Packet::Subscribe(Subscribe {
             packet_id: 1,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: vec![(
                 filter.try_into().unwrap(),
                 SubscriptionOptions {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use zerofan_broker::config::Config;
 use zerofan_broker::shell::Server;
-use zerofan_codec::{Connect, Packet, Properties, Protocol};
+use zerofan_codec::{Connect, Packet, Protocol};
 
 struct Counting;
 
@@ -53,7 +53,7 @@ fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
         protocol: Protocol::V311,
         clean_start: true,
         keep_alive: 0,
-        properties: Properties::default(),
+        properties: Default::default(),
         client_id: id.try_into().unwrap(),
         will: None,
         username: None,

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 use zerofan_broker::config::Config;
 use zerofan_broker::shell::Server;
-use zerofan_codec::{Connect, Frame, Packet, Properties, Protocol, Publish, QoS, ReasonCode};
+use zerofan_codec::{Connect, Frame, Packet, Protocol, Publish, QoS, ReasonCode};
 
 struct Broker {
     addr: SocketAddr,
@@ -79,7 +79,7 @@ impl Client {
             protocol: Protocol::V5,
             clean_start: true,
             keep_alive: 0,
-            properties: Properties::default(),
+            properties: Default::default(),
             client_id: id.try_into().unwrap(),
             will: None,
             username: None,

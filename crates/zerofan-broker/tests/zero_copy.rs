@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use zerofan_broker::config::Config;
 use zerofan_broker::shell::Server;
-use zerofan_codec::{
-    Connect, Packet, Properties, Protocol, Publish, QoS, Subscribe, SubscriptionOptions,
-};
+use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
 
 struct Counting;
 
@@ -64,7 +62,7 @@ fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
         protocol: Protocol::V311,
         clean_start: true,
         keep_alive: 0,
-        properties: Properties::default(),
+        properties: Default::default(),
         client_id: id.try_into().unwrap(),
         will: None,
         username: None,
@@ -110,7 +108,7 @@ fn one_mib_to_100_subscribers_allocates_under_3_mib() {
         let mut s = connect(addr, &format!("sub{i}"));
         let sub = Subscribe {
             packet_id: 1,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: vec![("big".try_into().unwrap(), SubscriptionOptions::default())],
         };
         s.write_all(&encode(&Packet::Subscribe(sub))).unwrap();

@@ -205,7 +205,7 @@ impl Client {
         }
         let packet = Subscribe {
             packet_id: 0,
-            properties,
+            properties: properties.into(),
             filters,
         };
         let (done, rx) = oneshot::channel();
@@ -235,7 +235,7 @@ impl Client {
         }
         let packet = Unsubscribe {
             packet_id: 0,
-            properties,
+            properties: properties.into(),
             filters: fs,
         };
         let (done, rx) = oneshot::channel();

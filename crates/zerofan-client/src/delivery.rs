@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::oneshot;
-use zerofan_codec::{Properties, ReasonCode};
+use zerofan_codec::{Props, ReasonCode};
 
 /// How a publish ended: at QoS 0 when it was written to the transport, at
 /// QoS 1 on PUBACK, at QoS 2 on PUBCOMP (or on a PUBREC with an error code,
@@ -19,7 +19,7 @@ pub struct PublishAck {
     /// and under MQTT 3.1.1).
     pub reason: ReasonCode,
     /// Properties of that acknowledgement (reason string, user properties).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// A future that resolves when the broker has acknowledged the publish (see

@@ -825,7 +825,7 @@ fn complete(
     done: Option<PubDone>,
     packet_id: u16,
     reason: ReasonCode,
-    properties: zerofan_codec::Properties,
+    properties: zerofan_codec::Props,
 ) {
     if let Some(d) = done {
         let _ = d.send(Ok(PublishAck {

@@ -80,4 +80,6 @@ pub use transport::{TlsSettings, Transport};
 /// Re-exported so callers build [`TlsSettings`] with the same rustls version.
 pub use tokio_rustls::rustls;
 /// Re-exported codec types that appear in this crate's API.
-pub use zerofan_codec::{MqttStr, Properties, Protocol, QoS, ReasonCode, SubscriptionOptions};
+pub use zerofan_codec::{
+    MqttStr, Properties, Props, Protocol, QoS, ReasonCode, SubscriptionOptions,
+};

@@ -1,7 +1,7 @@
 //! An application message received from the broker.
 
 use bytes::Bytes;
-use zerofan_codec::{MqttStr, Properties, Publish, QoS};
+use zerofan_codec::{MqttStr, Props, Publish, QoS};
 
 /// A PUBLISH delivered to this client. `topic` and `payload` are slices of
 /// the pooled read buffer the packet arrived in: nothing was copied, and the
@@ -27,8 +27,9 @@ pub struct Message {
     /// DUP flag: the broker may have sent it before.
     pub dup: bool,
     /// PUBLISH properties (MQTT 5): subscription identifiers, user
-    /// properties, content type, response topic, correlation data...
-    pub properties: Properties,
+    /// properties, content type, response topic, correlation data... One
+    /// pointer, null when the broker sent none, so a `Message` stays small.
+    pub properties: Props,
     /// The whole frozen read buffer the packet was cut from (a clone of the
     /// `Bytes` every slice of this packet shares: no copy, one reference).
     source: Option<Bytes>,
@@ -179,5 +180,19 @@ mod tests {
         other.source = None;
         assert_eq!(other, clone);
         assert!(!format!("{clone:?}").contains("source"));
+    }
+
+    /// A received message is moved several times between the socket and
+    /// the application (decode, backlog, channel, batch): it stays small
+    /// because its properties are one pointer, null when there are none.
+    #[test]
+    fn message_is_small_and_properties_are_not_allocated_when_absent() {
+        assert!(
+            std::mem::size_of::<Message>() <= 128,
+            "Message is {} bytes",
+            std::mem::size_of::<Message>()
+        );
+        let (_, msgs) = two_in_one_buffer();
+        assert!(msgs.iter().all(|m| !m.properties.is_allocated()));
     }
 }

@@ -37,7 +37,7 @@ impl LastWill {
             payload: payload.into(),
             qos,
             retain,
-            properties: Properties::default(),
+            properties: Default::default(),
         }
     }
 }
@@ -292,7 +292,7 @@ impl ClientOptions {
                     payload: w.payload.clone(),
                     qos: w.qos,
                     retain: w.retain,
-                    properties: w.properties.clone(),
+                    properties: w.properties.clone().into(),
                 })
             }
         };
@@ -300,7 +300,7 @@ impl ClientOptions {
             protocol: self.protocol,
             clean_start: clean,
             keep_alive: self.keep_alive,
-            properties,
+            properties: properties.into(),
             client_id: s(client_id)?,
             will,
             username: self.username.as_deref().map(s).transpose()?,

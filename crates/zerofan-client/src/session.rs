@@ -9,7 +9,7 @@ use crate::subscription::{SubAckInfo, UnsubAckInfo};
 use bytes::Bytes;
 use std::collections::{HashMap, HashSet};
 use tokio::sync::oneshot;
-use zerofan_codec::{Properties, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe};
+use zerofan_codec::{Props, ReasonCode, Subscribe, SubscriptionOptions, Unsubscribe};
 
 /// Where a QoS 1/2 publish is in its flow, named by what it waits to be
 /// (acked: PUBACK, received: PUBREC, completed: PUBCOMP).
@@ -62,7 +62,7 @@ pub(crate) struct Session {
     /// QoS 2 packet ids received (PUBREC sent) and not yet released.
     pub incoming_qos2: HashSet<u16>,
     /// Granted subscriptions: filter -> options and SUBSCRIBE properties.
-    pub subscriptions: HashMap<String, (SubscriptionOptions, Properties)>,
+    pub subscriptions: HashMap<String, (SubscriptionOptions, Props)>,
     next_pid: u16,
     seq: u64,
 }

@@ -1,6 +1,6 @@
 //! Connection state as the application sees it.
 
-use zerofan_codec::Properties;
+use zerofan_codec::Props;
 
 /// What the broker said when the current connection was accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,7 +9,7 @@ pub struct ConnInfo {
     pub session_present: bool,
     /// CONNACK properties (MQTT 5): limits the broker imposes (receive
     /// maximum, maximum packet size, maximum QoS, topic alias maximum...).
-    pub properties: Properties,
+    pub properties: Props,
     /// The client identifier in use (possibly assigned by the broker).
     pub client_id: String,
 }

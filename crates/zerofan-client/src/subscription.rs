@@ -1,6 +1,6 @@
 //! Subscribe and unsubscribe requests and what the broker answered.
 
-use zerofan_codec::{Properties, QoS, ReasonCode, SubscriptionOptions};
+use zerofan_codec::{Props, QoS, ReasonCode, SubscriptionOptions};
 
 /// When the broker sends retained messages for a new subscription (MQTT 5
 /// Retain Handling).
@@ -67,7 +67,7 @@ pub struct SubAckInfo {
     /// One code per requested filter, in order.
     pub reasons: Vec<ReasonCode>,
     /// SUBACK properties (reason string, user properties).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// The broker's UNSUBACK: one reason code per filter under MQTT 5 (empty
@@ -77,5 +77,5 @@ pub struct UnsubAckInfo {
     /// One code per filter (MQTT 5).
     pub reasons: Vec<ReasonCode>,
     /// UNSUBACK properties.
-    pub properties: Properties,
+    pub properties: Props,
 }

@@ -60,7 +60,8 @@ fn connect(n: usize) -> Packet {
             maximum_packet_size: Some(1 << 20),
             topic_alias_maximum: Some(10),
             ..Properties::default()
-        },
+        }
+        .into(),
         client_id: s("bench-client-0001"),
         will: Some(Will {
             topic: s("clients/bench-client-0001/status"),
@@ -70,7 +71,8 @@ fn connect(n: usize) -> Packet {
             properties: Properties {
                 will_delay_interval: Some(10),
                 ..Properties::default()
-            },
+            }
+            .into(),
         }),
         username: Some(s("user")),
         password: Some(Bytes::from_static(b"password")),
@@ -96,7 +98,8 @@ fn subscribe(n: usize) -> Packet {
         properties: Properties {
             subscription_identifiers: vec![42],
             ..Properties::default()
-        },
+        }
+        .into(),
         filters,
     })
 }
@@ -108,7 +111,7 @@ fn publish(n: usize) -> Packet {
         retain: false,
         topic: s("sensors/kitchen/temperature"),
         packet_id: 4242,
-        properties: Properties::default(),
+        properties: Default::default(),
         payload: Bytes::from(vec![0xA5; n]),
     })
 }

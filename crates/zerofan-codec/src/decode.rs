@@ -32,7 +32,7 @@
 use crate::error::DecodeError;
 use crate::framing::parse_fixed_header;
 use crate::packet::*;
-use crate::properties::Properties;
+use crate::properties::{Properties, Props};
 use crate::reason::{connack_reason_from_v3, ReasonCode};
 use crate::topic::{split_shared, validate_topic_name};
 use crate::wire::{id, Ctx, Reader};
@@ -141,14 +141,14 @@ fn connect(r: &mut Reader<'_>) -> Result<Connect, DecodeError> {
     let properties = if v5 {
         read_properties(r, Ctx::Connect)?
     } else {
-        Properties::default()
+        Props::new()
     };
     let client_id = r.string()?;
     let will = if will_flag {
         let properties = if v5 {
             read_properties(r, Ctx::Will)?
         } else {
-            Properties::default()
+            Props::new()
         };
         let topic = r.string()?;
         validate_topic_name(&topic)?;
@@ -208,7 +208,7 @@ fn connack(r: &mut Reader<'_>, protocol: Protocol) -> Result<ConnAck, DecodeErro
         let Some(reason) = connack_reason_from_v3(code) else {
             return Err(DecodeError::malformed("reserved CONNACK return code"));
         };
-        (reason, Properties::default())
+        (reason, Props::new())
     };
     if session_present && reason != ReasonCode::SUCCESS {
         return Err(DecodeError::protocol(
@@ -221,36 +221,6 @@ fn connack(r: &mut Reader<'_>, protocol: Protocol) -> Result<ConnAck, DecodeErro
         properties,
     })
 }
-
-const EMPTY_PROPERTIES: Properties = Properties {
-    payload_format_indicator: None,
-    message_expiry_interval: None,
-    content_type: None,
-    response_topic: None,
-    correlation_data: None,
-    subscription_identifiers: Vec::new(),
-    session_expiry_interval: None,
-    assigned_client_identifier: None,
-    server_keep_alive: None,
-    authentication_method: None,
-    authentication_data: None,
-    request_problem_information: None,
-    will_delay_interval: None,
-    request_response_information: None,
-    response_information: None,
-    server_reference: None,
-    reason_string: None,
-    receive_maximum: None,
-    topic_alias_maximum: None,
-    topic_alias: None,
-    maximum_qos: None,
-    retain_available: None,
-    user_properties: Vec::new(),
-    maximum_packet_size: None,
-    wildcard_subscription_available: None,
-    subscription_identifier_available: None,
-    shared_subscription_available: None,
-};
 
 /// The payload: the frame itself advanced past the headers, so it costs no
 /// reference count (and an empty payload does not pin the frame).
@@ -285,27 +255,16 @@ fn publish(
     } else {
         nonzero_pid(&mut r)?
     };
+    let mut properties = Props::new();
     if v5 {
         let len = r.varint()? as usize;
         if len > 0 {
-            let mut packet = Packet::Publish(Publish {
-                dup,
-                qos,
-                retain,
-                topic,
-                packet_id,
-                properties: Properties::default(),
-                payload: Bytes::new(),
-            });
-            publish_properties(&mut packet, &mut r, len)?;
-            let at = r.position();
-            if let Packet::Publish(p) = &mut packet {
-                p.payload = payload_of(frame, at);
-            }
-            return Ok(packet);
+            // The one allocation of a PUBLISH with properties: the list is
+            // read straight into its box (first mutable access allocates).
+            read_property_list(&mut r, Ctx::Publish, &mut properties, len)?;
         }
     }
-    if topic.is_empty() {
+    if topic.is_empty() && properties.topic_alias.is_none() {
         return Err(if v5 {
             DecodeError::protocol("empty topic name without a topic alias")
         } else {
@@ -314,34 +273,16 @@ fn publish(
     }
     let at = r.position();
     let payload = payload_of(frame, at);
-    // The common case, built in place: no properties, nothing allocated.
+    // Without properties nothing is allocated: `properties` is a null pointer.
     Ok(Packet::Publish(Publish {
         dup,
         qos,
         retain,
         topic,
         packet_id,
-        properties: EMPTY_PROPERTIES,
+        properties,
         payload,
     }))
-}
-
-#[inline(never)]
-fn publish_properties(
-    packet: &mut Packet,
-    r: &mut Reader<'_>,
-    props_len: usize,
-) -> Result<(), DecodeError> {
-    let Packet::Publish(p) = packet else {
-        return Err(DecodeError::malformed("unreachable"));
-    };
-    read_property_list(r, Ctx::Publish, &mut p.properties, props_len)?;
-    if p.topic.is_empty() && p.properties.topic_alias.is_none() {
-        return Err(DecodeError::protocol(
-            "empty topic name without a topic alias",
-        ));
-    }
-    Ok(())
 }
 
 fn ack(r: &mut Reader<'_>, v5: bool, valid: fn(ReasonCode) -> bool) -> Result<Ack, DecodeError> {
@@ -369,7 +310,7 @@ fn subscribe(r: &mut Reader<'_>, v5: bool) -> Result<Subscribe, DecodeError> {
     let properties = if v5 {
         read_properties(r, Ctx::Subscribe)?
     } else {
-        Properties::default()
+        Props::new()
     };
     let mut filters = Vec::new();
     while r.remaining() > 0 {
@@ -426,7 +367,7 @@ fn suback(r: &mut Reader<'_>, v5: bool) -> Result<SubAck, DecodeError> {
     let properties = if v5 {
         read_properties(r, Ctx::SubAck)?
     } else {
-        Properties::default()
+        Props::new()
     };
     let mut reasons = Vec::with_capacity(r.remaining());
     while r.remaining() > 0 {
@@ -456,7 +397,7 @@ fn unsubscribe(r: &mut Reader<'_>, v5: bool) -> Result<Unsubscribe, DecodeError>
     let properties = if v5 {
         read_properties(r, Ctx::Unsubscribe)?
     } else {
-        Properties::default()
+        Props::new()
     };
     let mut filters = Vec::new();
     while r.remaining() > 0 {
@@ -546,25 +487,15 @@ fn bool_byte(r: &mut Reader<'_>) -> Result<u8, DecodeError> {
     }
 }
 
-/// A property list: Variable Byte Integer length, then properties.
-fn read_properties(r: &mut Reader<'_>, ctx: Ctx) -> Result<Properties, DecodeError> {
-    let mut p = Properties::default();
-    read_properties_into(r, ctx, &mut p)?;
-    Ok(p)
-}
-
-/// [`read_properties`] into a `Properties` already in place (all unset).
-#[inline]
-fn read_properties_into(
-    r: &mut Reader<'_>,
-    ctx: Ctx,
-    p: &mut Properties,
-) -> Result<(), DecodeError> {
+/// A property list: Variable Byte Integer length, then properties, read
+/// straight into their box; an empty list allocates nothing.
+fn read_properties(r: &mut Reader<'_>, ctx: Ctx) -> Result<Props, DecodeError> {
     let len = r.varint()? as usize;
-    if len == 0 {
-        return Ok(());
+    let mut p = Props::new();
+    if len > 0 {
+        read_property_list(r, ctx, &mut p, len)?;
     }
-    read_property_list(r, ctx, p, len)
+    Ok(p)
 }
 
 fn read_property_list(

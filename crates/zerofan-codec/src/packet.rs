@@ -1,6 +1,6 @@
 //! The MQTT control packets as plain data, shared by every protocol version.
 
-use crate::properties::Properties;
+use crate::properties::Props;
 use crate::reason::ReasonCode;
 use crate::string::MqttStr;
 use bytes::Bytes;
@@ -79,7 +79,7 @@ pub struct Connect {
     /// Keep alive in seconds; 0 turns it off.
     pub keep_alive: u16,
     /// CONNECT properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// Client identifier; may be empty.
     pub client_id: MqttStr,
     /// The will message, if the will flag is set.
@@ -102,7 +102,7 @@ pub struct Will {
     /// Will retain flag.
     pub retain: bool,
     /// Will properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// CONNACK (§3.2).
@@ -114,7 +114,7 @@ pub struct ConnAck {
     /// 0..=5 (see [`crate::v3_connack_code`]).
     pub reason: ReasonCode,
     /// CONNACK properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// PUBLISH (§3.3). `topic` and `payload` are slices of the decoded frame.
@@ -131,7 +131,7 @@ pub struct Publish {
     /// Packet identifier; 0 at QoS 0 (never on the wire then), non-zero otherwise.
     pub packet_id: u16,
     /// PUBLISH properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// Application payload.
     pub payload: Bytes,
 }
@@ -145,7 +145,7 @@ pub struct Ack {
     /// Reason code (MQTT 5); `SUCCESS` under 3.x.
     pub reason: ReasonCode,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// Subscription options of one filter in SUBSCRIBE (§3.8.3.1).
@@ -167,7 +167,7 @@ pub struct Subscribe {
     /// Packet identifier (non-zero).
     pub packet_id: u16,
     /// Properties (MQTT 5): subscription identifier, user properties.
-    pub properties: Properties,
+    pub properties: Props,
     /// At least one topic filter with its options.
     pub filters: Vec<(MqttStr, SubscriptionOptions)>,
 }
@@ -178,7 +178,7 @@ pub struct SubAck {
     /// Packet identifier of the SUBSCRIBE.
     pub packet_id: u16,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// One code per filter: granted QoS 0..=2, or a failure (3.x: 0x80).
     pub reasons: Vec<ReasonCode>,
 }
@@ -189,7 +189,7 @@ pub struct Unsubscribe {
     /// Packet identifier (non-zero).
     pub packet_id: u16,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// At least one topic filter.
     pub filters: Vec<MqttStr>,
 }
@@ -200,7 +200,7 @@ pub struct UnsubAck {
     /// Packet identifier of the UNSUBSCRIBE.
     pub packet_id: u16,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
     /// One code per filter (MQTT 5 only; empty under 3.x).
     pub reasons: Vec<ReasonCode>,
 }
@@ -211,7 +211,7 @@ pub struct Disconnect {
     /// Reason code (MQTT 5).
     pub reason: ReasonCode,
     /// Properties (MQTT 5).
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 /// AUTH (§3.15), MQTT 5 only.
@@ -220,7 +220,7 @@ pub struct Auth {
     /// 0x00 success, 0x18 continue authentication, 0x19 re-authenticate.
     pub reason: ReasonCode,
     /// Properties: authentication method and data, reason string, user properties.
-    pub properties: Properties,
+    pub properties: Props,
 }
 
 impl Default for ReasonCode {

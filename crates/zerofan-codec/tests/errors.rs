@@ -616,7 +616,8 @@ fn encode_errors() {
                 properties: Properties {
                     topic_alias: Some(0),
                     ..Properties::default()
-                },
+                }
+                .into(),
                 ..Publish::default()
             }),
         ),
@@ -628,7 +629,8 @@ fn encode_errors() {
                 properties: Properties {
                     subscription_identifiers: vec![0],
                     ..Properties::default()
-                },
+                }
+                .into(),
                 ..Publish::default()
             }),
         ),
@@ -638,7 +640,7 @@ fn encode_errors() {
             Packet::PubAck(Ack {
                 packet_id: 1,
                 reason: ReasonCode(0x92),
-                properties: Properties::default(),
+                properties: Default::default(),
             }),
         ),
         ("PUBACK packet id 0", V311, Packet::PubAck(Ack::default())),
@@ -664,7 +666,7 @@ fn encode_errors() {
             Packet::ConnAck(ConnAck {
                 session_present: true,
                 reason: ReasonCode::NOT_AUTHORIZED,
-                properties: Properties::default(),
+                properties: Default::default(),
             }),
         ),
         (
@@ -674,7 +676,8 @@ fn encode_errors() {
                 properties: Properties {
                     receive_maximum: Some(0),
                     ..Properties::default()
-                },
+                }
+                .into(),
                 ..ConnAck::default()
             }),
         ),
@@ -694,7 +697,8 @@ fn encode_errors() {
                 properties: Properties {
                     correlation_data: Some(Bytes::from(vec![0u8; 70_000])),
                     ..Properties::default()
-                },
+                }
+                .into(),
                 ..Publish::default()
             }),
         ),

@@ -235,7 +235,7 @@ fn arb_connect(protocol: Protocol) -> impl Strategy<Value = Packet> {
             payload,
             qos,
             retain,
-            properties,
+            properties: properties.into(),
         });
     (
         any::<bool>(),
@@ -263,7 +263,7 @@ fn arb_connect(protocol: Protocol) -> impl Strategy<Value = Packet> {
                     protocol,
                     clean_start,
                     keep_alive,
-                    properties,
+                    properties: properties.into(),
                     client_id,
                     will,
                     username,
@@ -299,7 +299,7 @@ fn arb_publish(protocol: Protocol) -> impl Strategy<Value = Packet> {
                     retain,
                     topic,
                     packet_id: if queued { pid } else { 0 },
-                    properties,
+                    properties: properties.into(),
                     payload: Bytes::from(payload),
                 })
             },
@@ -321,7 +321,7 @@ fn arb_ack(protocol: Protocol) -> impl Strategy<Value = Packet> {
             let ack = |reason| Ack {
                 packet_id,
                 reason,
-                properties: properties.clone(),
+                properties: properties.clone().into(),
             };
             match kind {
                 0 => Packet::PubAck(ack(pr)),
@@ -351,7 +351,7 @@ fn arb_subscribe(protocol: Protocol) -> impl Strategy<Value = Packet> {
         .prop_map(|(packet_id, properties, filters)| {
             Packet::Subscribe(Subscribe {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 filters,
             })
         })
@@ -368,7 +368,7 @@ fn arb_other(protocol: Protocol) -> BoxedStrategy<Packet> {
             Packet::ConnAck(ConnAck {
                 session_present: sp && reason == ReasonCode::SUCCESS && protocol != Protocol::V31,
                 reason,
-                properties,
+                properties: properties.into(),
             })
         });
     let suback = (
@@ -379,7 +379,7 @@ fn arb_other(protocol: Protocol) -> BoxedStrategy<Packet> {
         .prop_map(|(packet_id, properties, reasons)| {
             Packet::SubAck(SubAck {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 reasons,
             })
         });
@@ -391,7 +391,7 @@ fn arb_other(protocol: Protocol) -> BoxedStrategy<Packet> {
         .prop_map(|(packet_id, properties, filters)| {
             Packet::Unsubscribe(Unsubscribe {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 filters,
             })
         });
@@ -403,7 +403,7 @@ fn arb_other(protocol: Protocol) -> BoxedStrategy<Packet> {
         .prop_map(|(packet_id, properties, reasons)| {
             Packet::UnsubAck(UnsubAck {
                 packet_id,
-                properties,
+                properties: properties.into(),
                 reasons,
             })
         });
@@ -411,9 +411,18 @@ fn arb_other(protocol: Protocol) -> BoxedStrategy<Packet> {
         codes(if v5 { DISCONNECT_V5 } else { SUCCESS }),
         props(protocol, Kind::Disconnect),
     )
-        .prop_map(|(reason, properties)| Packet::Disconnect(Disconnect { reason, properties }));
-    let auth = (codes(AUTH_V5), props(protocol, Kind::Auth))
-        .prop_map(|(reason, properties)| Packet::Auth(Auth { reason, properties }));
+        .prop_map(|(reason, properties)| {
+            Packet::Disconnect(Disconnect {
+                reason,
+                properties: properties.into(),
+            })
+        });
+    let auth = (codes(AUTH_V5), props(protocol, Kind::Auth)).prop_map(|(reason, properties)| {
+        Packet::Auth(Auth {
+            reason,
+            properties: properties.into(),
+        })
+    });
     let mut s = prop_oneof![
         connack,
         suback,
@@ -508,7 +517,7 @@ proptest! {
             full.properties.message_expiry_interval = expiry;
             full.properties.subscription_identifiers = sids.clone();
         } else {
-            full.properties = Properties::default();
+            full.properties = Props::new();
         }
         let mut want = BytesMut::new();
         encode(&Packet::Publish(full), protocol, &mut want).unwrap();

@@ -40,7 +40,7 @@ fn connect(protocol: Protocol) -> Connect {
         protocol,
         clean_start: true,
         keep_alive: 60,
-        properties: Properties::default(),
+        properties: Default::default(),
         client_id: s("abc"),
         will: None,
         username: None,
@@ -81,14 +81,14 @@ fn connect_v311_full() {
         protocol: Protocol::V311,
         clean_start: true,
         keep_alive: 10,
-        properties: Properties::default(),
+        properties: Default::default(),
         client_id: s("c"),
         will: Some(Will {
             topic: s("w/t"),
             payload: Bytes::from_static(b"by"),
             qos: QoS::AtLeastOnce,
             retain: true,
-            properties: Properties::default(),
+            properties: Default::default(),
         }),
         username: Some(s("u")),
         password: Some(Bytes::from_static(b"pw")),
@@ -118,7 +118,8 @@ fn connect_v5_will_and_username() {
         properties: Properties {
             will_delay_interval: Some(5),
             ..Properties::default()
-        },
+        }
+        .into(),
     });
     both(Protocol::V5, wire, Packet::Connect(Box::new(c)));
 }
@@ -213,7 +214,8 @@ fn connack_all_versions() {
             properties: Properties {
                 reason_string: Some(s("no")),
                 ..Properties::default()
-            },
+            }
+            .into(),
             ..ConnAck::default()
         }),
     );
@@ -231,7 +233,7 @@ fn connack_all_versions() {
                 maximum_packet_size: Some(4096),
                 wildcard_subscription_available: Some(0),
                 ..Properties::default()
-            },
+            }.into(),
         }),
     );
 }
@@ -299,7 +301,8 @@ fn publish_v5() {
                 topic_alias: Some(1),
                 user_properties: vec![(s("k"), s("v"))],
                 ..Properties::default()
-            },
+            }
+            .into(),
             payload: Bytes::from_static(b"hi"),
             ..Publish::default()
         }),
@@ -312,7 +315,8 @@ fn publish_v5() {
             properties: Properties {
                 topic_alias: Some(5),
                 ..Properties::default()
-            },
+            }
+            .into(),
             ..Publish::default()
         }),
     );
@@ -324,7 +328,8 @@ fn publish_v5() {
             properties: Properties {
                 message_expiry_interval: Some(9),
                 ..Properties::default()
-            },
+            }
+            .into(),
             payload: Bytes::from_static(b"hi"),
             ..Publish::default()
         }),
@@ -336,7 +341,7 @@ fn ack(id: u16, reason: u8) -> Ack {
     Ack {
         packet_id: id,
         reason: ReasonCode(reason),
-        properties: Properties::default(),
+        properties: Default::default(),
     }
 }
 
@@ -366,7 +371,8 @@ fn acks_v5() {
             properties: Properties {
                 reason_string: Some(s("x")),
                 ..Properties::default()
-            },
+            }
+            .into(),
         }),
     );
     both(v, b"\x62\x03\x00\x01\x92", Packet::PubRel(ack(1, 0x92)));
@@ -386,7 +392,7 @@ fn subscribe_all_versions() {
             b"\x82\x0c\x00\x0a\x00\x03a/b\x01\x00\x01#\x02",
             Packet::Subscribe(Subscribe {
                 packet_id: 10,
-                properties: Properties::default(),
+                properties: Default::default(),
                 filters: vec![
                     (
                         s("a/b"),
@@ -414,7 +420,8 @@ fn subscribe_all_versions() {
             properties: Properties {
                 subscription_identifiers: vec![7],
                 ..Properties::default()
-            },
+            }
+            .into(),
             filters: vec![(
                 s("a/b"),
                 SubscriptionOptions {
@@ -436,7 +443,7 @@ fn suback_all_versions() {
             b"\x90\x04\x00\x0a\x01\x80",
             Packet::SubAck(SubAck {
                 packet_id: 10,
-                properties: Properties::default(),
+                properties: Default::default(),
                 reasons: vec![ReasonCode(1), ReasonCode(0x80)],
             }),
         );
@@ -445,7 +452,7 @@ fn suback_all_versions() {
             p,
             Packet::SubAck(SubAck {
                 packet_id: 10,
-                properties: Properties::default(),
+                properties: Default::default(),
                 reasons: vec![ReasonCode(2), ReasonCode::TOPIC_FILTER_INVALID],
             }),
             b"\x90\x04\x00\x0a\x02\x80",
@@ -456,7 +463,7 @@ fn suback_all_versions() {
         b"\x90\x05\x00\x0a\x00\x01\x8f",
         Packet::SubAck(SubAck {
             packet_id: 10,
-            properties: Properties::default(),
+            properties: Default::default(),
             reasons: vec![ReasonCode(1), ReasonCode(0x8F)],
         }),
     );
@@ -470,7 +477,7 @@ fn unsubscribe_and_unsuback() {
             b"\xa2\x07\x00\x0b\x00\x03a/b",
             Packet::Unsubscribe(Unsubscribe {
                 packet_id: 11,
-                properties: Properties::default(),
+                properties: Default::default(),
                 filters: vec![s("a/b")],
             }),
         );
@@ -488,7 +495,7 @@ fn unsubscribe_and_unsuback() {
         b"\xa2\x08\x00\x0b\x00\x00\x03a/b",
         Packet::Unsubscribe(Unsubscribe {
             packet_id: 11,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: vec![s("a/b")],
         }),
     );
@@ -497,7 +504,7 @@ fn unsubscribe_and_unsuback() {
         b"\xb0\x05\x00\x0b\x00\x00\x11",
         Packet::UnsubAck(UnsubAck {
             packet_id: 11,
-            properties: Properties::default(),
+            properties: Default::default(),
             reasons: vec![ReasonCode(0), ReasonCode(0x11)],
         }),
     );
@@ -542,7 +549,8 @@ fn disconnect_all_versions() {
             properties: Properties {
                 session_expiry_interval: Some(0),
                 ..Properties::default()
-            },
+            }
+            .into(),
         }),
     );
 }
@@ -557,7 +565,8 @@ fn auth_v5_only() {
             authentication_method: Some(s("SCR")),
             authentication_data: Some(Bytes::from_static(b"x")),
             ..Properties::default()
-        },
+        }
+        .into(),
     };
     both(
         v,
@@ -618,8 +627,9 @@ fn publish_header_matches_full_encode() {
                     subscription_identifiers: vec![1, 300],
                     ..Properties::default()
                 }
+                .into()
             } else {
-                Properties::default()
+                Props::new()
             },
             payload: payload.clone(),
         };

@@ -117,7 +117,7 @@ impl Broker {
             Phase::Closing => return,
             Phase::AwaitingConnect => {
                 match packet {
-                    Packet::Connect(connect) => self.on_connect(now, conn, connect),
+                    Packet::Connect(connect) => self.on_connect(now, conn, *connect),
                     _ => {
                         // The first packet must be CONNECT (MQTT-3.1.0-1).
                         self.metrics.protocol_errors += 1;
@@ -174,7 +174,7 @@ impl Broker {
                     let ack = zerofan_codec::ConnAck {
                         session_present: false,
                         reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
-                        properties: Properties::default(),
+                        properties: Default::default(),
                     };
                     self.send(conn, Packet::ConnAck(ack));
                 }
@@ -472,7 +472,10 @@ impl Broker {
                     let text = what.unwrap_or_else(|| reason_text(reason));
                     properties.reason_string = Some(MqttStr::from_static(text));
                 }
-                let mut packet = Packet::Disconnect(Disconnect { reason, properties });
+                let mut packet = Packet::Disconnect(Disconnect {
+                    reason,
+                    properties: properties.into(),
+                });
                 let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
                     .map_or(true, |len| len > c.max_packet_out as usize);
                 if too_big {
@@ -480,7 +483,7 @@ impl Broker {
                     // reason string is the part that may go (MQTT-3.14.2-3).
                     packet = Packet::Disconnect(Disconnect {
                         reason,
-                        properties: Properties::default(),
+                        properties: Default::default(),
                     });
                 }
                 c.outbox.push_back(Outgoing::from_packet(packet));

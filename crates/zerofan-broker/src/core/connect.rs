@@ -16,7 +16,7 @@ use zerofan_codec::{
 
 impl Broker {
     /// CONNECT on a fresh connection.
-    pub(crate) fn on_connect(&mut self, now: Instant, conn: ConnId, connect: Box<Connect>) {
+    pub(crate) fn on_connect(&mut self, now: Instant, conn: ConnId, connect: Connect) {
         let Connect {
             protocol,
             clean_start,
@@ -26,7 +26,7 @@ impl Broker {
             will,
             username,
             password,
-        } = *connect;
+        } = connect;
         let v5 = protocol.is_v5();
         if let Some(c) = self.conns.get_mut(&conn) {
             c.protocol = protocol;
@@ -178,7 +178,7 @@ impl Broker {
             Packet::ConnAck(ConnAck {
                 session_present,
                 reason: ReasonCode::SUCCESS,
-                properties: props,
+                properties: props.into(),
             }),
         );
         if session_present {
@@ -195,7 +195,7 @@ impl Broker {
             Packet::ConnAck(ConnAck {
                 session_present: false,
                 reason,
-                properties: Properties::default(),
+                properties: Default::default(),
             }),
         );
         self.close(now, conn, None, false);
@@ -372,7 +372,9 @@ impl Broker {
     pub(crate) fn publish_will(&mut self, now: Instant, will: Will) {
         self.metrics.wills_published += 1;
         let mut properties = will.properties;
-        properties.will_delay_interval = None;
+        if let Some(p) = properties.get_mut() {
+            p.will_delay_interval = None;
+        }
         let publish = Publish {
             dup: false,
             qos: will.qos,
@@ -415,6 +417,6 @@ fn own_will(w: Will) -> Will {
         payload: bytes::Bytes::copy_from_slice(&w.payload),
         qos: w.qos,
         retain: w.retain,
-        properties: own_properties(&w.properties),
+        properties: own_properties(&w.properties).into(),
     }
 }

@@ -15,7 +15,7 @@
 use super::broker::Broker;
 use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
-use super::message::{Message, PublishProperties};
+use super::message::Message;
 use super::outbox::Outgoing;
 use super::session::{Inflight, InflightState, PendingWill, Queued, Session, SubRecord};
 use super::timers::Timer;
@@ -246,7 +246,7 @@ pub(crate) fn from_stored(s: &StoredMessage, d: &Durable) -> Option<Message> {
         payload: s.payload.clone(),
         qos: QoS::from_u8(s.qos)?,
         retain: s.retain,
-        properties: PublishProperties::new(properties),
+        properties: properties.into(),
         origin: None,
         expires_at: s.expires_at_ms.map(|ms| d.instant(ms)),
         owns_bytes: true,
@@ -768,7 +768,7 @@ impl Broker {
                                 payload: m.payload,
                                 qos: m.qos,
                                 retain: m.retain,
-                                properties,
+                                properties: properties.into(),
                             },
                             at,
                         }));
@@ -855,7 +855,7 @@ fn will_message(w: &Will) -> Message {
         payload: w.payload.clone(),
         qos: w.qos,
         retain: w.retain,
-        properties: PublishProperties::new(w.properties.clone()),
+        properties: w.properties.clone(),
         origin: None,
         expires_at: None,
         owns_bytes: true,

@@ -2,9 +2,8 @@
 
 use super::ids::SessionId;
 use bytes::Bytes;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use zerofan_codec::{MqttStr, Properties, Publish, QoS};
+use zerofan_codec::{MqttStr, Properties, Props, Publish, QoS};
 
 /// One application message as the broker routes it. Wrapped in an `Arc` and
 /// shared by every subscriber queue, inflight window and the retained store:
@@ -21,8 +20,9 @@ pub struct Message {
     /// RETAIN flag the publisher used.
     pub retain: bool,
     /// The publisher's properties, with the per-hop ones (topic alias,
-    /// subscription identifiers, message expiry) cleared.
-    pub properties: PublishProperties,
+    /// subscription identifiers, message expiry) cleared; a null pointer
+    /// when there are none (every MQTT 3.x message, most MQTT 5 ones).
+    pub properties: Props,
     /// The publishing session, for No Local; `None` for wills and `$SYS`.
     pub origin: Option<SessionId>,
     /// When the message expires (Message Expiry Interval), if ever.
@@ -38,19 +38,25 @@ pub struct Message {
 impl Message {
     /// Turn a received PUBLISH into a routable message.
     pub fn from_publish(mut publish: Publish, origin: Option<SessionId>, now: Instant) -> Self {
-        let expires_at = publish
-            .properties
-            .message_expiry_interval
-            .take()
-            .and_then(|secs| later(now, secs));
-        publish.properties.topic_alias = None;
-        publish.properties.subscription_identifiers.clear();
+        // Only a PUBLISH that carries properties has any to clear: writing
+        // through `DerefMut` would allocate them for every message.
+        let mut expires_at = None;
+        if let Some(p) = publish.properties.get_mut() {
+            expires_at = p
+                .message_expiry_interval
+                .take()
+                .and_then(|secs| later(now, secs));
+            p.topic_alias = None;
+            p.subscription_identifiers.clear();
+        }
+        // Only a topic alias (say) left nothing: back to a null pointer.
+        publish.properties.shrink();
         Message {
             topic: publish.topic,
             payload: publish.payload,
             qos: publish.qos,
             retain: publish.retain,
-            properties: PublishProperties::new(publish.properties),
+            properties: publish.properties,
             origin,
             expires_at,
             owns_bytes: false,
@@ -87,7 +93,11 @@ impl Message {
     /// A copy that owns its own allocations, so keeping it for long does not
     /// pin the (possibly much larger) read buffer it was decoded from.
     pub fn compacted(&self) -> Message {
-        let properties = PublishProperties::new(own_properties(&self.properties));
+        let properties = if self.properties.is_allocated() {
+            own_properties(&self.properties).into()
+        } else {
+            Props::new()
+        };
         Message {
             topic: copy_str(&self.topic),
             payload: Bytes::copy_from_slice(&self.payload),
@@ -98,40 +108,6 @@ impl Message {
             expires_at: self.expires_at,
             owns_bytes: true,
             stored: self.stored.copy(),
-        }
-    }
-}
-
-/// A message's PUBLISH properties: nothing but a null pointer when there are
-/// none (every MQTT 3.1.1 message, most MQTT 5 ones). `Properties` holds
-/// every property of every packet (about 500 bytes); inline, it made each
-/// `Message` that large, and moving it into its `Arc` showed in profiles.
-#[derive(Clone, Debug, Default)]
-pub struct PublishProperties(Option<Box<Properties>>);
-
-impl PublishProperties {
-    /// Keep `p`, boxed only when it holds something.
-    pub fn new(p: Properties) -> Self {
-        if p.is_empty() {
-            PublishProperties(None)
-        } else {
-            PublishProperties(Some(Box::new(p)))
-        }
-    }
-
-    /// The properties, by value.
-    pub fn into_inner(self) -> Properties {
-        self.0.map(|b| *b).unwrap_or_default()
-    }
-}
-
-impl std::ops::Deref for PublishProperties {
-    type Target = Properties;
-    fn deref(&self) -> &Properties {
-        static EMPTY: OnceLock<Properties> = OnceLock::new();
-        match &self.0 {
-            Some(p) => p,
-            None => EMPTY.get_or_init(Properties::default),
         }
     }
 }
@@ -162,4 +138,54 @@ pub(crate) fn own_properties(p: &Properties) -> Properties {
         *v = copy_str(v);
     }
     properties
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(properties: Properties) -> Publish {
+        Publish {
+            topic: MqttStr::from_static("a/b"),
+            payload: Bytes::from_static(b"x"),
+            properties: properties.into(),
+            ..Publish::default()
+        }
+    }
+
+    /// The routing hot path must not allocate properties for a message
+    /// that has none (writing through `DerefMut` would).
+    #[test]
+    fn from_publish_leaves_absent_properties_unallocated() {
+        let now = Instant::now();
+        let m = Message::from_publish(publish(Properties::default()), None, now);
+        assert!(!m.properties.is_allocated());
+        assert_eq!(m.expires_at, None);
+        assert!(!m.compacted().properties.is_allocated());
+    }
+
+    /// Per-hop properties are cleared; if nothing else was set, the box goes.
+    #[test]
+    fn from_publish_clears_per_hop_properties() {
+        let now = Instant::now();
+        let hop_only = Properties {
+            topic_alias: Some(3),
+            message_expiry_interval: Some(10),
+            subscription_identifiers: vec![7],
+            ..Properties::default()
+        };
+        let m = Message::from_publish(publish(hop_only.clone()), None, now);
+        assert!(!m.properties.is_allocated());
+        assert_eq!(m.expires_at, later(now, 10));
+
+        let kept = Properties {
+            content_type: Some(MqttStr::from_static("text/plain")),
+            ..hop_only
+        };
+        let m = Message::from_publish(publish(kept), None, now);
+        assert_eq!(m.properties.topic_alias, None);
+        assert_eq!(m.properties.message_expiry_interval, None);
+        assert!(m.properties.subscription_identifiers.is_empty());
+        assert_eq!(m.properties.content_type.as_deref(), Some("text/plain"));
+    }
 }

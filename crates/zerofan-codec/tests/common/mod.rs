@@ -31,7 +31,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     authentication_method: Some(s("PLAIN")),
                     authentication_data: Some(Bytes::from_static(b"data")),
                     ..Properties::default()
-                }),
+                })
+                .into(),
                 client_id: s("client-1"),
                 will: Some(Will {
                     topic: s("will/topic"),
@@ -47,7 +48,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                         correlation_data: Some(Bytes::from_static(b"corr")),
                         user_properties: user.clone(),
                         ..Properties::default()
-                    }),
+                    })
+                    .into(),
                 }),
                 username: Some(s("user")),
                 password: Some(Bytes::from_static(b"secret")),
@@ -75,7 +77,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     response_information: Some(s("info")),
                     server_reference: Some(s("other:1883")),
                     ..Properties::default()
-                }),
+                })
+                .into(),
             }),
         ),
         (
@@ -104,7 +107,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     topic_alias: Some(2),
                     user_properties: user.clone(),
                     ..Properties::default()
-                }),
+                })
+                .into(),
                 payload: Bytes::from_static(&[0, 1, 2, 3, 255]),
             }),
         ),
@@ -140,7 +144,7 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
             mk(Ack {
                 packet_id: 7,
                 reason: reason(code),
-                properties: ack_props.clone(),
+                properties: ack_props.clone().into(),
             }),
         ));
     }
@@ -153,7 +157,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     subscription_identifiers: vec![42],
                     user_properties: user.clone(),
                     ..Properties::default()
-                }),
+                })
+                .into(),
                 filters: vec![
                     (
                         s("a/+/c"),
@@ -178,7 +183,7 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
             "suback",
             Packet::SubAck(SubAck {
                 packet_id: 3,
-                properties: ack_props.clone(),
+                properties: ack_props.clone().into(),
                 reasons: vec![ReasonCode(1), ReasonCode(0x80)],
             }),
         ),
@@ -189,7 +194,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                 properties: props(Properties {
                     user_properties: user.clone(),
                     ..Properties::default()
-                }),
+                })
+                .into(),
                 filters: vec![s("a/+/c"), s("#")],
             }),
         ),
@@ -197,7 +203,7 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
             "unsuback",
             Packet::UnsubAck(UnsubAck {
                 packet_id: 4,
-                properties: ack_props.clone(),
+                properties: ack_props.clone().into(),
                 reasons: if v5 {
                     vec![ReasonCode(0), ReasonCode(0x11)]
                 } else {
@@ -217,7 +223,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     user_properties: user.clone(),
                     server_reference: Some(s("elsewhere")),
                     ..Properties::default()
-                }),
+                })
+                .into(),
             }),
         ),
     ]);
@@ -232,7 +239,8 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
                     reason_string: Some(s("more")),
                     user_properties: user,
                     ..Properties::default()
-                },
+                }
+                .into(),
             }),
         ));
     }

@@ -237,7 +237,7 @@ fn unsubscribe_stops_delivery() {
         sub,
         Packet::Unsubscribe(zerofan_codec::Unsubscribe {
             packet_id: 2,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: vec![s("t"), s("never")],
         }),
     );

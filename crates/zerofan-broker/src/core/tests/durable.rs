@@ -369,7 +369,7 @@ fn clean_start_unsubscribe_expiry_and_wills() {
         c,
         Packet::Unsubscribe(zerofan_codec::Unsubscribe {
             packet_id: 5,
-            properties: Properties::default(),
+            properties: Default::default(),
             filters: vec![s("a")],
         }),
     );

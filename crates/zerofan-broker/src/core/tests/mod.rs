@@ -75,7 +75,7 @@ pub(super) fn connect_packet(id: &str, protocol: Protocol, clean: bool) -> Conne
         protocol,
         clean_start: clean,
         keep_alive: 60,
-        properties: Properties::default(),
+        properties: Default::default(),
         client_id: s(id),
         will: None,
         username: None,
@@ -89,7 +89,7 @@ pub(super) fn will(topic: &str, payload: &str) -> Will {
         payload: Bytes::copy_from_slice(payload.as_bytes()),
         qos: QoS::AtLeastOnce,
         retain: false,
-        properties: Properties::default(),
+        properties: Default::default(),
     }
 }
 
@@ -100,7 +100,7 @@ pub(super) fn publish(topic: &str, payload: &str, qos: QoS, pid: u16) -> Publish
         retain: false,
         topic: s(topic),
         packet_id: if qos == QoS::AtMostOnce { 0 } else { pid },
-        properties: Properties::default(),
+        properties: Default::default(),
         payload: Bytes::copy_from_slice(payload.as_bytes()),
     }
 }
@@ -116,7 +116,7 @@ pub(super) fn ack(pid: u16) -> Ack {
     Ack {
         packet_id: pid,
         reason: ReasonCode::SUCCESS,
-        properties: Properties::default(),
+        properties: Default::default(),
     }
 }
 
@@ -186,7 +186,7 @@ impl H {
             c,
             Packet::Subscribe(Subscribe {
                 packet_id: 1,
-                properties,
+                properties: properties.into(),
                 filters: vec![(s(filter), o)],
             }),
         );
@@ -258,6 +258,6 @@ fn roundtrip(item: &Outgoing, protocol: Protocol) -> Packet {
 pub(super) fn disconnect(reason: ReasonCode) -> Packet {
     Packet::Disconnect(Disconnect {
         reason,
-        properties: Properties::default(),
+        properties: Default::default(),
     })
 }
