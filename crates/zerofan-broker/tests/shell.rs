@@ -2,13 +2,16 @@
 //! connection with the right reason, and shutdown says 0x8B to MQTT 5
 //! clients before the server returns.
 
-use bytes::{Bytes, BytesMut};
+mod common;
+
+use bytes::Bytes;
+use common::{disconnect_reason, Client};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 use zerofan_broker::config::Config;
 use zerofan_broker::shell::Server;
-use zerofan_codec::{Connect, Frame, Packet, Protocol, Publish, QoS, ReasonCode};
+use zerofan_codec::{Packet, Publish, QoS, ReasonCode};
 
 struct Broker {
     addr: SocketAddr,
@@ -62,66 +65,6 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-struct Client {
-    s: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr, id: &str) -> Client {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut c = Client { s, buf: Vec::new() };
-        c.send(&Packet::Connect(Box::new(Connect {
-            protocol: Protocol::V5,
-            clean_start: true,
-            keep_alive: 0,
-            properties: Default::default(),
-            client_id: id.try_into().unwrap(),
-            will: None,
-            username: None,
-            password: None,
-        })));
-        assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
-        c
-    }
-
-    fn send(&mut self, p: &Packet) {
-        let mut b = BytesMut::new();
-        zerofan_codec::encode(p, Protocol::V5, &mut b).unwrap();
-        self.s.write_all(&b).unwrap();
-    }
-
-    /// The next packet, or `None` at EOF.
-    fn recv(&mut self) -> Option<Packet> {
-        loop {
-            if let Frame::Complete(n) = zerofan_codec::frame(&self.buf, u32::MAX) {
-                let frame = Bytes::copy_from_slice(&self.buf[..n]);
-                self.buf.drain(..n);
-                return Some(zerofan_codec::decode(frame, Protocol::V5).unwrap());
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.s.read(&mut chunk).unwrap_or(0);
-            if n == 0 {
-                return None;
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    fn ping(&mut self) {
-        self.send(&Packet::PingReq);
-        assert!(matches!(self.recv(), Some(Packet::PingResp)));
-    }
-}
-
-fn disconnect_reason(p: Option<Packet>) -> Option<ReasonCode> {
-    match p {
-        Some(Packet::Disconnect(d)) => Some(d.reason),
-        _ => None,
     }
 }
 

@@ -1,0 +1,106 @@
+//! What the broker's integration tests share: a minimal blocking MQTT 5
+//! client, enough to drive the real shell over loopback.
+// Each test crate includes this module and uses a part of it.
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+use zerofan_codec::{
+    Connect, Frame, Packet, Protocol, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
+};
+
+/// A minimal MQTT 5 client over a blocking socket.
+pub struct Client {
+    pub s: TcpStream,
+    pub buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr, id: &str) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client { s, buf: Vec::new() };
+        c.send(&Packet::Connect(Box::new(Connect {
+            protocol: Protocol::V5,
+            clean_start: true,
+            keep_alive: 0,
+            properties: Default::default(),
+            client_id: id.try_into().unwrap(),
+            will: None,
+            username: None,
+            password: None,
+        })));
+        assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
+        c
+    }
+
+    pub fn send(&mut self, p: &Packet) {
+        let mut b = BytesMut::new();
+        zerofan_codec::encode(p, Protocol::V5, &mut b).unwrap();
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// The next packet, or `None` at EOF.
+    pub fn recv(&mut self) -> Option<Packet> {
+        loop {
+            if let Frame::Complete(n) = zerofan_codec::frame(&self.buf, u32::MAX) {
+                let frame = Bytes::copy_from_slice(&self.buf[..n]);
+                self.buf.drain(..n);
+                return Some(zerofan_codec::decode(frame, Protocol::V5).unwrap());
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.s.read(&mut chunk).unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    pub fn subscribe(&mut self, filter: &str) {
+        self.send(&Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            properties: Default::default(),
+            filters: vec![(
+                filter.try_into().unwrap(),
+                SubscriptionOptions {
+                    qos: QoS::AtMostOnce,
+                    ..SubscriptionOptions::default()
+                },
+            )],
+        }));
+        assert!(matches!(self.recv(), Some(Packet::SubAck(_))));
+    }
+
+    pub fn publish(&mut self, topic: &str, payload: &[u8], retain: bool) {
+        self.send(&Packet::Publish(Publish {
+            qos: QoS::AtMostOnce,
+            retain,
+            topic: topic.try_into().unwrap(),
+            payload: Bytes::copy_from_slice(payload),
+            ..Publish::default()
+        }));
+    }
+
+    pub fn expect_publish(&mut self) -> Publish {
+        match self.recv() {
+            Some(Packet::Publish(p)) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    pub fn ping(&mut self) {
+        self.send(&Packet::PingReq);
+        assert!(matches!(self.recv(), Some(Packet::PingResp)));
+    }
+}
+
+/// The reason code of a DISCONNECT, `None` for anything else.
+pub fn disconnect_reason(p: Option<Packet>) -> Option<ReasonCode> {
+    match p {
+        Some(Packet::Disconnect(d)) => Some(d.reason),
+        _ => None,
+    }
+}
