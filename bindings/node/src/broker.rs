@@ -154,72 +154,18 @@ pub fn start_broker_native(env: Env, options: BrokerOptions) -> Result<JsObject>
 /// under `$SYS`, so code that read them from there finds them here).
 fn sys_map(st: &embed::BrokerStats) -> HashMap<String, String> {
     let s = &st.snapshot;
-    let (m, g, sh) = (&s.metrics, &s.gauges, &s.shell);
-    let mut out: Vec<(&str, String)> = vec![
-        ("version", format!("zerofan {}", env!("CARGO_PKG_VERSION"))),
-        ("uptime", st.uptime.as_secs().to_string()),
-        ("clients/connected", g.sessions_online.to_string()),
-        ("clients/total", st.sessions.to_string()),
-        ("clients/disconnected", g.sessions_offline.to_string()),
-        ("clients/connections", m.connections_opened.to_string()),
-        ("messages/received", m.messages_received.to_string()),
-        ("messages/sent", m.messages_sent.to_string()),
-        ("messages/dropped", m.dropped_total().to_string()),
-        (
-            "messages/dropped/qos0_queue_full",
-            m.dropped_qos0_queue_full.to_string(),
-        ),
-        (
-            "messages/dropped/queue_full",
-            m.dropped_queue_full.to_string(),
-        ),
-        ("messages/dropped/expired", m.dropped_expired.to_string()),
-        (
-            "messages/dropped/too_large",
-            m.dropped_too_large.to_string(),
-        ),
-        ("messages/retained/count", g.retained.to_string()),
-        ("messages/compactions", m.compactions.to_string()),
-        ("messages/queued", g.queued_messages.to_string()),
-        ("subscriptions/count", g.subscriptions.to_string()),
-        ("bytes/received", sh.bytes_received.to_string()),
-        ("bytes/sent", sh.bytes_sent.to_string()),
-        ("load/bytes/received", sh.bytes_received.to_string()),
-        ("load/bytes/sent", sh.bytes_sent.to_string()),
-        (
-            "payload/bytes/received",
-            m.payload_bytes_received.to_string(),
-        ),
-        ("payload/bytes/sent", m.payload_bytes_sent.to_string()),
-        ("errors/malformed", m.malformed_packets.to_string()),
-        ("errors/protocol", m.protocol_errors.to_string()),
-        (
-            "errors/keepalive_timeouts",
-            m.keep_alive_timeouts.to_string(),
-        ),
-        (
-            "errors/slow_consumer_disconnects",
-            m.slow_consumer_disconnects.to_string(),
-        ),
-        ("sessions/expired", m.sessions_expired.to_string()),
-        ("sessions/takeovers", m.takeovers.to_string()),
-        ("wills/published", m.wills_published.to_string()),
-        ("store/torn_tails", m.store_torn_tails.to_string()),
-        ("store/truncated_bytes", m.store_truncated_bytes.to_string()),
-        ("store/errors", m.store_errors.to_string()),
-        ("pool/gets", sh.pool_gets.to_string()),
-        ("pool/hits", sh.pool_hits.to_string()),
-        ("pool/misses", sh.pool_misses.to_string()),
-        ("pool/returns", sh.pool_returns.to_string()),
-        ("pool/discards", sh.pool_discards.to_string()),
-        ("pool/bytes_retained", sh.pool_bytes_retained.to_string()),
-        (
-            "pool/bytes_outstanding",
-            sh.pool_bytes_outstanding.to_string(),
-        ),
-        ("pool/hit_rate", format!("{:.4}", sh.pool_hit_rate)),
-    ];
-    out.extend(m.security.sys_figures());
+    let g = &s.gauges;
+    let mut out = zerofan_broker::core::sys_figures(
+        &s.metrics,
+        &s.shell,
+        st.uptime.as_secs(),
+        g.sessions_online,
+        st.sessions as usize,
+        g.retained,
+    );
+    // Two more than `$SYS` has.
+    out.push(("messages/queued", g.queued_messages.to_string()));
+    out.push(("subscriptions/count", g.subscriptions.to_string()));
     out.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 

@@ -26,6 +26,7 @@ mod session;
 pub mod store;
 mod subscribe;
 mod sys;
+pub use sys::sys_figures;
 mod timers;
 mod trie;
 
