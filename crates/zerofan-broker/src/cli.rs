@@ -21,7 +21,7 @@ use std::process::ExitCode;
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
-metrics, log_format, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+park_after_ms, metrics, log_format, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \

@@ -90,6 +90,14 @@ pub struct Config {
     /// each burst. 0 turns it off; nothing is spent while idle. Read at
     /// start, not on reload.
     pub busy_poll_us: u64,
+    /// Milliseconds without traffic after which a plain-TCP connection is
+    /// parked: its socket moves to one poller shared by all parked
+    /// connections and its task ends, so a quiet connection holds neither a
+    /// task nor a registration of its own (see `shell/park.rs`). A
+    /// connection quiet right after its CONNACK is parked at once. Its next
+    /// byte, or anything the broker has for it, wakes it. 0 never parks.
+    /// Read at start, not on reload.
+    pub park_after_ms: u64,
     /// Address of the HTTP listener serving `/metrics` (Prometheus),
     /// `/healthz` and `/readyz`; none (the default) turns it off.
     pub metrics: Option<SocketAddr>,
@@ -136,6 +144,7 @@ impl Default for Config {
             max_topic_levels: 128,
             pool_max_retained_bytes: 4 * 1024 * 1024,
             busy_poll_us: 50,
+            park_after_ms: 1000,
             metrics: None,
             log_format: crate::logging::LogFormat::Text,
             data_dir: None,

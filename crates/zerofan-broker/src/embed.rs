@@ -71,6 +71,9 @@ pub struct BrokerStats {
     pub payload_bytes_received: u64,
     /// Payload bytes sent in PUBLISH packets.
     pub payload_bytes_sent: u64,
+    /// Quiet connections parked now (no task of their own, see
+    /// `park_after_ms`).
+    pub connections_parked: u64,
     /// Read-buffer pool: requests.
     pub pool_gets: u64,
     /// Read-buffer pool: requests served from the pool.
@@ -109,6 +112,7 @@ impl BrokerStats {
             bytes_sent: sh.bytes_sent,
             payload_bytes_received: m.payload_bytes_received,
             payload_bytes_sent: m.payload_bytes_sent,
+            connections_parked: sh.connections_parked,
             pool_gets: sh.pool_gets,
             pool_hits: sh.pool_hits,
             pool_misses: sh.pool_misses,

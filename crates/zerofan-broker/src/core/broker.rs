@@ -207,17 +207,18 @@ impl Broker {
     pub fn handle_timeout(&mut self, now: Instant) {
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
-                Timer::ConnectTimeout(conn) => {
+                Timer::ConnectTimeout(conn)
                     if self
                         .conns
                         .get(&conn)
-                        .is_some_and(|c| c.phase == Phase::AwaitingConnect)
-                    {
-                        self.metrics.connect_timeouts += 1;
-                        self.close(now, conn, None, false);
-                    }
+                        .is_some_and(|c| c.phase == Phase::AwaitingConnect) =>
+                {
+                    self.metrics.connect_timeouts += 1;
+                    self.close(now, conn, None, false);
                 }
-                Timer::KeepAlive(conn) => {
+                // Connected by now: the entry doubles as the first keep-alive
+                // check (see `on_connect`).
+                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
                     let Some(c) = self.conns.get(&conn) else {
                         continue;
                     };
@@ -369,7 +370,7 @@ impl Broker {
     pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
         let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.inflight.len())
+        self.sessions.get(sid).map(|s| s.flight().inflight.len())
     }
 
     /// Retained messages stored.
@@ -490,7 +491,10 @@ impl Broker {
             }
         }
         let will = if publish_will {
-            c.will.take().map(|w| (w, c.will_delay))
+            c.will.take().map(|w| {
+                let delay = w.properties.will_delay_interval.unwrap_or(0);
+                (w, delay)
+            })
         } else {
             c.will = None;
             None

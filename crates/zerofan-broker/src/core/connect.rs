@@ -128,7 +128,7 @@ impl Broker {
             return;
         };
         c.phase = Phase::Connected(sid);
-        c.keep_alive = Duration::from_secs(u64::from(keep));
+        c.keep_alive = keep;
         if v5 {
             c.max_packet_out = properties.maximum_packet_size.unwrap_or(u32::MAX);
             c.send_window = properties
@@ -140,13 +140,14 @@ impl Broker {
         } else {
             c.send_window = self.config.max_inflight;
         }
-        c.will_delay = will
-            .as_ref()
-            .and_then(|w| w.properties.will_delay_interval)
-            .unwrap_or(0);
         c.will = will.map(|w| Box::new(own_will(w)));
         if let Some(at) = c.keep_alive_deadline() {
-            self.timers.arm(at, Timer::KeepAlive(conn));
+            // The connect timeout armed at open (due by now + connect_timeout)
+            // checks keep alive when it fires; a second entry is needed only
+            // for a deadline before it. One heap entry per connection, not two.
+            if at < now + Duration::from_secs(self.config.connect_timeout) {
+                self.timers.arm(at, Timer::KeepAlive(conn));
+            }
         }
         self.metrics.clients_connected_total += 1;
         self.auth_attach(conn, sid, client_id.as_str());
@@ -221,15 +222,18 @@ impl Broker {
             return;
         };
         let mut flying: Vec<(u64, u16, InflightState)> = s
+            .flight()
             .inflight
             .iter()
             .map(|(pid, f)| (f.seq, *pid, f.state))
             .collect();
         flying.sort_unstable_by_key(|(seq, _, _)| *seq);
-        s.resend.clear();
+        if let Some(f) = s.flight_any() {
+            f.resend.clear();
+        }
         for (_, pid, state) in flying {
             match state {
-                InflightState::AwaitingAck => s.resend.push_back(pid),
+                InflightState::AwaitingAck => s.flight_mut().resend.push_back(pid),
                 InflightState::AwaitingComp => {
                     c.outbox
                         .push_back(Outgoing::from_packet(Packet::PubRel(zerofan_codec::Ack {
@@ -283,11 +287,12 @@ impl Broker {
             // What waits for an absent client may wait long: small messages
             // get their own bytes instead of pinning publishers' buffers.
             let mut copies = 0;
-            for q in s
-                .queue
-                .iter_mut()
-                .chain(s.inflight.values_mut().map(|f| &mut f.item))
-            {
+            for q in s.queue.iter_mut().chain(
+                s.flight
+                    .iter_mut()
+                    .flat_map(|fl| fl.inflight.values_mut())
+                    .map(|f| &mut f.item),
+            ) {
                 if q.msg.worth_compacting() {
                     q.msg = Arc::new(q.msg.compacted());
                     copies += 1;
@@ -299,6 +304,7 @@ impl Broker {
             return;
         };
         let shares: Vec<Box<str>> = s
+            .flight()
             .subscriptions
             .keys()
             .filter(|f| f.starts_with("$share/"))
@@ -346,7 +352,7 @@ impl Broker {
         let filters: Vec<Box<str>> = self
             .sessions
             .get(&sid)
-            .map(|s| s.subscriptions.keys().cloned().collect())
+            .map(|s| s.flight().subscriptions.keys().cloned().collect())
             .unwrap_or_default();
         for filter in &filters {
             if filter.starts_with("$share/") {
@@ -400,6 +406,7 @@ impl Broker {
             client_id: s.client_id.to_string(),
             expiry_interval: s.expiry_interval,
             subscriptions: s
+                .flight()
                 .subscriptions
                 .iter()
                 .map(|(f, r)| (f.to_string(), *r))

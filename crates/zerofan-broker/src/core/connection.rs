@@ -20,6 +20,15 @@ pub enum Phase {
     Closing,
 }
 
+/// A connection's topic aliases (MQTT 5).
+#[derive(Debug, Default)]
+pub struct Aliases {
+    /// Aliases we established towards the client.
+    pub outgoing: HashMap<MqttStr, u16>,
+    /// Aliases the client established.
+    pub incoming: HashMap<u16, MqttStr>,
+}
+
 /// One network connection as the core sees it.
 #[derive(Debug)]
 pub struct Connection {
@@ -29,8 +38,8 @@ pub struct Connection {
     pub phase: Phase,
     /// Protocol from CONNECT (3.1.1 until then).
     pub protocol: Protocol,
-    /// Keep alive in force (zero: off).
-    pub keep_alive: Duration,
+    /// Keep alive in force, in seconds (zero: off).
+    pub keep_alive: u16,
     /// When the last packet arrived.
     pub last_activity: Instant,
     /// The client's Maximum Packet Size (what we may send).
@@ -39,16 +48,14 @@ pub struct Connection {
     pub send_window: u16,
     /// The client's Topic Alias Maximum (what we may use outbound).
     pub alias_max_out: u16,
-    /// Topic aliases we established towards the client.
-    pub aliases_out: HashMap<MqttStr, u16>,
-    /// Inbound topic aliases the client established.
-    pub aliases_in: HashMap<u16, MqttStr>,
+    /// Topic aliases in both directions, allocated on first use (most
+    /// connections never use one).
+    pub aliases: Option<Box<Aliases>>,
     /// Request Problem Information.
     pub problem_info: bool,
-    /// The will from CONNECT, until a normal DISCONNECT clears it.
+    /// The will from CONNECT (its Will Delay Interval among its
+    /// properties), until a normal DISCONNECT clears it.
     pub will: Option<Box<Will>>,
-    /// Will Delay Interval in seconds.
-    pub will_delay: u32,
     /// Packets and deliveries waiting for the writer.
     pub outbox: VecDeque<Outgoing>,
     /// Whether the shell has already been told to wake this writer.
@@ -64,16 +71,14 @@ impl Connection {
             peer,
             phase: Phase::AwaitingConnect,
             protocol: Protocol::V311,
-            keep_alive: Duration::ZERO,
+            keep_alive: 0,
             last_activity: now,
             max_packet_out: u32::MAX,
             send_window: u16::MAX,
             alias_max_out: 0,
-            aliases_out: HashMap::default(),
-            aliases_in: HashMap::default(),
+            aliases: None,
             problem_info: true,
             will: None,
-            will_delay: 0,
             outbox: VecDeque::new(),
             woken: false,
             sec: Default::default(),
@@ -90,10 +95,15 @@ impl Connection {
 
     /// When keep alive runs out (1.5 times the interval after the last packet).
     pub fn keep_alive_deadline(&self) -> Option<Instant> {
-        if self.keep_alive.is_zero() {
+        if self.keep_alive == 0 {
             None
         } else {
-            Some(self.last_activity + self.keep_alive * 3 / 2)
+            Some(self.last_activity + Duration::from_millis(u64::from(self.keep_alive) * 1500))
         }
+    }
+
+    /// The topic aliases, allocated now if never used.
+    pub fn aliases_mut(&mut self) -> &mut Aliases {
+        self.aliases.get_or_insert_with(Box::default)
     }
 }

@@ -133,14 +133,19 @@ impl Broker {
         };
         let window = usize::from(c.send_window);
         while out.len() < max {
-            let Some(&pid) = s.resend.front() else {
+            let Some(&pid) = s.flight().resend.front() else {
                 break;
             };
-            if s.inflight.len().saturating_sub(s.resend.len()) >= window {
+            if s.flight()
+                .inflight
+                .len()
+                .saturating_sub(s.flight().resend.len())
+                >= window
+            {
                 break;
             }
-            s.resend.pop_front();
-            let Some(f) = s.inflight.get(&pid) else {
+            s.flight_mut().resend.pop_front();
+            let Some(f) = s.flight().inflight.get(&pid) else {
                 continue;
             };
             if f.state != InflightState::AwaitingAck {
@@ -160,7 +165,7 @@ impl Broker {
                 }
                 break;
             };
-            let next = if front.qos != QoS::AtMostOnce && s.inflight.len() >= window {
+            let next = if front.qos != QoS::AtMostOnce && s.flight().inflight.len() >= window {
                 // Flow control: never more than the client's Receive Maximum
                 // unacknowledged (MQTT-3.3.4-9). QoS 0 is not counted, so it
                 // may go ahead of the waiting QoS 1/2 messages.
@@ -207,9 +212,10 @@ impl Broker {
                     .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
             }
             if item.qos != QoS::AtMostOnce {
-                let seq = s.next_seq;
-                s.next_seq += 1;
-                s.inflight.insert(
+                let f = s.flight_mut();
+                let seq = f.next_seq;
+                f.next_seq += 1;
+                s.flight_mut().inflight.insert(
                     pid,
                     Inflight {
                         item,
@@ -331,11 +337,16 @@ pub(crate) fn make_delivery(
 ) -> Delivery {
     let (topic_alias, send_topic) = if c.alias_max_out == 0 {
         (None, true)
-    } else if let Some(&a) = c.aliases_out.get(&item.msg.topic) {
+    } else if let Some(&a) = c
+        .aliases
+        .as_ref()
+        .and_then(|al| al.outgoing.get(&item.msg.topic))
+    {
         (Some(a), false)
-    } else if c.aliases_out.len() < usize::from(c.alias_max_out) {
-        let a = c.aliases_out.len() as u16 + 1;
-        c.aliases_out.insert(copy_str(&item.msg.topic), a);
+    } else if c.aliases.as_ref().map_or(0, |al| al.outgoing.len()) < usize::from(c.alias_max_out) {
+        let out = &mut c.aliases_mut().outgoing;
+        let a = out.len() as u16 + 1;
+        out.insert(copy_str(&item.msg.topic), a);
         (Some(a), true)
     } else {
         (None, true)

@@ -452,10 +452,13 @@ impl Broker {
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
-        if s.evicted.is_empty() {
+        if s.flight().evicted.is_empty() {
             return;
         }
-        let evicted = std::mem::take(&mut s.evicted);
+        let evicted = s
+            .flight_any()
+            .map(|f| std::mem::take(&mut f.evicted))
+            .unwrap_or_default();
         let client = s.client_id.clone();
         for e in evicted {
             self.durable
@@ -635,7 +638,7 @@ impl Broker {
         };
         let mut pids = Vec::new();
         let mut entries = Vec::new();
-        for (pid, f) in &s.inflight {
+        for (pid, f) in &s.flight().inflight {
             if f.state == InflightState::AwaitingAck
                 && f.item.share.as_deref() == Some(share)
                 && f.item.entry.is_some()
@@ -650,7 +653,7 @@ impl Broker {
                 }
             }
         }
-        for f in s.inflight.values_mut() {
+        for f in s.flight.iter_mut().flat_map(|fl| fl.inflight.values_mut()) {
             if f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share) {
                 f.item.entry = None;
             }
@@ -717,7 +720,7 @@ impl Broker {
                     Some((group, plain)) => self.trie.insert(plain, Some(group), entry),
                     None => self.trie.insert(&sub.filter, None, entry),
                 };
-                s.subscriptions.insert(
+                s.flight_mut().subscriptions.insert(
                     sub.filter.as_str().into(),
                     SubRecord {
                         options,
@@ -750,12 +753,18 @@ impl Broker {
                     }
                     _ => (placeholder(), InflightState::AwaitingComp),
                 };
-                let seq = s.next_seq;
-                s.next_seq += 1;
-                s.inflight
+                let fl = s.flight_mut();
+                let seq = fl.next_seq;
+                fl.next_seq += 1;
+                s.flight_mut()
+                    .inflight
                     .insert(f.packet_id, Inflight { item, state, seq });
             }
-            s.incoming_qos2.extend(rs.incoming_qos2.iter().copied());
+            if !rs.incoming_qos2.is_empty() {
+                s.flight_mut()
+                    .incoming_qos2
+                    .extend(rs.incoming_qos2.iter().copied());
+            }
             if let Some(w) = &rs.will {
                 match from_stored(&w.message, &self.durable) {
                     Some(m) => {
@@ -891,8 +900,10 @@ fn forget_entries(s: &mut Session) {
     for q in s.queue.iter_mut() {
         q.entry = None;
     }
-    for f in s.inflight.values_mut() {
+    for f in s.flight.iter_mut().flat_map(|fl| fl.inflight.values_mut()) {
         f.item.entry = None;
     }
-    s.evicted.clear();
+    if let Some(f) = s.flight_any() {
+        f.evicted.clear();
+    }
 }

@@ -96,4 +96,8 @@ pub struct ShellStats {
     pub pool_bytes_outstanding: u64,
     /// Pool: hits / gets.
     pub pool_hit_rate: f64,
+    /// Connections parked now (quiet, no task of their own).
+    pub connections_parked: u64,
+    /// Times a connection was parked since start.
+    pub connection_parks: u64,
 }

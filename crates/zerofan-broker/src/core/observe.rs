@@ -130,9 +130,9 @@ impl Broker {
             g.queued_messages_max = g.queued_messages_max.max(s.queue.len());
             g.queued_bytes += s.queued_bytes;
             g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes);
-            g.inflight += s.inflight.len();
-            g.inflight_max = g.inflight_max.max(s.inflight.len());
-            g.subscriptions += s.subscriptions.len();
+            g.inflight += s.flight().inflight.len();
+            g.inflight_max = g.inflight_max.max(s.flight().inflight.len());
+            g.subscriptions += s.flight().subscriptions.len();
         }
         g
     }

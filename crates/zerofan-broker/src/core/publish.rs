@@ -50,7 +50,7 @@ impl Broker {
                 return;
             }
             if p.topic.is_empty() {
-                match c.aliases_in.get(&alias) {
+                match c.aliases.as_ref().and_then(|al| al.incoming.get(&alias)) {
                     Some(t) => p.topic = t.clone(),
                     None => {
                         self.protocol_error(now, conn, "unknown topic alias");
@@ -60,7 +60,7 @@ impl Broker {
             } else {
                 // Kept for the connection's life: copied, not a slice pinning
                 // this packet's read buffer.
-                c.aliases_in.insert(alias, copy_str(&p.topic));
+                c.aliases_mut().incoming.insert(alias, copy_str(&p.topic));
             }
         }
         if zerofan_codec::topic::validate_topic_name(&p.topic).is_err()
@@ -90,7 +90,7 @@ impl Broker {
             let Some(s) = self.sessions.get_mut(&sid) else {
                 return;
             };
-            if s.incoming_qos2.contains(&pid) {
+            if s.flight().incoming_qos2.contains(&pid) {
                 // A resent PUBLISH of a message already taken: ack, do not route twice.
                 self.send_publish_ack(
                     conn,
@@ -98,7 +98,7 @@ impl Broker {
                 );
                 return;
             }
-            if s.incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
+            if s.flight().incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
                 self.close_with(
                     now,
                     conn,
@@ -108,7 +108,7 @@ impl Broker {
                 );
                 return;
             }
-            s.incoming_qos2.insert(pid);
+            s.flight_mut().incoming_qos2.insert(pid);
             self.dur_qos2_received(sid, pid);
         }
 
@@ -143,7 +143,8 @@ impl Broker {
         let known = self
             .sessions
             .get_mut(&sid)
-            .is_some_and(|s| s.incoming_qos2.remove(&a.packet_id));
+            .and_then(|s| s.flight_any())
+            .is_some_and(|f| f.incoming_qos2.remove(&a.packet_id));
         let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
         let reason = if known || !v5 {
             ReasonCode::SUCCESS
@@ -164,11 +165,12 @@ impl Broker {
     /// PUBACK from a client: a QoS 1 delivery is done.
     pub(crate) fn on_puback(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
         if let Some(s) = self.sessions.get_mut(&sid) {
-            let done = s.inflight.get(&a.packet_id).is_some_and(|f| {
+            let done = s.flight().inflight.get(&a.packet_id).is_some_and(|f| {
                 f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
             });
             if done {
                 let stored = s
+                    .flight_mut()
                     .inflight
                     .remove(&a.packet_id)
                     .is_some_and(|f| f.item.entry.is_some());
@@ -189,11 +191,14 @@ impl Broker {
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
-        match s.inflight.get_mut(&a.packet_id) {
+        match s
+            .flight_any()
+            .and_then(|f| f.inflight.get_mut(&a.packet_id))
+        {
             Some(f) if f.item.qos == QoS::ExactlyOnce => {
                 let stored = f.item.entry.is_some();
                 if a.reason.is_error() {
-                    s.inflight.remove(&a.packet_id);
+                    s.flight_mut().inflight.remove(&a.packet_id);
                     if !s.queue.is_empty() {
                         self.wake(conn);
                     }
@@ -224,11 +229,13 @@ impl Broker {
     pub(crate) fn on_pubcomp(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
         if let Some(s) = self.sessions.get_mut(&sid) {
             let done = s
+                .flight()
                 .inflight
                 .get(&a.packet_id)
                 .is_some_and(|f| f.state == InflightState::AwaitingComp);
             if done {
                 let stored = s
+                    .flight_mut()
                     .inflight
                     .remove(&a.packet_id)
                     .is_some_and(|f| f.item.entry.is_some());

@@ -96,32 +96,52 @@ pub struct Session {
     pub expiry_interval: u32,
     /// When an absent session expires.
     pub expires_at: Option<Instant>,
-    /// Subscriptions by full filter (including `$share/...`).
-    pub subscriptions: HashMap<Box<str>, SubRecord>,
     /// Messages not yet sent.
     pub queue: VecDeque<Queued>,
     /// Payload bytes in `queue`.
     pub queued_bytes: usize,
     /// QoS 0 messages in `queue` (they may pass a full inflight window).
     pub queued_qos0: usize,
+    /// The will of a lost connection, waiting for its delay.
+    pub pending_will: Option<Box<PendingWill>>,
+    /// The durable store has a record of this session.
+    pub stored: bool,
+    /// Subscriptions and QoS 1/2 state, allocated on first use.
+    pub flight: Option<Box<Flight>>,
+}
+
+/// What a session holds once it subscribes or exchanges QoS 1/2 messages:
+/// boxed apart, so a session that only connects (most devices, most of
+/// the time) pays one pointer for all of it.
+#[derive(Debug, Default)]
+pub struct Flight {
+    /// Subscriptions by full filter (including `$share/...`).
+    pub subscriptions: HashMap<Box<str>, SubRecord>,
     /// QoS 1/2 deliveries in flight by packet id.
     pub inflight: HashMap<u16, Inflight>,
-    /// Next send sequence number.
-    pub next_seq: u64,
     /// In-flight PUBLISHes to resend (DUP) after a resume, oldest first,
     /// sent as the client's window allows.
     pub resend: VecDeque<u16>,
-    /// Next packet id to try.
+    /// Send order of the next in-flight delivery.
+    pub next_seq: u64,
+    /// Next packet id to try (0 is read as 1).
     next_pid: u16,
     /// QoS 2 packet ids received (PUBREC sent), waiting for PUBREL.
     pub incoming_qos2: HashSet<u16>,
-    /// The will of a lost connection, waiting for its delay.
-    pub pending_will: Option<Box<PendingWill>>,
     /// Stored queue entries dropped to make room, for the store to forget.
     pub evicted: Vec<zerofan_store::EntryId>,
-    /// The durable store has a record of this session.
-    pub stored: bool,
 }
+
+/// What a session without a `Flight` reads as.
+static NO_FLIGHT: Flight = Flight {
+    subscriptions: HashMap::with_hasher(super::hash::Seeded),
+    inflight: HashMap::with_hasher(super::hash::Seeded),
+    resend: VecDeque::new(),
+    next_seq: 0,
+    next_pid: 0,
+    incoming_qos2: HashSet::with_hasher(super::hash::Seeded),
+    evicted: Vec::new(),
+};
 
 impl Session {
     /// A fresh session.
@@ -132,28 +152,39 @@ impl Session {
             protocol,
             expiry_interval: 0,
             expires_at: None,
-            subscriptions: HashMap::default(),
             queue: VecDeque::new(),
             queued_bytes: 0,
             queued_qos0: 0,
-            inflight: HashMap::default(),
-            next_seq: 0,
-            resend: VecDeque::new(),
-            next_pid: 1,
-            incoming_qos2: HashSet::default(),
             pending_will: None,
-            evicted: Vec::new(),
             stored: false,
+            flight: None,
         }
+    }
+
+    /// Subscriptions and QoS 1/2 state, empty if never used.
+    pub fn flight(&self) -> &Flight {
+        self.flight.as_deref().unwrap_or(&NO_FLIGHT)
+    }
+
+    /// Subscriptions and QoS 1/2 state to change, if ever used (for
+    /// removals, which need no allocation).
+    pub fn flight_any(&mut self) -> Option<&mut Flight> {
+        self.flight.as_deref_mut()
+    }
+
+    /// Subscriptions and QoS 1/2 state, allocated now if never used.
+    pub fn flight_mut(&mut self) -> &mut Flight {
+        self.flight.get_or_insert_with(Box::default)
     }
 
     /// A packet id not in flight. The caller guarantees the window is below
     /// 65,535, so one always exists.
     pub fn alloc_packet_id(&mut self) -> u16 {
+        let f = self.flight_mut();
         loop {
-            let pid = self.next_pid;
-            self.next_pid = if pid == u16::MAX { 1 } else { pid + 1 };
-            if !self.inflight.contains_key(&pid) {
+            let pid = f.next_pid.max(1);
+            f.next_pid = if pid == u16::MAX { 1 } else { pid + 1 };
+            if !f.inflight.contains_key(&pid) {
                 return pid;
             }
         }
@@ -210,7 +241,9 @@ impl Session {
     fn remove_at(&mut self, pos: usize) -> Option<Queued> {
         let q = self.queue.remove(pos)?;
         self.forget(&q);
-        self.evicted.extend(q.entry);
+        if let Some(e) = q.entry {
+            self.flight_mut().evicted.push(e);
+        }
         Some(q)
     }
 
@@ -241,6 +274,7 @@ impl Session {
     /// shared subscription `share`, oldest first, for another member.
     pub fn take_shared(&mut self, share: &str) -> Vec<Queued> {
         let mut flying: Vec<&Inflight> = self
+            .flight()
             .inflight
             .values()
             .filter(|f| {
@@ -249,9 +283,11 @@ impl Session {
             .collect();
         flying.sort_by_key(|f| f.seq);
         let mut out: Vec<Queued> = flying.into_iter().map(|f| f.item.clone()).collect();
-        self.inflight.retain(|_, f| {
-            !(f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share))
-        });
+        if let Some(fl) = self.flight.as_deref_mut() {
+            fl.inflight.retain(|_, f| {
+                !(f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share))
+            });
+        }
         let mut kept = VecDeque::with_capacity(self.queue.len());
         let all = std::mem::take(&mut self.queue);
         for q in all {
@@ -296,9 +332,9 @@ mod tests {
     #[test]
     fn packet_ids_skip_inflight_and_wrap() {
         let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
-        s.next_pid = u16::MAX;
+        s.flight_mut().next_pid = u16::MAX;
         assert_eq!(s.alloc_packet_id(), u16::MAX);
-        s.inflight.insert(
+        s.flight_mut().inflight.insert(
             1,
             Inflight {
                 item: q(QoS::AtLeastOnce, 0),

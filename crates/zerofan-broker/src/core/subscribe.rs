@@ -50,6 +50,7 @@ impl Broker {
                 return;
             };
             let is_new = s
+                .flight_mut()
                 .subscriptions
                 .insert(filter.as_str().into(), record)
                 .is_none();
@@ -127,7 +128,8 @@ impl Broker {
             let existed = self
                 .sessions
                 .get_mut(&sid)
-                .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
+                .and_then(|s| s.flight_any())
+                .is_some_and(|f| f.subscriptions.remove(filter.as_str()).is_some());
             if existed {
                 self.dur_unsubscribed(sid, filter);
                 if filter.starts_with("$share/") {

@@ -142,6 +142,8 @@ pub fn sys_figures(
             st.pool_bytes_outstanding.to_string(),
         ),
         ("pool/hit_rate", format!("{:.4}", st.pool_hit_rate)),
+        ("clients/parked", st.connections_parked.to_string()),
+        ("clients/parks", st.connection_parks.to_string()),
     ];
     figures.extend(m.security.sys_figures());
     figures

@@ -9,9 +9,13 @@
 //! the core's outbox for this connection is over `OUTBOX_HIGH` (a client
 //! that does not read its acknowledgements is not read either) or the
 //! connection is closing, and loops back to writing.
+//!
+//! A quiet plain-TCP connection parks (see `park.rs`): its socket goes to
+//! the parking lot and the task ends; `resume` starts a new one.
 
 use super::listener::Transport;
 use super::ops::ListenerGuard;
+use super::park::Parked;
 use super::reader::{ReadState, OUTBOX_HIGH};
 use super::server::FLUSH_GRACE;
 use super::state::{ConnHandle, Shared};
@@ -62,7 +66,12 @@ pub(super) fn connection(
         .broker
         .borrow_mut()
         .connection_opened_with(Instant::now(), peer, meta);
-    shared.conns.borrow_mut().insert(id, ConnHandle::default());
+    let tcp = matches!(transport, Transport::Tcp(_));
+    let handle = ConnHandle {
+        tcp,
+        ..ConnHandle::default()
+    };
+    shared.conns.borrow_mut().insert(id, handle);
     Conn {
         counted,
         id,
@@ -72,7 +81,41 @@ pub(super) fn connection(
         unflushed: false,
         phase: Phase::Open,
         grace: None,
+        fresh: tcp,
+        park: false,
     }
+}
+
+/// A parked connection's new task, over its socket back from the lot.
+pub(super) fn resume(
+    shared: Rc<Shared>,
+    id: ConnId,
+    stream: tokio::net::TcpStream,
+    listener: u32,
+) -> Conn {
+    Conn {
+        counted: ListenerGuard::resume(&shared, listener),
+        id,
+        io: Transport::Tcp(stream),
+        input: ReadState::default(),
+        out: None,
+        unflushed: false,
+        phase: Phase::Open,
+        grace: None,
+        fresh: false,
+        park: false,
+    }
+}
+
+/// A parked connection that could not get a task again: it is over.
+pub(super) fn resumed_lost(shared: &Rc<Shared>, id: ConnId, listener: u32) {
+    shared.conns.borrow_mut().remove(&id);
+    drop(ListenerGuard::resume(shared, listener));
+    shared
+        .broker
+        .borrow_mut()
+        .connection_lost(Instant::now(), id);
+    shared.dispatch();
 }
 
 /// The state of one connection's task (kept small: every idle connection
@@ -94,6 +137,11 @@ pub(super) struct Conn {
     /// Started when closing begins: a peer that does not read cannot hold
     /// the connection open for longer.
     grace: Option<Pin<Box<Sleep>>>,
+    /// Not quiet yet since it was accepted: parks as soon as it is, once
+    /// connected (one park per connection that connects and goes quiet).
+    fresh: bool,
+    /// The parking sweep found it quiet: park if this poll finds no traffic.
+    park: bool,
 }
 
 impl Future for Conn {
@@ -105,6 +153,10 @@ impl Future for Conn {
         if let Some(h) = shared.conns.borrow_mut().get_mut(&this.id) {
             if !h.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 h.waker = Some(cx.waker().clone());
+            }
+            h.quiet = 0;
+            if std::mem::take(&mut h.park) {
+                this.park = true;
             }
         }
         shared.activity.set(true);
@@ -121,16 +173,25 @@ impl Future for Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         // Also when the task is aborted: no waker of a finished task stays.
-        self.counted.shared().conns.borrow_mut().remove(&self.id);
+        // A parked connection's handle holds its socket and stays.
+        let mut conns = self.counted.shared().conns.borrow_mut();
+        if conns.get(&self.id).is_some_and(|h| h.parked.is_none()) {
+            conns.remove(&self.id);
+        }
     }
 }
 
 impl Conn {
     fn drive(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
         let mut reads = 0;
+        let mut wrote = false;
         loop {
             // Output first: a reply to what was just read leaves in this turn.
-            if self.poll_output(shared, cx).is_ready() {
+            let mut drained = false;
+            if self
+                .poll_output(shared, cx, &mut drained, &mut wrote)
+                .is_ready()
+            {
                 return Poll::Ready(());
             }
             if self.phase == Phase::Open && shared.broker.borrow().is_closing(self.id) {
@@ -151,8 +212,19 @@ impl Conn {
             let read = match &mut self.io {
                 Transport::Tcp(s) => self.input.poll_read_tcp(cx, shared, s),
                 Transport::Boxed(s) => self.input.poll_read_boxed(cx, shared, s),
+                Transport::Parked => return Poll::Ready(()),
             };
-            match ready!(read) {
+            let Poll::Ready(read) = read else {
+                let quiet = reads == 0 && !wrote;
+                if drained && (self.fresh || (self.park && quiet)) && self.may_park(shared) {
+                    self.fresh = false;
+                    self.park = false;
+                    return self.park(shared);
+                }
+                self.park = false;
+                return Poll::Pending;
+            };
+            match read {
                 Ok(0) | Err(_) => self.forget(shared),
                 Ok(_) => {
                     reads += 1;
@@ -164,15 +236,65 @@ impl Conn {
         }
     }
 
+    /// Whether a quiet connection may park now: plain TCP, open and
+    /// connected, nothing half read or half written.
+    fn may_park(&self, shared: &Shared) -> bool {
+        matches!(self.io, Transport::Tcp(_))
+            && self.phase == Phase::Open
+            && self.out.is_none()
+            && self.input.is_idle()
+            && shared.lot.enabled()
+            && !shared.broker.borrow().awaits_connect(self.id)
+    }
+
+    /// Hand the socket to the parking lot and end the task (`Ready`); stay
+    /// running (`Pending`) when the lot cannot take it.
+    fn park(&mut self, shared: &Shared) -> Poll<()> {
+        let Transport::Tcp(s) = &self.io else {
+            return Poll::Pending;
+        };
+        if let Err(e) = shared.lot.register(self.id, s) {
+            tracing::debug!(error = %e, "cannot park a connection");
+            return Poll::Pending;
+        }
+        let Transport::Tcp(s) = std::mem::replace(&mut self.io, Transport::Parked) else {
+            return Poll::Pending;
+        };
+        match s.into_std() {
+            Ok(stream) => {
+                let listener = self.counted.park();
+                if let Some(h) = shared.conns.borrow_mut().get_mut(&self.id) {
+                    h.parked = Some(Parked { stream, listener });
+                    h.waker = None;
+                    h.quiet = 0;
+                    h.park = false;
+                }
+                shared.lot.parked_one();
+            }
+            // tokio closed the socket when it could not deregister it.
+            Err(_) => self.forget(shared),
+        }
+        Poll::Ready(())
+    }
+
     /// Write until the socket blocks or the core has nothing more; `Ready`
-    /// once the connection is over.
-    fn poll_output(&mut self, shared: &Shared, cx: &mut Context<'_>) -> Poll<()> {
+    /// once the connection is over. `drained`: the core had nothing more
+    /// (rather than the socket or this poll's budget stopping it); `wrote`:
+    /// bytes left.
+    fn poll_output(
+        &mut self,
+        shared: &Shared,
+        cx: &mut Context<'_>,
+        drained: &mut bool,
+        wrote: &mut bool,
+    ) -> Poll<()> {
         let vectored = matches!(self.io, Transport::Tcp(_));
         for _ in 0..BATCHES_PER_POLL {
             if self.out.is_some() || self.unflushed {
                 let mut n = 0;
                 let r = self.poll_write(cx, None, &mut n);
                 Self::count(shared, n);
+                *wrote |= n > 0;
                 match r {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(_)) => return self.write_failed(shared),
@@ -186,6 +308,7 @@ impl Conn {
                     let _ = ready!(match &mut self.io {
                         Transport::Tcp(s) => Pin::new(s).poll_shutdown(cx),
                         Transport::Boxed(s) => Pin::new(s).poll_shutdown(cx),
+                        Transport::Parked => Poll::Ready(Ok(())),
                     });
                     self.forget(shared);
                     return Poll::Ready(());
@@ -203,11 +326,13 @@ impl Conn {
                 if status == Transmit::Close {
                     continue;
                 }
+                *drained = true;
                 return Poll::Pending;
             }
             let mut n = 0;
             let r = self.poll_write(cx, Some(&mut enc.chunks), &mut n);
             Self::count(shared, n);
+            *wrote |= n > 0;
             match r {
                 Poll::Ready(Ok(())) => {}
                 Poll::Pending => {
@@ -252,6 +377,7 @@ impl Conn {
                 self.unflushed = false;
                 Poll::Ready(Ok(()))
             }
+            Transport::Parked => Poll::Ready(Ok(())),
         }
     }
 

@@ -32,6 +32,8 @@ pub enum Transport {
     Tcp(TcpStream),
     /// TLS and/or WebSocket.
     Boxed(BoxStream),
+    /// Handed to the parking lot (see `park.rs`): the task is ending.
+    Parked,
 }
 
 /// Which setup step failed.

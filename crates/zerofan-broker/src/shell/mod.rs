@@ -8,6 +8,7 @@ mod conn;
 pub mod http;
 pub mod listener;
 pub mod ops;
+mod park;
 pub mod persist;
 pub mod prometheus;
 pub mod proxy;

@@ -6,7 +6,6 @@ use super::prometheus::{ListenerFigures, Snapshot};
 use super::reload::Reloader;
 use super::state::Shared;
 use crate::config::Config;
-use crate::core::ShellStats;
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
@@ -92,12 +91,7 @@ impl Ops {
 
     /// Gather a `/metrics` page's figures (one short borrow of the core).
     pub fn snapshot(shared: &Shared) -> Snapshot {
-        let mut shell = ShellStats {
-            bytes_received: shared.bytes_in.get(),
-            bytes_sent: shared.bytes_out.get(),
-            ..ShellStats::default()
-        };
-        shared.buffers.stats(&mut shell);
+        let shell = shared.shell_stats();
         let (metrics, gauges, store) = {
             let b = shared.broker.borrow();
             (b.metrics().clone(), b.gauges(), b.store_figures())
@@ -134,6 +128,23 @@ impl ListenerGuard {
     /// guard, not a second handle.
     pub fn shared(&self) -> &Rc<Shared> {
         &self.shared
+    }
+
+    /// The connection parks: it stays counted as open (the guard no longer
+    /// uncounts it), and its listener is returned for [`Self::resume`].
+    pub fn park(&mut self) -> u32 {
+        let index = self.index as u32;
+        self.index = usize::MAX;
+        index
+    }
+
+    /// A parked connection on listener `index` runs again: the guard takes
+    /// over its count without counting it twice.
+    pub fn resume(shared: &Rc<Shared>, index: u32) -> ListenerGuard {
+        ListenerGuard {
+            shared: shared.clone(),
+            index: index as usize,
+        }
     }
 }
 

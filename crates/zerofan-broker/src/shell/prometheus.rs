@@ -536,6 +536,18 @@ pub fn render(s: &Snapshot) -> String {
         "Buffer pool: free bytes kept for reuse.",
         st.pool_bytes_retained as f64,
     );
+    e.single(
+        "zerofan_connections_parked",
+        Gauge,
+        "Quiet connections parked: no task of their own until traffic wakes them.",
+        st.connections_parked as f64,
+    );
+    e.single(
+        "zerofan_connection_parks_total",
+        Counter,
+        "Times a quiet connection was parked.",
+        st.connection_parks as f64,
+    );
 
     // Operations.
     e.single(

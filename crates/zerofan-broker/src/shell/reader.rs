@@ -85,6 +85,11 @@ impl ReadState {
         }
     }
 
+    /// Nothing half read: no buffer held.
+    pub fn is_idle(&self) -> bool {
+        self.buf.is_none()
+    }
+
     /// Read once from a TLS / WebSocket stream. The buffer is taken before
     /// waiting: these streams keep buffers of their own anyway.
     pub fn poll_read_boxed(

@@ -4,7 +4,7 @@
 use super::listener::accept_loop;
 use super::state::Shared;
 use crate::config::Config;
-use crate::core::{Broker, SecurityConfig, ShellStats};
+use crate::core::{Broker, SecurityConfig};
 use crate::security::PreparedListener;
 use std::future::Future;
 use std::io;
@@ -117,7 +117,8 @@ impl Server {
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
         let durable = self.persist.map(|p| super::persist::attach(&mut broker, p));
-        let shared = Rc::new(Shared::new(broker));
+        let (shared, poll) = Shared::new(broker);
+        let shared = Rc::new(shared);
         for (index, (addr, kind)) in names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);
         }
@@ -135,6 +136,7 @@ impl Server {
             )));
         }
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
+        let lot = poll.map(|p| tokio::task::spawn_local(super::park::lot_loop(shared.clone(), p)));
         let busy_poll = shared.broker.borrow().config().busy_poll_us;
         let spin = (busy_poll > 0).then(|| {
             tokio::task::spawn_local(super::spin::spin_loop(
@@ -160,6 +162,9 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         timer.abort();
+        if let Some(lot) = lot {
+            lot.abort();
+        }
         if let Some(spin) = spin {
             spin.abort();
         }
@@ -182,18 +187,15 @@ async fn timer_loop(shared: Rc<Shared>) {
         let next = shared.broker.borrow().poll_timeout();
         let at = next.map_or(now + TICK, |t| t.min(now + TICK));
         tokio::time::sleep_until(at.into()).await;
-        let mut stats = ShellStats {
-            bytes_received: shared.bytes_in.get(),
-            bytes_sent: shared.bytes_out.get(),
-            ..ShellStats::default()
-        };
-        shared.buffers.stats(&mut stats);
+        let stats = shared.shell_stats();
+        let now = Instant::now();
         {
             let mut broker = shared.broker.borrow_mut();
             broker.set_shell_stats(stats);
-            broker.handle_timeout(Instant::now());
+            broker.handle_timeout(now);
         }
         shared.dispatch();
+        super::park::sweep(&shared, now, TICK);
     }
 }
 

@@ -3,18 +3,27 @@
 //! the encoder every connection borrows for one batch.
 
 use super::buffers::Buffers;
-use crate::core::{Broker, ConnId};
+use crate::core::{Broker, ConnId, ShellStats};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::task::Waker;
 
-/// How the core's wake-ups reach a connection's task: its waker, kept in
-/// `Shared::conns` itself (no allocation of its own). The task looks at
-/// the core on every wake (output, closing), so no other state is needed.
+/// How the core's wake-ups reach a connection: its task's waker, or its
+/// socket while parked (see `park.rs`), kept in `Shared::conns` itself (no
+/// allocation of its own). The task looks at the core on every wake
+/// (output, closing), so no other state is needed.
 #[derive(Debug, Default)]
 pub struct ConnHandle {
     /// The task's waker, from its last poll.
     pub waker: Option<Waker>,
+    /// The socket while the connection is parked (no task then).
+    pub parked: Option<super::park::Parked>,
+    /// Parking sweeps since the task last ran.
+    pub quiet: u8,
+    /// The sweep asks the task to park.
+    pub park: bool,
+    /// Plain TCP: the only transport that parks.
+    pub tcp: bool,
 }
 
 /// Shared by every task of one broker.
@@ -40,14 +49,19 @@ pub struct Shared {
     pub bytes_out: Cell<u64>,
     /// Readiness, per-listener figures, reload counts (`/metrics`).
     pub ops: super::ops::Ops,
+    /// Parked connections (see `park.rs`).
+    pub lot: super::park::Lot,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
 impl Shared {
-    /// Wrap a broker.
-    pub fn new(broker: Broker) -> Self {
+    /// Wrap a broker; also the poller for parked connections, which the
+    /// lot's task (`park::lot_loop`) runs.
+    pub fn new(broker: Broker) -> (Self, Option<mio::Poll>) {
         let buffers = Buffers::new(broker.config().pool_max_retained_bytes);
-        Shared {
+        let park_after = std::time::Duration::from_millis(broker.config().park_after_ms);
+        let (lot, poll) = super::park::Lot::new(park_after);
+        let shared = Shared {
             broker: RefCell::new(broker),
             conns: RefCell::new(HashMap::new()),
             current: Cell::new(None),
@@ -58,8 +72,24 @@ impl Shared {
             bytes_in: Cell::new(0),
             bytes_out: Cell::new(0),
             ops: super::ops::Ops::default(),
+            lot,
             wake_scratch: RefCell::new(Vec::new()),
-        }
+        };
+        (shared, poll)
+    }
+
+    /// The shell's own figures for `$SYS` and `/metrics`.
+    pub fn shell_stats(&self) -> ShellStats {
+        let (parked, parks) = self.lot.figures();
+        let mut stats = ShellStats {
+            bytes_received: self.bytes_in.get(),
+            bytes_sent: self.bytes_out.get(),
+            connections_parked: parked,
+            connection_parks: parks,
+            ..ShellStats::default()
+        };
+        self.buffers.stats(&mut stats);
+        stats
     }
 
     /// Wake the task of every connection the core touched (new output, or
@@ -78,7 +108,12 @@ impl Shared {
                 if Some(id) == current {
                     continue;
                 }
-                if let Some(w) = conns.get(&id).and_then(|h| h.waker.as_ref()) {
+                let Some(h) = conns.get(&id) else {
+                    continue;
+                };
+                if h.parked.is_some() {
+                    self.lot.want(id);
+                } else if let Some(w) = &h.waker {
                     w.wake_by_ref();
                 }
             }

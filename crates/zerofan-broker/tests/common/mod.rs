@@ -19,10 +19,15 @@ pub struct Client {
 
 impl Client {
     pub fn connect(addr: SocketAddr, id: &str) -> Client {
+        Client::connect_with(addr, id, |_| {})
+    }
+
+    /// Connect with a CONNECT that `edit` may change (keep alive, will).
+    pub fn connect_with(addr: SocketAddr, id: &str, edit: impl FnOnce(&mut Connect)) -> Client {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut c = Client { s, buf: Vec::new() };
-        c.send(&Packet::Connect(Box::new(Connect {
+        let mut connect = Connect {
             protocol: Protocol::V5,
             clean_start: true,
             keep_alive: 0,
@@ -31,7 +36,9 @@ impl Client {
             will: None,
             username: None,
             password: None,
-        })));
+        };
+        edit(&mut connect);
+        c.send(&Packet::Connect(Box::new(connect)));
         assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
         c
     }

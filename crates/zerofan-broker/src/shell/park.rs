@@ -1,0 +1,234 @@
+//! Parked connections: a quiet plain-TCP connection gives its socket to one
+//! poller shared by every parked connection (an epoll set of our own, via
+//! mio) and its task ends. While parked it holds neither a task (256 bytes)
+//! nor tokio's per-socket registration (256 bytes), about half of what an
+//! idle connection costs; its state stays in the core, and the socket in
+//! its `ConnHandle`.
+//!
+//! Its next byte (or the peer's close), or anything the core has for it (a
+//! delivery, a keep-alive expiry, shutdown), starts a fresh task over the
+//! same socket. When to park is the connection task's decision (`conn.rs`):
+//! at once when it is quiet right after its CONNACK (the usual device, which
+//! connects and then publishes now and then), otherwise after
+//! `park_after_ms` without traffic, which the timer task's sweep (`sweep`)
+//! notices.
+
+use super::conn;
+use super::state::Shared;
+use crate::core::ConnId;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+
+/// Readiness events taken from the poller per system call.
+const EVENTS: usize = 256;
+
+/// A parked connection's socket and what its task needs to start again.
+#[derive(Debug)]
+pub struct Parked {
+    /// The socket, registered with the lot's poller only.
+    pub stream: std::net::TcpStream,
+    /// Its listener, for the per-listener figures.
+    pub listener: u32,
+}
+
+/// The parking lot: the poller's registry, and the connections the core
+/// woke while parked, waiting for the lot's task to start them.
+pub struct Lot {
+    /// Registers and deregisters parked sockets (a handle to the poller the
+    /// lot's task owns). `None` when parking is off or the poller could not
+    /// be created.
+    registry: Option<mio::Registry>,
+    /// Parked connections the core has output for.
+    wanted: RefCell<Vec<ConnId>>,
+    /// The lot task's waker while it waits.
+    waker: Cell<Option<Waker>>,
+    /// Connections parked now.
+    parked: Cell<u64>,
+    /// Parks since start.
+    parks: Cell<u64>,
+    /// Quiet time after which a running connection is asked to park.
+    after: Duration,
+    /// When the sweep last ran.
+    last_sweep: Cell<Option<Instant>>,
+}
+
+impl Lot {
+    /// A lot for `after` (zero: parking off), and the poller its task runs.
+    pub fn new(after: Duration) -> (Lot, Option<mio::Poll>) {
+        let poll = if after.is_zero() {
+            None
+        } else {
+            match mio::Poll::new() {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no poller for parked connections: parking is off");
+                    None
+                }
+            }
+        };
+        let registry = poll.as_ref().and_then(|p| p.registry().try_clone().ok());
+        let poll = if registry.is_some() { poll } else { None };
+        let lot = Lot {
+            registry,
+            wanted: RefCell::new(Vec::new()),
+            waker: Cell::new(None),
+            parked: Cell::new(0),
+            parks: Cell::new(0),
+            after,
+            last_sweep: Cell::new(None),
+        };
+        (lot, poll)
+    }
+
+    /// Whether connections may park.
+    pub fn enabled(&self) -> bool {
+        self.registry.is_some()
+    }
+
+    /// Connections parked now, and parks since start.
+    pub fn figures(&self) -> (u64, u64) {
+        (self.parked.get(), self.parks.get())
+    }
+
+    /// Watch `stream` for connection `id`. On success the caller
+    /// deregisters it from tokio and keeps it in the connection's handle.
+    pub fn register(&self, id: ConnId, stream: &impl AsRawFd) -> io::Result<()> {
+        let Some(r) = &self.registry else {
+            return Err(io::ErrorKind::Unsupported.into());
+        };
+        let fd = stream.as_raw_fd();
+        r.register(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(id.0 as usize),
+            mio::Interest::READABLE,
+        )
+    }
+
+    /// Count a parked connection (after `register` and the handover).
+    pub fn parked_one(&self) {
+        self.parked.set(self.parked.get() + 1);
+        self.parks.set(self.parks.get() + 1);
+    }
+
+    /// The core has output for parked connection `id`: have the lot's task
+    /// start it (not here: `dispatch` runs inside other tasks' borrows).
+    pub fn want(&self, id: ConnId) {
+        self.wanted.borrow_mut().push(id);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// Start connection `id` again, if it is parked: its socket leaves the
+/// lot's poller and gets a task of its own.
+fn unpark(shared: &Rc<Shared>, id: ConnId) {
+    let parked = shared
+        .conns
+        .borrow_mut()
+        .get_mut(&id)
+        .and_then(|h| h.parked.take());
+    let Some(p) = parked else {
+        return;
+    };
+    let lot = &shared.lot;
+    lot.parked.set(lot.parked.get().saturating_sub(1));
+    if let Some(r) = &lot.registry {
+        // Failing means it is not registered any more: nothing to undo.
+        let _ = r.deregister(&mut mio::unix::SourceFd(&p.stream.as_raw_fd()));
+    }
+    match tokio::net::TcpStream::from_std(p.stream) {
+        Ok(stream) => {
+            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, p.listener));
+        }
+        Err(e) => {
+            // Out of memory for a registration, say: the socket is closed,
+            // and the core hears of it like any lost connection.
+            tracing::debug!(error = %e, "a parked connection could not resume");
+            conn::resumed_lost(shared, id, p.listener);
+        }
+    }
+}
+
+/// The lot's task: starts parked connections whose socket turns readable
+/// or that the core woke. Owns the poller; runs until aborted.
+pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
+    // Deprecated because a `T` whose `as_raw_fd` changes (or whose fd is
+    // closed behind tokio's back) would break tokio's registration; the
+    // safe alternatives are `unsafe fn`s, which this crate forbids. A
+    // `mio::Poll` owns its epoll fd for its whole life and only `poll` is
+    // called on it here, so the fd stays the one registered.
+    #[allow(deprecated)]
+    let fd = match AsyncFd::with_interest(poll, tokio::io::Interest::READABLE) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the poller of parked connections");
+            return;
+        }
+    };
+    let mut fd = fd;
+    let mut events = mio::Events::with_capacity(EVENTS);
+    let mut ids: Vec<ConnId> = Vec::new();
+    std::future::poll_fn(|cx| loop {
+        match fd.poll_read_ready_mut(cx) {
+            Poll::Ready(Ok(mut guard)) => {
+                events.clear();
+                let r = guard
+                    .get_inner_mut()
+                    .poll(&mut events, Some(Duration::ZERO));
+                if r.is_err() || events.iter().count() < EVENTS {
+                    // Drained: wait for the next edge (tokio keeps the
+                    // readiness if one arrived since this guard).
+                    guard.clear_ready();
+                }
+                ids.extend(events.iter().map(|e| ConnId(e.token().0 as u64)));
+            }
+            Poll::Ready(Err(e)) => {
+                tracing::warn!(error = %e, "the poller of parked connections failed");
+                return Poll::Ready(());
+            }
+            Poll::Pending => {}
+        }
+        ids.append(&mut shared.lot.wanted.borrow_mut());
+        if ids.is_empty() {
+            shared.lot.waker.set(Some(cx.waker().clone()));
+            return Poll::Pending;
+        }
+        for id in ids.drain(..) {
+            unpark(&shared, id);
+        }
+    })
+    .await;
+}
+
+/// Called by the timer task: ask every running plain-TCP connection that
+/// has been quiet for the lot's `after` to park. Quiet is counted in
+/// sweeps; a connection's task resets it whenever it runs.
+pub fn sweep(shared: &Shared, now: Instant, every: Duration) {
+    let lot = &shared.lot;
+    if !lot.enabled() {
+        return;
+    }
+    if lot.last_sweep.get().is_some_and(|t| now < t + every) {
+        return;
+    }
+    lot.last_sweep.set(Some(now));
+    let due = (lot.after.as_millis() / every.as_millis().max(1)).clamp(1, 255) as u8;
+    for h in shared.conns.borrow_mut().values_mut() {
+        if h.parked.is_some() || !h.tcp {
+            continue;
+        }
+        h.quiet = h.quiet.saturating_add(1);
+        if h.quiet >= due && !h.park {
+            h.park = true;
+            if let Some(w) = &h.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Parked connections (`park_after_ms`, `shell/park.rs`): a quiet
+//! connection gives up its task and its socket waits in the broker's shared
+//! poller. Whatever a client can see must not change: deliveries reach a
+//! parked subscriber, a parked publisher's packets are read, keep alive,
+//! wills and shutdown work for parked connections.
+
+mod common;
+
+use bytes::Bytes;
+use common::{disconnect_reason, Client};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use zerofan_broker::config::Config;
+use zerofan_broker::embed::{self, BrokerHandle, BrokerStats};
+use zerofan_codec::{Packet, Publish, QoS, ReasonCode, Will};
+
+/// One broker at a time: the figures asserted on are per broker, but the
+/// machine has two cores and the sweeps are timed.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn broker() -> (std::sync::MutexGuard<'static, ()>, BrokerHandle) {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        // The sweep's smallest wait: a connection quiet for one sweep
+        // (250 ms) parks.
+        park_after_ms: 1,
+        ..Config::default()
+    };
+    (guard, embed::spawn(config).unwrap())
+}
+
+/// Wait (bounded) until the broker's figures satisfy `ok`.
+fn until(b: &BrokerHandle, what: &str, ok: impl Fn(&BrokerStats) -> bool) -> BrokerStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = b.stats();
+        if ok(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn parked_subscribers_get_deliveries_and_parked_publishers_are_read() {
+    let (_g, b) = broker();
+    let addr = b.local_addrs()[0];
+    let mut sub = Client::connect(addr, "sub");
+    sub.subscribe("t/#");
+    let mut publ = Client::connect(addr, "pub");
+    // Both quiet: the subscriber parks at the next sweep, the publisher at
+    // once after its CONNACK.
+    until(&b, "both parked", |s| s.connections_parked == 2);
+    for i in 0..3u8 {
+        // The publisher's bytes wake it through the shared poller; the
+        // delivery wakes the subscriber through the core.
+        publ.send(&Packet::Publish(Publish {
+            qos: QoS::AtLeastOnce,
+            packet_id: 1,
+            topic: "t/x".try_into().unwrap(),
+            payload: Bytes::from(vec![i; 3]),
+            ..Publish::default()
+        }));
+        assert!(matches!(publ.recv(), Some(Packet::PubAck(a)) if a.packet_id == 1));
+        let p = sub.expect_publish();
+        assert_eq!(&p.payload[..], &[i; 3]);
+        until(&b, "parked again", |s| s.connections_parked == 2);
+    }
+    let s = b.stats();
+    assert!(
+        s.snapshot.shell.connection_parks >= 8,
+        "parks: {}",
+        s.snapshot.shell.connection_parks
+    );
+    assert_eq!(s.clients_connected, 2);
+}
+
+#[test]
+fn keep_alive_expires_for_a_parked_connection() {
+    let (_g, b) = broker();
+    let addr = b.local_addrs()[0];
+    let mut c = Client::connect_with(addr, "ka", |c| c.keep_alive = 1);
+    until(&b, "parked", |s| s.connections_parked == 1);
+    // Silent for 1.5 keep-alive intervals: the broker says why and closes.
+    assert_eq!(
+        disconnect_reason(c.recv()),
+        Some(ReasonCode::KEEP_ALIVE_TIMEOUT)
+    );
+    assert!(c.recv().is_none());
+    until(&b, "gone", |s| {
+        s.connections_open == 0 && s.connections_parked == 0
+    });
+}
+
+#[test]
+fn a_parked_connection_that_drops_publishes_its_will() {
+    let (_g, b) = broker();
+    let addr = b.local_addrs()[0];
+    let mut watcher = Client::connect(addr, "watcher");
+    watcher.subscribe("will/#");
+    let dying = Client::connect_with(addr, "dying", |c| {
+        c.will = Some(Will {
+            topic: "will/dying".try_into().unwrap(),
+            payload: Bytes::from_static(b"gone"),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: Default::default(),
+        })
+    });
+    until(&b, "parked", |s| s.connections_parked == 2);
+    // The close reaches the broker through the shared poller.
+    drop(dying);
+    let p = watcher.expect_publish();
+    assert_eq!(p.topic.as_str(), "will/dying");
+    assert_eq!(&p.payload[..], b"gone");
+}
+
+#[test]
+fn shutdown_tells_parked_clients() {
+    let (_g, b) = broker();
+    let addr = b.local_addrs()[0];
+    let mut clients: Vec<Client> = (0..5)
+        .map(|i| Client::connect(addr, &format!("c{i}")))
+        .collect();
+    until(&b, "parked", |s| s.connections_parked == 5);
+    b.shutdown().unwrap();
+    for c in &mut clients {
+        assert_eq!(
+            disconnect_reason(c.recv()),
+            Some(ReasonCode::SERVER_SHUTTING_DOWN)
+        );
+    }
+}
