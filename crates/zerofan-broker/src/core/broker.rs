@@ -57,7 +57,7 @@ impl Broker {
 
     /// A broker over the given store.
     pub fn with_store(config: Config, store: Box<dyn Store>, now: Instant) -> Self {
-        let mut timers = Timers::default();
+        let mut timers = Timers::new(now);
         if config.sys_interval > 0 {
             timers.arm(now, Timer::Sys);
         }

@@ -15,7 +15,6 @@
 
 use super::listener::Transport;
 use super::ops::ListenerGuard;
-use super::park::Parked;
 use super::reader::{ReadState, OUTBOX_HIGH};
 use super::server::FLUSH_GRACE;
 use super::state::{ConnHandle, Shared};
@@ -67,11 +66,7 @@ pub(super) fn connection(
         .borrow_mut()
         .connection_opened_with(Instant::now(), peer, meta);
     let tcp = matches!(transport, Transport::Tcp(_));
-    let handle = ConnHandle {
-        tcp,
-        ..ConnHandle::default()
-    };
-    shared.conns.borrow_mut().insert(id, handle);
+    shared.conns.borrow_mut().insert(id, ConnHandle::default());
     Conn {
         counted,
         id,
@@ -91,7 +86,7 @@ pub(super) fn resume(
     shared: Rc<Shared>,
     id: ConnId,
     stream: tokio::net::TcpStream,
-    listener: u32,
+    listener: u16,
 ) -> Conn {
     Conn {
         counted: ListenerGuard::resume(&shared, listener),
@@ -108,7 +103,7 @@ pub(super) fn resume(
 }
 
 /// A parked connection that could not get a task again: it is over.
-pub(super) fn resumed_lost(shared: &Rc<Shared>, id: ConnId, listener: u32) {
+pub(super) fn resumed_lost(shared: &Rc<Shared>, id: ConnId, listener: u16) {
     shared.conns.borrow_mut().remove(&id);
     drop(ListenerGuard::resume(shared, listener));
     shared
@@ -240,6 +235,7 @@ impl Conn {
     /// connected, nothing half read or half written.
     fn may_park(&self, shared: &Shared) -> bool {
         matches!(self.io, Transport::Tcp(_))
+            && self.counted.index() < usize::from(u16::MAX)
             && self.phase == Phase::Open
             && self.out.is_none()
             && self.input.is_idle()
@@ -264,7 +260,8 @@ impl Conn {
             Ok(stream) => {
                 let listener = self.counted.park();
                 if let Some(h) = shared.conns.borrow_mut().get_mut(&self.id) {
-                    h.parked = Some(Parked { stream, listener });
+                    h.parked = Some(stream);
+                    h.listener = listener;
                     h.waker = None;
                     h.quiet = 0;
                     h.park = false;

@@ -130,17 +130,22 @@ impl ListenerGuard {
         &self.shared
     }
 
+    /// The listener's index in the configuration.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
     /// The connection parks: it stays counted as open (the guard no longer
     /// uncounts it), and its listener is returned for [`Self::resume`].
-    pub fn park(&mut self) -> u32 {
-        let index = self.index as u32;
+    pub fn park(&mut self) -> u16 {
+        let index = u16::try_from(self.index).unwrap_or(u16::MAX);
         self.index = usize::MAX;
         index
     }
 
     /// A parked connection on listener `index` runs again: the guard takes
     /// over its count without counting it twice.
-    pub fn resume(shared: &Rc<Shared>, index: u32) -> ListenerGuard {
+    pub fn resume(shared: &Rc<Shared>, index: u16) -> ListenerGuard {
         ListenerGuard {
             shared: shared.clone(),
             index: index as usize,

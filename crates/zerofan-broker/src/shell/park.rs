@@ -27,15 +27,6 @@ use tokio::io::unix::AsyncFd;
 /// Readiness events taken from the poller per system call.
 const EVENTS: usize = 256;
 
-/// A parked connection's socket and what its task needs to start again.
-#[derive(Debug)]
-pub struct Parked {
-    /// The socket, registered with the lot's poller only.
-    pub stream: std::net::TcpStream,
-    /// Its listener, for the per-listener figures.
-    pub listener: u32,
-}
-
 /// The parking lot: the poller's registry, and the connections the core
 /// woke while parked, waiting for the lot's task to start them.
 pub struct Lot {
@@ -132,25 +123,25 @@ fn unpark(shared: &Rc<Shared>, id: ConnId) {
         .conns
         .borrow_mut()
         .get_mut(&id)
-        .and_then(|h| h.parked.take());
-    let Some(p) = parked else {
+        .and_then(|h| Some((h.parked.take()?, h.listener)));
+    let Some((stream, listener)) = parked else {
         return;
     };
     let lot = &shared.lot;
     lot.parked.set(lot.parked.get().saturating_sub(1));
     if let Some(r) = &lot.registry {
         // Failing means it is not registered any more: nothing to undo.
-        let _ = r.deregister(&mut mio::unix::SourceFd(&p.stream.as_raw_fd()));
+        let _ = r.deregister(&mut mio::unix::SourceFd(&stream.as_raw_fd()));
     }
-    match tokio::net::TcpStream::from_std(p.stream) {
+    match tokio::net::TcpStream::from_std(stream) {
         Ok(stream) => {
-            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, p.listener));
+            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, listener));
         }
         Err(e) => {
             // Out of memory for a registration, say: the socket is closed,
             // and the core hears of it like any lost connection.
             tracing::debug!(error = %e, "a parked connection could not resume");
-            conn::resumed_lost(shared, id, p.listener);
+            conn::resumed_lost(shared, id, listener);
         }
     }
 }
@@ -220,7 +211,7 @@ pub fn sweep(shared: &Shared, now: Instant, every: Duration) {
     lot.last_sweep.set(Some(now));
     let due = (lot.after.as_millis() / every.as_millis().max(1)).clamp(1, 255) as u8;
     for h in shared.conns.borrow_mut().values_mut() {
-        if h.parked.is_some() || !h.tcp {
+        if h.parked.is_some() {
             continue;
         }
         h.quiet = h.quiet.saturating_add(1);
