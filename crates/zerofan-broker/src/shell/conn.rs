@@ -66,7 +66,11 @@ pub(super) fn connection(
         .borrow_mut()
         .connection_opened_with(Instant::now(), peer, meta);
     let tcp = matches!(transport, Transport::Tcp(_));
-    shared.conns.borrow_mut().insert(id, ConnHandle::default());
+    let handle = ConnHandle {
+        listener: if tcp { 0 } else { ConnHandle::NEVER_PARKS },
+        ..ConnHandle::default()
+    };
+    shared.conns.borrow_mut().insert(id, handle);
     Conn {
         counted,
         id,
@@ -235,7 +239,7 @@ impl Conn {
     /// connected, nothing half read or half written.
     fn may_park(&self, shared: &Shared) -> bool {
         matches!(self.io, Transport::Tcp(_))
-            && self.counted.index() < usize::from(u16::MAX)
+            && self.counted.index() < usize::from(ConnHandle::NEVER_PARKS)
             && self.phase == Phase::Open
             && self.out.is_none()
             && self.input.is_idle()

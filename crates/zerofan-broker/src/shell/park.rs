@@ -14,7 +14,7 @@
 //! notices.
 
 use super::conn;
-use super::state::Shared;
+use super::state::{ConnHandle, Shared};
 use crate::core::ConnId;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -211,7 +211,7 @@ pub fn sweep(shared: &Shared, now: Instant, every: Duration) {
     lot.last_sweep.set(Some(now));
     let due = (lot.after.as_millis() / every.as_millis().max(1)).clamp(1, 255) as u8;
     for h in shared.conns.borrow_mut().values_mut() {
-        if h.parked.is_some() {
+        if h.parked.is_some() || h.listener == ConnHandle::NEVER_PARKS {
             continue;
         }
         h.quiet = h.quiet.saturating_add(1);

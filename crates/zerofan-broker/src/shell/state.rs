@@ -18,12 +18,19 @@ pub struct ConnHandle {
     pub waker: Option<Waker>,
     /// The socket while the connection is parked (no task then).
     pub parked: Option<std::net::TcpStream>,
-    /// The parked connection's listener (for its figures when it resumes).
+    /// The parked connection's listener (for its figures when it resumes);
+    /// [`ConnHandle::NEVER_PARKS`] for a TLS or WebSocket connection, which
+    /// the parking sweep then skips.
     pub listener: u16,
     /// Parking sweeps since the task last ran.
     pub quiet: u8,
-    /// The sweep asks the task to park (a TLS or WebSocket one ignores it).
+    /// The sweep asks the task to park.
     pub park: bool,
+}
+
+impl ConnHandle {
+    /// `listener` of a connection that never parks.
+    pub const NEVER_PARKS: u16 = u16::MAX;
 }
 
 /// Shared by every task of one broker.
