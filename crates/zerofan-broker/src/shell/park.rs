@@ -42,6 +42,8 @@ pub struct Lot {
     parked: Cell<u64>,
     /// Parks since start.
     parks: Cell<u64>,
+    /// The lot's task stopped on an error: nothing parks any more.
+    broken: Cell<bool>,
     /// Quiet time after which a running connection is asked to park.
     after: Duration,
     /// When the sweep last ran.
@@ -70,6 +72,7 @@ impl Lot {
             waker: Cell::new(None),
             parked: Cell::new(0),
             parks: Cell::new(0),
+            broken: Cell::new(false),
             after,
             last_sweep: Cell::new(None),
         };
@@ -78,7 +81,7 @@ impl Lot {
 
     /// Whether connections may park.
     pub fn enabled(&self) -> bool {
-        self.registry.is_some()
+        self.registry.is_some() && !self.broken.get()
     }
 
     /// Connections parked now, and parks since start.
@@ -159,7 +162,7 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
         Ok(fd) => fd,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch the poller of parked connections");
-            return;
+            return give_up(&shared);
         }
     };
     let mut fd = fd;
@@ -181,6 +184,7 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
             }
             Poll::Ready(Err(e)) => {
                 tracing::warn!(error = %e, "the poller of parked connections failed");
+                give_up(&shared);
                 return Poll::Ready(());
             }
             Poll::Pending => {}
@@ -195,6 +199,22 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
         }
     })
     .await;
+}
+
+/// The lot cannot watch its sockets any more: stop parking and give every
+/// parked connection its task back, so that none is left unheard.
+fn give_up(shared: &Rc<Shared>) {
+    shared.lot.broken.set(true);
+    let parked: Vec<ConnId> = shared
+        .conns
+        .borrow()
+        .iter()
+        .filter(|(_, h)| h.parked.is_some())
+        .map(|(id, _)| *id)
+        .collect();
+    for id in parked {
+        unpark(shared, id);
+    }
 }
 
 /// Called by the timer task: ask every running plain-TCP connection that
