@@ -262,14 +262,20 @@ impl Conn {
         };
         match s.into_std() {
             Ok(stream) => {
-                let listener = self.counted.park();
-                if let Some(h) = shared.conns.borrow_mut().get_mut(&self.id) {
-                    h.parked = Some(stream);
-                    h.listener = listener;
-                    h.waker = None;
-                    h.quiet = 0;
-                    h.park = false;
-                }
+                let mut conns = shared.conns.borrow_mut();
+                let Some(h) = conns.get_mut(&self.id) else {
+                    // No handle to keep the socket in (cannot happen: the
+                    // task removes it only when it ends): the socket closes.
+                    drop(conns);
+                    self.forget(shared);
+                    return Poll::Ready(());
+                };
+                h.parked = Some(stream);
+                h.listener = self.counted.park();
+                h.waker = None;
+                h.quiet = 0;
+                h.park = false;
+                drop(conns);
                 shared.lot.parked_one();
             }
             // tokio closed the socket when it could not deregister it.
