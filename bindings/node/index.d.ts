@@ -55,7 +55,7 @@ export interface ClientOptions {
   useExternalBuffer?: boolean
   /** Bytes: a buffer pool of its own for this client with this retention cap. */
   poolSize?: number
-  /** Most messages per native-to-JavaScript batch (default 256). */
+  /** Most messages per native-to-JavaScript batch (default 1024). */
   batchSize?: number
   /** Messages the native incoming queue holds before reading pauses (default 1024). */
   incomingCapacity?: number

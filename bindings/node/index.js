@@ -130,7 +130,7 @@ class MqttClient extends EventEmitter {
     const { resolved, native: nopts } = resolveOptions(url, options)
     this.options = resolved
     this._nopts = nopts
-    this._batchSize = resolved.batchSize || 256
+    this._batchSize = resolved.batchSize || 1024
     this.connected = false
     this.reconnecting = false
     this.disconnecting = false
@@ -195,11 +195,17 @@ class MqttClient extends EventEmitter {
     this.emit('close')
   }
 
+  // Asks for the next batch before dispatching the current one, so that
+  // the native side collects it (and the round trip through the tokio
+  // runtime and back happens) while JavaScript emits. At most one batch
+  // is held outside the native queue meanwhile.
   async _pump (n) {
     const max = this._batchSize
+    let next = n.nextBatch(max)
     for (;;) {
-      let batch = await n.nextBatch(max)
+      let batch = await next
       if (batch === null) return
+      next = n.nextBatch(max)
       this._dispatch(batch)
       // The suspended async frame would otherwise keep the last batch (and
       // so its payloads' native memory) alive until the next one arrives.
