@@ -12,6 +12,7 @@
 use crate::delivery::PublishAck;
 use crate::error::ClientError;
 use crate::frame_builder::{OutFrame, HIGH_WATER};
+use crate::incoming::{Pushed, Sender};
 use crate::message::Message;
 use crate::options::ClientOptions;
 use crate::reader::Reader;
@@ -72,7 +73,7 @@ struct ServerLimits {
 /// Channels between the event loop and the handles.
 pub(crate) struct Channels {
     pub cmd_rx: mpsc::Receiver<Command>,
-    pub in_tx: mpsc::Sender<Message>,
+    pub in_tx: Sender,
     pub state_tx: watch::Sender<ConnState>,
     pub shutdown: watch::Receiver<bool>,
     pub stats: Arc<Stats>,
@@ -86,6 +87,9 @@ pub(crate) struct EventLoop {
     reader: Reader,
     parked: Option<Command>,
     backlog: VecDeque<(Message, Option<(u16, QoS)>)>,
+    /// Acknowledgements owed for messages that just entered the incoming
+    /// queue (kept to reuse its allocation).
+    acks: Vec<(u16, QoS)>,
     scratch: BytesMut,
     server: ServerLimits,
     aliases: HashMap<u16, MqttStr>,
@@ -114,6 +118,7 @@ impl EventLoop {
             session: Session::default(),
             parked: None,
             backlog: VecDeque::new(),
+            acks: Vec::new(),
             scratch: BytesMut::new(),
             aliases: HashMap::new(),
             connected_once: false,
@@ -298,7 +303,6 @@ impl EventLoop {
         let ka = Duration::from_secs(u64::from(self.server.keep_alive));
         let mut last_write = Instant::now();
         let mut shutdown = self.ch.shutdown.clone();
-        let in_tx = self.ch.in_tx.clone();
         let ka_timer = tokio::time::sleep_until(last_write + ka);
         tokio::pin!(ka_timer);
         let end = loop {
@@ -333,27 +337,16 @@ impl EventLoop {
                             self.protocol_failure(&e, &mut w, &mut wr).await;
                             break End::Lost(e);
                         }
-                    }
-                    Err(e) => break End::Lost(e.into()),
-                },
-                permit = in_tx.reserve(), if !self.backlog.is_empty() => {
-                    let delivered = match permit {
-                        Ok(permit) => match self.backlog.pop_front() {
-                            Some((m, ack)) => { permit.send(m); Some(ack) }
-                            None => None,
-                        },
-                        // Nobody listens: drop (and acknowledge) the message.
-                        Err(_) => self.backlog.pop_front().map(|(_, ack)| ack),
-                    };
-                    if let Some(ack) = delivered {
-                        Stats::add(&self.ch.stats.messages_received, 1);
-                        if let Err(e) = self.ack_incoming(ack, &mut w) {
+                        // Hand over what fits now, without another turn of
+                        // the loop.
+                        if let Err(e) = self.deliver_ready(&mut w) {
                             break End::Lost(e);
                         }
                     }
-                    // Hand over what else fits now without another turn of
-                    // the loop: one wakeup of the reader for many messages.
-                    if let Err(e) = self.deliver_ready(&in_tx, &mut w) {
+                    Err(e) => break End::Lost(e.into()),
+                },
+                () = self.ch.in_tx.room(), if !self.backlog.is_empty() => {
+                    if let Err(e) = self.deliver_ready(&mut w) {
                         break End::Lost(e);
                     }
                 },
@@ -776,33 +769,38 @@ impl EventLoop {
         Ok(())
     }
 
-    /// Move backlog messages into the incoming queue while it has room
-    /// (acknowledging each as it enters, as the `select!` branch does).
-    fn deliver_ready(
-        &mut self,
-        in_tx: &mpsc::Sender<Message>,
-        w: &mut Writer,
-    ) -> Result<(), ClientError> {
-        while !self.backlog.is_empty() {
-            let ack = match in_tx.try_reserve() {
-                Ok(permit) => match self.backlog.pop_front() {
-                    Some((m, ack)) => {
-                        permit.send(m);
-                        ack
-                    }
-                    None => break,
-                },
-                Err(mpsc::error::TrySendError::Full(())) => break,
-                // Nobody listens: drop (and acknowledge) the message.
-                Err(mpsc::error::TrySendError::Closed(())) => match self.backlog.pop_front() {
-                    Some((_, ack)) => ack,
-                    None => break,
-                },
-            };
-            Stats::add(&self.ch.stats.messages_received, 1);
-            self.ack_incoming(ack, w)?;
+    /// Move backlog messages into the incoming queue while it has room, in
+    /// one hand-over, and acknowledge each that entered (QoS 1/2).
+    fn deliver_ready(&mut self, w: &mut Writer) -> Result<(), ClientError> {
+        if self.backlog.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let mut acks = std::mem::take(&mut self.acks);
+        let owed = |a: Option<(u16, QoS)>| {
+            if let Some(a) = a {
+                acks.push(a);
+            }
+        };
+        let n = match self.ch.in_tx.push_from(&mut self.backlog, owed) {
+            Pushed::Moved(n) => n,
+            // Nobody listens: drop (and acknowledge) the messages.
+            Pushed::Closed => {
+                let n = self.backlog.len();
+                acks.extend(self.backlog.drain(..).filter_map(|(_, a)| a));
+                n
+            }
+        };
+        Stats::add(&self.ch.stats.messages_received, n as u64);
+        let mut sent = Ok(());
+        for a in acks.drain(..) {
+            sent = self.ack_incoming(Some(a), w);
+            if sent.is_err() {
+                break;
+            }
+        }
+        acks.clear();
+        self.acks = acks;
+        sent
     }
 
     fn ack_incoming(&mut self, a: Option<(u16, QoS)>, w: &mut Writer) -> Result<(), ClientError> {
