@@ -195,21 +195,20 @@ class MqttClient extends EventEmitter {
     this.emit('close')
   }
 
-  // Asks for the next batch before dispatching the current one, so that
-  // the native side collects it (and the round trip through the tokio
-  // runtime and back happens) while JavaScript emits. At most one batch
-  // is held outside the native queue meanwhile.
+  // Waits for a batch only when none is ready: after each batch it takes
+  // what is queued now synchronously (takeBatch: no trip through the tokio
+  // runtime and no wakeup of this thread), and yields to the event loop
+  // (setImmediate) before dispatching it, so timers and I/O still run
+  // while a stream keeps the queue busy.
   async _pump (n) {
     const max = this._batchSize
-    let next = n.nextBatch(max)
+    let batch = await n.nextBatch(max)
     for (;;) {
-      let batch = await next
       if (batch === null) return
-      next = n.nextBatch(max)
       this._dispatch(batch)
-      // The suspended async frame would otherwise keep the last batch (and
-      // so its payloads' native memory) alive until the next one arrives.
-      batch = null
+      batch = n.takeBatch(max)
+      if (batch === undefined) batch = await n.nextBatch(max)
+      else await new Promise(setImmediate)
     }
   }
 

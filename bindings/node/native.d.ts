@@ -351,6 +351,13 @@ export declare class NativeClient {
   /** Up to `max` waiting messages (at least one); `null` once closed. */
   nextBatch(max: number): Promise<Array<any> | null>
   /**
+   * Up to `max` messages that are ready now, as a batch like
+   * `nextBatch` gives, without waiting and without a trip through the
+   * tokio runtime; `undefined` when none is ready (or a `nextBatch` is
+   * waiting for messages: the caller awaits that instead).
+   */
+  takeBatch(max: number): Array<any> | undefined
+  /**
    * The next connection state change (resolves at once with the current
    * state when `current` is true).
    */

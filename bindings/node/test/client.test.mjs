@@ -241,3 +241,41 @@ test('embedded broker with dataDir keeps retained messages across a restart', as
 test('startBroker rejects a port in use', async () => {
   await assert.rejects(zf.startBroker({ port: broker.port }), /failed to start/)
 })
+
+test('a busy stream arrives complete and in order, and timers still run between batches', { timeout: 60000 }, async () => {
+  // A broker of its own whose session queue holds the whole stream, so
+  // that it drops nothing however far the publisher runs ahead.
+  const big = await zf.startBroker({ host: '127.0.0.1', port: 0, sysInterval: 0, maxQueuedMessages: 200000 })
+  const c = await zf.connectAsync(big.url, { batchSize: 256 })
+  await c.subscribeAsync('busy/order', { qos: 1 })
+  const count = 100000
+  let n = 0
+  let outOfOrder = null
+  let done
+  const all = new Promise((resolve) => { done = resolve })
+  c.on('message', (topic, payload) => {
+    const seq = Number(payload.readBigUInt64LE(8))
+    if (seq !== n && outOfOrder === null) outOfOrder = `message #${n} has sequence ${seq}`
+    if (++n === count) done()
+  })
+  // A 1 ms timer: the longest gap between its ticks while the stream runs
+  // tells whether batches taken synchronously starve the event loop.
+  let last = performance.now()
+  let maxGap = 0
+  const timer = setInterval(() => {
+    const now = performance.now()
+    if (n > 0 && n < count) maxGap = Math.max(maxGap, now - last)
+    last = now
+  }, 1)
+  const p = await zf.startLoadPublisher({ port: big.port, topic: 'busy/order', size: 16, count, qos: 1 })
+  let giveUp
+  await Promise.race([all, new Promise((resolve) => { giveUp = setTimeout(resolve, 50000) })])
+  clearTimeout(giveUp)
+  clearInterval(timer)
+  await p.done()
+  assert.equal(n, count, `received ${n} of ${count}`)
+  assert.equal(outOfOrder, null)
+  assert.ok(maxGap < 250, `timers waited ${maxGap.toFixed(0)} ms`)
+  await c.endAsync()
+  await big.close()
+})
