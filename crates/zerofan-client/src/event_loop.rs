@@ -617,12 +617,17 @@ impl EventLoop {
     }
 
     fn on_read(&mut self, w: &mut Writer) -> Result<(), ClientError> {
-        self.reader.split_frames()?;
-        while let Some(p) = self.reader.next_packet(self.protocol()) {
-            let (p, src) = p?;
-            self.packet(p, src, w)?;
+        // Frames left from before (those that came right behind CONNACK)
+        // first, then what this read completed.
+        loop {
+            while let Some(p) = self.reader.next_packet(self.protocol()) {
+                let (p, src) = p?;
+                self.packet(p, src, w)?;
+            }
+            if !self.reader.split_frames()? {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// Handle one packet; `src` is the frozen read buffer it was decoded from.
@@ -730,7 +735,9 @@ impl EventLoop {
         src: Bytes,
         w: &mut Writer,
     ) -> Result<(), ClientError> {
-        let topic = match p.properties.topic_alias {
+        // The topic when it is not the packet's own (a topic alias), so
+        // that the common case moves the topic instead of cloning it.
+        let aliased = match p.properties.topic_alias {
             Some(alias) if self.protocol().is_v5() => {
                 let max = self.opts.topic_alias_maximum.unwrap_or(0);
                 if alias == 0 || alias > max {
@@ -738,7 +745,7 @@ impl EventLoop {
                 }
                 if p.topic.is_empty() {
                     match self.aliases.get(&alias) {
-                        Some(t) => t.clone(),
+                        Some(t) => Some(t.clone()),
                         None => return Err(ClientError::Protocol("unknown topic alias")),
                     }
                 } else {
@@ -746,13 +753,13 @@ impl EventLoop {
                     let owned = MqttStr::try_from(p.topic.as_str())
                         .map_err(|_| ClientError::Protocol("bad topic"))?;
                     self.aliases.insert(alias, owned);
-                    p.topic.clone()
+                    None
                 }
             }
-            _ => p.topic.clone(),
+            _ => None,
         };
         let (qos, pid) = (p.qos, p.packet_id);
-        let msg = Message::from_publish(p, topic, src);
+        let msg = Message::from_publish(p, aliased, src);
         match qos {
             QoS::AtMostOnce => self.backlog.push_back((msg, None)),
             QoS::AtLeastOnce => self.backlog.push_back((msg, Some((pid, qos)))),

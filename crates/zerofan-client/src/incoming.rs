@@ -287,8 +287,7 @@ mod tests {
             payload: Bytes::from(vec![i]),
             ..Default::default()
         };
-        let topic = p.topic.clone();
-        Message::from_publish(p, topic, Bytes::new())
+        Message::from_publish(p, None, Bytes::new())
     }
 
     fn backlog(range: std::ops::Range<u8>) -> VecDeque<(Message, u8)> {

@@ -66,9 +66,11 @@ impl Message {
         (end <= src.len()).then_some((src, offset))
     }
 
-    pub(crate) fn from_publish(p: Publish, topic: MqttStr, source: Bytes) -> Self {
+    /// `topic`: the topic when it is not `p`'s own (resolved from a topic
+    /// alias); `None` moves `p.topic` in.
+    pub(crate) fn from_publish(p: Publish, topic: Option<MqttStr>, source: Bytes) -> Self {
         Message {
-            topic,
+            topic: topic.unwrap_or(p.topic),
             payload: p.payload,
             qos: p.qos,
             retain: p.retain,
@@ -138,8 +140,7 @@ mod tests {
             else {
                 panic!("not a PUBLISH")
             };
-            let topic = p.topic.clone();
-            out.push(Message::from_publish(p, topic, all.clone()));
+            out.push(Message::from_publish(p, None, all.clone()));
             pos += n;
         }
         (all, out)

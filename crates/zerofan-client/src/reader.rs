@@ -20,9 +20,13 @@ pub(crate) struct Reader {
     buf: Option<PooledBuf>,
     /// Largest packet accepted (our Maximum Packet Size).
     max_packet: u32,
-    /// Complete frames cut out but not decoded yet, each with the whole
-    /// frozen read buffer it was cut from (see [`crate::Message::read_buffer`]).
-    frames: VecDeque<(Bytes, Bytes)>,
+    /// The frozen read buffer the frames in `frames` were cut from (see
+    /// [`crate::Message::read_buffer`]).
+    frozen: Bytes,
+    /// Complete frames in `frozen` not decoded yet, as byte ranges: one
+    /// reference to the buffer for all of them, and each frame becomes a
+    /// `Bytes` only when it is decoded.
+    frames: VecDeque<(usize, usize)>,
 }
 
 impl Reader {
@@ -31,6 +35,7 @@ impl Reader {
             pool,
             buf: None,
             max_packet,
+            frozen: Bytes::new(),
             frames: VecDeque::new(),
         }
     }
@@ -38,6 +43,7 @@ impl Reader {
     /// Forget everything buffered (a new connection starts clean).
     pub fn reset(&mut self) {
         self.buf = None;
+        self.frozen = Bytes::new();
         self.frames.clear();
     }
 
@@ -52,11 +58,13 @@ impl Reader {
         rd.read_buf(b).await
     }
 
-    /// Cut every complete packet out of the buffer. Errors are fatal for the
-    /// connection (bad framing, packet over our maximum size).
-    pub fn split_frames(&mut self) -> Result<(), DecodeError> {
+    /// Cut every complete packet out of the buffer; whether any was cut.
+    /// Cuts nothing while frames of the previous cut are not all decoded
+    /// (decode them with [`Reader::next_packet`] first). Errors are fatal
+    /// for the connection (bad framing, packet over our maximum size).
+    pub fn split_frames(&mut self) -> Result<bool, DecodeError> {
         let Some(b) = self.buf.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         match frame(&b[..], self.max_packet) {
             Frame::NeedMore(more) => {
@@ -64,21 +72,23 @@ impl Reader {
                 if b.capacity() < want {
                     grow(&self.pool, b, want);
                 }
-                return Ok(());
+                return Ok(false);
             }
             Frame::Invalid(e) => return Err(e),
             Frame::Complete(_) => {}
         }
+        if !self.frames.is_empty() {
+            return Ok(false);
+        }
         let Some(filled) = self.buf.take() else {
-            return Ok(());
+            return Ok(false);
         };
         let all = filled.freeze();
         let mut pos = 0;
         while pos < all.len() {
             match frame(&all[pos..], self.max_packet) {
                 Frame::Complete(n) => {
-                    self.frames
-                        .push_back((all.slice(pos..pos + n), all.clone()));
+                    self.frames.push_back((pos, pos + n));
                     pos += n;
                 }
                 Frame::NeedMore(more) => {
@@ -91,7 +101,8 @@ impl Reader {
                 Frame::Invalid(e) => return Err(e),
             }
         }
-        Ok(())
+        self.frozen = all;
+        Ok(!self.frames.is_empty())
     }
 
     /// Decode the next complete packet, if any, with the frozen read buffer
@@ -100,9 +111,19 @@ impl Reader {
         &mut self,
         protocol: Protocol,
     ) -> Option<Result<(Packet, Bytes), DecodeError>> {
-        self.frames
-            .pop_front()
-            .map(|(f, src)| zerofan_codec::decode(f, protocol).map(|p| (p, src)))
+        let Some((start, end)) = self.frames.pop_front() else {
+            // Every frame decoded: let go of the buffer.
+            self.frozen = Bytes::new();
+            return None;
+        };
+        let f = self.frozen.slice(start..end);
+        let src = if self.frames.is_empty() {
+            // The last frame of the buffer: hand over our reference.
+            std::mem::take(&mut self.frozen)
+        } else {
+            self.frozen.clone()
+        };
+        Some(zerofan_codec::decode(f, protocol).map(|p| (p, src)))
     }
 }
 
@@ -161,5 +182,44 @@ mod tests {
             }
         }
         w.await.unwrap();
+    }
+
+    fn publish_bytes(topic: &str, body: &[u8]) -> Vec<u8> {
+        let p = Packet::Publish(zerofan_codec::Publish {
+            topic: zerofan_codec::MqttStr::try_from(topic).unwrap(),
+            payload: Bytes::copy_from_slice(body),
+            ..Default::default()
+        });
+        let mut v = vec![0u8; zerofan_codec::encoded_len(&p, Protocol::V5).unwrap()];
+        let mut s: &mut [u8] = &mut v[..];
+        zerofan_codec::encode(&p, Protocol::V5, &mut s).unwrap();
+        v
+    }
+
+    #[tokio::test]
+    async fn frames_left_undecoded_are_decoded_before_the_next_cut() {
+        let mut wire = publish_bytes("a", b"one");
+        wire.extend(publish_bytes("b", b"two"));
+        let third = publish_bytes("c", b"three");
+        let mut r = Reader::new(Pool::global().clone(), u32::MAX);
+        let mut rd: &[u8] = &wire;
+        r.read(&mut rd).await.unwrap();
+        assert!(r.split_frames().unwrap(), "two frames cut");
+        let (first, src) = r.next_packet(Protocol::V5).unwrap().unwrap();
+        assert!(matches!(first, Packet::Publish(ref p) if p.payload == "one"));
+        assert_eq!(src.len(), wire.len(), "the whole read buffer comes along");
+        // A new read while one frame is pending: nothing is cut until it
+        // is decoded, and nothing is lost.
+        let mut rd: &[u8] = &third;
+        r.read(&mut rd).await.unwrap();
+        assert!(!r.split_frames().unwrap());
+        let (second, _) = r.next_packet(Protocol::V5).unwrap().unwrap();
+        assert!(matches!(second, Packet::Publish(ref p) if p.payload == "two"));
+        assert!(r.next_packet(Protocol::V5).is_none());
+        assert!(r.split_frames().unwrap());
+        let (p3, src3) = r.next_packet(Protocol::V5).unwrap().unwrap();
+        assert!(matches!(p3, Packet::Publish(ref p) if p.payload == "three"));
+        assert_eq!(src3.len(), third.len());
+        assert!(r.next_packet(Protocol::V5).is_none());
     }
 }
