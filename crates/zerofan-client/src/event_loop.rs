@@ -86,10 +86,15 @@ pub(crate) struct EventLoop {
     session: Session,
     reader: Reader,
     parked: Option<Command>,
-    backlog: VecDeque<(Message, Option<(u16, QoS)>)>,
-    /// Acknowledgements owed for messages that just entered the incoming
-    /// queue (kept to reuse its allocation).
-    acks: Vec<(u16, QoS)>,
+    /// Messages decoded and not yet in the incoming queue.
+    backlog: VecDeque<Message>,
+    /// QoS 1/2 messages of `backlog` to acknowledge when they enter the
+    /// incoming queue: (the message's number, packet identifier, QoS), in
+    /// order. Empty for a QoS 0 stream, which so costs nothing per message.
+    owed: VecDeque<(u64, u16, QoS)>,
+    /// Messages moved from `backlog` into the incoming queue so far: the
+    /// message at `backlog[i]` is number `delivered + i`.
+    delivered: u64,
     scratch: BytesMut,
     server: ServerLimits,
     aliases: HashMap<u16, MqttStr>,
@@ -118,7 +123,8 @@ impl EventLoop {
             session: Session::default(),
             parked: None,
             backlog: VecDeque::new(),
-            acks: Vec::new(),
+            owed: VecDeque::new(),
+            delivered: 0,
             scratch: BytesMut::new(),
             aliases: HashMap::new(),
             connected_once: false,
@@ -402,6 +408,7 @@ impl EventLoop {
         // Messages decoded but not delivered will be sent again by the
         // broker (QoS 1/2) after the reconnect; QoS 0 ones are lost.
         self.backlog.clear();
+        self.owed.clear();
         end
     }
 
@@ -760,16 +767,21 @@ impl EventLoop {
         };
         let (qos, pid) = (p.qos, p.packet_id);
         let msg = Message::from_publish(p, aliased, src);
+        let number = self.delivered + self.backlog.len() as u64;
         match qos {
-            QoS::AtMostOnce => self.backlog.push_back((msg, None)),
-            QoS::AtLeastOnce => self.backlog.push_back((msg, Some((pid, qos)))),
+            QoS::AtMostOnce => self.backlog.push_back(msg),
+            QoS::AtLeastOnce => {
+                self.owed.push_back((number, pid, qos));
+                self.backlog.push_back(msg);
+            }
             QoS::ExactlyOnce => {
                 if self.session.incoming_qos2.contains(&pid) {
                     // Already delivered; the broker missed our PUBREC.
                     self.send(&Packet::PubRec(ack(pid)), w)?;
                 } else {
                     self.session.incoming_qos2.insert(pid);
-                    self.backlog.push_back((msg, Some((pid, qos))));
+                    self.owed.push_back((number, pid, qos));
+                    self.backlog.push_back(msg);
                 }
             }
         }
@@ -777,37 +789,30 @@ impl EventLoop {
     }
 
     /// Move backlog messages into the incoming queue while it has room, in
-    /// one hand-over, and acknowledge each that entered (QoS 1/2).
+    /// one hand-over, and acknowledge each QoS 1/2 message that entered.
     fn deliver_ready(&mut self, w: &mut Writer) -> Result<(), ClientError> {
         if self.backlog.is_empty() {
             return Ok(());
         }
-        let mut acks = std::mem::take(&mut self.acks);
-        let owed = |a: Option<(u16, QoS)>| {
-            if let Some(a) = a {
-                acks.push(a);
-            }
-        };
-        let n = match self.ch.in_tx.push_from(&mut self.backlog, owed) {
+        let n = match self.ch.in_tx.push_from(&mut self.backlog) {
             Pushed::Moved(n) => n,
             // Nobody listens: drop (and acknowledge) the messages.
             Pushed::Closed => {
                 let n = self.backlog.len();
-                acks.extend(self.backlog.drain(..).filter_map(|(_, a)| a));
+                self.backlog.clear();
                 n
             }
         };
         Stats::add(&self.ch.stats.messages_received, n as u64);
-        let mut sent = Ok(());
-        for a in acks.drain(..) {
-            sent = self.ack_incoming(Some(a), w);
-            if sent.is_err() {
+        self.delivered += n as u64;
+        while let Some(&(number, pid, qos)) = self.owed.front() {
+            if number >= self.delivered {
                 break;
             }
+            self.owed.pop_front();
+            self.ack_incoming(Some((pid, qos)), w)?;
         }
-        acks.clear();
-        self.acks = acks;
-        sent
+        Ok(())
     }
 
     fn ack_incoming(&mut self, a: Option<(u16, QoS)>, w: &mut Writer) -> Result<(), ClientError> {

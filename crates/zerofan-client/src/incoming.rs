@@ -77,15 +77,10 @@ pub(crate) enum Pushed {
 
 impl Sender {
     /// Move messages from the front of `from` into the queue while it has
-    /// room, under one lock, and wake the consumer if it waits. `each`
-    /// sees every item as its message enters the queue (the event loop
-    /// notes which to acknowledge); it is called with the lock held, so it
-    /// must be cheap and must not touch the queue.
-    pub fn push_from<A>(
-        &self,
-        from: &mut VecDeque<(Message, A)>,
-        mut each: impl FnMut(A),
-    ) -> Pushed {
+    /// room, under one lock, and wake the consumer if it waits. When the
+    /// queue is empty and takes all of `from`, the two exchange their
+    /// allocations instead of moving messages one by one.
+    pub fn push_from(&self, from: &mut VecDeque<Message>) -> Pushed {
         let mut st = self.shared.lock();
         if st.rx_closed {
             return Pushed::Closed;
@@ -95,10 +90,10 @@ impl Sender {
         if n == 0 {
             return Pushed::Moved(0);
         }
-        st.msgs.reserve(n);
-        for (m, a) in from.drain(..n) {
-            st.msgs.push_back(m);
-            each(a);
+        if st.msgs.is_empty() && n == from.len() {
+            std::mem::swap(&mut st.msgs, from);
+        } else {
+            st.msgs.extend(from.drain(..n));
         }
         let waker = st.rx_waker.take();
         drop(st);
@@ -290,8 +285,8 @@ mod tests {
         Message::from_publish(p, None, Bytes::new())
     }
 
-    fn backlog(range: std::ops::Range<u8>) -> VecDeque<(Message, u8)> {
-        range.map(|i| (msg(i), i)).collect()
+    fn backlog(range: std::ops::Range<u8>) -> VecDeque<Message> {
+        range.map(msg).collect()
     }
 
     fn moved(p: Pushed) -> usize {
@@ -304,9 +299,9 @@ mod tests {
     #[tokio::test]
     async fn recv_many_takes_what_is_ready_up_to_the_limit_then_ends() {
         let (tx, mut inc) = queue(8);
-        let mut seen = Vec::new();
-        assert_eq!(moved(tx.push_from(&mut backlog(0..3), |a| seen.push(a))), 3);
-        assert_eq!(seen, [0, 1, 2], "each entry seen as it enters");
+        let mut b = backlog(0..3);
+        assert_eq!(moved(tx.push_from(&mut b)), 3);
+        assert!(b.is_empty(), "all taken");
         let mut buf = Vec::new();
         assert_eq!(inc.recv_many(&mut buf, 2).await, 2);
         assert_eq!(inc.recv_many(&mut buf, 10).await, 1, "only what is ready");
@@ -317,7 +312,7 @@ mod tests {
         // Waits for the next one rather than returning empty.
         let late = tokio::spawn(async move {
             tokio::task::yield_now().await;
-            tx.push_from(&mut backlog(9..10), |_| {});
+            tx.push_from(&mut backlog(9..10));
             tx
         });
         assert_eq!(inc.recv_many(&mut buf, 10).await, 1);
@@ -332,8 +327,8 @@ mod tests {
     async fn the_queue_is_bounded_and_the_sender_waits_for_room() {
         let (tx, mut inc) = queue(4);
         let mut b = backlog(0..10);
-        assert_eq!(moved(tx.push_from(&mut b, |_| {})), 4);
-        assert_eq!(moved(tx.push_from(&mut b, |_| {})), 0, "full");
+        assert_eq!(moved(tx.push_from(&mut b)), 4);
+        assert_eq!(moved(tx.push_from(&mut b)), 0, "full");
         assert_eq!(b.len(), 6, "the rest stays with the sender");
         let tx = Arc::new(tx);
         let t2 = tx.clone();
@@ -342,7 +337,7 @@ mod tests {
         assert!(!waiter.is_finished(), "no room yet");
         assert_eq!(inc.try_recv().map(|m| m.payload[0]), Some(0));
         waiter.await.unwrap();
-        assert_eq!(moved(tx.push_from(&mut b, |_| {})), 1);
+        assert_eq!(moved(tx.push_from(&mut b)), 1);
         let mut all = Vec::new();
         assert_eq!(inc.try_recv_many(&mut all, 100), 4);
         let got: Vec<u8> = all.iter().map(|m| m.payload[0]).collect();
@@ -353,11 +348,11 @@ mod tests {
     async fn a_dropped_incoming_closes_the_sender_side() {
         let (tx, inc) = queue(2);
         let mut b = backlog(0..5);
-        assert_eq!(moved(tx.push_from(&mut b, |_| {})), 2);
+        assert_eq!(moved(tx.push_from(&mut b)), 2);
         drop(inc);
         // Waiting for room ends at once, and nothing more is taken.
         tx.room().await;
-        assert!(matches!(tx.push_from(&mut b, |_| {}), Pushed::Closed));
+        assert!(matches!(tx.push_from(&mut b), Pushed::Closed));
         assert_eq!(b.len(), 3);
     }
 
@@ -365,7 +360,7 @@ mod tests {
     async fn stream_yields_in_order_then_ends() {
         use futures_util::StreamExt;
         let (tx, mut inc) = queue(16);
-        tx.push_from(&mut backlog(0..5), |_| {});
+        tx.push_from(&mut backlog(0..5));
         drop(tx);
         let got: Vec<u8> = (&mut inc).map(|m| m.payload[0]).collect().await;
         assert_eq!(got, [0, 1, 2, 3, 4]);
