@@ -46,8 +46,9 @@ impl Message {
     /// the same memory (`buffer.as_ptr() + offset == payload.as_ptr()`),
     /// not a copy. The buffer is the whole frozen read buffer: it also
     /// holds this packet's header and topic and the other packets that
-    /// arrived with it (at most one read's worth, 16 KiB unless a larger
-    /// packet needed a larger buffer), so keeping it keeps all of them.
+    /// arrived with it (at most one read's worth: 16 KiB, 64 KiB while a
+    /// busy stream fills every read, more only for a larger packet), so
+    /// keeping it keeps all of them.
     ///
     /// `None` for an empty payload, and when `payload` no longer lies in
     /// the buffer (the field was replaced): the invariant is checked on

@@ -14,10 +14,19 @@ use zerofan_pool::{Pool, PooledBuf};
 
 /// Size of a read buffer when no larger packet is expected.
 pub(crate) const READ_SIZE: usize = 16 * 1024;
+/// Size of a read buffer while the stream is busy: after a read that
+/// filled its buffer (more was waiting than it could take), the next one
+/// takes four times as much, until a read leaves room again. Fewer reads,
+/// and fewer buffers (so fewer `ArrayBuffer`s in the Node.js binding) for
+/// the same bytes; a quiet connection keeps reading into small buffers,
+/// so that a message kept for long pins little memory.
+pub(crate) const BUSY_READ_SIZE: usize = 64 * 1024;
 
 pub(crate) struct Reader {
     pool: Pool,
     buf: Option<PooledBuf>,
+    /// Size of the next read buffer: [`READ_SIZE`] or [`BUSY_READ_SIZE`].
+    read_size: usize,
     /// Largest packet accepted (our Maximum Packet Size).
     max_packet: u32,
     /// The frozen read buffer the frames in `frames` were cut from (see
@@ -34,6 +43,7 @@ impl Reader {
         Reader {
             pool,
             buf: None,
+            read_size: READ_SIZE,
             max_packet,
             frozen: Bytes::new(),
             frames: VecDeque::new(),
@@ -43,6 +53,7 @@ impl Reader {
     /// Forget everything buffered (a new connection starts clean).
     pub fn reset(&mut self) {
         self.buf = None;
+        self.read_size = READ_SIZE;
         self.frozen = Bytes::new();
         self.frames.clear();
     }
@@ -50,12 +61,19 @@ impl Reader {
     /// Read once from `rd`; `Ok(0)` is end of stream.
     pub async fn read<R: AsyncRead + Unpin>(&mut self, rd: &mut R) -> std::io::Result<usize> {
         let pool = &self.pool;
-        let b = self.buf.get_or_insert_with(|| pool.get(READ_SIZE));
+        let size = self.read_size;
+        let b = self.buf.get_or_insert_with(|| pool.get(size));
         if b.remaining_capacity() == 0 {
             let want = b.len() * 2;
             grow(pool, b, want);
         }
-        rd.read_buf(b).await
+        let n = rd.read_buf(b).await?;
+        self.read_size = if n > 0 && b.remaining_capacity() == 0 {
+            BUSY_READ_SIZE
+        } else {
+            READ_SIZE
+        };
+        Ok(n)
     }
 
     /// Cut every complete packet out of the buffer; whether any was cut.
@@ -93,7 +111,7 @@ impl Reader {
                 }
                 Frame::NeedMore(more) => {
                     let tail = &all[pos..];
-                    let mut nb = self.pool.get((tail.len() + more).max(READ_SIZE));
+                    let mut nb = self.pool.get((tail.len() + more).max(self.read_size));
                     nb.extend_from_slice(tail);
                     self.buf = Some(nb);
                     break;
@@ -221,5 +239,33 @@ mod tests {
         assert!(matches!(p3, Packet::Publish(ref p) if p.payload == "three"));
         assert_eq!(src3.len(), third.len());
         assert!(r.next_packet(Protocol::V5).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_read_that_fills_its_buffer_makes_the_next_one_bigger() {
+        let wire = vec![0u8; READ_SIZE + BUSY_READ_SIZE + 100];
+        let mut rd: &[u8] = &wire;
+        let mut r = Reader::new(Pool::global().clone(), u32::MAX);
+        let cap = |r: &Reader| r.buf.as_ref().map_or(0, |b| b.capacity());
+        // The bytes are not frames; only the buffer sizes matter here, so
+        // each filled buffer is dropped before the next read.
+        let first = r.read(&mut rd).await.unwrap();
+        assert!(
+            first >= READ_SIZE && cap(&r) < BUSY_READ_SIZE,
+            "a small buffer first"
+        );
+        r.buf = None;
+        let second = r.read(&mut rd).await.unwrap();
+        assert!(
+            second >= BUSY_READ_SIZE,
+            "it was full: a busy-size read ({second} B)"
+        );
+        r.buf = None;
+        let third = r.read(&mut rd).await.unwrap();
+        assert!(third < BUSY_READ_SIZE, "what was left");
+        r.buf = None;
+        let mut rest: &[u8] = &wire[..10];
+        r.read(&mut rest).await.unwrap();
+        assert!(cap(&r) < BUSY_READ_SIZE, "room left last time: small again");
     }
 }
