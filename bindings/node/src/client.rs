@@ -37,7 +37,7 @@
 //! - `props`: `undefined`, or `[index, properties, ...]` for the messages
 //!   that carry MQTT 5 properties.
 
-use crate::payload::{alloc_buffer, copy_buffer, to_arraybuffer, to_buffer};
+use crate::payload::{alloc_buffer, to_arraybuffer, to_buffer};
 use crate::pool::{self, PoolStats};
 use crate::{arg_err, js_err, tls};
 use bytes::Bytes;
@@ -506,7 +506,9 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
     // carries one or a few topics.
     let mut topic_keys: Vec<Bytes> = Vec::new();
     let mut topics = env.create_array_with_length(1)?;
-    let mut meta: Vec<u32> = Vec::with_capacity(n * 4);
+    // Written straight into the Buffer JavaScript gets: 16 bytes a message.
+    let (meta_buf, meta) = alloc_buffer(env, n * 16)?;
+    let mut meta = meta.chunks_exact_mut(16);
     let mut props: Option<JsObject> = None;
     let mut props_len = 0u32;
     let (spans, at) = if external {
@@ -537,7 +539,7 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
             }
         };
         let flags = (m.qos as u32) | (u32::from(m.retain) << 2) | (u32::from(m.dup) << 3);
-        meta.push(flags | ((idx as u32) << 4));
+        let w0 = flags | ((idx as u32) << 4);
         let (span, off) = match (at.get(i), &mut copy_buf) {
             (Some(&(span, off)), _) => (span, off),
             (None, Some((_, data))) => {
@@ -548,9 +550,14 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
             }
             (None, None) => (NO_BUFFER, 0),
         };
-        meta.push(off as u32);
-        meta.push(m.payload.len() as u32);
-        meta.push(span);
+        if let Some(slot) = meta.next() {
+            for (dst, w) in
+                slot.chunks_exact_mut(4)
+                    .zip([w0, off as u32, m.payload.len() as u32, span])
+            {
+                dst.copy_from_slice(&w.to_le_bytes());
+            }
+        }
         if !m.properties.is_empty() {
             let arr = match &mut props {
                 Some(a) => a,
@@ -565,10 +572,9 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
         }
     }
     drop(topic_keys);
-    let meta_bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
     let mut out = env.create_array_with_length(4)?;
     out.set_element(0, topics)?;
-    out.set_element(1, copy_buffer(env, &meta_bytes)?)?;
+    out.set_element(1, meta_buf)?;
     match copy_buf {
         Some((buf, _)) => out.set_element(2, buf)?,
         None => {
