@@ -166,7 +166,10 @@ export declare class Broker {
   readonly port: number
   readonly addresses: string[]
   readonly url: string
+  /** Fresh figures from the broker's core (waits for the broker thread, at most a second). */
   stats(): BrokerStats
+  /** The figures the broker thread published last (refreshed every half second and on each stats()), without waiting: never blocks. */
+  latestStats(): BrokerStats
   close(): Promise<void>
 }
 

@@ -459,6 +459,11 @@ class Broker {
     return this._native.stats()
   }
 
+  /** The figures the broker published last (at most half a second old), without waiting for it. */
+  latestStats () {
+    return this._native.latestStats()
+  }
+
   close () {
     if (!this._closing) this._closing = this._native.close()
     return this._closing

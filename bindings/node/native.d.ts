@@ -341,6 +341,13 @@ export declare class NativeBroker {
    */
   stats(): BrokerStats
   /**
+   * The figures the broker thread published last (it refreshes them
+   * every half second and on every `stats()` call), without waiting for
+   * it: never blocks the JavaScript thread (after `close()`, those taken
+   * as it began).
+   */
+  latestStats(): BrokerStats
+  /**
    * Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is
    * flushed); resolves once the broker's thread has ended.
    */

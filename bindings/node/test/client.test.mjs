@@ -206,11 +206,20 @@ test('embedded broker: stats move (read from the core, $SYS off), close() ends i
   assert.ok(st.bytesReceived > 0)
   assert.equal(st.sys['messages/received'], '10')
   assert.equal(st.sys['clients/connected'], '1')
+  // latestStats(): what stats() just took, without a round trip; the
+  // broker thread refreshes it by itself every half second too.
+  const l = b.latestStats()
+  assert.equal(l.messagesReceived, 10)
+  assert.equal(l.clientsConnected, 1)
+  assert.equal(l.sys['messages/received'], '10')
+  await c.publishAsync('s/t', 'x', { qos: 1 })
+  await until(() => b.latestStats().messagesReceived === 11, 5000, 'latestStats to refresh by itself')
   // close(): the MQTT 5 client is told the server is shutting down.
   const closed = new Promise((resolve) => c.once('close', resolve))
   await b.close()
   await closed
   assert.ok(b.stats().messagesReceived >= 10, 'the figures taken as close() began')
+  assert.ok(b.latestStats().messagesReceived >= 10)
   await assert.rejects(zf.connectAsync(`mqtt://127.0.0.1:${b.port}`, { reconnectPeriod: 0 }))
   await c.endAsync()
 })
