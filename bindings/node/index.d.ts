@@ -55,7 +55,7 @@ export interface ClientOptions {
   useExternalBuffer?: boolean
   /** Bytes: a buffer pool of its own for this client with this retention cap. */
   poolSize?: number
-  /** Most messages per native-to-JavaScript batch (default 256). */
+  /** Most messages per native-to-JavaScript batch (default 1024). */
   batchSize?: number
   /** Messages the native incoming queue holds before reading pauses (default 1024). */
   incomingCapacity?: number
@@ -166,7 +166,10 @@ export declare class Broker {
   readonly port: number
   readonly addresses: string[]
   readonly url: string
+  /** Fresh figures from the broker's core (waits for the broker thread, at most a second). */
   stats(): BrokerStats
+  /** The figures the broker thread published last (refreshed every half second and on each stats()), without waiting: never blocks. */
+  latestStats(): BrokerStats
   close(): Promise<void>
 }
 

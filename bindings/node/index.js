@@ -130,7 +130,7 @@ class MqttClient extends EventEmitter {
     const { resolved, native: nopts } = resolveOptions(url, options)
     this.options = resolved
     this._nopts = nopts
-    this._batchSize = resolved.batchSize || 256
+    this._batchSize = resolved.batchSize || 1024
     this.connected = false
     this.reconnecting = false
     this.disconnecting = false
@@ -195,15 +195,20 @@ class MqttClient extends EventEmitter {
     this.emit('close')
   }
 
+  // Waits for a batch only when none is ready: after each batch it takes
+  // what is queued now synchronously (takeBatch: no trip through the tokio
+  // runtime and no wakeup of this thread), and yields to the event loop
+  // (setImmediate) before dispatching it, so timers and I/O still run
+  // while a stream keeps the queue busy.
   async _pump (n) {
     const max = this._batchSize
+    let batch = await n.nextBatch(max)
     for (;;) {
-      let batch = await n.nextBatch(max)
       if (batch === null) return
       this._dispatch(batch)
-      // The suspended async frame would otherwise keep the last batch (and
-      // so its payloads' native memory) alive until the next one arrives.
-      batch = null
+      batch = n.takeBatch(max)
+      if (batch === undefined) batch = await n.nextBatch(max)
+      else await new Promise(setImmediate)
     }
   }
 
@@ -452,6 +457,11 @@ class Broker {
 
   stats () {
     return this._native.stats()
+  }
+
+  /** The figures the broker published last (at most half a second old), without waiting for it. */
+  latestStats () {
+    return this._native.latestStats()
   }
 
   close () {

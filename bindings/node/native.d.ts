@@ -341,6 +341,13 @@ export declare class NativeBroker {
    */
   stats(): BrokerStats
   /**
+   * The figures the broker thread published last (it refreshes them
+   * every half second and on every `stats()` call), without waiting for
+   * it: never blocks the JavaScript thread (after `close()`, those taken
+   * as it began).
+   */
+  latestStats(): BrokerStats
+  /**
    * Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is
    * flushed); resolves once the broker's thread has ended.
    */
@@ -350,6 +357,13 @@ export declare class NativeBroker {
 export declare class NativeClient {
   /** Up to `max` waiting messages (at least one); `null` once closed. */
   nextBatch(max: number): Promise<Array<any> | null>
+  /**
+   * Up to `max` messages that are ready now, as a batch like
+   * `nextBatch` gives, without waiting and without a trip through the
+   * tokio runtime; `undefined` when none is ready (or a `nextBatch` is
+   * waiting for messages: the caller awaits that instead).
+   */
+  takeBatch(max: number): Array<any> | undefined
   /**
    * The next connection state change (resolves at once with the current
    * state when `current` is true).

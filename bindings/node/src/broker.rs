@@ -237,6 +237,24 @@ impl NativeBroker {
         to_js_stats(&st)
     }
 
+    /// The figures the broker thread published last (it refreshes them
+    /// every half second and on every `stats()` call), without waiting for
+    /// it: never blocks the JavaScript thread (after `close()`, those taken
+    /// as it began).
+    #[napi]
+    pub fn latest_stats(&self) -> BrokerStats {
+        let st = match &*self.handle.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(h) => h.latest_stats(),
+            None => self
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default(),
+        };
+        to_js_stats(&st)
+    }
+
     /// Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is
     /// flushed); resolves once the broker's thread has ended.
     #[napi(ts_return_type = "Promise<void>")]

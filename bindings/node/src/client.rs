@@ -1,15 +1,18 @@
 //! `NativeClient`: the zerofan Rust client driven from JavaScript.
 //!
-//! Messages travel to JavaScript by an async pull: `nextBatch(max)` returns
-//! a Promise resolved with up to `max` messages that were waiting (at least
-//! one; `null` once the client is closed). The JavaScript wrapper keeps one
-//! `nextBatch` outstanding and emits `message` for each entry. Why a pull
-//! and not a ThreadsafeFunction per message:
+//! Messages travel to JavaScript by a pull: `takeBatch(max)` returns up to
+//! `max` messages that are queued now, synchronously (`undefined` if none
+//! is), and `nextBatch(max)` returns a Promise resolved with up to `max`
+//! messages as soon as at least one is there (`null` once the client is
+//! closed). The JavaScript wrapper takes batches with `takeBatch` while
+//! there are any (yielding to its event loop between them), waits on
+//! `nextBatch` when the queue is empty, and emits `message` for each
+//! entry. Why a pull and not a ThreadsafeFunction per message:
 //!
-//! - one Promise resolution, one handle scope and one trip through the
-//!   event loop carry a whole batch, so the fixed cost per crossing is
-//!   spread over up to `max` messages when the stream is busy, while a
-//!   quiet stream still delivers each message on its own at once;
+//! - a busy stream is read from the client's queue on the JavaScript
+//!   thread, one lock per batch, with no trip through the tokio runtime
+//!   and no wakeup of either thread; a quiet stream still delivers each
+//!   message on its own at once, one Promise resolution per batch;
 //! - backpressure is built in: while JavaScript is busy no batch is asked
 //!   for, the bounded incoming queue fills, the client stops reading the
 //!   socket and the broker's flow control takes over. A ThreadsafeFunction
@@ -34,12 +37,12 @@
 //! - `props`: `undefined`, or `[index, properties, ...]` for the messages
 //!   that carry MQTT 5 properties.
 
-use crate::payload::{alloc_buffer, copy_buffer, to_arraybuffer, to_buffer};
+use crate::payload::{alloc_buffer, to_arraybuffer, to_buffer};
 use crate::pool::{self, PoolStats};
 use crate::{arg_err, js_err, tls};
 use bytes::Bytes;
 use napi::bindgen_prelude::{Buffer, Either};
-use napi::{Env, JsObject, JsUnknown, NapiRaw, NapiValue, Result};
+use napi::{Env, JsObject, JsUndefined, JsUnknown, NapiRaw, NapiValue, Result};
 use napi_derive::napi;
 use std::sync::Arc;
 use std::time::Duration;
@@ -503,7 +506,9 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
     // carries one or a few topics.
     let mut topic_keys: Vec<Bytes> = Vec::new();
     let mut topics = env.create_array_with_length(1)?;
-    let mut meta: Vec<u32> = Vec::with_capacity(n * 4);
+    // Written straight into the Buffer JavaScript gets: 16 bytes a message.
+    let (meta_buf, meta) = alloc_buffer(env, n * 16)?;
+    let mut meta = meta.chunks_exact_mut(16);
     let mut props: Option<JsObject> = None;
     let mut props_len = 0u32;
     let (spans, at) = if external {
@@ -534,7 +539,7 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
             }
         };
         let flags = (m.qos as u32) | (u32::from(m.retain) << 2) | (u32::from(m.dup) << 3);
-        meta.push(flags | ((idx as u32) << 4));
+        let w0 = flags | ((idx as u32) << 4);
         let (span, off) = match (at.get(i), &mut copy_buf) {
             (Some(&(span, off)), _) => (span, off),
             (None, Some((_, data))) => {
@@ -545,9 +550,14 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
             }
             (None, None) => (NO_BUFFER, 0),
         };
-        meta.push(off as u32);
-        meta.push(m.payload.len() as u32);
-        meta.push(span);
+        if let Some(slot) = meta.next() {
+            for (dst, w) in
+                slot.chunks_exact_mut(4)
+                    .zip([w0, off as u32, m.payload.len() as u32, span])
+            {
+                dst.copy_from_slice(&w.to_le_bytes());
+            }
+        }
         if !m.properties.is_empty() {
             let arr = match &mut props {
                 Some(a) => a,
@@ -562,10 +572,9 @@ fn batch_to_js(env: &Env, msgs: Vec<Message>, external: bool) -> Result<JsObject
         }
     }
     drop(topic_keys);
-    let meta_bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
     let mut out = env.create_array_with_length(4)?;
     out.set_element(0, topics)?;
-    out.set_element(1, copy_buffer(env, &meta_bytes)?)?;
+    out.set_element(1, meta_buf)?;
     match copy_buf {
         Some((buf, _)) => out.set_element(2, buf)?,
         None => {
@@ -691,6 +700,26 @@ impl NativeClient {
                 Some(msgs) => batch_to_js(env, msgs, external).map(Some),
             },
         )
+    }
+
+    /// Up to `max` messages that are ready now, as a batch like
+    /// `nextBatch` gives, without waiting and without a trip through the
+    /// tokio runtime; `undefined` when none is ready (or a `nextBatch` is
+    /// waiting for messages: the caller awaits that instead).
+    #[napi(ts_return_type = "Array<any> | undefined")]
+    pub fn take_batch(&self, env: Env, max: u32) -> Result<Either<JsObject, JsUndefined>> {
+        let max = max.clamp(1, MAX_BATCH) as usize;
+        let msgs = {
+            let Ok(mut rx) = self.incoming.try_lock() else {
+                return env.get_undefined().map(Either::B);
+            };
+            let mut v = Vec::with_capacity(max.min(256));
+            if rx.try_recv_many(&mut v, max) == 0 {
+                return env.get_undefined().map(Either::B);
+            }
+            v
+        };
+        batch_to_js(&env, msgs, self.external).map(Either::A)
     }
 
     /// The next connection state change (resolves at once with the current

@@ -206,11 +206,20 @@ test('embedded broker: stats move (read from the core, $SYS off), close() ends i
   assert.ok(st.bytesReceived > 0)
   assert.equal(st.sys['messages/received'], '10')
   assert.equal(st.sys['clients/connected'], '1')
+  // latestStats(): what stats() just took, without a round trip; the
+  // broker thread refreshes it by itself every half second too.
+  const l = b.latestStats()
+  assert.equal(l.messagesReceived, 10)
+  assert.equal(l.clientsConnected, 1)
+  assert.equal(l.sys['messages/received'], '10')
+  await c.publishAsync('s/t', 'x', { qos: 1 })
+  await until(() => b.latestStats().messagesReceived === 11, 5000, 'latestStats to refresh by itself')
   // close(): the MQTT 5 client is told the server is shutting down.
   const closed = new Promise((resolve) => c.once('close', resolve))
   await b.close()
   await closed
   assert.ok(b.stats().messagesReceived >= 10, 'the figures taken as close() began')
+  assert.ok(b.latestStats().messagesReceived >= 10)
   await assert.rejects(zf.connectAsync(`mqtt://127.0.0.1:${b.port}`, { reconnectPeriod: 0 }))
   await c.endAsync()
 })
@@ -240,4 +249,42 @@ test('embedded broker with dataDir keeps retained messages across a restart', as
 
 test('startBroker rejects a port in use', async () => {
   await assert.rejects(zf.startBroker({ port: broker.port }), /failed to start/)
+})
+
+test('a busy stream arrives complete and in order, and timers still run between batches', { timeout: 60000 }, async () => {
+  // A broker of its own whose session queue holds the whole stream, so
+  // that it drops nothing however far the publisher runs ahead.
+  const big = await zf.startBroker({ host: '127.0.0.1', port: 0, sysInterval: 0, maxQueuedMessages: 200000 })
+  const c = await zf.connectAsync(big.url, { batchSize: 256 })
+  await c.subscribeAsync('busy/order', { qos: 1 })
+  const count = 100000
+  let n = 0
+  let outOfOrder = null
+  let done
+  const all = new Promise((resolve) => { done = resolve })
+  c.on('message', (topic, payload) => {
+    const seq = Number(payload.readBigUInt64LE(8))
+    if (seq !== n && outOfOrder === null) outOfOrder = `message #${n} has sequence ${seq}`
+    if (++n === count) done()
+  })
+  // A 1 ms timer: the longest gap between its ticks while the stream runs
+  // tells whether batches taken synchronously starve the event loop.
+  let last = performance.now()
+  let maxGap = 0
+  const timer = setInterval(() => {
+    const now = performance.now()
+    if (n > 0 && n < count) maxGap = Math.max(maxGap, now - last)
+    last = now
+  }, 1)
+  const p = await zf.startLoadPublisher({ port: big.port, topic: 'busy/order', size: 16, count, qos: 1 })
+  let giveUp
+  await Promise.race([all, new Promise((resolve) => { giveUp = setTimeout(resolve, 50000) })])
+  clearTimeout(giveUp)
+  clearInterval(timer)
+  await p.done()
+  assert.equal(n, count, `received ${n} of ${count}`)
+  assert.equal(outOfOrder, null)
+  assert.ok(maxGap < 250, `timers waited ${maxGap.toFixed(0)} ms`)
+  await c.endAsync()
+  await big.close()
 })

@@ -53,7 +53,7 @@ impl Client {
     /// tokio runtime: the event loop is spawned on it.
     pub async fn connect(mut options: ClientOptions) -> Result<(Client, Incoming), ClientError> {
         let (tx, cmd_rx) = mpsc::channel(options.outgoing_capacity.max(1));
-        let (in_tx, in_rx) = mpsc::channel(options.incoming_capacity.max(1));
+        let (in_tx, incoming) = crate::incoming::queue(options.incoming_capacity);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (state_tx, state) = watch::channel(ConnState::Connecting);
         let stats = Arc::new(Stats::default());
@@ -87,7 +87,7 @@ impl Client {
                 protocol,
             }),
         };
-        Ok((client, Incoming::new(in_rx)))
+        Ok((client, incoming))
     }
 
     /// Simple publish: `payload` is sent as it is, without a copy.

@@ -12,6 +12,7 @@
 use crate::delivery::PublishAck;
 use crate::error::ClientError;
 use crate::frame_builder::{OutFrame, HIGH_WATER};
+use crate::incoming::{Pushed, Sender};
 use crate::message::Message;
 use crate::options::ClientOptions;
 use crate::reader::Reader;
@@ -72,7 +73,7 @@ struct ServerLimits {
 /// Channels between the event loop and the handles.
 pub(crate) struct Channels {
     pub cmd_rx: mpsc::Receiver<Command>,
-    pub in_tx: mpsc::Sender<Message>,
+    pub in_tx: Sender,
     pub state_tx: watch::Sender<ConnState>,
     pub shutdown: watch::Receiver<bool>,
     pub stats: Arc<Stats>,
@@ -85,7 +86,15 @@ pub(crate) struct EventLoop {
     session: Session,
     reader: Reader,
     parked: Option<Command>,
-    backlog: VecDeque<(Message, Option<(u16, QoS)>)>,
+    /// Messages decoded and not yet in the incoming queue.
+    backlog: VecDeque<Message>,
+    /// QoS 1/2 messages of `backlog` to acknowledge when they enter the
+    /// incoming queue: (the message's number, packet identifier, QoS), in
+    /// order. Empty for a QoS 0 stream, which so costs nothing per message.
+    owed: VecDeque<(u64, u16, QoS)>,
+    /// Messages moved from `backlog` into the incoming queue so far: the
+    /// message at `backlog[i]` is number `delivered + i`.
+    delivered: u64,
     scratch: BytesMut,
     server: ServerLimits,
     aliases: HashMap<u16, MqttStr>,
@@ -114,6 +123,8 @@ impl EventLoop {
             session: Session::default(),
             parked: None,
             backlog: VecDeque::new(),
+            owed: VecDeque::new(),
+            delivered: 0,
             scratch: BytesMut::new(),
             aliases: HashMap::new(),
             connected_once: false,
@@ -298,7 +309,6 @@ impl EventLoop {
         let ka = Duration::from_secs(u64::from(self.server.keep_alive));
         let mut last_write = Instant::now();
         let mut shutdown = self.ch.shutdown.clone();
-        let in_tx = self.ch.in_tx.clone();
         let ka_timer = tokio::time::sleep_until(last_write + ka);
         tokio::pin!(ka_timer);
         let end = loop {
@@ -333,27 +343,16 @@ impl EventLoop {
                             self.protocol_failure(&e, &mut w, &mut wr).await;
                             break End::Lost(e);
                         }
-                    }
-                    Err(e) => break End::Lost(e.into()),
-                },
-                permit = in_tx.reserve(), if !self.backlog.is_empty() => {
-                    let delivered = match permit {
-                        Ok(permit) => match self.backlog.pop_front() {
-                            Some((m, ack)) => { permit.send(m); Some(ack) }
-                            None => None,
-                        },
-                        // Nobody listens: drop (and acknowledge) the message.
-                        Err(_) => self.backlog.pop_front().map(|(_, ack)| ack),
-                    };
-                    if let Some(ack) = delivered {
-                        Stats::add(&self.ch.stats.messages_received, 1);
-                        if let Err(e) = self.ack_incoming(ack, &mut w) {
+                        // Hand over what fits now, without another turn of
+                        // the loop.
+                        if let Err(e) = self.deliver_ready(&mut w) {
                             break End::Lost(e);
                         }
                     }
-                    // Hand over what else fits now without another turn of
-                    // the loop: one wakeup of the reader for many messages.
-                    if let Err(e) = self.deliver_ready(&in_tx, &mut w) {
+                    Err(e) => break End::Lost(e.into()),
+                },
+                () = self.ch.in_tx.room(), if !self.backlog.is_empty() => {
+                    if let Err(e) = self.deliver_ready(&mut w) {
                         break End::Lost(e);
                     }
                 },
@@ -409,6 +408,7 @@ impl EventLoop {
         // Messages decoded but not delivered will be sent again by the
         // broker (QoS 1/2) after the reconnect; QoS 0 ones are lost.
         self.backlog.clear();
+        self.owed.clear();
         end
     }
 
@@ -624,12 +624,17 @@ impl EventLoop {
     }
 
     fn on_read(&mut self, w: &mut Writer) -> Result<(), ClientError> {
-        self.reader.split_frames()?;
-        while let Some(p) = self.reader.next_packet(self.protocol()) {
-            let (p, src) = p?;
-            self.packet(p, src, w)?;
+        // Frames left from before (those that came right behind CONNACK)
+        // first, then what this read completed.
+        loop {
+            while let Some(p) = self.reader.next_packet(self.protocol()) {
+                let (p, src) = p?;
+                self.packet(p, src, w)?;
+            }
+            if !self.reader.split_frames()? {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     /// Handle one packet; `src` is the frozen read buffer it was decoded from.
@@ -737,7 +742,9 @@ impl EventLoop {
         src: Bytes,
         w: &mut Writer,
     ) -> Result<(), ClientError> {
-        let topic = match p.properties.topic_alias {
+        // The topic when it is not the packet's own (a topic alias), so
+        // that the common case moves the topic instead of cloning it.
+        let aliased = match p.properties.topic_alias {
             Some(alias) if self.protocol().is_v5() => {
                 let max = self.opts.topic_alias_maximum.unwrap_or(0);
                 if alias == 0 || alias > max {
@@ -745,7 +752,7 @@ impl EventLoop {
                 }
                 if p.topic.is_empty() {
                     match self.aliases.get(&alias) {
-                        Some(t) => t.clone(),
+                        Some(t) => Some(t.clone()),
                         None => return Err(ClientError::Protocol("unknown topic alias")),
                     }
                 } else {
@@ -753,54 +760,57 @@ impl EventLoop {
                     let owned = MqttStr::try_from(p.topic.as_str())
                         .map_err(|_| ClientError::Protocol("bad topic"))?;
                     self.aliases.insert(alias, owned);
-                    p.topic.clone()
+                    None
                 }
             }
-            _ => p.topic.clone(),
+            _ => None,
         };
         let (qos, pid) = (p.qos, p.packet_id);
-        let msg = Message::from_publish(p, topic, src);
+        let msg = Message::from_publish(p, aliased, src);
+        let number = self.delivered + self.backlog.len() as u64;
         match qos {
-            QoS::AtMostOnce => self.backlog.push_back((msg, None)),
-            QoS::AtLeastOnce => self.backlog.push_back((msg, Some((pid, qos)))),
+            QoS::AtMostOnce => self.backlog.push_back(msg),
+            QoS::AtLeastOnce => {
+                self.owed.push_back((number, pid, qos));
+                self.backlog.push_back(msg);
+            }
             QoS::ExactlyOnce => {
                 if self.session.incoming_qos2.contains(&pid) {
                     // Already delivered; the broker missed our PUBREC.
                     self.send(&Packet::PubRec(ack(pid)), w)?;
                 } else {
                     self.session.incoming_qos2.insert(pid);
-                    self.backlog.push_back((msg, Some((pid, qos))));
+                    self.owed.push_back((number, pid, qos));
+                    self.backlog.push_back(msg);
                 }
             }
         }
         Ok(())
     }
 
-    /// Move backlog messages into the incoming queue while it has room
-    /// (acknowledging each as it enters, as the `select!` branch does).
-    fn deliver_ready(
-        &mut self,
-        in_tx: &mpsc::Sender<Message>,
-        w: &mut Writer,
-    ) -> Result<(), ClientError> {
-        while !self.backlog.is_empty() {
-            let ack = match in_tx.try_reserve() {
-                Ok(permit) => match self.backlog.pop_front() {
-                    Some((m, ack)) => {
-                        permit.send(m);
-                        ack
-                    }
-                    None => break,
-                },
-                Err(mpsc::error::TrySendError::Full(())) => break,
-                // Nobody listens: drop (and acknowledge) the message.
-                Err(mpsc::error::TrySendError::Closed(())) => match self.backlog.pop_front() {
-                    Some((_, ack)) => ack,
-                    None => break,
-                },
-            };
-            Stats::add(&self.ch.stats.messages_received, 1);
-            self.ack_incoming(ack, w)?;
+    /// Move backlog messages into the incoming queue while it has room, in
+    /// one hand-over, and acknowledge each QoS 1/2 message that entered.
+    fn deliver_ready(&mut self, w: &mut Writer) -> Result<(), ClientError> {
+        if self.backlog.is_empty() {
+            return Ok(());
+        }
+        let n = match self.ch.in_tx.push_from(&mut self.backlog) {
+            Pushed::Moved(n) => n,
+            // Nobody listens: drop (and acknowledge) the messages.
+            Pushed::Closed => {
+                let n = self.backlog.len();
+                self.backlog.clear();
+                n
+            }
+        };
+        Stats::add(&self.ch.stats.messages_received, n as u64);
+        self.delivered += n as u64;
+        while let Some(&(number, pid, qos)) = self.owed.front() {
+            if number >= self.delivered {
+                break;
+            }
+            self.owed.pop_front();
+            self.ack_incoming(Some((pid, qos)), w)?;
         }
         Ok(())
     }

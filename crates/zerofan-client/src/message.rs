@@ -46,8 +46,9 @@ impl Message {
     /// the same memory (`buffer.as_ptr() + offset == payload.as_ptr()`),
     /// not a copy. The buffer is the whole frozen read buffer: it also
     /// holds this packet's header and topic and the other packets that
-    /// arrived with it (at most one read's worth, 16 KiB unless a larger
-    /// packet needed a larger buffer), so keeping it keeps all of them.
+    /// arrived with it (at most one read's worth: 16 KiB, 64 KiB while a
+    /// busy stream fills every read, more only for a larger packet), so
+    /// keeping it keeps all of them.
     ///
     /// `None` for an empty payload, and when `payload` no longer lies in
     /// the buffer (the field was replaced): the invariant is checked on
@@ -66,9 +67,11 @@ impl Message {
         (end <= src.len()).then_some((src, offset))
     }
 
-    pub(crate) fn from_publish(p: Publish, topic: MqttStr, source: Bytes) -> Self {
+    /// `topic`: the topic when it is not `p`'s own (resolved from a topic
+    /// alias); `None` moves `p.topic` in.
+    pub(crate) fn from_publish(p: Publish, topic: Option<MqttStr>, source: Bytes) -> Self {
         Message {
-            topic,
+            topic: topic.unwrap_or(p.topic),
             payload: p.payload,
             qos: p.qos,
             retain: p.retain,
@@ -138,8 +141,7 @@ mod tests {
             else {
                 panic!("not a PUBLISH")
             };
-            let topic = p.topic.clone();
-            out.push(Message::from_publish(p, topic, all.clone()));
+            out.push(Message::from_publish(p, None, all.clone()));
             pos += n;
         }
         (all, out)
