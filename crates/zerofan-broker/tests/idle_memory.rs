@@ -9,7 +9,6 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 use zerofan_broker::config::Config;
-use zerofan_broker::shell::Server;
 use zerofan_codec::{Connect, Packet, Protocol};
 
 struct Counting;
@@ -71,32 +70,14 @@ fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
 
 #[test]
 fn idle_connections_are_cheap() {
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, async move {
-            let config = Config {
-                listen: vec!["127.0.0.1:0".parse().unwrap()],
-                sys_interval: 0,
-                pool_max_retained_bytes: 0,
-                ..Config::default()
-            };
-            let server = Server::bind(config).await.unwrap();
-            addr_tx.send(server.local_addrs()[0]).unwrap();
-            server
-                .run(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-                .unwrap();
-        });
-    });
-    let addr = addr_rx.recv().unwrap();
+    let broker = zerofan_broker::embed::spawn(Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        pool_max_retained_bytes: 0,
+        ..Config::default()
+    })
+    .unwrap();
+    let addr = broker.local_addrs()[0];
     // Warm up whatever grows once (maps, the runtime's slabs).
     let warm: Vec<TcpStream> = (0..CLIENTS)
         .map(|i| connect(addr, &format!("w{i}")))
@@ -111,8 +92,7 @@ fn idle_connections_are_cheap() {
     }
     std::thread::sleep(Duration::from_millis(300));
     let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;
-    stop_tx.send(()).unwrap();
-    server.join().unwrap();
+    broker.shutdown().unwrap();
     println!("heap per idle connection: {per} bytes");
     // About 380 bytes: the connection is parked (no task, no tokio I/O
     // registration; its socket waits in the shared poller), the core's

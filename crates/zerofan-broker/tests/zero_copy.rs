@@ -10,7 +10,6 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use zerofan_broker::config::Config;
-use zerofan_broker::shell::Server;
 use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
 
 struct Counting;
@@ -77,31 +76,13 @@ fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
 
 #[test]
 fn one_mib_to_100_subscribers_allocates_under_3_mib() {
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, async move {
-            let config = Config {
-                listen: vec!["127.0.0.1:0".parse().unwrap()],
-                sys_interval: 0,
-                ..Config::default()
-            };
-            let server = Server::bind(config).await.unwrap();
-            addr_tx.send(server.local_addrs()[0]).unwrap();
-            server
-                .run(async {
-                    let _ = stop_rx.await;
-                })
-                .await
-                .unwrap();
-        });
-    });
-    let addr = addr_rx.recv().unwrap();
+    let broker = zerofan_broker::embed::spawn(Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        ..Config::default()
+    })
+    .unwrap();
+    let addr = broker.local_addrs()[0];
 
     let mut subs = Vec::new();
     for i in 0..SUBSCRIBERS {
@@ -139,8 +120,7 @@ fn one_mib_to_100_subscribers_allocates_under_3_mib() {
     }
     let allocated = ALLOCATED.load(Ordering::SeqCst) - before;
 
-    stop_tx.send(()).unwrap();
-    server.join().unwrap();
+    broker.shutdown().unwrap();
     assert_eq!(
         &sink[sink.len() - 16..],
         &[0xAB; 16],
