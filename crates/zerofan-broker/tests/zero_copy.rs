@@ -4,45 +4,17 @@
 //! broker that copied the payload per subscriber would allocate 100 MiB.
 
 use bytes::{Bytes, BytesMut};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use zerofan_broker::config::Config;
 use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
 
-struct Counting;
+#[path = "common/counting.rs"]
+mod counting;
 
-static ALLOCATED: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees are ours; counting is one relaxed
-// atomic add, which neither allocates nor unwinds.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded contract (see the impl).
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
-        // SAFETY: forwarded contract (see the impl).
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATED.fetch_add(new_size as u64, Ordering::Relaxed);
-        // SAFETY: forwarded contract (see the impl).
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded contract (see the impl).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use counting::ALLOCATED;
 
 const SUBSCRIBERS: usize = 100;
 const PAYLOAD: usize = 1024 * 1024;
