@@ -33,6 +33,16 @@ def connack(port, version=5, cid="c"):
     return raw, raw.connect(cid, expect_reason=None).reason
 
 
+def connack_once_free(port, cid, tries=50):
+    """Connect (and close) until the broker has a free slot; the last code."""
+    for _ in range(tries):
+        raw, rc = connack(port, cid=cid)
+        raw.close()
+        if rc == 0:
+            break
+    return rc
+
+
 def sys_value(port, name, at_least=1, timeout=10.0):
     """A $SYS figure once it reaches `at_least` (refreshed every second)."""
     import time
@@ -65,23 +75,13 @@ def test_max_connections_overall(start):
     raw.close()
     held.pop().close()
     # A slot is free again once a connection is gone.
-    for _ in range(50):
-        raw, rc = connack(port, cid="again")
-        raw.close()
-        if rc == 0:
-            break
-    assert rc == 0
+    assert connack_once_free(port, "again") == 0
     for r in held:
         r.close()
-    # The broker notices the closes a moment later (a quiet connection is
-    # parked and its close arrives through the shared poller): wait for a
-    # slot before the $SYS client connects.
-    for _ in range(50):
-        raw, rc = connack(port, cid="free")
-        raw.close()
-        if rc == 0:
-            break
-    assert rc == 0
+    # Before the $SYS client connects: the broker notices the closes a
+    # moment later (a quiet connection is parked and its close arrives
+    # through the shared poller).
+    assert connack_once_free(port, "free") == 0
     assert sys_value(port, "limits/refused/max_connections", 2) >= 2
 
 

@@ -192,6 +192,23 @@ fn to_js_stats(st: &embed::BrokerStats) -> BrokerStats {
     }
 }
 
+impl NativeBroker {
+    /// `read`'s figures from the running broker, or after `close()` those
+    /// taken as it began.
+    fn figures(&self, read: fn(&BrokerHandle) -> embed::BrokerStats) -> BrokerStats {
+        let st = match &*self.handle.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(h) => read(h),
+            None => self
+                .last
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_default(),
+        };
+        to_js_stats(&st)
+    }
+}
+
 #[napi]
 impl NativeBroker {
     /// The addresses the broker listens on ("host:port").
@@ -225,16 +242,7 @@ impl NativeBroker {
     /// as it began).
     #[napi]
     pub fn stats(&self) -> BrokerStats {
-        let st = match &*self.handle.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(h) => h.stats(),
-            None => self
-                .last
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .unwrap_or_default(),
-        };
-        to_js_stats(&st)
+        self.figures(BrokerHandle::stats)
     }
 
     /// The figures the broker thread published last (it refreshes them
@@ -243,16 +251,7 @@ impl NativeBroker {
     /// as it began).
     #[napi]
     pub fn latest_stats(&self) -> BrokerStats {
-        let st = match &*self.handle.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(h) => h.latest_stats(),
-            None => self
-                .last
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .unwrap_or_default(),
-        };
-        to_js_stats(&st)
+        self.figures(BrokerHandle::latest_stats)
     }
 
     /// Stop gracefully (MQTT 5 clients get DISCONNECT 0x8B, the store is

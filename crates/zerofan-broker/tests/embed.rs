@@ -5,12 +5,11 @@
 
 mod common;
 
-use common::{disconnect_reason, Client};
+use common::{disconnect_reason, stats_until, Client};
 use std::net::TcpStream;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use zerofan_broker::config::Config;
-use zerofan_broker::embed::{self, BrokerHandle};
+use zerofan_broker::embed;
 use zerofan_codec::ReasonCode;
 
 /// The tests count the process's broker threads: one test at a time.
@@ -36,24 +35,6 @@ fn broker_threads() -> usize {
     dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
         .filter(|c| c.trim() == "zerofan-broker")
         .count()
-}
-
-/// Poll `stats()` until `ok` holds (the broker handles packets on its own
-/// thread, a moment after the client wrote them).
-fn stats_until(
-    b: &BrokerHandle,
-    what: &str,
-    ok: impl Fn(&embed::BrokerStats) -> bool,
-) -> embed::BrokerStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = b.stats();
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

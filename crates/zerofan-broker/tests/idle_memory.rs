@@ -2,42 +2,18 @@
 //! is parked and holds no task, no read buffer, no write scratch and no
 //! batch, only its state.
 
-use bytes::BytesMut;
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use zerofan_broker::config::Config;
-use zerofan_codec::{Connect, Packet, Protocol};
 
+mod common;
 #[path = "common/counting.rs"]
 mod counting;
 
 use counting::LIVE;
 
 const CLIENTS: usize = 500;
-
-fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let c = Connect {
-        protocol: Protocol::V311,
-        clean_start: true,
-        keep_alive: 0,
-        properties: Default::default(),
-        client_id: id.try_into().unwrap(),
-        will: None,
-        username: None,
-        password: None,
-    };
-    let mut b = BytesMut::new();
-    zerofan_codec::encode(&Packet::Connect(Box::new(c)), Protocol::V311, &mut b).unwrap();
-    s.write_all(&b).unwrap();
-    let mut connack = [0u8; 4];
-    s.read_exact(&mut connack).unwrap();
-    assert_eq!(connack, [0x20, 2, 0, 0]);
-    s
-}
 
 #[test]
 fn idle_connections_are_cheap() {
@@ -51,7 +27,7 @@ fn idle_connections_are_cheap() {
     let addr = broker.local_addrs()[0];
     // Warm up whatever grows once (maps, the runtime's slabs).
     let warm: Vec<TcpStream> = (0..CLIENTS)
-        .map(|i| connect(addr, &format!("w{i}")))
+        .map(|i| common::connect_v311(addr, &format!("w{i}")))
         .collect();
     drop(warm);
     std::thread::sleep(Duration::from_millis(300));
@@ -59,7 +35,7 @@ fn idle_connections_are_cheap() {
     let mut clients = Vec::with_capacity(CLIENTS);
     let before = LIVE.load(Ordering::SeqCst);
     for i in 0..CLIENTS {
-        clients.push(connect(addr, &format!("c{i}")));
+        clients.push(common::connect_v311(addr, &format!("c{i}")));
     }
     std::thread::sleep(Duration::from_millis(300));
     let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;

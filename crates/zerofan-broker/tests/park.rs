@@ -7,11 +7,10 @@
 mod common;
 
 use bytes::Bytes;
-use common::{disconnect_reason, Client};
+use common::{disconnect_reason, stats_until, Client};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use zerofan_broker::config::Config;
-use zerofan_broker::embed::{self, BrokerHandle, BrokerStats};
+use zerofan_broker::embed::{self, BrokerHandle};
 use zerofan_codec::{Packet, Publish, QoS, ReasonCode, Will};
 
 /// One broker at a time: the figures asserted on are per broker, but the
@@ -31,19 +30,6 @@ fn broker() -> (std::sync::MutexGuard<'static, ()>, BrokerHandle) {
     (guard, embed::spawn(config).unwrap())
 }
 
-/// Wait (bounded) until the broker's figures satisfy `ok`.
-fn until(b: &BrokerHandle, what: &str, ok: impl Fn(&BrokerStats) -> bool) -> BrokerStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = b.stats();
-        if ok(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "{what}: {s:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn parked_subscribers_get_deliveries_and_parked_publishers_are_read() {
     let (_g, b) = broker();
@@ -53,7 +39,7 @@ fn parked_subscribers_get_deliveries_and_parked_publishers_are_read() {
     let mut publ = Client::connect(addr, "pub");
     // Both quiet: the subscriber parks at the next sweep, the publisher at
     // once after its CONNACK.
-    until(&b, "both parked", |s| s.connections_parked == 2);
+    stats_until(&b, "both parked", |s| s.connections_parked == 2);
     for i in 0..3u8 {
         // The publisher's bytes wake it through the shared poller; the
         // delivery wakes the subscriber through the core.
@@ -67,7 +53,7 @@ fn parked_subscribers_get_deliveries_and_parked_publishers_are_read() {
         assert!(matches!(publ.recv(), Some(Packet::PubAck(a)) if a.packet_id == 1));
         let p = sub.expect_publish();
         assert_eq!(&p.payload[..], &[i; 3]);
-        until(&b, "parked again", |s| s.connections_parked == 2);
+        stats_until(&b, "parked again", |s| s.connections_parked == 2);
     }
     let s = b.stats();
     assert!(
@@ -83,14 +69,14 @@ fn keep_alive_expires_for_a_parked_connection() {
     let (_g, b) = broker();
     let addr = b.local_addrs()[0];
     let mut c = Client::connect_with(addr, "ka", |c| c.keep_alive = 1);
-    until(&b, "parked", |s| s.connections_parked == 1);
+    stats_until(&b, "parked", |s| s.connections_parked == 1);
     // Silent for 1.5 keep-alive intervals: the broker says why and closes.
     assert_eq!(
         disconnect_reason(c.recv()),
         Some(ReasonCode::KEEP_ALIVE_TIMEOUT)
     );
     assert!(c.recv().is_none());
-    until(&b, "gone", |s| {
+    stats_until(&b, "gone", |s| {
         s.connections_open == 0 && s.connections_parked == 0
     });
 }
@@ -110,7 +96,7 @@ fn a_parked_connection_that_drops_publishes_its_will() {
             properties: Default::default(),
         })
     });
-    until(&b, "parked", |s| s.connections_parked == 2);
+    stats_until(&b, "parked", |s| s.connections_parked == 2);
     // The close reaches the broker through the shared poller.
     drop(dying);
     let p = watcher.expect_publish();
@@ -125,7 +111,7 @@ fn shutdown_tells_parked_clients() {
     let mut clients: Vec<Client> = (0..5)
         .map(|i| Client::connect(addr, &format!("c{i}")))
         .collect();
-    until(&b, "parked", |s| s.connections_parked == 5);
+    stats_until(&b, "parked", |s| s.connections_parked == 5);
     b.shutdown().unwrap();
     for c in &mut clients {
         assert_eq!(

@@ -5,12 +5,11 @@
 
 use bytes::{Bytes, BytesMut};
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 use zerofan_broker::config::Config;
-use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
+use zerofan_codec::{Packet, Protocol, Publish, QoS, Subscribe, SubscriptionOptions};
 
+mod common;
 #[path = "common/counting.rs"]
 mod counting;
 
@@ -25,27 +24,6 @@ fn encode(p: &Packet) -> Vec<u8> {
     b.to_vec()
 }
 
-fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.set_nodelay(true).unwrap();
-    let c = Connect {
-        protocol: Protocol::V311,
-        clean_start: true,
-        keep_alive: 0,
-        properties: Default::default(),
-        client_id: id.try_into().unwrap(),
-        will: None,
-        username: None,
-        password: None,
-    };
-    s.write_all(&encode(&Packet::Connect(Box::new(c)))).unwrap();
-    let mut connack = [0u8; 4];
-    s.read_exact(&mut connack).unwrap();
-    assert_eq!(connack, [0x20, 2, 0, 0]);
-    s
-}
-
 #[test]
 fn one_mib_to_100_subscribers_allocates_under_3_mib() {
     let broker = zerofan_broker::embed::spawn(Config {
@@ -58,7 +36,7 @@ fn one_mib_to_100_subscribers_allocates_under_3_mib() {
 
     let mut subs = Vec::new();
     for i in 0..SUBSCRIBERS {
-        let mut s = connect(addr, &format!("sub{i}"));
+        let mut s = common::connect_v311(addr, &format!("sub{i}"));
         let sub = Subscribe {
             packet_id: 1,
             properties: Default::default(),
@@ -70,7 +48,7 @@ fn one_mib_to_100_subscribers_allocates_under_3_mib() {
         assert_eq!(suback, [0x90, 3, 0, 1, 0]);
         subs.push(s);
     }
-    let mut publisher = connect(addr, "publisher");
+    let mut publisher = common::connect_v311(addr, "publisher");
     let packet = encode(&Packet::Publish(Publish {
         qos: QoS::AtMostOnce,
         topic: "big".try_into().unwrap(),

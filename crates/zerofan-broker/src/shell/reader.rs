@@ -141,12 +141,7 @@ impl ReadState {
                 zerofan_codec::ReasonCode::PROTOCOL_ERROR,
                 "first packet is not CONNECT",
             );
-            shared
-                .broker
-                .borrow_mut()
-                .handle_decode_error(Instant::now(), id, e);
-            shared.dispatch();
-            return true;
+            return refuse(shared, id, e);
         }
         let max = shared.broker.borrow().max_packet_size(id);
         match zerofan_codec::frame(&b[..], max) {
@@ -166,14 +161,7 @@ impl ReadState {
                 }
                 return false;
             }
-            Frame::Invalid(e) => {
-                shared
-                    .broker
-                    .borrow_mut()
-                    .handle_decode_error(Instant::now(), id, e);
-                shared.dispatch();
-                return true;
-            }
+            Frame::Invalid(e) => return refuse(shared, id, e),
             Frame::Complete(_) => {}
         }
         let Some(filled) = self.buf.take() else {
@@ -225,6 +213,17 @@ impl ReadState {
         shared.dispatch();
         end
     }
+}
+
+/// A packet the connection cannot send: the core closes the connection
+/// with the error's reason code. Always true (the connection is closing).
+fn refuse(shared: &Shared, id: ConnId, e: zerofan_codec::DecodeError) -> bool {
+    shared
+        .broker
+        .borrow_mut()
+        .handle_decode_error(Instant::now(), id, e);
+    shared.dispatch();
+    true
 }
 
 /// Replace `b` with a buffer of at least `min` bytes holding the same data.

@@ -11,6 +11,55 @@ use zerofan_codec::{
     Connect, Frame, Packet, Protocol, Publish, QoS, ReasonCode, Subscribe, SubscriptionOptions,
 };
 
+/// Poll the embedded broker's `stats()` until `ok` holds (it handles
+/// packets on its own thread, a moment after the client wrote them), at
+/// most 10 s.
+pub fn stats_until(
+    b: &zerofan_broker::embed::BrokerHandle,
+    what: &str,
+    ok: impl Fn(&zerofan_broker::embed::BrokerStats) -> bool,
+) -> zerofan_broker::embed::BrokerStats {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = b.stats();
+        if ok(&s) {
+            return s;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A clean-start CONNECT without keep alive, will or credentials.
+pub fn connect_packet(protocol: Protocol, id: &str) -> Connect {
+    Connect {
+        protocol,
+        clean_start: true,
+        keep_alive: 0,
+        properties: Default::default(),
+        client_id: id.try_into().unwrap(),
+        will: None,
+        username: None,
+        password: None,
+    }
+}
+
+/// A raw MQTT 3.1.1 connection, connected (CONNACK 0 checked byte for
+/// byte), for tests that drive the socket themselves.
+pub fn connect_v311(addr: SocketAddr, id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut b = BytesMut::new();
+    let connect = Packet::Connect(Box::new(connect_packet(Protocol::V311, id)));
+    zerofan_codec::encode(&connect, Protocol::V311, &mut b).unwrap();
+    s.write_all(&b).unwrap();
+    let mut connack = [0u8; 4];
+    s.read_exact(&mut connack).unwrap();
+    assert_eq!(connack, [0x20, 2, 0, 0]);
+    s
+}
+
 /// A minimal MQTT 5 client over a blocking socket.
 pub struct Client {
     pub s: TcpStream,
@@ -27,16 +76,7 @@ impl Client {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut c = Client { s, buf: Vec::new() };
-        let mut connect = Connect {
-            protocol: Protocol::V5,
-            clean_start: true,
-            keep_alive: 0,
-            properties: Default::default(),
-            client_id: id.try_into().unwrap(),
-            will: None,
-            username: None,
-            password: None,
-        };
+        let mut connect = connect_packet(Protocol::V5, id);
         edit(&mut connect);
         c.send(&Packet::Connect(Box::new(connect)));
         assert!(matches!(c.recv(), Some(Packet::ConnAck(a)) if a.reason == ReasonCode::SUCCESS));
