@@ -215,12 +215,11 @@ impl Conn {
             };
             let Poll::Ready(read) = read else {
                 let quiet = reads == 0 && !wrote;
-                if drained && (self.fresh || (self.park && quiet)) && self.may_park(shared) {
+                let asked = std::mem::take(&mut self.park);
+                if drained && (self.fresh || (asked && quiet)) && self.may_park(shared) {
                     self.fresh = false;
-                    self.park = false;
                     return self.park(shared);
                 }
-                self.park = false;
                 return Poll::Pending;
             };
             match read {

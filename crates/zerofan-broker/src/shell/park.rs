@@ -158,14 +158,13 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
     // `mio::Poll` owns its epoll fd for its whole life and only `poll` is
     // called on it here, so the fd stays the one registered.
     #[allow(deprecated)]
-    let fd = match AsyncFd::with_interest(poll, tokio::io::Interest::READABLE) {
+    let mut fd = match AsyncFd::with_interest(poll, tokio::io::Interest::READABLE) {
         Ok(fd) => fd,
         Err(e) => {
             tracing::warn!(error = %e, "cannot watch the poller of parked connections");
             return give_up(&shared);
         }
     };
-    let mut fd = fd;
     let mut events = mio::Events::with_capacity(EVENTS);
     let mut ids: Vec<ConnId> = Vec::new();
     std::future::poll_fn(|cx| loop {
