@@ -12,6 +12,7 @@ use super::session::Session;
 use super::store::{MemoryStore, Store};
 use super::timers::{Timer, Timers};
 use super::trie::{SubEntry, Trie};
+use super::wire::Wire;
 use crate::config::Config;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,6 +44,9 @@ pub struct Broker {
     pub(crate) log_limit: crate::ratelimit::LogLimiter,
     pub(crate) route_direct: Vec<SubEntry>,
     pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
+    /// Where a received PUBLISH's plain header is encoded to compare it
+    /// with the packet as received (see `Wire::verified`).
+    pub(crate) wire_scratch: bytes::BytesMut,
     /// Authentication, ACL and connection limits (see `auth`).
     pub(crate) auth: super::auth::AuthState,
     /// The durable log and the acknowledgements waiting for it (see `durable`).
@@ -79,6 +83,7 @@ impl Broker {
             log_limit: crate::ratelimit::LogLimiter::default(),
             route_direct: Vec::new(),
             route_shared: Vec::new(),
+            wire_scratch: bytes::BytesMut::new(),
             auth: super::auth::AuthState::default(),
             durable: super::durable::Durable::memory(now),
         }
@@ -104,11 +109,25 @@ impl Broker {
 
     /// A decoded packet from a connection.
     pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
-        self.dispatch_packet(now, conn, packet);
+        self.dispatch_packet(now, conn, packet, None);
         self.end_event();
     }
 
-    fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
+    /// [`Broker::handle_packet`] for a PUBLISH, with where it lies in its
+    /// read buffer ([`Wire::candidate`]): deliveries that are byte for byte
+    /// that packet are then written from there.
+    pub fn handle_publish(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        packet: Packet,
+        wire: Option<Wire>,
+    ) {
+        self.dispatch_packet(now, conn, packet, wire);
+        self.end_event();
+    }
+
+    fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet, wire: Option<Wire>) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -129,7 +148,7 @@ impl Broker {
             Phase::Connected(sid) => sid,
         };
         match packet {
-            Packet::Publish(p) => self.on_publish(now, conn, sid, p),
+            Packet::Publish(p) => self.on_publish(now, conn, sid, p, wire),
             Packet::PubAck(a) => self.on_puback(conn, sid, a),
             Packet::PubRec(a) => self.on_pubrec(conn, sid, a),
             Packet::PubRel(a) => self.on_pubrel(conn, sid, a),

@@ -201,7 +201,6 @@ impl Broker {
             } else {
                 s.alloc_packet_id()
             };
-            let d = make_delivery(c, &item, pid, now);
             // A stored QoS 2 delivery goes out only once its `send` record is
             // durable: a restart then resends it with DUP and the same packet
             // id (deduplicated by the client), never as a new message.
@@ -211,7 +210,12 @@ impl Broker {
                 self.durable
                     .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
             }
-            if item.qos != QoS::AtMostOnce {
+            let d = if item.qos == QoS::AtMostOnce {
+                // Nothing of it is kept: the delivery takes the message's
+                // reference instead of one more up and down.
+                into_delivery(c, item, now)
+            } else {
+                let d = make_delivery(c, &item, pid, now);
                 let f = s.flight_mut();
                 let seq = f.next_seq;
                 f.next_seq += 1;
@@ -223,7 +227,8 @@ impl Broker {
                         seq,
                     },
                 );
-            }
+                d
+            };
             self.metrics.messages_sent += 1;
             self.metrics.payload_bytes_sent += d.message.payload.len() as u64;
             self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
@@ -326,12 +331,50 @@ fn fits(c: &Connection, item: &Queued, now: Instant) -> bool {
         .is_ok_and(|len| len <= c.max_packet_out as usize)
 }
 
-/// Build the per-subscriber PUBLISH, choosing a topic alias when the client
-/// allows them: the first message on a topic establishes one, later ones
-/// send only the alias.
+/// Build the per-subscriber PUBLISH of a message that stays queued or in
+/// flight (see [`delivery`]).
 pub(crate) fn make_delivery(
     c: &mut Connection,
     item: &Queued,
+    packet_id: u16,
+    now: Instant,
+) -> Delivery {
+    let sub_ids = if c.protocol.is_v5() {
+        item.sub_ids.clone()
+    } else {
+        Vec::new()
+    };
+    delivery(
+        c,
+        item.msg.clone(),
+        item.qos,
+        item.retain,
+        sub_ids,
+        packet_id,
+        now,
+    )
+}
+
+/// The QoS 0 PUBLISH of a queued item that nothing keeps afterwards: it
+/// moves into the delivery.
+fn into_delivery(c: &mut Connection, item: Queued, now: Instant) -> Delivery {
+    let sub_ids = if c.protocol.is_v5() {
+        item.sub_ids
+    } else {
+        Vec::new()
+    };
+    delivery(c, item.msg, item.qos, item.retain, sub_ids, 0, now)
+}
+
+/// Build the per-subscriber PUBLISH, choosing a topic alias when the client
+/// allows them: the first message on a topic establishes one, later ones
+/// send only the alias.
+fn delivery(
+    c: &mut Connection,
+    message: Arc<Message>,
+    qos: QoS,
+    retain: bool,
+    subscription_identifiers: Vec<u32>,
     packet_id: u16,
     now: Instant,
 ) -> Delivery {
@@ -340,31 +383,31 @@ pub(crate) fn make_delivery(
     } else if let Some(&a) = c
         .aliases
         .as_ref()
-        .and_then(|al| al.outgoing.get(&item.msg.topic))
+        .and_then(|al| al.outgoing.get(&message.topic))
     {
         (Some(a), false)
     } else if c.aliases.as_ref().map_or(0, |al| al.outgoing.len()) < usize::from(c.alias_max_out) {
         let out = &mut c.aliases_mut().outgoing;
         let a = out.len() as u16 + 1;
-        out.insert(copy_str(&item.msg.topic), a);
+        out.insert(copy_str(&message.topic), a);
         (Some(a), true)
     } else {
         (None, true)
     };
-    let v5 = c.protocol.is_v5();
+    let message_expiry_interval = if c.protocol.is_v5() {
+        message.remaining_expiry(now)
+    } else {
+        None
+    };
     Delivery {
-        message: item.msg.clone(),
-        qos: item.qos,
+        message,
+        qos,
         packet_id,
         dup: false,
-        retain: item.retain,
+        retain,
         topic_alias,
         send_topic,
-        subscription_identifiers: if v5 { item.sub_ids.clone() } else { Vec::new() },
-        message_expiry_interval: if v5 {
-            item.msg.remaining_expiry(now)
-        } else {
-            None
-        },
+        subscription_identifiers,
+        message_expiry_interval,
     }
 }

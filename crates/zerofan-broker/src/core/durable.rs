@@ -251,6 +251,7 @@ pub(crate) fn from_stored(s: &StoredMessage, d: &Durable) -> Option<Message> {
         expires_at: s.expires_at_ms.map(|ms| d.instant(ms)),
         owns_bytes: true,
         stored: StoredId::default(),
+        wire: None,
     })
 }
 
@@ -869,6 +870,7 @@ fn will_message(w: &Will) -> Message {
         expires_at: None,
         owns_bytes: true,
         stored: StoredId::default(),
+        wire: None,
     }
 }
 
@@ -886,6 +888,7 @@ fn placeholder() -> Queued {
             expires_at: None,
             owns_bytes: true,
             stored: StoredId::default(),
+            wire: None,
         }),
         qos: QoS::ExactlyOnce,
         retain: false,

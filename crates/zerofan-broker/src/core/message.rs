@@ -1,6 +1,7 @@
 //! The shared message: decoded once, referenced by every delivery.
 
 use super::ids::SessionId;
+use super::wire::Wire;
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Properties, Props, Publish, QoS};
@@ -33,6 +34,9 @@ pub struct Message {
     /// Its id in the durable store once written (written once, however
     /// many queues reference it).
     pub stored: super::durable::StoredId,
+    /// The packet as received, when a plain delivery of the message is
+    /// byte for byte that packet (see [`Wire`]).
+    pub wire: Option<Wire>,
 }
 
 impl Message {
@@ -61,6 +65,7 @@ impl Message {
             expires_at,
             owns_bytes: false,
             stored: Default::default(),
+            wire: None,
         }
     }
 
@@ -108,6 +113,7 @@ impl Message {
             expires_at: self.expires_at,
             owns_bytes: true,
             stored: self.stored.copy(),
+            wire: None,
         }
     }
 }

@@ -29,6 +29,7 @@ mod sys;
 pub use sys::sys_figures;
 mod timers;
 mod trie;
+mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -40,3 +41,4 @@ pub use message::Message;
 pub use metrics::{Metrics, ShellStats};
 pub use observe::{Gauges, LatencyHistogram, ReloadOutcome, StoreFigures, LATENCY_BUCKETS};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
+pub use wire::Wire;

@@ -2,8 +2,9 @@
 //! deliveries that reference a shared message.
 
 use super::message::Message;
+use super::wire::Wire;
 use std::sync::Arc;
-use zerofan_codec::{Ack, Packet, PublishHeader, QoS, ReasonCode};
+use zerofan_codec::{Ack, Packet, Protocol, PublishHeader, QoS, ReasonCode};
 
 /// One item for the connection's writer. Kept small (about 64 bytes), since
 /// every connection's outbox holds some: the rare large control packets are
@@ -106,6 +107,22 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// The packet as received, when this delivery to a `protocol` client is
+    /// byte for byte that packet: QoS 0, no RETAIN or DUP, the full topic,
+    /// nothing added per subscriber, and an encoding of the same family.
+    pub fn wire(&self, protocol: Protocol) -> Option<&Wire> {
+        let w = self.message.wire.as_ref()?;
+        let plain = self.qos == QoS::AtMostOnce
+            && !self.dup
+            && !self.retain
+            && self.send_topic
+            && self.topic_alias.is_none()
+            && self.subscription_identifiers.is_empty()
+            && self.message_expiry_interval.is_none()
+            && w.v5 == protocol.is_v5();
+        plain.then_some(w)
+    }
+
     /// The header the codec writes for this delivery.
     pub fn header(&self) -> PublishHeader<'_> {
         PublishHeader {

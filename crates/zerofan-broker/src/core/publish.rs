@@ -7,6 +7,7 @@ use super::message::{copy_str, Message};
 use super::outbox::Outgoing;
 use super::session::{InflightState, Queued};
 use super::trie::Hit;
+use super::wire::Wire;
 use std::sync::Arc;
 use std::time::Instant;
 use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
@@ -24,6 +25,7 @@ impl Broker {
         conn: ConnId,
         sid: SessionId,
         mut p: Publish,
+        wire: Option<Wire>,
     ) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -78,7 +80,8 @@ impl Broker {
         if self.publish_refused(now, conn, sid, &p) {
             return;
         }
-        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let protocol = self.conns.get(&conn).map(|c| c.protocol);
+        let v5 = protocol.is_some_and(|p| p.is_v5());
         self.metrics.messages_received += 1;
         self.metrics.payload_bytes_received += p.payload.len() as u64;
         self.metrics.messages_received_by_qos[p.qos as usize] += 1;
@@ -116,8 +119,12 @@ impl Broker {
         let matched = if p.topic.starts_with("$SYS/") || &*p.topic == "$SYS" {
             0
         } else {
-            let msg = Arc::new(Message::from_publish(p, Some(sid), now));
-            self.route(now, msg)
+            let mut msg = Message::from_publish(p, Some(sid), now);
+            if let (Some(w), Some(protocol)) = (wire, protocol) {
+                let plain = Wire::plain_header(&msg.topic, &msg.properties, msg.payload.len());
+                msg.wire = w.verified(&plain, protocol, &mut self.wire_scratch);
+            }
+            self.route(now, Arc::new(msg))
         };
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
@@ -287,7 +294,12 @@ impl Broker {
                     }
                 });
         }
-        direct.sort_unstable_by_key(|e| e.session);
+        // Sorted to merge a session's overlapping subscriptions. A node keeps
+        // its subscriptions in the order they were made, which is mostly by
+        // session already: checking is cheaper than sorting.
+        if !direct.is_sorted_by_key(|e| e.session) {
+            direct.sort_unstable_by_key(|e| e.session);
+        }
         let mut count = 0;
         let mut i = 0;
         let mut compacted = None;

@@ -320,6 +320,7 @@ mod tests {
                 expires_at: None,
                 owns_bytes: true,
                 stored: Default::default(),
+                wire: None,
             }),
             qos,
             retain: false,

@@ -116,6 +116,7 @@ mod tests {
             expires_at: None,
             owns_bytes: true,
             stored: Default::default(),
+            wire: None,
         })
     }
 

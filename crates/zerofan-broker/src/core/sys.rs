@@ -42,6 +42,7 @@ impl Broker {
                 expires_at: None,
                 owns_bytes: true,
                 stored: Default::default(),
+                wire: None,
             };
             self.route_sys(now, Arc::new(msg));
         }
@@ -62,6 +63,7 @@ impl Broker {
             expires_at: None,
             owns_bytes: true,
             stored: Default::default(),
+            wire: None,
         };
         self.route(now, Arc::new(live));
     }

@@ -7,7 +7,7 @@
 use super::buffers::{Buffers, ReadBuf, READ_MAX, READ_MIN};
 use super::listener::BoxStream;
 use super::state::Shared;
-use crate::core::ConnId;
+use crate::core::{ConnId, Wire};
 use bytes::BufMut;
 use std::future::Future;
 use std::io;
@@ -176,10 +176,15 @@ impl ReadState {
             match zerofan_codec::frame(&bytes[off..], max) {
                 Frame::Complete(len) => {
                     let packet = bytes.slice(off..off + len);
+                    // A QoS 0 PUBLISH may be forwarded as these very bytes.
+                    let wire = Wire::candidate(&bytes, off, off + len);
                     off += len;
                     let mut broker = shared.broker.borrow_mut();
                     let protocol = broker.protocol(id);
                     match zerofan_codec::decode(packet, protocol) {
+                        Ok(p @ zerofan_codec::Packet::Publish(_)) => {
+                            broker.handle_publish(now, id, p, wire)
+                        }
                         Ok(p) => broker.handle_packet(now, id, p),
                         Err(e) => broker.handle_decode_error(now, id, e),
                     }

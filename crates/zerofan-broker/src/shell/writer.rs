@@ -5,7 +5,7 @@
 
 use super::ops::Ops;
 use super::state::Shared;
-use crate::core::{ConnId, Outgoing, Transmit};
+use crate::core::{ConnId, Outgoing, Transmit, Wire};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -54,7 +54,18 @@ impl Encoder {
         if scratch.capacity() - scratch.len() < 256 {
             scratch.reserve(SCRATCH);
         }
+        // A run of packets sent as received that lay one after the other in
+        // one read buffer (see `Wire`): one chunk, however many packets. The
+        // scratch holds what comes before it.
+        let mut run: Option<Wire> = None;
         for item in self.batch.drain(..) {
+            if let Outgoing::Publish(d) = &item {
+                if let Some(w) = d.wire(protocol) {
+                    add_wire(&mut run, w, scratch, &mut self.chunks);
+                    continue;
+                }
+            }
+            end_run(&mut run, scratch, &mut self.chunks);
             match item {
                 Outgoing::Packet(p) => {
                     if let Err(e) = zerofan_codec::encode(&p, protocol, scratch) {
@@ -98,6 +109,7 @@ impl Encoder {
                 }
             }
         }
+        end_run(&mut run, scratch, &mut self.chunks);
         if !scratch.is_empty() {
             self.chunks.push_back(scratch.split().freeze());
         }
@@ -111,6 +123,40 @@ impl Encoder {
         }
         status
     }
+}
+
+/// Add a packet sent as received to the open run when it lies right after
+/// it, else close the run and open one with it.
+fn add_wire(
+    run: &mut Option<Wire>,
+    w: &Wire,
+    scratch: &mut BytesMut,
+    chunks: &mut VecDeque<Bytes>,
+) {
+    match run {
+        Some(r) if r.followed_by(w) => r.end = w.end,
+        _ => {
+            end_run(run, scratch, chunks);
+            *run = Some(w.clone());
+        }
+    }
+}
+
+/// Close the open run, if any: a short one is copied after the scratch's
+/// bytes (like a small payload), a longer one goes as a chunk of its own
+/// after them, never copied.
+fn end_run(run: &mut Option<Wire>, scratch: &mut BytesMut, chunks: &mut VecDeque<Bytes>) {
+    let Some(r) = run.take() else {
+        return;
+    };
+    if (r.end - r.start) as usize <= COPY_AT_MOST {
+        scratch.extend_from_slice(r.bytes());
+        return;
+    }
+    if !scratch.is_empty() {
+        chunks.push_back(scratch.split().freeze());
+    }
+    chunks.push_back(r.buf.slice(r.start as usize..r.end as usize));
 }
 
 /// Write chunks until all are written or the stream would block (the waker
@@ -187,6 +233,80 @@ mod tests {
         fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// `n` QoS 0 PUBLISH packets of `size`-byte payloads back to back, as
+    /// a read buffer holds them, and where each lies.
+    fn packets(n: usize, size: usize) -> (Bytes, Vec<(usize, usize)>) {
+        let mut b = BytesMut::new();
+        let mut at = Vec::new();
+        for i in 0..n {
+            let start = b.len();
+            let p = zerofan_codec::Publish {
+                topic: zerofan_codec::MqttStr::from_static("t"),
+                payload: Bytes::from(vec![i as u8; size]),
+                ..Default::default()
+            };
+            zerofan_codec::encode(
+                &zerofan_codec::Packet::Publish(p),
+                zerofan_codec::Protocol::V311,
+                &mut b,
+            )
+            .unwrap();
+            at.push((start, b.len()));
+        }
+        (b.freeze(), at)
+    }
+
+    #[test]
+    fn adjacent_packets_leave_as_one_chunk_of_the_read_buffer() {
+        let (buf, at) = packets(3, 1024);
+        let (other, other_at) = packets(1, 1024);
+        let mut run = None;
+        let mut scratch = BytesMut::new();
+        let mut chunks = VecDeque::new();
+        for &(s, e) in &at {
+            add_wire(
+                &mut run,
+                &Wire::candidate(&buf, s, e).unwrap(),
+                &mut scratch,
+                &mut chunks,
+            );
+        }
+        // Not adjacent: the run of three ends, a new one starts.
+        let w = Wire::candidate(&other, other_at[0].0, other_at[0].1).unwrap();
+        add_wire(&mut run, &w, &mut scratch, &mut chunks);
+        end_run(&mut run, &mut scratch, &mut chunks);
+        assert_eq!(chunks.len(), 2);
+        assert_eq!(chunks[0], buf);
+        // The chunk is the read buffer itself, not a copy.
+        assert_eq!(chunks[0].as_ptr(), buf.as_ptr());
+        assert_eq!(chunks[1], other);
+        assert!(scratch.is_empty());
+    }
+
+    #[test]
+    fn short_runs_are_copied_after_what_precedes_them() {
+        let (buf, at) = packets(2, 10);
+        let mut run = None;
+        let mut scratch = BytesMut::from(&b"ack"[..]);
+        let mut chunks = VecDeque::new();
+        add_wire(
+            &mut run,
+            &Wire::candidate(&buf, at[0].0, at[0].1).unwrap(),
+            &mut scratch,
+            &mut chunks,
+        );
+        add_wire(
+            &mut run,
+            &Wire::candidate(&buf, at[1].0, at[1].1).unwrap(),
+            &mut scratch,
+            &mut chunks,
+        );
+        end_run(&mut run, &mut scratch, &mut chunks);
+        assert!(chunks.is_empty());
+        assert_eq!(&scratch[..3], b"ack");
+        assert_eq!(&scratch[3..], &buf[..]);
     }
 
     #[test]
