@@ -294,9 +294,9 @@ impl Broker {
                     }
                 });
         }
-        // Sorted to merge a session's overlapping subscriptions. A node keeps
-        // its subscriptions in the order they were made, which is mostly by
-        // session already: checking is cheaper than sorting.
+        // Sorted to merge a session's overlapping subscriptions. A trie node
+        // keeps its subscriptions ordered by session, so the matches of a
+        // single filter need no sorting, and checking costs less.
         if !direct.is_sorted_by_key(|e| e.session) {
             direct.sort_unstable_by_key(|e| e.session);
         }

@@ -87,6 +87,7 @@ struct Node {
     plus: Option<Box<Node>>,
     /// The `#` child.
     hash: Option<Box<Node>>,
+    /// Ordered by session (see `Trie::insert`).
     subs: Vec<SubEntry>,
     shared: Vec<SharedGroup>,
 }
@@ -153,7 +154,24 @@ impl Trie {
             node = node.child_or_insert(level);
         }
         let list = match group {
-            None => &mut node.subs,
+            None => {
+                // Kept ordered by session: routing merges a session's
+                // overlapping subscriptions by sorting its matches, and one
+                // node's are then in order already.
+                return match node
+                    .subs
+                    .binary_search_by_key(&entry.session, |e| e.session)
+                {
+                    Ok(i) => {
+                        node.subs[i] = entry;
+                        false
+                    }
+                    Err(i) => {
+                        node.subs.insert(i, entry);
+                        true
+                    }
+                };
+            }
             Some(g) => {
                 let pos = match node.shared.iter().position(|s| &*s.name == g) {
                     Some(p) => p,
