@@ -11,7 +11,7 @@
 //! the run then waits up to `drain` for the last deliveries and reports
 //! whatever is still missing as lost.
 
-use crate::conn::{self, AckKind, Conn, ConnError, Reader, Writer};
+use crate::conn::{self, AckKind, Conn, ConnError, Next, Reader, Writer};
 use crate::payload::{self, Rng, SizeDist, Stamp};
 use crate::report::{latency_of, new_histogram, CaseResult};
 use hdrhistogram::Histogram;
@@ -563,15 +563,19 @@ fn drain_buffer(
     touched: &mut Vec<usize>,
     shared: bool,
 ) -> Result<(), ConnError> {
-    while let Some(p) = reader.try_next()? {
+    while let Some(p) = reader.try_next_seen(|payload| (Stamp::decode(payload), payload.len()))? {
         match p {
-            Packet::Publish(p) => {
-                match p.qos {
+            Next::Publish {
+                qos,
+                packet_id,
+                seen: (stamp, len),
+            } => {
+                match qos {
                     QoS::AtMostOnce => {}
-                    QoS::AtLeastOnce => writer.push_ack(AckKind::Ack, p.packet_id)?,
-                    QoS::ExactlyOnce => writer.push_ack(AckKind::Rec, p.packet_id)?,
+                    QoS::AtLeastOnce => writer.push_ack(AckKind::Ack, packet_id)?,
+                    QoS::ExactlyOnce => writer.push_ack(AckKind::Rec, packet_id)?,
                 }
-                let Some(stamp) = Stamp::decode(&p.payload) else {
+                let Some(stamp) = stamp else {
                     st.foreign += 1;
                     continue;
                 };
@@ -581,7 +585,7 @@ fn drain_buffer(
                     continue;
                 }
                 st.received += 1;
-                st.bytes += p.payload.len() as u64;
+                st.bytes += len as u64;
                 st.last_ns = now_ns;
                 st.lat.push(now_ns.saturating_sub(stamp.sent_ns).max(1));
                 if !shared {
@@ -596,15 +600,15 @@ fn drain_buffer(
                 }
                 batch[i] += 1;
             }
-            Packet::PubRel(a) => writer.push_ack(AckKind::Comp, a.packet_id)?,
-            Packet::PingResp | Packet::PubAck(_) | Packet::PubComp(_) => {}
-            Packet::Disconnect(d) => {
+            Next::Other(Packet::PubRel(a)) => writer.push_ack(AckKind::Comp, a.packet_id)?,
+            Next::Other(Packet::PingResp | Packet::PubAck(_) | Packet::PubComp(_)) => {}
+            Next::Other(Packet::Disconnect(d)) => {
                 return Err(ConnError::Protocol(format!(
                     "broker disconnected a subscriber with code {:#04x}",
                     d.reason.0
                 )))
             }
-            other => {
+            Next::Other(other) => {
                 return Err(ConnError::Protocol(format!(
                     "unexpected {} on a subscriber",
                     conn::packet_name(&other)
