@@ -182,7 +182,11 @@ impl Reader {
         if let Some((qos, packet_id, payload)) = publish_in_place(&self.buf[..len], self.protocol) {
             let out = seen(&self.buf[payload]);
             bytes::Buf::advance(&mut self.buf, len);
-            return Ok(Some(Next::Publish { qos, packet_id, seen: out }));
+            return Ok(Some(Next::Publish {
+                qos,
+                packet_id,
+                seen: out,
+            }));
         }
         let bytes = self.buf.split_to(len).freeze();
         Ok(Some(Next::Other(decode(bytes, self.protocol)?)))

@@ -26,6 +26,8 @@ const SCRATCH: usize = 4 * 1024;
 const COPY_AT_MOST: usize = 256;
 /// Iovecs per `writev` call (well under every IOV_MAX).
 const IOVECS: usize = 512;
+/// Iovecs of the small array used when a batch has no more chunks.
+const FEW_IOVECS: usize = 16;
 
 /// What every connection's writer borrows for the length of one batch:
 /// nothing here is held across an await, so one set serves the thread.
@@ -170,13 +172,14 @@ pub fn poll_write_chunks<W: AsyncWrite + Unpin + ?Sized>(
     written: &mut usize,
 ) -> Poll<io::Result<()>> {
     while !chunks.is_empty() {
-        let mut slices = [IoSlice::new(&[]); IOVECS];
-        let mut count = 0;
-        for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
-            *slot = IoSlice::new(chunk);
-            count += 1;
-        }
-        let mut n = ready!(Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..count]))?;
+        // Most batches are a few chunks (runs of packets sent as received
+        // are one each): a small array then, rather than filling 8 KiB of
+        // iovecs per call.
+        let mut n = if chunks.len() <= FEW_IOVECS {
+            ready!(poll_writev::<FEW_IOVECS, W>(cx, wr, chunks))?
+        } else {
+            ready!(poll_writev::<IOVECS, W>(cx, wr, chunks))?
+        };
         if n == 0 {
             return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
         }
@@ -195,6 +198,21 @@ pub fn poll_write_chunks<W: AsyncWrite + Unpin + ?Sized>(
         }
     }
     Poll::Ready(Ok(()))
+}
+
+/// One `writev` of the first `N` chunks at most.
+fn poll_writev<const N: usize, W: AsyncWrite + Unpin + ?Sized>(
+    cx: &mut Context<'_>,
+    wr: &mut W,
+    chunks: &VecDeque<Bytes>,
+) -> Poll<io::Result<usize>> {
+    let mut slices = [IoSlice::new(&[]); N];
+    let mut count = 0;
+    for (slot, chunk) in slices.iter_mut().zip(chunks.iter()) {
+        *slot = IoSlice::new(chunk);
+        count += 1;
+    }
+    Pin::new(&mut *wr).poll_write_vectored(cx, &slices[..count])
 }
 
 /// Write every chunk with as few `writev` calls as the socket allows,
@@ -322,5 +340,13 @@ mod tests {
         let n = rt.block_on(write_chunks(&mut sink, &mut chunks)).unwrap();
         assert_eq!(n, 16);
         assert_eq!(sink.0, b"abcdefghijklmnop");
+
+        // More chunks than one writev takes (the large iovec array).
+        let want: Vec<u8> = (0..1500u32).map(|i| i as u8).collect();
+        let mut chunks: VecDeque<Bytes> = want.chunks(2).map(Bytes::copy_from_slice).collect();
+        let mut sink = Trickle(Vec::new());
+        let n = rt.block_on(write_chunks(&mut sink, &mut chunks)).unwrap();
+        assert_eq!(n, want.len());
+        assert_eq!(sink.0, want);
     }
 }
