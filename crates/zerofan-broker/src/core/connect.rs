@@ -8,7 +8,7 @@ use super::outbox::Outgoing;
 use super::session::{InflightState, PendingWill, Session};
 use super::store::SessionRecord;
 use super::timers::Timer;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 use zerofan_codec::{
     ConnAck, Connect, Disconnect, MqttStr, Packet, Properties, Publish, ReasonCode, Will,
@@ -294,7 +294,7 @@ impl Broker {
                     .map(|f| &mut f.item),
             ) {
                 if q.msg.worth_compacting() {
-                    q.msg = Arc::new(q.msg.compacted());
+                    q.msg = Rc::new(q.msg.compacted());
                     copies += 1;
                 }
             }
@@ -390,7 +390,7 @@ impl Broker {
             properties,
             payload: will.payload,
         };
-        let msg = Arc::new(Message::from_publish(publish, None, now));
+        let msg = Rc::new(Message::from_publish(publish, None, now));
         self.route(now, msg);
     }
 

@@ -8,7 +8,7 @@ use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
 use super::session::{Inflight, InflightState, PushOutcome, Queued};
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Instant;
 use zerofan_codec::{QoS, ReasonCode};
 
@@ -31,7 +31,7 @@ impl Broker {
         now: Instant,
         sid: SessionId,
         mut item: Queued,
-        compacted: &mut Option<Arc<Message>>,
+        compacted: &mut Option<Rc<Message>>,
     ) {
         // Stored before any compaction copy, which then carries the id.
         self.dur_enqueue(sid, &mut item);
@@ -47,7 +47,7 @@ impl Broker {
             if item.msg.worth_compacting() {
                 let copy = compacted.get_or_insert_with(|| {
                     self.metrics.compactions += 1;
-                    Arc::new(item.msg.compacted())
+                    Rc::new(item.msg.compacted())
                 });
                 item.msg = copy.clone();
             }
@@ -371,7 +371,7 @@ fn into_delivery(c: &mut Connection, item: Queued, now: Instant) -> Delivery {
 /// send only the alias.
 fn delivery(
     c: &mut Connection,
-    message: Arc<Message>,
+    message: Rc<Message>,
     qos: QoS,
     retain: bool,
     subscription_identifiers: Vec<u32>,

@@ -22,6 +22,7 @@ use super::timers::Timer;
 use super::trie::SubEntry;
 use bytes::Bytes;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -675,7 +676,7 @@ impl Broker {
     /// store held, then run every deadline that passed while the broker was
     /// down (expired sessions go, overdue wills are published).
     pub fn restore(&mut self, recovered: Recovered, now: Instant) {
-        let mut messages: HashMap<u64, Arc<Message>> = HashMap::default();
+        let mut messages: HashMap<u64, Rc<Message>> = HashMap::default();
         let mut damaged = 0u64;
         for r in recovered.retained {
             match self.restored_message(&mut messages, r.msg, &r.message) {
@@ -827,23 +828,23 @@ impl Broker {
 
     fn restored_message(
         &mut self,
-        cache: &mut HashMap<u64, Arc<Message>>,
+        cache: &mut HashMap<u64, Rc<Message>>,
         id: MsgId,
         stored: &StoredMessage,
-    ) -> Option<Arc<Message>> {
+    ) -> Option<Rc<Message>> {
         if let Some(m) = cache.get(&id.0) {
             return Some(m.clone());
         }
         let m = from_stored(stored, &self.durable)?;
         m.stored.set(id);
-        let m = Arc::new(m);
+        let m = Rc::new(m);
         cache.insert(id.0, m.clone());
         Some(m)
     }
 
     fn restored_item(
         &mut self,
-        cache: &mut HashMap<u64, Arc<Message>>,
+        cache: &mut HashMap<u64, Rc<Message>>,
         e: &zerofan_store::RecoveredEntry,
     ) -> Option<Queued> {
         let msg = self.restored_message(cache, e.entry.msg, &e.message)?;
@@ -878,7 +879,7 @@ fn will_message(w: &Will) -> Message {
 /// its packet id matters (PUBREL is resent), the store tracks it.
 fn placeholder() -> Queued {
     Queued {
-        msg: Arc::new(Message {
+        msg: Rc::new(Message {
             topic: MqttStr::default(),
             payload: Bytes::new(),
             qos: QoS::ExactlyOnce,

@@ -6,8 +6,10 @@ use bytes::Bytes;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Properties, Props, Publish, QoS};
 
-/// One application message as the broker routes it. Wrapped in an `Arc` and
-/// shared by every subscriber queue, inflight window and the retained store:
+/// One application message as the broker routes it. Wrapped in an `Rc` and
+/// shared by every subscriber queue, inflight window and the retained store
+/// (all on the broker's one thread: an atomic count, up and down once per
+/// delivery, cost 3% of the broker's time in fan-out to 100):
 /// its `payload` is a slice of the publisher's read buffer, never copied per
 /// subscriber.
 #[derive(Debug)]

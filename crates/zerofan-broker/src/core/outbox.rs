@@ -3,7 +3,7 @@
 
 use super::message::Message;
 use super::wire::Wire;
-use std::sync::Arc;
+use std::rc::Rc;
 use zerofan_codec::{Ack, Packet, Protocol, PublishHeader, QoS, ReasonCode};
 
 /// One item for the connection's writer. Kept small (about 64 bytes), since
@@ -87,7 +87,7 @@ impl Outgoing {
 #[derive(Debug)]
 pub struct Delivery {
     /// The shared message (payload shared with every other subscriber).
-    pub message: Arc<Message>,
+    pub message: Rc<Message>,
     /// QoS of this delivery.
     pub qos: QoS,
     /// Packet identifier (0 at QoS 0).

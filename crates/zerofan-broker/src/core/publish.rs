@@ -8,7 +8,7 @@ use super::outbox::Outgoing;
 use super::session::{InflightState, Queued};
 use super::trie::Hit;
 use super::wire::Wire;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Instant;
 use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
 
@@ -124,7 +124,7 @@ impl Broker {
                 let plain = Wire::plain_header(&msg.topic, &msg.properties, msg.payload.len());
                 msg.wire = w.verified(&plain, protocol, &mut self.wire_scratch);
             }
-            self.route(now, Arc::new(msg))
+            self.route(now, Rc::new(msg))
         };
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
@@ -260,7 +260,7 @@ impl Broker {
     /// session (overlapping subscriptions merged: highest QoS, every
     /// subscription identifier), one member per shared group. Returns how
     /// many sessions got it.
-    pub(crate) fn route(&mut self, now: Instant, msg: Arc<Message>) -> usize {
+    pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
         if msg.retain && self.config.retain_available {
             if msg.payload.is_empty() {
                 self.store.clear(msg.topic.as_str());
@@ -360,10 +360,10 @@ impl Broker {
 
     /// The message to keep for long: small ones are copied out of their read
     /// buffer (counted), large ones are worth the buffer they hold.
-    pub(crate) fn keepable(&mut self, msg: &Arc<Message>) -> Arc<Message> {
+    pub(crate) fn keepable(&mut self, msg: &Rc<Message>) -> Rc<Message> {
         if msg.worth_compacting() {
             self.metrics.compactions += 1;
-            Arc::new(msg.compacted())
+            Rc::new(msg.compacted())
         } else {
             msg.clone()
         }

@@ -6,6 +6,7 @@ use super::ids::ConnId;
 use super::message::Message;
 use crate::config::QueueFull;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
@@ -14,7 +15,7 @@ use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
 #[derive(Clone, Debug)]
 pub struct Queued {
     /// The shared message.
-    pub msg: Arc<Message>,
+    pub msg: Rc<Message>,
     /// QoS for this subscriber (already downgraded).
     pub qos: QoS,
     /// RETAIN flag to send.
@@ -132,16 +133,16 @@ pub struct Flight {
     pub evicted: Vec<zerofan_store::EntryId>,
 }
 
-/// What a session without a `Flight` reads as.
-static NO_FLIGHT: Flight = Flight {
-    subscriptions: HashMap::with_hasher(super::hash::Seeded),
-    inflight: HashMap::with_hasher(super::hash::Seeded),
-    resend: VecDeque::new(),
-    next_seq: 0,
-    next_pid: 0,
-    incoming_qos2: HashSet::with_hasher(super::hash::Seeded),
-    evicted: Vec::new(),
-};
+/// What a session without a `Flight` reads as: one empty `Flight` per
+/// thread, made once and kept for the thread's life. Not a `static`: a
+/// `Flight` holds `Rc`s (messages are counted without atomics on the
+/// broker's one thread), which cannot be shared between threads.
+fn no_flight() -> &'static Flight {
+    thread_local! {
+        static NO_FLIGHT: &'static Flight = Box::leak(Box::default());
+    }
+    NO_FLIGHT.with(|f| *f)
+}
 
 impl Session {
     /// A fresh session.
@@ -163,7 +164,10 @@ impl Session {
 
     /// Subscriptions and QoS 1/2 state, empty if never used.
     pub fn flight(&self) -> &Flight {
-        self.flight.as_deref().unwrap_or(&NO_FLIGHT)
+        match self.flight.as_deref() {
+            Some(f) => f,
+            None => no_flight(),
+        }
     }
 
     /// Subscriptions and QoS 1/2 state to change, if ever used (for
@@ -310,7 +314,7 @@ mod tests {
 
     fn q(qos: QoS, n: u8) -> Queued {
         Queued {
-            msg: Arc::new(Message {
+            msg: Rc::new(Message {
                 topic: MqttStr::from_static("t"),
                 payload: Bytes::from(vec![n]),
                 qos,

@@ -5,17 +5,17 @@
 use super::hash::HashMap;
 use super::message::Message;
 use super::session::SubRecord;
-use std::sync::Arc;
+use std::rc::Rc;
 
 /// Where retained messages live.
 pub trait RetainedStore {
     /// Set (or replace) the retained message of `msg.topic`.
-    fn set(&mut self, msg: Arc<Message>);
+    fn set(&mut self, msg: Rc<Message>);
     /// Clear the retained message of `topic`.
     fn clear(&mut self, topic: &str);
     /// Every retained message whose topic matches `filter` (a plain filter,
     /// `$share/` already stripped).
-    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>);
+    fn matching(&self, filter: &str, out: &mut Vec<Rc<Message>>);
     /// How many retained messages there are.
     fn len(&self) -> usize;
     /// True when there are none.
@@ -49,12 +49,12 @@ pub trait SessionStore {
 /// Both stores in memory: nothing survives the process.
 #[derive(Default, Debug)]
 pub struct MemoryStore {
-    retained: HashMap<Box<str>, Arc<Message>>,
+    retained: HashMap<Box<str>, Rc<Message>>,
     sessions: HashMap<String, SessionRecord>,
 }
 
 impl RetainedStore for MemoryStore {
-    fn set(&mut self, msg: Arc<Message>) {
+    fn set(&mut self, msg: Rc<Message>) {
         self.retained.insert(msg.topic.as_str().into(), msg);
     }
 
@@ -62,7 +62,7 @@ impl RetainedStore for MemoryStore {
         self.retained.remove(topic);
     }
 
-    fn matching(&self, filter: &str, out: &mut Vec<Arc<Message>>) {
+    fn matching(&self, filter: &str, out: &mut Vec<Rc<Message>>) {
         if !filter.contains(['+', '#']) {
             // A plain filter names one topic: no scan.
             out.extend(self.retained.get(filter).cloned());
@@ -105,8 +105,8 @@ mod tests {
     use bytes::Bytes;
     use zerofan_codec::{MqttStr, QoS};
 
-    fn msg(topic: &'static str) -> Arc<Message> {
-        Arc::new(Message {
+    fn msg(topic: &'static str) -> Rc<Message> {
+        Rc::new(Message {
             topic: MqttStr::from_static(topic),
             payload: Bytes::from_static(b"x"),
             qos: QoS::AtMostOnce,

@@ -5,7 +5,7 @@ use super::broker::Broker;
 use super::message::Message;
 use super::metrics::{Metrics, ShellStats};
 use bytes::Bytes;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::Instant;
 use zerofan_codec::{MqttStr, QoS};
 
@@ -44,14 +44,14 @@ impl Broker {
                 stored: Default::default(),
                 wire: None,
             };
-            self.route_sys(now, Arc::new(msg));
+            self.route_sys(now, Rc::new(msg));
         }
     }
 
     /// `$SYS/` messages already own their small bytes: store them as they
     /// are (no compaction copy), then route a non-retained twin so the store
     /// is not written twice.
-    fn route_sys(&mut self, now: Instant, msg: Arc<Message>) {
+    fn route_sys(&mut self, now: Instant, msg: Rc<Message>) {
         self.store.set(msg.clone());
         let live = Message {
             topic: msg.topic.clone(),
@@ -65,7 +65,7 @@ impl Broker {
             stored: Default::default(),
             wire: None,
         };
-        self.route(now, Arc::new(live));
+        self.route(now, Rc::new(live));
     }
 }
 
