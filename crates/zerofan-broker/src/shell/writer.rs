@@ -1,7 +1,9 @@
 //! A connection's output side: drains the core's outbox in batches, encodes
 //! control packets and PUBLISH headers into the thread's shared scratch
 //! buffer, and sends headers and shared payloads together with vectored
-//! writes. Driven by the connection's one task (see `conn.rs`).
+//! writes. A PUBLISH that goes out as it was received (`core::Wire`) is sent
+//! from the publisher's read buffer, adjacent ones as one chunk. Driven by
+//! the connection's one task (see `conn.rs`).
 
 use super::ops::Ops;
 use super::state::Shared;
