@@ -276,3 +276,57 @@ fn sys_tree_is_published() {
     h.secs(1);
     assert!(h.out(other).publishes().is_empty());
 }
+
+/// A QoS 0 delivery goes out as the packet received only when it is byte
+/// for byte that packet (`H::out` checks the bytes of every one that does):
+/// not with a topic alias, a subscription identifier, RETAIN, a QoS 1
+/// publish, an expiry, or to a client of the other protocol family.
+#[test]
+fn deliveries_sent_as_received_only_when_identical() {
+    let mut h = H::new();
+    let plain5 = h.client("plain5");
+    let (alias5, _) = h.connect_with("alias5", Protocol::V5, true, |c| {
+        c.properties.topic_alias_maximum = Some(4)
+    });
+    let ids5 = h.client("ids5");
+    let (v311, _) = h.connect_with("v311", Protocol::V311, true, |_| {});
+    let (v31, _) = h.connect_with("v31", Protocol::V31, true, |_| {});
+    for c in [plain5, alias5, v311, v31] {
+        h.subscribe(c, "t/#", opts(QoS::AtMostOnce));
+    }
+    h.subscribe_id(ids5, "t/#", opts(QoS::AtMostOnce), Some(7));
+
+    // From an MQTT 5 publisher, with a user property: the plain MQTT 5
+    // subscriber only.
+    let pub5 = h.client("pub5");
+    let mut p = publish("t/a", "five", QoS::AtMostOnce, 0);
+    p.properties.user_properties.push((s("k"), s("v")));
+    h.send(pub5, Packet::Publish(p));
+    let counts = |h: &mut H| {
+        [plain5, alias5, ids5, v311, v31].map(|c| {
+            let out = h.out(c);
+            assert_eq!(out.publishes().len(), 1);
+            out.as_received
+        })
+    };
+    assert_eq!(counts(&mut h), [1, 0, 0, 0, 0]);
+
+    // From an MQTT 3.1.1 publisher: the 3.1.1 and 3.1 subscribers.
+    let (pub311, _) = h.connect_with("pub311", Protocol::V311, true, |_| {});
+    h.send(
+        pub311,
+        Packet::Publish(publish("t/b", "four", QoS::AtMostOnce, 0)),
+    );
+    assert_eq!(counts(&mut h), [0, 0, 0, 1, 1]);
+
+    // QoS 1 (delivered at QoS 0 without its packet id), RETAIN, an expiry:
+    // never as received.
+    let mut retained = publish("t/c", "r", QoS::AtMostOnce, 0);
+    retained.retain = true;
+    let mut expiring = publish("t/d", "e", QoS::AtMostOnce, 0);
+    expiring.properties.message_expiry_interval = Some(60);
+    for p in [publish("t/q", "q", QoS::AtLeastOnce, 1), retained, expiring] {
+        h.send(pub5, Packet::Publish(p));
+        assert_eq!(counts(&mut h), [0; 5]);
+    }
+}
