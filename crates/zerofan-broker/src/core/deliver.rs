@@ -339,17 +339,13 @@ pub(crate) fn make_delivery(
     packet_id: u16,
     now: Instant,
 ) -> Delivery {
-    let sub_ids = if c.protocol.is_v5() {
-        item.sub_ids.clone()
-    } else {
-        Vec::new()
-    };
+    let ids = item.sub_ids.clone();
     delivery(
         c,
         item.msg.clone(),
         item.qos,
         item.retain,
-        sub_ids,
+        ids,
         packet_id,
         now,
     )
@@ -358,12 +354,7 @@ pub(crate) fn make_delivery(
 /// The QoS 0 PUBLISH of a queued item that nothing keeps afterwards: it
 /// moves into the delivery.
 fn into_delivery(c: &mut Connection, item: Queued, now: Instant) -> Delivery {
-    let sub_ids = if c.protocol.is_v5() {
-        item.sub_ids
-    } else {
-        Vec::new()
-    };
-    delivery(c, item.msg, item.qos, item.retain, sub_ids, 0, now)
+    delivery(c, item.msg, item.qos, item.retain, item.sub_ids, 0, now)
 }
 
 /// Build the per-subscriber PUBLISH, choosing a topic alias when the client
@@ -394,10 +385,11 @@ fn delivery(
     } else {
         (None, true)
     };
-    let message_expiry_interval = if c.protocol.is_v5() {
-        message.remaining_expiry(now)
+    // Subscription identifiers and the expiry interval exist in MQTT 5 only.
+    let (subscription_identifiers, message_expiry_interval) = if c.protocol.is_v5() {
+        (subscription_identifiers, message.remaining_expiry(now))
     } else {
-        None
+        (Vec::new(), None)
     };
     Delivery {
         message,
