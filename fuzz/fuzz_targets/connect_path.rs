@@ -2,8 +2,9 @@
 //! core, the way the shell feeds it (frame, decode with the connection's
 //! protocol, handle), with authentication, an ACL and every limit on. The
 //! first byte picks the listener setup (anonymous or not, certificate
-//! identity, rate limits). Nothing may panic, and everything the core
-//! queues for the client must encode.
+//! identity, rate limits). Nothing may panic, everything the core queues
+//! for the client must encode, and a PUBLISH sent as received (`Wire`)
+//! must be exactly what the encoder would write.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
@@ -12,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zerofan_auth::{Acl, PasswordFile};
 use zerofan_broker::config::Config;
-use zerofan_broker::core::{Broker, ConnectionMeta, ListenerAuth, Outgoing, SecurityConfig};
-use zerofan_codec::{frame, Frame};
+use zerofan_broker::core::{Broker, ConnectionMeta, ListenerAuth, Outgoing, SecurityConfig, Wire};
+use zerofan_codec::{frame, Frame, Packet};
 
 fn files() -> &'static (Arc<PasswordFile>, Arc<Acl>) {
     static FILES: OnceLock<(Arc<PasswordFile>, Arc<Acl>)> = OnceLock::new();
@@ -57,8 +58,11 @@ fuzz_target!(|data: &[u8]| {
         throttle: Default::default(),
     });
     let peer = "192.0.2.1:5000".parse().unwrap();
-    // A second connection first when asked, so limits are reached.
-    let other = broker.connection_opened_with(now, peer, ConnectionMeta::default());
+    // A second connection first when asked (the same bit that allows two
+    // connections overall), so the listener's limit of one is reached.
+    // Without it the stream's connection may connect and go on.
+    let other = (setup & 0x80 != 0)
+        .then(|| broker.connection_opened_with(now, peer, ConnectionMeta::default()));
     let conn = broker.connection_opened_with(
         now,
         peer,
@@ -72,10 +76,12 @@ fuzz_target!(|data: &[u8]| {
     let mut t = now;
     while let Frame::Complete(n) = frame(&bytes[off..], 1 << 20) {
         let packet = bytes.slice(off..off + n);
+        let wire = Wire::candidate(&bytes, off, off + n);
         off += n;
         t += Duration::from_millis(100);
         let protocol = broker.protocol(conn);
         match zerofan_codec::decode(packet, protocol) {
+            Ok(p @ Packet::Publish(_)) => broker.handle_publish(t, conn, p, wire),
             Ok(p) => broker.handle_packet(t, conn, p),
             Err(e) => broker.handle_decode_error(t, conn, e),
         }
@@ -87,7 +93,9 @@ fuzz_target!(|data: &[u8]| {
     broker.handle_timeout(t + Duration::from_secs(3600));
     drain(&mut broker, t, conn);
     broker.connection_lost(t, conn);
-    broker.connection_lost(t, other);
+    if let Some(other) = other {
+        broker.connection_lost(t, other);
+    }
     let _ = broker.metrics().security.refusals_total();
 });
 
@@ -111,8 +119,13 @@ fn drain(broker: &mut Broker, now: Instant, conn: zerofan_broker::core::ConnId) 
                     }
                 }
                 Outgoing::Publish(d) => {
+                    let start = buf.len();
                     zerofan_codec::encode_publish_header(&d.header(), protocol, &mut buf)
-                        .expect("publish header encodes")
+                        .expect("publish header encodes");
+                    buf.extend_from_slice(&d.message.payload);
+                    if let Some(w) = d.wire(protocol) {
+                        assert_eq!(w.bytes(), &buf[start..], "sent as received, but not identical");
+                    }
                 }
             }
         }
