@@ -124,7 +124,11 @@ fn drain(broker: &mut Broker, now: Instant, conn: zerofan_broker::core::ConnId) 
                         .expect("publish header encodes");
                     buf.extend_from_slice(&d.message.payload);
                     if let Some(w) = d.wire(protocol) {
-                        assert_eq!(w.bytes(), &buf[start..], "sent as received, but not identical");
+                        assert_eq!(
+                            w.bytes(),
+                            &buf[start..],
+                            "sent as received, but not identical"
+                        );
                     }
                 }
             }
