@@ -121,8 +121,7 @@ impl Broker {
         } else {
             let mut msg = Message::from_publish(p, Some(sid), now);
             if let (Some(w), Some(protocol)) = (wire, protocol) {
-                let plain = Wire::plain_header(&msg.topic, &msg.properties, msg.payload.len());
-                msg.wire = w.verified(&plain, protocol, &mut self.wire_scratch);
+                msg.wire = w.verified(&msg, protocol, &mut self.wire_scratch);
             }
             self.route(now, Rc::new(msg))
         };

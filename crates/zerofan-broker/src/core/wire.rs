@@ -1,6 +1,7 @@
 //! A received PUBLISH exactly as it arrived, for deliveries that can be
 //! sent as those very bytes.
 
+use super::message::Message;
 use bytes::Bytes;
 use zerofan_codec::{Protocol, PublishHeader, QoS};
 
@@ -13,8 +14,9 @@ use zerofan_codec::{Protocol, PublishHeader, QoS};
 /// one after the other in one read buffer, and go to the same subscriber,
 /// leave as one iovec (see `shell/writer.rs`).
 ///
-/// Invariant: `buf[start..end]` is, byte for byte, the PUBLISH that
-/// [`Wire::plain_header`] describes followed by the message's payload, in
+/// Invariant: `start < end <= buf.len()`, and once in a message,
+/// `buf[start..end]` is, byte for byte, its plain delivery (see
+/// [`Wire::verified`]): header followed by the payload, in
 /// the encoding of MQTT 5 when `v5`, else of MQTT 3.1.1 (3.1 encodes a
 /// PUBLISH alike). [`Wire::verified`] is the only way to get one into a
 /// message.
@@ -36,7 +38,7 @@ impl Wire {
     /// PUBLISH without RETAIN or DUP (first byte 0x30) can ever be sent as
     /// received, so the reader offers no other.
     pub fn candidate(buf: &Bytes, start: usize, end: usize) -> Option<Wire> {
-        if buf.get(start) != Some(&0x30) || end > buf.len() {
+        if buf.get(start) != Some(&0x30) || end > buf.len() || end <= start {
             return None;
         }
         Some(Wire {
@@ -47,43 +49,35 @@ impl Wire {
         })
     }
 
-    /// The header of a delivery that is sent as received: QoS 0, no
-    /// RETAIN, no DUP, the full topic, no alias, no subscription
-    /// identifier, no expiry.
-    pub fn plain_header<'a>(
-        topic: &'a str,
-        properties: &'a zerofan_codec::Properties,
-        payload_len: usize,
-    ) -> PublishHeader<'a> {
-        PublishHeader {
+    /// The candidate, kept for `msg` only if its bytes are exactly the
+    /// header of a plain delivery of `msg` (QoS 0, no RETAIN, no DUP, the
+    /// full topic, no alias, no subscription identifier, no expiry; encoded
+    /// into `scratch`, cleared first) followed by the payload. Whatever
+    /// differs (a topic alias, an expiry, properties in another order, a
+    /// longer length encoding) leaves the message without one: its
+    /// deliveries are encoded as usual.
+    pub fn verified(
+        mut self,
+        msg: &Message,
+        protocol: Protocol,
+        scratch: &mut bytes::BytesMut,
+    ) -> Option<Wire> {
+        let header = PublishHeader {
             dup: false,
             qos: QoS::AtMostOnce,
             retain: false,
             packet_id: 0,
-            topic,
+            topic: &msg.topic,
             topic_alias: None,
-            properties,
+            properties: &msg.properties,
             message_expiry_interval: None,
             subscription_identifiers: &[],
-            payload_len,
-        }
-    }
-
-    /// The candidate, kept only if its bytes are exactly the plain header
-    /// (encoded into `scratch`, cleared first) and `payload_len` bytes of
-    /// payload. Whatever differs (a topic alias, an expiry, properties in
-    /// another order, a longer length encoding) leaves the message without
-    /// one: its deliveries are encoded as usual.
-    pub fn verified(
-        mut self,
-        header: &PublishHeader<'_>,
-        protocol: Protocol,
-        scratch: &mut bytes::BytesMut,
-    ) -> Option<Wire> {
+            payload_len: msg.payload.len(),
+        };
         scratch.clear();
-        zerofan_codec::encode_publish_header(header, protocol, scratch).ok()?;
-        let packet = self.buf.get(self.start as usize..self.end as usize)?;
-        if packet.len() != scratch.len() + header.payload_len || !packet.starts_with(scratch) {
+        zerofan_codec::encode_publish_header(&header, protocol, scratch).ok()?;
+        let packet = self.bytes();
+        if packet.len() != scratch.len() + msg.payload.len() || !packet.starts_with(scratch) {
             return None;
         }
         self.v5 = protocol.is_v5();
@@ -112,10 +106,18 @@ mod tests {
         b.freeze()
     }
 
+    /// The candidate of the whole of `buf`, verified for the message
+    /// "a/b" = "hello" with `props` (as routed: per-hop ones cleared).
     fn check(buf: &Bytes, protocol: Protocol, props: &Properties) -> Option<Wire> {
+        let p = Publish {
+            topic: zerofan_codec::MqttStr::from_static("a/b"),
+            payload: Bytes::from_static(b"hello"),
+            properties: props.clone().into(),
+            ..Publish::default()
+        };
+        let msg = Message::from_publish(p, None, std::time::Instant::now());
         let mut scratch = bytes::BytesMut::new();
-        let w = Wire::candidate(buf, 0, buf.len())?;
-        w.verified(&Wire::plain_header("a/b", props, 5), protocol, &mut scratch)
+        Wire::candidate(buf, 0, buf.len())?.verified(&msg, protocol, &mut scratch)
     }
 
     #[test]
@@ -191,5 +193,8 @@ mod tests {
         assert!(!b.followed_by(&a));
         let other = Bytes::from_static(&[0x30, 0]);
         assert!(!a.followed_by(&Wire::candidate(&other, 0, 2).unwrap()));
+        // Empty or reversed ranges are no packet.
+        assert!(Wire::candidate(&buf, 2, 2).is_none());
+        assert!(Wire::candidate(&buf, 2, 1).is_none());
     }
 }
