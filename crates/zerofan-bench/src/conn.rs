@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
+use zerofan_codec::framing::read_varint;
 use zerofan_codec::{
     decode, encode, encode_publish_header, frame, Ack, ConnAck, Connect, Frame, MqttStr, Packet,
     Properties, Protocol, PublishHeader, QoS, Subscribe, SubscriptionOptions,
@@ -113,8 +114,9 @@ fn publish_in_place(p: &[u8], protocol: Protocol) -> Option<(QoS, u16, std::ops:
         return None;
     }
     let qos = QoS::from_u8((first >> 1) & 3)?;
-    // Fixed header: one byte, then the remaining length (1 to 4 bytes).
-    let mut at = 1 + p[1..].iter().take(4).position(|b| b & 0x80 == 0)? + 1;
+    // Fixed header: one byte, then the remaining length.
+    let (_, n) = read_varint(p.get(1..)?).ok()??;
+    let mut at = 1 + n;
     let topic_len = usize::from(u16::from_be_bytes(p.get(at..at + 2)?.try_into().ok()?));
     at += 2 + topic_len;
     let mut packet_id = 0;
@@ -124,21 +126,8 @@ fn publish_in_place(p: &[u8], protocol: Protocol) -> Option<(QoS, u16, std::ops:
     }
     if protocol == Protocol::V5 {
         // Property length (a variable byte integer), then the properties.
-        let mut props = 0usize;
-        let mut shift = 0;
-        loop {
-            let b = *p.get(at)?;
-            at += 1;
-            props |= usize::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                break;
-            }
-            shift += 7;
-            if shift > 21 {
-                return None;
-            }
-        }
-        at += props;
+        let (props, n) = read_varint(p.get(at..)?).ok()??;
+        at += n + usize::try_from(props).ok()?;
     }
     (at <= p.len()).then_some((qos, packet_id, at..p.len()))
 }
