@@ -61,6 +61,13 @@ pub fn decode(frame: Bytes, protocol: Protocol) -> Result<Packet, DecodeError> {
         ));
     }
     let v5 = protocol.is_v5();
+    if first & 0x08 != 0 && matches!(first >> 4, 6 | 8 | 10) && protocol != Protocol::V31 {
+        // MQTT 3.1 lets a client set DUP on a resent PUBREL, SUBSCRIBE or
+        // UNSUBSCRIBE (3.1 §2.1); 3.1.1 and 5 fix these flags at 0b0010.
+        return Err(DecodeError::malformed(
+            "PUBREL/SUBSCRIBE/UNSUBSCRIBE fixed header flags must be 0b0010",
+        ));
+    }
     // PUBLISH first and in tail position: it is the hot path, and returning
     // it straight from here lets the compiler build it in place.
     if first >> 4 == 3 {

@@ -39,8 +39,10 @@ pub enum Frame {
 /// Packet unless said otherwise):
 /// - packet type 0 is reserved. Type 15 is accepted here (it is AUTH in
 ///   MQTT 5); [`crate::decode()`] refuses it under 3.x;
-/// - the flags of PUBREL, SUBSCRIBE and UNSUBSCRIBE must be `0b0010`, those
-///   of every other type but PUBLISH `0`; a PUBLISH with QoS 3 is refused;
+/// - the flags of PUBREL, SUBSCRIBE and UNSUBSCRIBE must be `0b0010` (or
+///   `0b1010`, DUP set, which [`crate::decode()`] accepts under MQTT 3.1
+///   only), those of every other type but PUBLISH `0`; a PUBLISH with QoS 3
+///   is refused;
 /// - the remaining length must fit in 4 bytes and be minimally encoded;
 /// - the whole packet must not exceed `max_packet_size` (0x95 Packet Too Large).
 pub fn frame(buf: &[u8], max_packet_size: u32) -> Frame {
@@ -83,7 +85,9 @@ pub(crate) fn check_first_byte(b: u8) -> Result<(), DecodeError> {
             }
         }
         6 | 8 | 10 => {
-            if flags == 0b0010 {
+            // 0b1010 (DUP set) is valid in MQTT 3.1 only; framing does not
+            // know the protocol, so `decode` refuses it for 3.1.1 and 5.
+            if flags & 0b0111 == 0b0010 {
                 Ok(())
             } else {
                 Err(DecodeError::malformed(

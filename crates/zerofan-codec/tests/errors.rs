@@ -736,3 +736,29 @@ fn encode_errors() {
         Err(EncodeError::Invalid(_))
     ));
 }
+
+/// MQTT 3.1 lets a client set DUP on a resent PUBREL, SUBSCRIBE or
+/// UNSUBSCRIBE (3.1 §2.1); 3.1.1 and 5 fix their flags at 0b0010.
+#[test]
+fn dup_on_pubrel_subscribe_unsubscribe_is_valid_in_3_1_only() {
+    let packets: [(&str, Vec<u8>); 3] = [
+        ("PUBREL", pkt(0x6a, b"\x00\x01")),
+        ("SUBSCRIBE", pkt(0x8a, b"\x00\x01\x00\x01a\x01")),
+        ("UNSUBSCRIBE", pkt(0xaa, b"\x00\x01\x00\x01a")),
+    ];
+    for (name, wire) in packets {
+        assert!(
+            matches!(frame(&wire, u32::MAX), Frame::Complete(n) if n == wire.len()),
+            "{name}: framing"
+        );
+        let packet = decode(Bytes::from(wire.clone()), V31);
+        assert!(packet.is_ok(), "{name} with DUP under 3.1: {packet:?}");
+        for protocol in [V311, V5] {
+            let err = decode(Bytes::from(wire.clone()), protocol)
+                .expect_err("DUP must be refused outside 3.1");
+            assert_eq!(err.reason, ReasonCode(0x81), "{name} {protocol:?}");
+        }
+    }
+    // Other flag bits stay refused under 3.1 too.
+    assert!(matches!(frame(b"\x86\x00", u32::MAX), Frame::Invalid(_)));
+}
