@@ -38,7 +38,6 @@ pub struct Broker {
     pub(crate) started: Instant,
     next_conn: u64,
     pub(crate) next_session: u64,
-    pub(crate) next_assigned: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
     pub(crate) log_limit: crate::ratelimit::LogLimiter,
@@ -78,7 +77,6 @@ impl Broker {
             started: now,
             next_conn: 1,
             next_session: 1,
-            next_assigned: 1,
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
             route_direct: Vec::new(),

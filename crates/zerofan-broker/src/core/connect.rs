@@ -205,10 +205,8 @@ impl Broker {
     /// A client identifier nobody uses.
     fn assign_client_id(&mut self) -> MqttStr {
         loop {
-            let n = self.next_assigned;
-            self.next_assigned += 1;
-            let id = MqttStr::try_from(format!("zerofan-{n:08x}")).unwrap_or_default();
-            if !self.by_client.contains_key(&id) {
+            let id = MqttStr::try_from(random_client_id()).unwrap_or_default();
+            if !id.is_empty() && !self.by_client.contains_key(&id) {
                 return id;
             }
         }
@@ -426,4 +424,35 @@ fn own_will(w: Will) -> Will {
         retain: w.retain,
         properties: own_properties(&w.properties).into(),
     }
+}
+
+/// A client identifier nobody can guess: 128 random bits from the OS
+/// (`zerofan-` and 32 hex digits). Sequential ids would let any client that
+/// may connect take over another client's assigned session by guessing.
+fn random_client_id() -> String {
+    let mut bits = [0u8; 16];
+    if getrandom::fill(&mut bits).is_err() {
+        // No OS randomness (never seen on Linux): SipHash with the process's
+        // random keys over a counter and the time is still unguessable.
+        use std::hash::{BuildHasher, Hasher};
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let keys = std::collections::hash_map::RandomState::new();
+        for half in bits.chunks_mut(8) {
+            let mut h = keys.build_hasher();
+            h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    let mut id = String::with_capacity(8 + 32);
+    id.push_str("zerofan-");
+    for b in bits {
+        use std::fmt::Write;
+        let _ = write!(id, "{b:02x}");
+    }
+    id
 }

@@ -43,6 +43,34 @@ fn empty_client_id_v5_is_assigned() {
         .is_some_and(|s| !s.is_empty()));
 }
 
+/// Assigned identifiers carry 128 random bits: a client may not guess the
+/// identifier assigned to another and take over its session.
+#[test]
+fn assigned_client_ids_are_unguessable() {
+    let mut h = H::new();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..64 {
+        let (_, out) = h.connect_with("", Protocol::V5, true, |_| {});
+        let ack = out.connack().unwrap();
+        let id = ack.properties.assigned_client_identifier.clone().unwrap();
+        let hex = id.strip_prefix("zerofan-").unwrap();
+        assert_eq!(hex.len(), 32, "{id}");
+        assert!(hex.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        assert!(seen.insert(hex.to_string()), "assigned twice: {id}");
+    }
+    // No two consecutive ids share a long prefix, as a counter's would.
+    let ids: Vec<u128> = seen
+        .iter()
+        .map(|h| u128::from_str_radix(h, 16).unwrap())
+        .collect();
+    let close = ids
+        .iter()
+        .flat_map(|a| ids.iter().map(move |b| a.abs_diff(*b)))
+        .filter(|d| *d != 0 && *d < 1 << 64)
+        .count();
+    assert_eq!(close, 0, "assigned ids look sequential");
+}
+
 #[test]
 fn empty_client_id_v311() {
     let mut h = H::new();
