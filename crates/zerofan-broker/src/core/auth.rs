@@ -404,7 +404,12 @@ impl Broker {
                 return true;
             }
         }
-        let allowed = if !self.auth.any_acl() {
+        let sys = p.topic.starts_with("$SYS/") || &*p.topic == "$SYS";
+        let allowed = if sys {
+            // `$SYS/` belongs to the broker: refused as mosquitto does,
+            // never routed (a subscriber would take it for a broker figure).
+            false
+        } else if !self.auth.any_acl() {
             true
         } else {
             match self.auth.sessions.get(&sid) {
@@ -418,9 +423,14 @@ impl Broker {
         if allowed {
             return false;
         }
-        self.metrics.security.acl_denied_publish += 1;
         let v5 = c.protocol.is_v5();
-        tracing::debug!(%conn, topic = %p.topic, "publish denied by the ACL");
+        if sys {
+            self.metrics.security.refused_sys_publish += 1;
+            tracing::debug!(%conn, topic = %p.topic, "publish into $SYS refused");
+        } else {
+            self.metrics.security.acl_denied_publish += 1;
+            tracing::debug!(%conn, topic = %p.topic, "publish denied by the ACL");
+        }
         let reason = if v5 {
             ReasonCode::NOT_AUTHORIZED
         } else {

@@ -20,120 +20,128 @@
 //! code.
 
 use super::hash::HashMap;
+use super::metrics::{counters, CounterDef, Family, Sum};
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Instant;
 
-/// Counters of refusals, published under `$SYS/broker/security/...` and
-/// `$SYS/broker/limits/...`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SecurityMetrics {
-    /// CONNECTs refused for a bad username or password (0x86 / 0x04).
-    pub auth_bad_credentials: u64,
-    /// CONNECTs refused as not authorized: anonymous where not allowed, no
-    /// certificate identity, unknown user without a password file (0x87 / 0x05).
-    pub auth_not_authorized: u64,
-    /// CONNECTs refused without a password check because their address is
-    /// penalised for earlier failures (0x87 / 0x05).
-    pub auth_throttled: u64,
-    /// Successful logins with a username (password or certificate).
-    pub auth_success: u64,
-    /// PUBLISH packets refused by the ACL (PUBACK/PUBREC 0x87, QoS 0 dropped).
-    pub acl_denied_publish: u64,
-    /// Subscriptions refused by the ACL (SUBACK 0x87 / 0x80).
-    pub acl_denied_subscribe: u64,
-    /// Deliveries (retained and `$SYS` included) not sent because the
-    /// subscriber may not read the topic.
-    pub acl_denied_delivery: u64,
-    /// Connections refused because of `max_connections` (overall or a listener's).
-    pub refused_max_connections: u64,
-    /// Connections refused because of `max_connection_rate`.
-    pub refused_connection_rate: u64,
-    /// Clients disconnected for going over `max_publish_rate` or
-    /// `max_publish_bytes_rate` (0x96).
-    pub rate_limited_disconnects: u64,
-    /// Topic names or filters refused for `max_topic_length`.
-    pub refused_topic_too_long: u64,
-    /// TLS handshakes that failed (plaintext on a TLS port, bad or missing
-    /// client certificate, ...).
-    pub tls_handshake_failures: u64,
-    /// WebSocket upgrades that failed (wrong path, not a WebSocket request).
-    pub ws_handshake_failures: u64,
-    /// PROXY protocol headers missing or invalid.
-    pub proxy_header_errors: u64,
+const AUTH_REFUSED: Family = Family::new(
+    "zerofan_auth_refused_total",
+    "CONNECTs refused by authentication, by reason.",
+);
+const ACL_DENIED: Family = Family::new(
+    "zerofan_acl_denied_total",
+    "Operations refused by the ACL, by action.",
+);
+const LIMIT_REFUSED: Family = Family::new(
+    "zerofan_limit_refused_total",
+    "Connections, clients or topics refused by a limit, by limit.",
+);
+const HANDSHAKE_FAILURES: Family = Family::new(
+    "zerofan_handshake_failures_total",
+    "Connections that failed before MQTT, by layer.",
+);
+
+counters! {
+    /// Counters of refusals, published under `$SYS/broker/security/...` and
+    /// `$SYS/broker/limits/...`.
+    pub struct SecurityMetrics {
+        /// CONNECTs refused for a bad username or password (0x86 / 0x04).
+        pub auth_bad_credentials: u64 = CounterDef::NEW
+            .sys("security/auth/bad_credentials")
+            .prom_as(AUTH_REFUSED, "reason", "bad_credentials")
+            .refused(),
+        /// CONNECTs refused as not authorized: anonymous where not allowed, no
+        /// certificate identity, unknown user without a password file (0x87 / 0x05).
+        pub auth_not_authorized: u64 = CounterDef::NEW
+            .sys("security/auth/not_authorized")
+            .prom_as(AUTH_REFUSED, "reason", "not_authorized")
+            .refused(),
+        /// CONNECTs refused without a password check because their address is
+        /// penalised for earlier failures (0x87 / 0x05).
+        pub auth_throttled: u64 = CounterDef::NEW
+            .sys("security/auth/throttled")
+            .prom_as(AUTH_REFUSED, "reason", "throttled")
+            .refused(),
+        /// Successful logins with a username (password or certificate).
+        pub auth_success: u64 = CounterDef::NEW.sys("security/auth/success").prom(Family::new(
+            "zerofan_auth_success_total",
+            "Successful logins with a username (password or certificate).",
+        )),
+        /// PUBLISH packets refused by the ACL (PUBACK/PUBREC 0x87, QoS 0 dropped).
+        pub acl_denied_publish: u64 = CounterDef::NEW
+            .sys("security/acl/denied_publish")
+            .prom_as(ACL_DENIED, "action", "publish")
+            .refused(),
+        /// Subscriptions refused by the ACL (SUBACK 0x87 / 0x80).
+        pub acl_denied_subscribe: u64 = CounterDef::NEW
+            .sys("security/acl/denied_subscribe")
+            .prom_as(ACL_DENIED, "action", "subscribe")
+            .refused(),
+        /// Deliveries (retained and `$SYS` included) not sent because the
+        /// subscriber may not read the topic.
+        pub acl_denied_delivery: u64 = CounterDef::NEW
+            .sys("security/acl/denied_delivery")
+            .prom_as(ACL_DENIED, "action", "delivery")
+            .refused(),
+        /// PUBLISH packets into `$SYS/`, which belongs to the broker (MQTT 5
+        /// PUBACK/PUBREC 0x87; 3.x acknowledged; never routed).
+        pub refused_sys_publish: u64 = CounterDef::NEW
+            .sys("security/refused_sys_publish")
+            .prom(Family::new(
+                "zerofan_sys_publish_refused_total",
+                "PUBLISH packets into $SYS/ refused (MQTT 5: 0x87); never routed.",
+            ))
+            .refused(),
+        /// Connections refused because of `max_connections` (overall or a listener's).
+        pub refused_max_connections: u64 = CounterDef::NEW
+            .sys("limits/refused/max_connections")
+            .prom_as(LIMIT_REFUSED, "limit", "max_connections")
+            .refused(),
+        /// Connections refused because of `max_connection_rate`.
+        pub refused_connection_rate: u64 = CounterDef::NEW
+            .sys("limits/refused/connection_rate")
+            .prom_as(LIMIT_REFUSED, "limit", "max_connection_rate")
+            .refused(),
+        /// Clients disconnected for going over `max_publish_rate` or
+        /// `max_publish_bytes_rate` (0x96).
+        pub rate_limited_disconnects: u64 = CounterDef::NEW
+            .sys("limits/refused/publish_rate")
+            .prom_as(LIMIT_REFUSED, "limit", "max_publish_rate")
+            .refused(),
+        /// Topic names or filters refused for `max_topic_length`.
+        pub refused_topic_too_long: u64 = CounterDef::NEW
+            .sys("limits/refused/topic_length")
+            .prom_as(LIMIT_REFUSED, "limit", "max_topic_length")
+            .refused(),
+        /// TLS handshakes that failed (plaintext on a TLS port, bad or missing
+        /// client certificate, ...).
+        pub tls_handshake_failures: u64 = CounterDef::NEW
+            .sys("security/tls_handshake_failures")
+            .prom_as(HANDSHAKE_FAILURES, "layer", "tls")
+            .refused(),
+        /// WebSocket upgrades that failed (wrong path, not a WebSocket request).
+        pub ws_handshake_failures: u64 = CounterDef::NEW
+            .sys("security/ws_handshake_failures")
+            .prom_as(HANDSHAKE_FAILURES, "layer", "websocket")
+            .refused(),
+        /// PROXY protocol headers missing or invalid.
+        pub proxy_header_errors: u64 = CounterDef::NEW
+            .sys("security/proxy_header_errors")
+            .prom_as(HANDSHAKE_FAILURES, "layer", "proxy")
+            .refused(),
+    }
 }
 
 impl SecurityMetrics {
     /// Every refused connection, login, publish, subscription or delivery.
     pub fn refusals_total(&self) -> u64 {
-        self.auth_bad_credentials
-            + self.auth_not_authorized
-            + self.auth_throttled
-            + self.acl_denied_publish
-            + self.acl_denied_subscribe
-            + self.acl_denied_delivery
-            + self.refused_max_connections
-            + self.refused_connection_rate
-            + self.rate_limited_disconnects
-            + self.refused_topic_too_long
-            + self.tls_handshake_failures
-            + self.ws_handshake_failures
-            + self.proxy_header_errors
-    }
-
-    /// `$SYS/broker/...` names and values.
-    pub fn sys_figures(&self) -> Vec<(&'static str, String)> {
-        vec![
-            (
-                "security/auth/bad_credentials",
-                self.auth_bad_credentials.to_string(),
-            ),
-            (
-                "security/auth/not_authorized",
-                self.auth_not_authorized.to_string(),
-            ),
-            ("security/auth/throttled", self.auth_throttled.to_string()),
-            ("security/auth/success", self.auth_success.to_string()),
-            (
-                "security/acl/denied_publish",
-                self.acl_denied_publish.to_string(),
-            ),
-            (
-                "security/acl/denied_subscribe",
-                self.acl_denied_subscribe.to_string(),
-            ),
-            (
-                "security/acl/denied_delivery",
-                self.acl_denied_delivery.to_string(),
-            ),
-            (
-                "security/tls_handshake_failures",
-                self.tls_handshake_failures.to_string(),
-            ),
-            (
-                "security/ws_handshake_failures",
-                self.ws_handshake_failures.to_string(),
-            ),
-            (
-                "security/proxy_header_errors",
-                self.proxy_header_errors.to_string(),
-            ),
-            (
-                "limits/refused/max_connections",
-                self.refused_max_connections.to_string(),
-            ),
-            (
-                "limits/refused/connection_rate",
-                self.refused_connection_rate.to_string(),
-            ),
-            (
-                "limits/refused/publish_rate",
-                self.rate_limited_disconnects.to_string(),
-            ),
-            (
-                "limits/refused/topic_length",
-                self.refused_topic_too_long.to_string(),
-            ),
-        ]
+        let mut total = 0;
+        self.each(&mut |def, values| {
+            if def.sum == Sum::Refused {
+                total += values.iter().sum::<u64>();
+            }
+        });
+        total
     }
 }
 

@@ -1,74 +1,336 @@
-//! Broker counters, published under `$SYS/` and readable by tests.
+//! Broker counters, published under `$SYS/` and on `/metrics`, and
+//! readable by tests.
+//!
+//! Each counter is declared once, in a [`counters!`] block: its field, its
+//! help text, its name under `$SYS/broker/`, its Prometheus family (and the
+//! label that tells it from the family's other members), and whether it
+//! counts in [`Metrics::dropped_total`] or
+//! [`SecurityMetrics::refusals_total`](super::limits::SecurityMetrics::refusals_total).
+//! `$SYS` (`sys::sys_figures`) and `/metrics` (`shell::prometheus`) walk
+//! the declarations with `each`, so a new counter shows in both without
+//! being named anywhere else.
 
-/// Counters the core keeps. Every dropped message has a counter.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Metrics {
-    /// Connections ever opened.
-    pub connections_opened: u64,
-    /// CONNECTs accepted.
-    pub clients_connected_total: u64,
-    /// PUBLISH packets received from clients.
-    pub messages_received: u64,
-    /// PUBLISH packets sent to clients.
-    pub messages_sent: u64,
-    /// Payload bytes received in PUBLISH packets.
-    pub payload_bytes_received: u64,
-    /// Payload bytes sent in PUBLISH packets.
-    pub payload_bytes_sent: u64,
-    /// PUBLISH packets received, by QoS (index 0, 1, 2).
-    pub messages_received_by_qos: [u64; 3],
-    /// PUBLISH packets sent, by QoS (index 0, 1, 2; resends included).
-    pub messages_sent_by_qos: [u64; 3],
-    /// Payload bytes received, by QoS.
-    pub payload_bytes_received_by_qos: [u64; 3],
-    /// Payload bytes sent, by QoS (resends not counted, as in `payload_bytes_sent`).
-    pub payload_bytes_sent_by_qos: [u64; 3],
-    /// QoS 0 messages dropped because a session queue was full.
-    pub dropped_qos0_queue_full: u64,
-    /// QoS 1/2 messages dropped because a session queue was full.
-    pub dropped_queue_full: u64,
-    /// Messages dropped because they expired before delivery.
-    pub dropped_expired: u64,
-    /// Messages dropped because they exceed the client's Maximum Packet Size.
-    pub dropped_too_large: u64,
-    /// Clients disconnected because their queue was full (`queue_full = "disconnect"`).
-    pub slow_consumer_disconnects: u64,
-    /// Malformed packets received.
-    pub malformed_packets: u64,
-    /// Protocol violations (connections closed by the broker for them).
-    pub protocol_errors: u64,
-    /// Keep alive timeouts.
-    pub keep_alive_timeouts: u64,
-    /// Connections that never sent CONNECT in time.
-    pub connect_timeouts: u64,
-    /// Sessions taken over by a new connection with the same client id.
-    pub takeovers: u64,
-    /// Sessions removed because their expiry interval passed.
-    pub sessions_expired: u64,
-    /// Wills published.
-    pub wills_published: u64,
-    /// Messages copied out of their read buffer before being kept for long
-    /// (retained, offline queues), so they do not pin a large buffer.
-    pub compactions: u64,
-    /// Durable store operations or commits that failed.
-    pub store_errors: u64,
-    /// Store records skipped at restart because they could not be restored.
-    pub store_restore_skipped: u64,
-    /// Torn or corrupt log tails cut back at startup (0 or 1 per start).
-    pub store_torn_tails: u64,
-    /// Bytes cut off the log at startup.
-    pub store_truncated_bytes: u64,
-    /// Refusals by authentication, access control and limits.
-    pub security: super::limits::SecurityMetrics,
+/// A Prometheus metric family: one `# HELP` / `# TYPE` and its samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family {
+    /// The family's name (a counter's ends in `_total`).
+    pub name: &'static str,
+    /// Its `# HELP` text.
+    pub help: &'static str,
+}
+
+impl Family {
+    pub(crate) const fn new(name: &'static str, help: &'static str) -> Family {
+        Family { name, help }
+    }
+}
+
+/// How a counter's samples are labelled within its family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Label {
+    /// The family's only counter: one unlabelled sample.
+    None,
+    /// One sample with this label (name, value).
+    One(&'static str, &'static str),
+    /// A `[u64; 3]` by QoS: three samples labelled `qos="0"`, `"1"`, `"2"`.
+    Qos,
+}
+
+/// Which derived total a counter adds to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sum {
+    /// Neither.
+    None,
+    /// A message dropped ([`Metrics::dropped_total`]).
+    Dropped,
+    /// A refusal ([`SecurityMetrics::refusals_total`](super::limits::SecurityMetrics::refusals_total)).
+    Refused,
+}
+
+/// Where one counter shows: built with the `const` methods below in the
+/// counter's declaration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterDef {
+    /// Its name under `$SYS/broker/` (none: `/metrics` only).
+    pub sys: Option<&'static str>,
+    /// Its Prometheus family (none: `$SYS` only) and label.
+    pub prom: Option<(Family, Label)>,
+    /// The derived total it adds to.
+    pub sum: Sum,
+}
+
+impl CounterDef {
+    /// Nowhere yet: add `.sys(...)` and / or `.prom(...)`.
+    pub(crate) const NEW: CounterDef = CounterDef {
+        sys: None,
+        prom: None,
+        sum: Sum::None,
+    };
+
+    pub(crate) const fn sys(self, name: &'static str) -> Self {
+        CounterDef {
+            sys: Some(name),
+            ..self
+        }
+    }
+
+    /// The only counter of `family`.
+    pub(crate) const fn prom(self, family: Family) -> Self {
+        CounterDef {
+            prom: Some((family, Label::None)),
+            ..self
+        }
+    }
+
+    /// One of several counters of `family`, told apart by `label="value"`.
+    pub(crate) const fn prom_as(
+        self,
+        family: Family,
+        label: &'static str,
+        value: &'static str,
+    ) -> Self {
+        CounterDef {
+            prom: Some((family, Label::One(label, value))),
+            ..self
+        }
+    }
+
+    /// A `[u64; 3]` by QoS in `family`.
+    pub(crate) const fn prom_by_qos(self, family: Family) -> Self {
+        CounterDef {
+            prom: Some((family, Label::Qos)),
+            ..self
+        }
+    }
+
+    pub(crate) const fn dropped(self) -> Self {
+        CounterDef {
+            sum: Sum::Dropped,
+            ..self
+        }
+    }
+
+    pub(crate) const fn refused(self) -> Self {
+        CounterDef {
+            sum: Sum::Refused,
+            ..self
+        }
+    }
+}
+
+/// A field of a `counters!` struct: a counter, a counter by QoS, or a
+/// nested block of counters.
+pub trait Counted {
+    /// Call `f` with the field's declaration and its value(s).
+    fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64]));
+}
+
+impl Counted for u64 {
+    fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64])) {
+        f(def, std::slice::from_ref(self));
+    }
+}
+
+impl Counted for [u64; 3] {
+    fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64])) {
+        f(def, self);
+    }
+}
+
+/// Declares a struct of counters: each field `pub NAME: TYPE = DEF,` with
+/// its doc comment, where DEF is a [`CounterDef`] (or
+/// [`CounterDef::NEW`] for a nested `counters!` struct). Generates the
+/// struct and `each`, which visits every counter in declaration order.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                pub $field:ident : $ty:ty = $def:expr,
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct $name {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// Every counter with its declaration and value(s), in
+            /// declaration order (nested blocks included).
+            pub fn each(&self, f: &mut dyn FnMut(&$crate::core::CounterDef, &[u64])) {
+                $( $crate::core::Counted::visit(&self.$field, &$def, f); )*
+            }
+        }
+
+        impl $crate::core::Counted for $name {
+            fn visit(
+                &self,
+                _def: &$crate::core::CounterDef,
+                f: &mut dyn FnMut(&$crate::core::CounterDef, &[u64]),
+            ) {
+                self.each(f);
+            }
+        }
+    };
+}
+pub(crate) use counters;
+
+const DROPPED: Family = Family::new(
+    "zerofan_messages_dropped_total",
+    "Messages dropped, by reason.",
+);
+const CONNECTION_ERRORS: Family = Family::new(
+    "zerofan_connection_errors_total",
+    "Connections closed by the broker for an error, by reason.",
+);
+
+counters! {
+    /// Counters the core keeps. Every dropped message has a counter.
+    pub struct Metrics {
+        /// Connections ever opened.
+        pub connections_opened: u64 = CounterDef::NEW.sys("clients/connections").prom(Family::new(
+            "zerofan_connections_opened_total",
+            "Network connections accepted since start.",
+        )),
+        /// CONNECTs accepted.
+        pub clients_connected_total: u64 = CounterDef::NEW.prom(Family::new(
+            "zerofan_clients_connected_total",
+            "CONNECTs accepted since start.",
+        )),
+        /// PUBLISH packets received from clients.
+        pub messages_received: u64 = CounterDef::NEW.sys("messages/received"),
+        /// PUBLISH packets sent to clients.
+        pub messages_sent: u64 = CounterDef::NEW.sys("messages/sent"),
+        /// Payload bytes received in PUBLISH packets.
+        pub payload_bytes_received: u64 = CounterDef::NEW.sys("payload/bytes/received"),
+        /// Payload bytes sent in PUBLISH packets.
+        pub payload_bytes_sent: u64 = CounterDef::NEW.sys("payload/bytes/sent"),
+        /// PUBLISH packets received, by QoS (index 0, 1, 2).
+        pub messages_received_by_qos: [u64; 3] = CounterDef::NEW.prom_by_qos(Family::new(
+            "zerofan_messages_received_total",
+            "PUBLISH packets received from clients, by QoS.",
+        )),
+        /// PUBLISH packets sent, by QoS (index 0, 1, 2; resends included).
+        pub messages_sent_by_qos: [u64; 3] = CounterDef::NEW.prom_by_qos(Family::new(
+            "zerofan_messages_sent_total",
+            "PUBLISH packets sent to clients, by QoS (resends included).",
+        )),
+        /// Payload bytes received, by QoS.
+        pub payload_bytes_received_by_qos: [u64; 3] = CounterDef::NEW.prom_by_qos(Family::new(
+            "zerofan_payload_bytes_received_total",
+            "Payload bytes received in PUBLISH packets, by QoS.",
+        )),
+        /// Payload bytes sent, by QoS (resends not counted, as in `payload_bytes_sent`).
+        pub payload_bytes_sent_by_qos: [u64; 3] = CounterDef::NEW.prom_by_qos(Family::new(
+            "zerofan_payload_bytes_sent_total",
+            "Payload bytes sent in PUBLISH packets, by QoS (resends not counted).",
+        )),
+        /// QoS 0 messages dropped because a session queue was full.
+        pub dropped_qos0_queue_full: u64 = CounterDef::NEW
+            .sys("messages/dropped/qos0_queue_full")
+            .prom_as(DROPPED, "reason", "qos0_queue_full")
+            .dropped(),
+        /// QoS 1/2 messages dropped because a session queue was full.
+        pub dropped_queue_full: u64 = CounterDef::NEW
+            .sys("messages/dropped/queue_full")
+            .prom_as(DROPPED, "reason", "queue_full")
+            .dropped(),
+        /// Messages dropped because they expired before delivery.
+        pub dropped_expired: u64 = CounterDef::NEW
+            .sys("messages/dropped/expired")
+            .prom_as(DROPPED, "reason", "expired")
+            .dropped(),
+        /// Messages dropped because they exceed the client's Maximum Packet Size.
+        pub dropped_too_large: u64 = CounterDef::NEW
+            .sys("messages/dropped/too_large")
+            .prom_as(DROPPED, "reason", "too_large")
+            .dropped(),
+        /// Clients disconnected because their queue was full (`queue_full = "disconnect"`).
+        pub slow_consumer_disconnects: u64 = CounterDef::NEW
+            .sys("errors/slow_consumer_disconnects")
+            .prom(Family::new(
+                "zerofan_slow_consumer_disconnects_total",
+                "Clients disconnected because their queue was full (queue_full = \"disconnect\").",
+            )),
+        /// Malformed packets received.
+        pub malformed_packets: u64 = CounterDef::NEW
+            .sys("errors/malformed")
+            .prom_as(CONNECTION_ERRORS, "reason", "malformed_packet"),
+        /// Protocol violations (connections closed by the broker for them).
+        pub protocol_errors: u64 = CounterDef::NEW
+            .sys("errors/protocol")
+            .prom_as(CONNECTION_ERRORS, "reason", "protocol_error"),
+        /// Keep alive timeouts.
+        pub keep_alive_timeouts: u64 = CounterDef::NEW
+            .sys("errors/keepalive_timeouts")
+            .prom_as(CONNECTION_ERRORS, "reason", "keep_alive_timeout"),
+        /// Connections that never sent CONNECT in time.
+        pub connect_timeouts: u64 = CounterDef::NEW
+            .sys("errors/connect_timeouts")
+            .prom_as(CONNECTION_ERRORS, "reason", "connect_timeout"),
+        /// Sessions taken over by a new connection with the same client id.
+        pub takeovers: u64 = CounterDef::NEW.sys("sessions/takeovers").prom(Family::new(
+            "zerofan_session_takeovers_total",
+            "Sessions taken over by a new connection with the same client id.",
+        )),
+        /// Sessions removed because their expiry interval passed.
+        pub sessions_expired: u64 = CounterDef::NEW.sys("sessions/expired").prom(Family::new(
+            "zerofan_sessions_expired_total",
+            "Sessions removed because their expiry interval passed.",
+        )),
+        /// Wills published.
+        pub wills_published: u64 = CounterDef::NEW.sys("wills/published").prom(Family::new(
+            "zerofan_wills_published_total",
+            "Will messages published.",
+        )),
+        /// Messages copied out of their read buffer before being kept for long
+        /// (retained, offline queues), so they do not pin a large buffer.
+        pub compactions: u64 = CounterDef::NEW.sys("messages/compactions").prom(Family::new(
+            "zerofan_compactions_total",
+            "Messages copied out of their read buffer before being kept for long.",
+        )),
+        /// Durable store operations or commits that failed.
+        pub store_errors: u64 = CounterDef::NEW.sys("store/errors").prom(Family::new(
+            "zerofan_store_errors_total",
+            "Store operations that failed.",
+        )),
+        /// Store records skipped at restart because they could not be restored.
+        pub store_restore_skipped: u64 = CounterDef::NEW
+            .sys("store/restore_skipped")
+            .prom(Family::new(
+                "zerofan_store_restore_skipped_total",
+                "Records skipped while restoring from the store.",
+            )),
+        /// Torn or corrupt log tails cut back at startup (0 or 1 per start).
+        pub store_torn_tails: u64 = CounterDef::NEW.sys("store/torn_tails").prom(Family::new(
+            "zerofan_store_torn_tails_total",
+            "Torn or corrupt log tails cut off when the store was opened.",
+        )),
+        /// Bytes cut off the log at startup.
+        pub store_truncated_bytes: u64 = CounterDef::NEW
+            .sys("store/truncated_bytes")
+            .prom(Family::new(
+                "zerofan_store_truncated_bytes_total",
+                "Bytes of torn or corrupt tail cut off when the store was opened.",
+            )),
+        /// Refusals by authentication, access control and limits.
+        pub security: super::limits::SecurityMetrics = CounterDef::NEW,
+    }
 }
 
 impl Metrics {
     /// Every message dropped for any reason.
     pub fn dropped_total(&self) -> u64 {
-        self.dropped_qos0_queue_full
-            + self.dropped_queue_full
-            + self.dropped_expired
-            + self.dropped_too_large
+        let mut total = 0;
+        self.each(&mut |def, values| {
+            if def.sum == Sum::Dropped {
+                total += values.iter().sum::<u64>();
+            }
+        });
+        total
     }
 }
 

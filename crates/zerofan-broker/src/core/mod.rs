@@ -6,7 +6,8 @@
 //! - [`Outgoing`] / [`Delivery`]: what a connection's writer sends; a
 //!   delivery references the shared [`Message`], never a copy.
 //! - [`store`]: the storage traits and the in-memory store.
-//! - [`Metrics`]: every counter, published under `$SYS/`.
+//! - [`Metrics`]: every counter, declared once with its `$SYS/` and
+//!   Prometheus names (`metrics::counters!`).
 
 pub mod auth;
 mod broker;
@@ -38,7 +39,7 @@ pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::Broker;
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
-pub use metrics::{Metrics, ShellStats};
+pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
 pub use observe::{Gauges, LatencyHistogram, ReloadOutcome, StoreFigures, LATENCY_BUCKETS};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use wire::Wire;

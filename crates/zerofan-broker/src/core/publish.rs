@@ -115,16 +115,12 @@ impl Broker {
             self.dur_qos2_received(sid, pid);
         }
 
-        // `$SYS/` belongs to the broker: clients may not publish into it.
-        let matched = if p.topic.starts_with("$SYS/") || &*p.topic == "$SYS" {
-            0
-        } else {
-            let mut msg = Message::from_publish(p, Some(sid), now);
-            if let (Some(w), Some(protocol)) = (wire, protocol) {
-                msg.wire = w.verified(&msg, protocol, &mut self.wire_scratch);
-            }
-            self.route(now, Rc::new(msg))
-        };
+        // (A publish into `$SYS/` was refused by `publish_refused`.)
+        let mut msg = Message::from_publish(p, Some(sid), now);
+        if let (Some(w), Some(protocol)) = (wire, protocol) {
+            msg.wire = w.verified(&msg, protocol, &mut self.wire_scratch);
+        }
+        let matched = self.route(now, Rc::new(msg));
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {

@@ -89,50 +89,12 @@ pub fn sys_figures(
             "clients/disconnected",
             total.saturating_sub(connected).to_string(),
         ),
-        ("clients/connections", m.connections_opened.to_string()),
-        ("messages/received", m.messages_received.to_string()),
-        ("messages/sent", m.messages_sent.to_string()),
         ("messages/dropped", m.dropped_total().to_string()),
-        (
-            "messages/dropped/qos0_queue_full",
-            m.dropped_qos0_queue_full.to_string(),
-        ),
-        (
-            "messages/dropped/queue_full",
-            m.dropped_queue_full.to_string(),
-        ),
-        ("messages/dropped/expired", m.dropped_expired.to_string()),
-        (
-            "messages/dropped/too_large",
-            m.dropped_too_large.to_string(),
-        ),
         ("messages/retained/count", retained.to_string()),
-        ("messages/compactions", m.compactions.to_string()),
         ("load/bytes/received", st.bytes_received.to_string()),
         ("load/bytes/sent", st.bytes_sent.to_string()),
         ("bytes/received", st.bytes_received.to_string()),
         ("bytes/sent", st.bytes_sent.to_string()),
-        (
-            "payload/bytes/received",
-            m.payload_bytes_received.to_string(),
-        ),
-        ("payload/bytes/sent", m.payload_bytes_sent.to_string()),
-        ("errors/malformed", m.malformed_packets.to_string()),
-        ("errors/protocol", m.protocol_errors.to_string()),
-        (
-            "errors/keepalive_timeouts",
-            m.keep_alive_timeouts.to_string(),
-        ),
-        (
-            "errors/slow_consumer_disconnects",
-            m.slow_consumer_disconnects.to_string(),
-        ),
-        ("sessions/expired", m.sessions_expired.to_string()),
-        ("sessions/takeovers", m.takeovers.to_string()),
-        ("wills/published", m.wills_published.to_string()),
-        ("store/torn_tails", m.store_torn_tails.to_string()),
-        ("store/truncated_bytes", m.store_truncated_bytes.to_string()),
-        ("store/errors", m.store_errors.to_string()),
         ("pool/gets", st.pool_gets.to_string()),
         ("pool/hits", st.pool_hits.to_string()),
         ("pool/misses", st.pool_misses.to_string()),
@@ -147,6 +109,11 @@ pub fn sys_figures(
         ("clients/parked", st.connections_parked.to_string()),
         ("clients/parks", st.connection_parks.to_string()),
     ];
-    figures.extend(m.security.sys_figures());
+    // Every counter that has a `$SYS` name (see `metrics::counters!`).
+    m.each(&mut |def, values| {
+        if let (Some(name), [value]) = (def.sys, values) {
+            figures.push((name, value.to_string()));
+        }
+    });
     figures
 }

@@ -2,7 +2,7 @@
 //! `# HELP` and `# TYPE` once per family, counters ending in `_total`,
 //! labels for qos, reason and listener.
 
-use crate::core::{Gauges, Metrics, ShellStats, StoreFigures, LATENCY_BUCKETS};
+use crate::core::{Gauges, Label, Metrics, ShellStats, StoreFigures, LATENCY_BUCKETS};
 use std::fmt::Write;
 
 /// The `Content-Type` of [`render`]'s output.
@@ -152,14 +152,6 @@ fn escape_help(s: &str) -> String {
 
 const QOS: [&str; 3] = ["0", "1", "2"];
 
-fn by_qos(v: &[u64; 3]) -> [(&'static str, f64); 3] {
-    [
-        (QOS[0], v[0] as f64),
-        (QOS[1], v[1] as f64),
-        (QOS[2], v[2] as f64),
-    ]
-}
-
 /// The whole `/metrics` page.
 pub fn render(s: &Snapshot) -> String {
     use Kind::{Counter, Gauge, Histogram};
@@ -191,18 +183,6 @@ pub fn render(s: &Snapshot) -> String {
         Gauge,
         "Network connections open now (CONNECT received or not).",
         g.connections as f64,
-    );
-    e.single(
-        "zerofan_connections_opened_total",
-        Counter,
-        "Network connections accepted since start.",
-        m.connections_opened as f64,
-    );
-    e.single(
-        "zerofan_clients_connected_total",
-        Counter,
-        "CONNECTs accepted since start.",
-        m.clients_connected_total as f64,
     );
     e.family(
         "zerofan_listener_connections",
@@ -236,54 +216,8 @@ pub fn render(s: &Snapshot) -> String {
         "Subscriptions, all sessions.",
         g.subscriptions as f64,
     );
-    e.single(
-        "zerofan_session_takeovers_total",
-        Counter,
-        "Sessions taken over by a new connection with the same client id.",
-        m.takeovers as f64,
-    );
-    e.single(
-        "zerofan_sessions_expired_total",
-        Counter,
-        "Sessions removed because their expiry interval passed.",
-        m.sessions_expired as f64,
-    );
-    e.single(
-        "zerofan_wills_published_total",
-        Counter,
-        "Will messages published.",
-        m.wills_published as f64,
-    );
 
     // Messages and bytes.
-    e.labelled(
-        "zerofan_messages_received_total",
-        Counter,
-        "PUBLISH packets received from clients, by QoS.",
-        "qos",
-        &by_qos(&m.messages_received_by_qos),
-    );
-    e.labelled(
-        "zerofan_messages_sent_total",
-        Counter,
-        "PUBLISH packets sent to clients, by QoS (resends included).",
-        "qos",
-        &by_qos(&m.messages_sent_by_qos),
-    );
-    e.labelled(
-        "zerofan_payload_bytes_received_total",
-        Counter,
-        "Payload bytes received in PUBLISH packets, by QoS.",
-        "qos",
-        &by_qos(&m.payload_bytes_received_by_qos),
-    );
-    e.labelled(
-        "zerofan_payload_bytes_sent_total",
-        Counter,
-        "Payload bytes sent in PUBLISH packets, by QoS (resends not counted).",
-        "qos",
-        &by_qos(&m.payload_bytes_sent_by_qos),
-    );
     e.single(
         "zerofan_network_bytes_received_total",
         Counter,
@@ -295,42 +229,6 @@ pub fn render(s: &Snapshot) -> String {
         Counter,
         "Bytes written to client sockets.",
         st.bytes_sent as f64,
-    );
-    e.labelled(
-        "zerofan_messages_dropped_total",
-        Counter,
-        "Messages dropped, by reason.",
-        "reason",
-        &[
-            ("qos0_queue_full", m.dropped_qos0_queue_full as f64),
-            ("queue_full", m.dropped_queue_full as f64),
-            ("expired", m.dropped_expired as f64),
-            ("too_large", m.dropped_too_large as f64),
-        ],
-    );
-    e.single(
-        "zerofan_slow_consumer_disconnects_total",
-        Counter,
-        "Clients disconnected because their queue was full (queue_full = \"disconnect\").",
-        m.slow_consumer_disconnects as f64,
-    );
-    e.labelled(
-        "zerofan_connection_errors_total",
-        Counter,
-        "Connections closed by the broker for an error, by reason.",
-        "reason",
-        &[
-            ("malformed_packet", m.malformed_packets as f64),
-            ("protocol_error", m.protocol_errors as f64),
-            ("keep_alive_timeout", m.keep_alive_timeouts as f64),
-            ("connect_timeout", m.connect_timeouts as f64),
-        ],
-    );
-    e.single(
-        "zerofan_compactions_total",
-        Counter,
-        "Messages copied out of their read buffer before being kept for long.",
-        m.compactions as f64,
     );
 
     // Queues.
@@ -420,30 +318,6 @@ pub fn render(s: &Snapshot) -> String {
         Counter,
         "fsync calls made by the store.",
         store.fsyncs as f64,
-    );
-    e.single(
-        "zerofan_store_errors_total",
-        Counter,
-        "Store operations that failed.",
-        m.store_errors as f64,
-    );
-    e.single(
-        "zerofan_store_restore_skipped_total",
-        Counter,
-        "Records skipped while restoring from the store.",
-        m.store_restore_skipped as f64,
-    );
-    e.single(
-        "zerofan_store_torn_tails_total",
-        Counter,
-        "Torn or corrupt log tails cut off when the store was opened.",
-        m.store_torn_tails as f64,
-    );
-    e.single(
-        "zerofan_store_truncated_bytes_total",
-        Counter,
-        "Bytes of torn or corrupt tail cut off when the store was opened.",
-        m.store_truncated_bytes as f64,
     );
     e.single(
         "zerofan_store_written_bytes_total",
@@ -572,65 +446,40 @@ pub fn render(s: &Snapshot) -> String {
         "Metrics/health requests turned away because too many were in progress.",
         s.http_refused as f64,
     );
-    security(&mut e, m);
+    counters(&mut e, m);
     e.finish()
 }
 
-/// Authentication, access control and limit refusals.
-fn security(e: &mut Exposition, m: &Metrics) {
-    use Kind::Counter;
-    let s = &m.security;
-    e.single(
-        "zerofan_auth_success_total",
-        Counter,
-        "Successful logins with a username (password or certificate).",
-        s.auth_success as f64,
-    );
-    e.labelled(
-        "zerofan_auth_refused_total",
-        Counter,
-        "CONNECTs refused by authentication, by reason.",
-        "reason",
-        &[
-            ("bad_credentials", s.auth_bad_credentials as f64),
-            ("not_authorized", s.auth_not_authorized as f64),
-            ("throttled", s.auth_throttled as f64),
-        ],
-    );
-    e.labelled(
-        "zerofan_acl_denied_total",
-        Counter,
-        "Operations refused by the ACL, by action.",
-        "action",
-        &[
-            ("publish", s.acl_denied_publish as f64),
-            ("subscribe", s.acl_denied_subscribe as f64),
-            ("delivery", s.acl_denied_delivery as f64),
-        ],
-    );
-    e.labelled(
-        "zerofan_limit_refused_total",
-        Counter,
-        "Connections, clients or topics refused by a limit, by limit.",
-        "limit",
-        &[
-            ("max_connections", s.refused_max_connections as f64),
-            ("max_connection_rate", s.refused_connection_rate as f64),
-            ("max_publish_rate", s.rate_limited_disconnects as f64),
-            ("max_topic_length", s.refused_topic_too_long as f64),
-        ],
-    );
-    e.labelled(
-        "zerofan_handshake_failures_total",
-        Counter,
-        "Connections that failed before MQTT, by layer.",
-        "layer",
-        &[
-            ("tls", s.tls_handshake_failures as f64),
-            ("websocket", s.ws_handshake_failures as f64),
-            ("proxy", s.proxy_header_errors as f64),
-        ],
-    );
+/// Every core counter as `core::metrics` declares it: one family per run
+/// of counters that share it.
+fn counters(e: &mut Exposition, m: &Metrics) {
+    let mut current = None;
+    m.each(&mut |def, values| {
+        let Some((family, label)) = def.prom else {
+            return;
+        };
+        if current != Some(family.name) {
+            e.family(family.name, Kind::Counter, family.help);
+            current = Some(family.name);
+        }
+        match label {
+            Label::None => {
+                for v in values {
+                    e.sample(family.name, &[], *v as f64);
+                }
+            }
+            Label::One(k, l) => {
+                for v in values {
+                    e.sample(family.name, &[(k, l)], *v as f64);
+                }
+            }
+            Label::Qos => {
+                for (q, v) in QOS.iter().zip(values) {
+                    e.sample(family.name, &[("qos", q)], *v as f64);
+                }
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -645,6 +494,45 @@ mod tests {
         assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(format_value(0.0001), "0.0001");
+    }
+
+    /// A counter is declared once (`core::metrics::counters!`) and shows
+    /// on the page and in `$SYS` from that alone; the derived totals add
+    /// exactly the counters declared to count in them.
+    #[test]
+    fn every_declared_counter_is_on_the_page_and_in_sys() {
+        let mut s = Snapshot::default();
+        s.metrics.dropped_expired = 2;
+        s.metrics.dropped_qos0_queue_full = 3;
+        s.metrics.security.refused_sys_publish = 5;
+        s.metrics.security.acl_denied_delivery = 7;
+        s.metrics.security.auth_success = 100;
+        let text = render(&s);
+        let sys = crate::core::sys_figures(&s.metrics, &s.shell, 0, 0, 0, 0);
+        let mut counters = 0;
+        s.metrics.each(&mut |def, values| {
+            counters += 1;
+            assert!(
+                def.sys.is_some() || def.prom.is_some(),
+                "{def:?} shows nowhere"
+            );
+            if let Some(name) = def.sys {
+                let value = values[0].to_string();
+                assert!(sys.iter().any(|(k, v)| *k == name && *v == value), "{name}");
+            }
+            if let Some((family, label)) = def.prom {
+                let sample = match label {
+                    Label::None => format!("{} {}\n", family.name, values[0]),
+                    Label::One(k, v) => format!("{}{{{k}=\"{v}\"}} {}\n", family.name, values[0]),
+                    Label::Qos => format!("{}{{qos=\"2\"}} {}\n", family.name, values[2]),
+                };
+                assert!(text.contains(&sample), "{sample}");
+            }
+        });
+        assert!(counters >= 40, "{counters}");
+        assert_eq!(s.metrics.dropped_total(), 5);
+        assert_eq!(s.metrics.security.refusals_total(), 12);
+        assert!(sys.contains(&("messages/dropped", "5".to_string())));
     }
 
     #[test]

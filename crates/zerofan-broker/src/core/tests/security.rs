@@ -268,3 +268,43 @@ fn publish_rate_and_topic_length() {
         (1, 2)
     );
 }
+
+/// `$SYS/` belongs to the broker: a client's publish into it is refused
+/// (PUBACK / PUBREC 0x87 under MQTT 5, a plain ack under 3.1.1 as
+/// mosquitto does), never routed, and counted.
+#[test]
+fn publish_into_sys_is_refused_and_counted() {
+    let mut h = H::new();
+    let sub = h.client("sub");
+    h.subscribe(sub, "$SYS/#", opts(QoS::AtLeastOnce));
+    let _ = h.out(sub);
+    let p = h.client("p");
+    h.send(
+        p,
+        Packet::Publish(publish("$SYS/broker/fake", "1", QoS::AtLeastOnce, 1)),
+    );
+    assert!(
+        matches!(&h.out(p).packets[..], [Packet::PubAck(a)] if a.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+    h.send(
+        p,
+        Packet::Publish(publish("$SYS", "2", QoS::ExactlyOnce, 2)),
+    );
+    assert!(
+        matches!(&h.out(p).packets[..], [Packet::PubRec(a)] if a.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+    h.send(
+        p,
+        Packet::Publish(publish("$SYS/x", "3", QoS::AtMostOnce, 0)),
+    );
+    let (old, _) = h.connect_with("old", Protocol::V311, true, |_| {});
+    h.send(
+        old,
+        Packet::Publish(publish("$SYS/x", "4", QoS::AtLeastOnce, 5)),
+    );
+    assert!(matches!(&h.out(old).packets[..], [Packet::PubAck(a)] if !a.reason.is_error()));
+    assert!(h.out(sub).publishes().is_empty());
+    assert_eq!(h.b.metrics().security.refused_sys_publish, 4);
+    assert_eq!(h.b.metrics().security.acl_denied_publish, 0);
+    assert_eq!(h.b.metrics().messages_received, 0);
+}
