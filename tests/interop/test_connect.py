@@ -240,3 +240,26 @@ def test_request_problem_information_zero(broker, raw_factory):
     for a in acks:
         assert r.REASON_STRING not in a.props and r.USER_PROPERTY not in a.props, a
     c.ping()
+
+
+def test_mqtt31_dup_on_subscribe_unsubscribe_pubrel(broker, raw_factory):
+    """MQTT 3.1 (§2.1) lets a client set DUP on a resent SUBSCRIBE, UNSUBSCRIBE
+    or PUBREL: each is answered, and the connection stays open."""
+    c = raw_factory(broker, version=3)
+    ack = c.connect("dup31")
+    assert ack.reason == 0, ack
+    sub = bytearray(r.subscribe(3, [("dup31/t", 1)], version=3))
+    sub[0] |= 0x08
+    c.send(bytes(sub))
+    assert c.expect(r.SUBACK).packet_id == 3
+    c.send(r.publish("dup31/t", b"x", qos=2, packet_id=9, version=3))
+    assert c.expect(r.PUBREC, skip=(r.PUBLISH,)).packet_id == 9
+    rel = bytearray(r.ack(r.PUBREL, 9, version=3))
+    rel[0] |= 0x08
+    c.send(bytes(rel))
+    assert c.expect(r.PUBCOMP, skip=(r.PUBLISH, r.PUBREC)).packet_id == 9
+    unsub = bytearray(r.unsubscribe(4, ["dup31/t"], version=3))
+    unsub[0] |= 0x08
+    c.send(bytes(unsub))
+    assert c.expect(r.UNSUBACK, skip=(r.PUBLISH, r.PUBREL)).packet_id == 4
+    c.ping()
