@@ -6,7 +6,6 @@ use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, later, own_properties, Message};
 use super::outbox::Outgoing;
 use super::session::{InflightState, PendingWill, Session};
-use super::store::SessionRecord;
 use super::timers::Timer;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -185,7 +184,6 @@ impl Broker {
         if session_present {
             self.redeliver(conn, sid);
         }
-        self.save_session(sid);
         self.wake(conn);
     }
 
@@ -365,7 +363,6 @@ impl Broker {
         if self.by_client.get(&s.client_id) == Some(&sid) {
             self.by_client.remove(&s.client_id);
         }
-        self.store.remove(s.client_id.as_str());
         self.dur_session_ended(s.client_id.as_str(), s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
@@ -390,27 +387,6 @@ impl Broker {
         };
         let msg = Rc::new(Message::from_publish(publish, None, now));
         self.route(now, msg);
-    }
-
-    /// Tell the session store about a session worth keeping.
-    pub(crate) fn save_session(&mut self, sid: SessionId) {
-        let Some(s) = self.sessions.get(&sid) else {
-            return;
-        };
-        if s.expiry_interval == 0 {
-            return;
-        }
-        let record = SessionRecord {
-            client_id: s.client_id.to_string(),
-            expiry_interval: s.expiry_interval,
-            subscriptions: s
-                .flight()
-                .subscriptions
-                .iter()
-                .map(|(f, r)| (f.to_string(), *r))
-                .collect(),
-        };
-        self.store.save(record);
     }
 }
 

@@ -1,10 +1,10 @@
-//! Storage interfaces for what must outlive a process once persistence
-//! exists: retained messages and session records. The broker talks only to
-//! these traits; [`MemoryStore`] keeps everything in memory (`--memory`).
+//! Where retained messages live: the broker routes a new subscription's
+//! retained messages from a [`RetainedStore`]; [`MemoryStore`] keeps them in
+//! memory. Durability (retained messages, sessions and queues across a
+//! restart) is the durable log's (`durable`), which restores into this.
 
 use super::hash::HashMap;
 use super::message::Message;
-use super::session::SubRecord;
 use std::rc::Rc;
 
 /// Where retained messages live.
@@ -24,33 +24,10 @@ pub trait RetainedStore {
     }
 }
 
-/// What a durable store keeps about a session (queued messages follow with
-/// the durable store's own issue).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SessionRecord {
-    /// Client identifier.
-    pub client_id: String,
-    /// Session Expiry Interval.
-    pub expiry_interval: u32,
-    /// Subscriptions by filter.
-    pub subscriptions: Vec<(String, SubRecord)>,
-}
-
-/// Where session records live.
-pub trait SessionStore {
-    /// Save (or replace) a session record.
-    fn save(&mut self, record: SessionRecord);
-    /// Forget a session.
-    fn remove(&mut self, client_id: &str);
-    /// Every saved session, for a restart.
-    fn load(&self) -> Vec<SessionRecord>;
-}
-
-/// Both stores in memory: nothing survives the process.
+/// Retained messages in memory: nothing survives the process.
 #[derive(Default, Debug)]
 pub struct MemoryStore {
     retained: HashMap<Box<str>, Rc<Message>>,
-    sessions: HashMap<String, SessionRecord>,
 }
 
 impl RetainedStore for MemoryStore {
@@ -80,24 +57,12 @@ impl RetainedStore for MemoryStore {
     }
 }
 
-impl SessionStore for MemoryStore {
-    fn save(&mut self, record: SessionRecord) {
-        self.sessions.insert(record.client_id.clone(), record);
-    }
+/// The storage the broker reads back: retained messages. (What else must
+/// survive a restart, sessions and their queues, goes through the durable
+/// log, see `durable`.)
+pub trait Store: RetainedStore {}
 
-    fn remove(&mut self, client_id: &str) {
-        self.sessions.remove(client_id);
-    }
-
-    fn load(&self) -> Vec<SessionRecord> {
-        self.sessions.values().cloned().collect()
-    }
-}
-
-/// The storage the broker needs: retained messages and sessions.
-pub trait Store: RetainedStore + SessionStore {}
-
-impl<T: RetainedStore + SessionStore> Store for T {}
+impl<T: RetainedStore> Store for T {}
 
 #[cfg(test)]
 mod tests {
@@ -137,18 +102,5 @@ mod tests {
         s.matching("a/+", &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(RetainedStore::len(&s), 2);
-    }
-
-    #[test]
-    fn sessions_save_load_remove() {
-        let mut s = MemoryStore::default();
-        s.save(SessionRecord {
-            client_id: "c".into(),
-            expiry_interval: 10,
-            subscriptions: Vec::new(),
-        });
-        assert_eq!(s.load().len(), 1);
-        s.remove("c");
-        assert!(s.load().is_empty());
     }
 }

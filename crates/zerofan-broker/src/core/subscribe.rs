@@ -111,7 +111,6 @@ impl Broker {
                 },
             );
         }
-        self.save_session(sid);
     }
 
     /// UNSUBSCRIBE from a client.
@@ -151,6 +150,5 @@ impl Broker {
                 reasons: if v5 { reasons } else { Vec::new() },
             }),
         );
-        self.save_session(sid);
     }
 }
