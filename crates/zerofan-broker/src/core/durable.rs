@@ -242,18 +242,14 @@ pub(crate) fn from_stored(s: &StoredMessage, d: &Durable) -> Option<Message> {
     for (k, v) in &s.properties.user_properties {
         properties.user_properties.push((string(k)?, string(v)?));
     }
-    Some(Message {
-        topic: string(&s.topic)?,
-        payload: s.payload.clone(),
-        qos: QoS::from_u8(s.qos)?,
-        retain: s.retain,
-        properties: properties.into(),
-        origin: None,
-        expires_at: s.expires_at_ms.map(|ms| d.instant(ms)),
-        owns_bytes: true,
-        stored: StoredId::default(),
-        wire: None,
-    })
+    Some(Message::owned(
+        string(&s.topic)?,
+        s.payload.clone(),
+        QoS::from_u8(s.qos)?,
+        s.retain,
+        properties.into(),
+        s.expires_at_ms.map(|ms| d.instant(ms)),
+    ))
 }
 
 fn sub_options(o: &SubscriptionOptions) -> SubOptions {
@@ -376,14 +372,14 @@ impl Broker {
 
     /// The stored id of `msg`, writing it if it was not yet.
     fn stored_msg(&mut self, msg: &Message) -> Option<MsgId> {
-        if let Some(id) = msg.stored.get() {
+        if let Some(id) = msg.stored().get() {
             return Some(id);
         }
         let stored = to_stored(msg, &self.durable);
         let id = self
             .durable
             .stage(&mut self.metrics.store_errors, |l| l.put_message(&stored))?;
-        msg.stored.set(id);
+        msg.stored().set(id);
         Some(id)
     }
 
@@ -836,7 +832,7 @@ impl Broker {
             return Some(m.clone());
         }
         let m = from_stored(stored, &self.durable)?;
-        m.stored.set(id);
+        m.stored().set(id);
         let m = Rc::new(m);
         cache.insert(id.0, m.clone());
         Some(m)
@@ -861,36 +857,28 @@ impl Broker {
 
 /// The message a will becomes (for storing it).
 fn will_message(w: &Will) -> Message {
-    Message {
-        topic: w.topic.clone(),
-        payload: w.payload.clone(),
-        qos: w.qos,
-        retain: w.retain,
-        properties: w.properties.clone(),
-        origin: None,
-        expires_at: None,
-        owns_bytes: true,
-        stored: StoredId::default(),
-        wire: None,
-    }
+    Message::owned(
+        w.topic.clone(),
+        w.payload.clone(),
+        w.qos,
+        w.retain,
+        w.properties.clone(),
+        None,
+    )
 }
 
 /// What stands in for a QoS 2 delivery past PUBREC after a restart: only
 /// its packet id matters (PUBREL is resent), the store tracks it.
 fn placeholder() -> Queued {
     Queued {
-        msg: Rc::new(Message {
-            topic: MqttStr::default(),
-            payload: Bytes::new(),
-            qos: QoS::ExactlyOnce,
-            retain: false,
-            properties: Default::default(),
-            origin: None,
-            expires_at: None,
-            owns_bytes: true,
-            stored: StoredId::default(),
-            wire: None,
-        }),
+        msg: Rc::new(Message::owned(
+            MqttStr::default(),
+            Bytes::new(),
+            QoS::ExactlyOnce,
+            false,
+            Default::default(),
+            None,
+        )),
         qos: QoS::ExactlyOnce,
         retain: false,
         sub_ids: Vec::new(),

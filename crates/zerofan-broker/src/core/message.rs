@@ -32,13 +32,15 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// True when topic, payload and properties are its own allocations (not
     /// slices of a read buffer), so compacting it again would only copy.
-    pub owns_bytes: bool,
+    /// Private: only the constructors know.
+    owns_bytes: bool,
     /// Its id in the durable store once written (written once, however
     /// many queues reference it).
-    pub stored: super::durable::StoredId,
+    stored: super::durable::StoredId,
     /// The packet as received, when a plain delivery of the message is
-    /// byte for byte that packet (see [`Wire`]).
-    pub wire: Option<Wire>,
+    /// byte for byte that packet (see [`Wire`]). Private: only
+    /// [`Message::attach_wire`] sets it, after checking exactly that.
+    wire: Option<Wire>,
 }
 
 impl Message {
@@ -69,6 +71,53 @@ impl Message {
             stored: Default::default(),
             wire: None,
         }
+    }
+
+    /// A message built by the broker from bytes it owns (`$SYS` figures,
+    /// messages restored from the store): nothing to compact, no packet as
+    /// received, no publishing session.
+    pub fn owned(
+        topic: MqttStr,
+        payload: Bytes,
+        qos: QoS,
+        retain: bool,
+        properties: Props,
+        expires_at: Option<Instant>,
+    ) -> Self {
+        Message {
+            topic,
+            payload,
+            qos,
+            retain,
+            properties,
+            origin: None,
+            expires_at,
+            owns_bytes: true,
+            stored: Default::default(),
+            wire: None,
+        }
+    }
+
+    /// Keep the packet as received (`candidate`, in `protocol`'s encoding)
+    /// for this message's plain deliveries, if it is byte for byte one of
+    /// them (see [`Wire::verified`]); else deliveries are encoded.
+    pub fn attach_wire(
+        &mut self,
+        candidate: Wire,
+        protocol: zerofan_codec::Protocol,
+        scratch: &mut bytes::BytesMut,
+    ) {
+        self.wire = candidate.verified(self, protocol, scratch);
+    }
+
+    /// The packet as received, when a plain delivery is exactly that.
+    pub fn wire(&self) -> Option<&Wire> {
+        self.wire.as_ref()
+    }
+
+    /// Its id in the durable store, once written.
+    pub fn stored(&self) -> &super::durable::StoredId {
+        &self.stored
     }
 
     /// True once the message expiry interval has passed.

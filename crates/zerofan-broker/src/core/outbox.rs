@@ -111,7 +111,7 @@ impl Delivery {
     /// byte for byte that packet: QoS 0, no RETAIN or DUP, the full topic,
     /// nothing added per subscriber, and an encoding of the same family.
     pub fn wire(&self, protocol: Protocol) -> Option<&Wire> {
-        let w = self.message.wire.as_ref()?;
+        let w = self.message.wire()?;
         let plain = self.qos == QoS::AtMostOnce
             && !self.dup
             && !self.retain
@@ -119,7 +119,7 @@ impl Delivery {
             && self.topic_alias.is_none()
             && self.subscription_identifiers.is_empty()
             && self.message_expiry_interval.is_none()
-            && w.v5 == protocol.is_v5();
+            && w.is_v5() == protocol.is_v5();
         plain.then_some(w)
     }
 

@@ -118,7 +118,7 @@ impl Broker {
         // (A publish into `$SYS/` was refused by `publish_refused`.)
         let mut msg = Message::from_publish(p, Some(sid), now);
         if let (Some(w), Some(protocol)) = (wire, protocol) {
-            msg.wire = w.verified(&msg, protocol, &mut self.wire_scratch);
+            msg.attach_wire(w, protocol, &mut self.wire_scratch);
         }
         let matched = self.route(now, Rc::new(msg));
         let reason = if matched == 0 && v5 {

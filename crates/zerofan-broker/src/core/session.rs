@@ -314,18 +314,14 @@ mod tests {
 
     fn q(qos: QoS, n: u8) -> Queued {
         Queued {
-            msg: Rc::new(Message {
-                topic: MqttStr::from_static("t"),
-                payload: Bytes::from(vec![n]),
+            msg: Rc::new(Message::owned(
+                MqttStr::from_static("t"),
+                Bytes::from(vec![n]),
                 qos,
-                retain: false,
-                properties: Default::default(),
-                origin: None,
-                expires_at: None,
-                owns_bytes: true,
-                stored: Default::default(),
-                wire: None,
-            }),
+                false,
+                Default::default(),
+                None,
+            )),
             qos,
             retain: false,
             sub_ids: Vec::new(),

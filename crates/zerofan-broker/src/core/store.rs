@@ -71,18 +71,14 @@ mod tests {
     use zerofan_codec::{MqttStr, QoS};
 
     fn msg(topic: &'static str) -> Rc<Message> {
-        Rc::new(Message {
-            topic: MqttStr::from_static(topic),
-            payload: Bytes::from_static(b"x"),
-            qos: QoS::AtMostOnce,
-            retain: true,
-            properties: Default::default(),
-            origin: None,
-            expires_at: None,
-            owns_bytes: true,
-            stored: Default::default(),
-            wire: None,
-        })
+        Rc::new(Message::owned(
+            MqttStr::from_static(topic),
+            Bytes::from_static(b"x"),
+            QoS::AtMostOnce,
+            true,
+            Default::default(),
+            None,
+        ))
     }
 
     #[test]

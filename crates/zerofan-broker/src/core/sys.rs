@@ -32,18 +32,14 @@ impl Broker {
             let Ok(topic) = MqttStr::try_from(format!("$SYS/broker/{name}")) else {
                 continue;
             };
-            let msg = Message {
+            let msg = Message::owned(
                 topic,
-                payload: Bytes::from(value),
-                qos: QoS::AtMostOnce,
-                retain: true,
-                properties: Default::default(),
-                origin: None,
-                expires_at: None,
-                owns_bytes: true,
-                stored: Default::default(),
-                wire: None,
-            };
+                Bytes::from(value),
+                QoS::AtMostOnce,
+                true,
+                Default::default(),
+                None,
+            );
             self.route_sys(now, Rc::new(msg));
         }
     }
@@ -53,18 +49,14 @@ impl Broker {
     /// is not written twice.
     fn route_sys(&mut self, now: Instant, msg: Rc<Message>) {
         self.store.set(msg.clone());
-        let live = Message {
-            topic: msg.topic.clone(),
-            payload: msg.payload.clone(),
-            qos: msg.qos,
-            retain: false,
-            properties: Default::default(),
-            origin: None,
-            expires_at: None,
-            owns_bytes: true,
-            stored: Default::default(),
-            wire: None,
-        };
+        let live = Message::owned(
+            msg.topic.clone(),
+            msg.payload.clone(),
+            msg.qos,
+            false,
+            Default::default(),
+            None,
+        );
         self.route(now, Rc::new(live));
     }
 }

@@ -24,13 +24,13 @@ use zerofan_codec::{Protocol, PublishHeader, QoS};
 pub struct Wire {
     /// The whole frozen read buffer (the message's payload is a slice of
     /// the same allocation, so this pins nothing more).
-    pub buf: Bytes,
+    buf: Bytes,
     /// Where the packet starts in `buf`.
-    pub start: u32,
+    start: u32,
     /// Where it ends.
-    pub end: u32,
+    end: u32,
     /// Encoded for MQTT 5 (else for 3.1.1).
-    pub v5: bool,
+    v5: bool,
 }
 
 impl Wire {
@@ -84,14 +84,20 @@ impl Wire {
         Some(self)
     }
 
+    /// Encoded for MQTT 5 (else for 3.1.1 / 3.1).
+    pub fn is_v5(&self) -> bool {
+        self.v5
+    }
+
+    /// The read buffer and the packet's place in it, for a writer that
+    /// joins packets lying one after the other into one chunk.
+    pub fn span(&self) -> (&Bytes, usize, usize) {
+        (&self.buf, self.start as usize, self.end as usize)
+    }
+
     /// The packet's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.buf[self.start as usize..self.end as usize]
-    }
-
-    /// Whether `next` lies right after this packet in the same buffer.
-    pub fn followed_by(&self, next: &Wire) -> bool {
-        self.end == next.start && self.buf.as_ptr() == next.buf.as_ptr()
     }
 }
 
@@ -131,7 +137,7 @@ mod tests {
             let buf = encoded(p, protocol);
             let w = check(&buf, protocol, &Properties::default()).unwrap();
             assert_eq!(w.bytes(), &buf[..]);
-            assert_eq!(w.v5, protocol.is_v5());
+            assert_eq!(w.is_v5(), protocol.is_v5());
         }
     }
 
@@ -185,16 +191,11 @@ mod tests {
     }
 
     #[test]
-    fn adjacency_is_within_one_buffer() {
+    fn empty_or_reversed_ranges_are_no_packet() {
         let buf = Bytes::from_static(&[0x30, 0, 0x30, 0]);
-        let a = Wire::candidate(&buf, 0, 2).unwrap();
-        let b = Wire::candidate(&buf, 2, 4).unwrap();
-        assert!(a.followed_by(&b));
-        assert!(!b.followed_by(&a));
-        let other = Bytes::from_static(&[0x30, 0]);
-        assert!(!a.followed_by(&Wire::candidate(&other, 0, 2).unwrap()));
-        // Empty or reversed ranges are no packet.
+        assert_eq!(Wire::candidate(&buf, 2, 4).unwrap().span().1, 2);
         assert!(Wire::candidate(&buf, 2, 2).is_none());
         assert!(Wire::candidate(&buf, 2, 1).is_none());
+        assert!(Wire::candidate(&buf, 1, 2).is_none(), "not a PUBLISH 0x30");
     }
 }

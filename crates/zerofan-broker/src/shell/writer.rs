@@ -61,7 +61,7 @@ impl Encoder {
         // A run of packets sent as received that lay one after the other in
         // one read buffer (see `Wire`): one chunk, however many packets. The
         // scratch holds what comes before it.
-        let mut run: Option<Wire> = None;
+        let mut run: Option<Run> = None;
         for item in self.batch.drain(..) {
             if let Outgoing::Publish(d) = &item {
                 if let Some(w) = d.wire(protocol) {
@@ -129,19 +129,38 @@ impl Encoder {
     }
 }
 
+/// Packets sent as received that lay one after the other in one read
+/// buffer: `buf[start..end]`, written as one chunk. (Not a [`Wire`]: a
+/// run of several packets is no message's plain delivery. Extending it
+/// moves `end` and takes no reference count.)
+#[derive(Debug)]
+struct Run {
+    buf: Bytes,
+    start: usize,
+    end: usize,
+}
+
+impl Run {
+    /// Whether `w` lies right after the run in the same buffer.
+    fn takes(&self, w: &Wire) -> bool {
+        let (buf, start, _) = w.span();
+        start == self.end && buf.as_ptr() == self.buf.as_ptr()
+    }
+}
+
 /// Add a packet sent as received to the open run when it lies right after
 /// it, else close the run and open one with it.
-fn add_wire(
-    run: &mut Option<Wire>,
-    w: &Wire,
-    scratch: &mut BytesMut,
-    chunks: &mut VecDeque<Bytes>,
-) {
+fn add_wire(run: &mut Option<Run>, w: &Wire, scratch: &mut BytesMut, chunks: &mut VecDeque<Bytes>) {
     match run {
-        Some(r) if r.followed_by(w) => r.end = w.end,
+        Some(r) if r.takes(w) => r.end = w.span().2,
         _ => {
             end_run(run, scratch, chunks);
-            *run = Some(w.clone());
+            let (buf, start, end) = w.span();
+            *run = Some(Run {
+                buf: buf.clone(),
+                start,
+                end,
+            });
         }
     }
 }
@@ -149,18 +168,18 @@ fn add_wire(
 /// Close the open run, if any: a short one is copied after the scratch's
 /// bytes (like a small payload), a longer one goes as a chunk of its own
 /// after them, never copied.
-fn end_run(run: &mut Option<Wire>, scratch: &mut BytesMut, chunks: &mut VecDeque<Bytes>) {
+fn end_run(run: &mut Option<Run>, scratch: &mut BytesMut, chunks: &mut VecDeque<Bytes>) {
     let Some(r) = run.take() else {
         return;
     };
-    if (r.end - r.start) as usize <= COPY_AT_MOST {
-        scratch.extend_from_slice(r.bytes());
+    if r.end - r.start <= COPY_AT_MOST {
+        scratch.extend_from_slice(&r.buf[r.start..r.end]);
         return;
     }
     if !scratch.is_empty() {
         chunks.push_back(scratch.split().freeze());
     }
-    chunks.push_back(r.buf.slice(r.start as usize..r.end as usize));
+    chunks.push_back(r.buf.slice(r.start..r.end));
 }
 
 /// Write chunks until all are written or the stream would block (the waker
@@ -303,6 +322,24 @@ mod tests {
         assert_eq!(chunks[0].as_ptr(), buf.as_ptr());
         assert_eq!(chunks[1], other);
         assert!(scratch.is_empty());
+    }
+
+    #[test]
+    fn a_gap_or_a_step_back_in_the_same_buffer_ends_the_run() {
+        let (buf, at) = packets(3, 1024);
+        let mut run = None;
+        let mut scratch = BytesMut::new();
+        let mut chunks = VecDeque::new();
+        for i in [0, 2, 1] {
+            let w = Wire::candidate(&buf, at[i].0, at[i].1).unwrap();
+            add_wire(&mut run, &w, &mut scratch, &mut chunks);
+        }
+        end_run(&mut run, &mut scratch, &mut chunks);
+        let want: Vec<Bytes> = [0, 2, 1]
+            .iter()
+            .map(|&i| buf.slice(at[i].0..at[i].1))
+            .collect();
+        assert_eq!(chunks, want);
     }
 
     #[test]
