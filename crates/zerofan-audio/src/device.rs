@@ -155,14 +155,26 @@ fn list_host(host: &cpal::Host, out: &mut Vec<DeviceInfo>) {
     }
 }
 
-fn chosen(device: cpal::Device, host: &cpal::Host, output_side: bool) -> Chosen {
+/// `known_default`: whether this is the host's default device, when the
+/// caller picked it as such.
+fn chosen(
+    device: cpal::Device,
+    host: &cpal::Host,
+    output_side: bool,
+    known_default: Option<bool>,
+) -> Chosen {
     let id = id_string(&device).unwrap_or_default();
     let default_cfg = default_config(&device, output_side);
-    let is_default = if output_side {
-        host.default_output_device().and_then(|d| id_string(&d)) == Some(id.clone())
-    } else {
-        host.default_input_device().and_then(|d| id_string(&d)) == Some(id.clone())
-    };
+    // Asking the host costs a server round trip on PulseAudio: skip it
+    // when the caller already knows.
+    let is_default = known_default.unwrap_or_else(|| {
+        let default = if output_side {
+            host.default_output_device()
+        } else {
+            host.default_input_device()
+        };
+        default.and_then(|d| id_string(&d)) == Some(id.clone())
+    });
     let is_loopback = output_side || id.ends_with(".monitor");
     Chosen {
         info: DeviceInfo {
@@ -194,7 +206,7 @@ pub(crate) fn choose(selector: &DeviceSelector) -> Result<Chosen, AudioError> {
                     wanted: "default input".into(),
                     available: names(),
                 })?;
-            Ok(chosen(device, &host, false))
+            Ok(chosen(device, &host, false, Some(true)))
         }
         DeviceSelector::Named(wanted) if wanted == DEFAULT_LOOPBACK => default_loopback(),
         DeviceSelector::Named(wanted) => find_named(wanted),
@@ -205,7 +217,7 @@ fn default_loopback() -> Result<Chosen, AudioError> {
     let host = cpal::default_host();
     if OUTPUT_LOOPBACK {
         if let Some(out) = host.default_output_device() {
-            return Ok(chosen(out, &host, true));
+            return Ok(chosen(out, &host, true, Some(true)));
         }
     } else if let Some(sink) = host.default_output_device().and_then(|d| id_string(&d)) {
         // PulseAudio: the default sink's monitor source.
@@ -227,34 +239,58 @@ fn find_named(wanted: &str) -> Result<Chosen, AudioError> {
         Some(rest) => (rest, true),
         None => (wanted, false),
     };
-    // Three passes so that an exact id wins over a name that happens to
-    // equal another device's id.
-    type Matcher = fn(&cpal::Device, &str) -> bool;
-    let passes: [Matcher; 3] = [
-        |d, w| id_string(d).is_some_and(|id| id.eq_ignore_ascii_case(w)),
-        |d, w| d.id().map(|id| id.id() == w).unwrap_or(false),
-        |d, w| name_of(d) == w,
-    ];
-    for matches in passes {
-        for host_id in cpal::available_hosts() {
-            let Ok(host) = cpal::host_from_id(host_id) else {
-                continue;
-            };
-            let devices = if output_side {
-                host.output_devices().map(|d| d.collect::<Vec<_>>())
-            } else {
-                host.input_devices().map(|d| d.collect::<Vec<_>>())
-            };
-            let Ok(devices) = devices else { continue };
-            if let Some(d) = devices.into_iter().find(|d| matches(d, want)) {
-                return Ok(chosen(d, &host, output_side));
-            }
+    // A full id names its host: open that host alone. Creating every host
+    // and listing all its devices (a PulseAudio connection and two server
+    // round trips, ALSA's hint walk) cost tens of milliseconds per host
+    // per pass, and start-up is what users wait for.
+    if let Some(found) = by_full_id(want, output_side) {
+        return Ok(found);
+    }
+    // Then an id within its host, then a name, each host listed once (not
+    // once per pass, and the hosts after the one that has the id not at
+    // all).
+    let mut listed: Vec<(cpal::Host, Vec<cpal::Device>)> = Vec::new();
+    for host_id in cpal::available_hosts() {
+        let Ok(host) = cpal::host_from_id(host_id) else {
+            continue;
+        };
+        let devices = if output_side {
+            host.output_devices().map(|d| d.collect::<Vec<_>>())
+        } else {
+            host.input_devices().map(|d| d.collect::<Vec<_>>())
+        };
+        let Ok(mut devices) = devices else { continue };
+        let local_id = |d: &cpal::Device| d.id().is_ok_and(|id| id.id() == want);
+        if let Some(i) = devices.iter().position(local_id) {
+            return Ok(chosen(devices.swap_remove(i), &host, output_side, None));
+        }
+        listed.push((host, devices));
+    }
+    for (host, devices) in &mut listed {
+        if let Some(i) = devices.iter().position(|d| name_of(d) == want) {
+            return Ok(chosen(devices.swap_remove(i), host, output_side, None));
         }
     }
     Err(AudioError::DeviceNotFound {
         wanted: wanted.to_owned(),
         available: names(),
     })
+}
+
+/// The device whose full id (`"HOST:ID"`, host ignoring ASCII case) is
+/// `want`, looked up on that host only; `None` if `want` names no host of
+/// this platform or that host has no such capture (or, for loopback,
+/// output) device.
+fn by_full_id(want: &str, output_side: bool) -> Option<Chosen> {
+    let id: cpal::DeviceId = want.parse().ok()?;
+    let host = cpal::host_from_id(id.host()).ok()?;
+    let device = host.device_by_id(&id)?;
+    let usable = if output_side {
+        device.supports_output()
+    } else {
+        device.supports_input()
+    };
+    usable.then(|| chosen(device, &host, output_side, None))
 }
 
 fn names() -> Vec<String> {
