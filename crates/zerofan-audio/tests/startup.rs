@@ -26,8 +26,10 @@ use std::time::{Duration, Instant};
 use common::{lifeline, start_pulse, which};
 use zerofan_audio::{Capture, CaptureConfig, CaptureEvent, DeviceSelector, SampleFormat};
 
-/// Median start-up must stay under this.
-const BOUND: Duration = Duration::from_millis(400);
+/// Median start-up must stay under this: a guard against start-up growing
+/// back towards seconds, not a speed figure (those belong in benchmarks),
+/// so it leaves room for a loaded CI machine.
+const BOUND: Duration = Duration::from_millis(1000);
 /// Runs per device; the median is asserted, every run is printed.
 const RUNS: usize = 5;
 
