@@ -52,9 +52,12 @@ pub fn reload_now(shared: &Shared, config: Result<Config, String>) -> bool {
                 "configuration reloaded"
             );
             if !outcome.needs_restart.is_empty() {
+                // Names each setting with the value still in force, which
+                // is also what the broker keeps reporting.
                 tracing::warn!(
                     settings = ?outcome.needs_restart,
-                    "reload: these settings changed but take effect only after a restart"
+                    "reload: these settings changed but take effect only after a restart; in force: {}",
+                    outcome.kept.join(", ")
                 );
             }
             true
