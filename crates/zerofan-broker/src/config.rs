@@ -103,6 +103,13 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// Log line format: `text` (default) or `json`.
     pub log_format: crate::logging::LogFormat,
+    /// Where log lines go, one or more of: `stderr`, `stdout`, `syslog`
+    /// (the local syslog socket, /dev/log), `file PATH` (appended to, and
+    /// reopened on SIGHUP for logrotate), `none`.
+    pub log_dest: Vec<String>,
+    /// File the `zerofan` binary writes its process id to once its
+    /// listeners are bound; removed on a clean exit.
+    pub pid_file: Option<std::path::PathBuf>,
     /// Directory of the embedded store. The `zerofan` binary uses
     /// `./zerofan-data` when neither this nor `--data-dir` is given; a
     /// library user without it runs in memory.
@@ -147,6 +154,8 @@ impl Default for Config {
             park_after_ms: 1000,
             metrics: None,
             log_format: crate::logging::LogFormat::Text,
+            log_dest: vec!["stderr".into()],
+            pid_file: None,
             data_dir: None,
             memory: false,
             fsync: "always".into(),
@@ -247,6 +256,8 @@ reload_classes! {
     park_after_ms: RestartOnly,
     metrics: RestartOnly,
     log_format: RestartOnly,
+    log_dest: RestartOnly,
+    pid_file: RestartOnly,
     data_dir: RestartOnly,
     memory: RestartOnly,
     fsync: RestartOnly,
@@ -367,6 +378,19 @@ impl Config {
                 "must be \"always\", \"never\", \"interval\" or \"interval:MS\"",
             );
         }
+        if self.log_dest.is_empty() {
+            return bad("log_dest", "needs a destination (\"none\" for no log)");
+        }
+        if self
+            .log_dest
+            .iter()
+            .any(|d| d.parse::<crate::logging::LogDest>().is_err())
+        {
+            return bad(
+                "log_dest",
+                "each must be \"stderr\", \"stdout\", \"syslog\", \"none\" or \"file PATH\"",
+            );
+        }
         for l in &self.listener {
             if let Some(tls) = &l.tls {
                 if tls.require_certificate && tls.ca.is_none() {
@@ -460,6 +484,11 @@ mod tests {
     #[test]
     fn out_of_range_is_an_error() {
         assert!(Config::from_toml("receive_maximum = 0\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = []\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = [\"file\"]\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = [\"mail\"]\n", "x").is_err());
+        let c = Config::from_toml("log_dest = [\"syslog\", \"file /a b\"]\n", "x").unwrap();
+        assert_eq!(c.log_dest.len(), 2);
     }
 }
 

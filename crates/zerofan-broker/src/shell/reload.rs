@@ -20,12 +20,19 @@ pub async fn sighup_loop(
     reloader: Option<Reloader>,
 ) {
     while hangup.recv().await.is_some() {
+        crate::sd_notify::notify("RELOADING=1");
+        // logrotate moved the log files away before sending SIGHUP.
+        for error in crate::logging::reopen() {
+            tracing::error!(%error, "log file kept");
+        }
         match &reloader {
             Some(r) => {
                 reload_now(&shared, r());
             }
             None => tracing::warn!("SIGHUP: no configuration source to reload from"),
         }
+        // A failed reload leaves the broker serving as before: ready too.
+        crate::sd_notify::notify("READY=1");
     }
 }
 
