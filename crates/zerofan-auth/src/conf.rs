@@ -15,7 +15,7 @@
 //!
 //! A directive zerofan does not read produces exactly one [`Warning`] with
 //! its line number and is otherwise ignored: [`WarningKind::Unsupported`]
-//! for a real mosquitto directive (`log_dest`, `autosave_interval`, bridge
+//! for a real mosquitto directive (`autosave_interval`, bridge
 //! settings, ...), [`WarningKind::Unknown`] for anything else. (mosquitto
 //! itself refuses unknown names; zerofan lets a configuration that works
 //! there start here.) A bad *value* of a directive zerofan does read is an
@@ -43,6 +43,8 @@
 //! | `max_keepalive` | global | [`MosqConfig::max_keepalive`] | `Config::max_keepalive` |
 //! | `persistence` | global | [`MosqConfig::persistence`] | store on (true) or memory only |
 //! | `persistence_location` | global | [`MosqConfig::persistence_location`] | the store's directory |
+//! | `pid_file` | global | [`MosqConfig::pid_file`] | written once listening, removed on exit |
+//! | `log_dest stderr\|stdout\|syslog\|none\|file PATH` (repeatable) | global | [`MosqConfig::log_dest`] | where log lines go (`topic`, `dlt`: warned, ignored) |
 //! | `include_dir` | main file only | [`MosqConfig::include_dirs`] | see [`parse_mosquitto_conf_with`] |
 //!
 //! Listener options (`protocol`, `certfile`, ...) apply to the last
@@ -146,6 +148,11 @@ pub struct MosqConfig {
     pub persistence: Option<bool>,
     /// `persistence_location`.
     pub persistence_location: Option<String>,
+    /// `pid_file`.
+    pub pid_file: Option<String>,
+    /// `log_dest` lines in order, each as written (`stderr`, `stdout`,
+    /// `syslog`, `none`, or `file PATH`); empty: none given.
+    pub log_dest: Vec<String>,
     /// `include_dir` directories, in order.
     pub include_dirs: Vec<String>,
 }
@@ -316,7 +323,6 @@ const MOSQUITTO_DIRECTIVES: &[&str] = &[
     "local_clientid",
     "local_password",
     "local_username",
-    "log_dest",
     "log_facility",
     "log_timeout",
     "log_timestamp",
@@ -336,7 +342,6 @@ const MOSQUITTO_DIRECTIVES: &[&str] = &[
     "password",
     "persistence_file",
     "persistent_client_expiration",
-    "pid_file",
     "plugin",
     "plugin_load",
     "plugin_opt_",
@@ -724,6 +729,32 @@ impl Parser {
             "persistence_location" => {
                 let v = line.string()?;
                 Self::set_string(line, &mut self.config.persistence_location, v)?;
+            }
+            "pid_file" => {
+                let v = line.string()?;
+                Self::set_string(line, &mut self.config.pid_file, v)?;
+            }
+            "log_dest" => {
+                let v = line.string()?;
+                let (kind, rest) = split_word(&v);
+                match (kind, rest.trim()) {
+                    ("stderr" | "stdout" | "syslog" | "none", "") => {
+                        self.config.log_dest.push(kind.to_string())
+                    }
+                    ("file", "") => return Err(line.err("log_dest file needs a path")),
+                    ("file", path) => self.config.log_dest.push(format!("file {path}")),
+                    ("topic" | "dlt", _) => self.warn(
+                        line,
+                        WarningKind::Unsupported,
+                        format!("log_dest {kind} is not supported by zerofan; ignored"),
+                    ),
+                    _ => {
+                        return Err(line.err(format!(
+                            "log_dest {}: must be stderr, stdout, syslog, none, topic, dlt or file PATH",
+                            shown(&v)
+                        )))
+                    }
+                }
             }
             "include_dir" => {
                 let dir = line.string()?;

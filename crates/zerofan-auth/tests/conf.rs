@@ -29,8 +29,30 @@ acl_file /etc/mosquitto/acl file with spaces
 listener 9001 0.0.0.0
 protocol websockets
 password_file /etc/mosquitto/passwd
-log_dest stdout
+log_dest topic
 ";
+
+#[test]
+fn pid_file_and_log_dest() {
+    let text = "pid_file /run/mosquitto/mosquitto.pid\nlog_dest stderr\nlog_dest file /var/log/m q.log \nlog_dest syslog\n";
+    let (c, w) = parse_mosquitto_conf(text).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.pid_file.as_deref(), Some("/run/mosquitto/mosquitto.pid"));
+    assert_eq!(
+        c.log_dest,
+        vec!["stderr", "file /var/log/m q.log", "syslog"]
+    );
+    for bad in [
+        "log_dest file\n",
+        "log_dest stderr now\n",
+        "log_dest mail\n",
+    ] {
+        let e = parse_mosquitto_conf(bad).unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{bad}: {e}");
+    }
+    let twice = "pid_file /a\npid_file /b\n";
+    assert!(parse_mosquitto_conf(twice).is_err());
+}
 
 #[test]
 fn full_configuration() {
@@ -48,7 +70,8 @@ fn full_configuration() {
     assert!(c.default_listener.is_none());
     assert_eq!(c.listeners.len(), 3);
     assert_eq!(c.listeners[1].declared_at, Some((None, 13)));
-    // One warning: log_dest, a real mosquitto option zerofan ignores.
+    // One warning: log_dest topic, a real mosquitto option zerofan ignores.
+    assert!(c.log_dest.is_empty());
     assert_eq!(w.len(), 1, "{w:?}");
     assert_eq!((w[0].line, w[0].kind), (25, WarningKind::Unsupported));
     assert_eq!(w[0].directive, "log_dest");

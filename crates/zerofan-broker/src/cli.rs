@@ -21,13 +21,14 @@ use std::process::ExitCode;
 receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
-park_after_ms, metrics, log_format, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+park_after_ms, metrics, log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
 max_connections, password_file, acl_file). A mosquitto.conf is read too (-c mosquitto.conf).\n\n\
 User management: zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER.\n\nSIGHUP reloads the config file (limits), password files and ACLs without dropping \
-connections; a bad file keeps the settings in force and logs why.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
+connections, and reopens log files; a bad file keeps the settings in force and logs why; \
+settings read only at start keep their value and are named in a warning.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]
 pub struct Args {
     /// Address to accept MQTT connections on, e.g. 0.0.0.0:1883. Repeat for
@@ -138,12 +139,20 @@ pub fn main() -> ExitCode {
     let config = match args.config() {
         Ok(c) => c,
         Err(e) => {
-            crate::logging::init(args.verbose, args.log_format.unwrap_or_default());
             eprintln!("zerofan: {e}");
             return ExitCode::from(2);
         }
     };
-    crate::logging::init(args.verbose, config.log_format);
+    // validate() has parsed every entry already; none is skipped here.
+    let dests: Vec<crate::logging::LogDest> = config
+        .log_dest
+        .iter()
+        .filter_map(|d| d.parse().ok())
+        .collect();
+    if let Err(e) = crate::logging::init(args.verbose, config.log_format, &dests) {
+        eprintln!("zerofan: {e}");
+        return ExitCode::from(2);
+    }
     // SIGHUP reads the file and the flags again.
     let reloader = Box::new(move || args.config().map_err(|e| e.to_string()));
     match crate::shell::run_until_signal_with(config, Some(reloader)) {

@@ -103,6 +103,13 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// Log line format: `text` (default) or `json`.
     pub log_format: crate::logging::LogFormat,
+    /// Where log lines go, one or more of: `stderr`, `stdout`, `syslog`
+    /// (the local syslog socket, /dev/log), `file PATH` (appended to, and
+    /// reopened on SIGHUP for logrotate), `none`.
+    pub log_dest: Vec<String>,
+    /// File the `zerofan` binary writes its process id to once its
+    /// listeners are bound; removed on a clean exit.
+    pub pid_file: Option<std::path::PathBuf>,
     /// Directory of the embedded store. The `zerofan` binary uses
     /// `./zerofan-data` when neither this nor `--data-dir` is given; a
     /// library user without it runs in memory.
@@ -147,11 +154,124 @@ impl Default for Config {
             park_after_ms: 1000,
             metrics: None,
             log_format: crate::logging::LogFormat::Text,
+            log_dest: vec!["stderr".into()],
+            pid_file: None,
             data_dir: None,
             memory: false,
             fsync: "always".into(),
         }
     }
+}
+
+/// When a changed setting takes effect on SIGHUP (see [`RELOAD_CLASSES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reload {
+    /// The reload puts the new value in force.
+    Live,
+    /// Read once at start: a reload keeps the value in force (so what the
+    /// broker reports is what it does) and warns.
+    RestartOnly,
+    /// `[[listener]]` tables: their options are live, but a change of the
+    /// sockets to open (address, protocol, TLS or not) keeps the tables in
+    /// force until a restart, like [`Reload::RestartOnly`].
+    Listeners,
+}
+
+/// Lists every [`Config`] field once with its [`Reload`] class, and derives
+/// from that one list both [`RELOAD_CLASSES`] and [`Config::reconcile`].
+macro_rules! reload_classes {
+    ($($field:ident: $class:ident,)*) => {
+        /// Every setting (TOML key) with when a change takes effect.
+        pub const RELOAD_CLASSES: &[(&str, Reload)] =
+            &[$((stringify!($field), Reload::$class)),*];
+
+        impl Config {
+            /// Compare `new` (a reloaded configuration) with `self` (the one
+            /// in force) by [`RELOAD_CLASSES`]: restart-only settings that
+            /// differ get their value in force back in `new`.
+            pub fn reconcile(&self, new: &mut Config) -> Reconciled {
+                // Every field by name and no `..`: a field added to Config
+                // without a line in the table does not compile.
+                let Config { $($field: _),* } = self;
+                let sockets = |c: &Config| -> Vec<String> {
+                    c.listener
+                        .iter()
+                        .map(|l| format!("{} {}", l.bind, l.kind()))
+                        .collect()
+                };
+                let new_sockets = sockets(self) != sockets(new);
+                let mut out = Reconciled::default();
+                $(
+                    let (was, is) = (format!("{:?}", self.$field), format!("{:?}", new.$field));
+                    if was != is {
+                        let keep = match Reload::$class {
+                            Reload::Live => false,
+                            Reload::RestartOnly => true,
+                            Reload::Listeners => new_sockets,
+                        };
+                        if keep {
+                            out.needs_restart.push(stringify!($field));
+                            out.kept.push(format!(
+                                "{} = {was} (configured: {is})",
+                                stringify!($field)
+                            ));
+                            new.$field = self.$field.clone();
+                        } else {
+                            out.changed.push(stringify!($field));
+                        }
+                    }
+                )*
+                out
+            }
+        }
+    };
+}
+
+reload_classes! {
+    listen: RestartOnly,
+    listener: Listeners,
+    password_file: Live,
+    acl_file: Live,
+    allow_anonymous: Live,
+    max_connections: Live,
+    max_topic_length: Live,
+    max_publish_rate: Live,
+    max_publish_bytes_rate: Live,
+    max_connection_rate: Live,
+    max_keepalive: Live,
+    max_packet_size: Live,
+    receive_maximum: Live,
+    max_inflight: Live,
+    max_queued_messages: Live,
+    max_queued_bytes: Live,
+    queue_full: Live,
+    max_session_expiry: Live,
+    sys_interval: Live,
+    topic_alias_maximum: Live,
+    retain_available: Live,
+    connect_timeout: Live,
+    max_topic_levels: Live,
+    pool_max_retained_bytes: RestartOnly,
+    busy_poll_us: RestartOnly,
+    park_after_ms: RestartOnly,
+    metrics: RestartOnly,
+    log_format: RestartOnly,
+    log_dest: RestartOnly,
+    pid_file: RestartOnly,
+    data_dir: RestartOnly,
+    memory: RestartOnly,
+    fsync: RestartOnly,
+}
+
+/// What [`Config::reconcile`] found, in [`RELOAD_CLASSES`] order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Settings whose new value goes in force.
+    pub changed: Vec<&'static str>,
+    /// Settings that differ but keep their value until a restart.
+    pub needs_restart: Vec<&'static str>,
+    /// For each of those: `name = value in force (configured: new value)`.
+    pub kept: Vec<String>,
 }
 
 /// Why a configuration was refused.
@@ -258,6 +378,19 @@ impl Config {
                 "must be \"always\", \"never\", \"interval\" or \"interval:MS\"",
             );
         }
+        if self.log_dest.is_empty() {
+            return bad("log_dest", "needs a destination (\"none\" for no log)");
+        }
+        if self
+            .log_dest
+            .iter()
+            .any(|d| d.parse::<crate::logging::LogDest>().is_err())
+        {
+            return bad(
+                "log_dest",
+                "each must be \"stderr\", \"stdout\", \"syslog\", \"none\" or \"file PATH\"",
+            );
+        }
         for l in &self.listener {
             if let Some(tls) = &l.tls {
                 if tls.require_certificate && tls.ca.is_none() {
@@ -304,9 +437,58 @@ mod tests {
         assert!(e.to_string().contains("max_keep_alive"), "{e}");
     }
 
+    /// Each field of `Config` as `{:#?}` prints it (top-level names only).
+    fn field_names() -> Vec<String> {
+        format!("{:#?}", Config::default())
+            .lines()
+            .filter_map(|l| l.strip_prefix("    "))
+            .filter(|l| !l.starts_with(' '))
+            .filter_map(|l| l.split_once(':').map(|(name, _)| name.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn every_setting_has_one_reload_class() {
+        let fields = field_names();
+        assert!(fields.len() > 20, "{fields:?}");
+        let table: Vec<String> = RELOAD_CLASSES.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(
+            table, fields,
+            "RELOAD_CLASSES must list every field once, in order"
+        );
+    }
+
+    #[test]
+    fn reconcile_keeps_restart_only_values() {
+        let old = Config::default();
+        let mut new = Config {
+            busy_poll_us: 0,
+            park_after_ms: 7,
+            max_queued_messages: 5,
+            ..Config::default()
+        };
+        let r = old.reconcile(&mut new);
+        assert_eq!(r.changed, vec!["max_queued_messages"]);
+        assert_eq!(r.needs_restart, vec!["busy_poll_us", "park_after_ms"]);
+        assert_eq!(
+            r.kept,
+            vec![
+                "busy_poll_us = 50 (configured: 0)",
+                "park_after_ms = 1000 (configured: 7)"
+            ]
+        );
+        assert_eq!((new.busy_poll_us, new.park_after_ms), (50, 1000));
+        assert_eq!(new.max_queued_messages, 5);
+    }
+
     #[test]
     fn out_of_range_is_an_error() {
         assert!(Config::from_toml("receive_maximum = 0\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = []\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = [\"file\"]\n", "x").is_err());
+        assert!(Config::from_toml("log_dest = [\"mail\"]\n", "x").is_err());
+        let c = Config::from_toml("log_dest = [\"syslog\", \"file /a b\"]\n", "x").unwrap();
+        assert_eq!(c.log_dest.len(), 2);
     }
 }
 

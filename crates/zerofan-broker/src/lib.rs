@@ -18,7 +18,10 @@
 //! - [`security`]: reading password, ACL and certificate files into what
 //!   the core and the listeners use (also `--test-config`).
 //! - [`passwd_cmd`]: `zerofan passwd FILE USER`.
-//! - [`logging`]: `tracing` output as text or JSON lines.
+//! - [`logging`]: `tracing` output as text or JSON lines, to stderr,
+//!   stdout, files or syslog.
+//! - [`sd_notify`]: telling systemd the broker is ready, reloading or
+//!   stopping (`Type=notify`), and the pid file.
 //! - [`ratelimit`]: the token-bucket limiter every per-client log line
 //!   goes through.
 #![warn(missing_docs)]
@@ -33,5 +36,6 @@ pub mod logging;
 pub mod mosquitto_conf;
 pub mod passwd_cmd;
 pub mod ratelimit;
+pub mod sd_notify;
 pub mod security;
 pub mod shell;

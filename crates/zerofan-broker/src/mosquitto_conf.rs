@@ -16,6 +16,8 @@
 //! | `max_queued_messages` (0: no limit) | `max_queued_messages` (0 → no limit) |
 //! | `max_keepalive` | `max_keepalive` |
 //! | `persistence` (default false), `persistence_location` | `memory = !persistence`, `data_dir` (also in [`MosquittoExtras`]) |
+//! | `pid_file` | `pid_file` |
+//! | `log_dest` (repeatable; `topic` and `dlt` are warned and ignored) | `log_dest` |
 //! | `include_dir` | followed: its `*.conf` files in mosquitto's order |
 //!
 //! Every directive zerofan does not read gets exactly one warning (on
@@ -179,6 +181,10 @@ pub fn from_mosquitto(
     if let Some(v) = m.max_keepalive {
         c.max_keepalive = v;
     }
+    c.pid_file = m.pid_file.as_ref().map(PathBuf::from);
+    if !m.log_dest.is_empty() {
+        c.log_dest = m.log_dest.clone();
+    }
     let extras = MosquittoExtras {
         persistence: m.persistence,
         persistence_location: m.persistence_location.as_ref().map(PathBuf::from),
@@ -257,12 +263,33 @@ bogus_directive 3
             c.data_dir.as_deref(),
             Some(Path::new("/var/lib/mosquitto/"))
         );
-        // pid_file, log_dest, bogus_directive: one warning each, with lines.
-        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert_eq!(
+            c.pid_file.as_deref(),
+            Some(Path::new("/run/mosquitto/mosquitto.pid"))
+        );
+        assert_eq!(c.log_dest, vec!["file /var/log/mosquitto/mosquitto.log"]);
+        // bogus_directive: one warning, with its line.
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(
             warnings.iter().any(|w| w.contains("m.conf:26")),
             "{warnings:?}"
         );
+    }
+
+    #[test]
+    fn log_dest_repeats_and_defaults_to_stderr() {
+        let (c, _, _) = from_mosquitto("listener 1883\n", Path::new("m.conf")).unwrap();
+        assert_eq!(c.log_dest, vec!["stderr"]);
+        assert_eq!(c.pid_file, None);
+        let text = "log_dest syslog\nlog_dest file /var/log/a b.log\nlog_dest topic\n";
+        let (c, _, warnings) = from_mosquitto(text, Path::new("m.conf")).unwrap();
+        assert_eq!(c.log_dest, vec!["syslog", "file /var/log/a b.log"]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("m.conf:3"), "{warnings:?}");
+        let e = from_mosquitto("log_dest carrier_pigeon\n", Path::new("m.conf"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 1") && e.contains("log_dest"), "{e}");
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct ReloadOutcome {
     /// Settings that differ in the new configuration but only take effect
     /// on a restart (the old value stays).
     pub needs_restart: Vec<&'static str>,
+    /// For each of those: `name = value in force (configured: new value)`.
+    pub kept: Vec<String>,
 }
 
 impl Broker {
@@ -169,8 +171,8 @@ impl Broker {
 
     /// Put a new configuration in force without dropping a connection,
     /// all or nothing: the configuration is validated, the settings that
-    /// need a restart (listener addresses, metrics address, log format,
-    /// pool size, store location and mode) are kept at their old values,
+    /// need a restart ([`crate::config::RELOAD_CLASSES`]) are kept at their
+    /// old values,
     /// then `security` reads the password and ACL files the resulting
     /// configuration names. Only when all of that succeeded are the limits,
     /// the password files and the ACLs swapped in, at once; an error
@@ -185,67 +187,14 @@ impl Broker {
         security: impl FnOnce(&Config) -> Result<Option<SecurityConfig>, String>,
     ) -> Result<ReloadOutcome, String> {
         new.validate().map_err(|e| e.to_string())?;
-        let old = &self.config;
-        let mut out = ReloadOutcome::default();
-        let binds = |c: &Config| -> Vec<String> {
-            c.listeners()
-                .iter()
-                .map(|l| format!("{} {}", l.bind, l.kind()))
-                .collect()
+        // Which settings change now and which keep their value in force is
+        // decided by one table, `crate::config::RELOAD_CLASSES`.
+        let r = self.config.reconcile(&mut new);
+        let out = ReloadOutcome {
+            changed: r.changed,
+            needs_restart: r.needs_restart,
+            kept: r.kept,
         };
-        if binds(old) != binds(&new) {
-            out.needs_restart.push("listen");
-            new.listen = old.listen.clone();
-            new.listener = old.listener.clone();
-        } else if format!("{:?}", old.listener) != format!("{:?}", new.listener) {
-            out.changed.push("listener");
-        }
-        macro_rules! restart_only {
-            ($($field:ident),*) => {$(
-                if format!("{:?}", old.$field) != format!("{:?}", new.$field) {
-                    out.needs_restart.push(stringify!($field));
-                    new.$field = old.$field.clone();
-                }
-            )*};
-        }
-        restart_only!(
-            metrics,
-            log_format,
-            pool_max_retained_bytes,
-            data_dir,
-            memory,
-            fsync
-        );
-        macro_rules! live {
-            ($($field:ident),*) => {$(
-                if format!("{:?}", old.$field) != format!("{:?}", new.$field) {
-                    out.changed.push(stringify!($field));
-                }
-            )*};
-        }
-        live!(
-            password_file,
-            acl_file,
-            allow_anonymous,
-            max_connections,
-            max_topic_length,
-            max_publish_rate,
-            max_publish_bytes_rate,
-            max_connection_rate,
-            max_keepalive,
-            max_packet_size,
-            receive_maximum,
-            max_inflight,
-            max_queued_messages,
-            max_queued_bytes,
-            queue_full,
-            max_session_expiry,
-            sys_interval,
-            topic_alias_maximum,
-            retain_available,
-            connect_timeout,
-            max_topic_levels
-        );
         // Everything read and checked: from here on nothing can fail.
         let security = security(&new)?;
         if self.config.sys_interval == 0 && new.sys_interval > 0 {
@@ -289,6 +238,22 @@ mod tests {
             b.config().pool_max_retained_bytes,
             Config::default().pool_max_retained_bytes
         );
+    }
+
+    #[test]
+    fn reload_keeps_busy_poll_and_park_after_in_force() {
+        let mut b = broker();
+        let new = Config {
+            busy_poll_us: 0,
+            park_after_ms: 5,
+            ..Config::default()
+        };
+        let out = b.reload(Instant::now(), new, |_| Ok(None)).expect("valid");
+        assert_eq!(out.needs_restart, vec!["busy_poll_us", "park_after_ms"]);
+        assert!(out.changed.is_empty(), "{:?}", out.changed);
+        // What the broker reports is what the shell runs with.
+        assert_eq!(b.config().busy_poll_us, 50);
+        assert_eq!(b.config().park_after_ms, 1000);
     }
 
     #[test]

@@ -20,12 +20,19 @@ pub async fn sighup_loop(
     reloader: Option<Reloader>,
 ) {
     while hangup.recv().await.is_some() {
+        crate::sd_notify::notify("RELOADING=1");
+        // logrotate moved the log files away before sending SIGHUP.
+        for error in crate::logging::reopen() {
+            tracing::error!(%error, "log file kept");
+        }
         match &reloader {
             Some(r) => {
                 reload_now(&shared, r());
             }
             None => tracing::warn!("SIGHUP: no configuration source to reload from"),
         }
+        // A failed reload leaves the broker serving as before: ready too.
+        crate::sd_notify::notify("READY=1");
     }
 }
 
@@ -52,9 +59,12 @@ pub fn reload_now(shared: &Shared, config: Result<Config, String>) -> bool {
                 "configuration reloaded"
             );
             if !outcome.needs_restart.is_empty() {
+                // Names each setting with the value still in force, which
+                // is also what the broker keeps reporting.
                 tracing::warn!(
                     settings = ?outcome.needs_restart,
-                    "reload: these settings changed but take effect only after a restart"
+                    "reload: these settings changed but take effect only after a restart; in force: {}",
+                    outcome.kept.join(", ")
                 );
             }
             true

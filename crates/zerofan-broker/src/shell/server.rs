@@ -200,7 +200,9 @@ async fn timer_loop(shared: Rc<Shared>) {
 }
 
 /// Run a broker on the current thread until SIGINT or SIGTERM, printing
-/// `zerofan listening on ADDR` for every listener once bound.
+/// `zerofan listening on ADDR` for every listener once bound; writes the
+/// `pid_file` and tells systemd (`NOTIFY_SOCKET`) it is ready, then
+/// stopping.
 pub fn run_until_signal(config: Config) -> io::Result<()> {
     run_until_signal_with(config, None)
 }
@@ -215,8 +217,15 @@ pub fn run_until_signal_with(
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
+    let pid_file = config.pid_file.clone();
     local.block_on(&rt, async move {
         let mut server = Server::bind(config).await?;
+        // Once bound, so a service manager that reads it finds a broker
+        // accepting connections; removed when this scope ends.
+        let _pid = pid_file
+            .as_deref()
+            .map(crate::sd_notify::PidFile::create)
+            .transpose()?;
         if let Some(r) = reloader {
             server.set_reloader(r);
         }
@@ -231,7 +240,13 @@ pub fn run_until_signal_with(
             }
             out.flush()?;
         }
-        server.run(shutdown_signal()).await
+        // `run` polls this only after its accept loops are started.
+        let shutdown = async {
+            crate::sd_notify::notify("READY=1");
+            shutdown_signal().await;
+            crate::sd_notify::notify("STOPPING=1");
+        };
+        server.run(shutdown).await
     })
 }
 
