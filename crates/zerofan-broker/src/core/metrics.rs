@@ -33,6 +33,12 @@ pub struct Metrics {
     pub dropped_too_large: u64,
     /// Clients disconnected because their queue was full (`queue_full = "disconnect"`).
     pub slow_consumer_disconnects: u64,
+    /// Times a publisher's connection stopped being read because a
+    /// subscriber it feeds went over its high-water mark (push-back).
+    pub publisher_throttles: u64,
+    /// Subscribers that stayed over their high-water mark past
+    /// `slow_consumer_timeout_ms` and were dropped as slow.
+    pub slow_subscribers_dropped: u64,
     /// Malformed packets received.
     pub malformed_packets: u64,
     /// Protocol violations (connections closed by the broker for them).

@@ -328,6 +328,7 @@ impl Broker {
                     sub_ids,
                     share: None,
                     entry: None,
+                    replay: false,
                 },
                 &mut compacted,
             );
@@ -347,6 +348,7 @@ impl Broker {
                     sub_ids: e.id.into_iter().collect(),
                     share: Some(key),
                     entry: None,
+                    replay: false,
                 },
                 &mut compacted,
             );

@@ -127,6 +127,14 @@ pub fn sys_figures(
             "errors/slow_consumer_disconnects",
             m.slow_consumer_disconnects.to_string(),
         ),
+        (
+            "errors/slow_subscribers_dropped",
+            m.slow_subscribers_dropped.to_string(),
+        ),
+        (
+            "load/publisher_throttles",
+            m.publisher_throttles.to_string(),
+        ),
         ("sessions/expired", m.sessions_expired.to_string()),
         ("sessions/takeovers", m.takeovers.to_string()),
         ("wills/published", m.wills_published.to_string()),

@@ -314,6 +314,18 @@ pub fn render(s: &Snapshot) -> String {
         "Clients disconnected because their queue was full (queue_full = \"disconnect\").",
         m.slow_consumer_disconnects as f64,
     );
+    e.single(
+        "zerofan_publisher_throttles_total",
+        Counter,
+        "Times a publisher was not read because a subscriber it feeds was behind (push-back).",
+        m.publisher_throttles as f64,
+    );
+    e.single(
+        "zerofan_slow_subscribers_dropped_total",
+        Counter,
+        "Subscribers that stayed behind past slow_consumer_timeout_ms and were dropped as slow.",
+        m.slow_subscribers_dropped as f64,
+    );
     e.labelled(
         "zerofan_connection_errors_total",
         Counter,
@@ -357,6 +369,12 @@ pub fn render(s: &Snapshot) -> String {
         Gauge,
         "The largest session queue, in payload bytes.",
         g.queued_bytes_max as f64,
+    );
+    e.single(
+        "zerofan_queued_bytes_online",
+        Gauge,
+        "Bytes queued for connected clients, counted against max_online_queued_bytes.",
+        g.queued_bytes_online as f64,
     );
     e.single(
         "zerofan_inflight_messages",
