@@ -59,7 +59,10 @@ def test_slow_subscriber_does_not_slow_others(broker, client_factory):
 
 
 def test_queue_full_disconnects_slow_consumer(broker_factory, raw_factory, client_factory):
-    b = broker_factory(queue_full="disconnect", max_queued_messages=5, max_inflight=2)
+    # A connected client is bounded by bytes: past half of 1 KiB its publisher
+    # is held, and staying there for 0.5 s gets it disconnected as slow.
+    b = broker_factory(queue_full="disconnect", max_online_queued_bytes=1024,
+                       slow_consumer_timeout_ms=500, max_inflight=2)
     slow = raw_factory(b, 5)
     slow.connect("slowpoke-q1")
     slow.subscribe([("qf/t", 1)])
@@ -96,3 +99,69 @@ def test_bad_input_counted(broker, raw_factory, client_factory, counter, bad):
     c.send(bad)
     c.recv_until_closed()
     sys_reaches(broker, client_factory, counter, lambda v: v >= 1)
+
+
+def test_burst_to_online_subscriber_all_delivered(broker, raw_factory):
+    """5,000 QoS 0 messages of 256 B in one write, one online subscriber: all arrive."""
+    n = 5000
+    sub = raw_factory(broker, 5)
+    sub.connect("burst-sub")
+    sub.subscribe([("burst/t", 0)])
+    pub = raw_factory(broker, 5)
+    pub.connect("burst-pub")
+    pub.send(b"".join(r.publish("burst/t", b"%-256d" % i, 0, version=5) for i in range(n)))
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} arrived"
+        try:
+            p = sub.recv(timeout=5)
+        except TimeoutError:
+            pytest.fail(f"{len(got)} of {n} arrived")
+        assert p.type == r.PUBLISH, p
+        got.append(int(p.payload))
+    assert got == list(range(n)), "lost or out of order"
+
+
+# At QoS 1 behind a full window mosquitto (2.0) queues max_queued_messages
+# (1,000) of the replay and drops the rest: 1,010 arrive there.
+@pytest.mark.parametrize("qos", [0, pytest.param(1, marks=pytest.mark.zerofan_only)])
+def test_ten_thousand_retained_all_delivered(broker, raw_factory, qos):
+    """A subscription to sensors/# over 10,000 retained messages gets every one,
+    paced by a Receive Maximum of 10 at QoS 1."""
+    n = 10_000
+    dev = raw_factory(broker, 5)
+    dev.connect("sensors-dev")
+    dev.send(b"".join(r.publish(f"sensors/{i}", b"%-64d" % i, 1, True, False, i + 1, 5)
+                      for i in range(n)))
+    acked = 0
+    deadline = time.monotonic() + 60
+    while acked < n:
+        assert time.monotonic() < deadline, f"{acked} of {n} retained stored"
+        dev.expect(r.PUBACK, timeout=10)
+        acked += 1
+    dash = raw_factory(broker, 5)
+    dash.connect("dashboard", props={r.RECEIVE_MAXIMUM: 10})
+    dash.send(r.subscribe(1, [("sensors/#", qos)], 5))
+    seen = set()
+    unacked = []
+    deadline = time.monotonic() + 60
+    while len(seen) < n:
+        assert time.monotonic() < deadline, f"{len(seen)} of {n} retained arrived"
+        try:
+            p = dash.recv(timeout=5)
+        except TimeoutError:
+            pytest.fail(f"{len(seen)} of {n} retained arrived")
+        if p.type == r.SUBACK:
+            continue
+        assert p.type == r.PUBLISH and p.retain, p
+        assert p.qos == qos, p
+        seen.add(p.topic)
+        if qos == 1:
+            unacked.append(p.packet_id)
+            assert len(unacked) <= 10, "more than Receive Maximum in flight"
+            # Acknowledged only once the window is full, so it really paces.
+            if len(unacked) == 10 or len(seen) == n:
+                dash.send(b"".join(r.ack(r.PUBACK, pid, 5) for pid in unacked))
+                unacked = []
+    assert len(seen) == n

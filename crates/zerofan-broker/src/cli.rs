@@ -18,7 +18,8 @@ use std::process::ExitCode;
 #[command(name = "zerofan", version, verbatim_doc_comment)]
 #[command(
     after_help = "Config file keys (all optional): listen, max_keepalive, max_packet_size, \
-receive_maximum, max_inflight, max_queued_messages, max_queued_bytes, queue_full \
+receive_maximum, max_inflight, max_queued_messages, max_queued_bytes \
+(offline sessions), max_online_queued_bytes, slow_consumer_timeout_ms, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
 park_after_ms, metrics, log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \

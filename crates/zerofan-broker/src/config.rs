@@ -62,10 +62,24 @@ pub struct Config {
     /// Cap on QoS 1/2 messages in flight towards one client (also capped by
     /// the client's own Receive Maximum).
     pub max_inflight: u16,
-    /// Messages a session queue holds before it drops.
+    /// Messages the queue of a session without a connection holds before
+    /// it drops.
     pub max_queued_messages: usize,
-    /// Payload bytes a session queue holds before it drops.
+    /// Payload bytes the queue of a session without a connection holds
+    /// before it drops.
     pub max_queued_bytes: usize,
+    /// Bytes (payload, topic and a queue slot per message) the queue of a
+    /// connected client holds before it drops; retained messages replayed
+    /// for a new subscription are not counted. Past half of it the
+    /// publishers feeding that client are not read until it drains below a
+    /// quarter of it (push-back).
+    pub max_online_queued_bytes: usize,
+    /// Milliseconds a connected client may stay over half of
+    /// `max_online_queued_bytes` before it is dropped as a slow consumer:
+    /// its publishers are read again, and with `queue_full = "disconnect"`
+    /// it is disconnected, otherwise its queued QoS 0 messages are dropped
+    /// and what goes over the half is dropped until it catches up.
+    pub slow_consumer_timeout_ms: u64,
     /// What a full queue does with a QoS 1/2 message.
     pub queue_full: QueueFull,
     /// Cap on the Session Expiry Interval (seconds); 4294967295 means none.
@@ -142,6 +156,8 @@ impl Default for Config {
             max_inflight: 65535,
             max_queued_messages: 1000,
             max_queued_bytes: 64 * 1024 * 1024,
+            max_online_queued_bytes: 64 * 1024 * 1024,
+            slow_consumer_timeout_ms: 5000,
             queue_full: QueueFull::DropNew,
             max_session_expiry: u32::MAX,
             sys_interval: 10,
@@ -244,6 +260,8 @@ reload_classes! {
     max_inflight: Live,
     max_queued_messages: Live,
     max_queued_bytes: Live,
+    max_online_queued_bytes: Live,
+    slow_consumer_timeout_ms: Live,
     queue_full: Live,
     max_session_expiry: Live,
     sys_interval: Live,
@@ -362,6 +380,12 @@ impl Config {
         }
         if self.max_queued_messages == 0 {
             return bad("max_queued_messages", "must be at least 1");
+        }
+        if self.max_online_queued_bytes < 1024 {
+            return bad("max_online_queued_bytes", "must be at least 1024");
+        }
+        if self.slow_consumer_timeout_ms == 0 {
+            return bad("slow_consumer_timeout_ms", "must be at least 1");
         }
         if self.connect_timeout == 0 {
             return bad("connect_timeout", "must be at least 1 second");

@@ -13,7 +13,7 @@
 //! | `allow_anonymous`, `password_file`, `acl_file`, `per_listener_settings` | each listener's `allow_anonymous`, `password_file`, `acl_file` as mosquitto 2.0 resolves them (anonymous refused by default once a listener is configured) |
 //! | `max_packet_size` | `max_packet_size` |
 //! | `max_inflight_messages` (0: no limit) | `max_inflight` (0 → 65535) |
-//! | `max_queued_messages` (0: no limit) | `max_queued_messages` (0 → no limit) |
+//! | `max_queued_messages` (0: no limit) | `max_queued_messages` (0 → no limit; sessions without a connection: a connected client's queue is bounded by `max_online_queued_bytes`) |
 //! | `max_keepalive` | `max_keepalive` |
 //! | `persistence` (default false), `persistence_location` | `memory = !persistence`, `data_dir` (also in [`MosquittoExtras`]) |
 //! | `pid_file` | `pid_file` |

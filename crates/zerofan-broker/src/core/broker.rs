@@ -242,6 +242,20 @@ impl Broker {
                     if c.session().is_none() {
                         continue;
                     }
+                    if self.held(conn) {
+                        // Not read because of a slow subscriber: its silence
+                        // is ours, so the time held counts as activity.
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            c.last_activity = now;
+                            if let Some(at) = c.keep_alive_deadline() {
+                                self.timers.arm(at, Timer::KeepAlive(conn));
+                            }
+                        }
+                        continue;
+                    }
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
                     match c.keep_alive_deadline() {
                         Some(at) if at <= now => {
                             self.metrics.keep_alive_timeouts += 1;
@@ -278,6 +292,7 @@ impl Broker {
                         self.end_session(now, sid);
                     }
                 }
+                Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
                 Timer::Sys => {
                     self.publish_sys(now);
                     self.timers.arm(
@@ -345,6 +360,16 @@ impl Broker {
         self.conns
             .get(&conn)
             .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+    }
+
+    /// Whether the shell should not read this connection now: a subscriber
+    /// it publishes to is behind (push-back). A wake-up comes when that
+    /// ends.
+    pub fn held(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .and_then(|c| c.held_by)
+            .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
     }
 
     /// Control packets waiting for the writer; the shell stops reading from

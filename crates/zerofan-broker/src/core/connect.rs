@@ -274,11 +274,29 @@ impl Broker {
     /// The connection of `sid` is gone: schedule or publish its will, keep
     /// the session for its expiry interval or end it now.
     pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Box<Will>, u32)>) {
+        self.caught_up(sid);
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
         s.conn = None;
         let expiry = s.expiry_interval;
+        if expiry > 0 {
+            // The offline bounds hold from now on, for what is queued too.
+            let cfg = &self.config;
+            let (qos0, other) = s.trim_offline(
+                cfg.max_queued_messages,
+                cfg.max_queued_bytes,
+                cfg.queue_full,
+            );
+            self.metrics.dropped_qos0_queue_full += qos0;
+            self.metrics.dropped_queue_full += other;
+            if other > 0 {
+                self.dur_evicted(sid);
+            }
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
         if expiry > 0 {
             // What waits for an absent client may wait long: small messages
             // get their own bytes instead of pinning publishers' buffers.
@@ -357,6 +375,7 @@ impl Broker {
             self.trie_remove(filter, sid);
         }
         self.auth_forget(sid);
+        self.caught_up(sid);
         let Some(mut s) = self.sessions.remove(&sid) else {
             return;
         };

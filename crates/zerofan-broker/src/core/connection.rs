@@ -60,6 +60,9 @@ pub struct Connection {
     pub outbox: VecDeque<Outgoing>,
     /// Whether the shell has already been told to wake this writer.
     pub woken: bool,
+    /// A subscriber this connection publishes to is behind: the shell does
+    /// not read this connection until it catches up (push-back).
+    pub held_by: Option<super::ids::SessionId>,
     /// Listener, certificate identity, username, limits (see `auth`).
     pub sec: super::auth::ConnSecurity,
 }
@@ -81,6 +84,7 @@ impl Connection {
             will: None,
             outbox: VecDeque::new(),
             woken: false,
+            held_by: None,
             sec: Default::default(),
         }
     }

@@ -7,9 +7,11 @@ use super::connection::{Connection, Phase};
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
-use super::session::{Inflight, InflightState, PushOutcome, Queued};
+use super::session::{Behind, Inflight, InflightState, PushOutcome, Queued};
+use super::timers::Timer;
+use crate::config::{Config, QueueFull};
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use zerofan_codec::{QoS, ReasonCode};
 
 /// Queue capacity (entries) a session keeps once its queue is empty; more
@@ -53,13 +55,28 @@ impl Broker {
             }
         }
         let cfg = &self.config;
-        let outcome = s.push(
-            item,
-            cfg.max_queued_messages,
-            cfg.max_queued_bytes,
-            cfg.queue_full,
-        );
+        let origin = item.msg.origin;
+        let outcome = if s.conn.is_some() {
+            // A slow subscriber keeps no more than its high-water mark.
+            let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
+            let bound = if slow {
+                high_water(cfg)
+            } else {
+                cfg.max_online_queued_bytes
+            };
+            s.push_online(item, bound, cfg.queue_full)
+        } else {
+            s.push(
+                item,
+                cfg.max_queued_messages,
+                cfg.max_queued_bytes,
+                cfg.queue_full,
+            )
+        };
         let conn = s.conn;
+        if conn.is_some() && s.online_cost() > high_water(cfg) {
+            self.fall_behind(now, sid, origin);
+        }
         if entry.is_some() {
             self.dur_evicted(sid);
             if matches!(outcome, PushOutcome::DroppedNew | PushOutcome::Disconnect) {
@@ -91,6 +108,146 @@ impl Broker {
         }
         if let Some(conn) = conn {
             self.wake(conn);
+        }
+    }
+
+    /// Queue a retained message replayed for a new subscription of an
+    /// online session: never dropped (see [`Session::push_replay`]), sent
+    /// as the client's window and socket allow.
+    ///
+    /// [`Session::push_replay`]: super::session::Session::push_replay
+    pub(crate) fn enqueue_replay(&mut self, sid: SessionId, mut item: Queued) {
+        self.dur_enqueue(sid, &mut item);
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        s.push_replay(item);
+        if let Some(conn) = s.conn {
+            self.wake(conn);
+        }
+    }
+
+    /// `sid`'s online queue is over its high-water mark: start its slow
+    /// consumer clock, and stop reading the publisher of this message until
+    /// it drains (not the subscriber itself: it could then never drain).
+    fn fall_behind(&mut self, now: Instant, sid: SessionId, origin: Option<SessionId>) {
+        let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
+        let publisher = origin
+            .and_then(|o| self.sessions.get(&o))
+            .and_then(|p| p.conn);
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let own = s.conn;
+        let f = s.flight_mut();
+        if f.behind.is_none() {
+            f.behind = Some(Box::new(Behind {
+                since: now,
+                holding: Vec::new(),
+                slow: false,
+            }));
+            self.timers.arm(now + timeout, Timer::SlowConsumer(sid));
+        }
+        let Some(b) = f.behind.as_deref_mut() else {
+            return;
+        };
+        if b.slow {
+            return;
+        }
+        let Some(pc) = publisher.filter(|&pc| Some(pc) != own) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&pc) else {
+            return;
+        };
+        if c.held_by.is_none() {
+            c.held_by = Some(sid);
+            b.holding.push(pc);
+            self.metrics.publisher_throttles += 1;
+        }
+    }
+
+    /// `sid` caught up, went away or was dropped as slow: the publishers it
+    /// held are read again.
+    pub(crate) fn release_publishers(&mut self, sid: SessionId) {
+        let holding = match self
+            .sessions
+            .get_mut(&sid)
+            .and_then(|s| s.flight_any())
+            .and_then(|f| f.behind.as_deref_mut())
+        {
+            Some(b) => std::mem::take(&mut b.holding),
+            None => return,
+        };
+        for pc in holding {
+            if let Some(c) = self.conns.get_mut(&pc) {
+                if c.held_by == Some(sid) {
+                    c.held_by = None;
+                    self.wake(pc);
+                }
+            }
+        }
+    }
+
+    /// [`Broker::release_publishers`], and the session is no longer behind.
+    pub(crate) fn caught_up(&mut self, sid: SessionId) {
+        self.release_publishers(sid);
+        if let Some(f) = self.sessions.get_mut(&sid).and_then(|s| s.flight_any()) {
+            f.behind = None;
+        }
+    }
+
+    /// The slow consumer timer of `sid` fired.
+    pub(crate) fn on_slow_timer(&mut self, now: Instant, sid: SessionId) {
+        let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let Some(b) = s.flight().behind.as_deref() else {
+            return;
+        };
+        if b.slow {
+            return;
+        }
+        let due = b.since + timeout;
+        if due > now {
+            // Caught up and fell behind again since the timer was armed.
+            self.timers.arm(due, Timer::SlowConsumer(sid));
+            return;
+        }
+        let client = s.client_id.clone();
+        let queued = s.online_cost();
+        let conn = s.conn;
+        self.metrics.slow_subscribers_dropped += 1;
+        self.release_publishers(sid);
+        if let Some(suppressed) = self.log_gate(now, "slow consumer") {
+            tracing::warn!(
+                client = client.as_str(),
+                queued,
+                suppressed,
+                "dropping a slow consumer"
+            );
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if let Some(b) = s.flight_any().and_then(|f| f.behind.as_deref_mut()) {
+            b.slow = true;
+        }
+        if self.config.queue_full == QueueFull::Disconnect {
+            if let Some(conn) = conn {
+                self.metrics.slow_consumer_disconnects += 1;
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::QUOTA_EXCEEDED,
+                    Some("slow consumer"),
+                    true,
+                );
+            }
+        } else {
+            let dropped = s.drop_qos0();
+            self.metrics.dropped_qos0_queue_full += dropped as u64;
         }
     }
 
@@ -240,6 +397,9 @@ impl Broker {
                 out.push(Outgoing::Publish(d));
             }
         }
+        if s.flight().behind.is_some() && s.online_cost() < low_water(&self.config) {
+            self.caught_up(sid);
+        }
         Transmit::Open
     }
 
@@ -306,6 +466,17 @@ impl Broker {
             None => self.trie.remove(filter, None, sid),
         }
     }
+}
+
+/// Online queue cost past which a subscriber is behind: its publishers are
+/// held, and its slow consumer clock runs.
+pub(crate) fn high_water(cfg: &Config) -> usize {
+    cfg.max_online_queued_bytes / 2
+}
+
+/// Online queue cost below which a subscriber behind has caught up.
+pub(crate) fn low_water(cfg: &Config) -> usize {
+    cfg.max_online_queued_bytes / 4
 }
 
 /// Whether the delivery fits the client's Maximum Packet Size, counted with

@@ -851,6 +851,7 @@ impl Broker {
             sub_ids: e.entry.subscription_ids.clone(),
             share: e.entry.share.as_deref().map(Arc::from),
             entry: Some(e.id),
+            replay: false,
         })
     }
 }
@@ -884,6 +885,7 @@ fn placeholder() -> Queued {
         sub_ids: Vec::new(),
         share: None,
         entry: Some(EntryId(u64::MAX)),
+        replay: false,
     }
 }
 

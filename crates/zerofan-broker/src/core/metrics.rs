@@ -255,6 +255,22 @@ counters! {
                 "zerofan_slow_consumer_disconnects_total",
                 "Clients disconnected because their queue was full (queue_full = \"disconnect\").",
             )),
+        /// Times a publisher's connection stopped being read because a
+        /// subscriber it feeds went over its high-water mark (push-back).
+        pub publisher_throttles: u64 = CounterDef::NEW
+            .sys("load/publisher_throttles")
+            .prom(Family::new(
+                "zerofan_publisher_throttles_total",
+                "Times a publisher was not read because a subscriber it feeds was behind (push-back).",
+            )),
+        /// Subscribers that stayed over their high-water mark past
+        /// `slow_consumer_timeout_ms` and were dropped as slow.
+        pub slow_subscribers_dropped: u64 = CounterDef::NEW
+            .sys("errors/slow_subscribers_dropped")
+            .prom(Family::new(
+                "zerofan_slow_subscribers_dropped_total",
+                "Subscribers that stayed behind past slow_consumer_timeout_ms and were dropped as slow.",
+            )),
         /// Malformed packets received.
         pub malformed_packets: u64 = CounterDef::NEW
             .sys("errors/malformed")

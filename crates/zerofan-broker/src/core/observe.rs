@@ -29,6 +29,10 @@ pub struct Gauges {
     pub queued_bytes: usize,
     /// The largest session queue, in payload bytes.
     pub queued_bytes_max: usize,
+    /// What the queues of connected clients hold against
+    /// `max_online_queued_bytes` (payload, topic and slot bytes; retained
+    /// replay not counted).
+    pub queued_bytes_online: usize,
     /// QoS 1/2 messages sent and not yet acknowledged, all sessions.
     pub inflight: usize,
     /// The most in flight to one session.
@@ -125,6 +129,7 @@ impl Broker {
         for s in self.sessions.values() {
             if s.conn.is_some() {
                 g.sessions_online += 1;
+                g.queued_bytes_online += s.online_cost();
             } else {
                 g.sessions_offline += 1;
             }

@@ -324,6 +324,7 @@ impl Broker {
                     sub_ids,
                     share: None,
                     entry: None,
+                    replay: false,
                 },
                 &mut compacted,
             );
@@ -343,6 +344,7 @@ impl Broker {
                     sub_ids: e.id.into_iter().collect(),
                     share: Some(key),
                     entry: None,
+                    replay: false,
                 },
                 &mut compacted,
             );

@@ -27,6 +27,32 @@ pub struct Queued {
     pub share: Option<Arc<str>>,
     /// Its entry in the durable store (persistent sessions, QoS 1/2).
     pub entry: Option<zerofan_store::EntryId>,
+    /// A retained message replayed for a new subscription: a reference to
+    /// what the retained store holds, never dropped by the online bound and
+    /// not counted as the subscriber falling behind.
+    pub replay: bool,
+}
+
+/// What one queue slot costs besides the message's bytes: counted against
+/// the online bound, so a flood of empty payloads is bounded too.
+pub const SLOT: usize = std::mem::size_of::<Queued>();
+
+/// What an item costs against the online bound.
+pub fn cost(q: &Queued) -> usize {
+    q.msg.size() + SLOT
+}
+
+/// A subscriber whose online queue passed its high-water mark.
+#[derive(Debug)]
+pub struct Behind {
+    /// When it passed the mark.
+    pub since: Instant,
+    /// Publisher connections whose reading waits for this subscriber.
+    pub holding: Vec<ConnId>,
+    /// It stayed behind past `slow_consumer_timeout_ms`: it holds no
+    /// publisher any more, and what goes over its high-water mark is dropped
+    /// until it drains below its low-water mark.
+    pub slow: bool,
 }
 
 /// Where a QoS 1/2 delivery stands.
@@ -131,6 +157,10 @@ pub struct Flight {
     pub incoming_qos2: HashSet<u16>,
     /// Stored queue entries dropped to make room, for the store to forget.
     pub evicted: Vec<zerofan_store::EntryId>,
+    /// [`cost`] of the retained replay items in the queue.
+    pub replay_cost: usize,
+    /// Set while the online queue is over its high-water mark.
+    pub behind: Option<Box<Behind>>,
 }
 
 /// What a session without a `Flight` reads as: one empty `Flight` per
@@ -194,7 +224,8 @@ impl Session {
         }
     }
 
-    /// Queue a message within the bounds, applying the full-queue policy.
+    /// Queue a message within the offline bounds (messages and payload
+    /// bytes), applying the full-queue policy.
     pub fn push(
         &mut self,
         item: Queued,
@@ -203,10 +234,45 @@ impl Session {
         policy: QueueFull,
     ) -> PushOutcome {
         let size = item.msg.size();
-        let full = |s: &Session| {
+        self.push_within(item, policy, false, |s| {
             s.queue.len() >= max_messages
                 || (s.queued_bytes + size > max_bytes && !s.queue.is_empty())
-        };
+        })
+    }
+
+    /// Queue a message for a connected client: bounded by [`cost`] (bytes
+    /// and slots, retained replay left out), not by a message count, so a
+    /// burst a busy subscriber reads a moment later is kept.
+    pub fn push_online(&mut self, item: Queued, max_cost: usize, policy: QueueFull) -> PushOutcome {
+        let c = cost(&item);
+        self.push_within(item, policy, true, |s| {
+            let load = s.online_cost();
+            load > 0 && load + c > max_cost
+        })
+    }
+
+    /// Queue a retained message replayed for a new subscription. Never
+    /// dropped: it is a reference to a message the retained store holds,
+    /// so what it adds is bounded by the store.
+    pub fn push_replay(&mut self, mut item: Queued) {
+        item.replay = true;
+        self.flight_mut().replay_cost += cost(&item);
+        self.push_back(item);
+    }
+
+    /// What the online bound counts: queued bytes and slots, less the
+    /// retained replay.
+    pub fn online_cost(&self) -> usize {
+        (self.queued_bytes + self.queue.len() * SLOT).saturating_sub(self.flight().replay_cost)
+    }
+
+    fn push_within(
+        &mut self,
+        item: Queued,
+        policy: QueueFull,
+        online: bool,
+        full: impl Fn(&Session) -> bool,
+    ) -> PushOutcome {
         if !full(self) {
             self.push_back(item);
             return PushOutcome::Queued;
@@ -214,7 +280,7 @@ impl Session {
         if item.qos == QoS::AtMostOnce {
             // QoS 0 makes room by dropping the oldest QoS 0 message, never a
             // QoS 1/2 one.
-            if let Some(pos) = self.queue.iter().position(|q| q.qos == QoS::AtMostOnce) {
+            if let Some(pos) = self.droppable(online, true) {
                 self.remove_at(pos);
                 if !full(self) {
                     self.push_back(item);
@@ -227,13 +293,75 @@ impl Session {
             QueueFull::DropNew => PushOutcome::DroppedNew,
             QueueFull::Disconnect => PushOutcome::Disconnect,
             QueueFull::DropOldest => {
-                while full(self) && !self.queue.is_empty() {
-                    self.remove_at(0);
+                while full(self) {
+                    let Some(pos) = self.droppable(online, false) else {
+                        break;
+                    };
+                    self.remove_at(pos);
                 }
                 self.push_back(item);
                 PushOutcome::DroppedOldest
             }
         }
+    }
+
+    /// The oldest item a full queue may drop (QoS 0 only if `qos0`); the
+    /// online bound never drops retained replay, which it does not count.
+    fn droppable(&self, online: bool, qos0: bool) -> Option<usize> {
+        if qos0 && self.queued_qos0 == 0 {
+            return None;
+        }
+        self.queue
+            .iter()
+            .position(|q| !(online && q.replay) && (!qos0 || q.qos == QoS::AtMostOnce))
+    }
+
+    /// Drop every queued live QoS 0 message (a subscriber dropped as slow);
+    /// returns how many.
+    pub fn drop_qos0(&mut self) -> usize {
+        let mut dropped = 0;
+        let all = std::mem::take(&mut self.queue);
+        let mut kept = VecDeque::with_capacity(all.len());
+        for q in all {
+            if q.qos == QoS::AtMostOnce && !q.replay {
+                self.forget(&q);
+                dropped += 1;
+            } else {
+                kept.push_back(q);
+            }
+        }
+        self.queue = kept;
+        dropped
+    }
+
+    /// Apply the offline bounds to what a session that just lost its
+    /// connection still has queued: QoS 0 goes first, then QoS 1/2 as the
+    /// policy says (`disconnect`: the newest, as `drop_new`). Returns the
+    /// QoS 0 and the QoS 1/2 messages dropped.
+    pub fn trim_offline(
+        &mut self,
+        max_messages: usize,
+        max_bytes: usize,
+        policy: QueueFull,
+    ) -> (u64, u64) {
+        let over = |s: &Session| {
+            s.queue.len() > max_messages || (s.queued_bytes > max_bytes && s.queue.len() > 1)
+        };
+        let (mut qos0, mut other) = (0, 0);
+        while over(self) {
+            if let Some(pos) = self.droppable(false, true) {
+                self.remove_at(pos);
+                qos0 += 1;
+                continue;
+            }
+            let pos = match policy {
+                QueueFull::DropOldest => 0,
+                QueueFull::DropNew | QueueFull::Disconnect => self.queue.len().saturating_sub(1),
+            };
+            self.remove_at(pos);
+            other += 1;
+        }
+        (qos0, other)
     }
 
     fn push_back(&mut self, item: Queued) {
@@ -255,6 +383,10 @@ impl Session {
     fn forget(&mut self, q: &Queued) {
         self.queued_bytes -= q.msg.size();
         self.queued_qos0 -= usize::from(q.qos == QoS::AtMostOnce);
+        if q.replay {
+            let f = self.flight_mut();
+            f.replay_cost = f.replay_cost.saturating_sub(cost(q));
+        }
     }
 
     /// Take the next queued message.
@@ -327,6 +459,7 @@ mod tests {
             sub_ids: Vec::new(),
             share: None,
             entry: None,
+            replay: false,
         }
     }
 

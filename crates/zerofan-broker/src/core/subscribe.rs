@@ -96,8 +96,7 @@ impl Broker {
                 continue;
             }
             let qos: QoS = options.qos.min(msg.qos);
-            self.enqueue(
-                now,
+            self.enqueue_replay(
                 sid,
                 Queued {
                     msg,
@@ -108,6 +107,7 @@ impl Broker {
                     sub_ids: sub_id.into_iter().collect(),
                     share: None,
                     entry: None,
+                    replay: true,
                 },
             );
         }

@@ -18,6 +18,8 @@ pub enum Timer {
     Will(SessionId),
     /// An absent session may have expired.
     SessionExpiry(SessionId),
+    /// A subscriber behind since then may have stayed behind too long.
+    SlowConsumer(SessionId),
     /// Refresh `$SYS/`.
     Sys,
 }

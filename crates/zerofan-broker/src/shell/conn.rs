@@ -7,7 +7,8 @@
 //! batches from the core, encoded with the thread's shared encoder (only
 //! what the socket refuses is kept by the connection). Then it reads, unless
 //! the core's outbox for this connection is over `OUTBOX_HIGH` (a client
-//! that does not read its acknowledgements is not read either) or the
+//! that does not read its acknowledgements is not read either), the core
+//! holds it because a subscriber it feeds is behind (push-back), or the
 //! connection is closing, and loops back to writing.
 //!
 //! A quiet plain-TCP connection parks (see `park.rs`): its socket goes to
@@ -200,9 +201,18 @@ impl Conn {
             if self.phase != Phase::Open {
                 return self.poll_grace(shared, cx);
             }
-            if shared.broker.borrow().outbox_len(self.id) > OUTBOX_HIGH {
-                // The output is blocked on the socket, which wakes us.
-                return Poll::Pending;
+            {
+                let broker = shared.broker.borrow();
+                if broker.outbox_len(self.id) > OUTBOX_HIGH {
+                    // The output is blocked on the socket, which wakes us.
+                    return Poll::Pending;
+                }
+                if broker.held(self.id) {
+                    // A subscriber this client feeds is behind (push-back):
+                    // the core wakes us when it catches up, goes away or is
+                    // dropped as slow.
+                    return Poll::Pending;
+                }
             }
             if reads == READS_PER_POLL {
                 cx.waker().wake_by_ref();
@@ -323,6 +333,9 @@ impl Conn {
             }
             let mut enc = shared.encoder.borrow_mut();
             let status = enc.fill(shared, self.id, vectored);
+            // Draining may have caught this subscriber up: the publishers it
+            // held are woken to be read again.
+            shared.dispatch();
             match status {
                 Transmit::Gone => return Poll::Ready(()),
                 Transmit::Close => self.phase = Phase::ShuttingDown,

@@ -257,6 +257,12 @@ pub fn render(s: &Snapshot) -> String {
         g.queued_bytes_max as f64,
     );
     e.single(
+        "zerofan_queued_bytes_online",
+        Gauge,
+        "Bytes queued for connected clients, counted against max_online_queued_bytes.",
+        g.queued_bytes_online as f64,
+    );
+    e.single(
         "zerofan_inflight_messages",
         Gauge,
         "QoS 1/2 messages sent and not yet acknowledged, all sessions.",

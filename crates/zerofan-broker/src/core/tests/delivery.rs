@@ -176,10 +176,14 @@ fn queue_bounds_drop_and_count() {
         sys_interval: 0,
         ..Config::default()
     });
-    let sub = h.client("sub");
+    // The message bound is for sessions without a connection (a connected
+    // client is bounded by bytes: see `backpressure`).
+    let (sub, _) = h.connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(300)
+    });
     h.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    h.b.connection_lost(h.now, sub);
     let publ = h.client("pub");
-    // The subscriber's writer never drains: the queue fills.
     for i in 0..5 {
         h.send(
             publ,
@@ -190,13 +194,18 @@ fn queue_bounds_drop_and_count() {
     assert_eq!(h.b.metrics().dropped_queue_full, 2);
     // The publisher is unaffected: every PUBLISH got its PUBACK.
     assert_eq!(h.out(publ).packets.len(), 5);
-    assert_eq!(h.out(sub).payloads(), ["q1-0", "q1-1", "q1-2"]);
+    let (_, out) = h.connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(300)
+    });
+    assert_eq!(out.payloads(), ["q1-0", "q1-1", "q1-2"]);
 }
 
 #[test]
 fn qos0_drops_oldest_and_disconnect_policy() {
     let mut h = H::with(Config {
-        max_queued_messages: 2,
+        // Two of the 400-byte messages below fit (each costs its bytes and
+        // a queue slot), a third does not.
+        max_online_queued_bytes: 1024,
         queue_full: crate::config::QueueFull::Disconnect,
         sys_interval: 0,
         ..Config::default()
@@ -207,7 +216,7 @@ fn qos0_drops_oldest_and_disconnect_policy() {
     for i in 0..3 {
         h.send(
             publ,
-            Packet::Publish(publish("t", &format!("q0-{i}"), QoS::AtMostOnce, 0)),
+            Packet::Publish(publish("t", &format!("{i:<400}"), QoS::AtMostOnce, 0)),
         );
     }
     assert_eq!(h.b.metrics().dropped_qos0_queue_full, 1);
