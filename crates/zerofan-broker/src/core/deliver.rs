@@ -209,10 +209,9 @@ impl Broker {
         if b.slow {
             return;
         }
-        let due = b.since + timeout;
-        if due > now {
-            // Caught up and fell behind again since the timer was armed.
-            self.timers.arm(due, Timer::SlowConsumer(sid));
+        if b.since + timeout > now {
+            // Caught up and fell behind again since this timer was armed:
+            // that episode armed a timer of its own.
             return;
         }
         let client = s.client_id.clone();

@@ -403,3 +403,28 @@ fn a_held_publisher_is_not_timed_out_for_keep_alive() {
     assert!(h.b.is_closing(publ));
     assert_eq!(h.b.metrics().keep_alive_timeouts, 1);
 }
+
+#[test]
+fn the_slow_consumer_clock_restarts_when_the_subscriber_catches_up() {
+    let mut h = H::with(small(QueueFull::DropNew));
+    let sub = h.client("sub");
+    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
+    let publ = h.client("pub");
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    h.advance(Duration::from_millis(600));
+    h.out(sub);
+    assert!(!h.b.held(publ));
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    assert!(h.b.held(publ));
+    // The first episode's timer fires here: this one is 400 ms old.
+    h.advance(Duration::from_millis(400));
+    assert!(h.b.held(publ));
+    assert_eq!(h.b.metrics().slow_subscribers_dropped, 0);
+    h.advance(Duration::from_millis(600));
+    assert!(!h.b.held(publ));
+    assert_eq!(h.b.metrics().slow_subscribers_dropped, 1);
+}
