@@ -2,6 +2,7 @@
 
 import queue
 import socket
+import threading
 import time
 
 import pytest
@@ -165,3 +166,38 @@ def test_ten_thousand_retained_all_delivered(broker, raw_factory, qos):
                 dash.send(b"".join(r.ack(r.PUBACK, pid, 5) for pid in unacked))
                 unacked = []
     assert len(seen) == n
+
+
+@pytest.mark.zerofan_only
+def test_publisher_pushed_back_then_nothing_lost(broker_factory, raw_factory, client_factory):
+    """A subscriber that stops reading holds its publisher back (not read) instead
+    of losing its messages; once it reads again, every one arrives."""
+    b = broker_factory(max_online_queued_bytes=256 * 1024, slow_consumer_timeout_ms=60_000)
+    # 10 MB: more than the socket buffers on both sides and the queue bound
+    # can take, so the broker must stop reading the publisher.
+    n = 40_000
+    sub = raw_factory(b, 5)
+    sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sub.connect("held-sub")
+    sub.subscribe([("held/t", 0)])
+    pub = raw_factory(b, 5)
+    pub.connect("held-pub")
+    flood = b"".join(r.publish("held/t", b"%-256d" % i, 0, version=5) for i in range(n))
+    sender = threading.Thread(target=pub.send, args=(flood,), daemon=True)
+    sender.start()
+    # The subscriber reads nothing until the broker has pushed back.
+    sys_reaches(b, client_factory, "load/publisher_throttles", lambda v: v >= 1)
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} arrived"
+        try:
+            p = sub.recv(timeout=5)
+        except TimeoutError:
+            pytest.fail(f"{len(got)} of {n} arrived")
+        assert p.type == r.PUBLISH, p
+        got.append(int(p.payload))
+    sender.join(timeout=10)
+    assert not sender.is_alive()
+    assert got == list(range(n)), "lost or out of order"
+    sys_reaches(b, client_factory, "messages/dropped", lambda v: v == 0)

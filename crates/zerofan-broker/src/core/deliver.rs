@@ -146,7 +146,10 @@ impl Broker {
                 holding: Vec::new(),
                 slow: false,
             }));
-            self.timers.arm(now + timeout, Timer::SlowConsumer(sid));
+            // A timeout too large for the clock never fires.
+            if let Some(at) = now.checked_add(timeout) {
+                self.timers.arm(at, Timer::SlowConsumer(sid));
+            }
         }
         let Some(b) = f.behind.as_deref_mut() else {
             return;
@@ -209,10 +212,9 @@ impl Broker {
         if b.slow {
             return;
         }
-        let due = b.since + timeout;
-        if due > now {
-            // Caught up and fell behind again since the timer was armed.
-            self.timers.arm(due, Timer::SlowConsumer(sid));
+        if b.since.checked_add(timeout).is_none_or(|at| at > now) {
+            // Caught up and fell behind again since this timer was armed:
+            // that episode armed a timer of its own.
             return;
         }
         let client = s.client_id.clone();

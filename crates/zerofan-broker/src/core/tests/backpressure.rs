@@ -403,3 +403,47 @@ fn a_held_publisher_is_not_timed_out_for_keep_alive() {
     assert!(h.b.is_closing(publ));
     assert_eq!(h.b.metrics().keep_alive_timeouts, 1);
 }
+
+#[test]
+fn the_slow_consumer_clock_restarts_when_the_subscriber_catches_up() {
+    let mut h = H::with(small(QueueFull::DropNew));
+    let sub = h.client("sub");
+    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
+    let publ = h.client("pub");
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    h.advance(Duration::from_millis(600));
+    h.out(sub);
+    assert!(!h.b.held(publ));
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    assert!(h.b.held(publ));
+    // The first episode's timer fires here: this one is 400 ms old.
+    h.advance(Duration::from_millis(400));
+    assert!(h.b.held(publ));
+    assert_eq!(h.b.metrics().slow_subscribers_dropped, 0);
+    h.advance(Duration::from_millis(600));
+    assert!(!h.b.held(publ));
+    assert_eq!(h.b.metrics().slow_subscribers_dropped, 1);
+}
+
+#[test]
+fn a_huge_slow_consumer_timeout_never_fires() {
+    let mut h = H::with(Config {
+        slow_consumer_timeout_ms: u64::MAX,
+        ..small(QueueFull::DropNew)
+    });
+    let sub = h.client("sub");
+    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
+    let publ = h.client("pub");
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    assert!(h.b.held(publ));
+    // Within the subscriber's keep alive (60 s), far past any usual timeout.
+    h.secs(80);
+    assert!(h.b.held(publ));
+    assert_eq!(h.b.metrics().slow_subscribers_dropped, 0);
+}
