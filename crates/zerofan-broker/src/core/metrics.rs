@@ -43,6 +43,9 @@ pub struct Metrics {
     pub connect_timeouts: u64,
     /// Sessions taken over by a new connection with the same client id.
     pub takeovers: u64,
+    /// Takeovers completed by their deadline because the old connection's
+    /// input was not drained in time (it did not read, its outbox was full).
+    pub takeover_drain_timeouts: u64,
     /// Sessions removed because their expiry interval passed.
     pub sessions_expired: u64,
     /// Wills published.

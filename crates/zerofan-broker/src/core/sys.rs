@@ -129,6 +129,10 @@ pub fn sys_figures(
         ),
         ("sessions/expired", m.sessions_expired.to_string()),
         ("sessions/takeovers", m.takeovers.to_string()),
+        (
+            "sessions/takeover_drain_timeouts",
+            m.takeover_drain_timeouts.to_string(),
+        ),
         ("wills/published", m.wills_published.to_string()),
         ("store/torn_tails", m.store_torn_tails.to_string()),
         ("store/truncated_bytes", m.store_truncated_bytes.to_string()),

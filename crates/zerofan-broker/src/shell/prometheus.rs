@@ -243,6 +243,12 @@ pub fn render(s: &Snapshot) -> String {
         m.takeovers as f64,
     );
     e.single(
+        "zerofan_session_takeover_drain_timeouts_total",
+        Counter,
+        "Takeovers completed by their deadline before the old connection's input was all read.",
+        m.takeover_drain_timeouts as f64,
+    );
+    e.single(
         "zerofan_sessions_expired_total",
         Counter,
         "Sessions removed because their expiry interval passed.",
