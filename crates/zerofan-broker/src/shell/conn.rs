@@ -85,18 +85,20 @@ pub(super) fn connection(
     }
 }
 
-/// A parked connection's new task, over its socket back from the lot.
+/// A parked connection's new task, over its socket back from the lot, and
+/// what the lot already read from it (a partial packet, held input).
 pub(super) fn resume(
     shared: Rc<Shared>,
     id: ConnId,
     stream: tokio::net::TcpStream,
     listener: u16,
+    input: ReadState,
 ) -> Conn {
     Conn {
         counted: ListenerGuard::resume(&shared, listener),
         id,
         io: Transport::Tcp(stream),
-        input: ReadState::default(),
+        input,
         out: None,
         unflushed: false,
         phase: Phase::Open,
