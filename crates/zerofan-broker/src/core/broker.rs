@@ -50,6 +50,24 @@ pub struct Broker {
     pub(crate) auth: super::auth::AuthState,
     /// The durable log and the acknowledgements waiting for it (see `durable`).
     pub(crate) durable: super::durable::Durable,
+    /// CONNECTs waiting for the input of the connection they take over,
+    /// by new connection (see `Broker::input_drained`). At most one per
+    /// connection, each for at most `TAKEOVER_DRAIN`.
+    pub(crate) takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
+    /// The same, by old connection: whose input is drained for which new one.
+    pub(crate) draining: HashMap<ConnId, ConnId>,
+}
+
+/// What the shell does with a connection's further input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputState {
+    /// Read and hand it over.
+    Open,
+    /// Keep what was read, read no more: its CONNECT waits for a takeover.
+    /// The connection is woken when that is over.
+    Held,
+    /// The broker closes it (or does not know it): nothing more is read.
+    Closed,
 }
 
 impl Broker {
@@ -84,6 +102,8 @@ impl Broker {
             wire_scratch: bytes::BytesMut::new(),
             auth: super::auth::AuthState::default(),
             durable: super::durable::Durable::memory(now),
+            takeovers: HashMap::default(),
+            draining: HashMap::default(),
         }
     }
 
@@ -132,6 +152,16 @@ impl Broker {
         c.last_activity = now;
         let sid = match c.phase {
             Phase::Closing => return,
+            Phase::AwaitingTakeover => {
+                // The shell holds this input until the takeover is over; a
+                // packet handed over anyway completes it first, so that the
+                // connection's own packets keep their order.
+                self.complete_takeover(now, conn);
+                match self.conns.get(&conn).map(|c| c.phase) {
+                    Some(Phase::Connected(sid)) => sid,
+                    _ => return,
+                }
+            }
             Phase::AwaitingConnect => {
                 match packet {
                     Packet::Connect(connect) => self.on_connect(now, conn, *connect),
@@ -183,6 +213,7 @@ impl Broker {
         };
         match c.phase {
             Phase::Closing => {}
+            Phase::AwaitingTakeover => self.close(now, conn, None, false),
             Phase::AwaitingConnect => {
                 if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
                     // Answered in 3.1.1 form (return code 1), which every
@@ -293,6 +324,12 @@ impl Broker {
                     }
                 }
                 Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
+                Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
+                    self.metrics.takeover_drain_timeouts += 1;
+                    tracing::debug!(%conn, "takeover completed without the old input drained");
+                    self.complete_takeover(now, conn);
+                }
+                Timer::Takeover(_) => {}
                 Timer::Sys => {
                     self.publish_sys(now);
                     self.timers.arm(
@@ -346,6 +383,43 @@ impl Broker {
     pub fn max_packet_size(&self, conn: ConnId) -> u32 {
         let _ = conn; // one limit for all today; per-listener limits later
         self.config.max_packet_size
+    }
+
+    /// Whether the shell may read this connection's input (one lookup, on
+    /// the path of every packet).
+    pub fn input_state(&self, conn: ConnId) -> InputState {
+        match self.conns.get(&conn).map(|c| c.phase) {
+            None | Some(Phase::Closing) => InputState::Closed,
+            Some(Phase::AwaitingTakeover) => InputState::Held,
+            Some(_) => InputState::Open,
+        }
+    }
+
+    /// The connection's CONNECT waits for a takeover: the shell keeps what
+    /// it read and reads no more (cheap when no takeover is pending).
+    pub fn holds_input(&self, conn: ConnId) -> bool {
+        !self.takeovers.is_empty()
+            && self
+                .conns
+                .get(&conn)
+                .is_some_and(|c| c.phase == Phase::AwaitingTakeover)
+    }
+
+    /// A new connection with this connection's client id waits: the shell
+    /// reads everything its socket holds now, feeds it, and then calls
+    /// [`Broker::input_drained`] (or `connection_lost` at EOF).
+    pub fn drain_requested(&self, conn: ConnId) -> bool {
+        !self.draining.is_empty() && self.draining.contains_key(&conn)
+    }
+
+    /// The connection's socket has nothing more to read now: the takeover
+    /// waiting for it completes (the connection, if still open, is closed as
+    /// taken over, and the new CONNECT handled after what it had sent).
+    pub fn input_drained(&mut self, now: Instant, conn: ConnId) {
+        if let Some(new) = self.draining.get(&conn).copied() {
+            self.complete_takeover(now, new);
+        }
+        self.end_event();
     }
 
     /// True once the broker has decided to close the connection (or it is unknown).
@@ -544,6 +618,16 @@ impl Broker {
         self.wake(conn);
         if let Phase::Connected(sid) = prev {
             self.detach(now, sid, will);
+        }
+        if prev == Phase::AwaitingTakeover {
+            self.cancel_takeover(conn);
+        }
+        if !self.draining.is_empty() {
+            // Closed while a CONNECT waited for its input: that CONNECT now
+            // sees the session as this close left it.
+            if let Some(new) = self.draining.get(&conn).copied() {
+                self.complete_takeover(now, new);
+            }
         }
     }
 }

@@ -13,9 +13,91 @@ use zerofan_codec::{
     ConnAck, Connect, Disconnect, MqttStr, Packet, Properties, Publish, ReasonCode, Will,
 };
 
+/// How long a takeover waits for the old connection's input at most: a
+/// connection that does not read (or whose outbox is full) must not hold
+/// its successor for long.
+const TAKEOVER_DRAIN: Duration = Duration::from_millis(300);
+
+/// A CONNECT waiting for the input of the connection it takes over.
+#[derive(Debug)]
+pub(crate) struct PendingTakeover {
+    old: ConnId,
+    connect: Box<Connect>,
+}
+
 impl Broker {
-    /// CONNECT on a fresh connection.
+    /// CONNECT on a fresh connection. When its client id's session still
+    /// has an open connection, that connection may have sent more (a
+    /// PUBLISH, a DISCONNECT that cancels its will or ends the session)
+    /// that the shell has not handed over yet: the CONNECT waits until it
+    /// has (`input_drained`, the old connection closing, or
+    /// `TAKEOVER_DRAIN`).
     pub(crate) fn on_connect(&mut self, now: Instant, conn: ConnId, connect: Connect) {
+        self.handle_connect(now, conn, connect, false);
+    }
+
+    /// The open connection of `client_id`'s session, if any.
+    fn open_connection_of(&self, client_id: &MqttStr) -> Option<ConnId> {
+        if client_id.is_empty() {
+            return None;
+        }
+        let sid = self.by_client.get(client_id)?;
+        self.sessions.get(sid)?.conn
+    }
+
+    fn defer_connect(&mut self, now: Instant, new: ConnId, mut old: ConnId, connect: Connect) {
+        if let Some(earlier) = self.draining.get(&old).copied() {
+            // A CONNECT already waits for this connection: that one
+            // completes now, and this one waits for it instead.
+            self.complete_takeover(now, earlier);
+            match self.open_connection_of(&connect.client_id) {
+                Some(c) => old = c,
+                None => return self.handle_connect(now, new, connect, true),
+            }
+        }
+        let Some(c) = self.conns.get_mut(&new) else {
+            return;
+        };
+        c.phase = Phase::AwaitingTakeover;
+        c.protocol = connect.protocol;
+        self.takeovers.insert(
+            new,
+            PendingTakeover {
+                old,
+                connect: Box::new(connect),
+            },
+        );
+        self.draining.insert(old, new);
+        self.timers.arm(now + TAKEOVER_DRAIN, Timer::Takeover(new));
+        // Its shell task reads what its socket holds, then reports back.
+        self.wake(old);
+    }
+
+    /// Handle the CONNECT that waited for connection `new`'s takeover.
+    pub(crate) fn complete_takeover(&mut self, now: Instant, new: ConnId) {
+        let Some(p) = self.takeovers.remove(&new) else {
+            return;
+        };
+        self.draining.remove(&p.old);
+        match self.conns.get_mut(&new) {
+            Some(c) if c.phase == Phase::AwaitingTakeover => c.phase = Phase::AwaitingConnect,
+            _ => return,
+        }
+        self.handle_connect(now, new, *p.connect, true);
+        // Its held input may be read now.
+        self.wake(new);
+    }
+
+    /// The waiting CONNECT of `new` is dropped (its connection closes).
+    pub(crate) fn cancel_takeover(&mut self, new: ConnId) {
+        if let Some(p) = self.takeovers.remove(&new) {
+            self.draining.remove(&p.old);
+        }
+    }
+
+    /// `waited`: this CONNECT was authenticated and waited for a takeover;
+    /// it is not authenticated (counted) again and does not wait again.
+    fn handle_connect(&mut self, now: Instant, conn: ConnId, connect: Connect, waited: bool) {
         let Connect {
             protocol,
             clean_start,
@@ -36,9 +118,13 @@ impl Broker {
             self.refuse(now, conn, ReasonCode::BAD_AUTHENTICATION_METHOD);
             return;
         }
-        if let Err(code) = self.authenticate(now, conn, username.as_deref(), password.as_deref()) {
-            self.refuse(now, conn, code);
-            return;
+        if !waited {
+            if let Err(code) =
+                self.authenticate(now, conn, username.as_deref(), password.as_deref())
+            {
+                self.refuse(now, conn, code);
+                return;
+            }
         }
         if let Some(w) = &will {
             if zerofan_codec::topic::validate_topic_name(&w.topic).is_err() {
@@ -83,6 +169,22 @@ impl Broker {
         };
         let expiry = requested_expiry.min(self.config.max_session_expiry);
 
+        if !waited {
+            if let Some(old) = self.open_connection_of(&client_id) {
+                let connect = Connect {
+                    protocol,
+                    clean_start,
+                    keep_alive,
+                    properties,
+                    client_id,
+                    will,
+                    username,
+                    password,
+                };
+                self.defer_connect(now, conn, old, connect);
+                return;
+            }
+        }
         // Takeover: the old connection is closed with 0x8E (MQTT-3.1.4-3).
         if let Some(old) = self
             .by_client

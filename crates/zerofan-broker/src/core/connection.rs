@@ -14,6 +14,10 @@ use zerofan_codec::{MqttStr, Protocol, Will};
 pub enum Phase {
     /// Waiting for CONNECT until the deadline.
     AwaitingConnect,
+    /// CONNECT received for a client id whose session still has an open
+    /// connection: it waits until that connection's input is handled (see
+    /// `Broker::input_drained`), its own further input held by the shell.
+    AwaitingTakeover,
     /// CONNECT accepted; attached to a session.
     Connected(SessionId),
     /// The broker decided to close it; the outbox is flushed, then closed.

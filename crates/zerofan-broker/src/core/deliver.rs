@@ -284,7 +284,7 @@ impl Broker {
                     Transmit::Open
                 };
             }
-            Phase::AwaitingConnect => return Transmit::Open,
+            Phase::AwaitingConnect | Phase::AwaitingTakeover => return Transmit::Open,
             Phase::Connected(sid) => sid,
         };
         let Some(s) = self.sessions.get_mut(&sid) else {

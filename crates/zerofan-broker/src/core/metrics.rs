@@ -292,6 +292,14 @@ counters! {
             "zerofan_session_takeovers_total",
             "Sessions taken over by a new connection with the same client id.",
         )),
+        /// Takeovers completed by their deadline because the old connection's
+        /// input was not drained in time (it did not read, its outbox was full).
+        pub takeover_drain_timeouts: u64 = CounterDef::NEW
+            .sys("sessions/takeover_drain_timeouts")
+            .prom(Family::new(
+                "zerofan_session_takeover_drain_timeouts_total",
+                "Takeovers completed by their deadline before the old connection's input was all read.",
+            )),
         /// Sessions removed because their expiry interval passed.
         pub sessions_expired: u64 = CounterDef::NEW.sys("sessions/expired").prom(Family::new(
             "zerofan_sessions_expired_total",

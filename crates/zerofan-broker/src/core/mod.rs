@@ -36,7 +36,7 @@ mod wire;
 mod tests;
 
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
-pub use broker::Broker;
+pub use broker::{Broker, InputState};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
 pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};

@@ -14,6 +14,9 @@ pub enum Timer {
     ConnectTimeout(ConnId),
     /// Keep alive check.
     KeepAlive(ConnId),
+    /// A takeover waiting for the old connection's input completes anyway
+    /// (the connection named is the new one).
+    Takeover(ConnId),
     /// A delayed will may be due.
     Will(SessionId),
     /// An absent session may have expired.

@@ -86,18 +86,20 @@ pub(super) fn connection(
     }
 }
 
-/// A parked connection's new task, over its socket back from the lot.
+/// A parked connection's new task, over its socket back from the lot, and
+/// what the lot already read from it (a partial packet, held input).
 pub(super) fn resume(
     shared: Rc<Shared>,
     id: ConnId,
     stream: tokio::net::TcpStream,
     listener: u16,
+    input: ReadState,
 ) -> Conn {
     Conn {
         counted: ListenerGuard::resume(&shared, listener),
         id,
         io: Transport::Tcp(stream),
-        input: ReadState::default(),
+        input,
         out: None,
         unflushed: false,
         phase: Phase::Open,
@@ -218,11 +220,36 @@ impl Conn {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            let read = match &mut self.io {
+            if self.input.is_held() {
+                if shared.broker.borrow().holds_input(self.id) {
+                    // Woken when the takeover this CONNECT waits for is over.
+                    return Poll::Pending;
+                }
+                reads += 1;
+                if self.input.feed(shared, self.id) {
+                    self.phase = Phase::Closing;
+                }
+                continue;
+            }
+            let mut read = match &mut self.io {
                 Transport::Tcp(s) => self.input.poll_read_tcp(cx, shared, s),
                 Transport::Boxed(s) => self.input.poll_read_boxed(cx, shared, s),
                 Transport::Parked => return Poll::Ready(()),
             };
+            if read.is_pending() && shared.broker.borrow().drain_requested(self.id) {
+                match self.read_now(shared) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // All it had sent is handled: the takeover goes on.
+                        shared
+                            .broker
+                            .borrow_mut()
+                            .input_drained(Instant::now(), self.id);
+                        shared.dispatch();
+                        continue;
+                    }
+                    r => read = Poll::Ready(r),
+                }
+            }
             let Poll::Ready(read) = read else {
                 let quiet = reads == 0 && !wrote;
                 let asked = std::mem::take(&mut self.park);
@@ -244,6 +271,15 @@ impl Conn {
         }
     }
 
+    /// Read what the socket holds now, past tokio's readiness; a TLS or
+    /// WebSocket stream has read all it could when it returned `Pending`.
+    fn read_now(&mut self, shared: &Shared) -> io::Result<usize> {
+        match &self.io {
+            Transport::Tcp(s) => self.input.read_now(shared, s),
+            Transport::Boxed(_) | Transport::Parked => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     /// Whether a quiet connection may park now: plain TCP, open and
     /// connected, nothing half read or half written.
     fn may_park(&self, shared: &Shared) -> bool {
@@ -253,7 +289,11 @@ impl Conn {
             && self.out.is_none()
             && self.input.is_idle()
             && shared.lot.enabled()
-            && !shared.broker.borrow().awaits_connect(self.id)
+            && {
+                // Neither before CONNECT nor while it waits for a takeover.
+                let broker = shared.broker.borrow();
+                !broker.awaits_connect(self.id) && !broker.holds_input(self.id)
+            }
     }
 
     /// Hand the socket to the parking lot and end the task (`Ready`); stay

@@ -14,6 +14,7 @@
 //! notices.
 
 use super::conn;
+use super::reader::ReadState;
 use super::state::{ConnHandle, Shared};
 use crate::core::ConnId;
 use std::cell::{Cell, RefCell};
@@ -120,8 +121,12 @@ impl Lot {
 }
 
 /// Start connection `id` again, if it is parked: its socket leaves the
-/// lot's poller and gets a task of its own.
-fn unpark(shared: &Rc<Shared>, id: ConnId) {
+/// lot's poller and gets a task of its own. `readable`: the lot saw input;
+/// it is read and handed to the core here, in the lot's turn, in the order
+/// the sockets turned readable. The new task would read it a turn later,
+/// once the runtime reports the socket readable to its fresh registration:
+/// after input that reached other connections later.
+fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
     let parked = shared
         .conns
         .borrow_mut()
@@ -136,9 +141,24 @@ fn unpark(shared: &Rc<Shared>, id: ConnId) {
         // Failing means it is not registered any more: nothing to undo.
         let _ = r.deregister(&mut mio::unix::SourceFd(&stream.as_raw_fd()));
     }
+    let mut input = ReadState::default();
+    if readable {
+        match input.read_now(shared, &stream) {
+            Ok(n) if n > 0 => {
+                // A close decided here is seen by the task's first poll.
+                let _ = input.feed(shared, id);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            // EOF or a socket error: the connection is over.
+            _ => {
+                drop(stream);
+                return conn::resumed_lost(shared, id, listener);
+            }
+        }
+    }
     match tokio::net::TcpStream::from_std(stream) {
         Ok(stream) => {
-            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, listener));
+            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, listener, input));
         }
         Err(e) => {
             // Out of memory for a registration, say: the socket is closed,
@@ -166,7 +186,8 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
         }
     };
     let mut events = mio::Events::with_capacity(EVENTS);
-    let mut ids: Vec<ConnId> = Vec::new();
+    // With whether the socket turned readable (else the core woke it).
+    let mut ids: Vec<(ConnId, bool)> = Vec::new();
     std::future::poll_fn(|cx| loop {
         match fd.poll_read_ready_mut(cx) {
             Poll::Ready(Ok(mut guard)) => {
@@ -179,7 +200,7 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
                     // readiness if one arrived since this guard).
                     guard.clear_ready();
                 }
-                ids.extend(events.iter().map(|e| ConnId(e.token().0 as u64)));
+                ids.extend(events.iter().map(|e| (ConnId(e.token().0 as u64), true)));
             }
             Poll::Ready(Err(e)) => {
                 tracing::warn!(error = %e, "the poller of parked connections failed");
@@ -188,13 +209,20 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
             }
             Poll::Pending => {}
         }
-        ids.append(&mut shared.lot.wanted.borrow_mut());
+        ids.extend(
+            shared
+                .lot
+                .wanted
+                .borrow_mut()
+                .drain(..)
+                .map(|id| (id, false)),
+        );
         if ids.is_empty() {
             shared.lot.waker.set(Some(cx.waker().clone()));
             return Poll::Pending;
         }
-        for id in ids.drain(..) {
-            unpark(&shared, id);
+        for (id, readable) in ids.drain(..) {
+            unpark(&shared, id, readable);
         }
     })
     .await;
@@ -212,7 +240,7 @@ fn give_up(shared: &Rc<Shared>) {
         .map(|(id, _)| *id)
         .collect();
     for id in parked {
-        unpark(shared, id);
+        unpark(shared, id, false);
     }
 }
 

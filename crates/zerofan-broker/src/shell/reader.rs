@@ -7,10 +7,11 @@
 use super::buffers::{Buffers, ReadBuf, READ_MAX, READ_MIN};
 use super::listener::BoxStream;
 use super::state::Shared;
-use crate::core::{ConnId, Wire};
+use crate::core::{ConnId, InputState, Wire};
 use bytes::BufMut;
 use std::future::Future;
-use std::io;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, Interest};
@@ -30,6 +31,9 @@ pub struct ReadState {
     /// Adapts to the traffic: doubles while reads fill the buffer, halves
     /// while they use less than a quarter of it.
     read_size: u32,
+    /// `buf` holds packets not handed over yet: the core holds this
+    /// connection's input while its CONNECT waits for a takeover.
+    held: bool,
 }
 
 impl Default for ReadState {
@@ -37,6 +41,7 @@ impl Default for ReadState {
         ReadState {
             buf: None,
             read_size: READ_MIN as u32,
+            held: false,
         }
     }
 }
@@ -90,6 +95,40 @@ impl ReadState {
         self.buf.is_none()
     }
 
+    /// Packets were read and not handed over yet (see `feed`).
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
+    /// Read once from `socket` whatever tokio's readiness says: a takeover
+    /// must see what the old connection's socket holds now, and readiness
+    /// lags (a socket just back from the parking lot has none until the
+    /// runtime next polls). `WouldBlock` means the socket is really empty.
+    pub fn read_now(&mut self, shared: &Shared, socket: &impl AsFd) -> io::Result<usize> {
+        let b = self.buffer(shared);
+        let room = Buffers::spare(b);
+        let socket = socket2::SockRef::from(socket);
+        let mut r = (&*socket).read(b.unfilled_mut());
+        for _ in 0..3 {
+            if !matches!(&r, Err(e) if e.kind() == io::ErrorKind::Interrupted) {
+                break;
+            }
+            r = (&*socket).read(b.unfilled_mut());
+        }
+        match r {
+            Ok(n) => {
+                b.advance(n);
+                Ok(self.account(shared, n, room))
+            }
+            Err(e) => {
+                if self.buf.as_ref().is_some_and(|b| b.is_empty()) {
+                    self.buf = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Read once from a TLS / WebSocket stream. The buffer is taken before
     /// waiting: these streams keep buffers of their own anyway.
     pub fn poll_read_boxed(
@@ -130,9 +169,14 @@ impl ReadState {
     /// core closes the connection (a protocol error, DISCONNECT, a refusal):
     /// its pending output is flushed, nothing more is read.
     pub fn feed(&mut self, shared: &Shared, id: ConnId) -> bool {
+        self.held = false;
         let Some(b) = self.buf.as_mut() else {
             return false;
         };
+        if shared.broker.borrow().holds_input(id) {
+            self.held = true;
+            return false;
+        }
         // The first packet must be CONNECT (MQTT-3.1.0-1): anything else is
         // refused at its first byte, not after waiting (up to the connect
         // timeout) for the rest of a packet that may never come.
@@ -188,8 +232,21 @@ impl ReadState {
                         Ok(p) => broker.handle_packet(now, id, p),
                         Err(e) => broker.handle_decode_error(now, id, e),
                     }
-                    if broker.is_closing(id) {
-                        break true;
+                    match broker.input_state(id) {
+                        InputState::Open => {}
+                        InputState::Closed => break true,
+                        InputState::Held => {
+                            // Kept as read, handed over once the takeover
+                            // is over (the connection is woken then).
+                            let rest = &bytes[off..];
+                            if !rest.is_empty() {
+                                let mut fresh = shared.buffers.get(rest.len());
+                                fresh.put_slice(rest);
+                                self.buf = Some(fresh);
+                                self.held = true;
+                            }
+                            break false;
+                        }
                     }
                 }
                 Frame::NeedMore(more) => {

@@ -129,7 +129,12 @@ fn takeover_disconnects_the_old_connection() {
     let mut h = H::new();
     let old = h.client("same");
     let (new, out) = h.connect_with("same", Protocol::V5, true, |_| {});
-    assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
+    assert!(out.connack().is_none(), "waits for the old input");
+    assert!(h.b.drain_requested(old));
+    // The shell found nothing more to read on the idle old connection.
+    h.b.input_drained(h.now, old);
+    assert!(!h.b.drain_requested(old));
+    assert_eq!(h.out(new).connack().unwrap().reason, ReasonCode::SUCCESS);
     let old_out = h.out(old);
     assert_eq!(old_out.disconnect(), Some(ReasonCode::SESSION_TAKEN_OVER));
     assert!(old_out.closed);
@@ -138,6 +143,160 @@ fn takeover_disconnects_the_old_connection() {
     h.send(new, Packet::PingReq);
     assert!(matches!(h.out(new).packets[..], [Packet::PingResp]));
     assert_eq!(h.b.metrics().takeovers, 1);
+}
+
+/// The issue #21 scenario in the core: a device publishes, disconnects
+/// normally and reconnects at once; the shell has read the new CONNECT
+/// before the old connection's last packets.
+fn takeover_after_unread_disconnect(protocol: Protocol) {
+    let mut h = H::new();
+    let sub = h.client("sub");
+    h.subscribe(sub, "t/#", opts(QoS::AtMostOnce));
+    h.subscribe(sub, "will/#", opts(QoS::AtMostOnce));
+    let (old, out) = h.connect_with("dev", protocol, false, |c| {
+        c.will = Some(will("will/dev", "offline"));
+        c.properties.session_expiry_interval = Some(300);
+    });
+    assert!(!out.connack().unwrap().session_present);
+
+    let new = h.open();
+    let reconnect = connect_packet("dev", protocol, false);
+    h.send(new, Packet::Connect(Box::new(reconnect)));
+    // Only now does the shell feed what the old connection sent before.
+    h.send(
+        old,
+        Packet::Publish(publish("t/1", "data", QoS::AtMostOnce, 0)),
+    );
+    let mut bye = Disconnect::default();
+    if protocol.is_v5() {
+        bye.properties.session_expiry_interval = Some(0);
+    }
+    h.send(old, Packet::Disconnect(bye));
+    h.b.connection_lost(h.now, old);
+
+    assert_eq!(h.out(sub).payloads(), ["data"], "QoS 0 kept, no will");
+    assert_eq!(h.b.metrics().wills_published, 0);
+    let out = h.out(new);
+    let ack = out
+        .connack()
+        .expect("CONNACK once the old input is handled");
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    if protocol.is_v5() {
+        assert!(
+            !ack.session_present,
+            "session expiry 0 on DISCONNECT ended it"
+        );
+    }
+    assert_eq!(h.b.metrics().takeovers, 0, "the old one left by itself");
+    h.send(new, Packet::PingReq);
+    assert!(matches!(h.out(new).packets[..], [Packet::PingResp]));
+}
+
+#[test]
+fn takeover_handles_what_the_old_connection_sent_first_v311() {
+    takeover_after_unread_disconnect(Protocol::V311);
+}
+
+#[test]
+fn takeover_handles_what_the_old_connection_sent_first_v5() {
+    takeover_after_unread_disconnect(Protocol::V5);
+}
+
+#[test]
+fn takeover_of_a_connection_that_never_drains_completes_by_deadline() {
+    let mut h = H::new();
+    let sub = h.client("sub");
+    h.subscribe(sub, "will/#", opts(QoS::AtMostOnce));
+    let (old, _) = h.connect_with("dev", Protocol::V5, true, |c| {
+        c.will = Some(will("will/dev", "offline"));
+    });
+    let (new, out) = h.connect_with("dev", Protocol::V5, true, |_| {});
+    assert!(out.connack().is_none());
+    h.advance(Duration::from_millis(100));
+    assert!(h.out(new).connack().is_none(), "still within the deadline");
+    h.advance(Duration::from_millis(250));
+    assert_eq!(h.out(new).connack().unwrap().reason, ReasonCode::SUCCESS);
+    let old_out = h.out(old);
+    assert_eq!(old_out.disconnect(), Some(ReasonCode::SESSION_TAKEN_OVER));
+    assert_eq!(
+        h.out(sub).payloads(),
+        ["offline"],
+        "a real takeover keeps the will"
+    );
+    let m = h.b.metrics();
+    assert_eq!((m.takeovers, m.takeover_drain_timeouts), (1, 1));
+}
+
+#[test]
+fn a_waiting_connect_that_goes_away_leaves_the_old_connection_alone() {
+    let mut h = H::new();
+    let old = h.client("dev");
+    let (new, _) = h.connect_with("dev", Protocol::V5, true, |_| {});
+    h.b.connection_lost(h.now, new);
+    assert!(!h.b.drain_requested(old));
+    h.b.input_drained(h.now, old);
+    h.advance(Duration::from_secs(1));
+    h.send(old, Packet::PingReq);
+    let out = h.out(old);
+    assert!(matches!(out.packets[..], [Packet::PingResp]) && !out.closed);
+    assert_eq!(h.b.metrics().takeovers, 0);
+}
+
+#[test]
+fn a_third_connect_takes_over_from_the_waiting_one() {
+    let mut h = H::new();
+    let first = h.client("dev");
+    let (second, _) = h.connect_with("dev", Protocol::V5, true, |_| {});
+    let (third, out) = h.connect_with("dev", Protocol::V5, true, |_| {});
+    assert!(out.connack().is_none());
+    // The second completed at once: the first is taken over by it, and the
+    // second, connected, now drains for the third.
+    assert_eq!(
+        h.out(first).disconnect(),
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    assert!(h.out(second).connack().is_some());
+    assert!(h.b.drain_requested(second));
+    h.b.input_drained(h.now, second);
+    assert!(h.out(third).connack().is_some());
+    assert_eq!(
+        h.out(second).disconnect(),
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    assert_eq!(h.b.metrics().takeovers, 2);
+}
+
+#[test]
+fn a_packet_on_the_waiting_connection_completes_the_takeover_first() {
+    let mut h = H::new();
+    let old = h.client("dev");
+    let (new, _) = h.connect_with("dev", Protocol::V5, true, |_| {});
+    assert_eq!(h.b.input_state(new), crate::core::InputState::Held);
+    h.send(new, Packet::PingReq);
+    let out = h.out(new);
+    assert!(matches!(
+        out.packets[..],
+        [Packet::ConnAck(_), Packet::PingResp]
+    ));
+    assert_eq!(
+        h.out(old).disconnect(),
+        Some(ReasonCode::SESSION_TAKEN_OVER)
+    );
+    assert_eq!(h.b.input_state(new), crate::core::InputState::Open);
+}
+
+#[test]
+fn a_refused_connect_does_not_wait_for_a_takeover() {
+    let mut h = H::new();
+    let old = h.client("dev");
+    let (_, out) = h.connect_with("dev", Protocol::V5, true, |c| {
+        c.will = Some(will("bad/#", "x"));
+    });
+    assert_eq!(
+        out.connack().unwrap().reason,
+        ReasonCode::TOPIC_NAME_INVALID
+    );
+    assert!(!h.b.drain_requested(old) && !h.b.is_closing(old));
 }
 
 #[test]
