@@ -193,7 +193,23 @@ impl Broker {
             .and_then(|s| s.conn)
         {
             self.metrics.takeovers += 1;
+            if !clean_start {
+                if let Some(s) = self
+                    .by_client
+                    .get(&client_id)
+                    .and_then(|sid| self.sessions.get_mut(sid))
+                {
+                    s.resuming = true;
+                }
+            }
             self.close(now, old, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+            if let Some(s) = self
+                .by_client
+                .get(&client_id)
+                .and_then(|sid| self.sessions.get_mut(sid))
+            {
+                s.resuming = false;
+            }
         }
 
         let existing = self.by_client.get(&client_id).copied();
@@ -382,7 +398,10 @@ impl Broker {
         };
         s.conn = None;
         let expiry = s.expiry_interval;
-        if expiry > 0 {
+        // A resuming takeover re-attaches the session at once: it is never
+        // offline, and its queue stays whole.
+        let offline = expiry > 0 && !std::mem::take(&mut s.resuming);
+        if offline {
             // The offline bounds hold from now on, for what is queued too.
             let cfg = &self.config;
             let (qos0, other) = s.trim_offline(
@@ -399,7 +418,7 @@ impl Broker {
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
-        if expiry > 0 {
+        if offline {
             // What waits for an absent client may wait long: small messages
             // get their own bytes instead of pinning publishers' buffers.
             let mut copies = 0;

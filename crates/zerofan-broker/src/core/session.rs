@@ -133,6 +133,10 @@ pub struct Session {
     pub pending_will: Option<Box<PendingWill>>,
     /// The durable store has a record of this session.
     pub stored: bool,
+    /// A takeover that resumes the session is closing its old connection:
+    /// the session is re-attached at once, so `detach` leaves its queue
+    /// as it is (no offline trim, no compaction copies).
+    pub resuming: bool,
     /// Subscriptions and QoS 1/2 state, allocated on first use.
     pub flight: Option<Box<Flight>>,
 }
@@ -188,6 +192,7 @@ impl Session {
             queued_qos0: 0,
             pending_will: None,
             stored: false,
+            resuming: false,
             flight: None,
         }
     }

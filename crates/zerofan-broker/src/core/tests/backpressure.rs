@@ -447,3 +447,34 @@ fn a_huge_slow_consumer_timeout_never_fires() {
     assert!(h.b.held(publ));
     assert_eq!(h.b.metrics().slow_subscribers_dropped, 0);
 }
+
+/// A takeover that resumes the session re-attaches it at once: the queue
+/// its old connection had not read yet is not cut to the offline bound on
+/// the way (it was never offline).
+#[test]
+fn a_resuming_takeover_keeps_the_online_queue_whole() {
+    let mut h = H::with(Config {
+        max_queued_messages: 3,
+        sys_interval: 0,
+        ..Config::default()
+    });
+    let (old, _) = persistent(&mut h, "sub");
+    h.subscribe(old, "t", opts(QoS::AtLeastOnce));
+    let publ = h.client("pub");
+    for i in 0..10 {
+        h.send(
+            publ,
+            Packet::Publish(publish("t", &format!("m{i}"), QoS::AtLeastOnce, i + 1)),
+        );
+    }
+    assert_eq!(h.b.queued_messages("sub"), Some(10));
+    let (new, _) = h.connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(300)
+    });
+    h.b.input_drained(h.now, old);
+    let out = h.out(new);
+    assert!(out.connack().is_some_and(|a| a.session_present));
+    assert_eq!(h.b.metrics().dropped_queue_full, 0);
+    let got = out.payloads();
+    assert_eq!(got.len(), 10, "{got:?}");
+}
