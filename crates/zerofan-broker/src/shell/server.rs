@@ -219,6 +219,9 @@ pub fn run_until_signal_with(
     let local = tokio::task::LocalSet::new();
     let pid_file = config.pid_file.clone();
     local.block_on(&rt, async move {
+        // Before anything tells the world the broker runs (listening
+        // lines, pid file, READY=1): a SIGTERM right after is a clean stop.
+        let signals = shutdown_signal();
         let mut server = Server::bind(config).await?;
         // Once bound, so a service manager that reads it finds a broker
         // accepting connections; removed when this scope ends.
@@ -243,32 +246,46 @@ pub fn run_until_signal_with(
         // `run` polls this only after its accept loops are started.
         let shutdown = async {
             crate::sd_notify::notify("READY=1");
-            shutdown_signal().await;
+            signals.await;
             crate::sd_notify::notify("STOPPING=1");
         };
         server.run(shutdown).await
     })
 }
 
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// SIGINT or SIGTERM. The handlers are installed by this call, not when
+/// the future is first polled: a service manager may send SIGTERM as soon
+/// as it sees the pid file or READY=1, which come before that poll.
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            match (term, int) {
+                (Some(mut term), Some(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                (Some(mut term), None) => {
+                    term.recv().await;
+                }
+                (None, Some(mut int)) => {
+                    int.recv().await;
+                }
+                (None, None) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
