@@ -479,7 +479,7 @@ impl Broker {
     pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
         let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.queue.len())
+        self.sessions.get(sid).map(|s| s.queue_len())
     }
 
     /// Messages in flight (sent, not acknowledged) to `client_id`.

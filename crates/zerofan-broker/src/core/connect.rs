@@ -421,19 +421,7 @@ impl Broker {
         if offline {
             // What waits for an absent client may wait long: small messages
             // get their own bytes instead of pinning publishers' buffers.
-            let mut copies = 0;
-            for q in s.queue.iter_mut().chain(
-                s.flight
-                    .iter_mut()
-                    .flat_map(|fl| fl.inflight.values_mut())
-                    .map(|f| &mut f.item),
-            ) {
-                if q.msg.worth_compacting() {
-                    q.msg = Rc::new(q.msg.compacted());
-                    copies += 1;
-                }
-            }
-            self.metrics.compactions += copies;
+            self.metrics.compactions += s.compact();
         }
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;

@@ -317,11 +317,9 @@ impl Broker {
             out.push(Outgoing::Publish(d));
         }
         while out.len() < max {
-            let Some(front) = s.queue.front() else {
-                if s.queue.capacity() > QUEUE_KEEP {
-                    // A burst is over: give its queue space back.
-                    s.queue = std::collections::VecDeque::new();
-                }
+            let Some(front) = s.queue_front() else {
+                // A burst is over: give its queue space back.
+                s.release_queue_space(QUEUE_KEEP);
                 break;
             };
             let next = if front.qos != QoS::AtMostOnce && s.flight().inflight.len() >= window {

@@ -644,7 +644,7 @@ impl Broker {
                 pids.push(*pid);
             }
         }
-        for q in s.queue.iter_mut() {
+        for q in s.queue_iter_mut() {
             if q.share.as_deref() == Some(share) {
                 if let Some(e) = q.entry.take() {
                     entries.push(e);
@@ -891,7 +891,7 @@ fn placeholder() -> Queued {
 
 /// The session is no longer persistent: its items have no stored entries.
 fn forget_entries(s: &mut Session) {
-    for q in s.queue.iter_mut() {
+    for q in s.queue_iter_mut() {
         q.entry = None;
     }
     for f in s.flight.iter_mut().flat_map(|fl| fl.inflight.values_mut()) {

@@ -133,10 +133,10 @@ impl Broker {
             } else {
                 g.sessions_offline += 1;
             }
-            g.queued_messages += s.queue.len();
-            g.queued_messages_max = g.queued_messages_max.max(s.queue.len());
-            g.queued_bytes += s.queued_bytes;
-            g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes);
+            g.queued_messages += s.queue_len();
+            g.queued_messages_max = g.queued_messages_max.max(s.queue_len());
+            g.queued_bytes += s.queued_bytes();
+            g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes());
             g.inflight += s.flight().inflight.len();
             g.inflight_max = g.inflight_max.max(s.flight().inflight.len());
             g.subscriptions += s.flight().subscriptions.len();

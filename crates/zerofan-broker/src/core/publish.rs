@@ -177,7 +177,7 @@ impl Broker {
                     .remove(&a.packet_id)
                     .is_some_and(|f| f.item.entry.is_some());
                 // The window has room again.
-                if !s.queue.is_empty() {
+                if !s.queue_is_empty() {
                     self.wake(conn);
                 }
                 if stored {
@@ -201,7 +201,7 @@ impl Broker {
                 let stored = f.item.entry.is_some();
                 if a.reason.is_error() {
                     s.flight_mut().inflight.remove(&a.packet_id);
-                    if !s.queue.is_empty() {
+                    if !s.queue_is_empty() {
                         self.wake(conn);
                     }
                     if stored {
@@ -241,7 +241,7 @@ impl Broker {
                     .inflight
                     .remove(&a.packet_id)
                     .is_some_and(|f| f.item.entry.is_some());
-                if !s.queue.is_empty() {
+                if !s.queue_is_empty() {
                     self.wake(conn);
                 }
                 if stored {

@@ -123,12 +123,13 @@ pub struct Session {
     pub expiry_interval: u32,
     /// When an absent session expires.
     pub expires_at: Option<Instant>,
-    /// Messages not yet sent.
-    pub queue: VecDeque<Queued>,
+    /// Messages not yet sent. Private with its counters below, which must
+    /// match it: only this module's methods change it.
+    queue: VecDeque<Queued>,
     /// Payload bytes in `queue`.
-    pub queued_bytes: usize,
+    queued_bytes: usize,
     /// QoS 0 messages in `queue` (they may pass a full inflight window).
-    pub queued_qos0: usize,
+    queued_qos0: usize,
     /// The will of a lost connection, waiting for its delay.
     pub pending_will: Option<Box<PendingWill>>,
     /// The durable store has a record of this session.
@@ -198,6 +199,60 @@ impl Session {
     }
 
     /// Subscriptions and QoS 1/2 state, empty if never used.
+    /// Messages queued, not yet sent.
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn queue_is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Payload bytes queued.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// The next message to send.
+    pub fn queue_front(&self) -> Option<&Queued> {
+        self.queue.front()
+    }
+
+    /// The queued items, to update what the counters do not count (the
+    /// message's own bytes after compaction, store entries); an item's QoS
+    /// and cost must stay as they are.
+    pub fn queue_iter_mut(&mut self) -> impl Iterator<Item = &mut Queued> {
+        self.queue.iter_mut()
+    }
+
+    /// Give every small message this session holds (queued or in flight)
+    /// bytes of its own, so that waiting for an absent client does not pin
+    /// publishers' read buffers; the number of copies made. Sizes do not
+    /// change, so the counters stay true.
+    pub fn compact(&mut self) -> u64 {
+        let mut copies = 0;
+        let inflight = self
+            .flight
+            .iter_mut()
+            .flat_map(|fl| fl.inflight.values_mut())
+            .map(|f| &mut f.item);
+        for q in self.queue.iter_mut().chain(inflight) {
+            if q.msg.worth_compacting() {
+                q.msg = Rc::new(q.msg.compacted());
+                copies += 1;
+            }
+        }
+        copies
+    }
+
+    /// An empty queue that grew past `keep` slots in a burst gives its
+    /// space back.
+    pub fn release_queue_space(&mut self, keep: usize) {
+        if self.queue.is_empty() && self.queue.capacity() > keep {
+            self.queue = VecDeque::new();
+        }
+    }
+
     pub fn flight(&self) -> &Flight {
         match self.flight.as_deref() {
             Some(f) => f,
