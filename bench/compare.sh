@@ -242,7 +242,7 @@ version_of() {
 # Every scenario gets a freshly started broker, so memory figures (large,
 # connections) do not carry what earlier scenarios left behind.
 if [ "$SCENARIOS" = all ]; then
-    LIST="fan-in fan-out shared topics mixed qos1 qos2 ping-pong large connections"
+    LIST="fan-in fan-out shared topics mixed qos1 qos2 ping-pong first-delivery large connections"
 else
     LIST=${SCENARIOS//,/ }
 fi

@@ -6,7 +6,7 @@
 //! - [`flow`]: the flow-controlled publish/subscribe engine every
 //!   throughput and latency scenario runs on.
 //! - [`scenarios`]: fan-in, fan-out, shared, topics, mixed, qos1, qos2,
-//!   ping-pong, large, connections.
+//!   ping-pong, first-delivery, large, connections.
 //! - [`payload`]: the sequence/timestamp prefix of every payload, message sizes.
 //! - [`report`]: results, percentiles, the table and the JSON document.
 //! - [`summarize`]: many JSON reports into one Markdown comparison.
@@ -53,6 +53,9 @@ enum Cmd {
     Qos2(RunOpts),
     /// Publish-to-delivery latency with one message in flight, 64 B.
     PingPong(RunOpts),
+    /// A new client's first request, one client at a time: connect,
+    /// SUBSCRIBE, SUBACK, first delivery (p50 / p99; 1,000 clients, 64 B).
+    FirstDelivery(RunOpts),
     /// 10 MiB messages; one 50 MiB message then 1,000 tiny ones (broker RSS with --broker-pid).
     Large(RunOpts),
     /// Connect rate for 10,000 clients and broker memory per idle connection.
@@ -168,6 +171,7 @@ fn main() -> ExitCode {
         Cmd::Qos1(o) => ("qos1", o),
         Cmd::Qos2(o) => ("qos2", o),
         Cmd::PingPong(o) => ("ping-pong", o),
+        Cmd::FirstDelivery(o) => ("first-delivery", o),
         Cmd::Large(o) => ("large", o),
         Cmd::Connections(o) => ("connections", o),
         Cmd::All(o) => ("all", o),

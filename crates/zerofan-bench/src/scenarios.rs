@@ -18,6 +18,7 @@ pub const ALL: &[&str] = &[
     "qos1",
     "qos2",
     "ping-pong",
+    "first-delivery",
     "large",
     "connections",
 ];
@@ -256,6 +257,9 @@ pub async fn run(name: &str, t: &Target, k: &Knobs) -> Result<Vec<CaseResult>, S
             }
             out.push(r);
         }
+        "first-delivery" => {
+            out.push(first_delivery(t, k).await);
+        }
         "large" => {
             out.extend(large(t, k).await);
         }
@@ -358,6 +362,97 @@ async fn large(t: &Target, k: &Knobs) -> Vec<CaseResult> {
     }
     out.push(r);
     out
+}
+
+/// A freshly connected client's first request, one client at a time:
+/// connect, SUBSCRIBE, SUBACK, then the first message that an already
+/// connected publisher sends on its topic. Brokers that set a quiet new
+/// connection aside (zerofan parks it right after its CONNACK) pay for
+/// waking it here.
+async fn first_delivery(t: &Target, k: &Knobs) -> CaseResult {
+    let rounds = k.clients.unwrap_or(if k.smoke { 20 } else { 1000 });
+    let size = k.size.unwrap_or(64);
+    let case = format!("{rounds} clients {}", size_label(size));
+    match first_delivery_rounds(t, rounds, size).await {
+        Ok((total, suback, seconds)) => {
+            let mut r = CaseResult {
+                scenario: "first-delivery".into(),
+                case,
+                sent: rounds as u64,
+                expected: rounds as u64,
+                received: rounds as u64,
+                seconds,
+                latency: crate::report::latency_of(&total),
+                ..Default::default()
+            };
+            if let Some(l) = r.latency {
+                r.metrics.push(Metric::lower("p50 us", l.p50_us));
+                r.metrics.push(Metric::lower("p99 us", l.p99_us));
+            }
+            r.notes.push("latency: connect to first delivery".into());
+            if let Some(l) = crate::report::latency_of(&suback) {
+                r.metrics.push(Metric::lower("SUBACK p50 us", l.p50_us));
+                r.metrics.push(Metric::lower("SUBACK p99 us", l.p99_us));
+                r.notes.push(format!(
+                    "SUBSCRIBE to SUBACK p50 {:.0} us, p99 {:.0} us",
+                    l.p50_us, l.p99_us
+                ));
+            }
+            r
+        }
+        Err(e) => CaseResult::failed("first-delivery", &case, e.to_string()),
+    }
+}
+
+/// The rounds of `first_delivery`: histograms (ns) of connect-to-delivery
+/// and of SUBSCRIBE-to-SUBACK, and the seconds it all took.
+async fn first_delivery_rounds(
+    t: &Target,
+    rounds: usize,
+    size: usize,
+) -> Result<
+    (
+        hdrhistogram::Histogram<u64>,
+        hdrhistogram::Histogram<u64>,
+        f64,
+    ),
+    ConnError,
+> {
+    let limit = t.handshake_timeout;
+    let mut publisher =
+        crate::conn::connect(t.addr, &format!("{}-fdpub", t.run_id), t.protocol, limit).await?;
+    let body = bytes::Bytes::from(vec![b'x'; size]);
+    let mut total = crate::report::new_histogram();
+    let mut suback = crate::report::new_histogram();
+    let start = Instant::now();
+    for i in 0..rounds {
+        let topic = format!("zfb/{}/first/{i}", t.run_id);
+        let t0 = Instant::now();
+        let mut c =
+            crate::conn::connect(t.addr, &format!("{}-fd{i}", t.run_id), t.protocol, limit).await?;
+        let t1 = Instant::now();
+        c.subscribe(std::slice::from_ref(&topic), QoS::AtMostOnce, limit)
+            .await?;
+        let t2 = Instant::now();
+        publisher
+            .writer
+            .publish(&topic, QoS::AtMostOnce, 0, &[], &body)
+            .await?;
+        publisher.writer.flush().await?;
+        loop {
+            match c.reader.next_within(limit, "first delivery").await? {
+                zerofan_codec::Packet::Publish(p) if p.topic.as_str() == topic => break,
+                _ => continue,
+            }
+        }
+        let t3 = Instant::now();
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let _ = total.record(ns(t3 - t0));
+        let _ = suback.record(ns(t2 - t1));
+        c.writer.disconnect().await;
+    }
+    publisher.writer.disconnect().await;
+    Ok((total, suback, start.elapsed().as_secs_f64()))
 }
 
 /// Connect many clients (CONNECT + CONNACK each), report the rate and the

@@ -286,6 +286,44 @@ fn a_packet_on_the_waiting_connection_completes_the_takeover_first() {
 }
 
 #[test]
+fn takeover_bookkeeping_is_empty_once_every_takeover_is_over() {
+    let mut h = H::new();
+    let idle = |h: &H| h.b.takeovers.is_empty() && h.b.draining.is_empty();
+    // Drained, deadline, the new one lost, the old one timing out, shutdown.
+    let old = h.client("a");
+    let (new, _) = h.connect_with("a", Protocol::V5, true, |_| {});
+    h.b.input_drained(h.now, old);
+    assert!(idle(&h) && h.out(new).connack().is_some());
+
+    let _ = h.client("b");
+    let _ = h.connect_with("b", Protocol::V5, true, |_| {});
+    h.advance(Duration::from_secs(1));
+    assert!(idle(&h));
+
+    let _ = h.client("c");
+    let (new, _) = h.connect_with("c", Protocol::V5, true, |_| {});
+    h.b.connection_lost(h.now, new);
+    assert!(idle(&h));
+
+    let (old, _) = h.connect_with("d", Protocol::V5, true, |c| c.keep_alive = 1);
+    h.advance(Duration::from_millis(1400));
+    let (new, _) = h.connect_with("d", Protocol::V5, true, |_| {});
+    h.advance(Duration::from_millis(200));
+    // The old one's keep alive ran out while the CONNECT waited.
+    assert_eq!(
+        h.out(old).disconnect(),
+        Some(ReasonCode::KEEP_ALIVE_TIMEOUT)
+    );
+    assert!(idle(&h) && h.out(new).connack().is_some());
+
+    let _ = h.client("e");
+    let _ = h.connect_with("e", Protocol::V5, true, |_| {});
+    h.b.shutdown(h.now);
+    assert!(idle(&h));
+    assert_eq!(h.b.metrics().takeover_drain_timeouts, 1);
+}
+
+#[test]
 fn a_refused_connect_does_not_wait_for_a_takeover() {
     let mut h = H::new();
     let old = h.client("dev");
