@@ -93,16 +93,7 @@ impl Broker {
             }
             PushOutcome::Disconnect => {
                 self.metrics.dropped_queue_full += 1;
-                if let Some(conn) = conn {
-                    self.metrics.slow_consumer_disconnects += 1;
-                    self.close_with(
-                        now,
-                        conn,
-                        ReasonCode::QUOTA_EXCEEDED,
-                        Some("queue full"),
-                        true,
-                    );
-                }
+                self.disconnect_slow(now, conn, "queue full");
                 return;
             }
         }
@@ -237,19 +228,19 @@ impl Broker {
             b.slow = true;
         }
         if self.config.queue_full == QueueFull::Disconnect {
-            if let Some(conn) = conn {
-                self.metrics.slow_consumer_disconnects += 1;
-                self.close_with(
-                    now,
-                    conn,
-                    ReasonCode::QUOTA_EXCEEDED,
-                    Some("slow consumer"),
-                    true,
-                );
-            }
+            self.disconnect_slow(now, conn, "slow consumer");
         } else {
             let dropped = s.drop_qos0();
             self.metrics.dropped_qos0_queue_full += dropped as u64;
+        }
+    }
+
+    /// `queue_full = "disconnect"`: close a subscriber that cannot keep up
+    /// (0x97), counted.
+    fn disconnect_slow(&mut self, now: Instant, conn: Option<ConnId>, what: &'static str) {
+        if let Some(conn) = conn {
+            self.metrics.slow_consumer_disconnects += 1;
+            self.close_with(now, conn, ReasonCode::QUOTA_EXCEEDED, Some(what), true);
         }
     }
 

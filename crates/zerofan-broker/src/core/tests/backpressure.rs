@@ -208,8 +208,10 @@ fn persistent(h: &mut H, id: &str) -> (ConnId, Out) {
     (c, out)
 }
 
-#[test]
-fn offline_bound_applies_when_the_connection_is_lost() {
+/// A persistent subscriber "sub" to `t` with 10 QoS 1 messages `m0`..`m9`
+/// queued and unread, under a message bound of 3; its connection and the
+/// publisher's.
+fn ten_unread_over_a_bound_of_three() -> (H, ConnId, ConnId) {
     let mut h = H::with(Config {
         max_queued_messages: 3,
         sys_interval: 0,
@@ -226,6 +228,12 @@ fn offline_bound_applies_when_the_connection_is_lost() {
     }
     // Online, the message bound does not apply.
     assert_eq!(h.b.queued_messages("sub"), Some(10));
+    (h, sub, publ)
+}
+
+#[test]
+fn offline_bound_applies_when_the_connection_is_lost() {
+    let (mut h, sub, publ) = ten_unread_over_a_bound_of_three();
     assert_eq!(h.b.metrics().dropped_queue_full, 0);
     h.b.connection_lost(h.now, sub);
     assert_eq!(h.b.queued_messages("sub"), Some(3));
@@ -453,21 +461,7 @@ fn a_huge_slow_consumer_timeout_never_fires() {
 /// the way (it was never offline).
 #[test]
 fn a_resuming_takeover_keeps_the_online_queue_whole() {
-    let mut h = H::with(Config {
-        max_queued_messages: 3,
-        sys_interval: 0,
-        ..Config::default()
-    });
-    let (old, _) = persistent(&mut h, "sub");
-    h.subscribe(old, "t", opts(QoS::AtLeastOnce));
-    let publ = h.client("pub");
-    for i in 0..10 {
-        h.send(
-            publ,
-            Packet::Publish(publish("t", &format!("m{i}"), QoS::AtLeastOnce, i + 1)),
-        );
-    }
-    assert_eq!(h.b.queued_messages("sub"), Some(10));
+    let (mut h, old, _) = ten_unread_over_a_bound_of_three();
     let (new, _) = h.connect_with("sub", Protocol::V5, false, |c| {
         c.properties.session_expiry_interval = Some(300)
     });
