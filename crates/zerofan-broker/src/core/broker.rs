@@ -6,18 +6,22 @@
 use super::connection::{Connection, Phase};
 use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
+use super::message::Message;
 use super::metrics::{Metrics, ShellStats};
 use super::outbox::{Outgoing, Transmit};
-use super::session::Session;
+use super::peer::{PeerBatch, PeerEvent, PeerId, Peers};
+use super::router::{Router, Scope};
+use super::session::{Queued, Session};
 use super::store::{MemoryStore, Store};
 use super::timers::{Timer, Timers};
-use super::trie::{SubEntry, Trie};
 use super::wire::Wire;
 use crate::config::Config;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
-use zerofan_codec::{DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, ReasonCode};
+use zerofan_codec::{
+    DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, QoS, ReasonCode,
+};
 
 /// The whole broker as a deterministic state machine: packets and time go
 /// in, outboxes and wake-ups come out. No sockets, no clock, no async.
@@ -30,7 +34,10 @@ pub struct Broker {
     /// Boxed for the same reason as `conns`.
     pub(crate) sessions: HashMap<SessionId, Box<Session>>,
     pub(crate) by_client: HashMap<MqttStr, SessionId>,
-    pub(crate) trie: Trie,
+    /// Where messages go: local subscriptions and the peers' interests.
+    pub(crate) router: Router,
+    /// The other cores of this broker, and what waits to cross to them.
+    pub(crate) peers: Peers,
     pub(crate) store: Box<dyn Store>,
     pub(crate) timers: Timers,
     pub(crate) metrics: Metrics,
@@ -41,8 +48,6 @@ pub struct Broker {
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
     pub(crate) log_limit: crate::ratelimit::LogLimiter,
-    pub(crate) route_direct: Vec<SubEntry>,
-    pub(crate) route_shared: Vec<(SubEntry, Arc<str>)>,
     /// Where a received PUBLISH's plain header is encoded to compare it
     /// with the packet as received (see `Wire::verified`).
     pub(crate) wire_scratch: bytes::BytesMut,
@@ -87,7 +92,8 @@ impl Broker {
             conns: HashMap::default(),
             sessions: HashMap::default(),
             by_client: HashMap::default(),
-            trie: Trie::default(),
+            router: Router::default(),
+            peers: Peers::default(),
             store,
             timers,
             metrics: Metrics::default(),
@@ -97,14 +103,174 @@ impl Broker {
             next_session: 1,
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
-            route_direct: Vec::new(),
-            route_shared: Vec::new(),
             wire_scratch: bytes::BytesMut::new(),
             auth: super::auth::AuthState::default(),
             durable: super::durable::Durable::memory(now),
             takeovers: HashMap::default(),
             draining: HashMap::default(),
         }
+    }
+
+    /// Make this core `me` among `all` the cores of one broker (its shards).
+    /// Call before the first connection. From then on it tells the others
+    /// what it subscribes to, forwards what they subscribe to, and keeps
+    /// their retained messages (see [`Broker::handle_peer`]).
+    pub fn set_peers(&mut self, me: PeerId, all: &[PeerId]) {
+        self.peers = Peers::new(me, all.iter().copied());
+        self.router.set_peered(self.peers.me());
+    }
+
+    /// An event from peer `from`, in the order `from` polled it.
+    pub fn handle_peer(&mut self, now: Instant, from: PeerId, event: PeerEvent) {
+        match event {
+            PeerEvent::Interest { filter, group, add } => {
+                self.router
+                    .peer_interest(from, &filter, group.as_deref(), add);
+            }
+            PeerEvent::Publish {
+                msg,
+                direct,
+                shares,
+            } => {
+                self.metrics.peer_received += 1;
+                let scope = Scope::Forwarded {
+                    direct,
+                    shares: &shares,
+                };
+                self.deliver(now, Rc::new(msg), scope);
+            }
+            PeerEvent::Retain(msg) => self.keep_retained(Rc::new(msg)),
+        }
+        self.end_event();
+    }
+
+    /// The next batch of events for a peer, if any waits. Call after every
+    /// `handle_*` call (or once per turn of the event loop, which batches).
+    pub fn poll_peer_transmit(&mut self) -> Option<PeerBatch> {
+        for a in self.router.take_announcements() {
+            self.peers.send_all(|| PeerEvent::Interest {
+                filter: a.filter.clone(),
+                group: a.group.clone(),
+                add: a.add,
+            });
+        }
+        self.peers.poll()
+    }
+
+    /// Peer `peer` joined late (a restarted shard, a new node): tell it
+    /// everything this core subscribes to.
+    pub fn peer_joined(&mut self, peer: PeerId) {
+        for (filter, group) in self.router.interests() {
+            self.peers.send(
+                peer,
+                PeerEvent::Interest {
+                    filter: filter.into(),
+                    group,
+                    add: true,
+                },
+            );
+        }
+    }
+
+    /// The shell's queue towards `peer` is full (or has room again). While
+    /// it is full, QoS 0 messages for it are dropped (counted) and the
+    /// publishers of QoS 1/2 messages for it are not read (push-back).
+    pub fn set_peer_congested(&mut self, peer: PeerId, congested: bool) {
+        for conn in self.peers.set_congested(peer, congested) {
+            self.wake(conn);
+        }
+    }
+
+    /// Route a message published at this core (by a client, a will,
+    /// `$SYS`): the retained store (here and at every peer), then every
+    /// matching session here and every peer with subscribers. Returns how
+    /// many sessions and peers got it.
+    pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
+        if msg.retain && self.config.retain_available {
+            if self.peers.any() {
+                self.peers.send_all(|| PeerEvent::Retain(msg.for_peer()));
+            }
+            if !msg.payload.is_empty() {
+                self.dur_set_retained(&msg);
+            } else {
+                self.dur_clear_retained(msg.topic.as_str());
+            }
+            self.keep_retained(msg.clone());
+        }
+        self.deliver(now, msg, Scope::Everywhere)
+    }
+
+    /// Set (or, with an empty payload, clear) a retained message.
+    fn keep_retained(&mut self, msg: Rc<Message>) {
+        if msg.payload.is_empty() {
+            self.store.clear(msg.topic.as_str());
+        } else {
+            let kept = self.keepable(&msg);
+            self.store.set(kept);
+        }
+    }
+
+    /// Queue `msg` for the sessions the router finds in `scope`, and send it
+    /// on to the peers it finds.
+    fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
+        let sessions = &self.sessions;
+        let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+        let mut routed = self.router.route(
+            msg.topic.as_str(),
+            msg.origin,
+            msg.qos,
+            msg.retain,
+            scope,
+            online,
+        );
+        let mut count = 0;
+        let mut compacted = None;
+        for hit in routed.hits.drain(..) {
+            if !self.may_deliver(hit.session, msg.topic.as_str()) {
+                continue;
+            }
+            count += 1;
+            let item = Queued {
+                msg: msg.clone(),
+                qos: hit.qos,
+                retain: hit.retain,
+                sub_ids: hit.sub_ids,
+                share: hit.share,
+                entry: None,
+                replay: false,
+            };
+            self.enqueue_with(now, hit.session, item, &mut compacted);
+        }
+        for f in routed.forwards.drain(..) {
+            if self.peers.congested(f.peer) {
+                if msg.qos == QoS::AtMostOnce {
+                    self.metrics.dropped_qos0_peer_full += 1;
+                    continue;
+                }
+                // Sent all the same (an acknowledged message is never
+                // dropped); its publisher waits until the peer drains.
+                let publisher = msg
+                    .origin
+                    .and_then(|o| self.sessions.get(&o))
+                    .and_then(|s| s.conn);
+                if let Some(pc) = publisher {
+                    if !self.peers.holds(pc) {
+                        self.peers.hold(pc);
+                        self.metrics.peer_throttles += 1;
+                    }
+                }
+            }
+            count += 1;
+            self.metrics.peer_forwarded += 1;
+            let event = PeerEvent::Publish {
+                msg: msg.for_peer(),
+                direct: f.direct,
+                shares: f.shares,
+            };
+            self.peers.send(f.peer, event);
+        }
+        self.router.recycle(routed);
+        count
     }
 
     /// The settings in force.
@@ -242,6 +408,7 @@ impl Broker {
     pub fn connection_lost(&mut self, now: Instant, conn: ConnId) {
         self.close(now, conn, None, true);
         self.auth_connection_closed(conn);
+        self.peers.forget(conn);
         self.conns.remove(&conn);
         self.end_event();
     }
@@ -437,13 +604,15 @@ impl Broker {
     }
 
     /// Whether the shell should not read this connection now: a subscriber
-    /// it publishes to is behind (push-back). A wake-up comes when that
-    /// ends.
+    /// it publishes to is behind, or a shard it publishes to is full
+    /// (push-back). A wake-up comes when that ends.
     pub fn held(&self, conn: ConnId) -> bool {
-        self.conns
-            .get(&conn)
-            .and_then(|c| c.held_by)
-            .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
+        self.peers.holds(conn)
+            || self
+                .conns
+                .get(&conn)
+                .and_then(|c| c.held_by)
+                .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
     }
 
     /// Control packets waiting for the writer; the shell stops reading from

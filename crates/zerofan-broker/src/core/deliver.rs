@@ -7,6 +7,7 @@ use super::connection::{Connection, Phase};
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
+use super::peer::PeerEvent;
 use super::session::{Behind, Inflight, InflightState, PushOutcome, Queued};
 use super::timers::Timer;
 use crate::config::{Config, QueueFull};
@@ -404,9 +405,6 @@ impl Broker {
         share: &str,
         keep_if_alone: bool,
     ) {
-        let Some((group, filter)) = zerofan_codec::topic::split_shared(share) else {
-            return;
-        };
         self.dur_release_shared(from, share);
         let items = match self.sessions.get_mut(&from) {
             Some(s) => s.take_shared(share),
@@ -415,10 +413,20 @@ impl Broker {
         for mut item in items {
             let sessions = &self.sessions;
             let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
-            let pick = self
-                .trie
-                .group_mut(filter, group)
-                .and_then(|g| g.pick_other(from, online));
+            let pick = self.router.other_member(share, from, online);
+            if pick.is_none() && !keep_if_alone {
+                // No member left here: one at another shard takes it.
+                if let Some(peer) = self.router.peer_member(share) {
+                    self.metrics.peer_forwarded += 1;
+                    let event = PeerEvent::Publish {
+                        msg: item.msg.for_peer(),
+                        direct: false,
+                        shares: vec![share.into()],
+                    };
+                    self.peers.send(peer, event);
+                    continue;
+                }
+            }
             match pick {
                 Some(e) => {
                     item.qos = e.options.qos.min(item.msg.qos);
@@ -450,12 +458,9 @@ impl Broker {
         }
     }
 
-    /// Remove one of `sid`'s subscriptions from the trie.
+    /// Remove one of `sid`'s subscriptions from the router.
     pub(crate) fn trie_remove(&mut self, filter: &str, sid: SessionId) -> bool {
-        match zerofan_codec::topic::split_shared(filter) {
-            Some((group, plain)) => self.trie.remove(plain, Some(group), sid),
-            None => self.trie.remove(filter, None, sid),
-        }
+        self.router.unsubscribe(filter, sid)
     }
 }
 

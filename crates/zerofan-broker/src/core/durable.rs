@@ -714,10 +714,7 @@ impl Broker {
                     options,
                     id: sub.id,
                 };
-                match zerofan_codec::topic::split_shared(&sub.filter) {
-                    Some((group, plain)) => self.trie.insert(plain, Some(group), entry),
-                    None => self.trie.insert(&sub.filter, None, entry),
-                };
+                self.router.subscribe(&sub.filter, entry);
                 s.flight_mut().subscriptions.insert(
                     sub.filter.as_str().into(),
                     SubRecord {

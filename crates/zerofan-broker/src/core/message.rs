@@ -98,6 +98,24 @@ impl Message {
         }
     }
 
+    /// The same message for another core (shard or node): the same bytes,
+    /// shared; no publishing session (sessions belong to one core); not
+    /// yet stored there.
+    pub fn for_peer(&self) -> Message {
+        Message {
+            topic: self.topic.clone(),
+            payload: self.payload.clone(),
+            qos: self.qos,
+            retain: self.retain,
+            properties: self.properties.clone(),
+            origin: None,
+            expires_at: self.expires_at,
+            owns_bytes: self.owns_bytes,
+            stored: Default::default(),
+            wire: self.wire.clone(),
+        }
+    }
+
     /// Keep the packet as received (`candidate`, in `protocol`'s encoding)
     /// for this message's plain deliveries, if it is byte for byte one of
     /// them (see [`Wire::verified`]); else deliveries are encoded.
@@ -196,6 +214,12 @@ pub(crate) fn own_properties(p: &Properties) -> Properties {
     }
     properties
 }
+
+// A message crosses threads to reach another shard.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Message>();
+};
 
 #[cfg(test)]
 mod tests {

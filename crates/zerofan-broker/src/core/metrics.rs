@@ -248,6 +248,12 @@ counters! {
             .sys("messages/dropped/too_large")
             .prom_as(DROPPED, "reason", "too_large")
             .dropped(),
+        /// QoS 0 messages not forwarded because the destination shard's
+        /// queue was full.
+        pub dropped_qos0_peer_full: u64 = CounterDef::NEW
+            .sys("messages/dropped/qos0_shard_full")
+            .prom_as(DROPPED, "reason", "qos0_shard_full")
+            .dropped(),
         /// Clients disconnected because their queue was full (`queue_full = "disconnect"`).
         pub slow_consumer_disconnects: u64 = CounterDef::NEW
             .sys("errors/slow_consumer_disconnects")
@@ -270,6 +276,28 @@ counters! {
             .prom(Family::new(
                 "zerofan_slow_subscribers_dropped_total",
                 "Subscribers that stayed behind past slow_consumer_timeout_ms and were dropped as slow.",
+            )),
+        /// Messages that crossed to another shard (one per destination).
+        pub peer_forwarded: u64 = CounterDef::NEW
+            .sys("shards/messages/forwarded")
+            .prom(Family::new(
+                "zerofan_shard_messages_forwarded_total",
+                "Messages sent to another shard for its subscribers (one per destination shard).",
+            )),
+        /// Messages received from another shard.
+        pub peer_received: u64 = CounterDef::NEW
+            .sys("shards/messages/received")
+            .prom(Family::new(
+                "zerofan_shard_messages_received_total",
+                "Messages received from another shard for this shard's subscribers.",
+            )),
+        /// Times a publisher's connection stopped being read because a shard
+        /// it publishes to was full.
+        pub peer_throttles: u64 = CounterDef::NEW
+            .sys("shards/publisher_throttles")
+            .prom(Family::new(
+                "zerofan_shard_publisher_throttles_total",
+                "Times a publisher's input was held because a shard it publishes to was full.",
             )),
         /// Malformed packets received.
         pub malformed_packets: u64 = CounterDef::NEW

@@ -5,8 +5,7 @@ use super::broker::Broker;
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::Outgoing;
-use super::session::{InflightState, Queued};
-use super::trie::Hit;
+use super::session::InflightState;
 use super::wire::Wire;
 use std::rc::Rc;
 use std::time::Instant;
@@ -249,110 +248,6 @@ impl Broker {
                 }
             }
         }
-    }
-
-    /// Route a message: retained store, then one queue entry per matching
-    /// session (overlapping subscriptions merged: highest QoS, every
-    /// subscription identifier), one member per shared group. Returns how
-    /// many sessions got it.
-    pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
-        if msg.retain && self.config.retain_available {
-            if msg.payload.is_empty() {
-                self.store.clear(msg.topic.as_str());
-                self.dur_clear_retained(msg.topic.as_str());
-            } else {
-                self.dur_set_retained(&msg);
-                let kept = self.keepable(&msg);
-                self.store.set(kept);
-            }
-        }
-        // Reused between publishes: routing allocates nothing per message
-        // once these have grown.
-        let mut direct = std::mem::take(&mut self.route_direct);
-        let mut shared = std::mem::take(&mut self.route_shared);
-        {
-            let sessions = &self.sessions;
-            self.trie
-                .for_each_match(msg.topic.as_str(), |hit| match hit {
-                    Hit::Direct(e) => {
-                        // No Local: not back to the publisher (MQTT-3.8.3-3).
-                        if !(e.options.no_local && msg.origin == Some(e.session)) {
-                            direct.push(*e);
-                        }
-                    }
-                    Hit::Shared(g) => {
-                        let online =
-                            |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
-                        if let Some(e) = g.pick(online) {
-                            shared.push((e, g.key.clone()));
-                        }
-                    }
-                });
-        }
-        // Sorted to merge a session's overlapping subscriptions. A trie node
-        // keeps its subscriptions ordered by session, so the matches of a
-        // single filter need no sorting, and checking costs less.
-        if !direct.is_sorted_by_key(|e| e.session) {
-            direct.sort_unstable_by_key(|e| e.session);
-        }
-        let mut count = 0;
-        let mut i = 0;
-        let mut compacted = None;
-        while i < direct.len() {
-            let session = direct[i].session;
-            let mut qos = QoS::AtMostOnce;
-            let mut retain = false;
-            let mut sub_ids = Vec::new();
-            while i < direct.len() && direct[i].session == session {
-                let e = &direct[i];
-                qos = qos.max(e.options.qos.min(msg.qos));
-                retain |= e.options.retain_as_published && msg.retain;
-                sub_ids.extend(e.id);
-                i += 1;
-            }
-            if !self.may_deliver(session, msg.topic.as_str()) {
-                continue;
-            }
-            count += 1;
-            self.enqueue_with(
-                now,
-                session,
-                Queued {
-                    msg: msg.clone(),
-                    qos,
-                    retain,
-                    sub_ids,
-                    share: None,
-                    entry: None,
-                    replay: false,
-                },
-                &mut compacted,
-            );
-        }
-        for (e, key) in shared.drain(..) {
-            if !self.may_deliver(e.session, msg.topic.as_str()) {
-                continue;
-            }
-            count += 1;
-            self.enqueue_with(
-                now,
-                e.session,
-                Queued {
-                    msg: msg.clone(),
-                    qos: e.options.qos.min(msg.qos),
-                    retain: e.options.retain_as_published && msg.retain,
-                    sub_ids: e.id.into_iter().collect(),
-                    share: Some(key),
-                    entry: None,
-                    replay: false,
-                },
-                &mut compacted,
-            );
-        }
-        direct.clear();
-        self.route_direct = direct;
-        self.route_shared = shared;
-        count
     }
 
     /// The message to keep for long: small ones are copied out of their read

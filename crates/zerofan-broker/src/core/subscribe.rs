@@ -60,12 +60,10 @@ impl Broker {
                 id: sub_id,
             };
             self.dur_subscribed(sid, filter, record);
+            self.router.subscribe(filter, entry);
             match shared {
-                Some((group, plain)) => {
-                    self.trie.insert(plain, Some(group), entry);
-                }
+                Some(_) => {}
                 None => {
-                    self.trie.insert(filter, None, entry);
                     // Retained messages: always (0), only for a new
                     // subscription (1), never (2) (MQTT-3.3.1-9..11). Not for
                     // shared subscriptions (MQTT-3.8.4-? / 4.8.2).

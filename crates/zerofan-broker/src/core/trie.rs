@@ -102,6 +102,15 @@ impl Node {
     }
 
     /// The child for `level`, if any.
+    fn child(&self, level: &[u8]) -> Option<&Node> {
+        match level {
+            b"+" => self.plus.as_deref(),
+            b"#" => self.hash.as_deref(),
+            _ => self.children.get(level),
+        }
+    }
+
+    /// The child for `level`, if any.
     fn child_mut(&mut self, level: &[u8]) -> Option<&mut Node> {
         match level {
             b"+" => self.plus.as_deref_mut(),
@@ -206,6 +215,36 @@ impl Trie {
         remove_in(&mut self.root, &levels, group, session)
     }
 
+    /// How many subscriptions `filter` has (the members of `group` when
+    /// shared): a router announces a filter to its peers when this goes
+    /// from 0 to 1, and withdraws it when it comes back to 0.
+    pub fn count(&self, filter: &str, group: Option<&str>) -> usize {
+        let mut node = &self.root;
+        for level in levels(filter) {
+            match node.child(level) {
+                Some(n) => node = n,
+                None => return 0,
+            }
+        }
+        match group {
+            None => node.subs.len(),
+            Some(g) => node
+                .shared
+                .iter()
+                .find(|s| &*s.name == g)
+                .map_or(0, |s| s.members.len()),
+        }
+    }
+
+    /// Every filter with its groups, as `(filter, group)`: what a router
+    /// tells a peer that joins late.
+    pub fn filters(&self) -> Vec<(String, Option<Box<str>>)> {
+        let mut out = Vec::new();
+        let mut path = Vec::new();
+        collect(&self.root, &mut path, &mut out);
+        out
+    }
+
     /// The shared group `group` of `filter`, if it exists.
     pub fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
         let mut node = &mut self.root;
@@ -220,6 +259,29 @@ impl Trie {
     pub fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
         let dollar = topic.starts_with('$');
         walk(&mut self.root, levels(topic), dollar, &mut f);
+    }
+}
+
+/// The filters at and below `node`, whose levels so far are `path`.
+fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<Box<str>>)>) {
+    let filter = || String::from_utf8_lossy(&path.join(&b'/')).into_owned();
+    if !node.subs.is_empty() {
+        out.push((filter(), None));
+    }
+    for g in &node.shared {
+        out.push((filter(), Some(g.name.clone())));
+    }
+    let named = node.children.iter().map(|(k, v)| (k.to_vec(), v));
+    let wild = [
+        (b"+".to_vec(), node.plus.as_deref()),
+        (b"#".to_vec(), node.hash.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k, v)));
+    for (level, child) in named.chain(wild) {
+        path.push(level);
+        collect(child, path, out);
+        path.pop();
     }
 }
 
@@ -352,6 +414,29 @@ mod tests {
         assert!(t.remove("a/b/c", None, SessionId(1)));
         assert!(!t.remove("a/b/c", None, SessionId(1)));
         assert!(t.root.is_empty());
+    }
+
+    #[test]
+    fn counts_and_filters() {
+        let mut t = Trie::default();
+        t.insert("a/+", None, entry(1));
+        t.insert("a/+", None, entry(2));
+        t.insert("a/+", Some("g"), entry(3));
+        t.insert("#", None, entry(4));
+        assert_eq!(t.count("a/+", None), 2);
+        assert_eq!(t.count("a/+", Some("g")), 1);
+        assert_eq!(t.count("a/b", None), 0);
+        assert_eq!(t.count("a", None), 0);
+        let mut all = t.filters();
+        all.sort();
+        assert_eq!(
+            all,
+            vec![
+                ("#".to_string(), None),
+                ("a/+".to_string(), None),
+                ("a/+".to_string(), Some("g".into())),
+            ]
+        );
     }
 
     #[test]

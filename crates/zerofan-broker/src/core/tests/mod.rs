@@ -10,6 +10,7 @@ mod qos;
 mod retained;
 mod security;
 mod sessions;
+mod shards;
 mod shared;
 mod wills;
 

@@ -1,0 +1,196 @@
+//! Peers: the other instances of this core that together make one broker
+//! (the shards of one process today; the nodes of a cluster later), and
+//! what crosses between them.
+//!
+//! A peer is "one more shard behind a queue". The shell moves
+//! [`PeerBatch`]es from [`Broker::poll_peer_transmit`] of one core to
+//! [`Broker::handle_peer`] of another, in order: per source and destination
+//! the events must arrive in the order they were polled, which is what keeps
+//! each publisher's messages in order at every subscriber.
+//!
+//! [`Broker::poll_peer_transmit`]: super::Broker::poll_peer_transmit
+//! [`Broker::handle_peer`]: super::Broker::handle_peer
+
+use super::message::Message;
+use std::sync::Arc;
+
+/// Which peer: a shard's index in its process (a node id, later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u16);
+
+/// What one core tells another.
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// The sender now has subscribers on `filter` (in `group` when shared),
+    /// or, with `add == false`, no longer has any.
+    Interest {
+        /// The filter without any `$share/{group}/` prefix.
+        filter: Box<str>,
+        /// The shared group, if any.
+        group: Option<Box<str>>,
+        /// True when the first subscriber came, false when the last left.
+        add: bool,
+    },
+    /// A message published at the sender, for the receiver's subscribers.
+    /// Its payload is the publisher's buffer, shared, never copied.
+    Publish {
+        /// The message (no origin session: that lives on the sender).
+        msg: Message,
+        /// Deliver to the receiver's ordinary subscriptions.
+        direct: bool,
+        /// The shared groups (`$share/{group}/{filter}`) for which the
+        /// sender chose the receiver: one of its members gets the message.
+        shares: Vec<Arc<str>>,
+    },
+    /// A retained message set (or cleared, when its payload is empty) at
+    /// the sender: every peer keeps every retained message, so that a
+    /// subscription anywhere sees it.
+    Retain(Message),
+}
+
+/// The events for one peer, in order, batched per turn of the sender's
+/// event loop.
+#[derive(Debug)]
+pub struct PeerBatch {
+    /// Where the events go.
+    pub to: PeerId,
+    /// The events, oldest first.
+    pub events: Vec<PeerEvent>,
+}
+
+/// This core's view of its peers: who it is, who they are, what waits to be
+/// sent to each, and which of them cannot take more for now.
+#[derive(Debug, Default)]
+pub(crate) struct Peers {
+    me: Option<PeerId>,
+    /// One slot per peer (never this core), in `PeerId` order.
+    slots: Vec<Slot>,
+    /// Connections whose input is held until a congested peer drains.
+    holding: Vec<super::ids::ConnId>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    id: PeerId,
+    outbox: Vec<PeerEvent>,
+    congested: bool,
+}
+
+impl Peers {
+    /// Peers `others` of the core `me`.
+    pub(crate) fn new(me: PeerId, others: impl IntoIterator<Item = PeerId>) -> Self {
+        let mut slots: Vec<Slot> = others
+            .into_iter()
+            .filter(|&p| p != me)
+            .map(|id| Slot {
+                id,
+                outbox: Vec::new(),
+                congested: false,
+            })
+            .collect();
+        slots.sort_by_key(|s| s.id);
+        slots.dedup_by_key(|s| s.id);
+        Peers {
+            me: Some(me),
+            slots,
+            holding: Vec::new(),
+        }
+    }
+
+    /// This core's id, when it has peers at all.
+    pub(crate) fn me(&self) -> Option<PeerId> {
+        self.me.filter(|_| !self.slots.is_empty())
+    }
+
+    /// Whether there is anyone to talk to (with `--threads 1`, never: the
+    /// routing path then does nothing peer-related).
+    pub(crate) fn any(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    fn slot(&mut self, peer: PeerId) -> Option<&mut Slot> {
+        let i = self.slots.binary_search_by_key(&peer, |s| s.id).ok()?;
+        self.slots.get_mut(i)
+    }
+
+    /// Queue `event` for `peer`.
+    pub(crate) fn send(&mut self, peer: PeerId, event: PeerEvent) {
+        if let Some(s) = self.slot(peer) {
+            s.outbox.push(event);
+        }
+    }
+
+    /// Queue an event for every peer; `make` builds each one's copy.
+    pub(crate) fn send_all(&mut self, mut make: impl FnMut() -> PeerEvent) {
+        for s in &mut self.slots {
+            s.outbox.push(make());
+        }
+    }
+
+    /// Whether `peer` cannot take more for now (see
+    /// [`Broker::set_peer_congested`](super::Broker::set_peer_congested)).
+    pub(crate) fn congested(&self, peer: PeerId) -> bool {
+        self.slots
+            .binary_search_by_key(&peer, |s| s.id)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .is_some_and(|s| s.congested)
+    }
+
+    /// Mark `peer` congested or not. Returns the connections to read again
+    /// when no peer is congested any more.
+    pub(crate) fn set_congested(
+        &mut self,
+        peer: PeerId,
+        congested: bool,
+    ) -> Vec<super::ids::ConnId> {
+        if let Some(s) = self.slot(peer) {
+            s.congested = congested;
+        }
+        if self.slots.iter().any(|s| s.congested) {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.holding)
+        }
+    }
+
+    /// Hold `conn`'s input until no peer is congested.
+    pub(crate) fn hold(&mut self, conn: super::ids::ConnId) {
+        if !self.holding.contains(&conn) {
+            self.holding.push(conn);
+        }
+    }
+
+    /// Whether `conn` is held for a congested peer.
+    pub(crate) fn holds(&self, conn: super::ids::ConnId) -> bool {
+        !self.holding.is_empty() && self.holding.contains(&conn)
+    }
+
+    /// Forget `conn` (it closed).
+    pub(crate) fn forget(&mut self, conn: super::ids::ConnId) {
+        self.holding.retain(|&c| c != conn);
+    }
+
+    /// The next peer's batch of events, if any waits.
+    pub(crate) fn poll(&mut self) -> Option<PeerBatch> {
+        let s = self.slots.iter_mut().find(|s| !s.outbox.is_empty())?;
+        Some(PeerBatch {
+            to: s.id,
+            events: std::mem::take(&mut s.outbox),
+        })
+    }
+}
+
+/// The shard (of `shards`) that owns the session of `client_id`: the same
+/// in every process and every run (FNV-1a), so that a client id always
+/// lands on one shard. An empty id (the broker assigns one) stays where it
+/// arrived.
+pub fn shard_of(client_id: &[u8], shards: usize) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in client_id {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    // `shards` is at most a few hundred: the cast back cannot truncate.
+    (h % shards.max(1) as u64) as usize
+}

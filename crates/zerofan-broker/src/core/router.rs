@@ -1,0 +1,327 @@
+//! Routing: which local sessions, and which peers, a message goes to.
+//!
+//! Two tries. `subs` holds this core's own subscriptions, by session.
+//! `shards` holds, for each filter, which cores (this one included, when it
+//! has peers) have subscribers on it, by [`PeerId`]: the read-mostly route
+//! index that says where a publish must cross to. It changes only when a
+//! filter gets its first subscriber or loses its last one on some core,
+//! which each core announces to the others ([`PeerEvent::Interest`]).
+//!
+//! Without peers (`--threads 1`), `shards` stays empty and routing is the
+//! single trie walk it always was.
+//!
+//! [`PeerEvent::Interest`]: super::peer::PeerEvent::Interest
+
+use super::ids::SessionId;
+use super::peer::PeerId;
+use super::trie::{Hit, SubEntry, Trie};
+use std::sync::Arc;
+use zerofan_codec::{QoS, SubscriptionOptions};
+
+/// Which subscriptions a message is routed to.
+#[derive(Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    /// Published here: local subscribers, and peers with subscribers.
+    Everywhere,
+    /// Forwarded by a peer: local subscribers only; ordinary ones when
+    /// `direct`, and one member of each group in `shares`.
+    Forwarded {
+        direct: bool,
+        shares: &'a [Arc<str>],
+    },
+}
+
+/// A local session a message goes to, its overlapping subscriptions merged.
+pub(crate) struct LocalHit {
+    pub(crate) session: SessionId,
+    pub(crate) qos: QoS,
+    pub(crate) retain: bool,
+    pub(crate) sub_ids: Vec<u32>,
+    /// The shared group it was picked in, if any.
+    pub(crate) share: Option<Arc<str>>,
+}
+
+/// A peer a message crosses to.
+pub(crate) struct Forward {
+    pub(crate) peer: PeerId,
+    pub(crate) direct: bool,
+    pub(crate) shares: Vec<Arc<str>>,
+}
+
+/// Where one message goes. Hand it back with [`Router::recycle`] so that
+/// its buffers are reused.
+pub(crate) struct Routed {
+    pub(crate) hits: Vec<LocalHit>,
+    pub(crate) forwards: Vec<Forward>,
+}
+
+/// A change of this core's interest in a filter, for its peers.
+pub(crate) struct Announcement {
+    pub(crate) filter: Box<str>,
+    pub(crate) group: Option<Box<str>>,
+    pub(crate) add: bool,
+}
+
+/// The subscription tries and the scratch space routing reuses (routing
+/// allocates nothing per message once these have grown).
+#[derive(Default)]
+pub(crate) struct Router {
+    subs: Trie,
+    shards: Trie,
+    /// This core's id when it has peers: then subscription changes are
+    /// announced and publishes forwarded.
+    me: Option<PeerId>,
+    announcements: Vec<Announcement>,
+    direct: Vec<SubEntry>,
+    shared: Vec<(SubEntry, Arc<str>)>,
+    /// Shared groups whose turn is this core's, for the current message.
+    local_shares: Vec<Arc<str>>,
+    hits: Vec<LocalHit>,
+    forwards: Vec<Forward>,
+}
+
+impl Router {
+    /// Route for core `me` among peers from now on.
+    pub(crate) fn set_peered(&mut self, me: Option<PeerId>) {
+        self.me = me;
+    }
+
+    /// Add or replace `entry.session`'s subscription to `filter` (a
+    /// `$share/{group}/{filter}` is entered in its group). True when new.
+    pub(crate) fn subscribe(&mut self, filter: &str, entry: SubEntry) -> bool {
+        let (group, plain) = split(filter);
+        let new = self.subs.insert(plain, group, entry);
+        if new && self.me.is_some() && self.subs.count(plain, group) == 1 {
+            self.announce(plain, group, true);
+        }
+        new
+    }
+
+    /// Remove `session`'s subscription to `filter`; true if it existed.
+    pub(crate) fn unsubscribe(&mut self, filter: &str, session: SessionId) -> bool {
+        let (group, plain) = split(filter);
+        let removed = self.subs.remove(plain, group, session);
+        if removed && self.me.is_some() && self.subs.count(plain, group) == 0 {
+            self.announce(plain, group, false);
+        }
+        removed
+    }
+
+    fn announce(&mut self, plain: &str, group: Option<&str>, add: bool) {
+        if let Some(me) = self.me {
+            self.peer_interest(me, plain, group, add);
+        }
+        self.announcements.push(Announcement {
+            filter: plain.into(),
+            group: group.map(Into::into),
+            add,
+        });
+    }
+
+    /// Subscription changes to tell the peers, oldest first.
+    pub(crate) fn take_announcements(&mut self) -> std::vec::Drain<'_, Announcement> {
+        self.announcements.drain(..)
+    }
+
+    /// Everything this core subscribes to, for a peer that joins late.
+    pub(crate) fn interests(&self) -> Vec<(String, Option<Box<str>>)> {
+        self.subs.filters()
+    }
+
+    /// `peer` has (or no longer has) subscribers on `filter`.
+    pub(crate) fn peer_interest(
+        &mut self,
+        peer: PeerId,
+        filter: &str,
+        group: Option<&str>,
+        add: bool,
+    ) {
+        let session = SessionId(u64::from(peer.0));
+        if add {
+            let entry = SubEntry {
+                session,
+                options: SubscriptionOptions::default(),
+                id: None,
+            };
+            self.shards.insert(filter, group, entry);
+        } else {
+            self.shards.remove(filter, group, session);
+        }
+    }
+
+    /// Another local member of `share` than `from`, preferring online ones
+    /// (a leaving member hands its messages over).
+    pub(crate) fn other_member(
+        &mut self,
+        share: &str,
+        from: SessionId,
+        online: impl Fn(SessionId) -> bool,
+    ) -> Option<SubEntry> {
+        let (Some(group), plain) = split(share) else {
+            return None;
+        };
+        self.subs
+            .group_mut(plain, group)
+            .and_then(|g| g.pick_other(from, online))
+    }
+
+    /// A peer with members in `share`, when no local member is left.
+    pub(crate) fn peer_member(&mut self, share: &str) -> Option<PeerId> {
+        let (Some(group), plain) = split(share) else {
+            return None;
+        };
+        let me = self.me?;
+        let mine = SessionId(u64::from(me.0));
+        self.shards
+            .group_mut(plain, group)
+            .and_then(|g| g.pick(|s| s != mine).filter(|e| e.session != mine))
+            .and_then(|e| u16::try_from(e.session.0).ok().map(PeerId))
+    }
+
+    /// Find where a message goes: every matching local session once (its
+    /// overlapping subscriptions merged: highest QoS, every subscription
+    /// identifier), one member per shared group (here or at a peer), and
+    /// every peer with matching subscribers.
+    pub(crate) fn route(
+        &mut self,
+        topic: &str,
+        origin: Option<SessionId>,
+        qos: QoS,
+        retain: bool,
+        scope: Scope<'_>,
+        online: impl Fn(SessionId) -> bool,
+    ) -> Routed {
+        let (direct_wanted, shares) = match scope {
+            Scope::Everywhere => (true, None),
+            Scope::Forwarded { direct, shares } => (direct, Some(shares)),
+        };
+        if let (Some(me), Scope::Everywhere) = (self.me, scope) {
+            self.route_peers(topic, me);
+        }
+        let peered = self.me.is_some();
+        let direct = &mut self.direct;
+        let shared = &mut self.shared;
+        let local_shares = &self.local_shares;
+        self.subs.for_each_match(topic, |hit| match hit {
+            Hit::Direct(e) => {
+                // No Local: not back to the publisher (MQTT-3.8.3-3).
+                if direct_wanted && !(e.options.no_local && origin == Some(e.session)) {
+                    direct.push(*e);
+                }
+            }
+            Hit::Shared(g) => {
+                let ours = match shares {
+                    Some(keys) => keys.contains(&g.key),
+                    None => !peered || local_shares.contains(&g.key),
+                };
+                if ours {
+                    if let Some(e) = g.pick(&online) {
+                        shared.push((e, g.key.clone()));
+                    }
+                }
+            }
+        });
+        // Sorted to merge a session's overlapping subscriptions. A trie node
+        // keeps its subscriptions ordered by session, so the matches of a
+        // single filter need no sorting, and checking costs less.
+        if !direct.is_sorted_by_key(|e| e.session) {
+            direct.sort_unstable_by_key(|e| e.session);
+        }
+        let mut i = 0;
+        while i < direct.len() {
+            let session = direct[i].session;
+            let mut hit = LocalHit {
+                session,
+                qos: QoS::AtMostOnce,
+                retain: false,
+                sub_ids: Vec::new(),
+                share: None,
+            };
+            while i < direct.len() && direct[i].session == session {
+                let e = &direct[i];
+                hit.qos = hit.qos.max(e.options.qos.min(qos));
+                hit.retain |= e.options.retain_as_published && retain;
+                hit.sub_ids.extend(e.id);
+                i += 1;
+            }
+            self.hits.push(hit);
+        }
+        direct.clear();
+        for (e, key) in shared.drain(..) {
+            self.hits.push(LocalHit {
+                session: e.session,
+                qos: e.options.qos.min(qos),
+                retain: e.options.retain_as_published && retain,
+                sub_ids: e.id.into_iter().collect(),
+                share: Some(key),
+            });
+        }
+        self.local_shares.clear();
+        Routed {
+            hits: std::mem::take(&mut self.hits),
+            forwards: std::mem::take(&mut self.forwards),
+        }
+    }
+
+    /// The peers a message published here goes to, and the shared groups
+    /// whose turn is this core's.
+    fn route_peers(&mut self, topic: &str, me: PeerId) {
+        let mine = SessionId(u64::from(me.0));
+        let forwards = &mut self.forwards;
+        let local_shares = &mut self.local_shares;
+        self.shards.for_each_match(topic, |hit| match hit {
+            Hit::Direct(e) => {
+                if e.session != mine {
+                    if let Some(f) = forward_to(forwards, e.session) {
+                        f.direct = true;
+                    }
+                }
+            }
+            Hit::Shared(g) => {
+                // Round robin over the cores with members; the chosen core
+                // picks one of its own.
+                if let Some(e) = g.pick(|_| true) {
+                    if e.session == mine {
+                        local_shares.push(g.key.clone());
+                    } else if let Some(f) = forward_to(forwards, e.session) {
+                        f.shares.push(g.key.clone());
+                    }
+                }
+            }
+        });
+    }
+
+    /// Give a route's buffers back for the next message.
+    pub(crate) fn recycle(&mut self, mut routed: Routed) {
+        routed.hits.clear();
+        routed.forwards.clear();
+        self.hits = routed.hits;
+        self.forwards = routed.forwards;
+    }
+}
+
+/// The entry of `peer` (a core's id, as the `shards` trie keeps it) in
+/// `forwards`, added when missing.
+fn forward_to(forwards: &mut Vec<Forward>, peer: SessionId) -> Option<&mut Forward> {
+    let peer = PeerId(u16::try_from(peer.0).ok()?);
+    let i = match forwards.iter().position(|f| f.peer == peer) {
+        Some(i) => i,
+        None => {
+            forwards.push(Forward {
+                peer,
+                direct: false,
+                shares: Vec::new(),
+            });
+            forwards.len() - 1
+        }
+    };
+    forwards.get_mut(i)
+}
+
+/// `$share/{group}/{filter}` as `(Some(group), filter)`, else `(None, filter)`.
+fn split(filter: &str) -> (Option<&str>, &str) {
+    match zerofan_codec::topic::split_shared(filter) {
+        Some((group, plain)) => (Some(group), plain),
+        None => (None, filter),
+    }
+}
