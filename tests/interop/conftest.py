@@ -36,6 +36,9 @@ STOP_TIMEOUT = 10.0
 # Default settings for every test broker; a test overrides them through
 # broker_factory(**settings).
 DEFAULT_CONFIG = {"sys_interval": 1}
+# ZEROFAN_THREADS=N runs every zerofan of the suite with N shards.
+if os.environ.get("ZEROFAN_THREADS"):
+    DEFAULT_CONFIG["threads"] = int(os.environ["ZEROFAN_THREADS"])
 
 # zerofan setting -> mosquitto option with the same meaning. A test that needs
 # a setting missing here is skipped under mosquitto.

@@ -22,7 +22,7 @@ receive_maximum, max_inflight, max_queued_messages, max_queued_bytes \
 (offline sessions), max_online_queued_bytes, slow_consumer_timeout_ms, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
-park_after_ms, metrics, log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+park_after_ms, threads, metrics, log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
@@ -57,6 +57,10 @@ pub struct Args {
     /// messages). [default: ./zerofan-data; `data_dir` in the config file]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Shards (threads) to run, each with its own event loop; 0 = one per
+    /// available core. [default: 1; `threads` in the config file]
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// More logging on stderr: -v info, -vv debug, -vvv trace. RUST_LOG
     /// overrides.
     #[arg(short, long, action = ArgAction::Count)]
@@ -91,6 +95,9 @@ impl Args {
         }
         if self.metrics.is_some() {
             config.metrics = self.metrics;
+        }
+        if let Some(n) = self.threads {
+            config.threads = n;
         }
         if let Some(format) = self.log_format {
             config.log_format = format;

@@ -112,6 +112,12 @@ pub struct Config {
     /// byte, or anything the broker has for it, wakes it. 0 never parks.
     /// Read at start, not on reload.
     pub park_after_ms: u64,
+    /// Shards: threads, each with its own event loop and its own instance
+    /// of the core; a client's session lives on the shard its client id
+    /// hashes to, and publishes cross between shards as shared buffers.
+    /// 0 means one per available core. 1 (the default for now) is the
+    /// single-thread broker, with no cross-thread cost. Read at start.
+    pub threads: usize,
     /// Address of the HTTP listener serving `/metrics` (Prometheus),
     /// `/healthz` and `/readyz`; none (the default) turns it off.
     pub metrics: Option<SocketAddr>,
@@ -168,6 +174,7 @@ impl Default for Config {
             pool_max_retained_bytes: 4 * 1024 * 1024,
             busy_poll_us: 50,
             park_after_ms: 1000,
+            threads: 1,
             metrics: None,
             log_format: crate::logging::LogFormat::Text,
             log_dest: vec!["stderr".into()],
@@ -202,6 +209,7 @@ macro_rules! reload_classes {
             &[$((stringify!($field), Reload::$class)),*];
 
         impl Config {
+
             /// Compare `new` (a reloaded configuration) with `self` (the one
             /// in force) by [`RELOAD_CLASSES`]: restart-only settings that
             /// differ get their value in force back in `new`.
@@ -272,6 +280,7 @@ reload_classes! {
     pool_max_retained_bytes: RestartOnly,
     busy_poll_us: RestartOnly,
     park_after_ms: RestartOnly,
+    threads: RestartOnly,
     metrics: RestartOnly,
     log_format: RestartOnly,
     log_dest: RestartOnly,
@@ -322,6 +331,13 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// How many shards to run: `threads`, or one per available core for 0.
+    pub fn shard_count(&self) -> usize {
+        match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
     /// Every listener to open: `listen` addresses as plain TCP listeners,
     /// then the `[[listener]]` tables; 127.0.0.1:1883 when there is none.
     pub fn listeners(&self) -> Vec<crate::listen_config::ListenerConfig> {

@@ -413,6 +413,22 @@ impl Broker {
         self.end_event();
     }
 
+    /// A connection that has not sent its CONNECT yet leaves this core for
+    /// the shard that owns its client id (which opens it anew): forget it
+    /// without counting it as opened or closed here. Returns its peer
+    /// address; `None` (nothing done) once it has a session.
+    pub fn connection_moved(&mut self, conn: ConnId) -> Option<SocketAddr> {
+        let c = self.conns.get(&conn)?;
+        if c.phase != Phase::AwaitingConnect {
+            return None;
+        }
+        let peer = c.peer;
+        self.auth_connection_closed(conn);
+        self.conns.remove(&conn);
+        self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
+        Some(peer)
+    }
+
     /// When [`Broker::handle_timeout`] next has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next()

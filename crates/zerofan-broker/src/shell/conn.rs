@@ -109,6 +109,25 @@ pub(super) fn resume(
     }
 }
 
+/// A connection moved in from another shard: it goes on here, its CONNECT
+/// first.
+pub(super) fn moved_in(shared: &Rc<Shared>, h: super::shards::Handoff) {
+    let stream = match tokio::net::TcpStream::from_std(h.stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "a connection moving between shards was lost");
+            return;
+        }
+    };
+    let meta = ConnectionMeta {
+        listener: h.listener,
+        identity: None,
+    };
+    let mut conn = connection(shared.clone(), Transport::Tcp(stream), h.peer, meta);
+    conn.input = ReadState::moved_in(shared, &h.input);
+    tokio::task::spawn_local(conn);
+}
+
 /// A parked connection that could not get a task again: it is over.
 pub(super) fn resumed_lost(shared: &Rc<Shared>, id: ConnId, listener: u16) {
     shared.conns.borrow_mut().remove(&id);
@@ -263,12 +282,54 @@ impl Conn {
                 Ok(0) | Err(_) => self.forget(shared),
                 Ok(_) => {
                     reads += 1;
+                    if self.move_to_owner(shared) {
+                        return Poll::Ready(());
+                    }
                     if self.input.feed(shared, self.id) {
                         self.phase = Phase::Closing;
                     }
                 }
             }
         }
+    }
+
+    /// With several shards: a CONNECT for a client id owned by another
+    /// shard moves the connection there (plain TCP; a TLS or WebSocket
+    /// stream cannot leave its thread's runtime yet and is served here).
+    /// True when it moved: this task ends.
+    fn move_to_owner(&mut self, shared: &Shared) -> bool {
+        let Some(mesh) = shared.mesh.as_ref() else {
+            return false;
+        };
+        if !matches!(self.io, Transport::Tcp(_)) {
+            return false;
+        }
+        let Some(owner) = self
+            .input
+            .connect_owner(shared, self.id, mesh.me(), mesh.count())
+        else {
+            return false;
+        };
+        let Some(peer) = shared.broker.borrow_mut().connection_moved(self.id) else {
+            return false;
+        };
+        let input = self.input.take_input();
+        let listener = self.counted.index();
+        let Transport::Tcp(s) = std::mem::replace(&mut self.io, Transport::Parked) else {
+            return false;
+        };
+        self.phase = Phase::Lost;
+        // On failure tokio has closed the socket: the client reconnects.
+        if let Ok(stream) = s.into_std() {
+            let h = super::shards::Handoff {
+                stream,
+                peer,
+                listener,
+                input,
+            };
+            mesh.hand_off(owner, h);
+        }
+        true
     }
 
     /// Read what the socket holds now, past tokio's readiness; a TLS or

@@ -15,6 +15,7 @@ pub mod proxy;
 mod reader;
 pub mod reload;
 mod server;
+mod shards;
 mod spin;
 mod state;
 mod writer;

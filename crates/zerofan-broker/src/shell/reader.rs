@@ -90,6 +90,56 @@ impl ReadState {
         }
     }
 
+    /// Input moved in from another shard: handed to the core at the next
+    /// poll, before anything more is read.
+    pub fn moved_in(shared: &Shared, input: &[u8]) -> ReadState {
+        let mut buf = shared.buffers.get(input.len().max(READ_MIN));
+        buf.put_slice(input);
+        ReadState {
+            buf: Some(buf),
+            read_size: READ_MIN as u32,
+            held: true,
+        }
+    }
+
+    /// With several shards: the shard that owns the client id of the
+    /// CONNECT read so far, once it is complete, if not `me` (an empty
+    /// client id stays: the broker assigns one here).
+    pub fn connect_owner(
+        &self,
+        shared: &Shared,
+        id: ConnId,
+        me: usize,
+        shards: usize,
+    ) -> Option<usize> {
+        let b = self.buf.as_ref()?;
+        let broker = shared.broker.borrow();
+        if !broker.awaits_connect(id) || broker.holds_input(id) {
+            return None;
+        }
+        let Frame::Complete(len) = zerofan_codec::frame(&b[..], broker.max_packet_size(id)) else {
+            return None;
+        };
+        // One copy of the CONNECT per connection, only when sharded.
+        let packet = bytes::Bytes::copy_from_slice(b.get(..len)?);
+        let zerofan_codec::Packet::Connect(c) =
+            zerofan_codec::decode(packet, broker.protocol(id)).ok()?
+        else {
+            return None;
+        };
+        if c.client_id.is_empty() {
+            return None;
+        }
+        let owner = crate::core::shard_of(c.client_id.as_bytes(), shards);
+        (owner != me).then_some(owner)
+    }
+
+    /// Everything read and not handed over, to move it to another shard.
+    pub fn take_input(&mut self) -> bytes::Bytes {
+        self.held = false;
+        self.buf.take().map(Buffers::freeze).unwrap_or_default()
+    }
+
     /// Nothing half read: no buffer held.
     pub fn is_idle(&self) -> bool {
         self.buf.is_none()

@@ -112,14 +112,116 @@ impl Server {
 
     /// Serve until `shutdown` completes, then disconnect everyone (MQTT 5
     /// clients get DISCONNECT 0x8B) and return. Must run inside a `LocalSet`.
+    ///
+    /// With `threads` above 1, shard 0 runs here and the others on threads
+    /// of their own, each accepting on every listener; they stop with it.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let n = self.config.shard_count();
+        if n > 1 && self.persist.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "threads > 1 runs in memory for now: add --memory (or memory = true)",
+            ));
+        }
         let names = self.local_listeners();
+        let mut meshes = super::shards::wire(n).into_iter();
+        let first = if n > 1 { meshes.next() } else { None };
+        let mut others = Vec::new();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut listeners = Vec::new();
+        for l in self.listeners {
+            listeners.push(l.into_std()?);
+        }
+        for (mesh, inbox) in meshes {
+            let clones = listeners
+                .iter()
+                .map(|l| l.try_clone())
+                .collect::<io::Result<Vec<_>>>()?;
+            let shard = Shard {
+                config: self.config.clone(),
+                security: self.security.clone(),
+                prepared: self.prepared.clone(),
+                listeners: clones,
+                names: names.clone(),
+                mesh: Some((mesh, inbox)),
+                persist: None,
+            };
+            let mut stop = stop_rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("zerofan-shard-{}", others.len() + 1))
+                .spawn(move || -> io::Result<()> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    let local = tokio::task::LocalSet::new();
+                    local.block_on(&rt, async move {
+                        let stopped = async move {
+                            let _ = stop.wait_for(|s| *s).await;
+                        };
+                        shard.run(None, None, stopped).await
+                    })
+                })?;
+            others.push(thread);
+        }
+        let shard = Shard {
+            config: self.config,
+            security: self.security,
+            prepared: self.prepared,
+            listeners,
+            names,
+            mesh: first,
+            persist: self.persist,
+        };
+        let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
+        let _ = stop_tx.send(true);
+        for t in others {
+            match t.join() {
+                Ok(Err(e)) => tracing::warn!(error = %e, "a shard stopped with an error"),
+                Err(_) => tracing::error!("a shard panicked"),
+                Ok(Ok(())) => {}
+            }
+        }
+        result
+    }
+}
+
+/// One shard: a core and the tasks around it, on one thread.
+struct Shard {
+    config: Config,
+    security: SecurityConfig,
+    prepared: Vec<PreparedListener>,
+    listeners: Vec<std::net::TcpListener>,
+    names: Vec<(SocketAddr, String)>,
+    mesh: Option<(
+        super::shards::Mesh,
+        tokio::sync::mpsc::Receiver<super::shards::Envelope>,
+    )>,
+    persist: Option<super::persist::Opened>,
+}
+
+impl Shard {
+    /// Serve until `shutdown`; `ops` (metrics, SIGHUP) and `monitor` run on
+    /// shard 0 only.
+    async fn run(
+        self,
+        ops: Option<super::ops::OpsSetup>,
+        monitor: Option<Monitor>,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
         let durable = self.persist.map(|p| super::persist::attach(&mut broker, p));
-        let (shared, poll) = Shared::new(broker);
+        let (mesh, inbox) = match self.mesh {
+            Some((m, rx)) => {
+                broker.set_peers(crate::core::PeerId(m.me() as u16), &m.peers());
+                (Some(m), Some(rx))
+            }
+            None => (None, None),
+        };
+        let (mut shared, poll) = Shared::new(broker);
+        shared.mesh = mesh;
         let shared = Rc::new(shared);
-        for (index, (addr, kind)) in names.into_iter().enumerate() {
+        for (index, (addr, kind)) in self.names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);
         }
         let release = durable
@@ -130,25 +232,47 @@ impl Server {
         {
             tasks.push(tokio::task::spawn_local(accept_loop(
                 shared.clone(),
-                listener,
+                TcpListener::from_std(listener)?,
                 index,
                 Rc::new(prepared),
             )));
         }
-        let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
-        let lot = poll.map(|p| tokio::task::spawn_local(super::park::lot_loop(shared.clone(), p)));
+        let mut background: Vec<JoinHandle<()>> = Vec::new();
+        if let Some(rx) = inbox {
+            background.push(tokio::task::spawn_local(super::shards::inbox_loop(
+                shared.clone(),
+                rx,
+            )));
+            background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
+                shared.clone(),
+            )));
+        }
+        background.push(tokio::task::spawn_local(timer_loop(shared.clone())));
+        if let Some(p) = poll {
+            background.push(tokio::task::spawn_local(super::park::lot_loop(
+                shared.clone(),
+                p,
+            )));
+        }
         let busy_poll = shared.broker.borrow().config().busy_poll_us;
-        let spin = (busy_poll > 0).then(|| {
-            tokio::task::spawn_local(super::spin::spin_loop(
+        if busy_poll > 0 {
+            background.push(tokio::task::spawn_local(super::spin::spin_loop(
                 shared.clone(),
                 Duration::from_micros(busy_poll),
-            ))
-        });
-        let ops_tasks = self.ops.start(&shared);
-        let monitor = self.monitor.map(|m| {
+            )));
+        }
+        if let Some(ops) = ops {
+            background.extend(ops.start(&shared));
+        }
+        if let Some(m) = monitor {
             let s = shared.clone();
-            tokio::task::spawn_local(m(Rc::new(move || super::ops::Ops::snapshot(&s))))
-        });
+            background.push(tokio::task::spawn_local(m(Rc::new(move || {
+                super::ops::Ops::snapshot(&s)
+            }))));
+        }
+        if let Some(release) = release {
+            background.push(release);
+        }
         shutdown.await;
         tracing::info!("shutting down");
         shared.ops.shutting_down.set(true);
@@ -161,21 +285,8 @@ impl Server {
         while !shared.conns.borrow().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        timer.abort();
-        if let Some(lot) = lot {
-            lot.abort();
-        }
-        if let Some(spin) = spin {
-            spin.abort();
-        }
-        for t in ops_tasks {
+        for t in background {
             t.abort();
-        }
-        if let Some(release) = release {
-            release.abort();
-        }
-        if let Some(m) = monitor {
-            m.abort();
         }
         Ok(())
     }

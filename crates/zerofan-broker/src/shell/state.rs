@@ -58,6 +58,8 @@ pub struct Shared {
     pub ops: super::ops::Ops,
     /// Parked connections (see `park.rs`).
     pub lot: super::park::Lot,
+    /// The queues to the other shards, when there are several.
+    pub(super) mesh: Option<super::shards::Mesh>,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -80,6 +82,7 @@ impl Shared {
             bytes_out: Cell::new(0),
             ops: super::ops::Ops::default(),
             lot,
+            mesh: None,
             wake_scratch: RefCell::new(Vec::new()),
         };
         (shared, poll)
@@ -99,9 +102,25 @@ impl Shared {
         stats
     }
 
+    /// Hand what the core has for other shards to their inboxes.
+    fn send_to_peers(&self, mesh: &super::shards::Mesh) {
+        loop {
+            let batch = self.broker.borrow_mut().poll_peer_transmit();
+            let Some(batch) = batch else {
+                return;
+            };
+            if let Some(full) = mesh.send_batch(batch) {
+                self.broker.borrow_mut().set_peer_congested(full, true);
+            }
+        }
+    }
+
     /// Wake the task of every connection the core touched (new output, or
     /// closing) since the last call.
     pub fn dispatch(&self) {
+        if let Some(mesh) = &self.mesh {
+            self.send_to_peers(mesh);
+        }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);
         if ids.is_empty() {

@@ -1,0 +1,199 @@
+//! The queues between shards. Each shard is a thread with its own event
+//! loop and core; what one core polls for another
+//! ([`Broker::poll_peer_transmit`]) goes into the destination's inbox, a
+//! bounded channel, as one envelope per batch. So is a connection whose
+//! CONNECT names a client id owned by another shard: its socket and the
+//! bytes already read move there once, before the core sees the CONNECT.
+//!
+//! Bounded: an inbox holds at most [`INBOX`] envelopes. When it is full,
+//! the sender keeps the batch in its backlog (in order) and tells its core
+//! the peer is congested: QoS 0 for it is then dropped and counted, and the
+//! publishers of QoS 1/2 are not read until the backlog drains, so the
+//! backlog grows by at most one read per held publisher.
+//!
+//! [`Broker::poll_peer_transmit`]: crate::core::Broker::poll_peer_transmit
+
+use super::state::Shared;
+use crate::core::{PeerBatch, PeerEvent, PeerId};
+use bytes::Bytes;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Instant;
+use tokio::sync::mpsc::{self, error::TrySendError};
+
+/// Envelopes an inbox holds before its senders keep theirs.
+const INBOX: usize = 1024;
+
+/// What crosses to a shard.
+pub(super) enum Envelope {
+    /// Events from a peer's core, in the order it polled them.
+    Peer {
+        from: PeerId,
+        events: Vec<PeerEvent>,
+    },
+    /// A connection whose session lives on the receiving shard.
+    Conn(Handoff),
+}
+
+/// A plain-TCP connection moving to the shard that owns its client id.
+pub(super) struct Handoff {
+    pub(super) stream: std::net::TcpStream,
+    pub(super) peer: SocketAddr,
+    pub(super) listener: usize,
+    /// What was read from it: the CONNECT, and whatever followed.
+    pub(super) input: Bytes,
+}
+
+/// One shard's ends of the queues.
+pub(super) struct Mesh {
+    me: usize,
+    /// Every shard's inbox (this one's too, unused).
+    to: Vec<mpsc::Sender<Envelope>>,
+    /// Per destination: what its full inbox did not take yet, in order.
+    backlog: RefCell<Vec<VecDeque<Envelope>>>,
+    /// Wakes the task that empties backlogs.
+    pending: tokio::sync::Notify,
+}
+
+/// Queues for `n` shards: each shard's [`Mesh`] and inbox.
+pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(INBOX)).unzip();
+    receivers
+        .into_iter()
+        .enumerate()
+        .map(|(me, rx)| {
+            let mesh = Mesh {
+                me,
+                to: senders.clone(),
+                backlog: RefCell::new((0..n).map(|_| VecDeque::new()).collect()),
+                pending: tokio::sync::Notify::new(),
+            };
+            (mesh, rx)
+        })
+        .collect()
+}
+
+impl Mesh {
+    /// This shard's index.
+    pub(super) fn me(&self) -> usize {
+        self.me
+    }
+
+    /// How many shards there are.
+    pub(super) fn count(&self) -> usize {
+        self.to.len()
+    }
+
+    /// Every shard's peer id.
+    pub(super) fn peers(&self) -> Vec<PeerId> {
+        (0..self.to.len()).map(|i| PeerId(i as u16)).collect()
+    }
+
+    /// Send a batch the core polled. Returns the peer that just became
+    /// congested, if any (the caller tells its core, which it may not
+    /// borrow here).
+    pub(super) fn send_batch(&self, batch: PeerBatch) -> Option<PeerId> {
+        let env = Envelope::Peer {
+            from: PeerId(self.me as u16),
+            events: batch.events,
+        };
+        self.send(usize::from(batch.to.0), env).then_some(batch.to)
+    }
+
+    /// Move a connection to shard `to`.
+    pub(super) fn hand_off(&self, to: usize, h: Handoff) {
+        // A full inbox keeps it in the backlog; the connection is not read
+        // meanwhile, so nothing is lost.
+        self.send(to, Envelope::Conn(h));
+    }
+
+    /// True when the destination's inbox was full (the envelope waits in
+    /// the backlog).
+    fn send(&self, to: usize, env: Envelope) -> bool {
+        let Some(tx) = self.to.get(to) else {
+            return false;
+        };
+        let mut backlog = self.backlog.borrow_mut();
+        let Some(q) = backlog.get_mut(to) else {
+            return false;
+        };
+        if q.is_empty() {
+            match tx.try_send(env) {
+                Ok(()) => return false,
+                Err(TrySendError::Closed(_)) => return false,
+                Err(TrySendError::Full(env)) => q.push_back(env),
+            }
+            self.pending.notify_one();
+            true
+        } else {
+            q.push_back(env);
+            false
+        }
+    }
+}
+
+/// Empty the backlogs as the inboxes make room; a peer whose backlog is
+/// empty again is no longer congested.
+pub(super) async fn drain_backlogs(shared: Rc<Shared>) {
+    let Some(mesh) = shared.mesh.as_ref() else {
+        return;
+    };
+    loop {
+        mesh.pending.notified().await;
+        for to in 0..mesh.count() {
+            loop {
+                let has = mesh.backlog.borrow().get(to).is_some_and(|q| !q.is_empty());
+                if !has {
+                    break;
+                }
+                let Ok(permit) = mesh.to[to].reserve().await else {
+                    // That shard is gone (shutting down).
+                    if let Some(q) = mesh.backlog.borrow_mut().get_mut(to) {
+                        q.clear();
+                    }
+                    break;
+                };
+                let env = mesh
+                    .backlog
+                    .borrow_mut()
+                    .get_mut(to)
+                    .and_then(|q| q.pop_front());
+                match env {
+                    Some(env) => permit.send(env),
+                    None => break,
+                }
+            }
+            shared
+                .broker
+                .borrow_mut()
+                .set_peer_congested(PeerId(to as u16), false);
+            shared.dispatch();
+        }
+    }
+}
+
+/// Take what other shards send: peer events for the core, connections
+/// moving in.
+pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelope>) {
+    let mut got = Vec::with_capacity(64);
+    loop {
+        if rx.recv_many(&mut got, 64).await == 0 {
+            return;
+        }
+        let now = Instant::now();
+        for env in got.drain(..) {
+            match env {
+                Envelope::Peer { from, events } => {
+                    let mut broker = shared.broker.borrow_mut();
+                    for e in events {
+                        broker.handle_peer(now, from, e);
+                    }
+                }
+                Envelope::Conn(h) => super::conn::moved_in(&shared, h),
+            }
+        }
+        shared.dispatch();
+    }
+}
