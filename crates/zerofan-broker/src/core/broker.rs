@@ -140,6 +140,17 @@ impl Broker {
                 self.deliver(now, Rc::new(msg), scope);
             }
             PeerEvent::Retain(msg) => self.keep_retained(Rc::new(msg)),
+            PeerEvent::Hold { session, hold } => {
+                let conn = self.sessions.get(&session).and_then(|s| s.conn);
+                if let Some(conn) = conn {
+                    if hold && !self.peers.holds(conn) {
+                        self.metrics.peer_throttles += 1;
+                    }
+                    if self.peers.held_for(from, conn, hold) {
+                        self.wake(conn);
+                    }
+                }
+            }
         }
         self.end_event();
     }
@@ -188,7 +199,8 @@ impl Broker {
     pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
         if msg.retain && self.config.retain_available {
             if self.peers.any() {
-                self.peers.send_all(|| PeerEvent::Retain(msg.for_peer()));
+                let me = self.peers.me().unwrap_or(PeerId(0));
+                self.peers.send_all(|| PeerEvent::Retain(msg.for_peer(me)));
             }
             if !msg.payload.is_empty() {
                 self.dur_set_retained(&msg);
@@ -215,9 +227,11 @@ impl Broker {
     fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
         let sessions = &self.sessions;
         let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+        // A peer's session ids are not ours: No Local is for local publishers.
+        let origin = msg.origin.filter(|_| msg.origin_peer.is_none());
         let mut routed = self.router.route(
             msg.topic.as_str(),
-            msg.origin,
+            origin,
             msg.qos,
             msg.retain,
             scope,
@@ -263,7 +277,7 @@ impl Broker {
             count += 1;
             self.metrics.peer_forwarded += 1;
             let event = PeerEvent::Publish {
-                msg: msg.for_peer(),
+                msg: msg.for_peer(self.peers.me().unwrap_or(f.peer)),
                 direct: f.direct,
                 shares: f.shares,
             };

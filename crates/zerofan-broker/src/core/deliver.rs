@@ -7,7 +7,7 @@ use super::connection::{Connection, Phase};
 use super::ids::{ConnId, SessionId};
 use super::message::{copy_str, Message};
 use super::outbox::{Delivery, Outgoing, Transmit};
-use super::peer::PeerEvent;
+use super::peer::{PeerEvent, PeerId};
 use super::session::{Behind, Inflight, InflightState, PushOutcome, Queued};
 use super::timers::Timer;
 use crate::config::{Config, QueueFull};
@@ -56,7 +56,7 @@ impl Broker {
             }
         }
         let cfg = &self.config;
-        let origin = item.msg.origin;
+        let origin = (item.msg.origin_peer, item.msg.origin);
         let outcome = if s.conn.is_some() {
             // A slow subscriber keeps no more than its high-water mark.
             let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
@@ -122,11 +122,17 @@ impl Broker {
     /// `sid`'s online queue is over its high-water mark: start its slow
     /// consumer clock, and stop reading the publisher of this message until
     /// it drains (not the subscriber itself: it could then never drain).
-    fn fall_behind(&mut self, now: Instant, sid: SessionId, origin: Option<SessionId>) {
+    fn fall_behind(
+        &mut self,
+        now: Instant,
+        sid: SessionId,
+        origin: (Option<PeerId>, Option<SessionId>),
+    ) {
         let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
-        let publisher = origin
-            .and_then(|o| self.sessions.get(&o))
-            .and_then(|p| p.conn);
+        let publisher = match origin {
+            (None, Some(o)) => self.sessions.get(&o).and_then(|p| p.conn),
+            _ => None,
+        };
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -136,6 +142,7 @@ impl Broker {
             f.behind = Some(Box::new(Behind {
                 since: now,
                 holding: Vec::new(),
+                holding_remote: Vec::new(),
                 slow: false,
             }));
             // A timeout too large for the clock never fires.
@@ -147,6 +154,21 @@ impl Broker {
             return;
         };
         if b.slow {
+            return;
+        }
+        if let (Some(peer), Some(session)) = origin {
+            // Published at another core: that core holds its publisher.
+            if !b.holding_remote.contains(&(peer, session)) {
+                b.holding_remote.push((peer, session));
+                self.metrics.publisher_throttles += 1;
+                self.peers.send(
+                    peer,
+                    PeerEvent::Hold {
+                        session,
+                        hold: true,
+                    },
+                );
+            }
             return;
         }
         let Some(pc) = publisher.filter(|&pc| Some(pc) != own) else {
@@ -165,15 +187,27 @@ impl Broker {
     /// `sid` caught up, went away or was dropped as slow: the publishers it
     /// held are read again.
     pub(crate) fn release_publishers(&mut self, sid: SessionId) {
-        let holding = match self
+        let (holding, remote) = match self
             .sessions
             .get_mut(&sid)
             .and_then(|s| s.flight_any())
             .and_then(|f| f.behind.as_deref_mut())
         {
-            Some(b) => std::mem::take(&mut b.holding),
+            Some(b) => (
+                std::mem::take(&mut b.holding),
+                std::mem::take(&mut b.holding_remote),
+            ),
             None => return,
         };
+        for (peer, session) in remote {
+            self.peers.send(
+                peer,
+                PeerEvent::Hold {
+                    session,
+                    hold: false,
+                },
+            );
+        }
         for pc in holding {
             if let Some(c) = self.conns.get_mut(&pc) {
                 if c.held_by == Some(sid) {
@@ -419,7 +453,7 @@ impl Broker {
                 if let Some(peer) = self.router.peer_member(share) {
                     self.metrics.peer_forwarded += 1;
                     let event = PeerEvent::Publish {
-                        msg: item.msg.for_peer(),
+                        msg: item.msg.for_peer(self.peers.me().unwrap_or(peer)),
                         direct: false,
                         shares: vec![share.into()],
                     };

@@ -27,7 +27,10 @@ pub struct Message {
     /// when there are none (every MQTT 3.x message, most MQTT 5 ones).
     pub properties: Props,
     /// The publishing session, for No Local; `None` for wills and `$SYS`.
+    /// With `origin_peer` set, a session of that peer (for push-back only).
     pub origin: Option<SessionId>,
+    /// The peer the message was published at, when not this core.
+    pub origin_peer: Option<super::peer::PeerId>,
     /// When the message expires (Message Expiry Interval), if ever.
     pub expires_at: Option<Instant>,
     /// True when topic, payload and properties are its own allocations (not
@@ -66,6 +69,7 @@ impl Message {
             retain: publish.retain,
             properties: publish.properties,
             origin,
+            origin_peer: None,
             expires_at,
             owns_bytes: false,
             stored: Default::default(),
@@ -91,6 +95,7 @@ impl Message {
             retain,
             properties,
             origin: None,
+            origin_peer: None,
             expires_at,
             owns_bytes: true,
             stored: Default::default(),
@@ -99,16 +104,17 @@ impl Message {
     }
 
     /// The same message for another core (shard or node): the same bytes,
-    /// shared; no publishing session (sessions belong to one core); not
-    /// yet stored there.
-    pub fn for_peer(&self) -> Message {
+    /// shared; its publisher named as a session of `me` (for push-back);
+    /// not yet stored there.
+    pub fn for_peer(&self, me: super::peer::PeerId) -> Message {
         Message {
             topic: self.topic.clone(),
             payload: self.payload.clone(),
             qos: self.qos,
             retain: self.retain,
             properties: self.properties.clone(),
-            origin: None,
+            origin: self.origin,
+            origin_peer: self.origin.map(|_| self.origin_peer.unwrap_or(me)),
             expires_at: self.expires_at,
             owns_bytes: self.owns_bytes,
             stored: Default::default(),
@@ -179,6 +185,7 @@ impl Message {
             retain: self.retain,
             properties,
             origin: self.origin,
+            origin_peer: self.origin_peer,
             expires_at: self.expires_at,
             owns_bytes: true,
             stored: self.stored.copy(),

@@ -42,6 +42,15 @@ pub enum PeerEvent {
         /// sender chose the receiver: one of its members gets the message.
         shares: Vec<Arc<str>>,
     },
+    /// Push-back across cores: a subscriber here fell behind on messages of
+    /// the receiver's session `session` (`hold`), or caught up (`!hold`).
+    /// The receiver stops (or resumes) reading that publisher.
+    Hold {
+        /// The publishing session, at the receiver.
+        session: super::ids::SessionId,
+        /// Stop (true) or resume (false) reading it.
+        hold: bool,
+    },
     /// A retained message set (or cleared, when its payload is empty) at
     /// the sender: every peer keeps every retained message, so that a
     /// subscription anywhere sees it.
@@ -67,6 +76,8 @@ pub(crate) struct Peers {
     slots: Vec<Slot>,
     /// Connections whose input is held until a congested peer drains.
     holding: Vec<super::ids::ConnId>,
+    /// Connections held because a subscriber at that peer is behind.
+    held_for: Vec<(PeerId, super::ids::ConnId)>,
 }
 
 #[derive(Debug)]
@@ -94,6 +105,7 @@ impl Peers {
             me: Some(me),
             slots,
             holding: Vec::new(),
+            held_for: Vec::new(),
         }
     }
 
@@ -161,14 +173,30 @@ impl Peers {
         }
     }
 
-    /// Whether `conn` is held for a congested peer.
+    /// Whether `conn` is held for a congested peer, or for a subscriber
+    /// behind at a peer.
     pub(crate) fn holds(&self, conn: super::ids::ConnId) -> bool {
-        !self.holding.is_empty() && self.holding.contains(&conn)
+        (!self.holding.is_empty() && self.holding.contains(&conn))
+            || (!self.held_for.is_empty() && self.held_for.iter().any(|&(_, c)| c == conn))
+    }
+
+    /// `peer` holds (or releases) `conn`. True when `conn` is free again.
+    pub(crate) fn held_for(&mut self, peer: PeerId, conn: super::ids::ConnId, hold: bool) -> bool {
+        if hold {
+            if !self.held_for.contains(&(peer, conn)) {
+                self.held_for.push((peer, conn));
+            }
+            false
+        } else {
+            self.held_for.retain(|&e| e != (peer, conn));
+            !self.holds(conn)
+        }
     }
 
     /// Forget `conn` (it closed).
     pub(crate) fn forget(&mut self, conn: super::ids::ConnId) {
         self.holding.retain(|&c| c != conn);
+        self.held_for.retain(|&(_, c)| c != conn);
     }
 
     /// The next peer's batch of events, if any waits.

@@ -49,6 +49,8 @@ pub struct Behind {
     pub since: Instant,
     /// Publisher connections whose reading waits for this subscriber.
     pub holding: Vec<ConnId>,
+    /// Publishers at other cores (their sessions there) held the same way.
+    pub holding_remote: Vec<(super::peer::PeerId, super::ids::SessionId)>,
     /// It stayed behind past `slow_consumer_timeout_ms`: it holds no
     /// publisher any more, and what goes over its high-water mark is dropped
     /// until it drains below its low-water mark.

@@ -22,10 +22,20 @@ struct Shards {
 
 impl Shards {
     fn new(n: usize) -> Self {
+        Shards::with(
+            n,
+            Config {
+                sys_interval: 0,
+                ..Config::default()
+            },
+        )
+    }
+
+    fn with(n: usize, cfg: Config) -> Self {
         let ids: Vec<PeerId> = (0..n as u16).map(PeerId).collect();
         let hs = (0..n)
             .map(|i| {
-                let mut h = H::new();
+                let mut h = H::with(cfg.clone());
                 h.b.set_peers(ids[i], &ids);
                 h
             })
@@ -258,6 +268,36 @@ fn a_full_shard_drops_qos0_and_holds_qos1_publishers() {
     let mut woken = Vec::new();
     sh.hs[0].b.take_wakeups(&mut woken);
     assert!(woken.contains(&publ.conn), "the held publisher is woken");
+}
+
+#[test]
+fn a_subscriber_behind_holds_its_publisher_on_another_shard() {
+    let mut sh = Shards::with(
+        2,
+        Config {
+            sys_interval: 0,
+            max_online_queued_bytes: 16 * 1024,
+            ..Config::default()
+        },
+    );
+    let sub = sh.client_on(1, "slow");
+    sh.subscribe(sub, "t", QoS::AtMostOnce);
+    let publ = sh.client_on(0, "fast");
+    let big = "x".repeat(1000);
+    let mut sent = 0;
+    while !sh.hs[0].b.held(publ.conn) {
+        assert!(sent < 100, "never held");
+        sh.publish(publ, "t", &big, QoS::AtMostOnce, 0);
+        sent += 1;
+    }
+    // QoS 0, and nothing dropped: the publisher waits instead.
+    assert_eq!(sh.hs[1].b.metrics().publisher_throttles, 1);
+    assert_eq!(sh.hs[0].b.metrics().peer_throttles, 1);
+    assert_eq!(sh.hs[1].b.metrics().dropped_total(), 0);
+    // The subscriber reads: its shard releases the publisher's.
+    assert_eq!(sh.out(sub).publishes().len(), sent);
+    sh.pump();
+    assert!(!sh.hs[0].b.held(publ.conn));
 }
 
 #[test]
