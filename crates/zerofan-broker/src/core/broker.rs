@@ -9,7 +9,7 @@ use super::ids::{ConnId, SessionId};
 use super::message::Message;
 use super::metrics::{Metrics, ShellStats};
 use super::outbox::{Outgoing, Transmit};
-use super::peer::{PeerBatch, PeerEvent, PeerId, Peers};
+use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
 use super::router::{Router, Scope};
 use super::session::{Queued, Session};
 use super::store::{MemoryStore, Store};
@@ -61,6 +61,9 @@ pub struct Broker {
     pub(crate) takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
     /// The same, by old connection: whose input is drained for which new one.
     pub(crate) draining: HashMap<ConnId, ConnId>,
+    /// The change number of the retained message just routed, when it went
+    /// to peers: its publisher's acknowledgement waits until they have it.
+    pub(crate) retain_fence: Option<u64>,
 }
 
 /// What the shell does with a connection's further input.
@@ -108,6 +111,7 @@ impl Broker {
             durable: super::durable::Durable::memory(now),
             takeovers: HashMap::default(),
             draining: HashMap::default(),
+            retain_fence: None,
         }
     }
 
@@ -123,9 +127,26 @@ impl Broker {
     /// An event from peer `from`, in the order `from` polled it.
     pub fn handle_peer(&mut self, now: Instant, from: PeerId, event: PeerEvent) {
         match event {
-            PeerEvent::Interest { filter, group, add } => {
+            PeerEvent::Interest {
+                filter,
+                group,
+                add,
+                seq,
+            } => {
                 self.router
                     .peer_interest(from, &filter, group.as_deref(), add);
+                self.peers.send(from, PeerEvent::Seen { seq });
+            }
+            PeerEvent::Seen { seq } => {
+                for (conn, out) in self.peers.seen(from, seq) {
+                    match out {
+                        // It may still wait for the store.
+                        Deferred::Ack(out) => self.send_publish_ack(conn, out),
+                        Deferred::SubAck(out, sid, replays) => {
+                            self.subscribed(conn, sid, out, replays)
+                        }
+                    }
+                }
             }
             PeerEvent::Publish {
                 msg,
@@ -139,7 +160,10 @@ impl Broker {
                 };
                 self.deliver(now, Rc::new(msg), scope);
             }
-            PeerEvent::Retain(msg) => self.keep_retained(Rc::new(msg)),
+            PeerEvent::Retain { msg, seq } => {
+                self.keep_retained(Rc::new(msg));
+                self.peers.send(from, PeerEvent::Seen { seq });
+            }
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
@@ -158,14 +182,25 @@ impl Broker {
     /// The next batch of events for a peer, if any waits. Call after every
     /// `handle_*` call (or once per turn of the event loop, which batches).
     pub fn poll_peer_transmit(&mut self) -> Option<PeerBatch> {
+        self.announce();
+        self.peers.poll()
+    }
+
+    /// Tell the peers of this core's new and withdrawn filters. Returns the
+    /// change number to wait for before a SUBACK, if any was announced.
+    pub(crate) fn announce(&mut self) -> Option<u64> {
+        let mut last = None;
         for a in self.router.take_announcements() {
+            let seq = self.peers.stamp();
+            last = Some(seq);
             self.peers.send_all(|| PeerEvent::Interest {
                 filter: a.filter.clone(),
                 group: a.group.clone(),
                 add: a.add,
+                seq,
             });
         }
-        self.peers.poll()
+        last
     }
 
     /// Peer `peer` joined late (a restarted shard, a new node): tell it
@@ -178,6 +213,7 @@ impl Broker {
                     filter: filter.into(),
                     group,
                     add: true,
+                    seq: 0,
                 },
             );
         }
@@ -200,7 +236,12 @@ impl Broker {
         if msg.retain && self.config.retain_available {
             if self.peers.any() {
                 let me = self.peers.me().unwrap_or(PeerId(0));
-                self.peers.send_all(|| PeerEvent::Retain(msg.for_peer(me)));
+                let seq = self.peers.stamp();
+                self.retain_fence = Some(seq);
+                self.peers.send_all(|| PeerEvent::Retain {
+                    msg: msg.for_peer(me),
+                    seq,
+                });
             }
             if !msg.payload.is_empty() {
                 self.dur_set_retained(&msg);
@@ -714,8 +755,13 @@ impl Broker {
 
     /// Queue a control packet for a connection.
     pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
+        self.send_outgoing(conn, Outgoing::from_packet(packet));
+    }
+
+    /// Queue an item for the writer of `conn`.
+    pub(crate) fn send_outgoing(&mut self, conn: ConnId, out: Outgoing) {
         if let Some(c) = self.conns.get_mut(&conn) {
-            c.outbox.push_back(Outgoing::from_packet(packet));
+            c.outbox.push_back(out);
             self.wake(conn);
         }
     }

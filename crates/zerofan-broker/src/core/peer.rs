@@ -14,6 +14,19 @@
 use super::message::Message;
 use std::sync::Arc;
 
+/// Output that waits until every peer has seen a change.
+#[derive(Debug)]
+pub(crate) enum Deferred {
+    /// The acknowledgement of a retained PUBLISH.
+    Ack(super::outbox::Outgoing),
+    /// A SUBACK, and the retained messages its subscriptions replay.
+    SubAck(
+        super::outbox::Outgoing,
+        super::ids::SessionId,
+        Vec<super::session::Queued>,
+    ),
+}
+
 /// Which peer: a shard's index in its process (a node id, later).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u16);
@@ -30,6 +43,8 @@ pub enum PeerEvent {
         group: Option<Box<str>>,
         /// True when the first subscriber came, false when the last left.
         add: bool,
+        /// The sender's change number, answered with [`PeerEvent::Seen`].
+        seq: u64,
     },
     /// A message published at the sender, for the receiver's subscribers.
     /// Its payload is the publisher's buffer, shared, never copied.
@@ -54,7 +69,20 @@ pub enum PeerEvent {
     /// A retained message set (or cleared, when its payload is empty) at
     /// the sender: every peer keeps every retained message, so that a
     /// subscription anywhere sees it.
-    Retain(Message),
+    Retain {
+        /// The message; an empty payload clears.
+        msg: Message,
+        /// The sender's change number, answered with [`PeerEvent::Seen`].
+        seq: u64,
+    },
+    /// The receiver applied the sender's changes up to `seq` (subscription
+    /// interests, retained messages): what waited on them may go (a SUBACK,
+    /// the acknowledgement of a retained PUBLISH), so that a client told
+    /// "subscribed" or "retained" finds it so on every shard.
+    Seen {
+        /// The last change applied.
+        seq: u64,
+    },
 }
 
 /// The events for one peer, in order, batched per turn of the sender's
@@ -78,6 +106,10 @@ pub(crate) struct Peers {
     holding: Vec<super::ids::ConnId>,
     /// Connections held because a subscriber at that peer is behind.
     held_for: Vec<(PeerId, super::ids::ConnId)>,
+    /// Our last change number (see [`PeerEvent::Seen`]).
+    seq: u64,
+    /// Output waiting until every peer has seen a change: (change, to).
+    deferred: std::collections::VecDeque<(u64, super::ids::ConnId, Deferred)>,
 }
 
 #[derive(Debug)]
@@ -85,6 +117,8 @@ struct Slot {
     id: PeerId,
     outbox: Vec<PeerEvent>,
     congested: bool,
+    /// The last of our changes this peer has applied.
+    seen: u64,
 }
 
 impl Peers {
@@ -97,6 +131,7 @@ impl Peers {
                 id,
                 outbox: Vec::new(),
                 congested: false,
+                seen: 0,
             })
             .collect();
         slots.sort_by_key(|s| s.id);
@@ -106,6 +141,8 @@ impl Peers {
             slots,
             holding: Vec::new(),
             held_for: Vec::new(),
+            seq: 0,
+            deferred: Default::default(),
         }
     }
 
@@ -197,6 +234,32 @@ impl Peers {
     pub(crate) fn forget(&mut self, conn: super::ids::ConnId) {
         self.holding.retain(|&c| c != conn);
         self.held_for.retain(|&(_, c)| c != conn);
+    }
+
+    /// A new change number, for a change every peer must apply.
+    pub(crate) fn stamp(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Send `out` to `conn` once every peer has seen change `seq`.
+    pub(crate) fn defer(&mut self, seq: u64, conn: super::ids::ConnId, out: Deferred) {
+        self.deferred.push_back((seq, conn, out));
+    }
+
+    /// `peer` has seen our changes up to `seq`: what may go now.
+    pub(crate) fn seen(&mut self, peer: PeerId, seq: u64) -> Vec<(super::ids::ConnId, Deferred)> {
+        if let Some(s) = self.slot(peer) {
+            s.seen = s.seen.max(seq);
+        }
+        let all = self.slots.iter().map(|s| s.seen).min().unwrap_or(u64::MAX);
+        let mut ready = Vec::new();
+        while self.deferred.front().is_some_and(|d| d.0 <= all) {
+            if let Some((_, conn, out)) = self.deferred.pop_front() {
+                ready.push((conn, out));
+            }
+        }
+        ready
     }
 
     /// The next peer's batch of events, if any waits.

@@ -120,22 +120,23 @@ impl Broker {
             msg.attach_wire(w, protocol, &mut self.wire_scratch);
         }
         let matched = self.route(now, Rc::new(msg));
+        // A retained message that went to the peers: acknowledged once every
+        // shard has it (see `PeerEvent::Seen`).
+        let fence = self.retain_fence.take();
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {
             ReasonCode::SUCCESS
         };
         // Held until durable when this publish was written (see `durable`).
-        match qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send_publish_ack(
-                conn,
-                Outgoing::from_packet(Packet::PubAck(ack(pid, reason))),
-            ),
-            QoS::ExactlyOnce => self.send_publish_ack(
-                conn,
-                Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
-            ),
+        let out = match qos {
+            QoS::AtMostOnce => return,
+            QoS::AtLeastOnce => Outgoing::from_packet(Packet::PubAck(ack(pid, reason))),
+            QoS::ExactlyOnce => Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
+        };
+        match fence {
+            Some(seq) => self.peers.defer(seq, conn, super::peer::Deferred::Ack(out)),
+            None => self.send_publish_ack(conn, out),
         }
     }
 

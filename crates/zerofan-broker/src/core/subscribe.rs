@@ -3,6 +3,8 @@
 
 use super::broker::Broker;
 use super::ids::{ConnId, SessionId};
+use super::outbox::Outgoing;
+use super::peer::Deferred;
 use super::session::{Queued, SubRecord};
 use super::trie::SubEntry;
 use std::time::Instant;
@@ -81,33 +83,52 @@ impl Broker {
             }
             reasons.push(ReasonCode(options.qos as u8));
         }
-        self.send(
-            conn,
-            Packet::SubAck(SubAck {
-                packet_id: sub.packet_id,
-                properties: Default::default(),
-                reasons,
-            }),
-        );
+        let suback = Packet::SubAck(SubAck {
+            packet_id: sub.packet_id,
+            properties: Default::default(),
+            reasons,
+        });
+        let mut replays = Vec::with_capacity(retained.len());
         for (msg, options) in retained {
             if msg.is_expired(now) || !self.may_deliver(sid, msg.topic.as_str()) {
                 continue;
             }
             let qos: QoS = options.qos.min(msg.qos);
-            self.enqueue_replay(
-                sid,
-                Queued {
-                    msg,
-                    qos,
-                    // A retained message sent because of a subscription keeps
-                    // RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
-                    retain: true,
-                    sub_ids: sub_id.into_iter().collect(),
-                    share: None,
-                    entry: None,
-                    replay: true,
-                },
-            );
+            replays.push(Queued {
+                msg,
+                qos,
+                // A retained message sent because of a subscription keeps
+                // RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
+                retain: true,
+                sub_ids: sub_id.into_iter().collect(),
+                share: None,
+                entry: None,
+                replay: true,
+            });
+        }
+        let suback = Outgoing::from_packet(suback);
+        match self.announce() {
+            // A filter new to this shard: the SUBACK (and the retained
+            // messages after it) waits until every shard routes the filter
+            // here, so that a publish after it anywhere arrives.
+            Some(seq) => self
+                .peers
+                .defer(seq, conn, Deferred::SubAck(suback, sid, replays)),
+            None => self.subscribed(conn, sid, suback, replays),
+        }
+    }
+
+    /// Send a SUBACK, then the retained messages the subscription replays.
+    pub(crate) fn subscribed(
+        &mut self,
+        conn: ConnId,
+        sid: SessionId,
+        suback: Outgoing,
+        replays: Vec<Queued>,
+    ) {
+        self.send_outgoing(conn, suback);
+        for item in replays {
+            self.enqueue_replay(sid, item);
         }
     }
 

@@ -83,8 +83,10 @@ impl Shards {
 
     /// Subscribe; returns what the client got (SUBACK, retained messages).
     fn subscribe(&mut self, c: Cx, filter: &str, qos: QoS) -> Out {
-        let out = self.hs[c.shard].subscribe(c.conn, filter, opts(qos));
+        let mut out = self.hs[c.shard].subscribe(c.conn, filter, opts(qos));
         self.pump();
+        // A SUBACK (and its retained messages) may wait for the other shards.
+        out.packets.extend(self.out(c).packets);
         out
     }
 
@@ -326,6 +328,50 @@ fn a_leaving_shared_member_hands_over_to_a_member_on_another_shard() {
     );
     sh.pump();
     assert_eq!(sh.out(b).payloads(), got_a);
+}
+
+#[test]
+fn a_suback_waits_until_every_shard_routes_the_filter() {
+    let mut sh = Shards::new(3);
+    let sub = sh.client_on(2, "sub");
+    let out = sh.hs[2].subscribe(sub.conn, "fresh/#", opts(QoS::AtLeastOnce));
+    assert!(
+        out.packets.is_empty(),
+        "SUBACK before the other shards know: {:?}",
+        out.packets
+    );
+    sh.pump();
+    let out = sh.out(sub);
+    assert!(
+        matches!(out.packets.as_slice(), [Packet::SubAck(_)]),
+        "{:?}",
+        out.packets
+    );
+    // Told "subscribed": a publish at any shard now arrives.
+    let publ = sh.client_on(0, "pub");
+    sh.publish_only(publ, "fresh/1", "after suback", QoS::AtMostOnce, 0);
+    sh.pump();
+    assert_eq!(sh.out(sub).payloads(), ["after suback"]);
+    // A second subscriber of the same filter on that shard waits for nobody.
+    let again = sh.client_on(2, "again");
+    let out = sh.hs[2].subscribe(again.conn, "fresh/#", opts(QoS::AtMostOnce));
+    assert!(matches!(out.packets.as_slice(), [Packet::SubAck(_)]));
+}
+
+#[test]
+fn a_retained_publish_is_acknowledged_once_every_shard_has_it() {
+    let mut sh = Shards::new(2);
+    let publ = sh.client_on(0, "pub");
+    let mut p = publish("r/x", "v", QoS::AtLeastOnce, 7);
+    p.retain = true;
+    sh.hs[0].send(publ.conn, Packet::Publish(p));
+    assert!(
+        sh.out(publ).packets.is_empty(),
+        "PUBACK before shard 1 has it"
+    );
+    sh.pump();
+    assert!(matches!(sh.out(publ).packets.as_slice(), [Packet::PubAck(a)] if a.packet_id == 7));
+    assert_eq!(sh.hs[1].b.retained_count(), 1);
 }
 
 #[test]
