@@ -111,3 +111,20 @@ def test_retained_messages_are_seen_from_every_shard(sharded, raw_factory):
         c.subscribe([("ret/#", 0)])
         got = sorted(c.expect(r.PUBLISH).payload for _ in range(8))
         assert got == sorted(b"v%d" % k for k in range(8)), f"late-{i}"
+
+
+def test_sys_reports_every_shard(sharded, raw_factory):
+    """`$SYS` comes from one shard, with the totals of all of them."""
+    clients = [_raw(raw_factory, sharded, f"counted-{i}") for i in range(12)]
+    watcher = _raw(raw_factory, sharded, "sys-watcher")
+    watcher.subscribe([("$SYS/broker/clients/connected", 0)])
+    deadline = time.monotonic() + 15
+    values = []
+    while time.monotonic() < deadline:
+        pkt = watcher.expect(r.PUBLISH, timeout=max(0.1, deadline - time.monotonic()))
+        values.append(int(pkt.payload))
+        if values[-1] == len(clients) + 1:
+            break
+    assert values and values[-1] == len(clients) + 1, values
+    # One publisher of `$SYS`: no other shard's own figure interleaves.
+    watcher.assert_silent(0.3)

@@ -64,6 +64,8 @@ pub struct Broker {
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
     pub(crate) retain_fence: Option<u64>,
+    /// The other shards' figures, for totals (see `Broker::set_other_shards`).
+    pub(crate) others: Option<Box<super::observe::ShardFigures>>,
 }
 
 /// What the shell does with a connection's further input.
@@ -112,6 +114,7 @@ impl Broker {
             takeovers: HashMap::default(),
             draining: HashMap::default(),
             retain_fence: None,
+            others: None,
         }
     }
 

@@ -123,17 +123,27 @@ impl CounterDef {
 pub trait Counted {
     /// Call `f` with the field's declaration and its value(s).
     fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64]));
+    /// Add `other`'s counts (another shard's) to these.
+    fn add(&mut self, other: &Self);
 }
 
 impl Counted for u64 {
     fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64])) {
         f(def, std::slice::from_ref(self));
     }
+    fn add(&mut self, other: &Self) {
+        *self = self.saturating_add(*other);
+    }
 }
 
 impl Counted for [u64; 3] {
     fn visit(&self, def: &CounterDef, f: &mut dyn FnMut(&CounterDef, &[u64])) {
         f(def, self);
+    }
+    fn add(&mut self, other: &Self) {
+        for (a, b) in self.iter_mut().zip(other) {
+            *a = a.saturating_add(*b);
+        }
     }
 }
 
@@ -172,6 +182,9 @@ macro_rules! counters {
                 f: &mut dyn FnMut(&$crate::core::CounterDef, &[u64]),
             ) {
                 self.each(f);
+            }
+            fn add(&mut self, other: &Self) {
+                $( $crate::core::Counted::add(&mut self.$field, &other.$field); )*
             }
         }
     };
@@ -414,4 +427,26 @@ pub struct ShellStats {
     pub connections_parked: u64,
     /// Times a connection was parked since start.
     pub connection_parks: u64,
+}
+
+impl ShellStats {
+    /// Add another shard's figures (each shard has its own pool).
+    pub fn add(&mut self, o: &ShellStats) {
+        self.bytes_received += o.bytes_received;
+        self.bytes_sent += o.bytes_sent;
+        self.pool_gets += o.pool_gets;
+        self.pool_hits += o.pool_hits;
+        self.pool_misses += o.pool_misses;
+        self.pool_returns += o.pool_returns;
+        self.pool_discards += o.pool_discards;
+        self.pool_bytes_retained += o.pool_bytes_retained;
+        self.pool_bytes_outstanding += o.pool_bytes_outstanding;
+        self.pool_hit_rate = if self.pool_gets == 0 {
+            0.0
+        } else {
+            self.pool_hits as f64 / self.pool_gets as f64
+        };
+        self.connections_parked += o.connections_parked;
+        self.connection_parks += o.connection_parks;
+    }
 }

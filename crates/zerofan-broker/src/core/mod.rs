@@ -42,7 +42,9 @@ pub use broker::{Broker, InputState};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
 pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
-pub use observe::{Gauges, LatencyHistogram, ReloadOutcome, StoreFigures, LATENCY_BUCKETS};
+pub use observe::{
+    Gauges, LatencyHistogram, ReloadOutcome, ShardFigures, StoreFigures, LATENCY_BUCKETS,
+};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
 pub use wire::Wire;

@@ -45,6 +45,47 @@ pub struct Gauges {
     pub log_suppressed: u64,
 }
 
+/// One shard's figures, for the totals another shard reports (`$SYS`,
+/// `/metrics`, an embedder's statistics).
+#[derive(Clone, Debug, Default)]
+pub struct ShardFigures {
+    /// Its counters.
+    pub metrics: super::metrics::Metrics,
+    /// Its gauges.
+    pub gauges: Gauges,
+    /// Its shell's figures.
+    pub shell: super::metrics::ShellStats,
+}
+
+impl ShardFigures {
+    /// Add another shard's.
+    pub fn add(&mut self, o: &ShardFigures) {
+        super::metrics::Counted::add(&mut self.metrics, &o.metrics);
+        self.gauges.add(&o.gauges);
+        self.shell.add(&o.shell);
+    }
+}
+
+impl Gauges {
+    /// Add another shard's figures: sums, and maxima for the `_max` ones.
+    /// Every shard keeps every retained message: that count is not summed.
+    pub fn add(&mut self, o: &Gauges) {
+        self.connections += o.connections;
+        self.sessions_online += o.sessions_online;
+        self.sessions_offline += o.sessions_offline;
+        self.queued_messages += o.queued_messages;
+        self.queued_messages_max = self.queued_messages_max.max(o.queued_messages_max);
+        self.queued_bytes += o.queued_bytes;
+        self.queued_bytes_max = self.queued_bytes_max.max(o.queued_bytes_max);
+        self.queued_bytes_online += o.queued_bytes_online;
+        self.inflight += o.inflight;
+        self.inflight_max = self.inflight_max.max(o.inflight_max);
+        self.retained = self.retained.max(o.retained);
+        self.subscriptions += o.subscriptions;
+        self.log_suppressed += o.log_suppressed;
+    }
+}
+
 /// Upper bounds (seconds) of the [`LatencyHistogram`] buckets.
 pub const LATENCY_BUCKETS: [f64; 14] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -120,6 +161,43 @@ impl Broker {
     /// Gauges at this instant: walks every session (cheap at scrape rates;
     /// never called on the publish path).
     pub fn gauges(&self) -> Gauges {
+        let mut g = self.own_gauges();
+        if let Some(o) = &self.others {
+            g.add(&o.gauges);
+        }
+        g
+    }
+
+    /// This core's figures, without the other shards'.
+    pub fn shard_figures(&self) -> ShardFigures {
+        ShardFigures {
+            metrics: self.metrics.clone(),
+            gauges: self.own_gauges(),
+            shell: self.shell_stats.clone(),
+        }
+    }
+
+    /// The other shards' latest figures, added to this core's in what it
+    /// reports (`$SYS`, [`Broker::gauges`], [`Broker::total_metrics`]).
+    pub fn set_other_shards(&mut self, others: Option<ShardFigures>) {
+        self.others = others.map(Box::new);
+    }
+
+    /// The other shards' figures, as last set.
+    pub fn other_shards(&self) -> Option<&ShardFigures> {
+        self.others.as_deref()
+    }
+
+    /// The counters of every shard together.
+    pub fn total_metrics(&self) -> super::metrics::Metrics {
+        let mut m = self.metrics.clone();
+        if let Some(o) = &self.others {
+            super::metrics::Counted::add(&mut m, &o.metrics);
+        }
+        m
+    }
+
+    fn own_gauges(&self) -> Gauges {
         let mut g = Gauges {
             connections: self.conns.len(),
             retained: self.store.len(),

@@ -12,22 +12,27 @@ use zerofan_codec::{MqttStr, QoS};
 impl Broker {
     /// Publish every `$SYS/` figure now.
     pub(crate) fn publish_sys(&mut self, now: Instant) {
-        let m = &self.metrics;
-        let st = &self.shell_stats;
         let uptime = now.saturating_duration_since(self.started).as_secs();
-        let connected = self
+        let mut connected = self
             .conns
             .values()
             .filter(|c| c.session().is_some())
             .count();
-        let figures = sys_figures(
-            m,
-            st,
-            uptime,
-            connected,
-            self.sessions.len(),
-            self.store.len(),
-        );
+        let mut sessions = self.sessions.len();
+        let totals;
+        let (m, st) = match &self.others {
+            // Several shards: this one reports for all of them.
+            Some(o) => {
+                let mut all = self.shard_figures();
+                all.add(o);
+                connected += o.gauges.sessions_online;
+                sessions += o.gauges.sessions_online + o.gauges.sessions_offline;
+                totals = all;
+                (&totals.metrics, &totals.shell)
+            }
+            None => (&self.metrics, &self.shell_stats),
+        };
+        let figures = sys_figures(m, st, uptime, connected, sessions, self.store.len());
         for (name, value) in figures {
             let Ok(topic) = MqttStr::try_from(format!("$SYS/broker/{name}")) else {
                 continue;

@@ -91,10 +91,13 @@ impl Ops {
 
     /// Gather a `/metrics` page's figures (one short borrow of the core).
     pub fn snapshot(shared: &Shared) -> Snapshot {
-        let shell = shared.shell_stats();
+        let mut shell = shared.shell_stats();
         let (metrics, gauges, store) = {
             let b = shared.broker.borrow();
-            (b.metrics().clone(), b.gauges(), b.store_figures())
+            if let Some(o) = b.other_shards() {
+                shell.add(&o.shell);
+            }
+            (b.total_metrics(), b.gauges(), b.store_figures())
         };
         let ops = &shared.ops;
         Snapshot {

@@ -137,8 +137,11 @@ impl Server {
                 .iter()
                 .map(|l| l.try_clone())
                 .collect::<io::Result<Vec<_>>>()?;
+            // Shard 0 publishes `$SYS` for all of them.
+            let mut config = self.config.clone();
+            config.sys_interval = 0;
             let shard = Shard {
-                config: self.config.clone(),
+                config,
                 security: self.security.clone(),
                 prepared: self.prepared.clone(),
                 listeners: clones,
@@ -303,6 +306,10 @@ async fn timer_loop(shared: Rc<Shared>) {
         {
             let mut broker = shared.broker.borrow_mut();
             broker.set_shell_stats(stats);
+            if let Some(mesh) = &shared.mesh {
+                let others = mesh.exchange_figures(broker.shard_figures());
+                broker.set_other_shards(Some(others));
+            }
             broker.handle_timeout(now);
         }
         shared.dispatch();

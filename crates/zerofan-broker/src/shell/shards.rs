@@ -14,7 +14,7 @@
 //! [`Broker::poll_peer_transmit`]: crate::core::Broker::poll_peer_transmit
 
 use super::state::Shared;
-use crate::core::{PeerBatch, PeerEvent, PeerId};
+use crate::core::{PeerBatch, PeerEvent, PeerId, ShardFigures};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -55,11 +55,15 @@ pub(super) struct Mesh {
     backlog: RefCell<Vec<VecDeque<Envelope>>>,
     /// Wakes the task that empties backlogs.
     pending: tokio::sync::Notify,
+    /// Every shard's latest figures (by shard), for the totals shard 0
+    /// reports. Written by each shard's timer task, a few times a second.
+    figures: std::sync::Arc<std::sync::Mutex<Vec<ShardFigures>>>,
 }
 
 /// Queues for `n` shards: each shard's [`Mesh`] and inbox.
 pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(INBOX)).unzip();
+    let figures = std::sync::Arc::new(std::sync::Mutex::new(vec![ShardFigures::default(); n]));
     receivers
         .into_iter()
         .enumerate()
@@ -69,6 +73,7 @@ pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
                 to: senders.clone(),
                 backlog: RefCell::new((0..n).map(|_| VecDeque::new()).collect()),
                 pending: tokio::sync::Notify::new(),
+                figures: figures.clone(),
             };
             (mesh, rx)
         })
@@ -89,6 +94,26 @@ impl Mesh {
     /// Every shard's peer id.
     pub(super) fn peers(&self) -> Vec<PeerId> {
         (0..self.to.len()).map(|i| PeerId(i as u16)).collect()
+    }
+
+    /// Record this shard's figures; returns the other shards' together.
+    pub(super) fn exchange_figures(&self, mine: ShardFigures) -> ShardFigures {
+        let mut all = match self.figures.lock() {
+            Ok(g) => g,
+            // A shard panicked while holding it: the figures are still
+            // plain numbers.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(slot) = all.get_mut(self.me) {
+            *slot = mine;
+        }
+        let mut others = ShardFigures::default();
+        for (i, f) in all.iter().enumerate() {
+            if i != self.me {
+                others.add(f);
+            }
+        }
+        others
     }
 
     /// Send a batch the core polled. Returns the peer that just became
