@@ -24,6 +24,9 @@
 #   BASE_PORT=           brokers listen on 127.0.0.1:BASE_PORT (+1 for rumqttd's v5
 #                        listener); default: a free pair of ports picked at start
 #   BROKER_CPU=0 BENCH_CPU=1
+#   PIN=1                0: pin nothing (brokers and zerofan-bench use any core;
+#                        for the scaling table)
+#   ZEROFAN_ARGS=        more zerofan options (e.g. "--threads 2")
 #   ZEROFAN_BIN=         use this zerofan binary instead of building one
 #   ZEROFAN_VERSION=     how to name that binary in the table (e.g. a commit)
 #   WRITE=1              0: print the Markdown instead of editing BENCHMARKS.md
@@ -57,6 +60,13 @@ PY
 BASE_PORT=${BASE_PORT:-$(free_pair)}
 BROKER_CPU=${BROKER_CPU:-0}
 BENCH_CPU=${BENCH_CPU:-1}
+PIN=${PIN:-1}
+ZEROFAN_ARGS=${ZEROFAN_ARGS:-}
+read -r -a ZF_ARGS <<<"$ZEROFAN_ARGS"
+if [ "$PIN" = 0 ]; then
+    BROKER_CPU=0-$(($(nproc) - 1))
+    BENCH_CPU=$BROKER_CPU
+fi
 WRITE=${WRITE:-1}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 NOTE=${NOTE:-}
@@ -189,7 +199,8 @@ start_broker() {
         mosquitto) taskset -c "$BROKER_CPU" mosquitto -c "$CONF/mosquitto.conf" >>"$logf" 2>&1 & ;;
         rumqttd) taskset -c "$BROKER_CPU" "$CACHE/rumqttd/bin/rumqttd" -c "$CONF/rumqttd.toml" >>"$logf" 2>&1 & ;;
         mochi) taskset -c "$BROKER_CPU" "$CACHE/mochi/mochi-bench" --listen "127.0.0.1:$BASE_PORT" >>"$logf" 2>&1 & ;;
-        zerofan) taskset -c "$BROKER_CPU" "$ZEROFAN" --listen "127.0.0.1:$BASE_PORT" --memory >>"$logf" 2>&1 & ;;
+        zerofan) taskset -c "$BROKER_CPU" "$ZEROFAN" --listen "127.0.0.1:$BASE_PORT" --memory \
+            "${ZF_ARGS[@]}" >>"$logf" 2>&1 & ;;
     esac
     BROKER_PID=$!
     for _ in $(seq 1 100); do
@@ -292,7 +303,7 @@ if [ ! -s "$OUT/meta.txt" ]; then
     cmd="REPEATS=$REPEATS DURATION=$DURATION SCENARIOS=$SCENARIOS${SUBSCRIBERS:+ SUBSCRIBERS=$SUBSCRIBERS} PROTOCOL=$PROTOCOL bench/compare.sh"
     meta=(
         --meta "Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-        --meta "Machine: $(nproc) cores, ${model:-unknown CPU}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); broker pinned to core $BROKER_CPU, zerofan-bench to core $BENCH_CPU (taskset); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+        --meta "Machine: $(nproc) cores, ${model:-unknown CPU}, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); broker on core(s) $BROKER_CPU, zerofan-bench on core(s) $BENCH_CPU (taskset)${ZEROFAN_ARGS:+; zerofan $ZEROFAN_ARGS}; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
         --meta "Versions: $versions_line"
         --meta "Command: \`$cmd\` (MQTT protocol level $PROTOCOL, $DURATION s of publishing per case; raw JSON in bench/.cache/results/$STAMP)"
         --meta "Cells: median (min–max) over $REPEATS repeats; ↑ higher is better, ↓ lower is better; the last column is zerofan's median over the best peer's median. Throughput is counted at the receivers with a bounded window of messages in flight per publisher; **lost N** marks deliveries that never arrived."
