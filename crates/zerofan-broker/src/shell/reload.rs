@@ -27,7 +27,14 @@ pub async fn sighup_loop(
         }
         match &reloader {
             Some(r) => {
-                reload_now(&shared, r());
+                let config = r();
+                let copy = config.as_ref().ok().cloned();
+                if reload_now(&shared, config) {
+                    // Every shard puts the same configuration in force.
+                    if let (Some(mesh), Some(config)) = (&shared.mesh, copy) {
+                        mesh.reload_others(config);
+                    }
+                }
             }
             None => tracing::warn!("SIGHUP: no configuration source to reload from"),
         }

@@ -35,6 +35,8 @@ pub(super) enum Envelope {
     },
     /// A connection whose session lives on the receiving shard.
     Conn(Handoff),
+    /// Shard 0 reloaded this configuration (SIGHUP): put it in force too.
+    Reload(Box<crate::config::Config>),
 }
 
 /// A plain-TCP connection moving to the shard that owns its client id.
@@ -114,6 +116,13 @@ impl Mesh {
             }
         }
         others
+    }
+
+    /// After a reload on this shard: the others put `config` in force too.
+    pub(super) fn reload_others(&self, config: crate::config::Config) {
+        for to in (0..self.count()).filter(|&i| i != self.me) {
+            self.send(to, Envelope::Reload(Box::new(config.clone())));
+        }
     }
 
     /// Send a batch the core polled. Returns the peer that just became
@@ -217,6 +226,12 @@ pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelo
                     }
                 }
                 Envelope::Conn(h) => super::conn::moved_in(&shared, h),
+                Envelope::Reload(config) => {
+                    let mut config = *config;
+                    // Shard 0 publishes `$SYS` for every shard.
+                    config.sys_interval = 0;
+                    super::reload::reload_now(&shared, Ok(config));
+                }
             }
         }
         shared.dispatch();
