@@ -83,6 +83,62 @@ fn spawned_broker_serves_and_its_stats_move() {
     b.shutdown().expect("shutdown");
 }
 
+/// Threads of this process whose name starts with `prefix` (Linux).
+fn threads_named(prefix: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim().starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn a_sharded_broker_serves_across_shards_and_counts_them_all() {
+    let _g = serial();
+    let b = embed::spawn(Config {
+        threads: 4,
+        ..config()
+    })
+    .expect("spawn");
+    let addr = b.local_addrs()[0];
+    // Eight client ids: they hash to several shards.
+    let mut subs: Vec<Client> = (0..8)
+        .map(|i| {
+            let mut c = Client::connect(addr, &format!("shard-sub-{i}"));
+            c.subscribe("s/#");
+            c
+        })
+        .collect();
+    let mut publ = Client::connect(addr, "shard-pub");
+    for i in 0..3u8 {
+        publ.publish("s/x", &[i; 10], false);
+    }
+    for c in &mut subs {
+        for i in 0..3u8 {
+            assert_eq!(&c.expect_publish().payload[..], &[i; 10][..]);
+        }
+    }
+    let s = stats_until(&b, "every shard's figures", |s| {
+        s.messages_sent == 24 && s.clients_connected == 9
+    });
+    assert_eq!(s.subscriptions, 8);
+    assert_eq!(s.messages_received, 3);
+    if cfg!(target_os = "linux") {
+        assert_eq!(
+            threads_named("zerofan-shard"),
+            3,
+            "shards 1 to 3 (0 is the broker thread)"
+        );
+    }
+    b.shutdown().expect("shutdown");
+    assert_eq!(
+        threads_named("zerofan-shard"),
+        0,
+        "the shards stopped with it"
+    );
+}
+
 #[test]
 fn shutdown_sends_0x8b_and_joins_the_thread() {
     let _g = serial();

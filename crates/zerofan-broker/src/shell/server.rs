@@ -124,8 +124,14 @@ impl Server {
             ));
         }
         let names = self.local_listeners();
-        let mut meshes = super::shards::wire(n).into_iter();
-        let first = if n > 1 { meshes.next() } else { None };
+        // One shard: no queues, no other thread, no cross-thread cost.
+        let mut meshes = if n > 1 {
+            super::shards::wire(n)
+        } else {
+            Vec::new()
+        }
+        .into_iter();
+        let first = meshes.next();
         let mut others = Vec::new();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut listeners = Vec::new();
