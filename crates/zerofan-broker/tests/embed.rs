@@ -124,6 +124,13 @@ fn a_sharded_broker_serves_across_shards_and_counts_them_all() {
     });
     assert_eq!(s.subscriptions, 8);
     assert_eq!(s.messages_received, 3);
+    // Per listener and per shard, every shard counted.
+    let s = stats_until(&b, "every shard's listener figures", |s| {
+        s.snapshot.listeners.first().is_some_and(|l| l.open == 9)
+            && s.snapshot.shards.iter().map(|&(c, _)| c).sum::<usize>() == 9
+    });
+    assert_eq!(s.snapshot.shards.len(), 4);
+    assert_eq!(s.snapshot.listeners[0].opened, 9);
     if cfg!(target_os = "linux") {
         assert_eq!(
             threads_named("zerofan-shard"),

@@ -55,6 +55,8 @@ pub struct ShardFigures {
     pub gauges: Gauges,
     /// Its shell's figures.
     pub shell: super::metrics::ShellStats,
+    /// Its connections per listener: (open now, accepted since start).
+    pub listeners: Vec<(u64, u64)>,
 }
 
 impl ShardFigures {
@@ -63,6 +65,13 @@ impl ShardFigures {
         super::metrics::Counted::add(&mut self.metrics, &o.metrics);
         self.gauges.add(&o.gauges);
         self.shell.add(&o.shell);
+        if self.listeners.len() < o.listeners.len() {
+            self.listeners.resize(o.listeners.len(), (0, 0));
+        }
+        for (a, b) in self.listeners.iter_mut().zip(&o.listeners) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
     }
 }
 
@@ -161,7 +170,7 @@ impl Broker {
     /// Gauges at this instant: walks every session (cheap at scrape rates;
     /// never called on the publish path).
     pub fn gauges(&self) -> Gauges {
-        let mut g = self.own_gauges();
+        let mut g = self.shard_gauges();
         if let Some(o) = &self.others {
             g.add(&o.gauges);
         }
@@ -172,8 +181,9 @@ impl Broker {
     pub fn shard_figures(&self) -> ShardFigures {
         ShardFigures {
             metrics: self.metrics.clone(),
-            gauges: self.own_gauges(),
+            gauges: self.shard_gauges(),
             shell: self.shell_stats.clone(),
+            listeners: Vec::new(),
         }
     }
 
@@ -197,7 +207,8 @@ impl Broker {
         m
     }
 
-    fn own_gauges(&self) -> Gauges {
+    /// This core's gauges, without the other shards'.
+    pub fn shard_gauges(&self) -> Gauges {
         let mut g = Gauges {
             connections: self.conns.len(),
             retained: self.store.len(),

@@ -124,6 +124,10 @@ pub(super) fn moved_in(shared: &Rc<Shared>, h: super::shards::Handoff) {
         identity: None,
     };
     let mut conn = connection(shared.clone(), Transport::Tcp(stream), h.peer, meta);
+    // Open here now, but accepted (and counted as accepted) by another shard.
+    if let Some(l) = shared.ops.listeners.borrow_mut().get_mut(h.listener) {
+        l.opened = l.opened.saturating_sub(1);
+    }
     conn.input = ReadState::moved_in(shared, &h.input);
     tokio::task::spawn_local(conn);
 }

@@ -22,7 +22,7 @@ pub struct Ops {
     pub ready: Cell<bool>,
     /// Shutdown has begun (`/readyz` answers 503).
     pub shutting_down: Cell<bool>,
-    listeners: RefCell<Vec<ListenerFigures>>,
+    pub(super) listeners: RefCell<Vec<ListenerFigures>>,
     /// Reloads that took effect.
     pub reloads_ok: Cell<u64>,
     /// Reloads refused.
@@ -92,27 +92,49 @@ impl Ops {
     /// Gather a `/metrics` page's figures (one short borrow of the core).
     pub fn snapshot(shared: &Shared) -> Snapshot {
         let mut shell = shared.shell_stats();
-        let (metrics, gauges, store) = {
+        let mut others = None;
+        let (metrics, gauges, store, gauges_here) = {
             let b = shared.broker.borrow();
             if let Some(o) = b.other_shards() {
                 shell.add(&o.shell);
+                others = Some(o.listeners.clone());
             }
-            (b.total_metrics(), b.gauges(), b.store_figures())
+            (
+                b.total_metrics(),
+                b.gauges(),
+                b.store_figures(),
+                b.shard_gauges(),
+            )
         };
         let ops = &shared.ops;
+        let mut listeners: Vec<ListenerFigures> = ops.listeners.borrow().clone();
+        // The other shards accept on the same listeners.
+        for (l, (open, opened)) in listeners.iter_mut().zip(others.unwrap_or_default()) {
+            l.open += open;
+            l.opened += opened;
+        }
+        listeners.retain(|l| !l.addr.is_empty());
+        let shards = shared
+            .mesh
+            .as_ref()
+            .map(|m| {
+                let mut t = m.table();
+                if let Some(mine) = t.get_mut(m.me()) {
+                    mine.gauges = gauges_here.clone();
+                }
+                t.iter()
+                    .map(|f| (f.gauges.connections, f.gauges.sessions_online))
+                    .collect()
+            })
+            .unwrap_or_default();
         Snapshot {
+            shards,
             uptime_seconds: ops.started.elapsed().as_secs_f64(),
             metrics,
             gauges,
             shell,
             store,
-            listeners: ops
-                .listeners
-                .borrow()
-                .iter()
-                .filter(|l| !l.addr.is_empty())
-                .cloned()
-                .collect(),
+            listeners,
             reloads_ok: ops.reloads_ok.get(),
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),

@@ -36,6 +36,8 @@ pub struct Snapshot {
     pub store: StoreFigures,
     /// Per listener.
     pub listeners: Vec<ListenerFigures>,
+    /// Per shard (with several): connections open, sessions online.
+    pub shards: Vec<(usize, usize)>,
     /// Reloads that took effect.
     pub reloads_ok: u64,
     /// Reloads refused (the old configuration stayed).
@@ -207,6 +209,32 @@ pub fn render(s: &Snapshot) -> String {
             &[("listener", &l.addr), ("kind", &l.kind)],
             l.opened as f64,
         );
+    }
+    if !s.shards.is_empty() {
+        e.family(
+            "zerofan_shard_connections",
+            Gauge,
+            "Network connections open now, by shard (thread).",
+        );
+        for (i, (conns, _)) in s.shards.iter().enumerate() {
+            e.sample(
+                "zerofan_shard_connections",
+                &[("shard", &i.to_string())],
+                *conns as f64,
+            );
+        }
+        e.family(
+            "zerofan_shard_sessions_online",
+            Gauge,
+            "Sessions with a connection attached, by shard (thread).",
+        );
+        for (i, (_, online)) in s.shards.iter().enumerate() {
+            e.sample(
+                "zerofan_shard_sessions_online",
+                &[("shard", &i.to_string())],
+                *online as f64,
+            );
+        }
     }
     e.labelled("zerofan_sessions", Gauge, "Sessions, by state: online (a connection attached) or offline (kept for their expiry interval).", "state",
         &[("online", g.sessions_online as f64), ("offline", g.sessions_offline as f64)]);
@@ -563,6 +591,7 @@ mod tests {
     fn page_is_well_formed() {
         let mut s = Snapshot::default();
         s.metrics.messages_received_by_qos = [1, 2, 3];
+        s.shards = vec![(3, 2), (1, 1)];
         s.gauges.sessions_online = 4;
         s.store.fsync.observe(std::time::Duration::from_micros(300));
         s.store.fsync.observe(std::time::Duration::from_secs(9));

@@ -313,7 +313,15 @@ async fn timer_loop(shared: Rc<Shared>) {
             let mut broker = shared.broker.borrow_mut();
             broker.set_shell_stats(stats);
             if let Some(mesh) = &shared.mesh {
-                let others = mesh.exchange_figures(broker.shard_figures());
+                let mut mine = broker.shard_figures();
+                mine.listeners = shared
+                    .ops
+                    .listeners
+                    .borrow()
+                    .iter()
+                    .map(|l| (l.open, l.opened))
+                    .collect();
+                let others = mesh.exchange_figures(mine);
                 broker.set_other_shards(Some(others));
             }
             broker.handle_timeout(now);

@@ -125,6 +125,14 @@ impl Mesh {
         }
     }
 
+    /// Every shard's latest figures, by shard.
+    pub(super) fn table(&self) -> Vec<ShardFigures> {
+        match self.figures.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// Send a batch the core polled. Returns the peer that just became
     /// congested, if any (the caller tells its core, which it may not
     /// borrow here).
