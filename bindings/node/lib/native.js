@@ -39,7 +39,8 @@ function load () {
       throw new Error(
         `zerofan: the addon package for this platform (${id}), ${pkg}, is not installed.\n` +
           `npm installs it as an optional dependency of zerofan: reinstall without --omit=optional ` +
-          `(or --no-optional), or add ${pkg} at the version of zerofan.\n` +
+          `(or --no-optional); if package-lock.json was made on another platform, remove it and ` +
+          `node_modules and install again (npm/cli#4828); or add ${pkg} at the version of zerofan.\n` +
           `In a checkout of the repository, \`npm run build\` builds it.\nTried:\n  ${tried.join('\n  ')}`
       )
     }
