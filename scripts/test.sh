@@ -123,5 +123,8 @@ node --test "$INTEROP/js/"
 echo "== node: build the Node.js package (napi-rs) and run its tests, heap tests included"
 bash bindings/node/build-and-test.sh
 
+echo "== node: pack the npm tarballs, npm install zerofan where there is no Rust, run the README example"
+(cd bindings/node && npm run test:package)
+
 echo "== bench: zerofan-bench smoke run against zerofan (tiny counts; keeps the load generator from rotting)"
 bash bench/smoke.sh

@@ -1,39 +1,51 @@
 'use strict'
-// Loads the compiled addon: $ZEROFAN_NODE_BINARY if set, else the
+// Loads the compiled addon, in this order: $ZEROFAN_NODE_BINARY; the
 // zerofan.<platform>.node that `napi build --platform` put next to
-// package.json, else a plain zerofan.node.
+// package.json (a build from this checkout); the platform package
+// zerofan-<platform> that npm installed as an optional dependency of
+// zerofan, chosen by its os/cpu/libc fields. The platform names are
+// napi-rs's (lib/platforms.js).
 const fs = require('node:fs')
 const path = require('node:path')
 
-function candidates () {
-  const dir = path.join(__dirname, '..')
-  const out = []
-  if (process.env.ZEROFAN_NODE_BINARY) out.push(path.resolve(process.env.ZEROFAN_NODE_BINARY))
-  const prefix = `zerofan.${process.platform}-${process.arch}`
-  let names = []
-  try {
-    names = fs.readdirSync(dir)
-  } catch {}
-  for (const n of names.sort()) {
-    if (n.startsWith(prefix) && n.endsWith('.node')) out.push(path.join(dir, n))
-  }
-  out.push(path.join(dir, 'zerofan.node'))
-  return out
-}
+const { PLATFORMS, platformId } = require('./platforms')
 
 function load () {
+  const id = platformId()
   const tried = []
-  for (const file of candidates()) {
-    if (!fs.existsSync(file)) {
-      tried.push(`${file} (missing)`)
-      continue
-    }
+  const env = process.env.ZEROFAN_NODE_BINARY
+  if (env) {
+    const file = path.resolve(env)
+    if (!fs.existsSync(file)) throw new Error(`zerofan: ZEROFAN_NODE_BINARY=${env}: no such file`)
     return require(file)
   }
-  throw new Error(
-    'zerofan: native addon not found; run `npm run build` in bindings/node.\nTried:\n  ' +
-      tried.join('\n  ')
-  )
+  const local = path.join(__dirname, '..', `zerofan.${id}.node`)
+  if (fs.existsSync(local)) return require(local)
+  tried.push(`${local} (missing)`)
+
+  const pkg = `zerofan-${id}`
+  if (!PLATFORMS.includes(id)) {
+    throw new Error(
+      `zerofan: no prebuilt addon for this platform: ${id} (node ${process.version}).\n` +
+        `Prebuilt platforms: ${PLATFORMS.join(', ')}.\n` +
+        'Build from source with a Rust toolchain: `npm run build` in bindings/node of the zerofan repository.'
+    )
+  }
+  try {
+    return require(pkg)
+  } catch (e) {
+    if (e && e.code === 'MODULE_NOT_FOUND' && String(e.message).includes(`'${pkg}'`)) {
+      tried.push(`${pkg} (not installed)`)
+      throw new Error(
+        `zerofan: the addon package for this platform (${id}), ${pkg}, is not installed.\n` +
+          `npm installs it as an optional dependency of zerofan: reinstall without --omit=optional ` +
+          `(or --no-optional); if package-lock.json was made on another platform, remove it and ` +
+          `node_modules and install again (npm/cli#4828); or add ${pkg} at the version of zerofan.\n` +
+          `In a checkout of the repository, \`npm run build\` builds it.\nTried:\n  ${tried.join('\n  ')}`
+      )
+    }
+    throw new Error(`zerofan: ${pkg} failed to load on ${id}: ${e && e.message}`, { cause: e })
+  }
 }
 
 module.exports = load()
