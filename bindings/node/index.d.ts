@@ -158,6 +158,8 @@ export interface StartBrokerOptions {
   sysInterval?: number
   maxQueuedMessages?: number
   maxPacketSize?: number
+  /** Shards (threads), each with its own event loop and core (default 1; 0 = one per core). More than one runs in memory (no dataDir) for now. */
+  threads?: number
   /** Broker settings in the zerofan binary's TOML format. */
   configToml?: string
 }

@@ -480,6 +480,7 @@ async function startBroker (options) {
     sysInterval: o.sysInterval,
     maxQueuedMessages: o.maxQueuedMessages,
     maxPacketSize: o.maxPacketSize,
+    threads: o.threads,
     configToml: o.configToml
   })
   return new Broker(n)

@@ -96,6 +96,11 @@ export interface BrokerOptions {
   /** Largest packet accepted, bytes. */
   maxPacketSize?: number
   /**
+   * Shards (threads), each with its own event loop (default 1; 0 = one
+   * per core). More than one runs in memory (no `dataDir`) for now.
+   */
+  threads?: number
+  /**
    * Broker settings as TOML (the `zerofan` binary's config file
    * format); `host`/`port` and the fields above override it.
    */

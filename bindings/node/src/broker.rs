@@ -36,6 +36,9 @@ pub struct BrokerOptions {
     pub max_queued_messages: Option<u32>,
     /// Largest packet accepted, bytes.
     pub max_packet_size: Option<u32>,
+    /// Shards (threads), each with its own event loop (default 1; 0 = one
+    /// per core). More than one runs in memory (no `dataDir`) for now.
+    pub threads: Option<u32>,
     /// Broker settings as TOML (the `zerofan` binary's config file
     /// format); `host`/`port` and the fields above override it.
     pub config_toml: Option<String>,
@@ -119,6 +122,9 @@ fn config_from(o: &BrokerOptions) -> Result<Config> {
     }
     if let Some(n) = o.max_packet_size {
         config.max_packet_size = n;
+    }
+    if let Some(n) = o.threads {
+        config.threads = n as usize;
     }
     config.validate().map_err(js_err)?;
     Ok(config)

@@ -224,6 +224,26 @@ test('embedded broker: stats move (read from the core, $SYS off), close() ends i
   await c.endAsync()
 })
 
+test('embedded broker with threads: 4 serves clients on every shard', async () => {
+  const b = await zf.startBroker({ port: 0, sysInterval: 0, threads: 4 })
+  const url = `mqtt://127.0.0.1:${b.port}`
+  const subs = []
+  for (let i = 0; i < 8; i++) {
+    const c = await zf.connectAsync(url, { clientId: `shard-sub-${i}`, reconnectPeriod: 0 })
+    await c.subscribeAsync('sh/#', { qos: 1 })
+    subs.push(c)
+  }
+  const got = subs.map((c) => new Promise((resolve) => c.once('message', (t, p) => resolve(p.toString()))))
+  const p = await zf.connectAsync(url, { clientId: 'shard-pub', reconnectPeriod: 0 })
+  await p.publishAsync('sh/x', 'everywhere', { qos: 1 })
+  assert.deepEqual(await Promise.all(got), Array(8).fill('everywhere'))
+  // stats() adds every shard's figures.
+  await until(() => b.stats().messagesSent === 8 && b.stats().clientsConnected === 9, 5000, 'totals over shards')
+  assert.equal(b.stats().subscriptions, 8)
+  for (const c of [...subs, p]) await c.endAsync()
+  await b.close()
+})
+
 test('embedded broker with dataDir keeps retained messages across a restart', async () => {
   const { mkdtempSync, rmSync } = await import('node:fs')
   const os = await import('node:os')
