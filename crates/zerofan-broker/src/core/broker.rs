@@ -494,6 +494,62 @@ impl Broker {
         self.store.len()
     }
 
+    /// Every session as the HTTP API shows it, with its subscriptions when
+    /// `subs` (see `admin`).
+    pub fn admin_clients(&self, subs: bool) -> Vec<super::admin::ClientView> {
+        super::admin::views(&self.sessions, &self.conns, subs)
+    }
+
+    /// `client_id`'s session with its subscriptions.
+    pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
+        let sid = super::admin::session_of(&self.by_client, client_id)?;
+        let s = self.sessions.get(&sid)?;
+        Some(super::admin::view(s, &self.conns, true))
+    }
+
+    /// The retained messages whose topics match `filter`.
+    pub fn admin_retained(&self, filter: &str, out: &mut Vec<std::rc::Rc<super::Message>>) {
+        self.store.matching(filter, out);
+    }
+
+    /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
+    /// `discard` ends its session too. False when there is no such session.
+    pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
+        let Some(sid) = super::admin::session_of(&self.by_client, client_id) else {
+            return false;
+        };
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            let why = Some("disconnected by an administrator");
+            self.close_with(now, conn, ReasonCode::ADMINISTRATIVE_ACTION, why, true);
+        }
+        if discard && self.sessions.contains_key(&sid) {
+            self.end_session(now, sid);
+        }
+        self.end_event();
+        true
+    }
+
+    /// Publish on behalf of no client (the HTTP API); how many sessions
+    /// got it.
+    pub fn admin_publish(
+        &mut self,
+        now: Instant,
+        publish: zerofan_codec::Publish,
+    ) -> Result<usize, super::admin::AdminPublishError> {
+        super::admin::check_publish(&self.config, &publish.topic, publish.retain)?;
+        let msg = super::Message::from_publish(publish, None, now);
+        let n = self.route(now, std::rc::Rc::new(msg));
+        self.end_event();
+        Ok(n)
+    }
+
+    /// Clear the retained message of `topic` (a topic name, no wildcard).
+    pub fn admin_clear_retained(&mut self, topic: &str) {
+        self.store.clear(topic);
+        self.dur_clear_retained(topic);
+        self.end_event();
+    }
+
     // ----- shared helpers -------------------------------------------------
 
     /// Warn about bad input through the log rate limit (a hostile client

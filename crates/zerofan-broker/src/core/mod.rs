@@ -9,6 +9,7 @@
 //! - [`Metrics`]: every counter, declared once with its `$SYS/` and
 //!   Prometheus names (`metrics::counters!`).
 
+pub mod admin;
 pub mod auth;
 mod broker;
 mod connect;

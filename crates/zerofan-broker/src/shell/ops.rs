@@ -29,6 +29,10 @@ pub struct Ops {
     pub reloads_failed: Cell<u64>,
     /// HTTP requests turned away (too many at once).
     pub http_refused: Cell<u64>,
+    /// Bearer tokens and the failure table of `/api/`.
+    pub api_auth: RefCell<super::api::auth::ApiAuth>,
+    /// The HTTP listener is bound to a loopback address.
+    pub http_loopback: Cell<bool>,
 }
 
 impl Default for Ops {
@@ -41,6 +45,8 @@ impl Default for Ops {
             reloads_ok: Cell::new(0),
             reloads_failed: Cell::new(0),
             http_refused: Cell::new(0),
+            api_auth: RefCell::default(),
+            http_loopback: Cell::new(false),
         }
     }
 }
@@ -113,6 +119,7 @@ impl Ops {
             reloads_ok: ops.reloads_ok.get(),
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),
+            api_auth: ops.api_auth.borrow().figures,
         }
     }
 }
@@ -174,6 +181,7 @@ impl Drop for ListenerGuard {
 /// (its default action would kill the process).
 pub struct OpsSetup {
     metrics: Option<TcpListener>,
+    api_auth: super::api::auth::ApiAuth,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
     reloader: Option<Reloader>,
@@ -191,12 +199,15 @@ impl std::fmt::Debug for OpsSetup {
 impl OpsSetup {
     /// Bind the metrics listener of `config` (if any) and catch SIGHUP.
     pub async fn prepare(config: &Config) -> io::Result<OpsSetup> {
-        let metrics = match config.metrics {
+        let metrics = match config.http {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}"))
             })?),
             None => None,
         };
+        let loopback = config.http.is_some_and(|a| a.ip().is_loopback());
+        let api_auth = super::api::auth::ApiAuth::load(config, loopback)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         #[cfg(unix)]
         let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -207,6 +218,7 @@ impl OpsSetup {
         };
         Ok(OpsSetup {
             metrics,
+            api_auth,
             #[cfg(unix)]
             hangup,
             reloader: None,
@@ -226,10 +238,19 @@ impl OpsSetup {
     /// Start the HTTP server and the SIGHUP task; mark the broker ready.
     pub fn start(self, shared: &Rc<Shared>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
+        let reloader = self.reloader.map(Rc::new);
         if let Some(l) = self.metrics {
+            let loopback = l.local_addr().is_ok_and(|a| a.ip().is_loopback());
+            shared.ops.http_loopback.set(loopback);
+            *shared.ops.api_auth.borrow_mut() = self.api_auth;
+            let admin = Rc::new(super::api::admin::Admin::new(
+                shared.clone(),
+                reloader.clone(),
+            ));
             tasks.push(tokio::task::spawn_local(super::http::serve(
                 l,
                 shared.clone(),
+                admin,
             )));
         }
         #[cfg(unix)]
@@ -237,7 +258,7 @@ impl OpsSetup {
             tasks.push(tokio::task::spawn_local(super::reload::sighup_loop(
                 shared.clone(),
                 hup,
-                self.reloader,
+                reloader,
             )));
         }
         shared.ops.ready.set(true);

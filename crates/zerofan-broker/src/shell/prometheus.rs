@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     /// Scrapes turned away because too many were in progress.
     pub http_refused: u64,
+    /// `/api/` requests refused by token checks.
+    pub api_auth: super::api::auth::AuthFigures,
 }
 
 /// Writes families and samples.
@@ -451,6 +453,16 @@ pub fn render(s: &Snapshot) -> String {
         Counter,
         "Metrics/health requests turned away because too many were in progress.",
         s.http_refused as f64,
+    );
+    e.labelled(
+        "zerofan_http_api_refused_total",
+        Counter,
+        "/api/ requests refused: no or wrong token (401), or throttled after failures (429).",
+        "reason",
+        &[
+            ("unauthorized", s.api_auth.failures as f64),
+            ("throttled", s.api_auth.throttled as f64),
+        ],
     );
     counters(&mut e, m);
     e.finish()

@@ -237,6 +237,7 @@ pub fn run_until_signal_with(
             let mut out = std::io::stdout().lock();
             if let Some(addr) = server.metrics_addr() {
                 writeln!(out, "zerofan metrics on http://{addr}/metrics")?;
+                writeln!(out, "zerofan http on http://{addr}/")?;
             }
             for (addr, kind) in server.local_listeners() {
                 writeln!(out, "zerofan listening on {addr} {kind}")?;
