@@ -480,6 +480,12 @@ impl Config {
             if !w.url.starts_with("http://") {
                 return bad("webhook.url", "must start with http://");
             }
+            if w.events
+                .iter()
+                .any(|e| crate::core::events::EventKind::from_name(e).is_none())
+            {
+                return bad("webhook.events", "unknown event name (see the README)");
+            }
             if w.queue_size == 0 || w.batch_size == 0 || w.timeout_ms == 0 {
                 return bad(
                     "webhook",

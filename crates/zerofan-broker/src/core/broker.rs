@@ -56,6 +56,8 @@ pub struct Broker {
     pub(crate) takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
     /// The same, by old connection: whose input is drained for which new one.
     pub(crate) draining: HashMap<ConnId, ConnId>,
+    /// Events for webhooks, recorded only when asked for (see `events`).
+    pub(crate) events: super::events::Events,
 }
 
 /// What the shell does with a connection's further input.
@@ -104,6 +106,7 @@ impl Broker {
             durable: super::durable::Durable::memory(now),
             takeovers: HashMap::default(),
             draining: HashMap::default(),
+            events: Default::default(),
         }
     }
 
@@ -319,6 +322,10 @@ impl Broker {
                         s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
                     });
                     if expired {
+                        if self.events.on() {
+                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            self.events.session_expired(id);
+                        }
                         self.metrics.sessions_expired += 1;
                         self.end_session(now, sid);
                     }
@@ -494,6 +501,17 @@ impl Broker {
         self.store.len()
     }
 
+    /// Record the event kinds in `mask` for [`Broker::take_events`].
+    pub fn set_event_mask(&mut self, mask: u16) {
+        self.events.set_mask(mask);
+    }
+
+    /// Move the recorded events into `out`; events dropped (buffer full)
+    /// since start.
+    pub fn take_events(&mut self, out: &mut Vec<super::events::Event>) -> u64 {
+        self.events.take(out)
+    }
+
     /// Every session as the HTTP API shows it, with its subscriptions when
     /// `subs` (see `admin`).
     pub fn admin_clients(&self, subs: bool) -> Vec<super::admin::ClientView> {
@@ -537,8 +555,11 @@ impl Broker {
         publish: zerofan_codec::Publish,
     ) -> Result<usize, super::admin::AdminPublishError> {
         super::admin::check_publish(&self.config, &publish.topic, publish.retain)?;
-        let msg = super::Message::from_publish(publish, None, now);
-        let n = self.route(now, std::rc::Rc::new(msg));
+        let msg = std::rc::Rc::new(super::Message::from_publish(publish, None, now));
+        if self.events.on() {
+            self.events.published(None, &msg);
+        }
+        let n = self.route(now, msg);
         self.end_event();
         Ok(n)
     }
@@ -673,6 +694,14 @@ impl Broker {
         };
         self.wake(conn);
         if let Phase::Connected(sid) = prev {
+            if self.events.on() {
+                let user = self
+                    .conns
+                    .get(&conn)
+                    .and_then(|c| c.sec.username.as_deref());
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events.disconnected(id, user, reason.map(|r| r.0));
+            }
             self.detach(now, sid, will);
         }
         if prev == Phase::AwaitingTakeover {

@@ -16,6 +16,7 @@ mod connect;
 mod connection;
 mod deliver;
 pub mod durable;
+pub mod events;
 mod hash;
 mod ids;
 pub mod limits;

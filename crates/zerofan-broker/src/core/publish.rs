@@ -120,7 +120,12 @@ impl Broker {
         if let (Some(w), Some(protocol)) = (wire, protocol) {
             msg.attach_wire(w, protocol, &mut self.wire_scratch);
         }
-        let matched = self.route(now, Rc::new(msg));
+        let msg = Rc::new(msg);
+        if self.events.on() {
+            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+            self.events.published(id, &msg);
+        }
+        let matched = self.route(now, msg);
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {

@@ -18,6 +18,7 @@ pub mod reload;
 mod server;
 mod spin;
 mod state;
+pub mod webhook;
 mod writer;
 pub mod ws;
 

@@ -33,6 +33,8 @@ pub struct Ops {
     pub api_auth: RefCell<super::api::auth::ApiAuth>,
     /// The HTTP listener is bound to a loopback address.
     pub http_loopback: Cell<bool>,
+    /// Webhooks, when configured (drained by `Shared::dispatch`).
+    pub webhooks: std::cell::OnceCell<Rc<super::webhook::Webhooks>>,
 }
 
 impl Default for Ops {
@@ -47,6 +49,7 @@ impl Default for Ops {
             http_refused: Cell::new(0),
             api_auth: RefCell::default(),
             http_loopback: Cell::new(false),
+            webhooks: std::cell::OnceCell::new(),
         }
     }
 }
@@ -120,6 +123,7 @@ impl Ops {
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),
             api_auth: ops.api_auth.borrow().figures,
+            webhooks: ops.webhooks.get().map(|w| w.figures()).unwrap_or_default(),
         }
     }
 }
@@ -182,6 +186,7 @@ impl Drop for ListenerGuard {
 pub struct OpsSetup {
     metrics: Option<TcpListener>,
     api_auth: super::api::auth::ApiAuth,
+    webhooks: Option<super::webhook::Webhooks>,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
     reloader: Option<Reloader>,
@@ -208,6 +213,8 @@ impl OpsSetup {
         let loopback = config.http.is_some_and(|a| a.ip().is_loopback());
         let api_auth = super::api::auth::ApiAuth::load(config, loopback)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let webhooks = super::webhook::Webhooks::new(&config.webhook)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         #[cfg(unix)]
         let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -219,6 +226,7 @@ impl OpsSetup {
         Ok(OpsSetup {
             metrics,
             api_auth,
+            webhooks,
             #[cfg(unix)]
             hangup,
             reloader: None,
@@ -239,6 +247,12 @@ impl OpsSetup {
     pub fn start(self, shared: &Rc<Shared>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
         let reloader = self.reloader.map(Rc::new);
+        if let Some(w) = self.webhooks {
+            shared.broker.borrow_mut().set_event_mask(w.mask());
+            let w = Rc::new(w);
+            tasks.extend(w.start());
+            let _ = shared.ops.webhooks.set(w);
+        }
         if let Some(l) = self.metrics {
             let loopback = l.local_addr().is_ok_and(|a| a.ip().is_loopback());
             shared.ops.http_loopback.set(loopback);

@@ -102,6 +102,9 @@ impl Shared {
     /// Wake the task of every connection the core touched (new output, or
     /// closing) since the last call.
     pub fn dispatch(&self) {
+        if let Some(w) = self.ops.webhooks.get() {
+            w.drain(self);
+        }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);
         if ids.is_empty() {
