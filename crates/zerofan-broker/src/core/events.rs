@@ -80,7 +80,7 @@ pub struct Event {
     pub client_id: Option<MqttStr>,
     /// The connection's username.
     pub username: Option<Box<str>>,
-    /// Topic (messages) or topic filter (subscriptions).
+    /// Topic filter (subscriptions); a message's topic is in `message`.
     pub topic: Option<Box<str>>,
     /// QoS of a message or subscription.
     pub qos: Option<u8>,
@@ -215,8 +215,8 @@ impl Events {
     /// A message published (by `client_id`, or by the API when `None`).
     pub fn published(&mut self, client_id: Option<&MqttStr>, msg: &Rc<Message>) {
         if self.wants(EventKind::MessagePublished) {
+            // The topic is the message's: no copy per event.
             let mut e = Event::new(EventKind::MessagePublished, client_id);
-            e.topic = Some(msg.topic.as_str().into());
             e.qos = Some(msg.qos as u8);
             e.message = Some(msg.clone());
             self.push(e);

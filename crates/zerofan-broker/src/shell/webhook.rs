@@ -58,12 +58,43 @@ pub struct WebhookFigures {
     pub queued: u64,
 }
 
-/// An event with its time and (for `message.dropped`) a count.
+/// An event as a queue keeps it: its own bytes (a message's topic, and its
+/// payload only where a webhook sends payloads), never a reference to the
+/// message, which would pin a publisher's read buffer while it waits.
 #[derive(Debug)]
 struct Stamped {
-    event: Event,
+    kind: EventKind,
     at: SystemTime,
+    client_id: Option<String>,
+    username: Option<Box<str>>,
+    topic: Option<Box<str>>,
+    qos: Option<u8>,
+    retain: Option<bool>,
+    reason: Option<u8>,
+    payload: Option<Bytes>,
     count: Option<u64>,
+}
+
+impl Stamped {
+    fn new(e: &Event, at: SystemTime, with_payload: bool, count: Option<u64>) -> Stamped {
+        let m = e.message.as_ref();
+        Stamped {
+            kind: e.kind,
+            at,
+            client_id: e.client_id.as_ref().map(|c| c.to_string()),
+            username: e.username.clone(),
+            topic: m
+                .map(|m| m.topic.as_str().into())
+                .or_else(|| e.topic.clone()),
+            qos: e.qos,
+            retain: m.map(|m| m.retain),
+            reason: e.reason,
+            payload: m
+                .filter(|_| with_payload)
+                .map(|m| Bytes::copy_from_slice(&m.payload)),
+            count,
+        }
+    }
 }
 
 struct Hook {
@@ -86,6 +117,8 @@ pub struct Webhooks {
     core_dropped: Cell<u64>,
     /// The core's dropped-messages total at the last drain.
     dropped_seen: Cell<u64>,
+    /// Some webhook sends payloads: queued events copy them.
+    payloads: bool,
 }
 
 impl std::fmt::Debug for Webhooks {
@@ -160,6 +193,7 @@ impl Webhooks {
             scratch: RefCell::new(Vec::new()),
             core_dropped: Cell::new(0),
             dropped_seen: Cell::new(0),
+            payloads: configs.iter().any(|c| c.include_payload),
         }))
     }
 
@@ -214,11 +248,7 @@ impl Webhooks {
         }
         let at = SystemTime::now();
         for event in events.drain(..) {
-            self.fan_out(Rc::new(Stamped {
-                event,
-                at,
-                count: None,
-            }));
+            self.fan_out(&event, at, None);
         }
         if let Some(n) = extra {
             let event = Event {
@@ -230,23 +260,23 @@ impl Webhooks {
                 message: None,
                 reason: None,
             };
-            self.fan_out(Rc::new(Stamped {
-                event,
-                at,
-                count: Some(n),
-            }));
+            self.fan_out(&event, at, Some(n));
         }
         *self.scratch.borrow_mut() = events;
     }
 
-    fn fan_out(&self, e: Rc<Stamped>) {
-        let bit = e.event.kind.bit();
+    /// Queue `e` for every webhook that wants it and has room; its queued
+    /// form is made once, and only if some queue takes it (a dead
+    /// receiver's full queue costs a counter, not a copy).
+    fn fan_out(&self, e: &Event, at: SystemTime, count: Option<u64>) {
+        let bit = e.kind.bit();
+        let mut made: Option<Rc<Stamped>> = None;
         for h in &self.hooks {
             if h.mask & bit == 0 {
                 continue;
             }
-            if e.event.kind == EventKind::MessagePublished && !h.cfg.topics.is_empty() {
-                let topic = e.event.topic.as_deref().unwrap_or("");
+            if let (Some(m), false) = (&e.message, h.cfg.topics.is_empty()) {
+                let topic = m.topic.as_str();
                 if !h
                     .cfg
                     .topics
@@ -261,7 +291,9 @@ impl Webhooks {
                 h.figures.borrow_mut().dropped_queue_full += 1;
                 continue;
             }
-            q.push_back(e.clone());
+            let item =
+                made.get_or_insert_with(|| Rc::new(Stamped::new(e, at, self.payloads, count)));
+            q.push_back(item.clone());
             drop(q);
             h.notify.notify_one();
         }
@@ -293,31 +325,29 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 fn to_json(e: &Stamped, include_payload: bool) -> Value {
-    let ev = &e.event;
     let mut v = json!({
-        "event": ev.kind.name(),
+        "event": e.kind.name(),
         "timestamp": rfc3339(e.at),
-        "clientid": ev.client_id.as_ref().map(|c| c.as_str()),
-        "username": ev.username.as_deref(),
+        "clientid": e.client_id,
+        "username": e.username.as_deref(),
     });
-    if let Some(t) = &ev.topic {
+    if let Some(t) = &e.topic {
         v["topic"] = json!(t.as_ref());
     }
-    if let Some(q) = ev.qos {
+    if let Some(q) = e.qos {
         v["qos"] = json!(q);
     }
-    if let Some(r) = ev.reason {
+    if let Some(r) = e.retain {
+        v["retain"] = json!(r);
+    }
+    if let Some(r) = e.reason {
         v["reason"] = json!(r);
     }
     if let Some(n) = e.count {
         v["count"] = json!(n);
     }
-    if let Some(m) = &ev.message {
-        v["retain"] = json!(m.retain);
-        if include_payload {
-            v["payload_base64"] =
-                json!(base64::engine::general_purpose::STANDARD.encode(&m.payload));
-        }
+    if let (Some(p), true) = (&e.payload, include_payload) {
+        v["payload_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(p));
     }
     v
 }
