@@ -156,6 +156,9 @@ pub struct Config {
     /// and the dashboard at `/`; none (the default) turns it off.
     #[serde(alias = "metrics")]
     pub http: Option<SocketAddr>,
+    /// TLS for the HTTP listener, as for MQTT listeners (`cert`, `key`,
+    /// and `ca` with `require_certificate` for client certificates).
+    pub http_tls: Option<crate::listen_config::TlsConfig>,
     /// Bearer tokens for `/api/`, one a line (`#` starts a comment); read
     /// again on SIGHUP. Without it only anonymous access (below) works.
     pub http_tokens_file: Option<std::path::PathBuf>,
@@ -218,6 +221,7 @@ impl Default for Config {
             busy_poll_us: 50,
             park_after_ms: 1000,
             http: None,
+            http_tls: None,
             http_tokens_file: None,
             http_allow_anonymous: false,
             webhook: Vec::new(),
@@ -325,6 +329,7 @@ reload_classes! {
     busy_poll_us: RestartOnly,
     park_after_ms: RestartOnly,
     http: RestartOnly,
+    http_tls: RestartOnly,
     http_tokens_file: Live,
     http_allow_anonymous: Live,
     webhook: RestartOnly,
@@ -475,6 +480,11 @@ impl Config {
                 "http_allow_anonymous",
                 "only on a loopback http address (127.0.0.1, ::1)",
             );
+        }
+        if let Some(tls) = &self.http_tls {
+            if tls.require_certificate && tls.ca.is_none() {
+                return bad("http_tls.require_certificate", "needs http_tls.ca");
+            }
         }
         for w in &self.webhook {
             if !w.url.starts_with("http://") {

@@ -96,7 +96,10 @@ fn spawn(dir: &Scratch, toml: &str) -> Broker {
         if let Some(rest) = line.strip_prefix("zerofan listening on ") {
             mqtt = rest.split_whitespace().next().and_then(|a| a.parse().ok());
         }
-        if let Some(rest) = line.strip_prefix("zerofan http on http://") {
+        if let Some(rest) = line
+            .strip_prefix("zerofan http on http://")
+            .or_else(|| line.strip_prefix("zerofan http on https://"))
+        {
             http = rest.trim_end_matches('/').parse().ok();
         }
     }
@@ -391,4 +394,59 @@ fn every_route_over_a_socket() {
         Some(("application/octet-stream", &big)),
     );
     assert_eq!(s, 413);
+}
+
+#[test]
+fn tls_listener_serves_the_api_to_a_verifying_client() {
+    let dir = Scratch::new("tls");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    std::fs::write(dir.path("cert.pem"), cert.pem()).expect("w");
+    std::fs::write(dir.path("key.pem"), key.serialize_pem()).expect("w");
+    let toml = format!(
+        "{}http_tls = {{ cert = {:?}, key = {:?} }}\n",
+        tokens_config(&dir, &format!("{TOKEN}\n")),
+        dir.path("cert.pem").display().to_string(),
+        dir.path("key.pem").display().to_string(),
+    );
+    let b = spawn(&dir, &toml);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).expect("root");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("tls");
+    let sock = TcpStream::connect(b.http).expect("connect");
+    sock.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    write!(
+        tls,
+        "GET /api/v1/stats HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = Vec::new();
+    let _ = tls.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"connections\""), "{text}");
+    // Plain HTTP on the TLS port gets no answer.
+    let mut plain = TcpStream::connect(b.http).expect("connect");
+    plain.set_read_timeout(Some(WAIT)).expect("timeout");
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let mut reply = Vec::new();
+    let _ = plain.read_to_end(&mut reply);
+    assert!(
+        !reply.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&reply)
+    );
 }

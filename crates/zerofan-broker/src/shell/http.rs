@@ -41,7 +41,13 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Serve until the task is aborted.
-pub async fn serve(listener: TcpListener, shared: Rc<Shared>, admin: Rc<Admin>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Rc<Shared>,
+    admin: Rc<Admin>,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let active = Rc::new(Cell::new(0usize));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -63,23 +69,45 @@ pub async fn serve(listener: TcpListener, shared: Rc<Shared>, admin: Rc<Admin>) 
         }
         active.set(active.get() + 1);
         let (shared, admin, active) = (shared.clone(), admin.clone(), active.clone());
+        let tls = tls.clone();
         tokio::task::spawn_local(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let (shared, admin) = (shared.clone(), admin.clone());
-                async move { Ok::<_, Infallible>(respond(&shared, &admin, peer, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(REQUEST_TIMEOUT)
-                .max_buf_size(MAX_HEAD)
-                // Clients that read headers into a plain dict expect the
-                // usual capitals.
-                .title_case_headers(true)
-                .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, async {
+                match tls {
+                    None => connection(stream, shared, admin, peer).await,
+                    Some(acceptor) => {
+                        // The handshake counts against the request time.
+                        let accepted =
+                            tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await;
+                        if let Ok(Ok(stream)) = accepted {
+                            connection(stream, shared, admin, peer).await;
+                        }
+                    }
+                }
+            })
+            .await;
             active.set(active.get() - 1);
         });
     }
+}
+
+/// Serve HTTP/1.1 requests on one (plain or TLS) connection.
+async fn connection<S>(stream: S, shared: Rc<Shared>, admin: Rc<Admin>, peer: SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let (shared, admin) = (shared.clone(), admin.clone());
+        async move { Ok::<_, Infallible>(respond(&shared, &admin, peer, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(REQUEST_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        // Clients that read headers into a plain dict expect the usual
+        // capitals.
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 type Reply = Response<Full<Bytes>>;

@@ -186,6 +186,7 @@ impl Drop for ListenerGuard {
 pub struct OpsSetup {
     metrics: Option<TcpListener>,
     api_auth: super::api::auth::ApiAuth,
+    http_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     webhooks: Option<super::webhook::Webhooks>,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
@@ -213,6 +214,12 @@ impl OpsSetup {
         let loopback = config.http.is_some_and(|a| a.ip().is_loopback());
         let api_auth = super::api::auth::ApiAuth::load(config, loopback)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let http_tls = match &config.http_tls {
+            Some(t) => Some(crate::security::server_config(t).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("http_tls: {e}"))
+            })?),
+            None => None,
+        };
         let webhooks = super::webhook::Webhooks::new(&config.webhook)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         #[cfg(unix)]
@@ -226,6 +233,7 @@ impl OpsSetup {
         Ok(OpsSetup {
             metrics,
             api_auth,
+            http_tls,
             webhooks,
             #[cfg(unix)]
             hangup,
@@ -236,6 +244,15 @@ impl OpsSetup {
     /// Where SIGHUP gets the new configuration from.
     pub fn set_reloader(&mut self, reloader: Reloader) {
         self.reloader = Some(reloader);
+    }
+
+    /// `https` when the HTTP listener has TLS, else `http`.
+    pub fn http_scheme(&self) -> &'static str {
+        if self.http_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// The metrics listener's address.
@@ -265,6 +282,7 @@ impl OpsSetup {
                 l,
                 shared.clone(),
                 admin,
+                self.http_tls,
             )));
         }
         #[cfg(unix)]
