@@ -450,3 +450,41 @@ fn tls_listener_serves_the_api_to_a_verifying_client() {
         String::from_utf8_lossy(&reply)
     );
 }
+
+#[test]
+fn connections_past_the_bound_get_503_and_are_counted() {
+    let dir = Scratch::new("bound");
+    let b = spawn(&dir, "");
+    // Idle connections hold their slots (until the head timeout).
+    let held: Vec<TcpStream> = (0..32)
+        .map(|_| TcpStream::connect(b.http).expect("connect"))
+        .collect();
+    // The broker accepts them in order: one more is past the bound once
+    // all of those are in. Bounded retries: the accept loop may lag.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut s = TcpStream::connect(b.http).expect("connect");
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        if reply.starts_with(b"HTTP/1.1 503") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never refused: {reply:?}");
+    }
+    drop(held);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, _, body) = http(b.http, "GET", "/metrics", None, None);
+        if status == 200 {
+            let text = String::from_utf8_lossy(&body);
+            let refused = text
+                .lines()
+                .find_map(|l| l.strip_prefix("zerofan_http_refused_total "))
+                .and_then(|v| v.parse::<u64>().ok());
+            assert!(refused >= Some(1), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots never freed");
+    }
+}
