@@ -24,7 +24,7 @@ receive_maximum, max_inflight, max_queued_messages, max_queued_bytes \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
 park_after_ms, http (alias metrics), http_tls, http_tokens_file, http_allow_anonymous, \
 [[webhook]] tables (url, events, topics, include_payload, headers, timeout_ms, queue_size, \
-batch_size), log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+queue_full, batch_size), log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \

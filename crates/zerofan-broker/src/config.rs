@@ -40,9 +40,14 @@ pub struct WebhookConfig {
     /// Milliseconds one POST may take.
     #[serde(default = "default_webhook_timeout")]
     pub timeout_ms: u64,
-    /// Events waiting to be sent; past it new events are dropped (counted).
+    /// Events waiting to be sent; past it events are dropped (counted).
     #[serde(default = "default_webhook_queue")]
     pub queue_size: usize,
+    /// Which event a full queue drops: `drop_new` (the default: what is
+    /// queued goes out in order) or `drop_oldest` (the freshest are kept).
+    /// `disconnect` is not an option here.
+    #[serde(default)]
+    pub queue_full: QueueFull,
     /// Most events in one POST.
     #[serde(default = "default_webhook_batch")]
     pub batch_size: usize,
@@ -495,6 +500,12 @@ impl Config {
                 .any(|e| crate::core::events::EventKind::from_name(e).is_none())
             {
                 return bad("webhook.events", "unknown event name (see the README)");
+            }
+            if w.queue_full == QueueFull::Disconnect {
+                return bad(
+                    "webhook.queue_full",
+                    "must be \"drop_new\" or \"drop_oldest\"",
+                );
             }
             if w.queue_size == 0 || w.batch_size == 0 || w.timeout_ms == 0 {
                 return bad(

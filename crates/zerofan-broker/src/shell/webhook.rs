@@ -289,7 +289,10 @@ impl Webhooks {
             let mut q = h.queue.borrow_mut();
             if q.len() >= h.cfg.queue_size {
                 h.figures.borrow_mut().dropped_queue_full += 1;
-                continue;
+                if h.cfg.queue_full != crate::config::QueueFull::DropOldest {
+                    continue;
+                }
+                q.pop_front();
             }
             let item =
                 made.get_or_insert_with(|| Rc::new(Stamped::new(e, at, self.payloads, count)));
@@ -504,7 +507,50 @@ mod tests {
             timeout_ms: 100,
             queue_size: 10,
             batch_size: 10,
+            queue_full: Default::default(),
         };
         assert!(Webhooks::new(&[cfg]).is_err());
+    }
+
+    fn connected(id: &'static str) -> Event {
+        Event {
+            kind: EventKind::ClientConnected,
+            client_id: Some(zerofan_codec::MqttStr::from_static(id)),
+            username: None,
+            topic: None,
+            qos: None,
+            message: None,
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn full_queues_drop_by_policy_and_count() {
+        use crate::config::QueueFull;
+        for (policy, kept) in [
+            (QueueFull::DropNew, ["a", "b"]),
+            (QueueFull::DropOldest, ["b", "c"]),
+        ] {
+            let cfg = WebhookConfig {
+                url: "http://127.0.0.1:1/".into(),
+                events: vec!["client.connected".into()],
+                topics: vec![],
+                include_payload: false,
+                headers: Default::default(),
+                timeout_ms: 100,
+                queue_size: 2,
+                batch_size: 10,
+                queue_full: policy,
+            };
+            let w = Webhooks::new(&[cfg]).unwrap().unwrap();
+            let at = SystemTime::now();
+            for id in ["a", "b", "c"] {
+                w.fan_out(&connected(id), at, None);
+            }
+            let q = w.hooks[0].queue.borrow();
+            let ids: Vec<&str> = q.iter().filter_map(|e| e.client_id.as_deref()).collect();
+            assert_eq!(ids, kept, "{policy:?}");
+            assert_eq!(w.hooks[0].figures.borrow().dropped_queue_full, 1);
+        }
     }
 }
