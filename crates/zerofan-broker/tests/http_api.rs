@@ -257,6 +257,16 @@ fn sighup_reloads_tokens() {
         http(b.http, "GET", "/api/v1/stats", Some("old-token"), None).0,
         401
     );
+    // A tokens file that cannot be read refuses the reload; the tokens in
+    // force stay.
+    std::fs::write(dir.path("tokens"), "two words\n").expect("break tokens");
+    let (status, v) = json(b.http, "POST", "/api/v1/reload", None);
+    assert_eq!(status, 500, "{v}");
+    assert!(v["error"].is_string(), "{v}");
+    assert_eq!(
+        http(b.http, "GET", "/api/v1/stats", Some(TOKEN), None).0,
+        200
+    );
 }
 
 #[test]
