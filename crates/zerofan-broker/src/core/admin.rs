@@ -108,15 +108,81 @@ pub(crate) fn view(
     }
 }
 
-/// Every session's view, by client id.
+/// Which sessions a client list shows, and which page of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientQuery {
+    /// Client ids starting with this.
+    pub prefix: Option<String>,
+    /// Connections with this username.
+    pub username: Option<String>,
+    /// Connections on this listener.
+    pub listener: Option<usize>,
+    /// Connections from this address (`IP` or `IP:port`).
+    pub address: Option<String>,
+    /// Only connected (`true`) or offline (`false`) sessions.
+    pub connected: Option<bool>,
+    /// Matches skipped (by client id order).
+    pub offset: usize,
+    /// Most views returned.
+    pub limit: usize,
+    /// List each one's subscriptions.
+    pub subscriptions: bool,
+}
+
+impl ClientQuery {
+    fn keeps(&self, s: &Session, conn: Option<&Connection>) -> bool {
+        if let Some(p) = &self.prefix {
+            if !s.client_id.as_str().starts_with(p.as_str()) {
+                return false;
+            }
+        }
+        if let Some(want) = self.connected {
+            if conn.is_some() != want {
+                return false;
+            }
+        }
+        if let Some(u) = &self.username {
+            if conn.and_then(|c| c.sec.username.as_deref()) != Some(u.as_str()) {
+                return false;
+            }
+        }
+        if let Some(l) = self.listener {
+            if conn.map(|c| c.sec.listener) != Some(l) {
+                return false;
+            }
+        }
+        if let Some(a) = &self.address {
+            let hit =
+                conn.is_some_and(|c| c.peer.to_string() == *a || c.peer.ip().to_string() == *a);
+            if !hit {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The sessions `q` matches: how many, and the views of its page (by
+/// client id). Views are built for the page only, so a list of a few
+/// clients costs a pass over the sessions, not a copy of them all.
 pub(crate) fn views(
     sessions: &HashMap<SessionId, Box<Session>>,
     conns: &HashMap<ConnId, Box<Connection>>,
-    subs: bool,
-) -> Vec<ClientView> {
-    let mut out: Vec<ClientView> = sessions.values().map(|s| view(s, conns, subs)).collect();
-    out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-    out
+    q: &ClientQuery,
+) -> (usize, Vec<ClientView>) {
+    let mut hits: Vec<&Session> = sessions
+        .values()
+        .map(|s| &**s)
+        .filter(|s| q.keeps(s, s.conn.and_then(|c| conns.get(&c)).map(|c| &**c)))
+        .collect();
+    hits.sort_unstable_by(|a, b| a.client_id.as_str().cmp(b.client_id.as_str()));
+    let page = hits
+        .iter()
+        .skip(q.offset)
+        .take(q.limit)
+        .map(|s| view(s, conns, q.subscriptions))
+        .collect();
+    (hits.len(), page)
 }
 
 /// The session of `client_id`, if any.

@@ -512,10 +512,13 @@ impl Broker {
         self.events.take(out)
     }
 
-    /// Every session as the HTTP API shows it, with its subscriptions when
-    /// `subs` (see `admin`).
-    pub fn admin_clients(&self, subs: bool) -> Vec<super::admin::ClientView> {
-        super::admin::views(&self.sessions, &self.conns, subs)
+    /// The sessions the HTTP API lists: how many match `q`, and its page
+    /// (see `admin`).
+    pub fn admin_clients(
+        &self,
+        q: &super::admin::ClientQuery,
+    ) -> (usize, Vec<super::admin::ClientView>) {
+        super::admin::views(&self.sessions, &self.conns, q)
     }
 
     /// `client_id`'s session with its subscriptions.

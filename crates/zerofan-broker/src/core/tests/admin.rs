@@ -2,6 +2,7 @@
 //! it records for webhooks (`core::events`).
 
 use super::*;
+use crate::core::admin::ClientQuery;
 use crate::core::events::{Event, EventKind};
 
 fn api_publish(topic: &str, payload: &str, retain: bool) -> Publish {
@@ -20,9 +21,32 @@ fn views_list_sessions_with_their_subscriptions() {
     let a = h.client("alpha");
     h.subscribe(a, "t/#", opts(QoS::AtLeastOnce));
     h.client("beta");
-    let all = h.b.admin_clients(false);
+    let q = |f: fn(&mut ClientQuery)| {
+        let mut q = ClientQuery {
+            limit: 10,
+            ..ClientQuery::default()
+        };
+        f(&mut q);
+        q
+    };
+    let (total, all) = h.b.admin_clients(&q(|_| {}));
     let ids: Vec<&str> = all.iter().map(|c| c.client_id.as_str()).collect();
-    assert_eq!(ids, ["alpha", "beta"]);
+    assert_eq!((total, ids), (2, vec!["alpha", "beta"]));
+    let (total, page) = h.b.admin_clients(&q(|q| {
+        q.offset = 1;
+        q.limit = 1;
+    }));
+    assert_eq!((total, page[0].client_id.as_str()), (2, "beta"));
+    let (total, hits) = h.b.admin_clients(&q(|q| q.prefix = Some("al".into())));
+    assert_eq!((total, hits[0].client_id.as_str()), (1, "alpha"));
+    let (total, _) = h.b.admin_clients(&q(|q| q.connected = Some(false)));
+    assert_eq!(total, 0);
+    let (total, _) =
+        h.b.admin_clients(&q(|q| q.address = Some("127.0.0.1".into())));
+    assert_eq!(total, 2);
+    let (total, _) =
+        h.b.admin_clients(&q(|q| q.username = Some("nobody".into())));
+    assert_eq!(total, 0);
     assert!(all[0].connected && all[0].subscriptions.is_empty());
     assert_eq!(all[0].subscription_count, 1);
     assert_eq!(all[0].protocol, "5.0");

@@ -6,7 +6,7 @@ use super::super::ops::Ops;
 use super::super::prometheus::Snapshot;
 use super::super::reload::Reloader;
 use super::super::state::Shared;
-use crate::core::admin::{AdminPublishError, ClientView};
+use crate::core::admin::{AdminPublishError, ClientQuery, ClientView};
 use bytes::Bytes;
 use std::rc::Rc;
 use std::time::Instant;
@@ -41,9 +41,9 @@ impl Admin {
         Admin { shared, reloader }
     }
 
-    /// Every session, by client id; with subscriptions when `subs`.
-    pub fn clients(&self, subs: bool) -> Vec<ClientView> {
-        self.shared.broker.borrow().admin_clients(subs)
+    /// The sessions `q` matches: how many, and its page by client id.
+    pub fn clients(&self, q: &ClientQuery) -> (usize, Vec<ClientView>) {
+        self.shared.broker.borrow().admin_clients(q)
     }
 
     /// One session with its subscriptions.

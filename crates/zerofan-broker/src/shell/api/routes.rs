@@ -3,7 +3,7 @@
 //! objects `{"error": MESSAGE}`.
 
 use super::admin::{self, Admin};
-use crate::core::admin::{qos_of, AdminPublishError, ClientView};
+use crate::core::admin::{qos_of, AdminPublishError, ClientQuery, ClientView};
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -253,42 +253,26 @@ fn clients(admin: &Admin, q: &str) -> Reply {
         Ok(p) => p,
         Err(e) => return e,
     };
-    let prefix = param(q, "clientid");
-    let user = param(q, "username");
     let listener = match param(q, "listener").map(|l| l.parse::<usize>()) {
         None => None,
         Some(Ok(l)) => Some(l),
         Some(Err(_)) => return error(400, "listener must be a number"),
     };
-    let address = param(q, "address");
-    let connected = param(q, "connected").map(|v| v == "true");
-    let all = admin.clients(false);
-    let hits: Vec<&ClientView> = all
-        .iter()
-        .filter(|c| {
-            prefix
-                .as_ref()
-                .is_none_or(|p| c.client_id.starts_with(p.as_str()))
-        })
-        .filter(|c| user.is_none() || c.username == user)
-        .filter(|c| listener.is_none() || c.listener == listener)
-        .filter(|c| {
-            address.as_ref().is_none_or(|a| {
-                c.peer
-                    .is_some_and(|p| p.to_string() == *a || p.ip().to_string() == *a)
-            })
-        })
-        .filter(|c| connected.is_none_or(|w| c.connected == w))
-        .collect();
-    let items: Vec<Value> = hits
-        .iter()
-        .skip(page.saturating_mul(limit))
-        .take(limit)
-        .map(|c| client_json(c, false))
-        .collect();
+    let query = ClientQuery {
+        prefix: param(q, "clientid"),
+        username: param(q, "username"),
+        listener,
+        address: param(q, "address"),
+        connected: param(q, "connected").map(|v| v == "true"),
+        offset: page.saturating_mul(limit),
+        limit,
+        subscriptions: false,
+    };
+    let (total, views) = admin.clients(&query);
+    let items: Vec<Value> = views.iter().map(|c| client_json(c, false)).collect();
     reply(
         200,
-        json!({ "total": hits.len(), "page": page, "limit": limit, "clients": items }),
+        json!({ "total": total, "page": page, "limit": limit, "clients": items }),
     )
 }
 
@@ -297,22 +281,27 @@ fn subscriptions(admin: &Admin, q: &str) -> Reply {
         Ok(p) => p,
         Err(e) => return e,
     };
-    let client = param(q, "clientid");
-    let all = admin.clients(true);
-    let rows: Vec<Value> = all
-        .iter()
-        .filter(|c| client.as_ref().is_none_or(|id| c.client_id == *id))
-        .flat_map(|c| {
-            c.subscriptions
-                .iter()
-                .map(move |s| json!({ "clientid": c.client_id, "filter": s.filter, "qos": s.qos }))
-        })
-        .collect();
-    let total = rows.len();
+    let views = match param(q, "clientid") {
+        Some(id) => admin.client(&id).into_iter().collect(),
+        None => {
+            let all = ClientQuery {
+                limit: usize::MAX,
+                subscriptions: true,
+                ..ClientQuery::default()
+            };
+            admin.clients(&all).1
+        }
+    };
+    let rows = views.iter().flat_map(|c| {
+        c.subscriptions
+            .iter()
+            .map(move |s| (c.client_id.as_str(), s))
+    });
+    let total = rows.clone().count();
     let items: Vec<Value> = rows
-        .into_iter()
         .skip(page.saturating_mul(limit))
         .take(limit)
+        .map(|(id, s)| json!({ "clientid": id, "filter": s.filter, "qos": s.qos }))
         .collect();
     reply(
         200,
