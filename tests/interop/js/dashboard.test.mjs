@@ -92,6 +92,21 @@ itest(import.meta.url, 'dashboard shows clients and stats, kicks a client', asyn
   const rows = await page.locator('#clients tbody tr').count();
   assert.equal(rows, (await api('clients')).body.total);
 
+  // A client's detail: its subscriptions, from the API.
+  await page.click('#clients tbody tr[data-clientid="dash-alpha"] td');
+  await page.waitForFunction(
+    () => document.getElementById('detail').textContent.includes('"filter": "dash/#"'), null, { timeout: WAIT });
+
+  // The publish form reaches a subscriber.
+  const alpha = clients[0];
+  const got = withTimeout(new Promise((resolve) => alpha.once('message', (topic, payload) => resolve([topic, String(payload)]))), WAIT, 'message');
+  await page.fill('#publish input[name=topic]', 'dash/from-page');
+  await page.fill('#publish textarea[name=payload]', 'clicked');
+  await page.click('#publish button');
+  assert.deepEqual(await got, ['dash/from-page', 'clicked']);
+  await page.waitForFunction(
+    () => document.getElementById('publish-result').textContent === 'delivered to 1', null, { timeout: WAIT });
+
   // Kick dash-beta from the page: it gets DISCONNECT 0x98 and leaves the table.
   const beta = clients[1];
   const kicked = withTimeout(new Promise((resolve) => beta.once('disconnect', resolve)), WAIT, 'DISCONNECT');
