@@ -5,9 +5,11 @@
 #
 # Installs first (the Rust tests of zerofan-client use mosquitto too), each
 # only when missing or out of date:
-#   apt:  mosquitto-clients, mosquitto (a reference broker for the interop tests)
+#   apt:  mosquitto-clients, mosquitto (a reference broker for the interop tests),
+#         chromium (the dashboard's browser test)
 #   pip:  tests/interop/requirements.txt into ./.venv (paho-mqtt, pytest)
-#   npm:  tests/interop/package-lock.json into tests/interop/node_modules (MQTT.js)
+#   npm:  tests/interop/package-lock.json into tests/interop/node_modules (MQTT.js,
+#         playwright-core)
 #
 # Environment:
 #   BROKER=mosquitto        run the interop tests against mosquitto instead
@@ -35,6 +37,8 @@ command -v mosquitto_pub >/dev/null 2>&1 && command -v mosquitto_sub >/dev/null 
     || missing+=(mosquitto-clients)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# headless browser for the dashboard test (tests/interop/js/dashboard.test.mjs)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     as_root apt-get update -qq

@@ -22,7 +22,9 @@ receive_maximum, max_inflight, max_queued_messages, max_queued_bytes \
 (offline sessions), max_online_queued_bytes, slow_consumer_timeout_ms, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
-park_after_ms, threads, metrics, log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
+park_after_ms, threads, http (alias metrics), http_tls, http_tokens_file, http_allow_anonymous, \
+[[webhook]] tables (url, events, topics, include_payload, headers, timeout_ms, queue_size, \
+queue_full, batch_size), log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
@@ -65,10 +67,11 @@ pub struct Args {
     /// overrides.
     #[arg(short, long, action = ArgAction::Count)]
     pub verbose: u8,
-    /// Serve Prometheus metrics on http://ADDR/metrics (and /healthz,
-    /// /readyz), e.g. 127.0.0.1:9234. Off by default.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<SocketAddr>,
+    /// Serve HTTP on ADDR, e.g. 127.0.0.1:9234: Prometheus /metrics,
+    /// /healthz, /readyz, the /api/v1/ API and the dashboard at /.
+    /// --metrics is the same. Off by default.
+    #[arg(long = "http", alias = "metrics", value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
     /// Log format on stderr: text (readable) or json (one object a line).
     /// [default: text]
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -93,8 +96,8 @@ impl Args {
         if !self.listen.is_empty() {
             config.listen = self.listen.clone();
         }
-        if self.metrics.is_some() {
-            config.metrics = self.metrics;
+        if self.http.is_some() {
+            config.http = self.http;
         }
         if let Some(n) = self.threads {
             config.threads = n;

@@ -19,6 +19,50 @@ pub enum QueueFull {
     Disconnect,
 }
 
+/// One `[[webhook]]` table: events POSTed as JSON arrays to `url`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// `http://HOST:PORT/PATH` to POST to.
+    pub url: String,
+    /// Event names to send (see `shell::webhook::EVENTS`); all when empty.
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// Topic filters `message.published` is limited to; all when empty.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// Send message payloads (base64) with message events.
+    #[serde(default)]
+    pub include_payload: bool,
+    /// Extra request headers (e.g. `Authorization`).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Milliseconds one POST may take.
+    #[serde(default = "default_webhook_timeout")]
+    pub timeout_ms: u64,
+    /// Events waiting to be sent; past it events are dropped (counted).
+    #[serde(default = "default_webhook_queue")]
+    pub queue_size: usize,
+    /// Which event a full queue drops: `drop_new` (the default: what is
+    /// queued goes out in order) or `drop_oldest` (the freshest are kept).
+    /// `disconnect` is not an option here.
+    #[serde(default)]
+    pub queue_full: QueueFull,
+    /// Most events in one POST.
+    #[serde(default = "default_webhook_batch")]
+    pub batch_size: usize,
+}
+
+fn default_webhook_timeout() -> u64 {
+    5000
+}
+fn default_webhook_queue() -> usize {
+    10_000
+}
+fn default_webhook_batch() -> usize {
+    100
+}
+
 /// All broker settings. Field names are the TOML keys.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -118,9 +162,22 @@ pub struct Config {
     /// 0 means one per available core. 1 (the default for now) is the
     /// single-thread broker, with no cross-thread cost. Read at start.
     pub threads: usize,
-    /// Address of the HTTP listener serving `/metrics` (Prometheus),
-    /// `/healthz` and `/readyz`; none (the default) turns it off.
-    pub metrics: Option<SocketAddr>,
+    /// Address of the HTTP listener (`metrics` is an older name for it):
+    /// `/metrics` (Prometheus), `/healthz`, `/readyz`, the `/api/v1/` API
+    /// and the dashboard at `/`; none (the default) turns it off.
+    #[serde(alias = "metrics")]
+    pub http: Option<SocketAddr>,
+    /// TLS for the HTTP listener, as for MQTT listeners (`cert`, `key`,
+    /// and `ca` with `require_certificate` for client certificates).
+    pub http_tls: Option<crate::listen_config::TlsConfig>,
+    /// Bearer tokens for `/api/`, one a line (`#` starts a comment); read
+    /// again on SIGHUP. Without it only anonymous access (below) works.
+    pub http_tokens_file: Option<std::path::PathBuf>,
+    /// Let `/api/` requests without a token in, only when the HTTP
+    /// listener is bound to a loopback address.
+    pub http_allow_anonymous: bool,
+    /// `[[webhook]]` tables: where to POST which events.
+    pub webhook: Vec<WebhookConfig>,
     /// Log line format: `text` (default) or `json`.
     pub log_format: crate::logging::LogFormat,
     /// Where log lines go, one or more of: `stderr`, `stdout`, `syslog`
@@ -175,7 +232,11 @@ impl Default for Config {
             busy_poll_us: 50,
             park_after_ms: 1000,
             threads: 1,
-            metrics: None,
+            http: None,
+            http_tls: None,
+            http_tokens_file: None,
+            http_allow_anonymous: false,
+            webhook: Vec::new(),
             log_format: crate::logging::LogFormat::Text,
             log_dest: vec!["stderr".into()],
             pid_file: None,
@@ -281,7 +342,11 @@ reload_classes! {
     busy_poll_us: RestartOnly,
     park_after_ms: RestartOnly,
     threads: RestartOnly,
-    metrics: RestartOnly,
+    http: RestartOnly,
+    http_tls: RestartOnly,
+    http_tokens_file: Live,
+    http_allow_anonymous: Live,
+    webhook: RestartOnly,
     log_format: RestartOnly,
     log_dest: RestartOnly,
     pid_file: RestartOnly,
@@ -430,6 +495,40 @@ impl Config {
                 "log_dest",
                 "each must be \"stderr\", \"stdout\", \"syslog\", \"none\" or \"file PATH\"",
             );
+        }
+        if self.http_allow_anonymous && self.http.is_some_and(|a| !a.ip().is_loopback()) {
+            return bad(
+                "http_allow_anonymous",
+                "only on a loopback http address (127.0.0.1, ::1)",
+            );
+        }
+        if let Some(tls) = &self.http_tls {
+            if tls.require_certificate && tls.ca.is_none() {
+                return bad("http_tls.require_certificate", "needs http_tls.ca");
+            }
+        }
+        for w in &self.webhook {
+            if !w.url.starts_with("http://") {
+                return bad("webhook.url", "must start with http://");
+            }
+            if w.events
+                .iter()
+                .any(|e| crate::core::events::EventKind::from_name(e).is_none())
+            {
+                return bad("webhook.events", "unknown event name (see the README)");
+            }
+            if w.queue_full == QueueFull::Disconnect {
+                return bad(
+                    "webhook.queue_full",
+                    "must be \"drop_new\" or \"drop_oldest\"",
+                );
+            }
+            if w.queue_size == 0 || w.batch_size == 0 || w.timeout_ms == 0 {
+                return bad(
+                    "webhook",
+                    "queue_size, batch_size and timeout_ms must be at least 1",
+                );
+            }
         }
         for l in &self.listener {
             if let Some(tls) = &l.tls {

@@ -66,6 +66,8 @@ pub struct Broker {
     pub(crate) retain_fence: Option<u64>,
     /// The other shards' figures, for totals (see `Broker::set_other_shards`).
     pub(crate) others: Option<Box<super::observe::ShardFigures>>,
+    /// Events for webhooks, recorded only when asked for (see `events`).
+    pub(crate) events: super::events::Events,
 }
 
 /// What the shell does with a connection's further input.
@@ -115,6 +117,7 @@ impl Broker {
             draining: HashMap::default(),
             retain_fence: None,
             others: None,
+            events: Default::default(),
         }
     }
 
@@ -560,6 +563,10 @@ impl Broker {
                         s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
                     });
                     if expired {
+                        if self.events.on() {
+                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            self.events.session_expired(id);
+                        }
                         self.metrics.sessions_expired += 1;
                         self.end_session(now, sid);
                     }
@@ -737,6 +744,79 @@ impl Broker {
         self.store.len()
     }
 
+    /// Record the event kinds in `mask` for [`Broker::take_events`].
+    pub fn set_event_mask(&mut self, mask: u16) {
+        self.events.set_mask(mask);
+    }
+
+    /// Move the recorded events into `out`; events dropped (buffer full)
+    /// since start.
+    pub fn take_events(&mut self, out: &mut Vec<super::events::Event>) -> u64 {
+        self.events.take(out)
+    }
+
+    /// The sessions the HTTP API lists: how many match `q`, and its page
+    /// (see `admin`).
+    pub fn admin_clients(
+        &self,
+        q: &super::admin::ClientQuery,
+    ) -> (usize, Vec<super::admin::ClientView>) {
+        super::admin::views(&self.sessions, &self.conns, q)
+    }
+
+    /// `client_id`'s session with its subscriptions.
+    pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
+        let sid = super::admin::session_of(&self.by_client, client_id)?;
+        let s = self.sessions.get(&sid)?;
+        Some(super::admin::view(s, &self.conns, true))
+    }
+
+    /// The retained messages whose topics match `filter`.
+    pub fn admin_retained(&self, filter: &str, out: &mut Vec<std::rc::Rc<super::Message>>) {
+        self.store.matching(filter, out);
+    }
+
+    /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
+    /// `discard` ends its session too. False when there is no such session.
+    pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
+        let Some(sid) = super::admin::session_of(&self.by_client, client_id) else {
+            return false;
+        };
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            let why = Some("disconnected by an administrator");
+            self.close_with(now, conn, ReasonCode::ADMINISTRATIVE_ACTION, why, true);
+        }
+        if discard && self.sessions.contains_key(&sid) {
+            self.end_session(now, sid);
+        }
+        self.end_event();
+        true
+    }
+
+    /// Publish on behalf of no client (the HTTP API); how many sessions
+    /// got it.
+    pub fn admin_publish(
+        &mut self,
+        now: Instant,
+        publish: zerofan_codec::Publish,
+    ) -> Result<usize, super::admin::AdminPublishError> {
+        super::admin::check_publish(&self.config, &publish.topic, publish.retain)?;
+        let msg = std::rc::Rc::new(super::Message::from_publish(publish, None, now));
+        if self.events.on() {
+            self.events.published(None, &msg);
+        }
+        let n = self.route(now, msg);
+        self.end_event();
+        Ok(n)
+    }
+
+    /// Clear the retained message of `topic` (a topic name, no wildcard).
+    pub fn admin_clear_retained(&mut self, topic: &str) {
+        self.store.clear(topic);
+        self.dur_clear_retained(topic);
+        self.end_event();
+    }
+
     // ----- shared helpers -------------------------------------------------
 
     /// Warn about bad input through the log rate limit (a hostile client
@@ -865,6 +945,14 @@ impl Broker {
         };
         self.wake(conn);
         if let Phase::Connected(sid) = prev {
+            if self.events.on() {
+                let user = self
+                    .conns
+                    .get(&conn)
+                    .and_then(|c| c.sec.username.as_deref());
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events.disconnected(id, user, reason.map(|r| r.0));
+            }
             self.detach(now, sid, will);
         }
         if prev == Phase::AwaitingTakeover {

@@ -122,6 +122,10 @@ impl Broker {
             if let Err(code) =
                 self.authenticate(now, conn, username.as_deref(), password.as_deref())
             {
+                if self.events.on() {
+                    self.events
+                        .auth_failed(&client_id, username.as_deref(), code.0);
+                }
                 self.refuse(now, conn, code);
                 return;
             }
@@ -267,6 +271,13 @@ impl Broker {
             }
         }
         self.metrics.clients_connected_total += 1;
+        if self.events.on() {
+            let user = self
+                .conns
+                .get(&conn)
+                .and_then(|c| c.sec.username.as_deref());
+            self.events.connected(&client_id, user, session_present);
+        }
         self.auth_attach(conn, sid, client_id.as_str());
         tracing::debug!(%conn, client_id = %client_id, ?protocol, session_present, "connected");
 

@@ -9,12 +9,14 @@
 //! - [`Metrics`]: every counter, declared once with its `$SYS/` and
 //!   Prometheus names (`metrics::counters!`).
 
+pub mod admin;
 pub mod auth;
 mod broker;
 mod connect;
 mod connection;
 mod deliver;
 pub mod durable;
+pub mod events;
 mod hash;
 mod ids;
 pub mod limits;

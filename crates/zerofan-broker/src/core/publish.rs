@@ -119,7 +119,12 @@ impl Broker {
         if let (Some(w), Some(protocol)) = (wire, protocol) {
             msg.attach_wire(w, protocol, &mut self.wire_scratch);
         }
-        let matched = self.route(now, Rc::new(msg));
+        let msg = Rc::new(msg);
+        if self.events.on() {
+            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+            self.events.published(id, &msg);
+        }
+        let matched = self.route(now, msg);
         // A retained message that went to the peers: acknowledged once every
         // shard has it (see `PeerEvent::Seen`).
         let fence = self.retain_fence.take();

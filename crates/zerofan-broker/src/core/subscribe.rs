@@ -82,6 +82,11 @@ impl Broker {
                 }
             }
             reasons.push(ReasonCode(options.qos as u8));
+            if self.events.on() {
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events
+                    .subscription(id, filter, Some(options.qos as u8), false);
+            }
         }
         let suback = Packet::SubAck(SubAck {
             packet_id: sub.packet_id,
@@ -149,6 +154,10 @@ impl Broker {
                 .and_then(|s| s.flight_any())
                 .is_some_and(|f| f.subscriptions.remove(filter.as_str()).is_some());
             if existed {
+                if self.events.on() {
+                    let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                    self.events.subscription(id, filter, None, true);
+                }
                 self.dur_unsubscribed(sid, filter);
                 if filter.starts_with("$share/") {
                     self.hand_over_shared(now, sid, filter, false);

@@ -1,34 +1,59 @@
-//! A minimal HTTP/1.1 server for operators: `GET`/`HEAD` of `/metrics`
-//! (Prometheus), `/healthz` (200 while the process runs) and `/readyz` (200
-//! once listeners are bound and the store is open, 503 while shutting
-//! down). One request per connection (`Connection: close`), requests of at
-//! most [`MAX_REQUEST`] bytes read within [`REQUEST_TIMEOUT`], at most
-//! [`MAX_CONCURRENT`] at once (more get a 503 and are closed).
+//! The HTTP listener (`--http`, `http`; `--metrics` is an older name), on
+//! hyper: `/metrics` (Prometheus), `/healthz`, `/readyz`, the dashboard
+//! page at `/`, and the `/api/v1/` API behind bearer tokens (see `api`).
+//!
+//! Bounded: at most [`MAX_CONCURRENT`] connections (more get a 503 and are
+//! closed), request heads of at most [`MAX_HEAD`] bytes (431) read within
+//! [`REQUEST_TIMEOUT`], bodies of at most [`MAX_BODY`] bytes (413) read
+//! within the same time, and a connection lives at most
+//! [`CONNECTION_LIFETIME`] (a browser's kept-alive connection reconnects).
 
+use super::api::admin::Admin;
+use super::api::auth::Verdict;
+use super::api::routes;
 use super::ops::Ops;
 use super::prometheus;
 use super::state::Shared;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::cell::Cell;
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
 
 /// Largest request head accepted, bytes.
-pub const MAX_REQUEST: usize = 8 * 1024;
-/// Requests served at once.
-pub const MAX_CONCURRENT: usize = 8;
-/// Time a client has to send its request and read the answer.
+pub const MAX_HEAD: usize = 16 * 1024;
+/// Largest request body accepted (a publish's payload), bytes.
+pub const MAX_BODY: usize = 1024 * 1024;
+/// Connections served at once.
+pub const MAX_CONCURRENT: usize = 32;
+/// Time a client has to send a request's head, and its body.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest life of one connection.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Serve until the task is aborted.
-pub async fn serve(listener: TcpListener, shared: Rc<Shared>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Rc<Shared>,
+    admin: Rc<Admin>,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let active = Rc::new(Cell::new(0usize));
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "metrics listener: accept failed");
+                tracing::warn!(error = %e, "http listener: accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -38,199 +63,171 @@ pub async fn serve(listener: TcpListener, shared: Rc<Shared>) {
                 .ops
                 .http_refused
                 .set(shared.ops.http_refused.get() + 1);
-            let busy = response(503, "text/plain; charset=utf-8", b"busy\n", false, &[]);
-            let _ = stream.try_write(&busy);
+            let busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n";
+            let _ = stream.try_write(busy);
             continue;
         }
         active.set(active.get() + 1);
-        let (shared, active) = (shared.clone(), active.clone());
+        let (shared, admin, active) = (shared.clone(), admin.clone(), active.clone());
+        let tls = tls.clone();
         tokio::task::spawn_local(async move {
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, &shared)).await;
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, async {
+                match tls {
+                    None => connection(stream, shared, admin, peer).await,
+                    Some(acceptor) => {
+                        // The handshake counts against the request time.
+                        let accepted =
+                            tokio::time::timeout(REQUEST_TIMEOUT, acceptor.accept(stream)).await;
+                        if let Ok(Ok(stream)) = accepted {
+                            connection(stream, shared, admin, peer).await;
+                        }
+                    }
+                }
+            })
+            .await;
             active.set(active.get() - 1);
         });
     }
 }
 
-async fn handle(mut stream: TcpStream, shared: &Shared) {
-    let mut buf = Vec::with_capacity(1024);
-    let head_len = loop {
-        if let Some(end) = find_head_end(&buf) {
-            break end;
-        }
-        if buf.len() >= MAX_REQUEST {
-            let r = response(
-                431,
-                "text/plain; charset=utf-8",
-                b"request too large\n",
-                false,
-                &[],
-            );
-            let _ = stream.write_all(&r).await;
-            return;
-        }
-        let mut chunk = [0u8; 1024];
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let answer = answer(&buf[..head_len], shared);
-    let _ = stream.write_all(&answer).await;
-    let _ = stream.shutdown().await;
+/// Serve HTTP/1.1 requests on one (plain or TLS) connection.
+async fn connection<S>(stream: S, shared: Rc<Shared>, admin: Rc<Admin>, peer: SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let (shared, admin) = (shared.clone(), admin.clone());
+        async move { Ok::<_, Infallible>(respond(&shared, &admin, peer, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(REQUEST_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        // Clients that read headers into a plain dict expect the usual
+        // capitals.
+        .title_case_headers(true)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
-/// Where the blank line ending the head is (index after it).
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: u16, content_type: &str, body: impl Into<Bytes>) -> Reply {
+    let body: Bytes = body.into();
+    let mut r = Response::new(Full::new(body.clone()));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    r
 }
 
-/// The whole response to a request head.
-fn answer(head: &[u8], shared: &Shared) -> Vec<u8> {
-    let Some((method, path)) = request_line(head) else {
-        return response(
-            400,
-            "text/plain; charset=utf-8",
-            b"bad request\n",
-            false,
-            &[],
-        );
+fn with_header(mut r: Reply, name: &'static str, value: &str) -> Reply {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        r.headers_mut().insert(name, v);
+    }
+    r
+}
+
+fn from_api(r: routes::Reply) -> Reply {
+    let allow = r.allow.clone();
+    let out = reply(r.status, r.content_type, r.body);
+    match allow {
+        Some(a) => with_header(out, ALLOW.as_str(), &a),
+        None => out,
+    }
+}
+
+async fn respond(
+    shared: &Shared,
+    admin: &Admin,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Reply {
+    let path = req.uri().path().to_string();
+    let read_only = req.method() == "GET" || req.method() == "HEAD";
+    if path.starts_with("/api/") {
+        return api(shared, admin, peer, req).await;
+    }
+    let page = match path.as_str() {
+        "/metrics" => Some(reply(
+            200,
+            prometheus::CONTENT_TYPE,
+            prometheus::render(&Ops::snapshot(shared)),
+        )),
+        "/healthz" => Some(reply(200, TEXT, "ok\n")),
+        "/readyz" => Some(if Ops::is_ready(shared) {
+            reply(200, TEXT, "ready\n")
+        } else if shared.ops.shutting_down.get() {
+            reply(503, TEXT, "shutting down\n")
+        } else {
+            reply(503, TEXT, "not ready\n")
+        }),
+        "/" | "/index.html" => Some(with_header(
+            reply(200, "text/html; charset=utf-8", super::api::DASHBOARD),
+            "content-security-policy",
+            "default-src 'self'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline' 'self'",
+        )),
+        _ => None,
     };
-    let head_only = method == "HEAD";
-    if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
-        return response(
-            404,
-            "text/plain; charset=utf-8",
-            b"not found\n",
-            head_only,
-            &[],
-        );
+    match page {
+        None => reply(404, TEXT, "not found\n"),
+        Some(_) if !read_only => with_header(
+            reply(405, TEXT, "method not allowed\n"),
+            ALLOW.as_str(),
+            "GET, HEAD",
+        ),
+        Some(p) => p,
     }
-    if method != "GET" && method != "HEAD" {
-        return response(
-            405,
-            "text/plain; charset=utf-8",
-            b"method not allowed\n",
-            false,
-            &[("Allow", "GET, HEAD")],
-        );
-    }
-    match path {
-        "/metrics" => {
-            let page = prometheus::render(&Ops::snapshot(shared));
-            response(
-                200,
-                prometheus::CONTENT_TYPE,
-                page.as_bytes(),
-                head_only,
-                &[],
+}
+
+async fn api(shared: &Shared, admin: &Admin, peer: SocketAddr, req: Request<Incoming>) -> Reply {
+    let verdict = {
+        let authorization = req.headers().get("authorization").map(|v| v.as_bytes());
+        shared
+            .ops
+            .api_auth
+            .borrow_mut()
+            .check(Instant::now(), peer.ip(), authorization)
+    };
+    match verdict {
+        Verdict::Allowed => {}
+        Verdict::Unauthorized => {
+            return with_header(
+                from_api(routes::error(
+                    401,
+                    "a valid Authorization: Bearer token is needed",
+                )),
+                "www-authenticate",
+                "Bearer",
             )
         }
-        "/healthz" => response(200, "text/plain; charset=utf-8", b"ok\n", head_only, &[]),
-        _ => {
-            if Ops::is_ready(shared) {
-                response(200, "text/plain; charset=utf-8", b"ready\n", head_only, &[])
-            } else if shared.ops.shutting_down.get() {
-                response(
-                    503,
-                    "text/plain; charset=utf-8",
-                    b"shutting down\n",
-                    head_only,
-                    &[],
-                )
-            } else {
-                response(
-                    503,
-                    "text/plain; charset=utf-8",
-                    b"not ready\n",
-                    head_only,
-                    &[],
-                )
-            }
+        Verdict::Throttled => {
+            return with_header(
+                from_api(routes::error(429, "too many failed attempts; try later")),
+                "retry-after",
+                &super::api::auth::WINDOW.as_secs().to_string(),
+            )
         }
     }
-}
-
-/// Method and path (without a query string) of `METHOD SP TARGET SP HTTP/1.x`.
-fn request_line(head: &[u8]) -> Option<(&str, &str)> {
-    let line_end = head.iter().position(|&b| b == b'\r')?;
-    let line = std::str::from_utf8(&head[..line_end]).ok()?;
-    let mut parts = line.split(' ');
-    let method = parts.next()?;
-    let target = parts.next()?;
-    let version = parts.next()?;
-    if parts.next().is_some() || !version.starts_with("HTTP/1.") || method.is_empty() {
-        return None;
-    }
-    let path = target.split('?').next().unwrap_or(target);
-    Some((method, path))
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    }
-}
-
-/// A complete `Connection: close` response; `head_only` leaves the body
-/// out (HEAD) but keeps its Content-Length.
-fn response(
-    code: u16,
-    content_type: &str,
-    body: &[u8],
-    head_only: bool,
-    extra: &[(&str, &str)],
-) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        reason(code),
-        body.len()
-    );
-    for (k, v) in extra {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    if !head_only {
-        out.extend_from_slice(body);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn request_lines() {
-        assert_eq!(
-            request_line(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Some(("GET", "/metrics"))
-        );
-        assert_eq!(
-            request_line(b"HEAD /readyz?x=1 HTTP/1.0\r\n\r\n"),
-            Some(("HEAD", "/readyz"))
-        );
-        assert_eq!(request_line(b"GET /metrics\r\n\r\n"), None);
-        assert_eq!(request_line(b"GET /a b HTTP/1.1\r\n\r\n"), None);
-        assert_eq!(request_line(b"\xff\xfe / HTTP/1.1\r\n\r\n"), None);
-    }
-
-    #[test]
-    fn head_keeps_length_drops_body() {
-        let r = response(200, "text/plain", b"hello", true, &[]);
-        let text = String::from_utf8(r).unwrap();
-        assert!(text.contains("Content-Length: 5\r\n"));
-        assert!(text.ends_with("\r\n\r\n"));
-    }
-
-    #[test]
-    fn head_end() {
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nrest"), Some(18));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n"), None);
-    }
+    let (parts, body) = req.into_parts();
+    let body =
+        match tokio::time::timeout(REQUEST_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => return from_api(routes::error(413, "request body too large")),
+            Err(_) => return from_api(routes::error(408, "request body too slow")),
+        };
+    let request = routes::Request {
+        method: parts.method.as_str(),
+        path: parts.uri.path(),
+        query: parts.uri.query().unwrap_or(""),
+        content_type: parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+        body,
+    };
+    from_api(routes::route(admin, &request))
 }

@@ -3,6 +3,7 @@
 //! `LocalSet`); the core lives in an `Rc<RefCell<_>>`, so the publish path
 //! takes no lock.
 
+pub mod api;
 mod buffers;
 mod conn;
 pub mod http;
@@ -18,6 +19,7 @@ mod server;
 mod shards;
 mod spin;
 mod state;
+pub mod webhook;
 mod writer;
 pub mod ws;
 

@@ -29,6 +29,12 @@ pub struct Ops {
     pub reloads_failed: Cell<u64>,
     /// HTTP requests turned away (too many at once).
     pub http_refused: Cell<u64>,
+    /// Bearer tokens and the failure table of `/api/`.
+    pub api_auth: RefCell<super::api::auth::ApiAuth>,
+    /// The HTTP listener is bound to a loopback address.
+    pub http_loopback: Cell<bool>,
+    /// Webhooks, when configured (drained by `Shared::dispatch`).
+    pub webhooks: std::cell::OnceCell<Rc<super::webhook::Webhooks>>,
 }
 
 impl Default for Ops {
@@ -41,6 +47,9 @@ impl Default for Ops {
             reloads_ok: Cell::new(0),
             reloads_failed: Cell::new(0),
             http_refused: Cell::new(0),
+            api_auth: RefCell::default(),
+            http_loopback: Cell::new(false),
+            webhooks: std::cell::OnceCell::new(),
         }
     }
 }
@@ -138,6 +147,8 @@ impl Ops {
             reloads_ok: ops.reloads_ok.get(),
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),
+            api_auth: ops.api_auth.borrow().figures,
+            webhooks: ops.webhooks.get().map(|w| w.figures()).unwrap_or_default(),
         }
     }
 }
@@ -199,6 +210,9 @@ impl Drop for ListenerGuard {
 /// (its default action would kill the process).
 pub struct OpsSetup {
     metrics: Option<TcpListener>,
+    api_auth: super::api::auth::ApiAuth,
+    http_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    webhooks: Option<super::webhook::Webhooks>,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
     reloader: Option<Reloader>,
@@ -216,12 +230,23 @@ impl std::fmt::Debug for OpsSetup {
 impl OpsSetup {
     /// Bind the metrics listener of `config` (if any) and catch SIGHUP.
     pub async fn prepare(config: &Config) -> io::Result<OpsSetup> {
-        let metrics = match config.metrics {
+        let metrics = match config.http {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}"))
             })?),
             None => None,
         };
+        let loopback = config.http.is_some_and(|a| a.ip().is_loopback());
+        let api_auth = super::api::auth::ApiAuth::load(config, loopback)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let http_tls = match &config.http_tls {
+            Some(t) => Some(crate::security::server_config(t).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("http_tls: {e}"))
+            })?),
+            None => None,
+        };
+        let webhooks = super::webhook::Webhooks::new(&config.webhook)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         #[cfg(unix)]
         let hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
@@ -232,6 +257,9 @@ impl OpsSetup {
         };
         Ok(OpsSetup {
             metrics,
+            api_auth,
+            http_tls,
+            webhooks,
             #[cfg(unix)]
             hangup,
             reloader: None,
@@ -243,6 +271,15 @@ impl OpsSetup {
         self.reloader = Some(reloader);
     }
 
+    /// `https` when the HTTP listener has TLS, else `http`.
+    pub fn http_scheme(&self) -> &'static str {
+        if self.http_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// The metrics listener's address.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().and_then(|l| l.local_addr().ok())
@@ -251,10 +288,26 @@ impl OpsSetup {
     /// Start the HTTP server and the SIGHUP task; mark the broker ready.
     pub fn start(self, shared: &Rc<Shared>) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
+        let reloader = self.reloader.map(Rc::new);
+        if let Some(w) = self.webhooks {
+            shared.broker.borrow_mut().set_event_mask(w.mask());
+            let w = Rc::new(w);
+            tasks.extend(w.start());
+            let _ = shared.ops.webhooks.set(w);
+        }
         if let Some(l) = self.metrics {
+            let loopback = l.local_addr().is_ok_and(|a| a.ip().is_loopback());
+            shared.ops.http_loopback.set(loopback);
+            *shared.ops.api_auth.borrow_mut() = self.api_auth;
+            let admin = Rc::new(super::api::admin::Admin::new(
+                shared.clone(),
+                reloader.clone(),
+            ));
             tasks.push(tokio::task::spawn_local(super::http::serve(
                 l,
                 shared.clone(),
+                admin,
+                self.http_tls,
             )));
         }
         #[cfg(unix)]
@@ -262,7 +315,7 @@ impl OpsSetup {
             tasks.push(tokio::task::spawn_local(super::reload::sighup_loop(
                 shared.clone(),
                 hup,
-                self.reloader,
+                reloader,
             )));
         }
         shared.ops.ready.set(true);

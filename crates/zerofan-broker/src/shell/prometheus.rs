@@ -44,6 +44,11 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     /// Scrapes turned away because too many were in progress.
     pub http_refused: u64,
+    /// `/api/` requests refused by token checks.
+    pub api_auth: super::api::auth::AuthFigures,
+    /// Each webhook's counters, and events lost before any queue (the
+    /// core's event buffer was full).
+    pub webhooks: (Vec<super::webhook::WebhookFigures>, u64),
 }
 
 /// Writes families and samples.
@@ -480,8 +485,103 @@ pub fn render(s: &Snapshot) -> String {
         "Metrics/health requests turned away because too many were in progress.",
         s.http_refused as f64,
     );
+    e.labelled(
+        "zerofan_http_api_refused_total",
+        Counter,
+        "/api/ requests refused: no or wrong token (401), or throttled after failures (429).",
+        "reason",
+        &[
+            ("unauthorized", s.api_auth.failures as f64),
+            ("throttled", s.api_auth.throttled as f64),
+        ],
+    );
+    webhooks(&mut e, &s.webhooks.0, s.webhooks.1);
     counters(&mut e, m);
     e.finish()
+}
+
+/// One family per webhook counter, one sample per webhook (by URL).
+fn webhooks(e: &mut Exposition, hooks: &[super::webhook::WebhookFigures], lost: u64) {
+    if hooks.is_empty() {
+        return;
+    }
+    use Kind::{Counter, Gauge};
+    type Get = fn(&super::webhook::WebhookFigures) -> f64;
+    type Row<'a> = (&'a str, Kind, &'a str, &'a [(&'a str, &'a str)], Get);
+    let families: [Row; 8] = [
+        (
+            "zerofan_webhook_posts_total",
+            Counter,
+            "Webhook batches POSTed, by result (failed: after its retries).",
+            &[("result", "ok")],
+            |f| f.posts_ok as f64,
+        ),
+        (
+            "zerofan_webhook_posts_total",
+            Counter,
+            "",
+            &[("result", "failed")],
+            |f| f.posts_failed as f64,
+        ),
+        (
+            "zerofan_webhook_retries_total",
+            Counter,
+            "Webhook POSTs repeated after a failure.",
+            &[],
+            |f| f.retries as f64,
+        ),
+        (
+            "zerofan_webhook_events_sent_total",
+            Counter,
+            "Events a webhook receiver took.",
+            &[],
+            |f| f.events_sent as f64,
+        ),
+        (
+            "zerofan_webhook_events_dropped_total",
+            Counter,
+            "Webhook events dropped: queue full, or their batch failed.",
+            &[("reason", "queue_full")],
+            |f| f.dropped_queue_full as f64,
+        ),
+        (
+            "zerofan_webhook_events_dropped_total",
+            Counter,
+            "",
+            &[("reason", "send_failed")],
+            |f| f.dropped_failed as f64,
+        ),
+        (
+            "zerofan_webhook_circuit_opens_total",
+            Counter,
+            "Times a webhook's circuit opened (endpoint unreachable).",
+            &[],
+            |f| f.circuit_opens as f64,
+        ),
+        (
+            "zerofan_webhook_queued",
+            Gauge,
+            "Events waiting in a webhook's queue.",
+            &[],
+            |f| f.queued as f64,
+        ),
+    ];
+    for (name, kind, help, labels, get) in families {
+        if !help.is_empty() {
+            e.family(name, kind, help);
+        }
+        for f in hooks {
+            let mut l: Vec<(&str, &str)> = vec![("webhook", f.url.as_str())];
+            l.extend_from_slice(labels);
+            e.sample(name, &l, get(f));
+        }
+    }
+    e.single(
+        "zerofan_webhook_events_lost_total",
+        Counter,
+        "Events lost before any webhook queue (the core's event buffer was full).",
+        lost as f64,
+    );
 }
 
 /// Every core counter as `core::metrics` declares it: one family per run

@@ -17,7 +17,7 @@ pub type Reloader = Box<dyn Fn() -> Result<Config, String>>;
 pub async fn sighup_loop(
     shared: std::rc::Rc<Shared>,
     mut hangup: tokio::signal::unix::Signal,
-    reloader: Option<Reloader>,
+    reloader: Option<std::rc::Rc<Reloader>>,
 ) {
     while hangup.recv().await.is_some() {
         crate::sd_notify::notify("RELOADING=1");
@@ -27,7 +27,7 @@ pub async fn sighup_loop(
         }
         match &reloader {
             Some(r) => {
-                let config = r();
+                let config = r.as_ref()();
                 let copy = config.as_ref().ok().cloned();
                 if reload_now(&shared, config) {
                     // Every shard puts the same configuration in force.
@@ -52,6 +52,9 @@ pub fn reload_now(shared: &Shared, config: Result<Config, String>) -> bool {
             .reload(Instant::now(), config, |effective| {
                 // The password files and ACLs, read and parsed in full
                 // before anything changes (errors name the file and line).
+                if let Some(p) = &effective.http_tokens_file {
+                    super::api::auth::read_tokens(p)?;
+                }
                 crate::security::load(effective)
                     .map(|loaded| Some(loaded.core))
                     .map_err(|e| e.to_string())
@@ -60,6 +63,7 @@ pub fn reload_now(shared: &Shared, config: Result<Config, String>) -> bool {
     shared.dispatch();
     match result {
         Ok(outcome) => {
+            super::api::reload_auth(shared);
             shared.ops.reloads_ok.set(shared.ops.reloads_ok.get() + 1);
             tracing::info!(
                 changed = ?outcome.changed,

@@ -75,6 +75,11 @@ impl Server {
         self.ops.metrics_addr()
     }
 
+    /// `https` when the HTTP listener has TLS, else `http`.
+    pub fn http_scheme(&self) -> &'static str {
+        self.ops.http_scheme()
+    }
+
     /// Where SIGHUP gets the configuration to reload (see [`super::reload`]).
     pub fn set_reloader(&mut self, reloader: super::reload::Reloader) {
         self.ops.set_reloader(reloader);
@@ -368,7 +373,9 @@ pub fn run_until_signal_with(
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             if let Some(addr) = server.metrics_addr() {
-                writeln!(out, "zerofan metrics on http://{addr}/metrics")?;
+                let scheme = server.http_scheme();
+                writeln!(out, "zerofan metrics on {scheme}://{addr}/metrics")?;
+                writeln!(out, "zerofan http on {scheme}://{addr}/")?;
             }
             for (addr, kind) in server.local_listeners() {
                 writeln!(out, "zerofan listening on {addr} {kind}")?;

@@ -118,6 +118,9 @@ impl Shared {
     /// Wake the task of every connection the core touched (new output, or
     /// closing) since the last call.
     pub fn dispatch(&self) {
+        if let Some(w) = self.ops.webhooks.get() {
+            w.drain(self);
+        }
         if let Some(mesh) = &self.mesh {
             self.send_to_peers(mesh);
         }

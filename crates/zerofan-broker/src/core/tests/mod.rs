@@ -2,6 +2,7 @@
 //! will. Every outgoing item is encoded with the codec and decoded again, so
 //! these also check what a client would really see.
 
+mod admin;
 mod backpressure;
 mod connect;
 mod delivery;
