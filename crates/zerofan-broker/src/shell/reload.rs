@@ -27,20 +27,26 @@ pub async fn sighup_loop(
         }
         match &reloader {
             Some(r) => {
-                let config = r.as_ref()();
-                let copy = config.as_ref().ok().cloned();
-                if reload_now(&shared, config) {
-                    // Every shard puts the same configuration in force.
-                    if let (Some(mesh), Some(config)) = (&shared.mesh, copy) {
-                        mesh.reload_others(config);
-                    }
-                }
+                reload_all(&shared, r.as_ref()());
             }
             None => tracing::warn!("SIGHUP: no configuration source to reload from"),
         }
         // A failed reload leaves the broker serving as before: ready too.
         crate::sd_notify::notify("READY=1");
     }
+}
+
+/// Put `config` in force here, and when it took effect, on every other
+/// shard too (SIGHUP, `POST /api/v1/reload`). True when it took effect.
+pub fn reload_all(shared: &Shared, config: Result<Config, String>) -> bool {
+    let copy = config.as_ref().ok().cloned();
+    let done = reload_now(shared, config);
+    if done {
+        if let (Some(mesh), Some(config)) = (&shared.mesh, copy) {
+            mesh.reload_others(config);
+        }
+    }
+    done
 }
 
 /// Put `config` in force (or log why not); true when it took effect.

@@ -116,7 +116,7 @@ impl Admin {
         let Some(r) = &self.reloader else {
             return Err("no configuration source to reload from".into());
         };
-        if super::super::reload::reload_now(&self.shared, r.as_ref()()) {
+        if super::super::reload::reload_all(&self.shared, r.as_ref()()) {
             Ok(())
         } else {
             Err("reload failed: the configuration in force is kept (see the log)".into())
