@@ -21,6 +21,8 @@
 #   SESSIONS=100000      resume (sessions; at most CLIENTS connected at once)
 #   SUBSCRIPTIONS=1000000  RETAINED=1000000  MATCHING=10000
 #   KEEP_ALIVE=10        connections scenario keep alive (silent sample closed at 1.5x)
+#   AT_ONCE=1000         handshakes in flight in the bounded storm and in resume
+#                        (the storm also runs with all at once)
 #   DURATION=3           seconds of each throughput run
 #   PORT=                listen port (default: a free one)
 #   ZEROFAN_BIN=         zerofan binary (default: release build in the target dir)
@@ -37,6 +39,7 @@ SUBSCRIPTIONS=${SUBSCRIPTIONS:-1000000}
 RETAINED=${RETAINED:-1000000}
 MATCHING=${MATCHING:-10000}
 KEEP_ALIVE=${KEEP_ALIVE:-10}
+AT_ONCE=${AT_ONCE:-1000}
 DURATION=${DURATION:-3}
 PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -157,7 +160,15 @@ for b in $BROKERS; do
         sleep 0.3
         case $s in
             connections) bench "$f" connections --label "$b" --clients "$CLIENTS" --keep-alive "$KEEP_ALIVE" ;;
-            storm) bench "$f" storm --label "$b" --clients "$CLIENTS" ;;
+            storm)
+                bench "$f" storm --label "$b" --clients "$CLIENTS"
+                # Again with a bounded number in flight: the broker's own
+                # rate, without the kernel's SYN retries of an overflowing
+                # listen backlog.
+                stop_broker
+                start_broker "$b" "" || continue
+                bench "$f-bounded" storm --label "$b" --clients "$CLIENTS" --at-once "$AT_ONCE"
+                ;;
             subscriptions) bench "$f" subscriptions --label "$b" --subscriptions "$SUBSCRIPTIONS" ;;
             retained) bench "$f" retained --label "$b" --retained "$RETAINED" --matching "$MATCHING" ;;
             resume)
@@ -165,7 +176,7 @@ for b in $BROKERS; do
                 stop_broker
                 log "$b: restarted from its store"
                 start_broker "$b" "$data" || continue
-                bench "$f" resume --label "$b" --clients "$SESSIONS" --phase resume
+                bench "$f" resume --label "$b" --clients "$SESSIONS" --phase resume --at-once "$AT_ONCE"
                 ;;
             *) log "unknown scenario $s" ;;
         esac

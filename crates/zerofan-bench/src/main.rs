@@ -148,6 +148,10 @@ struct RunOpts {
     /// broker restart); both in a row when absent.
     #[arg(long, value_parser = ["setup", "resume"])]
     phase: Option<String>,
+    /// Clients connecting at a time in storm and resume (default: all of
+    /// them, as far as the fd limit allows).
+    #[arg(long)]
+    at_once: Option<usize>,
     /// Loopback source addresses to spread connections over (127.1.0.1
     /// and up; 0: one, picked by the kernel). Each has its own ~28,000
     /// ephemeral ports.
@@ -295,6 +299,7 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
         keep_alive: o.keep_alive,
         sample: o.sample,
         phase: o.phase.clone(),
+        at_once: o.at_once,
         broker_pid: o.broker_pid,
         smoke: o.smoke,
     };

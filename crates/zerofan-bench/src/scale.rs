@@ -94,10 +94,21 @@ fn device_topic(t: &Target, role: &str, i: usize) -> String {
     format!("zfb/{}/{role}/{i}/cmd", t.run_id)
 }
 
+/// What opening many clients gave.
+struct Opened {
+    /// The clients that got their SUBACK, in order.
+    conns: Vec<Conn>,
+    /// Each one's time from the start to its SUBACK (ns).
+    hist: Histogram<u64>,
+    /// Clients that did not get there (refused, timed out, closed).
+    failed: usize,
+    first_error: Option<String>,
+}
+
 /// Open `n` clients, at most `concurrency` handshakes at a time, each with
 /// keep alive `keep_alive` and one subscription to its own device topic.
-/// Returns them in order and the histogram (ns) of each client's time from
-/// `start` to its SUBACK.
+/// A client that fails is counted, not fatal: how many of a storm fail is
+/// a figure too.
 async fn open_devices(
     t: &Target,
     role: &str,
@@ -105,7 +116,7 @@ async fn open_devices(
     keep_alive: u16,
     concurrency: usize,
     limit: Duration,
-) -> Result<(Vec<Conn>, Histogram<u64>), ConnError> {
+) -> Opened {
     let sem = Arc::new(Semaphore::new(concurrency.max(1)));
     let start = Instant::now();
     let mut handles = Vec::with_capacity(n);
@@ -125,19 +136,29 @@ async fn open_devices(
             Ok::<_, ConnError>((c, start.elapsed()))
         }));
     }
-    let mut out = Vec::with_capacity(n);
-    let mut hist = new_histogram();
+    let mut out = Opened {
+        conns: Vec::with_capacity(n),
+        hist: new_histogram(),
+        failed: 0,
+        first_error: None,
+    };
     for h in handles {
-        match h.await {
-            Ok(Ok((c, d))) => {
-                let _ = hist.record(ns(d));
-                out.push(c);
+        let res = match h.await {
+            Ok(r) => r,
+            Err(e) => Err(ConnError::Protocol(format!("connect task failed: {e}"))),
+        };
+        match res {
+            Ok((c, d)) => {
+                let _ = out.hist.record(ns(d));
+                out.conns.push(c);
             }
-            Ok(Err(e)) => return Err(e),
-            Err(e) => return Err(ConnError::Protocol(format!("connect task failed: {e}"))),
+            Err(e) => {
+                out.failed += 1;
+                out.first_error.get_or_insert_with(|| e.to_string());
+            }
         }
     }
-    Ok((out, hist))
+    out
 }
 
 /// Idle connections: N clients (CONNECT with keep alive, one SUBSCRIBE
@@ -154,11 +175,12 @@ pub async fn connections(t: &Target, k: &Knobs) -> CaseResult {
     let case = format!("{n} clients, keep alive {ka} s");
     let before = rss(k);
     let start = Instant::now();
-    let (conns, _) =
-        match open_devices(t, "conn", n, ka, t.connect_concurrency, t.handshake_timeout).await {
-            Ok(c) => c,
-            Err(e) => return CaseResult::failed("connections", &case, e.to_string()),
-        };
+    let opened = open_devices(t, "conn", n, ka, t.connect_concurrency, t.handshake_timeout).await;
+    if let Some(e) = opened.first_error {
+        let why = format!("{} of {n} clients failed; the first: {e}", opened.failed);
+        return CaseResult::failed("connections", &case, why);
+    }
+    let conns = opened.conns;
     let secs = start.elapsed().as_secs_f64();
     settle(k).await;
     let after = rss(k);
@@ -316,32 +338,37 @@ async fn keep_alive_check(
     Ok(rep)
 }
 
-/// A storm: every client connects at once (CONNECT, CONNACK, SUBSCRIBE,
-/// SUBACK); the rate, each client's time to its SUBACK, and the memory.
+/// A storm: every client connects at once, or `--at-once` of them at a
+/// time (CONNECT, CONNACK, SUBSCRIBE, SUBACK); the rate, each client's time
+/// to its SUBACK, how many failed within a minute, and the memory.
 pub async fn storm(t: &Target, k: &Knobs) -> CaseResult {
     let mut notes = Vec::new();
     let wanted = k.clients.unwrap_or(if k.smoke { 50 } else { 100_000 });
     let n = fd_budget(wanted, 0, &mut notes);
-    let case = format!("{n} clients at once");
+    let at_once = k.at_once.unwrap_or(n).clamp(1, n.max(1));
+    let case = if at_once < n {
+        format!("{n} clients, {at_once} at a time")
+    } else {
+        format!("{n} clients at once")
+    };
     let before = rss(k);
     let start = Instant::now();
     // SYNs beyond the listen backlog are retried by the kernel after 1 s,
-    // 3 s, ...: allow for that, it is part of a storm.
-    let res = open_devices(t, "storm", n, 600, n, Duration::from_secs(60)).await;
+    // 3 s, 7 s, ...: allow for that, it is part of a storm.
+    let opened = open_devices(t, "storm", n, 600, at_once, Duration::from_secs(60)).await;
     let secs = start.elapsed().as_secs_f64();
-    let (conns, hist) = match res {
-        Ok(c) => c,
-        Err(e) => return CaseResult::failed("storm", &case, e.to_string()),
-    };
     settle(k).await;
     let after = rss(k);
-    let rate = n as f64 / secs.max(1e-9);
+    let ok = opened.conns.len();
     let mut r = CaseResult {
         scenario: "storm".into(),
         case,
         seconds: secs,
-        metrics: vec![Metric::higher("conn+sub/s", rate)],
-        latency: latency_of(&hist),
+        sent: n as u64,
+        expected: n as u64,
+        received: ok as u64,
+        metrics: vec![Metric::higher("conn+sub/s", ok as f64 / secs.max(1e-9))],
+        latency: latency_of(&opened.hist),
         notes,
         ..Default::default()
     };
@@ -355,8 +382,16 @@ pub async fn storm(t: &Target, k: &Knobs) -> CaseResult {
             l.max_us / 1000.0
         ));
     }
-    memory_per(&mut r, before, after, n, "conn");
-    drop(conns);
+    if let Some(e) = &opened.first_error {
+        r.metrics
+            .push(Metric::lower("failed", opened.failed as f64));
+        r.notes.push(format!(
+            "{} of {n} clients failed within 60 s; the first: {e}",
+            opened.failed
+        ));
+    }
+    memory_per(&mut r, before, after, ok, "conn");
+    drop(opened.conns);
     r
 }
 
@@ -803,9 +838,13 @@ pub async fn resume(t: &Target, k: &Knobs) -> Vec<CaseResult> {
     let n = k.clients.unwrap_or(if k.smoke { 50 } else { 100_000 });
     // Sessions are not connections: only those open at once need a
     // descriptor, so more sessions than the fd limit resume in waves.
-    let at_once = fd_budget(n, 1, &mut notes).max(1);
     let mut out = Vec::new();
     let phase = k.phase.as_deref().unwrap_or("both");
+    let at_once = if phase == "setup" {
+        n
+    } else {
+        fd_budget(k.at_once.unwrap_or(n).min(n), 1, &mut notes).max(1)
+    };
     if phase == "setup" || phase == "both" {
         let case = format!("set up {n} sessions");
         let before = rss(k);

@@ -71,6 +71,8 @@ pub struct Knobs {
     pub sample: Option<usize>,
     /// Phase of the resume scenario: `setup`, `resume`, or both.
     pub phase: Option<String>,
+    /// Clients connecting at a time in storm and resume (default: all).
+    pub at_once: Option<usize>,
     /// Broker process to read memory from.
     pub broker_pid: Option<u32>,
     /// Tiny counts for CI.
