@@ -163,9 +163,11 @@ async fn open_devices(
 
 /// Idle connections: N clients (CONNECT with keep alive, one SUBSCRIBE
 /// each, 100 handshakes at a time), the broker's memory per connection,
-/// then keep alive: every client but a sample sends PINGREQ every half
-/// keep alive; the sample goes silent after one PINGREQ and must be
-/// disconnected at 1.5 times keep alive, the others not at all.
+/// and keep alive: every client but a sample sends PINGREQ every half
+/// keep alive from its SUBACK on (a slow broker's connect phase must not
+/// count as silence); the sample, connected last, goes silent after one
+/// PINGREQ and must be disconnected at 1.5 times keep alive, the others
+/// not at all.
 pub async fn connections(t: &Target, k: &Knobs) -> CaseResult {
     let mut notes = Vec::new();
     let wanted = k.clients.unwrap_or(if k.smoke { 50 } else { 10_000 });
@@ -175,37 +177,135 @@ pub async fn connections(t: &Target, k: &Knobs) -> CaseResult {
     let case = format!("{n} clients, keep alive {ka} s");
     let before = rss(k);
     let start = Instant::now();
-    let opened = open_devices(t, "conn", n, ka, t.connect_concurrency, t.handshake_timeout).await;
-    if let Some(e) = opened.first_error {
-        let why = format!("{} of {n} clients failed; the first: {e}", opened.failed);
-        return CaseResult::failed("connections", &case, why);
-    }
-    let conns = opened.conns;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (pingers, failed) = open_pinging(t, n - sample, ka, stop.clone()).await;
+    let silent = open_devices(
+        t,
+        "silent",
+        sample,
+        ka,
+        t.connect_concurrency,
+        t.handshake_timeout,
+    )
+    .await;
     let secs = start.elapsed().as_secs_f64();
+    if let Some(e) = failed.or(silent.first_error) {
+        stop.store(true, Ordering::Relaxed);
+        return CaseResult::failed("connections", &case, format!("a client failed: {e}"));
+    }
     settle(k).await;
     let after = rss(k);
-    let rate = n as f64 / secs.max(1e-9);
     let mut r = CaseResult {
         scenario: "connections".into(),
         case,
         seconds: secs,
-        metrics: vec![Metric::higher("conn+sub/s", rate)],
+        metrics: vec![Metric::higher("conn+sub/s", n as f64 / secs.max(1e-9))],
         notes,
         ..Default::default()
     };
     memory_per(&mut r, before, after, n, "conn");
-    match keep_alive_check(conns, sample, ka).await {
-        Ok(ka_report) => {
-            r.notes.push(ka_report.note(ka));
+    let res = keep_alive_check(silent.conns, ka).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut pingers_lost = 0;
+    for h in pingers {
+        if !matches!(h.await, Ok(Ok(()))) {
+            pingers_lost += 1;
+        }
+    }
+    match res {
+        Ok(mut rep) => {
+            rep.pingers = n - sample;
+            rep.pingers_lost = pingers_lost;
+            r.notes.push(rep.note(ka));
             r.metrics
-                .push(Metric::lower("silent closed max s", ka_report.closed_max_s));
-            if ka_report.kept < sample || ka_report.pingers_lost > 0 {
-                r.error = Some(ka_report.note(ka));
+                .push(Metric::lower("silent closed max s", rep.closed_max_s));
+            if rep.kept < sample || rep.pingers_lost > 0 {
+                r.error = Some(rep.note(ka));
             }
         }
         Err(e) => r.error = Some(format!("keep alive check: {e}")),
     }
     r
+}
+
+/// Open `n` clients (100 handshakes at a time) that ping every half keep
+/// alive from their SUBACK until `stop` (or half an hour). Returns once
+/// all are subscribed (or failed): their tasks, and the first failure.
+async fn open_pinging(
+    t: &Target,
+    n: usize,
+    ka: u16,
+    stop: Arc<AtomicBool>,
+) -> (
+    Vec<tokio::task::JoinHandle<Result<(), ConnError>>>,
+    Option<String>,
+) {
+    let period = Duration::from_millis(u64::from(ka) * 500);
+    let sem = Arc::new(Semaphore::new(t.connect_concurrency.max(1)));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<(), String>>(n.max(1));
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let (sem, tx, stop) = (sem.clone(), tx.clone(), stop.clone());
+        let id = format!("{}-conn{i}", t.run_id);
+        let topic = vec![device_topic(t, "conn", i)];
+        let opts = ConnectOpts {
+            keep_alive: ka,
+            ..t.opts(i)
+        };
+        let (addr, protocol, limit) = (t.addr, t.protocol, t.handshake_timeout);
+        handles.push(tokio::spawn(async move {
+            let permit = sem.acquire_owned().await;
+            let opened = async {
+                let mut c = conn::connect_with(addr, &id, protocol, limit, &opts).await?;
+                c.subscribe(&topic, QoS::AtMostOnce, limit).await?;
+                Ok::<_, ConnError>(c)
+            }
+            .await;
+            drop(permit);
+            let mut c = match opened {
+                Ok(c) => {
+                    let _ = tx.send(Ok(())).await;
+                    c
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string())).await;
+                    return Err(e);
+                }
+            };
+            // Spread the pings over the period rather than all at once.
+            tokio::time::sleep(period.mul_f64((i % 97) as f64 / 97.0)).await;
+            let end = Instant::now() + Duration::from_secs(1800);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                c.writer.push(&Packet::PingReq)?;
+                c.writer.flush().await?;
+                loop {
+                    match c
+                        .reader
+                        .next_within(Duration::from_secs(10), "PINGRESP")
+                        .await?
+                    {
+                        Packet::PingResp => break,
+                        Packet::Disconnect(_) => return Err(ConnError::Closed),
+                        _ => continue,
+                    }
+                }
+                tokio::time::sleep(period).await;
+            }
+            Ok(())
+        }));
+    }
+    drop(tx);
+    let mut first = None;
+    for _ in 0..n {
+        match rx.recv().await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                first.get_or_insert(e);
+            }
+            None => break,
+        }
+    }
+    (handles, first)
 }
 
 /// What the keep alive check saw.
@@ -240,62 +340,31 @@ impl KeepAliveReport {
     }
 }
 
-async fn keep_alive_check(
-    conns: Vec<Conn>,
-    sample: usize,
-    ka: u16,
-) -> Result<KeepAliveReport, ConnError> {
+/// Each of `silent` sends one PINGREQ, then nothing: when does the broker
+/// close it?
+async fn keep_alive_check(silent: Vec<Conn>, ka: u16) -> Result<KeepAliveReport, ConnError> {
     let due = Duration::from_millis(u64::from(ka) * 1500);
-    // Long enough to see how late a late close is; the pingers keep going
-    // past it.
+    // Long enough to see how late a late close is.
     let watch = Duration::from_millis(u64::from(ka) * 2500) + Duration::from_secs(3);
-    let period = Duration::from_millis(u64::from(ka) * 500);
-    let pingers = conns.len() - sample;
-    let mut silent = Vec::with_capacity(sample);
-    let mut pinging = Vec::with_capacity(pingers);
-    for (i, mut c) in conns.into_iter().enumerate() {
-        if i < sample {
-            silent.push(tokio::spawn(async move {
-                // One last packet, then silence: the clock starts here.
-                c.writer.push(&Packet::PingReq)?;
-                c.writer.flush().await?;
-                let t0 = Instant::now();
-                loop {
-                    match c.reader.next_within(watch, "keep alive close").await {
-                        Ok(Packet::Disconnect(_)) | Err(ConnError::Closed | ConnError::Io(_)) => {
-                            return Ok::<_, ConnError>(Some(t0.elapsed()))
-                        }
-                        Ok(_) => continue,
-                        Err(ConnError::Timeout(_)) => return Ok(None),
-                        Err(e) => return Err(e),
+    let sample = silent.len();
+    let mut tasks = Vec::with_capacity(sample);
+    for mut c in silent {
+        tasks.push(tokio::spawn(async move {
+            // One last packet, then silence: the clock starts here.
+            c.writer.push(&Packet::PingReq)?;
+            c.writer.flush().await?;
+            let t0 = Instant::now();
+            loop {
+                match c.reader.next_within(watch, "keep alive close").await {
+                    Ok(Packet::Disconnect(_)) | Err(ConnError::Closed | ConnError::Io(_)) => {
+                        return Ok::<_, ConnError>(Some(t0.elapsed()))
                     }
+                    Ok(_) => continue,
+                    Err(ConnError::Timeout(_)) => return Ok(None),
+                    Err(e) => return Err(e),
                 }
-            }));
-        } else {
-            // Spread the pings over the period rather than all at once.
-            let offset = period.mul_f64((i % 97) as f64 / 97.0);
-            pinging.push(tokio::spawn(async move {
-                let end = Instant::now() + watch;
-                tokio::time::sleep(offset).await;
-                while Instant::now() < end {
-                    c.writer.push(&Packet::PingReq)?;
-                    c.writer.flush().await?;
-                    loop {
-                        match c
-                            .reader
-                            .next_within(Duration::from_secs(10), "PINGRESP")
-                            .await?
-                        {
-                            Packet::PingResp => break,
-                            Packet::Disconnect(_) => return Err(ConnError::Closed),
-                            _ => continue,
-                        }
-                    }
-                    tokio::time::sleep(period).await;
-                }
-                Ok::<_, ConnError>(c)
-            }));
-        }
+            }
+        }));
     }
     let mut rep = KeepAliveReport {
         kept: 0,
@@ -304,10 +373,10 @@ async fn keep_alive_check(
         closed_max_s: 0.0,
         watch_s: watch.as_secs_f64(),
         pingers_lost: 0,
-        pingers,
+        pingers: 0,
     };
     let on_time = due + Duration::from_secs(1);
-    for h in silent {
+    for h in tasks {
         match h.await {
             Ok(Ok(Some(d))) => {
                 let s = d.as_secs_f64();
@@ -328,12 +397,6 @@ async fn keep_alive_check(
     }
     if !rep.closed_min_s.is_finite() {
         rep.closed_min_s = rep.closed_max_s;
-    }
-    for h in pinging {
-        match h.await {
-            Ok(Ok(c)) => drop(c),
-            Ok(Err(_)) | Err(_) => rep.pingers_lost += 1,
-        }
     }
     Ok(rep)
 }
@@ -643,8 +706,9 @@ async fn pinger(
             }
         }
         out.push(((t0 - epoch).as_secs_f64(), ns(t0.elapsed())));
-        // Not a flood: a client checking in every 200 us.
-        tokio::time::sleep(Duration::from_micros(200)).await;
+        // Back to back (one message in flight): a timer's millisecond
+        // granularity would leave a 20 ms window with a sample or two.
+        tokio::task::yield_now().await;
     }
     c.writer.disconnect().await;
     Ok(out)
@@ -997,6 +1061,11 @@ async fn resume_all(t: &Target, n: usize, at_once: usize) -> Result<Resumed, Con
             let limit = Duration::from_secs(60);
             let mut c = conn::connect_with(addr, &id, protocol, limit, &opts).await?;
             let present = c.connack.session_present;
+            if !present {
+                // No session, no queued message to wait for.
+                c.writer.disconnect().await;
+                return Ok((false, None));
+            }
             let end = Instant::now() + limit;
             loop {
                 let left = end.saturating_duration_since(Instant::now());
