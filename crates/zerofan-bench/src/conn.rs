@@ -8,15 +8,15 @@
 
 use bytes::{Bytes, BytesMut};
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use zerofan_codec::framing::read_varint;
 use zerofan_codec::{
     decode, encode, encode_publish_header, frame, Ack, ConnAck, Connect, Frame, MqttStr, Packet,
-    Properties, Protocol, PublishHeader, QoS, Subscribe, SubscriptionOptions,
+    Properties, Protocol, PublishHeader, QoS, Subscribe, SubscriptionOptions, Unsubscribe,
 };
 
 /// Largest packet this client accepts (the MQTT maximum, 256 MiB).
@@ -255,12 +255,26 @@ impl Writer {
         prefix: &[u8],
         body: &Bytes,
     ) -> Result<()> {
+        self.publish_flagged(topic, qos, false, packet_id, prefix, body)
+            .await
+    }
+
+    /// [`Writer::publish`] with the RETAIN flag as given.
+    pub async fn publish_flagged(
+        &mut self,
+        topic: &str,
+        qos: QoS,
+        retain: bool,
+        packet_id: u16,
+        prefix: &[u8],
+        body: &Bytes,
+    ) -> Result<()> {
         static EMPTY: std::sync::OnceLock<Properties> = std::sync::OnceLock::new();
         let props = EMPTY.get_or_init(Properties::default);
         let header = PublishHeader {
             dup: false,
             qos,
-            retain: false,
+            retain,
             packet_id: if qos == QoS::AtMostOnce { 0 } else { packet_id },
             topic,
             topic_alias: None,
@@ -337,6 +351,36 @@ impl Conn {
     }
 }
 
+/// How a client connects, beyond [`connect`]'s defaults.
+#[derive(Clone, Debug)]
+pub struct ConnectOpts {
+    /// Keep alive announced in CONNECT, in seconds.
+    pub keep_alive: u16,
+    /// Clean start (clean session in MQTT 3.1.1).
+    pub clean_start: bool,
+    /// Session Expiry Interval (MQTT 5 only; ignored for 3.1.1).
+    pub session_expiry: Option<u32>,
+    /// Local address to bind before connecting: many loopback sources
+    /// give many more ports than one (each source has its own range).
+    pub source: Option<IpAddr>,
+}
+
+impl Default for ConnectOpts {
+    fn default() -> Self {
+        ConnectOpts {
+            keep_alive: KEEP_ALIVE,
+            clean_start: true,
+            // ZEROFAN_BENCH_SESSION_EXPIRY=N (MQTT 5, --version 5): every
+            // session is persistent (expiry N s; still clean start), so a
+            // durable broker writes its QoS 1/2 queue to its store.
+            session_expiry: std::env::var("ZEROFAN_BENCH_SESSION_EXPIRY")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            source: None,
+        }
+    }
+}
+
 /// Open a TCP connection, send CONNECT with a clean session and wait for a
 /// successful CONNACK.
 pub async fn connect(
@@ -345,7 +389,32 @@ pub async fn connect(
     protocol: Protocol,
     timeout: Duration,
 ) -> Result<Conn> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+    connect_with(addr, client_id, protocol, timeout, &ConnectOpts::default()).await
+}
+
+/// [`connect`] with the CONNECT fields and source address of `opts`.
+pub async fn connect_with(
+    addr: SocketAddr,
+    client_id: &str,
+    protocol: Protocol,
+    timeout: Duration,
+    opts: &ConnectOpts,
+) -> Result<Conn> {
+    let open = async {
+        match opts.source {
+            Some(src) => {
+                let sock = if src.is_ipv4() {
+                    TcpSocket::new_v4()?
+                } else {
+                    TcpSocket::new_v6()?
+                };
+                sock.bind(SocketAddr::new(src, 0))?;
+                sock.connect(addr).await
+            }
+            None => TcpStream::connect(addr).await,
+        }
+    };
+    let stream = tokio::time::timeout(timeout, open)
         .await
         .map_err(|_| ConnError::Timeout("TCP connect"))??;
     stream.set_nodelay(true)?;
@@ -363,20 +432,14 @@ pub async fn connect(
     };
     let client_id = MqttStr::try_from(client_id)
         .map_err(|e| ConnError::Protocol(format!("bad client id: {e}")))?;
-    // ZEROFAN_BENCH_SESSION_EXPIRY=N (MQTT 5, --version 5): every session is
-    // persistent (expiry N s; still clean start), so a durable broker writes
-    // its QoS 1/2 queue to its store.
     let properties = Properties {
-        session_expiry_interval: std::env::var("ZEROFAN_BENCH_SESSION_EXPIRY")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|_| protocol == Protocol::V5),
+        session_expiry_interval: opts.session_expiry.filter(|_| protocol == Protocol::V5),
         ..Properties::default()
     };
     let connect = Connect {
         protocol,
-        clean_start: true,
-        keep_alive: KEEP_ALIVE,
+        clean_start: opts.clean_start,
+        keep_alive: opts.keep_alive,
         properties: properties.into(),
         client_id,
         will: None,
@@ -448,6 +511,91 @@ impl Conn {
                 other => {
                     return Err(ConnError::Protocol(format!(
                         "expected SUBACK, got {}",
+                        packet_name(&other)
+                    )))
+                }
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Send one SUBSCRIBE (packet id `packet_id`) for `filters` and wait for
+    /// its SUBACK; returns how many filters the broker refused. Messages
+    /// arriving before the SUBACK (retained ones) are skipped.
+    pub async fn subscribe_counted(
+        &mut self,
+        filters: &[String],
+        qos: QoS,
+        packet_id: u16,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let mut list = Vec::with_capacity(filters.len());
+        for f in filters {
+            let f = MqttStr::try_from(f.as_str())
+                .map_err(|e| ConnError::Protocol(format!("bad filter: {e}")))?;
+            list.push((
+                f,
+                SubscriptionOptions {
+                    qos,
+                    ..SubscriptionOptions::default()
+                },
+            ));
+        }
+        self.writer.push(&Packet::Subscribe(Subscribe {
+            packet_id,
+            properties: Default::default(),
+            filters: list,
+        }))?;
+        self.writer.flush().await?;
+        loop {
+            match self.reader.next_within(timeout, "SUBACK").await? {
+                Packet::SubAck(ack) if ack.packet_id == packet_id => {
+                    if ack.reasons.len() != filters.len() {
+                        return Err(ConnError::Protocol("SUBACK with wrong count".into()));
+                    }
+                    return Ok(ack.reasons.iter().filter(|r| r.is_error()).count());
+                }
+                Packet::Publish(_) | Packet::PingResp => continue,
+                other => {
+                    return Err(ConnError::Protocol(format!(
+                        "expected SUBACK, got {}",
+                        packet_name(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Send one UNSUBSCRIBE for `filters` and wait for its UNSUBACK.
+    pub async fn unsubscribe(
+        &mut self,
+        filters: &[String],
+        packet_id: u16,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut list = Vec::with_capacity(filters.len());
+        for f in filters {
+            list.push(
+                MqttStr::try_from(f.as_str())
+                    .map_err(|e| ConnError::Protocol(format!("bad filter: {e}")))?,
+            );
+        }
+        self.writer.push(&Packet::Unsubscribe(Unsubscribe {
+            packet_id,
+            properties: Default::default(),
+            filters: list,
+        }))?;
+        self.writer.flush().await?;
+        loop {
+            match self.reader.next_within(timeout, "UNSUBACK").await? {
+                // Any UNSUBACK: only one UNSUBSCRIBE is in flight, and
+                // rumqttd 0.20 answers with another packet id.
+                Packet::UnsubAck(_) => return Ok(()),
+                Packet::Publish(_) | Packet::PingResp => continue,
+                other => {
+                    return Err(ConnError::Protocol(format!(
+                        "expected UNSUBACK, got {}",
                         packet_name(&other)
                     )))
                 }

@@ -39,6 +39,20 @@ pub struct Target {
     pub handshake_timeout: Duration,
     /// Connections opened at once while setting up.
     pub connect_concurrency: usize,
+    /// Loopback source addresses to spread connections over (0: let the
+    /// kernel pick; see [`crate::sys::source_addr`]).
+    pub sources: usize,
+}
+
+impl Target {
+    /// The connect options of client number `i`: default fields, its
+    /// source address picked from `sources`.
+    pub fn opts(&self, i: usize) -> conn::ConnectOpts {
+        conn::ConnectOpts {
+            source: crate::sys::source_addr(self.addr, i, self.sources),
+            ..conn::ConnectOpts::default()
+        }
+    }
 }
 
 /// One publisher of a flow.
@@ -124,9 +138,10 @@ pub async fn connect_many(
         let sem = sem.clone();
         let id = format!("{}-{role}{i}", target.run_id);
         let (addr, protocol, t) = (target.addr, target.protocol, target.handshake_timeout);
+        let opts = target.opts(i);
         handles.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await;
-            let mut c = conn::connect(addr, &id, protocol, t).await?;
+            let mut c = conn::connect_with(addr, &id, protocol, t, &opts).await?;
             if !f.is_empty() {
                 c.subscribe(&f, qos, t).await?;
             }
@@ -733,6 +748,9 @@ mod tests {
             run_id: "test".into(),
             handshake_timeout: Duration::from_secs(5),
             connect_concurrency: 4,
+            // Spread over two source addresses: binding before connect is
+            // on the path these tests drive.
+            sources: 2,
         }
     }
 

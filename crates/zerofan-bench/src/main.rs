@@ -6,7 +6,10 @@
 //! - [`flow`]: the flow-controlled publish/subscribe engine every
 //!   throughput and latency scenario runs on.
 //! - [`scenarios`]: fan-in, fan-out, shared, topics, mixed, qos1, qos2,
-//!   ping-pong, first-delivery, large, connections.
+//!   ping-pong, first-delivery, large.
+//! - [`scale`]: connections, subscriptions, retained, storm, resume: the
+//!   scale of state (idle connections, a million subscriptions or retained
+//!   messages, storms, resumed sessions) with memory per unit.
 //! - [`payload`]: the sequence/timestamp prefix of every payload, message sizes.
 //! - [`report`]: results, percentiles, the table and the JSON document.
 //! - [`summarize`]: many JSON reports into one Markdown comparison.
@@ -16,6 +19,7 @@ mod conn;
 mod flow;
 mod payload;
 mod report;
+mod scale;
 mod scenarios;
 mod summarize;
 mod sys;
@@ -58,8 +62,21 @@ enum Cmd {
     FirstDelivery(RunOpts),
     /// 10 MiB messages; one 50 MiB message then 1,000 tiny ones (broker RSS with --broker-pid).
     Large(RunOpts),
-    /// Connect rate for 10,000 clients and broker memory per idle connection.
+    /// 10,000 clients (keep alive, one subscription each): connect rate,
+    /// broker memory per idle connection, keep alive of a silent sample.
     Connections(RunOpts),
+    /// 1,000,000 subscriptions (a mix with wildcards and $share): memory
+    /// per subscription, (un)subscribe rates, 1:1 throughput with 1 vs all.
+    Subscriptions(RunOpts),
+    /// 1,000,000 retained messages: memory each, a wildcard matching 10,000
+    /// (time, another client's p99 meanwhile).
+    Retained(RunOpts),
+    /// 100,000 clients (or as many as the fd limit allows) connecting and
+    /// subscribing at once: the rate, time to SUBACK.
+    Storm(RunOpts),
+    /// Persistent sessions: `--phase setup`, restart the broker, `--phase
+    /// resume` (time until every session has its queued message).
+    Resume(RunOpts),
     /// Every scenario (or those named by --only), one after the other.
     All(RunOpts),
     /// Every scenario with tiny counts, in a few seconds; exits non-zero on
@@ -108,9 +125,38 @@ struct RunOpts {
     /// Shared group sizes, comma-separated.
     #[arg(long, value_delimiter = ',')]
     groups: Option<Vec<usize>>,
-    /// Clients for the connections scenario.
+    /// Clients for the connections, storm and resume scenarios; for
+    /// subscriptions, the clients that hold them.
     #[arg(long)]
     clients: Option<usize>,
+    /// Subscriptions (subscriptions scenario).
+    #[arg(long)]
+    subscriptions: Option<usize>,
+    /// Retained messages (retained scenario).
+    #[arg(long)]
+    retained: Option<usize>,
+    /// Retained messages the wildcard matches (retained scenario).
+    #[arg(long)]
+    matching: Option<usize>,
+    /// Keep alive in seconds (connections scenario).
+    #[arg(long)]
+    keep_alive: Option<u16>,
+    /// Silent clients whose keep alive disconnection is timed (connections).
+    #[arg(long)]
+    sample: Option<usize>,
+    /// Resume scenario: `setup` (create sessions) or `resume` (after a
+    /// broker restart); both in a row when absent.
+    #[arg(long, value_parser = ["setup", "resume"])]
+    phase: Option<String>,
+    /// Clients connecting at a time in storm and resume (default: all of
+    /// them, as far as the fd limit allows).
+    #[arg(long)]
+    at_once: Option<usize>,
+    /// Loopback source addresses to spread connections over (127.1.0.1
+    /// and up; 0: one, picked by the kernel). Each has its own ~28,000
+    /// ephemeral ports.
+    #[arg(long, default_value_t = 64)]
+    sources: usize,
     /// Connections opened at once during setup.
     #[arg(long, default_value_t = 100)]
     connect_concurrency: usize,
@@ -174,6 +220,10 @@ fn main() -> ExitCode {
         Cmd::FirstDelivery(o) => ("first-delivery", o),
         Cmd::Large(o) => ("large", o),
         Cmd::Connections(o) => ("connections", o),
+        Cmd::Subscriptions(o) => ("subscriptions", o),
+        Cmd::Retained(o) => ("retained", o),
+        Cmd::Storm(o) => ("storm", o),
+        Cmd::Resume(o) => ("resume", o),
         Cmd::All(o) => ("all", o),
         Cmd::Smoke(o) => ("smoke", o),
     };
@@ -231,6 +281,7 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
         run_id,
         handshake_timeout: Duration::from_secs(10),
         connect_concurrency: o.connect_concurrency.max(1),
+        sources: o.sources,
     };
     let knobs = scenarios::Knobs {
         duration: Duration::from_secs_f64(o.duration.clamp(0.01, 3600.0)),
@@ -242,6 +293,13 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
         subscribers: o.subscribers.clone(),
         groups: o.groups.clone(),
         clients: o.clients,
+        subscriptions: o.subscriptions,
+        retained: o.retained,
+        matching: o.matching,
+        keep_alive: o.keep_alive,
+        sample: o.sample,
+        phase: o.phase.clone(),
+        at_once: o.at_once,
         broker_pid: o.broker_pid,
         smoke: o.smoke,
     };
@@ -262,6 +320,13 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
     // Whatever happens, a case ends: its own bounds plus a generous margin.
     let case_limit = knobs.duration + knobs.drain + Duration::from_secs(180);
     for s in &list {
+        // Two throughput runs and a million (un)subscriptions, or a million
+        // retained messages, take longer on a slow broker.
+        let case_limit = if scenarios::SCALE.contains(&s.as_str()) {
+            2 * knobs.duration + 2 * knobs.drain + Duration::from_secs(900)
+        } else {
+            case_limit
+        };
         if !o.json {
             eprintln!("zerofan-bench: running {s} against {}", report.target);
         }

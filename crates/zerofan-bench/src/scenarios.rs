@@ -1,7 +1,7 @@
 //! The scenarios of the comparison, each a function from options to case results.
 
 use crate::conn::ConnError;
-use crate::flow::{self, connect_many, FlowSpec, PubSpec, SubSpec, Target};
+use crate::flow::{self, FlowSpec, PubSpec, SubSpec, Target};
 use crate::payload::SizeDist;
 use crate::report::{CaseResult, Metric};
 use crate::sys;
@@ -21,6 +21,20 @@ pub const ALL: &[&str] = &[
     "first-delivery",
     "large",
     "connections",
+    "subscriptions",
+    "retained",
+    "storm",
+    "resume",
+];
+
+/// The scale-of-state scenarios (see [`crate::scale`]): slower, and given
+/// a longer bound in `all`.
+pub const SCALE: &[&str] = &[
+    "connections",
+    "subscriptions",
+    "retained",
+    "storm",
+    "resume",
 ];
 
 /// Knobs shared by the scenarios; `None` means "the scenario's default".
@@ -42,8 +56,23 @@ pub struct Knobs {
     pub subscribers: Option<Vec<usize>>,
     /// Shared group sizes.
     pub groups: Option<Vec<usize>>,
-    /// Clients for the connections scenario.
+    /// Clients for the connections, storm and resume scenarios (for
+    /// subscriptions: the clients that hold them).
     pub clients: Option<usize>,
+    /// Subscriptions for the subscriptions scenario.
+    pub subscriptions: Option<usize>,
+    /// Retained messages for the retained scenario.
+    pub retained: Option<usize>,
+    /// Retained messages the retained scenario's wildcard matches.
+    pub matching: Option<usize>,
+    /// Keep alive of the connections scenario, in seconds.
+    pub keep_alive: Option<u16>,
+    /// Silent clients whose keep alive disconnection is checked.
+    pub sample: Option<usize>,
+    /// Phase of the resume scenario: `setup`, `resume`, or both.
+    pub phase: Option<String>,
+    /// Clients connecting at a time in storm and resume (default: all).
+    pub at_once: Option<usize>,
     /// Broker process to read memory from.
     pub broker_pid: Option<u32>,
     /// Tiny counts for CI.
@@ -263,9 +292,11 @@ pub async fn run(name: &str, t: &Target, k: &Knobs) -> Result<Vec<CaseResult>, S
         "large" => {
             out.extend(large(t, k).await);
         }
-        "connections" => {
-            out.push(connections(t, k).await);
-        }
+        "connections" => out.push(crate::scale::connections(t, k).await),
+        "storm" => out.push(crate::scale::storm(t, k).await),
+        "subscriptions" => out.extend(crate::scale::subscriptions(t, k).await),
+        "retained" => out.extend(crate::scale::retained(t, k).await),
+        "resume" => out.extend(crate::scale::resume(t, k).await),
         other => {
             return Err(format!(
                 "unknown scenario {other:?}; known: {}",
@@ -453,67 +484,6 @@ async fn first_delivery_rounds(
     }
     publisher.writer.disconnect().await;
     Ok((total, suback, start.elapsed().as_secs_f64()))
-}
-
-/// Connect many clients (CONNECT + CONNACK each), report the rate and the
-/// broker's memory per idle connection.
-async fn connections(t: &Target, k: &Knobs) -> CaseResult {
-    let wanted = k.clients.unwrap_or(if k.smoke { 50 } else { 10_000 });
-    let mut notes = Vec::new();
-    let n = match sys::raise_nofile(wanted as u64 + 256) {
-        Ok(limit) if limit >= wanted as u64 + 64 => wanted,
-        Ok(limit) => {
-            let n = (limit.saturating_sub(64)) as usize;
-            notes.push(format!(
-                "fd limit {limit}: only {n} of {wanted} clients (raise `ulimit -Hn`)"
-            ));
-            n
-        }
-        Err(e) => {
-            notes.push(format!("could not raise the fd limit: {e}"));
-            wanted.min(900)
-        }
-    };
-    let case = format!("{n} clients");
-    let before = mem_note(k.broker_pid);
-    let start = Instant::now();
-    let res: Result<Vec<_>, ConnError> = tokio::time::timeout(
-        Duration::from_secs(120),
-        connect_many(t, "conn", vec![Vec::new(); n], QoS::AtMostOnce),
-    )
-    .await
-    .unwrap_or(Err(ConnError::Timeout("all connections")));
-    let conns = match res {
-        Ok(c) => c,
-        Err(e) => return CaseResult::failed("connections", &case, e.to_string()),
-    };
-    let secs = start.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_millis(if k.smoke { 200 } else { 1500 })).await;
-    let after = mem_note(k.broker_pid);
-    let rate = n as f64 / secs.max(1e-9);
-    let mut r = CaseResult {
-        scenario: "connections".into(),
-        case,
-        seconds: secs,
-        metrics: vec![Metric::higher("connect/s", rate)],
-        notes,
-        ..Default::default()
-    };
-    r.notes
-        .push(format!("{} connect/s", crate::report::si(rate)));
-    if let (Some(b), Some(a)) = (before, after) {
-        let per = (a.rss_kib as f64 - b.rss_kib as f64) / n.max(1) as f64;
-        r.notes.push(format!(
-            "broker RSS {:.1} -> {:.1} MiB, {per:.2} KiB per idle connection",
-            mib(b.rss_kib),
-            mib(a.rss_kib)
-        ));
-        r.metrics.push(Metric::lower("KiB/conn", per));
-    }
-    for c in conns {
-        c.writer.disconnect().await;
-    }
-    r
 }
 
 #[cfg(test)]

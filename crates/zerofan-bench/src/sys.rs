@@ -31,6 +31,26 @@ pub fn check_target(addrs: &[SocketAddr], allow_remote: bool) -> Result<(), Stri
     }
 }
 
+/// The source address of client `i` when connections are spread over
+/// `sources` loopback addresses (127.1.0.1, 127.1.0.2, ...): each source
+/// address has its own ephemeral port range (about 28,000 ports), so one
+/// address runs out long before a million connections do. `None` (let the
+/// kernel pick) when `sources` is 0 or the broker is not on IPv4 loopback,
+/// where such a source could not reach it.
+pub fn source_addr(target: SocketAddr, i: usize, sources: usize) -> Option<IpAddr> {
+    match target.ip() {
+        IpAddr::V4(v4) if v4.is_loopback() && sources > 0 => {
+            // 254 hosts per third octet, skipping .0 and .255.
+            let k = i % sources.min(254 * 256);
+            let (hi, lo) = (k / 254, k % 254 + 1);
+            Some(IpAddr::V4(std::net::Ipv4Addr::new(
+                127, 1, hi as u8, lo as u8,
+            )))
+        }
+        _ => None,
+    }
+}
+
 /// Raise the soft RLIMIT_NOFILE towards the hard limit so that `wanted`
 /// descriptors fit. Returns the soft limit in force afterwards.
 #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 everywhere
@@ -117,6 +137,21 @@ mod tests {
         assert!(check_target(&[local, remote], false).is_err());
         assert!(check_target(&[remote], true).is_ok());
         assert!(check_target(&[], true).is_err());
+    }
+
+    #[test]
+    fn sources_spread_over_loopback() {
+        let lo: SocketAddr = "127.0.0.1:1883".parse().unwrap();
+        let ip = |i, n| source_addr(lo, i, n).map(|a| a.to_string());
+        assert_eq!(ip(0, 64).as_deref(), Some("127.1.0.1"));
+        assert_eq!(ip(63, 64).as_deref(), Some("127.1.0.64"));
+        assert_eq!(ip(64, 64).as_deref(), Some("127.1.0.1"));
+        assert_eq!(ip(300, 1000).as_deref(), Some("127.1.1.47"));
+        assert_eq!(ip(5, 0), None);
+        let remote: SocketAddr = "10.0.0.1:1883".parse().unwrap();
+        assert_eq!(source_addr(remote, 5, 64), None);
+        let v6: SocketAddr = "[::1]:1883".parse().unwrap();
+        assert_eq!(source_addr(v6, 5, 64), None);
     }
 
     #[test]

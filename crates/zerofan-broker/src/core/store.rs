@@ -24,36 +24,104 @@ pub trait RetainedStore {
     }
 }
 
-/// Retained messages in memory: nothing survives the process.
+/// Retained messages in memory: nothing survives the process. A tree of
+/// topic levels, so that a wildcard visits the levels it can match, not
+/// every retained message (a scan of a million took seconds, and the
+/// broker's one thread with it); a plain filter is one walk down.
 #[derive(Default, Debug)]
 pub struct MemoryStore {
-    retained: HashMap<Box<str>, Rc<Message>>,
+    root: Level,
+    count: usize,
 }
 
-impl RetainedStore for MemoryStore {
-    fn set(&mut self, msg: Rc<Message>) {
-        self.retained.insert(msg.topic.as_str().into(), msg);
-    }
+/// One topic level: its retained message, if any, and the levels below.
+/// Children are boxed (see the trie's `Node`): a map's spare slots then
+/// cost 24 bytes, not a whole level.
+#[derive(Default, Debug)]
+struct Level {
+    msg: Option<Rc<Message>>,
+    children: HashMap<Box<str>, Box<Level>>,
+}
 
-    fn clear(&mut self, topic: &str) {
-        self.retained.remove(topic);
-    }
-
-    fn matching(&self, filter: &str, out: &mut Vec<Rc<Message>>) {
-        if !filter.contains(['+', '#']) {
-            // A plain filter names one topic: no scan.
-            out.extend(self.retained.get(filter).cloned());
-            return;
-        }
-        for (topic, msg) in &self.retained {
-            if zerofan_codec::topic::matches(filter, topic) {
-                out.push(msg.clone());
+impl Level {
+    /// Every message here and below (`#`); `first`: at the filter's first
+    /// level, where wildcards do not match topics starting with `$`.
+    fn all(&self, first: bool, out: &mut Vec<Rc<Message>>) {
+        out.extend(self.msg.clone());
+        for (name, child) in &self.children {
+            if !(first && name.starts_with('$')) {
+                child.all(false, out);
             }
         }
     }
 
+    fn matching(&self, levels: &[&str], first: bool, out: &mut Vec<Rc<Message>>) {
+        match levels.split_first() {
+            None => out.extend(self.msg.clone()),
+            // `a/#` matches `a` itself (this level's message) and below.
+            Some((&"#", _)) => self.all(first, out),
+            Some((&"+", rest)) => {
+                for (name, child) in &self.children {
+                    if !(first && name.starts_with('$')) {
+                        child.matching(rest, false, out);
+                    }
+                }
+            }
+            Some((name, rest)) => {
+                if let Some(child) = self.children.get(*name) {
+                    child.matching(rest, false, out);
+                }
+            }
+        }
+    }
+
+    /// Take the message at `levels` below; prune levels left empty.
+    fn clear(&mut self, levels: &mut std::str::Split<'_, char>) -> bool {
+        let Some(name) = levels.next() else {
+            return self.msg.take().is_some();
+        };
+        let Some(child) = self.children.get_mut(name) else {
+            return false;
+        };
+        let removed = child.clear(levels);
+        if child.msg.is_none() && child.children.is_empty() {
+            self.children.remove(name);
+        }
+        removed
+    }
+}
+
+impl RetainedStore for MemoryStore {
+    fn set(&mut self, msg: Rc<Message>) {
+        let mut node = &mut self.root;
+        for name in msg.topic.as_str().split('/') {
+            if !node.children.contains_key(name) {
+                node.children.insert(name.into(), Box::default());
+            }
+            match node.children.get_mut(name) {
+                Some(child) => node = child,
+                // Inserted just above.
+                None => return,
+            }
+        }
+        if node.msg.replace(msg).is_none() {
+            self.count += 1;
+        }
+    }
+
+    fn clear(&mut self, topic: &str) {
+        if self.root.clear(&mut topic.split('/')) {
+            self.count -= 1;
+        }
+    }
+
+    fn matching(&self, filter: &str, out: &mut Vec<Rc<Message>>) {
+        let levels: Vec<&str> = filter.split('/').collect();
+        self.root.matching(&levels, true, out);
+    }
+
     fn len(&self) -> usize {
-        self.retained.len()
+        self.count
     }
 }
 
@@ -98,5 +166,76 @@ mod tests {
         s.matching("a/+", &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(RetainedStore::len(&s), 2);
+    }
+
+    /// The tree finds what matching every topic against the filter finds
+    /// (`topic::matches`, the codec's reference), for wildcards anywhere,
+    /// empty levels, `$` topics, and after clears that prune levels.
+    #[test]
+    fn retained_tree_agrees_with_a_scan() {
+        let topics = [
+            "a", "a/b", "a/c", "a/b/c", "a//b", "/a", "/", "b/a/c", "$SYS/x", "$SYS/x/y", "$foo",
+            "a/b/c/d", "x/b/c",
+        ];
+        let filters = [
+            "#",
+            "+",
+            "a/#",
+            "a/+",
+            "+/b",
+            "+/+",
+            "/+",
+            "/#",
+            "+/#",
+            "a/+/c",
+            "+/b/c",
+            "a/+/+/d",
+            "$SYS/#",
+            "$SYS/+",
+            "+/x",
+            "a//b",
+            "a/+/b",
+            "$foo",
+            "a/b/c/d/#",
+            "nothing/#",
+        ];
+        let mut s = MemoryStore::default();
+        for t in topics {
+            s.set(msg(t));
+        }
+        // Set twice: still one.
+        s.set(msg("a/b"));
+        assert_eq!(RetainedStore::len(&s), topics.len());
+        let check = |s: &MemoryStore, alive: &[&str]| {
+            for f in filters {
+                let mut out = Vec::new();
+                s.matching(f, &mut out);
+                let mut got: Vec<&str> = out.iter().map(|m| m.topic.as_str()).collect();
+                got.sort_unstable();
+                let mut want: Vec<&str> = alive
+                    .iter()
+                    .copied()
+                    .filter(|t| zerofan_codec::topic::matches(f, t))
+                    .collect();
+                want.sort_unstable();
+                assert_eq!(got, want, "filter {f}");
+            }
+        };
+        check(&s, &topics);
+        for gone in ["a/b/c", "a", "$SYS/x", "nope/x"] {
+            s.clear(gone);
+        }
+        let alive: Vec<&str> = topics
+            .iter()
+            .copied()
+            .filter(|t| !["a/b/c", "a", "$SYS/x"].contains(t))
+            .collect();
+        check(&s, &alive);
+        assert_eq!(RetainedStore::len(&s), alive.len());
+        for t in &alive {
+            s.clear(t);
+        }
+        assert_eq!(RetainedStore::len(&s), 0);
+        assert!(s.root.children.is_empty(), "every level pruned");
     }
 }
