@@ -110,7 +110,7 @@ impl Node {
         match level {
             b"+" => self.plus.as_deref(),
             b"#" => self.hash.as_deref(),
-            _ => self.children.get(level),
+            _ => self.children.get(level).map(|b| &**b),
         }
     }
 
@@ -279,7 +279,7 @@ fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<B
     for g in &node.shared {
         out.push((filter(), Some(g.name.clone())));
     }
-    let named = node.children.iter().map(|(k, v)| (k.to_vec(), v));
+    let named = node.children.iter().map(|(k, v)| (k.to_vec(), &**v));
     let wild = [
         (b"+".to_vec(), node.plus.as_deref()),
         (b"#".to_vec(), node.hash.as_deref()),
