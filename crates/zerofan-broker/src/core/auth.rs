@@ -13,8 +13,10 @@
 //! 1. Limits decided when the connection was opened: `max_connections`
 //!    (overall or the listener's) → 0x97; `max_connection_rate` → 0x9F.
 //! 2. Login throttling: while the peer address is penalised for earlier
-//!    failures ([`zerofan_auth::FailureTracker`]), the CONNECT is refused at
-//!    once with 0x87 (3.1.1: 0x05) without checking the password. We refuse
+//!    failures of the same username ([`zerofan_auth::FailureTracker`]),
+//!    the CONNECT is refused at once with 0x9F and a reason string (3.1.1:
+//!    0x03, server unavailable) without checking the password, and
+//!    counted (`auth_throttled`). We refuse
 //!    rather than hold the answer: nothing waits in memory for an attacker,
 //!    and a client sees at once that it must wait.
 //! 3. `use_identity_as_username`: the certificate's CN is the username (the
@@ -24,8 +26,10 @@
 //!    (3.1.1: 0x04). Username without a password file: allowed only with
 //!    `allow_anonymous` (as mosquitto 2.0) → else 0x87.
 //!
-//! Failures (steps 3-5) are recorded against the address; a success
-//! clears it.
+//! Failures (steps 3-5) are recorded against the (address, username)
+//! pair, so one account's failures never lock out another account behind
+//! the same address; anonymous refusals are not recorded. A success clears
+//! the pair.
 //!
 //! # Access control
 //!
@@ -107,7 +111,14 @@ pub struct ConnSecurity {
     pub username: Option<Box<str>>,
     /// Publish rate limits, when configured.
     pub publish: Option<Box<PublishLimiter>>,
+    /// Reason string for the refusing CONNACK (MQTT 5).
+    pub refuse_reason: Option<&'static str>,
 }
+
+/// Why a login is refused with 0x9F, so that a client (and its operator)
+/// can tell throttling from a wrong password.
+const THROTTLED_REASON: &str =
+    "too many failed logins from this address for this user; retry later";
 
 /// A session under an ACL: who it is, and cached read decisions.
 #[derive(Debug)]
@@ -272,9 +283,23 @@ impl Broker {
             return Err(code);
         }
         let ip = c.peer.ip();
-        if !self.auth.tracker.delay(ip, now).is_zero() {
-            self.metrics.security.auth_throttled += 1;
-            return Err(ReasonCode::NOT_AUTHORIZED);
+        let l = self.auth.listener(c.sec.listener);
+        // Who is trying: failures are counted per (address, this name);
+        // an attempt without one is anonymous and never counted.
+        let login_name: Option<&str> = if l.use_identity_as_username {
+            c.sec.identity.as_deref()
+        } else {
+            username
+        };
+        if let Some(name) = login_name {
+            if !self.auth.tracker.delay(ip, name, now).is_zero() {
+                self.metrics.security.auth_throttled += 1;
+                tracing::debug!(%conn, peer = %ip, user = name, "login throttled");
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sec.refuse_reason = Some(THROTTLED_REASON);
+                }
+                return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
+            }
         }
         let l = self.auth.listener(c.sec.listener);
         let decision: Result<Option<Box<str>>, ReasonCode> = if l.use_identity_as_username {
@@ -299,9 +324,9 @@ impl Broker {
         };
         match decision {
             Ok(user) => {
-                if user.is_some() {
+                if let Some(name) = &user {
                     self.metrics.security.auth_success += 1;
-                    self.auth.tracker.record_success(ip);
+                    self.auth.tracker.record_success(ip, name);
                 }
                 let (rate, bytes) = (
                     self.config.max_publish_rate,
@@ -319,7 +344,9 @@ impl Broker {
                 } else {
                     self.metrics.security.auth_not_authorized += 1;
                 }
-                self.auth.tracker.record_failure(ip, now);
+                if let Some(name) = login_name {
+                    self.auth.tracker.record_failure(ip, name, now);
+                }
                 let peer = self.conns.get(&conn).map(|c| c.peer);
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
                 Err(code)

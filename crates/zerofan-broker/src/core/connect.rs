@@ -307,12 +307,16 @@ impl Broker {
 
     /// CONNACK with a failure code, then close.
     fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        let mut properties = Properties::default();
+        if let Some(c) = self.conns.get(&conn).filter(|c| c.protocol.is_v5()) {
+            properties.reason_string = c.sec.refuse_reason.and_then(|r| MqttStr::try_from(r).ok());
+        }
         self.send(
             conn,
             Packet::ConnAck(ConnAck {
                 session_present: false,
                 reason,
-                properties: Default::default(),
+                properties: properties.into(),
             }),
         );
         self.close(now, conn, None, false);

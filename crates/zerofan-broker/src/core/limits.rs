@@ -57,7 +57,7 @@ counters! {
             .prom_as(AUTH_REFUSED, "reason", "not_authorized")
             .refused(),
         /// CONNECTs refused without a password check because their address is
-        /// penalised for earlier failures (0x87 / 0x05).
+        /// penalised for earlier failures of that username (0x9F / 0x03).
         pub auth_throttled: u64 = CounterDef::NEW
             .sys("security/auth/throttled")
             .prom_as(AUTH_REFUSED, "reason", "throttled")
