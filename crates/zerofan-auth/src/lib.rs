@@ -14,6 +14,9 @@
 //! - [`conf`]: read a `mosquitto.conf` into a neutral [`MosqConfig`]
 //!   (listeners with their options, global settings, warnings for what
 //!   zerofan ignores) for the broker to map onto its own configuration.
+//! - [`jwt`]: [`JwtVerifier`], tokens in the password field: HMAC, RSA,
+//!   EC or Ed25519 keys (one PEM or a JWKS), expiry, username claim, ACL
+//!   claim.
 //! - [`throttle`]: [`FailureTracker`], bounded per-(address, username)
 //!   memory of failed logins that tells how long the next attempt must wait.
 //! - [`topic`]: topic-filter validation and matching with mosquitto's rules.
@@ -79,6 +82,7 @@
 pub mod acl;
 pub mod conf;
 mod error;
+pub mod jwt;
 pub mod passwd;
 pub mod throttle;
 pub mod topic;
@@ -89,5 +93,6 @@ pub use conf::{
     Protocol, Security, Warning, WarningKind,
 };
 pub use error::ParseError;
+pub use jwt::{JwtError, JwtLogin, JwtRefusal, JwtSettings, JwtVerifier, KeyMaterial};
 pub use passwd::{PasswdError, PasswordFile, PasswordHash};
 pub use throttle::{FailureTracker, ThrottleConfig};

@@ -37,6 +37,9 @@ pub struct Config {
     /// Whether clients without a username may connect (a listener's own
     /// setting wins). Unset: only on listeners bound to a loopback address.
     pub allow_anonymous: Option<bool>,
+    /// JSON Web Tokens in the password field, checked after the password
+    /// file (`auth_jwt = { public_key_file = "...", ... }`).
+    pub auth_jwt: Option<crate::ext_auth::JwtConfig>,
     /// Most simultaneous connections overall; 0: no limit.
     pub max_connections: usize,
     /// Longest topic name or filter, in bytes.
@@ -145,6 +148,7 @@ impl Default for Config {
             password_file: None,
             acl_file: None,
             allow_anonymous: None,
+            auth_jwt: None,
             max_connections: 0,
             max_topic_length: 65535,
             max_publish_rate: 0,
@@ -249,6 +253,7 @@ reload_classes! {
     password_file: Live,
     acl_file: Live,
     allow_anonymous: Live,
+    auth_jwt: Live,
     max_connections: Live,
     max_topic_length: Live,
     max_publish_rate: Live,
@@ -414,6 +419,9 @@ impl Config {
                 "log_dest",
                 "each must be \"stderr\", \"stdout\", \"syslog\", \"none\" or \"file PATH\"",
             );
+        }
+        if let Some(Err(why)) = self.auth_jwt.as_ref().map(|j| j.validate()) {
+            return bad("auth_jwt", why);
         }
         for l in &self.listener {
             if let Some(tls) = &l.tls {

@@ -45,6 +45,8 @@ use super::broker::Broker;
 use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
+use super::timers::Timer;
+use super::token::{login_chain, Grant, JwtAuth};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -87,6 +89,8 @@ pub struct SecurityConfig {
     pub listeners: Vec<ListenerAuth>,
     /// How repeated login failures from one address are slowed down.
     pub throttle: ThrottleConfig,
+    /// `auth_jwt`: tokens in the password field, after the password file.
+    pub jwt: Option<Arc<JwtAuth>>,
 }
 
 /// What the shell knows about a new connection.
@@ -113,6 +117,10 @@ pub struct ConnSecurity {
     pub publish: Option<Box<PublishLimiter>>,
     /// Reason string for the refusing CONNACK (MQTT 5).
     pub refuse_reason: Option<&'static str>,
+    /// The login's own ACL (a token's ACL claim), replacing the listener's.
+    pub login_acl: Option<Arc<Acl>>,
+    /// When the login's token expires (the connection is then closed).
+    pub expires: Option<Instant>,
 }
 
 /// Why a login is refused with 0x9F, so that a client (and its operator)
@@ -141,6 +149,7 @@ pub(crate) struct AuthState {
     rate: ConnectionRate,
     /// Live connections per listener.
     open: Vec<usize>,
+    jwt: Option<Arc<JwtAuth>>,
     sessions: HashMap<SessionId, SessionAcl>,
 }
 
@@ -158,6 +167,7 @@ impl AuthState {
             tracker: FailureTracker::new(config.throttle),
             rate: ConnectionRate::default(),
             open: Vec::new(),
+            jwt: config.jwt,
             sessions: HashMap::default(),
         }
     }
@@ -302,28 +312,22 @@ impl Broker {
             }
         }
         let l = self.auth.listener(c.sec.listener);
-        let decision: Result<Option<Box<str>>, ReasonCode> = if l.use_identity_as_username {
+        let decision: Result<(Option<Box<str>>, Grant), ReasonCode> = if l.use_identity_as_username
+        {
             match &c.sec.identity {
-                Some(cn) => Ok(Some(cn.clone())),
+                Some(cn) => Ok((Some(cn.clone()), Grant::default())),
                 None => Err(ReasonCode::NOT_AUTHORIZED),
             }
         } else {
-            match (username, &l.passwords) {
-                (None, _) if l.allow_anonymous => Ok(None),
-                (None, _) => Err(ReasonCode::NOT_AUTHORIZED),
-                (Some(u), Some(file)) => {
-                    if file.verify(u, password.unwrap_or(&[])) {
-                        Ok(Some(u.into()))
-                    } else {
-                        Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
-                    }
-                }
-                (Some(u), None) if l.allow_anonymous => Ok(Some(u.into())),
-                (Some(_), None) => Err(ReasonCode::NOT_AUTHORIZED),
+            match username {
+                None if l.allow_anonymous => Ok((None, Grant::default())),
+                None => Err(ReasonCode::NOT_AUTHORIZED),
+                Some(u) => login_chain(l, self.auth.jwt.as_deref(), now, u, password)
+                    .map(|g| (Some(u.into()), g)),
             }
         };
         match decision {
-            Ok(user) => {
+            Ok((user, grant)) => {
                 if let Some(name) = &user {
                     self.metrics.security.auth_success += 1;
                     self.auth.tracker.record_success(ip, name);
@@ -335,6 +339,11 @@ impl Broker {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.sec.username = user;
                     c.sec.publish = PublishLimiter::new(rate, bytes, now);
+                    c.sec.login_acl = grant.acl;
+                    c.sec.expires = grant.expires;
+                }
+                if let Some(at) = grant.expires {
+                    self.timers.arm(at, Timer::TokenExpiry(conn));
                 }
                 Ok(())
             }
@@ -360,7 +369,8 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        match self.auth.listener(c.sec.listener).acl.clone() {
+        let acl = c.sec.login_acl.clone();
+        match acl.or_else(|| self.auth.listener(c.sec.listener).acl.clone()) {
             Some(acl) => {
                 let username = c.sec.username.clone();
                 self.auth.sessions.insert(
@@ -376,6 +386,24 @@ impl Broker {
             None => {
                 self.auth.sessions.remove(&sid);
             }
+        }
+    }
+
+    /// A login's token may have expired: close its connection.
+    pub(crate) fn on_token_expiry(&mut self, now: Instant, conn: ConnId) {
+        let due = self
+            .conns
+            .get(&conn)
+            .is_some_and(|c| c.session().is_some() && c.sec.expires.is_some_and(|at| at <= now));
+        if due {
+            self.metrics.security.auth_token_expired += 1;
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::NOT_AUTHORIZED,
+                Some("token expired"),
+                true,
+            );
         }
     }
 

@@ -324,6 +324,7 @@ impl Broker {
                     }
                 }
                 Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
+                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
                 Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
                     self.metrics.takeover_drain_timeouts += 1;
                     tracing::debug!(%conn, "takeover completed without the old input drained");

@@ -62,6 +62,13 @@ counters! {
             .sys("security/auth/throttled")
             .prom_as(AUTH_REFUSED, "reason", "throttled")
             .refused(),
+        /// Connections closed because their login token expired (DISCONNECT 0x87).
+        pub auth_token_expired: u64 = CounterDef::NEW
+            .sys("security/auth/token_expired")
+            .prom(Family::new(
+                "zerofan_auth_token_expired_total",
+                "Connections closed because their login token expired.",
+            )),
         /// Successful logins with a username (password or certificate).
         pub auth_success: u64 = CounterDef::NEW.sys("security/auth/success").prom(Family::new(
             "zerofan_auth_success_total",

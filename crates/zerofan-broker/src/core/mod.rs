@@ -29,6 +29,7 @@ mod subscribe;
 mod sys;
 pub use sys::sys_figures;
 mod timers;
+pub mod token;
 mod trie;
 mod wire;
 
@@ -42,4 +43,5 @@ pub use message::Message;
 pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
 pub use observe::{Gauges, LatencyHistogram, ReloadOutcome, StoreFigures, LATENCY_BUCKETS};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
+pub use token::JwtAuth;
 pub use wire::Wire;

@@ -11,6 +11,7 @@ mod retained;
 mod security;
 mod sessions;
 mod shared;
+mod token;
 mod wills;
 
 use super::{Broker, ConnId, Outgoing, Transmit};

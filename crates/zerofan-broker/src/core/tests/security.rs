@@ -19,6 +19,7 @@ fn secured(l: ListenerAuth, cfg: Config) -> H {
     h.b.set_security(SecurityConfig {
         listeners: vec![l],
         throttle: ThrottleConfig::default(),
+        jwt: None,
     });
     h
 }
