@@ -11,6 +11,8 @@
 //! - [`acl`]: mosquitto `acl_file` rules ([`Acl`]): `user`, `topic`,
 //!   `pattern` with `%c` / `%u`, `deny`, the anonymous block, `$SYS`;
 //!   decisions for PUBLISH, delivery and SUBSCRIBE.
+//! - [`cache`]: [`cache::DecisionCache`], a bounded, expiring cache of
+//!   decisions keyed by a hash of the request (HTTP authentication).
 //! - [`conf`]: read a `mosquitto.conf` into a neutral [`MosqConfig`]
 //!   (listeners with their options, global settings, warnings for what
 //!   zerofan ignores) for the broker to map onto its own configuration.
@@ -80,6 +82,7 @@
 #![forbid(unsafe_code)]
 
 pub mod acl;
+pub mod cache;
 pub mod conf;
 mod error;
 pub mod jwt;

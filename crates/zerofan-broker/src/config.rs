@@ -40,6 +40,9 @@ pub struct Config {
     /// JSON Web Tokens in the password field, checked after the password
     /// file (`auth_jwt = { public_key_file = "...", ... }`).
     pub auth_jwt: Option<crate::ext_auth::JwtConfig>,
+    /// The site's HTTP service decides logins, last in the chain
+    /// (`auth_http = { url = "http://...", ... }`).
+    pub auth_http: Option<crate::ext_auth::HttpAuthConfig>,
     /// Most simultaneous connections overall; 0: no limit.
     pub max_connections: usize,
     /// Longest topic name or filter, in bytes.
@@ -149,6 +152,7 @@ impl Default for Config {
             acl_file: None,
             allow_anonymous: None,
             auth_jwt: None,
+            auth_http: None,
             max_connections: 0,
             max_topic_length: 65535,
             max_publish_rate: 0,
@@ -254,6 +258,7 @@ reload_classes! {
     acl_file: Live,
     allow_anonymous: Live,
     auth_jwt: Live,
+    auth_http: Live,
     max_connections: Live,
     max_topic_length: Live,
     max_publish_rate: Live,
@@ -422,6 +427,9 @@ impl Config {
         }
         if let Some(Err(why)) = self.auth_jwt.as_ref().map(|j| j.validate()) {
             return bad("auth_jwt", why);
+        }
+        if let Some(Err(why)) = self.auth_http.as_ref().map(|h| h.validate()) {
+            return bad("auth_http", why);
         }
         for l in &self.listener {
             if let Some(tls) = &l.tls {

@@ -151,3 +151,118 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// What a failed HTTP call (time-out, status other than 200, unreadable
+/// answer) does to the login.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailPolicy {
+    /// Refuse it (0x88 server unavailable, 3.1.1: 3).
+    #[default]
+    Deny,
+    /// Let it in.
+    Allow,
+}
+
+/// `auth_http = { url = "http://...", ... }`: logins decided by the site's
+/// HTTP service with EMQX's conventions (see `core::http_auth`).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpAuthConfig {
+    /// `POST` here with `{"username", "password", "clientid", "address",
+    /// "listener"}`; `http://` only.
+    pub url: String,
+    /// Authorization per PUBLISH / SUBSCRIBE: not supported yet (an error,
+    /// so that nobody believes it is enforced).
+    pub acl_url: Option<String>,
+    /// Milliseconds to wait for an answer.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Seconds an answer is reused (0: never cached).
+    #[serde(default = "default_cache_ttl_s")]
+    pub cache_ttl_s: u64,
+    /// Most answers cached (0: none).
+    #[serde(default = "default_cache_size")]
+    pub cache_size: usize,
+    /// What a failed call does.
+    #[serde(default)]
+    pub fail: FailPolicy,
+    /// Most CONNECTs waiting for an answer at once; more are handled as
+    /// failed calls.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: usize,
+}
+
+fn default_timeout_ms() -> u64 {
+    5000
+}
+fn default_cache_ttl_s() -> u64 {
+    60
+}
+fn default_cache_size() -> usize {
+    10_000
+}
+fn default_max_pending() -> usize {
+    1024
+}
+
+impl HttpAuthConfig {
+    /// What `--test-config` and loading reject.
+    pub fn validate(&self) -> Result<(), &'static str> {
+        let uri: hyper::Uri = self.url.parse().map_err(|_| "url is not a valid URL")?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err("url must be http://HOST[:PORT]/PATH (https is not supported yet)");
+        }
+        if self.acl_url.is_some() {
+            return Err("acl_url is not supported yet");
+        }
+        if self.timeout_ms == 0 {
+            return Err("timeout_ms must be at least 1");
+        }
+        if self.max_pending == 0 {
+            return Err("max_pending must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The core's view.
+    pub fn settings(&self) -> crate::core::HttpAuthSettings {
+        crate::core::HttpAuthSettings {
+            url: self.url.as_str().into(),
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            cache_ttl: std::time::Duration::from_secs(self.cache_ttl_s),
+            cache_size: self.cache_size,
+            fail_allow: self.fail == FailPolicy::Allow,
+            max_pending: self.max_pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod http_tests {
+    use crate::config::Config;
+
+    #[test]
+    fn auth_http_settings_are_checked() {
+        let c =
+            Config::from_toml("auth_http = { url = \"http://127.0.0.1:8080/a\" }\n", "x").unwrap();
+        let h = c.auth_http.unwrap();
+        assert_eq!(
+            (h.timeout_ms, h.cache_ttl_s, h.cache_size),
+            (5000, 60, 10_000)
+        );
+        assert_eq!(h.fail, super::FailPolicy::Deny);
+        assert!(!h.settings().fail_allow);
+        for bad in [
+            "auth_http = { }\n",
+            "auth_http = { url = \"https://a/b\" }\n",
+            "auth_http = { url = \"not a url\" }\n",
+            "auth_http = { url = \"http://a/b\", acl_url = \"http://a/c\" }\n",
+            "auth_http = { url = \"http://a/b\", timeout_ms = 0 }\n",
+            "auth_http = { url = \"http://a/b\", fail = \"maybe\" }\n",
+            "auth_http = { url = \"http://a/b\", cache = 1 }\n",
+        ] {
+            assert!(Config::from_toml(bad, "x").is_err(), "{bad}");
+        }
+    }
+}

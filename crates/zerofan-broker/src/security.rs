@@ -79,6 +79,7 @@ pub fn load(config: &Config) -> Result<Loaded, SecurityError> {
             Some(j) => Some(Arc::new(j.load().map_err(SecurityError::Jwt)?)),
             None => None,
         },
+        http: config.auth_http.as_ref().map(|h| Arc::new(h.settings())),
     };
     let mut listeners = Vec::new();
     for l in config.listeners() {

@@ -43,10 +43,11 @@
 
 use super::broker::Broker;
 use super::hash::HashMap;
+use super::http_auth::{login_body, AuthRequest, HttpAnswer, HttpAuth, HttpAuthSettings, Lookup};
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
 use super::timers::Timer;
-use super::token::{login_chain, Grant, JwtAuth};
+use super::token::{login_chain, Grant, HttpLink, JwtAuth, Stop};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,6 +92,8 @@ pub struct SecurityConfig {
     pub throttle: ThrottleConfig,
     /// `auth_jwt`: tokens in the password field, after the password file.
     pub jwt: Option<Arc<JwtAuth>>,
+    /// `auth_http`: the site's HTTP service, last in the chain.
+    pub http: Option<Arc<HttpAuthSettings>>,
 }
 
 /// What the shell knows about a new connection.
@@ -121,6 +124,19 @@ pub struct ConnSecurity {
     pub login_acl: Option<Arc<Acl>>,
     /// When the login's token expires (the connection is then closed).
     pub expires: Option<Instant>,
+    /// No ACL applies to this login.
+    pub superuser: bool,
+    /// The HTTP service's answer to this connection's waiting CONNECT.
+    pub http_answer: Option<HttpAnswer>,
+}
+
+/// Why `authenticate` did not let a CONNECT in.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// CONNACK with this code.
+    Code(ReasonCode),
+    /// Wait for the HTTP service: the request's cache key and body.
+    AskHttp([u8; 32], Vec<u8>),
 }
 
 /// Why a login is refused with 0x9F, so that a client (and its operator)
@@ -150,6 +166,7 @@ pub(crate) struct AuthState {
     /// Live connections per listener.
     open: Vec<usize>,
     jwt: Option<Arc<JwtAuth>>,
+    pub(crate) http: Option<HttpAuth>,
     sessions: HashMap<SessionId, SessionAcl>,
 }
 
@@ -168,6 +185,7 @@ impl AuthState {
             rate: ConnectionRate::default(),
             open: Vec::new(),
             jwt: config.jwt,
+            http: config.http.map(HttpAuth::new),
             sessions: HashMap::default(),
         }
     }
@@ -209,7 +227,11 @@ impl Broker {
     pub fn set_security(&mut self, config: SecurityConfig) {
         let open = std::mem::take(&mut self.auth.open);
         let sessions = std::mem::take(&mut self.auth.sessions);
+        let mut old_http = self.auth.http.take();
         self.auth = AuthState::new(config);
+        if let (Some(new), Some(old)) = (self.auth.http.as_mut(), old_http.as_mut()) {
+            new.take_pending_from(old);
+        }
         self.auth.open = open;
         self.auth.sessions = sessions;
         // Connected sessions follow their listener's new ACL (a reload).
@@ -270,6 +292,9 @@ impl Broker {
 
     /// Bookkeeping when a connection is removed.
     pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
+        if let Some(h) = self.auth.http.as_mut() {
+            h.forget(conn);
+        }
         if let Some(c) = self.conns.get(&conn) {
             if let Some(n) = self.auth.open.get_mut(c.sec.listener) {
                 *n = n.saturating_sub(1);
@@ -285,12 +310,17 @@ impl Broker {
         conn: ConnId,
         username: Option<&str>,
         password: Option<&[u8]>,
-    ) -> Result<(), ReasonCode> {
+        client_id: &str,
+    ) -> Result<(), Refusal> {
+        let answered = self
+            .conns
+            .get_mut(&conn)
+            .and_then(|c| c.sec.http_answer.take());
         let Some(c) = self.conns.get(&conn) else {
-            return Err(ReasonCode::UNSPECIFIED_ERROR);
+            return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
         };
         if let Some(code) = c.sec.refuse {
-            return Err(code);
+            return Err(Refusal::Code(code));
         }
         let ip = c.peer.ip();
         let l = self.auth.listener(c.sec.listener);
@@ -308,24 +338,69 @@ impl Broker {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.sec.refuse_reason = Some(THROTTLED_REASON);
                 }
-                return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
+                return Err(Refusal::Code(ReasonCode::CONNECTION_RATE_EXCEEDED));
             }
         }
         let l = self.auth.listener(c.sec.listener);
-        let decision: Result<(Option<Box<str>>, Grant), ReasonCode> = if l.use_identity_as_username
-        {
-            match &c.sec.identity {
-                Some(cn) => Ok((Some(cn.clone()), Grant::default())),
-                None => Err(ReasonCode::NOT_AUTHORIZED),
+        let fail_allow = self.auth.http.as_ref().map(|h| h.settings.fail_allow);
+        let link = match (answered, fail_allow) {
+            (_, None) => HttpLink::Off,
+            (Some(a), Some(allow)) => HttpLink::Answer(a, allow),
+            (None, Some(_)) => HttpLink::Ask,
+        };
+        let chain = |link| -> Result<(Option<Box<str>>, Grant), Stop> {
+            if l.use_identity_as_username {
+                return match &c.sec.identity {
+                    Some(cn) => Ok((Some(cn.clone()), Grant::default())),
+                    None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                };
             }
-        } else {
             match username {
                 None if l.allow_anonymous => Ok((None, Grant::default())),
-                None => Err(ReasonCode::NOT_AUTHORIZED),
-                Some(u) => login_chain(l, self.auth.jwt.as_deref(), now, u, password)
+                None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                Some(u) => login_chain(l, self.auth.jwt.as_deref(), link, now, u, password)
                     .map(|g| (Some(u.into()), g)),
             }
         };
+        let mut decision = chain(link);
+        if decision.as_ref().err() == Some(&Stop::Ask) {
+            let ip_text = ip.to_string();
+            let user = username.unwrap_or("");
+            let pw = password.unwrap_or(&[]);
+            let listener = c.sec.listener;
+            let parts: [&[u8]; 5] = [
+                user.as_bytes(),
+                pw,
+                client_id.as_bytes(),
+                ip_text.as_bytes(),
+                &listener.to_le_bytes(),
+            ];
+            let allow = fail_allow.unwrap_or(false);
+            match self
+                .auth
+                .http
+                .as_ref()
+                .map(|h| (h.lookup(now, &parts), h.has_room()))
+            {
+                Some((Lookup::Hit(a), _)) => {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                    decision = chain(HttpLink::Answer(a, allow));
+                }
+                Some((Lookup::Miss(key), true)) => {
+                    self.metrics.security.auth_http_cache_misses += 1;
+                    let body = login_body(user, pw, client_id, &ip_text, listener);
+                    return Err(Refusal::AskHttp(key, body));
+                }
+                _ => {
+                    self.metrics.security.auth_http_overflow += 1;
+                    decision = chain(HttpLink::Answer(HttpAnswer::Failed, allow));
+                }
+            }
+        }
+        let decision = decision.map_err(|stop| match stop {
+            Stop::Refuse(code) => code,
+            Stop::Ask => ReasonCode::UNSPECIFIED_ERROR,
+        });
         match decision {
             Ok((user, grant)) => {
                 if let Some(name) = &user {
@@ -341,6 +416,7 @@ impl Broker {
                     c.sec.publish = PublishLimiter::new(rate, bytes, now);
                     c.sec.login_acl = grant.acl;
                     c.sec.expires = grant.expires;
+                    c.sec.superuser = grant.superuser;
                 }
                 if let Some(at) = grant.expires {
                     self.timers.arm(at, Timer::TokenExpiry(conn));
@@ -348,17 +424,27 @@ impl Broker {
                 Ok(())
             }
             Err(code) => {
-                if code == ReasonCode::BAD_USER_NAME_OR_PASSWORD {
-                    self.metrics.security.auth_bad_credentials += 1;
-                } else {
-                    self.metrics.security.auth_not_authorized += 1;
-                }
-                if let Some(name) = login_name {
+                let failure = match code {
+                    ReasonCode::BAD_USER_NAME_OR_PASSWORD => {
+                        self.metrics.security.auth_bad_credentials += 1;
+                        true
+                    }
+                    ReasonCode::NOT_AUTHORIZED => {
+                        self.metrics.security.auth_not_authorized += 1;
+                        true
+                    }
+                    // The HTTP service failed (fail = "deny"): not the client's fault.
+                    _ => {
+                        self.metrics.security.auth_http_refused_unavailable += 1;
+                        false
+                    }
+                };
+                if let (Some(name), true) = (login_name, failure) {
                     self.auth.tracker.record_failure(ip, name, now);
                 }
                 let peer = self.conns.get(&conn).map(|c| c.peer);
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
-                Err(code)
+                Err(Refusal::Code(code))
             }
         }
     }
@@ -369,8 +455,15 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        let acl = c.sec.login_acl.clone();
-        match acl.or_else(|| self.auth.listener(c.sec.listener).acl.clone()) {
+        let acl = match c.sec.superuser {
+            true => None,
+            false => c
+                .sec
+                .login_acl
+                .clone()
+                .or_else(|| self.auth.listener(c.sec.listener).acl.clone()),
+        };
+        match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
                 self.auth.sessions.insert(
@@ -387,6 +480,69 @@ impl Broker {
                 self.auth.sessions.remove(&sid);
             }
         }
+    }
+
+    /// The CONNECT of `conn` waits for the HTTP service (see
+    /// [`super::http_auth`]); its input is held meanwhile.
+    pub(crate) fn wait_for_http(
+        &mut self,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+        key: [u8; 32],
+        body: Vec<u8>,
+    ) {
+        let (Some(h), Some(c)) = (self.auth.http.as_mut(), self.conns.get_mut(&conn)) else {
+            return;
+        };
+        c.phase = super::connection::Phase::AwaitingAuth;
+        c.protocol = connect.protocol;
+        h.ask(conn, connect, key, body);
+    }
+
+    /// Requests for the HTTP service, for the shell to send.
+    pub fn take_auth_requests(&mut self, out: &mut Vec<AuthRequest>) {
+        if let Some(h) = self.auth.http.as_mut() {
+            h.take_requests(out);
+        }
+    }
+
+    /// Whether [`Broker::take_auth_requests`] has something.
+    pub fn has_auth_requests(&self) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.has_requests())
+    }
+
+    /// CONNECTs waiting for the HTTP service.
+    pub fn auth_waiting(&self) -> usize {
+        self.auth.http.as_ref().map_or(0, |h| h.waiting())
+    }
+
+    /// The HTTP service's answer to request `id`: its CONNECT is handled
+    /// again with it (nothing happens when its connection is gone).
+    pub fn auth_answered(&mut self, now: Instant, id: u64, answer: HttpAnswer) {
+        match answer {
+            HttpAnswer::Failed => self.metrics.security.auth_http_failures += 1,
+            HttpAnswer::TimedOut => self.metrics.security.auth_http_timeouts += 1,
+            _ => {}
+        }
+        let Some((conn, connect)) = self
+            .auth
+            .http
+            .as_mut()
+            .and_then(|h| h.answered(now, id, answer))
+        else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == super::connection::Phase::AwaitingAuth => {
+                c.phase = super::connection::Phase::AwaitingConnect;
+                c.sec.http_answer = Some(answer);
+            }
+            _ => return,
+        }
+        self.on_connect(now, conn, *connect);
+        // Its held input may be read now.
+        self.wake(conn);
+        self.end_event();
     }
 
     /// A login's token may have expired: close its connection.

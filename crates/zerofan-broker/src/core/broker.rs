@@ -162,6 +162,13 @@ impl Broker {
                     _ => return,
                 }
             }
+            Phase::AwaitingAuth => {
+                // Held by the shell until the answer: a packet handed over
+                // anyway cannot be ordered after a login not yet decided.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
+                return;
+            }
             Phase::AwaitingConnect => {
                 match packet {
                     Packet::Connect(connect) => self.on_connect(now, conn, *connect),
@@ -213,7 +220,7 @@ impl Broker {
         };
         match c.phase {
             Phase::Closing => {}
-            Phase::AwaitingTakeover => self.close(now, conn, None, false),
+            Phase::AwaitingTakeover | Phase::AwaitingAuth => self.close(now, conn, None, false),
             Phase::AwaitingConnect => {
                 if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
                     // Answered in 3.1.1 form (return code 1), which every
@@ -256,10 +263,9 @@ impl Broker {
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::ConnectTimeout(conn)
-                    if self
-                        .conns
-                        .get(&conn)
-                        .is_some_and(|c| c.phase == Phase::AwaitingConnect) =>
+                    if self.conns.get(&conn).is_some_and(|c| {
+                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
+                    }) =>
                 {
                     self.metrics.connect_timeouts += 1;
                     self.close(now, conn, None, false);
@@ -391,7 +397,7 @@ impl Broker {
     pub fn input_state(&self, conn: ConnId) -> InputState {
         match self.conns.get(&conn).map(|c| c.phase) {
             None | Some(Phase::Closing) => InputState::Closed,
-            Some(Phase::AwaitingTakeover) => InputState::Held,
+            Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
             Some(_) => InputState::Open,
         }
     }
@@ -399,11 +405,11 @@ impl Broker {
     /// The connection's CONNECT waits for a takeover: the shell keeps what
     /// it read and reads no more (cheap when no takeover is pending).
     pub fn holds_input(&self, conn: ConnId) -> bool {
-        !self.takeovers.is_empty()
+        (!self.takeovers.is_empty() || self.auth_waiting() > 0)
             && self
                 .conns
                 .get(&conn)
-                .is_some_and(|c| c.phase == Phase::AwaitingTakeover)
+                .is_some_and(|c| matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth))
     }
 
     /// A new connection with this connection's client id waits: the shell

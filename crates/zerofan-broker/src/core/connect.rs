@@ -1,5 +1,6 @@
 //! CONNECT, DISCONNECT, session attach / detach / end, and wills.
 
+use super::auth::Refusal;
 use super::broker::Broker;
 use super::connection::Phase;
 use super::ids::{ConnId, SessionId};
@@ -119,11 +120,33 @@ impl Broker {
             return;
         }
         if !waited {
-            if let Err(code) =
-                self.authenticate(now, conn, username.as_deref(), password.as_deref())
-            {
-                self.refuse(now, conn, code);
-                return;
+            let login = self.authenticate(
+                now,
+                conn,
+                username.as_deref(),
+                password.as_deref(),
+                &client_id,
+            );
+            match login {
+                Ok(()) => {}
+                Err(Refusal::Code(code)) => {
+                    self.refuse(now, conn, code);
+                    return;
+                }
+                Err(Refusal::AskHttp(key, body)) => {
+                    let connect = Connect {
+                        protocol,
+                        clean_start,
+                        keep_alive,
+                        properties,
+                        client_id,
+                        will,
+                        username,
+                        password,
+                    };
+                    self.wait_for_http(conn, Box::new(connect), key, body);
+                    return;
+                }
             }
         }
         if let Some(w) = &will {

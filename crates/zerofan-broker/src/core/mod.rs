@@ -16,6 +16,7 @@ mod connection;
 mod deliver;
 pub mod durable;
 mod hash;
+pub mod http_auth;
 mod ids;
 pub mod limits;
 mod message;
@@ -38,6 +39,7 @@ mod tests;
 
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::{Broker, InputState};
+pub use http_auth::{AuthRequest, HttpAnswer, HttpAuthSettings};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
 pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};

@@ -8,6 +8,7 @@
 //! clock too.
 
 use super::auth::ListenerAuth;
+use super::http_auth::HttpAnswer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_auth::{Acl, JwtRefusal, JwtVerifier};
@@ -97,42 +98,91 @@ pub(crate) struct Grant {
     pub expires: Option<Instant>,
     /// Permissions replacing the listener's ACL.
     pub acl: Option<Arc<Acl>>,
+    /// No ACL applies (the HTTP service said so).
+    pub superuser: bool,
+}
+
+/// The HTTP link as the chain sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum HttpLink {
+    /// Not configured.
+    Off,
+    /// Configured, no answer yet: reaching it means asking.
+    Ask,
+    /// The service's answer, and whether a failure lets the login in.
+    Answer(HttpAnswer, bool),
+}
+
+/// Why the chain stopped without a login.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Refused with this code.
+    Refuse(ReasonCode),
+    /// The HTTP service must be asked first.
+    Ask,
 }
 
 /// The chain for a login with a username: the password file decides for
 /// the users it lists (for every user when it is the only source), then
-/// a token decides, and when nobody decided the login is refused (0x86)
-/// if any source is configured, else allowed only with
-/// `allow_anonymous` (as mosquitto 2.0).
+/// a token, then the HTTP service (allow, deny: 0x86, ignore: passes on,
+/// failure: the `fail` policy, deny being 0x88); when nobody decided the
+/// login is refused (0x86) if any source is configured, else allowed
+/// only with `allow_anonymous` (as mosquitto 2.0).
 pub(crate) fn login_chain(
     l: &ListenerAuth,
     jwt: Option<&JwtAuth>,
+    http: HttpLink,
     now: Instant,
     user: &str,
     password: Option<&[u8]>,
-) -> Result<Grant, ReasonCode> {
-    let more = jwt.is_some();
+) -> Result<Grant, Stop> {
+    let refuse = |code| Err(Stop::Refuse(code));
+    let more = jwt.is_some() || !matches!(http, HttpLink::Off);
     if let Some(file) = &l.passwords {
         if !more || file.contains(user) {
             return if file.verify(user, password.unwrap_or(&[])) {
                 Ok(Grant::default())
             } else {
-                Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+                refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
             };
         }
     }
     if let Some(j) = jwt {
         match j.check(now, Some(user), password) {
             TokenDecision::Pass => {}
-            TokenDecision::Allow { expires, acl } => return Ok(Grant { expires, acl }),
-            TokenDecision::Refuse(code) => return Err(code),
+            TokenDecision::Allow { expires, acl } => {
+                return Ok(Grant {
+                    expires,
+                    acl,
+                    superuser: false,
+                })
+            }
+            TokenDecision::Refuse(code) => return refuse(code),
         }
     }
+    match http {
+        HttpLink::Off => {}
+        HttpLink::Ask => return Err(Stop::Ask),
+        HttpLink::Answer(answer, fail_allow) => match answer {
+            HttpAnswer::Allow { superuser } => {
+                return Ok(Grant {
+                    superuser,
+                    ..Grant::default()
+                })
+            }
+            HttpAnswer::Deny => return refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD),
+            HttpAnswer::Ignore => {}
+            HttpAnswer::Failed | HttpAnswer::TimedOut if fail_allow => return Ok(Grant::default()),
+            HttpAnswer::Failed | HttpAnswer::TimedOut => {
+                return refuse(ReasonCode::SERVER_UNAVAILABLE)
+            }
+        },
+    }
     if l.passwords.is_some() || more {
-        Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
+        refuse(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
     } else if l.allow_anonymous {
         Ok(Grant::default())
     } else {
-        Err(ReasonCode::NOT_AUTHORIZED)
+        refuse(ReasonCode::NOT_AUTHORIZED)
     }
 }

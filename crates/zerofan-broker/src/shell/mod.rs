@@ -6,6 +6,7 @@
 mod buffers;
 mod conn;
 pub mod http;
+mod http_auth;
 pub mod listener;
 pub mod ops;
 mod park;

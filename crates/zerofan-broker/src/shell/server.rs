@@ -135,6 +135,9 @@ impl Server {
                 Rc::new(prepared),
             )));
         }
+        tasks.push(tokio::task::spawn_local(super::http_auth::auth_loop(
+            shared.clone(),
+        )));
         let timer = tokio::task::spawn_local(timer_loop(shared.clone()));
         let lot = poll.map(|p| tokio::task::spawn_local(super::park::lot_loop(shared.clone(), p)));
         let busy_poll = shared.broker.borrow().config().busy_poll_us;

@@ -58,6 +58,8 @@ pub struct Shared {
     pub ops: super::ops::Ops,
     /// Parked connections (see `park.rs`).
     pub lot: super::park::Lot,
+    /// Wakes the HTTP authentication task (`http_auth.rs`).
+    pub auth_wake: tokio::sync::Notify,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -80,6 +82,7 @@ impl Shared {
             bytes_out: Cell::new(0),
             ops: super::ops::Ops::default(),
             lot,
+            auth_wake: tokio::sync::Notify::new(),
             wake_scratch: RefCell::new(Vec::new()),
         };
         (shared, poll)
@@ -102,6 +105,9 @@ impl Shared {
     /// Wake the task of every connection the core touched (new output, or
     /// closing) since the last call.
     pub fn dispatch(&self) {
+        if self.broker.borrow().has_auth_requests() {
+            self.auth_wake.notify_one();
+        }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);
         if ids.is_empty() {

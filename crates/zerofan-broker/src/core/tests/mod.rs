@@ -6,6 +6,7 @@ mod backpressure;
 mod connect;
 mod delivery;
 mod durable;
+mod http_auth;
 mod qos;
 mod retained;
 mod security;

@@ -20,6 +20,7 @@ fn secured(l: ListenerAuth, cfg: Config) -> H {
         listeners: vec![l],
         throttle: ThrottleConfig::default(),
         jwt: None,
+        http: None,
     });
     h
 }

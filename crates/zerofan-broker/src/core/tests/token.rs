@@ -52,6 +52,7 @@ fn with_jwt(disconnect_on_expiry: bool) -> H {
         }],
         throttle: ThrottleConfig::default(),
         jwt: Some(Arc::new(jwt)),
+        http: None,
     });
     h
 }
