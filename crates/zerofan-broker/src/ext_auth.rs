@@ -266,3 +266,22 @@ mod http_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz_seeds {
+    use crate::config::Config;
+
+    /// The `toml_config` fuzz seeds for these settings keep parsing (or
+    /// failing) as they did.
+    #[test]
+    fn toml_config_seeds() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/toml_config");
+        let good = std::fs::read_to_string(dir.join("auth-jwt-http")).unwrap();
+        let c = Config::from_toml(&good, "seed").unwrap();
+        assert_eq!(c.auth_jwt.unwrap().leeway_s, 30);
+        assert_eq!(c.auth_http.unwrap().max_pending, 16);
+        let bad = std::fs::read_to_string(dir.join("bad-auth")).unwrap();
+        assert!(Config::from_toml(&bad, "seed").is_err());
+    }
+}
