@@ -22,7 +22,8 @@ pytestmark = pytest.mark.skipif(not IS_ZEROFAN, reason="zerofan auth_http config
 
 class AuthService:
     """allow for users starting with "good" (superuser: "root"), deny for
-    "bad", 500 for "err", and "slow" waits for `release` (10 s at most)."""
+    "bad", 500 for "err", and "slow" waits for `release` (10 s at most).
+    On .../acl: deny for topics under deny/, else allow."""
 
     def __init__(self):
         self.calls: list[dict] = []
@@ -37,6 +38,14 @@ class AuthService:
                 n = int(self.headers.get("Content-Length", "0"))
                 req = json.loads(self.rfile.read(n))
                 svc.calls.append(req)
+                if self.path.endswith("/acl"):
+                    allow = not req.get("topic", "").startswith("deny/")
+                    data = json.dumps({"result": "allow" if allow else "deny"}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 user = req.get("username", "")
                 if user.startswith("slow"):
                     svc.release.wait(10)
@@ -184,3 +193,25 @@ def test_service_errors_and_timeouts_follow_fail(tmp_path, service, brokers):
     assert rc == 0x88
     raw.close()
     assert service.count("err1") == 2
+
+
+def test_acl_url_decides_publish_and_subscribe(tmp_path, service, brokers):
+    acl = service.url.rsplit("/", 1)[0] + "/acl"
+    port = broker(tmp_path, brokers, service.url, f', acl_url = "{acl}"')
+    sub, rc = login(port, 5, "good-sub")
+    assert rc == 0
+    ack = sub.subscribe([("ok/#", 1), ("deny/#", 1)])
+    assert ack.reasons == [1, 0x87]
+    pub, rc = login(port, 5, "good-pub")
+    assert rc == 0
+    for i in range(2):  # the second time from the cache
+        assert pub.publish("ok/x", b"fine", qos=1, packet_id=1 + 2 * i).reason in (0, None)
+        assert sub.expect(mqttraw.PUBLISH, timeout=3).payload == b"fine"
+        assert pub.publish("deny/x", b"no", qos=1, packet_id=2 + 2 * i).reason == 0x87
+    sub.assert_silent(0.2)
+    acl_calls = [c for c in service.calls if "action" in c]
+    assert {(c["topic"], c["action"]) for c in acl_calls} == {
+        ("ok/#", "subscribe"), ("deny/#", "subscribe"), ("ok/x", "publish"), ("deny/x", "publish")}
+    assert len(acl_calls) == 4, acl_calls
+    sub.close()
+    pub.close()

@@ -172,8 +172,8 @@ pub struct HttpAuthConfig {
     /// `POST` here with `{"username", "password", "clientid", "address",
     /// "listener"}`; `http://` only.
     pub url: String,
-    /// Authorization per PUBLISH / SUBSCRIBE: not supported yet (an error,
-    /// so that nobody believes it is enforced).
+    /// `POST` here per PUBLISH and SUBSCRIBE filter the ACL file allows,
+    /// with `{"username", "clientid", "address", "topic", "action"}`.
     pub acl_url: Option<String>,
     /// Milliseconds to wait for an answer.
     #[serde(default = "default_timeout_ms")]
@@ -213,8 +213,11 @@ impl HttpAuthConfig {
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
             return Err("url must be http://HOST[:PORT]/PATH (https is not supported yet)");
         }
-        if self.acl_url.is_some() {
-            return Err("acl_url is not supported yet");
+        if let Some(acl) = &self.acl_url {
+            let uri: hyper::Uri = acl.parse().map_err(|_| "acl_url is not a valid URL")?;
+            if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                return Err("acl_url must be http://HOST[:PORT]/PATH");
+            }
         }
         if self.timeout_ms == 0 {
             return Err("timeout_ms must be at least 1");
@@ -229,6 +232,7 @@ impl HttpAuthConfig {
     pub fn settings(&self) -> crate::core::HttpAuthSettings {
         crate::core::HttpAuthSettings {
             url: self.url.as_str().into(),
+            acl_url: self.acl_url.as_deref().map(Into::into),
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             cache_ttl: std::time::Duration::from_secs(self.cache_ttl_s),
             cache_size: self.cache_size,
@@ -257,7 +261,7 @@ mod http_tests {
             "auth_http = { }\n",
             "auth_http = { url = \"https://a/b\" }\n",
             "auth_http = { url = \"not a url\" }\n",
-            "auth_http = { url = \"http://a/b\", acl_url = \"http://a/c\" }\n",
+            "auth_http = { url = \"http://a/b\", acl_url = \"ftp://a/c\" }\n",
             "auth_http = { url = \"http://a/b\", timeout_ms = 0 }\n",
             "auth_http = { url = \"http://a/b\", fail = \"maybe\" }\n",
             "auth_http = { url = \"http://a/b\", cache = 1 }\n",

@@ -43,7 +43,9 @@
 
 use super::broker::Broker;
 use super::hash::HashMap;
-use super::http_auth::{login_body, AuthRequest, HttpAnswer, HttpAuth, HttpAuthSettings, Lookup};
+use super::http_auth::{
+    login_body, AclAction, AuthRequest, HttpAnswer, HttpAuth, HttpAuthSettings, Lookup,
+};
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
 use super::timers::Timer;
@@ -524,6 +526,17 @@ impl Broker {
             HttpAnswer::TimedOut => self.metrics.security.auth_http_timeouts += 1,
             _ => {}
         }
+        if let Some(h) = self.auth.http.as_mut().filter(|h| h.is_acl(id)) {
+            let fail_allow = h.settings.fail_allow;
+            if let Some((conn, Some(packet))) = h.acl_answered(now, id, answer, fail_allow) {
+                // All its answers came: handled now, in order, then the
+                // rest of its input.
+                self.handle_packet(now, conn, packet);
+                self.wake(conn);
+            }
+            self.end_event();
+            return;
+        }
         let Some((conn, connect)) = self
             .auth
             .http
@@ -543,6 +556,99 @@ impl Broker {
         // Its held input may be read now.
         self.wake(conn);
         self.end_event();
+    }
+
+    /// The HTTP service's ACL decision on `topic` for `conn` (a lookup:
+    /// a replay's answer, the cache); on a miss the requests are sent, the
+    /// packet from `held` waits and `None` is returned (unless `wait` is
+    /// false: then a miss is a refusal).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn http_acl(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        topic: &str,
+        action: AclAction,
+        wait: bool,
+        held: impl FnOnce() -> Packet,
+    ) -> Option<bool> {
+        let c = self.conns.get(&conn)?;
+        if c.sec.superuser {
+            return Some(true);
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let client = self.sessions.get(&sid)?.client_id.to_string();
+        let h = self.auth.http.as_mut()?;
+        let fail_allow = h.settings.fail_allow;
+        match h.acl_lookup(now, &user, &client, &address, topic, action, true) {
+            Ok(a) => {
+                self.metrics.security.auth_http_cache_hits += 1;
+                Some(acl_allows(a, fail_allow))
+            }
+            Err(_) if !wait || action == AclAction::Subscribe => Some(false),
+            Err(key) => {
+                self.metrics.security.auth_http_cache_misses += 1;
+                h.ask_acl(conn, key, &user, &client, &address, topic, action);
+                h.hold(conn, held(), 1);
+                None
+            }
+        }
+    }
+
+    /// Before a SUBSCRIBE is handled: when the HTTP service must be asked
+    /// about some of its filters, ask, hold the packet (and the
+    /// connection's input) and return true.
+    pub(crate) fn subscribe_waits(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        sub: &zerofan_codec::Subscribe,
+    ) -> bool {
+        if !self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            return false;
+        }
+        let Some(c) = self.conns.get(&conn) else {
+            return false;
+        };
+        if c.sec.superuser {
+            return false;
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.to_string()) else {
+            return false;
+        };
+        let Some(h) = self.auth.http.as_mut() else {
+            return false;
+        };
+        let mut asked: Vec<[u8; 32]> = Vec::new();
+        for (filter, _) in &sub.filters {
+            if zerofan_codec::topic::validate_topic_filter(filter).is_err() {
+                continue;
+            }
+            let plain = zerofan_codec::topic::split_shared(filter).map_or(&**filter, |(_, f)| f);
+            let a = AclAction::Subscribe;
+            if let Err(key) = h.acl_lookup(now, &user, &client, &address, plain, a, false) {
+                if !asked.contains(&key) {
+                    h.ask_acl(conn, key, &user, &client, &address, plain, a);
+                    asked.push(key);
+                }
+            }
+        }
+        if asked.is_empty() {
+            return false;
+        }
+        self.metrics.security.auth_http_cache_misses += asked.len() as u64;
+        h.hold(conn, Packet::Subscribe(sub.clone()), asked.len());
+        true
+    }
+
+    /// Whether `conn`'s input is held for ACL answers.
+    pub(crate) fn acl_holds(&self, conn: ConnId) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.holds(conn))
     }
 
     /// A login's token may have expired: close its connection.
@@ -631,10 +737,18 @@ impl Broker {
                 None => true,
             }
         };
+        let mut allowed = allowed;
+        if allowed && self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            let held = || Packet::Publish(p.clone());
+            match self.http_acl(now, conn, sid, &p.topic, AclAction::Publish, true, held) {
+                Some(ok) => allowed = ok,
+                None => return true,
+            }
+        }
         if allowed {
             return false;
         }
-        let v5 = c.protocol.is_v5();
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
         if sys {
             self.metrics.security.refused_sys_publish += 1;
             tracing::debug!(%conn, topic = %p.topic, "publish into $SYS refused");
@@ -664,12 +778,12 @@ impl Broker {
     /// `$share/...`): the failure reason code, or `None` when granted.
     pub(crate) fn subscribe_refused(
         &mut self,
+        now: Instant,
         conn: ConnId,
         sid: SessionId,
         filter: &str,
         v5: bool,
     ) -> Option<ReasonCode> {
-        let _ = conn;
         if filter.len() > self.config.max_topic_length {
             self.metrics.security.refused_topic_too_long += 1;
             return Some(if v5 {
@@ -678,11 +792,22 @@ impl Broker {
                 ReasonCode::UNSPECIFIED_ERROR
             });
         }
-        let s = self.auth.sessions.get(&sid)?;
         let plain = zerofan_codec::topic::split_shared(filter).map_or(filter, |(_, f)| f);
-        if s.acl
-            .check_subscribe(&s.client_id, s.username.as_deref(), plain)
-        {
+        let by_file = match self.auth.sessions.get(&sid) {
+            Some(s) => s
+                .acl
+                .check_subscribe(&s.client_id, s.username.as_deref(), plain),
+            None => true,
+        };
+        let allowed = by_file
+            && (!self.auth.http.as_ref().is_some_and(|h| h.checks_acl())
+                // Decided before (see `subscribe_waits`): a lookup, never a wait.
+                || self
+                    .http_acl(now, conn, sid, plain, AclAction::Subscribe, true, || {
+                        Packet::PingResp
+                    })
+                    .unwrap_or(false));
+        if allowed {
             return None;
         }
         self.metrics.security.acl_denied_subscribe += 1;
@@ -691,5 +816,15 @@ impl Broker {
         } else {
             ReasonCode::UNSPECIFIED_ERROR
         })
+    }
+}
+
+/// An HTTP ACL answer as a decision: `ignore` leaves it to the ACL file
+/// (which allowed it, or the service would not have been asked).
+fn acl_allows(a: HttpAnswer, fail_allow: bool) -> bool {
+    match a {
+        HttpAnswer::Allow { .. } | HttpAnswer::Ignore => true,
+        HttpAnswer::Deny => false,
+        HttpAnswer::Failed | HttpAnswer::TimedOut => fail_allow,
     }
 }

@@ -150,7 +150,8 @@ impl Broker {
             return;
         };
         c.last_activity = now;
-        let sid = match c.phase {
+        let phase = c.phase;
+        let sid = match phase {
             Phase::Closing => return,
             Phase::AwaitingTakeover => {
                 // The shell holds this input until the takeover is over; a
@@ -178,6 +179,12 @@ impl Broker {
                         self.close(now, conn, None, false);
                     }
                 }
+                return;
+            }
+            Phase::Connected(_) if self.acl_holds(conn) => {
+                // Held by the shell while a packet waits for ACL answers.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
                 return;
             }
             Phase::Connected(sid) => sid,
@@ -398,6 +405,7 @@ impl Broker {
         match self.conns.get(&conn).map(|c| c.phase) {
             None | Some(Phase::Closing) => InputState::Closed,
             Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
+            Some(Phase::Connected(_)) if self.acl_holds(conn) => InputState::Held,
             Some(_) => InputState::Open,
         }
     }
@@ -406,10 +414,10 @@ impl Broker {
     /// it read and reads no more (cheap when no takeover is pending).
     pub fn holds_input(&self, conn: ConnId) -> bool {
         (!self.takeovers.is_empty() || self.auth_waiting() > 0)
-            && self
-                .conns
-                .get(&conn)
-                .is_some_and(|c| matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth))
+            && (self.acl_holds(conn)
+                || self.conns.get(&conn).is_some_and(|c| {
+                    matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth)
+                }))
     }
 
     /// A new connection with this connection's client id waits: the shell

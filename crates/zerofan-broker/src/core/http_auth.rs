@@ -11,6 +11,13 @@
 //! served meanwhile. A CONNECT waits at most `connect_timeout` (the shell
 //! also gives up after `timeout_ms` and answers [`HttpAnswer::TimedOut`]).
 //!
+//! With `acl_url`, every PUBLISH and every SUBSCRIBE filter the ACL file
+//! allows is also checked there (`{"username", "clientid", "address",
+//! "topic", "action"}`; deny refuses as the ACL file would, ignore leaves
+//! the decision to it), answers cached the same way. On a miss the
+//! packet waits and that connection's further input is held until its
+//! answers came; then it is handled again. Deliveries are not checked.
+//!
 //! Failures (time-outs, other statuses, unreadable answers) follow the
 //! `fail` policy: `deny` refuses with 0x88 server unavailable (3.1.1: 3),
 //! not a failure of the client's (not counted for throttling); `allow`
@@ -20,13 +27,15 @@ use super::ids::ConnId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_auth::cache::{cache_key, DecisionCache};
-use zerofan_codec::Connect;
+use zerofan_codec::{Connect, Packet};
 
 /// `auth_http` as the core needs it.
 #[derive(Clone, Debug)]
 pub struct HttpAuthSettings {
     /// Where logins are POSTed.
     pub url: Arc<str>,
+    /// Where PUBLISH and SUBSCRIBE checks are POSTed, if anywhere.
+    pub acl_url: Option<Arc<str>>,
     /// The shell gives up on an answer after this long.
     pub timeout: Duration,
     /// How long an answer is reused.
@@ -109,16 +118,45 @@ impl std::fmt::Debug for Pending {
     }
 }
 
-/// The HTTP link's state: settings, cache, waiting CONNECTs, requests for
-/// the shell.
+/// A connection's packet waiting for ACL answers (its input held).
+#[derive(Debug)]
+struct Held {
+    packet: Packet,
+    outstanding: usize,
+}
+
+/// The HTTP link's state: settings, cache, waiting CONNECTs and packets,
+/// requests for the shell.
 #[derive(Debug)]
 pub(crate) struct HttpAuth {
     pub(crate) settings: Arc<HttpAuthSettings>,
     cache: DecisionCache<HttpAnswer>,
     pending: super::hash::HashMap<u64, Pending>,
     by_conn: super::hash::HashMap<ConnId, u64>,
+    /// ACL request id -> (connection, cache key).
+    acl_pending: super::hash::HashMap<u64, (ConnId, [u8; 32])>,
+    held: super::hash::HashMap<ConnId, Held>,
+    /// Answers for a held packet's replay, used once: failures are not
+    /// cached, and the cache may be off (size or TTL 0).
+    once: super::hash::HashMap<[u8; 32], HttpAnswer>,
     outgoing: Vec<AuthRequest>,
     next_id: u64,
+}
+
+/// An ACL check's action, as EMQX names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AclAction {
+    Publish,
+    Subscribe,
+}
+
+impl AclAction {
+    fn name(self) -> &'static str {
+        match self {
+            AclAction::Publish => "publish",
+            AclAction::Subscribe => "subscribe",
+        }
+    }
 }
 
 /// The cache's answer, or why a request is needed.
@@ -134,6 +172,9 @@ impl HttpAuth {
             settings,
             pending: Default::default(),
             by_conn: Default::default(),
+            acl_pending: Default::default(),
+            held: Default::default(),
+            once: Default::default(),
             outgoing: Vec::new(),
             next_id: 1,
         }
@@ -143,6 +184,9 @@ impl HttpAuth {
     pub(crate) fn take_pending_from(&mut self, old: &mut HttpAuth) {
         self.pending = std::mem::take(&mut old.pending);
         self.by_conn = std::mem::take(&mut old.by_conn);
+        self.acl_pending = std::mem::take(&mut old.acl_pending);
+        self.held = std::mem::take(&mut old.held);
+        self.once = std::mem::take(&mut old.once);
         self.next_id = old.next_id;
         if Arc::ptr_eq(&self.settings, &old.settings) {
             self.cache = std::mem::replace(&mut old.cache, DecisionCache::new(Duration::ZERO, 0));
@@ -198,11 +242,131 @@ impl HttpAuth {
         Some((p.conn, p.connect))
     }
 
-    /// The connection is gone: its answer, if it comes, is dropped.
+    /// The connection is gone: its answers, if they come, are dropped.
     pub(crate) fn forget(&mut self, conn: ConnId) {
         if let Some(id) = self.by_conn.remove(&conn) {
             self.pending.remove(&id);
         }
+        self.held.remove(&conn);
+    }
+
+    /// Whether ACL checks go to the service.
+    pub(crate) fn checks_acl(&self) -> bool {
+        self.settings.acl_url.is_some()
+    }
+
+    /// The ACL decision for a check, from a replay's answer (used up when
+    /// `consume`) or the cache; `Err(key)` when the service must be asked.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn acl_lookup(
+        &mut self,
+        now: Instant,
+        username: &str,
+        client_id: &str,
+        address: &str,
+        topic: &str,
+        action: AclAction,
+        consume: bool,
+    ) -> Result<HttpAnswer, [u8; 32]> {
+        let key = cache_key(&[
+            b"acl",
+            username.as_bytes(),
+            client_id.as_bytes(),
+            address.as_bytes(),
+            topic.as_bytes(),
+            action.name().as_bytes(),
+        ]);
+        let once = if consume {
+            self.once.remove(&key)
+        } else {
+            self.once.get(&key).copied()
+        };
+        if let Some(a) = once {
+            return Ok(a);
+        }
+        self.cache.get(&key, now).ok_or(key)
+    }
+
+    /// Ask about one check for `conn`'s held packet.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ask_acl(
+        &mut self,
+        conn: ConnId,
+        key: [u8; 32],
+        username: &str,
+        client_id: &str,
+        address: &str,
+        topic: &str,
+        action: AclAction,
+    ) {
+        let Some(url) = self.settings.acl_url.clone() else {
+            return;
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = serde_json::json!({
+            "username": username,
+            "clientid": client_id,
+            "address": address,
+            "topic": topic,
+            "action": action.name(),
+        })
+        .to_string()
+        .into_bytes();
+        self.outgoing.push(AuthRequest {
+            id,
+            url,
+            body,
+            timeout: self.settings.timeout,
+        });
+        self.acl_pending.insert(id, (conn, key));
+    }
+
+    /// Hold `packet` of `conn` until `outstanding` answers came.
+    pub(crate) fn hold(&mut self, conn: ConnId, packet: Packet, outstanding: usize) {
+        self.held.insert(
+            conn,
+            Held {
+                packet,
+                outstanding,
+            },
+        );
+    }
+
+    /// An ACL answer: the held packet to replay once all its answers came.
+    pub(crate) fn acl_answered(
+        &mut self,
+        now: Instant,
+        id: u64,
+        answer: HttpAnswer,
+        fail_allow: bool,
+    ) -> Option<(ConnId, Option<Packet>)> {
+        let (conn, key) = self.acl_pending.remove(&id)?;
+        let decided = match answer {
+            HttpAnswer::Failed | HttpAnswer::TimedOut => {
+                if fail_allow {
+                    HttpAnswer::Allow { superuser: false }
+                } else {
+                    HttpAnswer::Deny
+                }
+            }
+            a => {
+                self.cache.insert(key, a, now);
+                a
+            }
+        };
+        let h = self.held.get_mut(&conn)?;
+        self.once.insert(key, decided);
+        h.outstanding = h.outstanding.saturating_sub(1);
+        if h.outstanding > 0 {
+            return Some((conn, None));
+        }
+        Some((conn, self.held.remove(&conn).map(|h| h.packet)))
+    }
+
+    /// Whether this is an ACL request's id.
+    pub(crate) fn is_acl(&self, id: u64) -> bool {
+        self.acl_pending.contains_key(&id)
     }
 
     pub(crate) fn take_requests(&mut self, out: &mut Vec<AuthRequest>) {
@@ -213,8 +377,14 @@ impl HttpAuth {
         !self.outgoing.is_empty()
     }
 
+    /// CONNECTs and packets waiting for answers.
     pub(crate) fn waiting(&self) -> usize {
-        self.pending.len()
+        self.pending.len() + self.held.len()
+    }
+
+    /// Whether this connection's input is held for ACL answers.
+    pub(crate) fn holds(&self, conn: ConnId) -> bool {
+        !self.held.is_empty() && self.held.contains_key(&conn)
     }
 }
 

@@ -10,6 +10,16 @@ use std::sync::Arc;
 use zerofan_auth::{Acl, PasswordFile, ThrottleConfig};
 
 fn with_http(fail_allow: bool, max_pending: usize, acl: Option<Acl>) -> H {
+    with_settings(fail_allow, max_pending, acl, None, 100)
+}
+
+fn with_settings(
+    fail_allow: bool,
+    max_pending: usize,
+    acl: Option<Acl>,
+    acl_url: Option<&str>,
+    cache_size: usize,
+) -> H {
     let mut h = H::new();
     let mut p = PasswordFile::new();
     p.set_with_iterations("alice", b"secret", 1).unwrap();
@@ -24,9 +34,10 @@ fn with_http(fail_allow: bool, max_pending: usize, acl: Option<Acl>) -> H {
         jwt: None,
         http: Some(Arc::new(HttpAuthSettings {
             url: "http://127.0.0.1:1/auth".into(),
+            acl_url: acl_url.map(Into::into),
             timeout: Duration::from_secs(1),
             cache_ttl: Duration::from_secs(60),
-            cache_size: 100,
+            cache_size,
             fail_allow,
             max_pending,
         })),
@@ -218,4 +229,95 @@ fn answer_bodies_follow_emqx() {
     assert_eq!(f(br#"{"result": "ignore"}"#), HttpAnswer::Ignore);
     assert_eq!(f(br#"{"result": "maybe"}"#), HttpAnswer::Failed);
     assert_eq!(f(b"allow"), HttpAnswer::Failed);
+}
+
+/// A logged-in client under `acl_url` (its login answered allow).
+fn acl_client(h: &mut H, id: &str) -> ConnId {
+    let (c, _) = login(h, id, Protocol::V5, id, b"pw");
+    let rid = requests(h)[0].id;
+    answer(h, rid, HttpAnswer::Allow { superuser: false });
+    assert_eq!(reason(&h.out(c)), ReasonCode::SUCCESS);
+    c
+}
+
+#[test]
+fn publish_waits_for_the_acl_answer_and_is_cached() {
+    let mut h = with_settings(false, 10, None, Some("http://127.0.0.1:1/acl"), 100);
+    let sub = acl_client(&mut h, "sub");
+    let out = h.subscribe(sub, "t/#", opts(QoS::AtLeastOnce));
+    assert_eq!(h.b.input_state(sub), InputState::Held);
+    assert!(out.packets.is_empty(), "SUBACK waits for the answer");
+    let r = requests(&mut h);
+    let body: serde_json::Value = serde_json::from_slice(&r[0].body).unwrap();
+    assert_eq!(body["action"], "subscribe");
+    assert_eq!(body["topic"], "t/#");
+    answer(&mut h, r[0].id, HttpAnswer::Allow { superuser: false });
+    assert!(matches!(&h.out(sub).packets[0], Packet::SubAck(a) if a.reasons == [ReasonCode(1)]));
+    assert_eq!(h.b.input_state(sub), InputState::Open);
+
+    let p = acl_client(&mut h, "pub");
+    h.send(p, Packet::Publish(publish("t/1", "x", QoS::AtLeastOnce, 1)));
+    assert!(h.out(p).packets.is_empty(), "PUBACK waits for the answer");
+    assert!(h.b.holds_input(p));
+    let r = requests(&mut h);
+    let body: serde_json::Value = serde_json::from_slice(&r[0].body).unwrap();
+    assert_eq!(body["action"], "publish");
+    assert_eq!(body["topic"], "t/1");
+    assert_eq!(body["username"], "pub");
+    answer(&mut h, r[0].id, HttpAnswer::Allow { superuser: false });
+    assert!(matches!(&h.out(p).packets[0], Packet::PubAck(a) if !a.reason.is_error()));
+    assert_eq!(h.out(sub).payloads(), ["x"]);
+    // Cached: the next one goes through at once.
+    h.send(p, Packet::Publish(publish("t/1", "y", QoS::AtLeastOnce, 2)));
+    assert!(matches!(&h.out(p).packets[0], Packet::PubAck(a) if !a.reason.is_error()));
+    assert!(requests(&mut h).is_empty());
+    assert_eq!(h.out(sub).payloads(), ["y"]);
+    // Denied: PUBACK 0x87, nothing routed; cached too.
+    h.send(p, Packet::Publish(publish("t/2", "z", QoS::AtLeastOnce, 3)));
+    let r = requests(&mut h);
+    answer(&mut h, r[0].id, HttpAnswer::Deny);
+    assert!(
+        matches!(&h.out(p).packets[0], Packet::PubAck(a) if a.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+    h.send(p, Packet::Publish(publish("t/2", "z", QoS::AtLeastOnce, 4)));
+    assert!(
+        matches!(&h.out(p).packets[0], Packet::PubAck(a) if a.reason == ReasonCode::NOT_AUTHORIZED)
+    );
+    assert!(h.out(sub).packets.is_empty());
+}
+
+#[test]
+fn subscribe_filters_are_asked_together_even_without_a_cache() {
+    let mut h = with_settings(false, 10, None, Some("http://127.0.0.1:1/acl"), 0);
+    let (c, _) = login(&mut h, "c1", Protocol::V5, "c1", b"pw");
+    let rid = requests(&mut h)[0].id;
+    answer(&mut h, rid, HttpAnswer::Allow { superuser: false });
+    h.out(c);
+    h.send(
+        c,
+        Packet::Subscribe(Subscribe {
+            packet_id: 7,
+            properties: Default::default(),
+            filters: vec![
+                (s("ok/#"), opts(QoS::AtMostOnce)),
+                (s("$share/g/no/#"), opts(QoS::AtMostOnce)),
+                (s("down/#"), opts(QoS::AtMostOnce)),
+            ],
+        }),
+    );
+    let r = requests(&mut h);
+    assert_eq!(r.len(), 3);
+    let topics: Vec<String> = r
+        .iter()
+        .map(|q| serde_json::from_slice::<serde_json::Value>(&q.body).unwrap()["topic"].to_string())
+        .collect();
+    assert_eq!(topics, ["\"ok/#\"", "\"no/#\"", "\"down/#\""]);
+    answer(&mut h, r[0].id, HttpAnswer::Allow { superuser: false });
+    answer(&mut h, r[1].id, HttpAnswer::Deny);
+    assert!(h.out(c).packets.is_empty(), "one answer still missing");
+    // The service is down for the third: fail = deny.
+    answer(&mut h, r[2].id, HttpAnswer::TimedOut);
+    assert!(matches!(&h.out(c).packets[0], Packet::SubAck(a)
+        if a.reasons == [ReasonCode(0), ReasonCode::NOT_AUTHORIZED, ReasonCode::NOT_AUTHORIZED]));
+    assert_eq!(h.b.auth_waiting(), 0);
 }
