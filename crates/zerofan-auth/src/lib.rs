@@ -19,6 +19,8 @@
 //! - [`jwt`]: [`JwtVerifier`], tokens in the password field: HMAC, RSA,
 //!   EC or Ed25519 keys (one PEM or a JWKS), expiry, username claim, ACL
 //!   claim.
+//! - [`scram`]: SCRAM-SHA-256/512 server exchanges (MQTT 5 enhanced
+//!   authentication), SHA-512 straight from mosquitto `$7$` entries.
 //! - [`throttle`]: [`FailureTracker`], bounded per-(address, username)
 //!   memory of failed logins that tells how long the next attempt must wait.
 //! - [`topic`]: topic-filter validation and matching with mosquitto's rules.
@@ -87,6 +89,7 @@ pub mod conf;
 mod error;
 pub mod jwt;
 pub mod passwd;
+pub mod scram;
 pub mod throttle;
 pub mod topic;
 
