@@ -162,3 +162,48 @@ def test_expiry_disconnects_and_sighup_reloads_the_key(tmp_path, brokers):
     raw, rc = login(port, 5, "late", make_jwt("RS256", old_key, {"sub": "late", "exp": now + 600}))
     assert rc == 0x86
     raw.close()
+
+
+# -- MQTT 5 enhanced authentication: SCRAM-SHA-512 against a password file
+# written by mosquitto_passwd (its $7$ entries are SCRAM-SHA-512 keys).
+
+def scram_client_final(password: bytes, first_bare: str, server_first: str):
+    attrs = dict(kv.split("=", 1) for kv in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac("sha512", password, base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha512).digest()
+    stored = hashlib.sha512(client_key).digest()
+    without = f"c=biws,r={attrs['r']}"
+    auth = f"{first_bare},{server_first},{without}".encode()
+    sig = hmac.new(stored, auth, hashlib.sha512).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, sig))
+    server_sig = hmac.new(hmac.new(salted, b"Server Key", hashlib.sha512).digest(), auth,
+                          hashlib.sha512).digest()
+    return f"{without},p={base64.b64encode(proof).decode()}", "v=" + base64.b64encode(server_sig).decode()
+
+
+@pytest.mark.skipif(not __import__("shutil").which("mosquitto_passwd"),
+                    reason="mosquitto_passwd not installed")
+def test_scram_sha512_with_a_mosquitto_password_file(tmp_path, brokers):
+    import subprocess
+    pw = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "alice", "wonderland"], check=True)
+    b = start_broker(tmp_path / "b", f"password_file = {toml_str(pw)}\n"
+                     'allow_anonymous = false\nlisten = ["127.0.0.1:0"]\n', 1)
+    brokers.append(b)
+    port = b.listeners[0][1]
+    for password, want in [(b"wonderland", 0), (b"guess", 0x86)]:
+        raw = mqttraw.RawClient("127.0.0.1", port, version=5)
+        raw.send(mqttraw.connect("s1", 5, props={mqttraw.AUTH_METHOD: "SCRAM-SHA-512",
+                                                 mqttraw.AUTH_DATA: b"n,,n=alice,r=pynonce"}))
+        a = raw.expect(mqttraw.AUTH)
+        assert a.reason == 0x18
+        first = a.prop(mqttraw.AUTH_DATA).decode()
+        fin, server_sig = scram_client_final(password, "n=alice,r=pynonce", first)
+        body = bytes([0x18]) + mqttraw.encode_props({mqttraw.AUTH_METHOD: "SCRAM-SHA-512",
+                                                     mqttraw.AUTH_DATA: fin.encode()})
+        raw.send(mqttraw.packet(mqttraw.AUTH, 0, body))
+        ack = raw.expect(mqttraw.CONNACK)
+        assert ack.reason == want
+        if want == 0:
+            assert ack.prop(mqttraw.AUTH_DATA).decode() == server_sig
+        raw.close()

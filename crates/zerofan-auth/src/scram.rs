@@ -231,6 +231,11 @@ impl ScramServer {
         }
     }
 
+    /// The username of the client-first message (empty before it).
+    pub fn username(&self) -> &str {
+        &self.username
+    }
+
     /// The mechanism.
     pub fn hash(&self) -> ScramHash {
         self.hash

@@ -48,12 +48,15 @@ use super::http_auth::{
 };
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
+use super::scram_auth::{made_up, nonce, ScramPending};
 use super::timers::Timer;
 use super::token::{login_chain, Grant, HttpLink, JwtAuth, Stop};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
 use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
+use zerofan_codec::MqttStr;
 use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
 
 /// Authentication and access settings of one listener.
@@ -120,6 +123,14 @@ pub struct ConnSecurity {
     pub username: Option<Box<str>>,
     /// Publish rate limits, when configured.
     pub publish: Option<Box<PublishLimiter>>,
+    /// What only JWT, HTTP or SCRAM logins and throttled refusals use,
+    /// boxed so that a plain connection stays small.
+    pub extra: Option<Box<ConnExtra>>,
+}
+
+/// The rarely used part of [`ConnSecurity`].
+#[derive(Debug, Default)]
+pub struct ConnExtra {
     /// Reason string for the refusing CONNACK (MQTT 5).
     pub refuse_reason: Option<&'static str>,
     /// The login's own ACL (a token's ACL claim), replacing the listener's.
@@ -130,6 +141,32 @@ pub struct ConnSecurity {
     pub superuser: bool,
     /// The HTTP service's answer to this connection's waiting CONNECT.
     pub http_answer: Option<HttpAnswer>,
+    /// The user a SCRAM exchange authenticated, for its CONNECT.
+    pub scram_user: Option<Box<str>>,
+    /// Authentication Method and Data for the CONNACK (SCRAM server-final).
+    pub connack_auth: Option<(MqttStr, bytes::Bytes)>,
+}
+
+static NO_EXTRA: ConnExtra = ConnExtra {
+    refuse_reason: None,
+    login_acl: None,
+    expires: None,
+    superuser: false,
+    http_answer: None,
+    scram_user: None,
+    connack_auth: None,
+};
+
+impl ConnSecurity {
+    /// The extra part (all unset when never allocated).
+    pub fn ext(&self) -> &ConnExtra {
+        self.extra.as_deref().unwrap_or(&NO_EXTRA)
+    }
+
+    /// The extra part, allocated on first use.
+    pub fn ext_mut(&mut self) -> &mut ConnExtra {
+        self.extra.get_or_insert_with(Box::default)
+    }
 }
 
 /// Why `authenticate` did not let a CONNECT in.
@@ -169,6 +206,7 @@ pub(crate) struct AuthState {
     open: Vec<usize>,
     jwt: Option<Arc<JwtAuth>>,
     pub(crate) http: Option<HttpAuth>,
+    scram: HashMap<ConnId, ScramPending>,
     sessions: HashMap<SessionId, SessionAcl>,
 }
 
@@ -188,6 +226,7 @@ impl AuthState {
             open: Vec::new(),
             jwt: config.jwt,
             http: config.http.map(HttpAuth::new),
+            scram: HashMap::default(),
             sessions: HashMap::default(),
         }
     }
@@ -230,10 +269,12 @@ impl Broker {
         let open = std::mem::take(&mut self.auth.open);
         let sessions = std::mem::take(&mut self.auth.sessions);
         let mut old_http = self.auth.http.take();
+        let scram = std::mem::take(&mut self.auth.scram);
         self.auth = AuthState::new(config);
         if let (Some(new), Some(old)) = (self.auth.http.as_mut(), old_http.as_mut()) {
             new.take_pending_from(old);
         }
+        self.auth.scram = scram;
         self.auth.open = open;
         self.auth.sessions = sessions;
         // Connected sessions follow their listener's new ACL (a reload).
@@ -294,6 +335,7 @@ impl Broker {
 
     /// Bookkeeping when a connection is removed.
     pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
+        self.auth.scram.remove(&conn);
         if let Some(h) = self.auth.http.as_mut() {
             h.forget(conn);
         }
@@ -317,7 +359,8 @@ impl Broker {
         let answered = self
             .conns
             .get_mut(&conn)
-            .and_then(|c| c.sec.http_answer.take());
+            .and_then(|c| c.sec.extra.as_mut())
+            .and_then(|e| e.http_answer.take());
         let Some(c) = self.conns.get(&conn) else {
             return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
         };
@@ -338,7 +381,7 @@ impl Broker {
                 self.metrics.security.auth_throttled += 1;
                 tracing::debug!(%conn, peer = %ip, user = name, "login throttled");
                 if let Some(c) = self.conns.get_mut(&conn) {
-                    c.sec.refuse_reason = Some(THROTTLED_REASON);
+                    c.sec.ext_mut().refuse_reason = Some(THROTTLED_REASON);
                 }
                 return Err(Refusal::Code(ReasonCode::CONNECTION_RATE_EXCEEDED));
             }
@@ -364,7 +407,12 @@ impl Broker {
                     .map(|g| (Some(u.into()), g)),
             }
         };
-        let mut decision = chain(link);
+        let scram_user = c.sec.ext().scram_user.clone();
+        let mut decision = match scram_user {
+            // Authenticated by the SCRAM exchange (see `scram_auth`).
+            Some(u) => Ok((Some(u), Grant::default())),
+            None => chain(link),
+        };
         if decision.as_ref().err() == Some(&Stop::Ask) {
             let ip_text = ip.to_string();
             let user = username.unwrap_or("");
@@ -416,9 +464,12 @@ impl Broker {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.sec.username = user;
                     c.sec.publish = PublishLimiter::new(rate, bytes, now);
-                    c.sec.login_acl = grant.acl;
-                    c.sec.expires = grant.expires;
-                    c.sec.superuser = grant.superuser;
+                    if grant.acl.is_some() || grant.expires.is_some() || grant.superuser {
+                        let e = c.sec.ext_mut();
+                        e.login_acl = grant.acl;
+                        e.expires = grant.expires;
+                        e.superuser = grant.superuser;
+                    }
                 }
                 if let Some(at) = grant.expires {
                     self.timers.arm(at, Timer::TokenExpiry(conn));
@@ -457,10 +508,11 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        let acl = match c.sec.superuser {
+        let acl = match c.sec.ext().superuser {
             true => None,
             false => c
                 .sec
+                .ext()
                 .login_acl
                 .clone()
                 .or_else(|| self.auth.listener(c.sec.listener).acl.clone()),
@@ -548,7 +600,7 @@ impl Broker {
         match self.conns.get_mut(&conn) {
             Some(c) if c.phase == super::connection::Phase::AwaitingAuth => {
                 c.phase = super::connection::Phase::AwaitingConnect;
-                c.sec.http_answer = Some(answer);
+                c.sec.ext_mut().http_answer = Some(answer);
             }
             _ => return,
         }
@@ -574,7 +626,7 @@ impl Broker {
         held: impl FnOnce() -> Packet,
     ) -> Option<bool> {
         let c = self.conns.get(&conn)?;
-        if c.sec.superuser {
+        if c.sec.ext().superuser {
             return Some(true);
         }
         let user = c.sec.username.as_deref().unwrap_or("").to_string();
@@ -613,7 +665,7 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return false;
         };
-        if c.sec.superuser {
+        if c.sec.ext().superuser {
             return false;
         }
         let user = c.sec.username.as_deref().unwrap_or("").to_string();
@@ -651,12 +703,167 @@ impl Broker {
         self.auth.http.as_ref().is_some_and(|h| h.holds(conn))
     }
 
+    /// Whether this connection's SCRAM exchange succeeded.
+    pub(crate) fn scram_done(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.sec.ext().scram_user.is_some())
+    }
+
+    /// Whether the next packet must be a CONNECT: awaiting one, and not in
+    /// a SCRAM exchange (whose AUTH comes before the CONNACK).
+    pub fn next_must_be_connect(&self, conn: ConnId) -> bool {
+        self.awaits_connect(conn) && !self.scram_waiting(conn)
+    }
+
+    /// Whether this connection is in a SCRAM exchange.
+    pub(crate) fn scram_waiting(&self, conn: ConnId) -> bool {
+        !self.auth.scram.is_empty() && self.auth.scram.contains_key(&conn)
+    }
+
+    /// The CONNACK's Authentication Method and Data, once.
+    pub(crate) fn scram_connack(&mut self, conn: ConnId) -> Option<(MqttStr, bytes::Bytes)> {
+        self.conns
+            .get_mut(&conn)?
+            .sec
+            .extra
+            .as_mut()?
+            .connack_auth
+            .take()
+    }
+
+    /// A CONNECT with an Authentication Method: start the exchange (AUTH
+    /// 0x18 with the server-first message), or the CONNACK code refusing.
+    pub(crate) fn scram_start(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+    ) -> Result<(), ReasonCode> {
+        let method = connect
+            .properties
+            .authentication_method
+            .clone()
+            .unwrap_or_default();
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        // Offered where there are credentials for it: SCRAM-SHA-512 from
+        // the listener's password file (SHA-256 has no source yet).
+        let offered = ScramHash::from_method(&method)
+            .filter(|h| *h == ScramHash::Sha512)
+            .filter(|_| self.auth.listener(c.sec.listener).passwords.is_some());
+        let Some(hash) = offered else {
+            self.metrics.security.auth_not_authorized += 1;
+            return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
+        };
+        if let Some(code) = c.sec.refuse {
+            return Err(code);
+        }
+        let ip = c.peer.ip();
+        let mut server = ScramServer::new(hash);
+        let data = connect
+            .properties
+            .authentication_data
+            .clone()
+            .unwrap_or_default();
+        let Ok(user) = server.client_first(&data).map(str::to_string) else {
+            self.metrics.security.auth_bad_credentials += 1;
+            return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        if !self.auth.tracker.delay(ip, &user, now).is_zero() {
+            self.metrics.security.auth_throttled += 1;
+            return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
+        }
+        let creds = self
+            .auth
+            .listener(c.sec.listener)
+            .passwords
+            .as_ref()
+            .and_then(|f| f.get(&user))
+            .and_then(ScramCredentials::from_password_hash)
+            .filter(|cr| cr.hash == hash)
+            .unwrap_or_else(|| made_up(hash));
+        let Ok(first) = server.server_first(&creds, &nonce()) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        let props = zerofan_codec::Properties {
+            authentication_method: Some(method.clone()),
+            authentication_data: Some(bytes::Bytes::from(first.into_bytes())),
+            ..Default::default()
+        };
+        self.send(
+            conn,
+            Packet::Auth(zerofan_codec::Auth {
+                reason: ReasonCode::CONTINUE_AUTHENTICATION,
+                properties: props.into(),
+            }),
+        );
+        self.auth.scram.insert(
+            conn,
+            ScramPending {
+                server,
+                connect,
+                method,
+            },
+        );
+        self.wake(conn);
+        Ok(())
+    }
+
+    /// The client's AUTH during a SCRAM exchange.
+    pub(crate) fn on_scram_auth(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        let Some(mut p) = self.auth.scram.remove(&conn) else {
+            return;
+        };
+        let same_method = a.properties.authentication_method.as_deref() == Some(&*p.method);
+        if a.reason != ReasonCode::CONTINUE_AUTHENTICATION || !same_method {
+            // Another method or reason mid-exchange (MQTT-4.12.0-5/-6).
+            self.metrics.protocol_errors += 1;
+            self.scram_refuse(now, conn, ReasonCode::PROTOCOL_ERROR);
+            return;
+        }
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let user = p.server.username().to_string();
+        let ip = self.conns.get(&conn).map(|c| c.peer.ip());
+        match p.server.client_final(&data) {
+            Ok(last) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    let e = c.sec.ext_mut();
+                    e.scram_user = Some(user.into());
+                    e.connack_auth = Some((p.method, bytes::Bytes::from(last.into_bytes())));
+                }
+                self.on_connect(now, conn, *p.connect);
+            }
+            Err(e) => {
+                tracing::debug!(%conn, error = %e, "SCRAM exchange failed");
+                self.metrics.security.auth_bad_credentials += 1;
+                if let Some(ip) = ip {
+                    self.auth.tracker.record_failure(ip, &user, now);
+                }
+                self.scram_refuse(now, conn, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+            }
+        }
+    }
+
+    /// CONNACK with a failure code during the exchange, then close.
+    fn scram_refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        self.send(
+            conn,
+            Packet::ConnAck(zerofan_codec::ConnAck {
+                session_present: false,
+                reason,
+                properties: Default::default(),
+            }),
+        );
+        self.close(now, conn, None, false);
+    }
+
     /// A login's token may have expired: close its connection.
     pub(crate) fn on_token_expiry(&mut self, now: Instant, conn: ConnId) {
-        let due = self
-            .conns
-            .get(&conn)
-            .is_some_and(|c| c.session().is_some() && c.sec.expires.is_some_and(|at| at <= now));
+        let due = self.conns.get(&conn).is_some_and(|c| {
+            c.session().is_some() && c.sec.ext().expires.is_some_and(|at| at <= now)
+        });
         if due {
             self.metrics.security.auth_token_expired += 1;
             self.close_with(

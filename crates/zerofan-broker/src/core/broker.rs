@@ -173,6 +173,7 @@ impl Broker {
             Phase::AwaitingConnect => {
                 match packet {
                     Packet::Connect(connect) => self.on_connect(now, conn, *connect),
+                    Packet::Auth(a) if self.scram_waiting(conn) => self.on_scram_auth(now, conn, a),
                     _ => {
                         // The first packet must be CONNECT (MQTT-3.1.0-1).
                         self.metrics.protocol_errors += 1;

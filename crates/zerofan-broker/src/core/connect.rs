@@ -114,9 +114,22 @@ impl Broker {
             c.protocol = protocol;
         }
 
-        if v5 && properties.authentication_method.is_some() {
-            // No enhanced authentication methods are supported (MQTT-4.12.0-1).
-            self.refuse(now, conn, ReasonCode::BAD_AUTHENTICATION_METHOD);
+        if v5 && properties.authentication_method.is_some() && !self.scram_done(conn) {
+            // Enhanced authentication (SCRAM); this CONNECT comes back when
+            // the exchange succeeded (see `scram_auth`).
+            let connect = Connect {
+                protocol,
+                clean_start,
+                keep_alive,
+                properties,
+                client_id,
+                will,
+                username,
+                password,
+            };
+            if let Err(code) = self.scram_start(now, conn, Box::new(connect)) {
+                self.refuse(now, conn, code);
+            }
             return;
         }
         if !waited {
@@ -313,6 +326,10 @@ impl Broker {
             }
             props.server_keep_alive = server_keep_alive;
             props.assigned_client_identifier = assigned;
+            if let Some((m, d)) = self.scram_connack(conn) {
+                props.authentication_method = Some(m);
+                props.authentication_data = Some(d);
+            }
         }
         self.send(
             conn,
@@ -332,7 +349,11 @@ impl Broker {
     fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
         let mut properties = Properties::default();
         if let Some(c) = self.conns.get(&conn).filter(|c| c.protocol.is_v5()) {
-            properties.reason_string = c.sec.refuse_reason.and_then(|r| MqttStr::try_from(r).ok());
+            properties.reason_string = c
+                .sec
+                .ext()
+                .refuse_reason
+                .and_then(|r| MqttStr::try_from(r).ok());
         }
         self.send(
             conn,

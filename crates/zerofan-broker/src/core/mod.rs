@@ -24,6 +24,7 @@ mod metrics;
 mod observe;
 mod outbox;
 mod publish;
+mod scram_auth;
 mod session;
 pub mod store;
 mod subscribe;

@@ -9,6 +9,7 @@ mod durable;
 mod http_auth;
 mod qos;
 mod retained;
+mod scram;
 mod security;
 mod sessions;
 mod shared;
