@@ -117,3 +117,22 @@ fn refusals() {
     s.client_first(b"n,,n=u,r=abc").unwrap();
     assert_eq!(s.server_first(&creds, "XYZ"), Err(ScramError::Malformed));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+    /// Whatever a client sends, the exchange refuses or goes on; it never
+    /// panics, and never accepts a proof it did not compute.
+    #[test]
+    fn arbitrary_messages_never_panic(
+        first in "[nyp]?[=,a-z0-9]{0,6},[a=]{0,3},(n=[a-z=2CD]{0,6},r=[!-~]{0,8})?[,a-z=]{0,8}",
+        last in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120),
+    ) {
+        let creds = ScramCredentials::from_password(ScramHash::Sha256, b"pw", b"salt", 2);
+        let mut s = ScramServer::new(ScramHash::Sha256);
+        if s.client_first(first.as_bytes()).is_ok() {
+            let sf = s.server_first(&creds, "srv").unwrap();
+            assert!(sf.contains("srv"));
+            assert!(s.client_final(&last).is_err());
+        }
+    }
+}
