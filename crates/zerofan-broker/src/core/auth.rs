@@ -803,7 +803,7 @@ impl Broker {
             conn,
             ScramPending {
                 server,
-                connect,
+                connect: Some(connect),
                 method,
             },
         );
@@ -828,12 +828,15 @@ impl Broker {
         let ip = self.conns.get(&conn).map(|c| c.peer.ip());
         match p.server.client_final(&data) {
             Ok(last) => {
+                let Some(connect) = p.connect else {
+                    return;
+                };
                 if let Some(c) = self.conns.get_mut(&conn) {
                     let e = c.sec.ext_mut();
                     e.scram_user = Some(user.into());
                     e.connack_auth = Some((p.method, bytes::Bytes::from(last.into_bytes())));
                 }
-                self.on_connect(now, conn, *p.connect);
+                self.on_connect(now, conn, *connect);
             }
             Err(e) => {
                 tracing::debug!(%conn, error = %e, "SCRAM exchange failed");
@@ -842,6 +845,90 @@ impl Broker {
                     self.auth.tracker.record_failure(ip, &user, now);
                 }
                 self.scram_refuse(now, conn, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+            }
+        }
+    }
+
+    /// AUTH from a connected client: re-authentication of a SCRAM login
+    /// (see `scram_auth`); anything else is a protocol error.
+    pub(crate) fn on_auth_connected(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        const METHOD: &str = "SCRAM-SHA-512";
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let Some(user) = c.sec.ext().scram_user.clone() else {
+            return self.protocol_error(now, conn, "AUTH without an authentication method");
+        };
+        if a.properties.authentication_method.as_deref() != Some(METHOD) {
+            return self.protocol_error(now, conn, "AUTH with another authentication method");
+        }
+        let (ip, listener) = (c.peer.ip(), c.sec.listener);
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let pending = self.auth.scram.remove(&conn);
+        let reply = match (a.reason, pending) {
+            (ReasonCode::REAUTHENTICATE, None) => {
+                let mut server = ScramServer::new(ScramHash::Sha512);
+                let same_user = server.client_first(&data).is_ok_and(|u| *u == *user);
+                let creds = self
+                    .auth
+                    .listener(listener)
+                    .passwords
+                    .as_ref()
+                    .and_then(|f| f.get(&user))
+                    .and_then(ScramCredentials::from_password_hash);
+                match (same_user, creds) {
+                    (true, Some(creds)) => match server.server_first(&creds, &nonce()) {
+                        Ok(first) => {
+                            self.auth.scram.insert(
+                                conn,
+                                ScramPending {
+                                    server,
+                                    connect: None,
+                                    method: MqttStr::from_static(METHOD),
+                                },
+                            );
+                            Ok((ReasonCode::CONTINUE_AUTHENTICATION, first))
+                        }
+                        Err(_) => Err(()),
+                    },
+                    _ => Err(()),
+                }
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(mut p)) if p.connect.is_none() => p
+                .server
+                .client_final(&data)
+                .map(|last| (ReasonCode::SUCCESS, last))
+                .map_err(|_| ()),
+            _ => {
+                return self.protocol_error(now, conn, "AUTH out of turn");
+            }
+        };
+        match reply {
+            Ok((reason, text)) => {
+                let props = zerofan_codec::Properties {
+                    authentication_method: Some(MqttStr::from_static(METHOD)),
+                    authentication_data: Some(bytes::Bytes::from(text.into_bytes())),
+                    ..Default::default()
+                };
+                self.send(
+                    conn,
+                    Packet::Auth(zerofan_codec::Auth {
+                        reason,
+                        properties: props.into(),
+                    }),
+                );
+                self.wake(conn);
+            }
+            Err(()) => {
+                self.metrics.security.auth_bad_credentials += 1;
+                self.auth.tracker.record_failure(ip, &user, now);
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::NOT_AUTHORIZED,
+                    Some("re-authentication failed"),
+                    true,
+                );
             }
         }
     }

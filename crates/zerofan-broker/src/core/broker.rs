@@ -201,9 +201,7 @@ impl Broker {
             Packet::PingReq => self.send(conn, Packet::PingResp),
             Packet::Disconnect(d) => self.on_disconnect(now, conn, sid, d),
             Packet::Connect(_) => self.protocol_error(now, conn, "second CONNECT"),
-            Packet::Auth(_) => {
-                self.protocol_error(now, conn, "AUTH without an authentication method")
-            }
+            Packet::Auth(a) => self.on_auth_connected(now, conn, a),
             Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
                 self.protocol_error(now, conn, "server-to-client packet sent by a client")
             }

@@ -20,7 +20,9 @@ use zerofan_codec::{Connect, MqttStr};
 /// An exchange in progress, with its CONNECT.
 pub(crate) struct ScramPending {
     pub(crate) server: ScramServer,
-    pub(crate) connect: Box<Connect>,
+    /// The CONNECT to handle after the exchange; `None` when a connected
+    /// client re-authenticates.
+    pub(crate) connect: Option<Box<Connect>>,
     pub(crate) method: MqttStr,
 }
 

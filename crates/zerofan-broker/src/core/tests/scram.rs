@@ -142,3 +142,69 @@ fn wrong_password_unknown_user_and_other_methods() {
     assert_eq!(out.connack().unwrap().reason, ReasonCode::PROTOCOL_ERROR);
     assert!(out.closed);
 }
+
+fn auth_with(reason: ReasonCode, data: &str) -> Packet {
+    match auth_packet("SCRAM-SHA-512", data) {
+        Packet::Auth(mut a) => {
+            a.reason = reason;
+            Packet::Auth(a)
+        }
+        p => p,
+    }
+}
+
+/// Log alice in with SCRAM; returns the connection.
+fn logged_in(h: &mut H) -> ConnId {
+    let (c, out) = start(h, "SCRAM-SHA-512", "alice");
+    let (fin, _) = client_final(b"wonderland", "n=alice,r=clientnonce", &server_first(&out));
+    h.send(c, auth_packet("SCRAM-SHA-512", &fin));
+    assert_eq!(h.out(c).connack().unwrap().reason, ReasonCode::SUCCESS);
+    c
+}
+
+#[test]
+fn reauthentication() {
+    let mut h = secured();
+    let c = logged_in(&mut h);
+    h.send(
+        c,
+        auth_with(ReasonCode::REAUTHENTICATE, "n,,n=alice,r=again"),
+    );
+    let first = server_first(&h.out(c));
+    assert!(first.starts_with("r=again"));
+    let (fin, want) = client_final(b"wonderland", "n=alice,r=again", &first);
+    h.send(c, auth_with(ReasonCode::CONTINUE_AUTHENTICATION, &fin));
+    let out = h.out(c);
+    match &out.packets[0] {
+        Packet::Auth(a) => {
+            assert_eq!(a.reason, ReasonCode::SUCCESS);
+            let sig = a.properties.authentication_data.clone().unwrap();
+            assert_eq!(&sig[..], want.as_bytes());
+        }
+        p => panic!("expected AUTH 0x00, got {p:?}"),
+    }
+    assert!(!out.closed);
+    // A failed re-authentication closes the connection.
+    h.send(
+        c,
+        auth_with(ReasonCode::REAUTHENTICATE, "n,,n=alice,r=third"),
+    );
+    let first = server_first(&h.out(c));
+    let (fin, _) = client_final(b"guess", "n=alice,r=third", &first);
+    h.send(c, auth_with(ReasonCode::CONTINUE_AUTHENTICATION, &fin));
+    let out = h.out(c);
+    assert_eq!(out.disconnect(), Some(ReasonCode::NOT_AUTHORIZED));
+    assert!(out.closed);
+    // Another user is refused at once.
+    let c = logged_in(&mut h);
+    h.send(c, auth_with(ReasonCode::REAUTHENTICATE, "n,,n=bob,r=x"));
+    assert_eq!(h.out(c).disconnect(), Some(ReasonCode::NOT_AUTHORIZED));
+    // AUTH from a client that did not log in with SCRAM: protocol error.
+    let (c, out) = h.connect_with("plain", Protocol::V5, true, |c| {
+        c.username = Some(s("alice"));
+        c.password = Some(Bytes::from_static(b"wonderland"));
+    });
+    assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
+    h.send(c, auth_with(ReasonCode::REAUTHENTICATE, "n,,n=alice,r=x"));
+    assert_eq!(h.out(c).disconnect(), Some(ReasonCode::PROTOCOL_ERROR));
+}
