@@ -635,8 +635,10 @@ impl Broker {
         let h = self.auth.http.as_mut()?;
         let fail_allow = h.settings.fail_allow;
         match h.acl_lookup(now, &user, &client, &address, topic, action, true) {
-            Ok(a) => {
-                self.metrics.security.auth_http_cache_hits += 1;
+            Ok((a, cached)) => {
+                if cached {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                }
                 Some(acl_allows(a, fail_allow))
             }
             Err(_) if !wait || action == AclAction::Subscribe => Some(false),

@@ -256,7 +256,8 @@ impl HttpAuth {
     }
 
     /// The ACL decision for a check, from a replay's answer (used up when
-    /// `consume`) or the cache; `Err(key)` when the service must be asked.
+    /// `consume`) or the cache (then with `true`); `Err(key)` when the
+    /// service must be asked.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn acl_lookup(
         &mut self,
@@ -267,7 +268,7 @@ impl HttpAuth {
         topic: &str,
         action: AclAction,
         consume: bool,
-    ) -> Result<HttpAnswer, [u8; 32]> {
+    ) -> Result<(HttpAnswer, bool), [u8; 32]> {
         let key = cache_key(&[
             b"acl",
             username.as_bytes(),
@@ -282,9 +283,9 @@ impl HttpAuth {
             self.once.get(&key).copied()
         };
         if let Some(a) = once {
-            return Ok(a);
+            return Ok((a, false));
         }
-        self.cache.get(&key, now).ok_or(key)
+        self.cache.get(&key, now).map(|a| (a, true)).ok_or(key)
     }
 
     /// Ask about one check for `conn`'s held packet.

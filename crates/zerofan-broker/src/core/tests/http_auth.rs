@@ -284,6 +284,10 @@ fn publish_waits_for_the_acl_answer_and_is_cached() {
         matches!(&h.out(p).packets[0], Packet::PubAck(a) if a.reason == ReasonCode::NOT_AUTHORIZED)
     );
     assert!(h.out(sub).packets.is_empty());
+    // Logins: 2 misses; ACL: 3 misses (t/#, t/1, t/2), 2 hits (t/1, t/2
+    // again); the replays after an answer are not hits.
+    let m = &h.b.metrics().security;
+    assert_eq!((m.auth_http_cache_misses, m.auth_http_cache_hits), (5, 2));
 }
 
 #[test]
