@@ -56,6 +56,7 @@ fuzz_target!(|data: &[u8]| {
             max_connections: 1,
         }],
         throttle: Default::default(),
+        ..Default::default()
     });
     let peer = "192.0.2.1:5000".parse().unwrap();
     // A second connection first when asked (the same bit that allows two

@@ -73,22 +73,31 @@ def test_mosquitto_passwd_file_logins(tmp_path, brokers, version):
 
 def test_login_failures_are_throttled(tmp_path, brokers):
     pw = tmp_path / "passwd"
-    mosquitto_passwd_file(pw, {"alice": "wonderland"})
+    mosquitto_passwd_file(pw, {"alice": "wonderland", "bob": "builder"})
     b = start_broker(tmp_path / "b", f"password_file = {toml_str(pw)}\nsys_interval = 1\n"
                      'allow_anonymous = false\nlisten = ["127.0.0.1:0"]\n', 1)
     brokers.append(b)
     port = b.listeners[0][1]
+    # Anonymous refusals are not failures: never throttled.
+    for _ in range(5):
+        raw, rc = raw_connect(port, 5)
+        assert rc == 0x87
+        raw.close()
     # 3 failures are free; the 4th starts a 1 s penalty during which even the
-    # right password is refused with 0x87 without being checked.
+    # right password is refused with 0x9F (3.1.1: 3) without being checked.
     for _ in range(4):
         raw, rc = raw_connect(port, 5, "alice", b"wrong")
         assert rc == 0x86
         raw.close()
     raw, rc = raw_connect(port, 5, "alice", b"wonderland")
-    assert rc == 0x87
+    assert rc == 0x9F
     raw.close()
     raw, rc = raw_connect(port, 4, "alice", b"wonderland")
-    assert rc == 5
+    assert rc == 3
+    raw.close()
+    # Another account from the same address is not locked out.
+    raw, rc = raw_connect(port, 5, "bob", b"builder", cid="b")
+    assert rc == 0
     raw.close()
     time.sleep(1.2)  # the penalty is a wall-clock delay: waiting it out is the test
     raw, rc = raw_connect(port, 5, "alice", b"wonderland")

@@ -11,11 +11,18 @@
 //! - [`acl`]: mosquitto `acl_file` rules ([`Acl`]): `user`, `topic`,
 //!   `pattern` with `%c` / `%u`, `deny`, the anonymous block, `$SYS`;
 //!   decisions for PUBLISH, delivery and SUBSCRIBE.
+//! - [`cache`]: [`cache::DecisionCache`], a bounded, expiring cache of
+//!   decisions keyed by a hash of the request (HTTP authentication).
 //! - [`conf`]: read a `mosquitto.conf` into a neutral [`MosqConfig`]
 //!   (listeners with their options, global settings, warnings for what
 //!   zerofan ignores) for the broker to map onto its own configuration.
-//! - [`throttle`]: [`FailureTracker`], bounded per-address memory of
-//!   failed logins that tells how long the next attempt must wait.
+//! - [`jwt`]: [`JwtVerifier`], tokens in the password field: HMAC, RSA,
+//!   EC or Ed25519 keys (one PEM or a JWKS), expiry, username claim, ACL
+//!   claim.
+//! - [`scram`]: SCRAM-SHA-256/512 server exchanges (MQTT 5 enhanced
+//!   authentication), SHA-512 straight from mosquitto `$7$` entries.
+//! - [`throttle`]: [`FailureTracker`], bounded per-(address, username)
+//!   memory of failed logins that tells how long the next attempt must wait.
 //! - [`topic`]: topic-filter validation and matching with mosquitto's rules.
 //! - [`ParseError`]: every parser's error, with its line number.
 //!
@@ -28,13 +35,14 @@
 //!
 //! Per CONNECT, in this order:
 //!
-//! 1. [`FailureTracker::delay`] for the peer address: non-zero means refuse
-//!    (or hold) the attempt without checking the password.
+//! 1. [`FailureTracker::delay`] for the peer address and username: non-zero
+//!    means refuse (or hold) the attempt without checking the password.
 //! 2. No username: allowed only if the listener's `allow_anonymous`.
 //!    Username: [`PasswordFile::verify`]. A refusal is CONNACK 0x86 (bad
 //!    username or password) / 0x87 (not authorized: anonymous refused) under
 //!    MQTT 5, 0x04 / 0x05 under 3.1.1; then
-//!    [`FailureTracker::record_failure`]. Success:
+//!    [`FailureTracker::record_failure`] (not for an anonymous refusal).
+//!    Success:
 //!    [`FailureTracker::record_success`].
 //! 3. With `use_identity_as_username` the certificate's CN is the username
 //!    and the password file is not consulted.
@@ -62,11 +70,11 @@
 //!
 //! let peer = "192.0.2.1".parse().unwrap();
 //! let now = Instant::now();
-//! assert!(throttle.delay(peer, now).is_zero());
+//! assert!(throttle.delay(peer, "alice", now).is_zero());
 //! if passwd.verify("alice", b"secret") {
-//!     throttle.record_success(peer);
+//!     throttle.record_success(peer, "alice");
 //! } else {
-//!     throttle.record_failure(peer, now);
+//!     throttle.record_failure(peer, "alice", now);
 //! }
 //! assert!(acl.check("client-1", Some("alice"), "alice/temp", Access::Write));
 //! assert!(acl.check_subscribe("client-1", Some("alice"), "#"));
@@ -76,9 +84,12 @@
 #![forbid(unsafe_code)]
 
 pub mod acl;
+pub mod cache;
 pub mod conf;
 mod error;
+pub mod jwt;
 pub mod passwd;
+pub mod scram;
 pub mod throttle;
 pub mod topic;
 
@@ -88,5 +99,6 @@ pub use conf::{
     Protocol, Security, Warning, WarningKind,
 };
 pub use error::ParseError;
+pub use jwt::{JwtError, JwtLogin, JwtRefusal, JwtSettings, JwtVerifier, KeyMaterial};
 pub use passwd::{PasswdError, PasswordFile, PasswordHash};
 pub use throttle::{FailureTracker, ThrottleConfig};

@@ -1,15 +1,22 @@
-//! Slowing down repeated login failures from one address.
+//! Slowing down repeated login failures of one account from one address.
 //!
-//! [`FailureTracker`] remembers, for a bounded number of addresses, how many
-//! logins in a row failed and when the last one did. After
+//! [`FailureTracker`] remembers, for a bounded number of (address,
+//! username) pairs, how many logins in a row failed and when the last one
+//! did. Keying by the pair keeps one account's failures from locking out
+//! another account's correct password behind the same address (a NAT, a
+//! gateway, 127.0.0.1). Anonymous refusals are not failures: the broker
+//! does not record them. After
 //! [`ThrottleConfig::free_failures`] failures each further failure doubles
 //! the wait imposed on the next attempt, from
 //! [`ThrottleConfig::base_delay`] up to [`ThrottleConfig::max_delay`]. A
-//! success forgets the address; so does [`ThrottleConfig::forget_after`]
+//! success forgets the pair; so does [`ThrottleConfig::forget_after`]
 //! without a failure.
 //!
-//! Memory is bounded: at most [`ThrottleConfig::capacity`] addresses are
-//! tracked; a new one evicts the address whose last failure is oldest, and
+//! Memory is bounded: at most [`ThrottleConfig::capacity`] pairs are
+//! tracked, each in a fixed size (the username is kept as a 64-bit keyed
+//! hash, so a 64 KiB username costs no more than a short one; the key is
+//! random per tracker, so nobody can aim a collision at someone else's
+//! account); a new pair evicts the one whose last failure is oldest, and
 //! [`FailureTracker::evictions`] counts that. An attacker with many
 //! addresses can thus push others out, which only makes the tracker forget
 //! (never lock out) — it slows guessing, it is not a ban list.
@@ -21,7 +28,9 @@
 //! business (hold the CONNACK, or refuse the CONNECT with 0x87 / 0x05 while
 //! [`FailureTracker::delay`] is non-zero).
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
@@ -66,15 +75,19 @@ struct Record {
 #[derive(Clone, Debug)]
 pub struct FailureTracker {
     config: ThrottleConfig,
-    records: HashMap<IpAddr, Record>,
-    /// (last failure, sequence) -> address, oldest failure first.
-    order: BTreeMap<(Instant, u64), IpAddr>,
+    records: HashMap<Key, Record>,
+    /// (last failure, sequence) -> pair, oldest failure first.
+    order: BTreeMap<(Instant, u64), Key>,
+    hasher: RandomState,
     next_stamp: u64,
     evictions: u64,
 }
 
+/// (address key, username hash).
+type Key = (IpAddr, u64);
+
 /// The key an address is tracked under.
-fn key(addr: IpAddr) -> IpAddr {
+fn addr_key(addr: IpAddr) -> IpAddr {
     match addr {
         IpAddr::V4(_) => addr,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -95,9 +108,14 @@ impl FailureTracker {
             config,
             records: HashMap::new(),
             order: BTreeMap::new(),
+            hasher: RandomState::new(),
             next_stamp: 0,
             evictions: 0,
         }
+    }
+
+    fn key(&self, addr: IpAddr, username: &str) -> Key {
+        (addr_key(addr), self.hasher.hash_one(username))
     }
 
     /// The configuration in force.
@@ -118,10 +136,10 @@ impl FailureTracker {
             .min(c.max_delay)
     }
 
-    /// How long an attempt from `addr` at `now` must still wait (zero if it
-    /// may go ahead).
-    pub fn delay(&self, addr: IpAddr, now: Instant) -> Duration {
-        match self.records.get(&key(addr)) {
+    /// How long a login as `username` from `addr` at `now` must still wait
+    /// (zero if it may go ahead).
+    pub fn delay(&self, addr: IpAddr, username: &str, now: Instant) -> Duration {
+        match self.records.get(&self.key(addr, username)) {
             Some(r) if !self.expired(r, now) => {
                 let ready = r.last_failure + self.penalty(r.failures);
                 ready.saturating_duration_since(now)
@@ -134,10 +152,10 @@ impl FailureTracker {
         now.saturating_duration_since(r.last_failure) >= self.config.forget_after
     }
 
-    /// Record a failed login from `addr` at `now`; returns the wait imposed
-    /// on the next attempt from that address.
-    pub fn record_failure(&mut self, addr: IpAddr, now: Instant) -> Duration {
-        let k = key(addr);
+    /// Record a failed login as `username` from `addr` at `now`; returns
+    /// the wait imposed on the next attempt of that pair.
+    pub fn record_failure(&mut self, addr: IpAddr, username: &str, now: Instant) -> Duration {
+        let k = self.key(addr, username);
         let stamp = (now, self.next_stamp);
         self.next_stamp += 1;
         let failures = match self.records.get(&k).copied() {
@@ -168,30 +186,32 @@ impl FailureTracker {
         self.penalty(failures)
     }
 
-    /// Record a successful login from `addr`: its failures are forgotten.
-    pub fn record_success(&mut self, addr: IpAddr) {
-        if let Some(r) = self.records.remove(&key(addr)) {
+    /// Record a successful login as `username` from `addr`: the pair's
+    /// failures are forgotten.
+    pub fn record_success(&mut self, addr: IpAddr, username: &str) {
+        if let Some(r) = self.records.remove(&self.key(addr, username)) {
             self.order.remove(&r.stamp);
         }
     }
 
-    /// Failures in a row recorded for `addr` (0 if forgotten).
-    pub fn failures(&self, addr: IpAddr, now: Instant) -> u32 {
-        match self.records.get(&key(addr)) {
+    /// Failures in a row recorded for `username` from `addr` (0 if
+    /// forgotten).
+    pub fn failures(&self, addr: IpAddr, username: &str, now: Instant) -> u32 {
+        match self.records.get(&self.key(addr, username)) {
             Some(r) if !self.expired(r, now) => r.failures,
             _ => 0,
         }
     }
 
-    /// Drop every address whose last failure is `forget_after` old. Not
+    /// Drop every pair whose last failure is `forget_after` old. Not
     /// needed for correctness (expired records are ignored and recycled);
     /// call it from a timer to give memory back sooner.
     pub fn purge_expired(&mut self, now: Instant) {
-        while let Some((&stamp, &addr)) = self.order.first_key_value() {
-            match self.records.get(&addr) {
+        while let Some((&stamp, &k)) = self.order.first_key_value() {
+            match self.records.get(&k) {
                 Some(r) if self.expired(r, now) => {
                     self.order.remove(&stamp);
-                    self.records.remove(&addr);
+                    self.records.remove(&k);
                 }
                 _ => break,
             }
@@ -205,17 +225,17 @@ impl FailureTracker {
         }
     }
 
-    /// Addresses currently remembered.
+    /// (address, username) pairs currently remembered.
     pub fn len(&self) -> usize {
         self.records.len()
     }
 
-    /// Whether no address is remembered.
+    /// Whether no pair is remembered.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
 
-    /// Addresses pushed out to make room for new ones, since creation.
+    /// Pairs pushed out to make room for new ones, since creation.
     pub fn evictions(&self) -> u64 {
         self.evictions
     }
@@ -241,10 +261,10 @@ mod tests {
     fn v6_per_64_and_mapped_v4() {
         let mut t = FailureTracker::new(ThrottleConfig::default());
         let now = Instant::now();
-        t.record_failure(ip("2001:db8:1:2::1"), now);
-        assert_eq!(t.failures(ip("2001:db8:1:2:ffff::9"), now), 1);
-        assert_eq!(t.failures(ip("2001:db8:1:3::1"), now), 0);
-        t.record_failure(ip("::ffff:10.0.0.1"), now);
-        assert_eq!(t.failures(ip("10.0.0.1"), now), 1);
+        t.record_failure(ip("2001:db8:1:2::1"), "u", now);
+        assert_eq!(t.failures(ip("2001:db8:1:2:ffff::9"), "u", now), 1);
+        assert_eq!(t.failures(ip("2001:db8:1:3::1"), "u", now), 0);
+        t.record_failure(ip("::ffff:10.0.0.1"), "u", now);
+        assert_eq!(t.failures(ip("10.0.0.1"), "u", now), 1);
     }
 }

@@ -68,3 +68,67 @@ fn passwd_seeds() {
         }
     }
 }
+
+/// What the `jwt` fuzz target checks, on one input: keys before the first
+/// NUL, a token after it.
+fn jwt_input(data: &[u8]) -> usize {
+    use zerofan_auth::jwt::acl_from_claim;
+    use zerofan_auth::{JwtSettings, JwtVerifier, KeyMaterial};
+    let (keys, token) = match data.iter().position(|&b| b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &b""[..]),
+    };
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(keys) {
+        let _ = acl_from_claim(&v);
+    }
+    let settings = JwtSettings {
+        acl_claim: Some("acl".into()),
+        ..JwtSettings::default()
+    };
+    let text = String::from_utf8_lossy(keys);
+    let verifiers = [
+        JwtVerifier::new(settings.clone(), KeyMaterial::Jwks(&text)),
+        JwtVerifier::new(settings.clone(), KeyMaterial::PublicKeyPem(keys)),
+        JwtVerifier::new(settings, KeyMaterial::Secret(keys)),
+    ];
+    let mut loaded = 0;
+    for v in verifiers.into_iter().flatten() {
+        loaded += 1;
+        if v.verify(token, Some("u"), 1_800_000_000).is_ok() {
+            assert_eq!(token.iter().filter(|&&b| b == b'.').count(), 2);
+        }
+    }
+    loaded
+}
+
+#[test]
+fn jwt_seeds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/jwt");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let data = std::fs::read(e.unwrap().path()).unwrap();
+        // Every seed loads at least its secret (any non-empty bytes are
+        // an HMAC secret); the JWKS and PEM seeds load more.
+        assert!(jwt_input(&data) >= 1);
+        n += 1;
+    }
+    assert!(n >= 4);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+    #[test]
+    fn jwt_inputs_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+        jwt_input(&data);
+    }
+
+    #[test]
+    fn jwt_shaped_garbage_never_panics(
+        parts in proptest::collection::vec("[A-Za-z0-9_=-]{0,40}", 3..4),
+    ) {
+        let token = parts.join(".");
+        let mut data = b"secret\0".to_vec();
+        data.extend_from_slice(token.as_bytes());
+        jwt_input(&data);
+    }
+}

@@ -81,6 +81,12 @@ pub struct Config {
     /// Whether clients without a username may connect (a listener's own
     /// setting wins). Unset: only on listeners bound to a loopback address.
     pub allow_anonymous: Option<bool>,
+    /// JSON Web Tokens in the password field, checked after the password
+    /// file (`auth_jwt = { public_key_file = "...", ... }`).
+    pub auth_jwt: Option<crate::ext_auth::JwtConfig>,
+    /// The site's HTTP service decides logins, last in the chain
+    /// (`auth_http = { url = "http://...", ... }`).
+    pub auth_http: Option<crate::ext_auth::HttpAuthConfig>,
     /// Most simultaneous connections overall; 0: no limit.
     pub max_connections: usize,
     /// Longest topic name or filter, in bytes.
@@ -208,6 +214,8 @@ impl Default for Config {
             password_file: None,
             acl_file: None,
             allow_anonymous: None,
+            auth_jwt: None,
+            auth_http: None,
             max_connections: 0,
             max_topic_length: 65535,
             max_publish_rate: 0,
@@ -318,6 +326,8 @@ reload_classes! {
     password_file: Live,
     acl_file: Live,
     allow_anonymous: Live,
+    auth_jwt: Live,
+    auth_http: Live,
     max_connections: Live,
     max_topic_length: Live,
     max_publish_rate: Live,
@@ -529,6 +539,12 @@ impl Config {
                     "queue_size, batch_size and timeout_ms must be at least 1",
                 );
             }
+        }
+        if let Some(Err(why)) = self.auth_jwt.as_ref().map(|j| j.validate()) {
+            return bad("auth_jwt", why);
+        }
+        if let Some(Err(why)) = self.auth_http.as_ref().map(|h| h.validate()) {
+            return bad("auth_http", why);
         }
         for l in &self.listener {
             if let Some(tls) = &l.tls {

@@ -17,6 +17,8 @@
 //!   configuration mapped onto ours.
 //! - [`security`]: reading password, ACL and certificate files into what
 //!   the core and the listeners use (also `--test-config`).
+//! - [`ext_auth`]: `auth_jwt` (tokens in the password field) and its key
+//!   files.
 //! - [`passwd_cmd`]: `zerofan passwd FILE USER`.
 //! - [`logging`]: `tracing` output as text or JSON lines, to stderr,
 //!   stdout, files or syslog.
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod config;
 pub mod core;
 pub mod embed;
+pub mod ext_auth;
 pub mod listen_config;
 pub mod logging;
 pub mod mosquitto_conf;

@@ -35,6 +35,9 @@ pub enum SecurityError {
         /// What is wrong.
         message: String,
     },
+    /// `auth_jwt` keys that cannot be used.
+    #[error("{0}")]
+    Jwt(String),
     /// TLS settings rustls refuses.
     #[error("listener {bind}: TLS: {message}")]
     Tls {
@@ -72,6 +75,11 @@ pub fn load(config: &Config) -> Result<Loaded, SecurityError> {
     let mut core = SecurityConfig {
         listeners: Vec::new(),
         throttle: ThrottleConfig::default(),
+        jwt: match &config.auth_jwt {
+            Some(j) => Some(Arc::new(j.load().map_err(SecurityError::Jwt)?)),
+            None => None,
+        },
+        http: config.auth_http.as_ref().map(|h| Arc::new(h.settings())),
     };
     let mut listeners = Vec::new();
     for l in config.listeners() {

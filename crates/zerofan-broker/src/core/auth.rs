@@ -13,8 +13,10 @@
 //! 1. Limits decided when the connection was opened: `max_connections`
 //!    (overall or the listener's) → 0x97; `max_connection_rate` → 0x9F.
 //! 2. Login throttling: while the peer address is penalised for earlier
-//!    failures ([`zerofan_auth::FailureTracker`]), the CONNECT is refused at
-//!    once with 0x87 (3.1.1: 0x05) without checking the password. We refuse
+//!    failures of the same username ([`zerofan_auth::FailureTracker`]),
+//!    the CONNECT is refused at once with 0x9F and a reason string (3.1.1:
+//!    0x03, server unavailable) without checking the password, and
+//!    counted (`auth_throttled`). We refuse
 //!    rather than hold the answer: nothing waits in memory for an attacker,
 //!    and a client sees at once that it must wait.
 //! 3. `use_identity_as_username`: the certificate's CN is the username (the
@@ -24,8 +26,10 @@
 //!    (3.1.1: 0x04). Username without a password file: allowed only with
 //!    `allow_anonymous` (as mosquitto 2.0) → else 0x87.
 //!
-//! Failures (steps 3-5) are recorded against the address; a success
-//! clears it.
+//! Failures (steps 3-5) are recorded against the (address, username)
+//! pair, so one account's failures never lock out another account behind
+//! the same address; anonymous refusals are not recorded. A success clears
+//! the pair.
 //!
 //! # Access control
 //!
@@ -39,12 +43,20 @@
 
 use super::broker::Broker;
 use super::hash::HashMap;
+use super::http_auth::{
+    login_body, AclAction, AuthRequest, HttpAnswer, HttpAuth, HttpAuthSettings, Lookup,
+};
 use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
+use super::scram_auth::{made_up, nonce, ScramPending};
+use super::timers::Timer;
+use super::token::{login_chain, Grant, HttpLink, JwtAuth, Stop};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
+use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
 use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
+use zerofan_codec::MqttStr;
 use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
 
 /// Authentication and access settings of one listener.
@@ -83,6 +95,10 @@ pub struct SecurityConfig {
     pub listeners: Vec<ListenerAuth>,
     /// How repeated login failures from one address are slowed down.
     pub throttle: ThrottleConfig,
+    /// `auth_jwt`: tokens in the password field, after the password file.
+    pub jwt: Option<Arc<JwtAuth>>,
+    /// `auth_http`: the site's HTTP service, last in the chain.
+    pub http: Option<Arc<HttpAuthSettings>>,
 }
 
 /// What the shell knows about a new connection.
@@ -107,7 +123,65 @@ pub struct ConnSecurity {
     pub username: Option<Box<str>>,
     /// Publish rate limits, when configured.
     pub publish: Option<Box<PublishLimiter>>,
+    /// What only JWT, HTTP or SCRAM logins and throttled refusals use,
+    /// boxed so that a plain connection stays small.
+    pub extra: Option<Box<ConnExtra>>,
 }
+
+/// The rarely used part of [`ConnSecurity`].
+#[derive(Debug, Default)]
+pub struct ConnExtra {
+    /// Reason string for the refusing CONNACK (MQTT 5).
+    pub refuse_reason: Option<&'static str>,
+    /// The login's own ACL (a token's ACL claim), replacing the listener's.
+    pub login_acl: Option<Arc<Acl>>,
+    /// When the login's token expires (the connection is then closed).
+    pub expires: Option<Instant>,
+    /// No ACL applies to this login.
+    pub superuser: bool,
+    /// The HTTP service's answer to this connection's waiting CONNECT.
+    pub http_answer: Option<HttpAnswer>,
+    /// The user a SCRAM exchange authenticated, for its CONNECT.
+    pub scram_user: Option<Box<str>>,
+    /// Authentication Method and Data for the CONNACK (SCRAM server-final).
+    pub connack_auth: Option<(MqttStr, bytes::Bytes)>,
+}
+
+static NO_EXTRA: ConnExtra = ConnExtra {
+    refuse_reason: None,
+    login_acl: None,
+    expires: None,
+    superuser: false,
+    http_answer: None,
+    scram_user: None,
+    connack_auth: None,
+};
+
+impl ConnSecurity {
+    /// The extra part (all unset when never allocated).
+    pub fn ext(&self) -> &ConnExtra {
+        self.extra.as_deref().unwrap_or(&NO_EXTRA)
+    }
+
+    /// The extra part, allocated on first use.
+    pub fn ext_mut(&mut self) -> &mut ConnExtra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+}
+
+/// Why `authenticate` did not let a CONNECT in.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// CONNACK with this code.
+    Code(ReasonCode),
+    /// Wait for the HTTP service: the request's cache key and body.
+    AskHttp([u8; 32], Vec<u8>),
+}
+
+/// Why a login is refused with 0x9F, so that a client (and its operator)
+/// can tell throttling from a wrong password.
+const THROTTLED_REASON: &str =
+    "too many failed logins from this address for this user; retry later";
 
 /// A session under an ACL: who it is, and cached read decisions.
 #[derive(Debug)]
@@ -130,6 +204,9 @@ pub(crate) struct AuthState {
     rate: ConnectionRate,
     /// Live connections per listener.
     open: Vec<usize>,
+    jwt: Option<Arc<JwtAuth>>,
+    pub(crate) http: Option<HttpAuth>,
+    scram: HashMap<ConnId, ScramPending>,
     sessions: HashMap<SessionId, SessionAcl>,
 }
 
@@ -147,6 +224,9 @@ impl AuthState {
             tracker: FailureTracker::new(config.throttle),
             rate: ConnectionRate::default(),
             open: Vec::new(),
+            jwt: config.jwt,
+            http: config.http.map(HttpAuth::new),
+            scram: HashMap::default(),
             sessions: HashMap::default(),
         }
     }
@@ -188,7 +268,13 @@ impl Broker {
     pub fn set_security(&mut self, config: SecurityConfig) {
         let open = std::mem::take(&mut self.auth.open);
         let sessions = std::mem::take(&mut self.auth.sessions);
+        let mut old_http = self.auth.http.take();
+        let scram = std::mem::take(&mut self.auth.scram);
         self.auth = AuthState::new(config);
+        if let (Some(new), Some(old)) = (self.auth.http.as_mut(), old_http.as_mut()) {
+            new.take_pending_from(old);
+        }
+        self.auth.scram = scram;
         self.auth.open = open;
         self.auth.sessions = sessions;
         // Connected sessions follow their listener's new ACL (a reload).
@@ -249,6 +335,10 @@ impl Broker {
 
     /// Bookkeeping when a connection is removed.
     pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
+        self.auth.scram.remove(&conn);
+        if let Some(h) = self.auth.http.as_mut() {
+            h.forget(conn);
+        }
         if let Some(c) = self.conns.get(&conn) {
             if let Some(n) = self.auth.open.get_mut(c.sec.listener) {
                 *n = n.saturating_sub(1);
@@ -264,44 +354,108 @@ impl Broker {
         conn: ConnId,
         username: Option<&str>,
         password: Option<&[u8]>,
-    ) -> Result<(), ReasonCode> {
+        client_id: &str,
+    ) -> Result<(), Refusal> {
+        let answered = self
+            .conns
+            .get_mut(&conn)
+            .and_then(|c| c.sec.extra.as_mut())
+            .and_then(|e| e.http_answer.take());
         let Some(c) = self.conns.get(&conn) else {
-            return Err(ReasonCode::UNSPECIFIED_ERROR);
+            return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
         };
         if let Some(code) = c.sec.refuse {
-            return Err(code);
+            return Err(Refusal::Code(code));
         }
         let ip = c.peer.ip();
-        if !self.auth.tracker.delay(ip, now).is_zero() {
-            self.metrics.security.auth_throttled += 1;
-            return Err(ReasonCode::NOT_AUTHORIZED);
+        let l = self.auth.listener(c.sec.listener);
+        // Who is trying: failures are counted per (address, this name);
+        // an attempt without one is anonymous and never counted.
+        let login_name: Option<&str> = if l.use_identity_as_username {
+            c.sec.identity.as_deref()
+        } else {
+            username
+        };
+        if let Some(name) = login_name {
+            if !self.auth.tracker.delay(ip, name, now).is_zero() {
+                self.metrics.security.auth_throttled += 1;
+                tracing::debug!(%conn, peer = %ip, user = name, "login throttled");
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sec.ext_mut().refuse_reason = Some(THROTTLED_REASON);
+                }
+                return Err(Refusal::Code(ReasonCode::CONNECTION_RATE_EXCEEDED));
+            }
         }
         let l = self.auth.listener(c.sec.listener);
-        let decision: Result<Option<Box<str>>, ReasonCode> = if l.use_identity_as_username {
-            match &c.sec.identity {
-                Some(cn) => Ok(Some(cn.clone())),
-                None => Err(ReasonCode::NOT_AUTHORIZED),
+        let fail_allow = self.auth.http.as_ref().map(|h| h.settings.fail_allow);
+        let link = match (answered, fail_allow) {
+            (_, None) => HttpLink::Off,
+            (Some(a), Some(allow)) => HttpLink::Answer(a, allow),
+            (None, Some(_)) => HttpLink::Ask,
+        };
+        let chain = |link| -> Result<(Option<Box<str>>, Grant), Stop> {
+            if l.use_identity_as_username {
+                return match &c.sec.identity {
+                    Some(cn) => Ok((Some(cn.clone()), Grant::default())),
+                    None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                };
             }
-        } else {
-            match (username, &l.passwords) {
-                (None, _) if l.allow_anonymous => Ok(None),
-                (None, _) => Err(ReasonCode::NOT_AUTHORIZED),
-                (Some(u), Some(file)) => {
-                    if file.verify(u, password.unwrap_or(&[])) {
-                        Ok(Some(u.into()))
-                    } else {
-                        Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD)
-                    }
-                }
-                (Some(u), None) if l.allow_anonymous => Ok(Some(u.into())),
-                (Some(_), None) => Err(ReasonCode::NOT_AUTHORIZED),
+            match username {
+                None if l.allow_anonymous => Ok((None, Grant::default())),
+                None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                Some(u) => login_chain(l, self.auth.jwt.as_deref(), link, now, u, password)
+                    .map(|g| (Some(u.into()), g)),
             }
         };
+        let scram_user = c.sec.ext().scram_user.clone();
+        let mut decision = match scram_user {
+            // Authenticated by the SCRAM exchange (see `scram_auth`).
+            Some(u) => Ok((Some(u), Grant::default())),
+            None => chain(link),
+        };
+        if decision.as_ref().err() == Some(&Stop::Ask) {
+            let ip_text = ip.to_string();
+            let user = username.unwrap_or("");
+            let pw = password.unwrap_or(&[]);
+            let listener = c.sec.listener;
+            let parts: [&[u8]; 5] = [
+                user.as_bytes(),
+                pw,
+                client_id.as_bytes(),
+                ip_text.as_bytes(),
+                &listener.to_le_bytes(),
+            ];
+            let allow = fail_allow.unwrap_or(false);
+            match self
+                .auth
+                .http
+                .as_ref()
+                .map(|h| (h.lookup(now, &parts), h.has_room()))
+            {
+                Some((Lookup::Hit(a), _)) => {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                    decision = chain(HttpLink::Answer(a, allow));
+                }
+                Some((Lookup::Miss(key), true)) => {
+                    self.metrics.security.auth_http_cache_misses += 1;
+                    let body = login_body(user, pw, client_id, &ip_text, listener);
+                    return Err(Refusal::AskHttp(key, body));
+                }
+                _ => {
+                    self.metrics.security.auth_http_overflow += 1;
+                    decision = chain(HttpLink::Answer(HttpAnswer::Failed, allow));
+                }
+            }
+        }
+        let decision = decision.map_err(|stop| match stop {
+            Stop::Refuse(code) => code,
+            Stop::Ask => ReasonCode::UNSPECIFIED_ERROR,
+        });
         match decision {
-            Ok(user) => {
-                if user.is_some() {
+            Ok((user, grant)) => {
+                if let Some(name) = &user {
                     self.metrics.security.auth_success += 1;
-                    self.auth.tracker.record_success(ip);
+                    self.auth.tracker.record_success(ip, name);
                 }
                 let (rate, bytes) = (
                     self.config.max_publish_rate,
@@ -310,19 +464,40 @@ impl Broker {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.sec.username = user;
                     c.sec.publish = PublishLimiter::new(rate, bytes, now);
+                    if grant.acl.is_some() || grant.expires.is_some() || grant.superuser {
+                        let e = c.sec.ext_mut();
+                        e.login_acl = grant.acl;
+                        e.expires = grant.expires;
+                        e.superuser = grant.superuser;
+                    }
+                }
+                if let Some(at) = grant.expires {
+                    self.timers.arm(at, Timer::TokenExpiry(conn));
                 }
                 Ok(())
             }
             Err(code) => {
-                if code == ReasonCode::BAD_USER_NAME_OR_PASSWORD {
-                    self.metrics.security.auth_bad_credentials += 1;
-                } else {
-                    self.metrics.security.auth_not_authorized += 1;
+                let failure = match code {
+                    ReasonCode::BAD_USER_NAME_OR_PASSWORD => {
+                        self.metrics.security.auth_bad_credentials += 1;
+                        true
+                    }
+                    ReasonCode::NOT_AUTHORIZED => {
+                        self.metrics.security.auth_not_authorized += 1;
+                        true
+                    }
+                    // The HTTP service failed (fail = "deny"): not the client's fault.
+                    _ => {
+                        self.metrics.security.auth_http_refused_unavailable += 1;
+                        false
+                    }
+                };
+                if let (Some(name), true) = (login_name, failure) {
+                    self.auth.tracker.record_failure(ip, name, now);
                 }
-                self.auth.tracker.record_failure(ip, now);
                 let peer = self.conns.get(&conn).map(|c| c.peer);
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
-                Err(code)
+                Err(Refusal::Code(code))
             }
         }
     }
@@ -333,7 +508,16 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        match self.auth.listener(c.sec.listener).acl.clone() {
+        let acl = match c.sec.ext().superuser {
+            true => None,
+            false => c
+                .sec
+                .ext()
+                .login_acl
+                .clone()
+                .or_else(|| self.auth.listener(c.sec.listener).acl.clone()),
+        };
+        match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
                 self.auth.sessions.insert(
@@ -349,6 +533,435 @@ impl Broker {
             None => {
                 self.auth.sessions.remove(&sid);
             }
+        }
+    }
+
+    /// The CONNECT of `conn` waits for the HTTP service (see
+    /// [`super::http_auth`]); its input is held meanwhile.
+    pub(crate) fn wait_for_http(
+        &mut self,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+        key: [u8; 32],
+        body: Vec<u8>,
+    ) {
+        let (Some(h), Some(c)) = (self.auth.http.as_mut(), self.conns.get_mut(&conn)) else {
+            return;
+        };
+        c.phase = super::connection::Phase::AwaitingAuth;
+        c.protocol = connect.protocol;
+        h.ask(conn, connect, key, body);
+    }
+
+    /// Requests for the HTTP service, for the shell to send.
+    pub fn take_auth_requests(&mut self, out: &mut Vec<AuthRequest>) {
+        if let Some(h) = self.auth.http.as_mut() {
+            h.take_requests(out);
+        }
+    }
+
+    /// Whether [`Broker::take_auth_requests`] has something.
+    pub fn has_auth_requests(&self) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.has_requests())
+    }
+
+    /// CONNECTs waiting for the HTTP service.
+    pub fn auth_waiting(&self) -> usize {
+        self.auth.http.as_ref().map_or(0, |h| h.waiting())
+    }
+
+    /// The HTTP service's answer to request `id`: its CONNECT is handled
+    /// again with it (nothing happens when its connection is gone).
+    pub fn auth_answered(&mut self, now: Instant, id: u64, answer: HttpAnswer) {
+        match answer {
+            HttpAnswer::Failed => self.metrics.security.auth_http_failures += 1,
+            HttpAnswer::TimedOut => self.metrics.security.auth_http_timeouts += 1,
+            _ => {}
+        }
+        if let Some(h) = self.auth.http.as_mut().filter(|h| h.is_acl(id)) {
+            let fail_allow = h.settings.fail_allow;
+            if let Some((conn, Some(packet))) = h.acl_answered(now, id, answer, fail_allow) {
+                // All its answers came: handled now, in order, then the
+                // rest of its input.
+                self.handle_packet(now, conn, packet);
+                self.wake(conn);
+            }
+            self.end_event();
+            return;
+        }
+        let Some((conn, connect)) = self
+            .auth
+            .http
+            .as_mut()
+            .and_then(|h| h.answered(now, id, answer))
+        else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == super::connection::Phase::AwaitingAuth => {
+                c.phase = super::connection::Phase::AwaitingConnect;
+                c.sec.ext_mut().http_answer = Some(answer);
+            }
+            _ => return,
+        }
+        self.on_connect(now, conn, *connect);
+        // Its held input may be read now.
+        self.wake(conn);
+        self.end_event();
+    }
+
+    /// The HTTP service's ACL decision on `topic` for `conn` (a lookup:
+    /// a replay's answer, the cache); on a miss the requests are sent, the
+    /// packet from `held` waits and `None` is returned (unless `wait` is
+    /// false: then a miss is a refusal).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn http_acl(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        topic: &str,
+        action: AclAction,
+        wait: bool,
+        held: impl FnOnce() -> Packet,
+    ) -> Option<bool> {
+        let c = self.conns.get(&conn)?;
+        if c.sec.ext().superuser {
+            return Some(true);
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let client = self.sessions.get(&sid)?.client_id.to_string();
+        let h = self.auth.http.as_mut()?;
+        let fail_allow = h.settings.fail_allow;
+        match h.acl_lookup(now, &user, &client, &address, topic, action, true) {
+            Ok((a, cached)) => {
+                if cached {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                }
+                Some(acl_allows(a, fail_allow))
+            }
+            Err(_) if !wait || action == AclAction::Subscribe => Some(false),
+            Err(key) => {
+                self.metrics.security.auth_http_cache_misses += 1;
+                h.ask_acl(conn, key, &user, &client, &address, topic, action);
+                h.hold(conn, held(), 1);
+                None
+            }
+        }
+    }
+
+    /// Before a SUBSCRIBE is handled: when the HTTP service must be asked
+    /// about some of its filters, ask, hold the packet (and the
+    /// connection's input) and return true.
+    pub(crate) fn subscribe_waits(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        sub: &zerofan_codec::Subscribe,
+    ) -> bool {
+        if !self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            return false;
+        }
+        let Some(c) = self.conns.get(&conn) else {
+            return false;
+        };
+        if c.sec.ext().superuser {
+            return false;
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.to_string()) else {
+            return false;
+        };
+        let Some(h) = self.auth.http.as_mut() else {
+            return false;
+        };
+        let mut asked: Vec<[u8; 32]> = Vec::new();
+        for (filter, _) in &sub.filters {
+            if zerofan_codec::topic::validate_topic_filter(filter).is_err() {
+                continue;
+            }
+            let plain = zerofan_codec::topic::split_shared(filter).map_or(&**filter, |(_, f)| f);
+            let a = AclAction::Subscribe;
+            if let Err(key) = h.acl_lookup(now, &user, &client, &address, plain, a, false) {
+                if !asked.contains(&key) {
+                    h.ask_acl(conn, key, &user, &client, &address, plain, a);
+                    asked.push(key);
+                }
+            }
+        }
+        if asked.is_empty() {
+            return false;
+        }
+        self.metrics.security.auth_http_cache_misses += asked.len() as u64;
+        h.hold(conn, Packet::Subscribe(sub.clone()), asked.len());
+        true
+    }
+
+    /// Whether `conn`'s input is held for ACL answers.
+    pub(crate) fn acl_holds(&self, conn: ConnId) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.holds(conn))
+    }
+
+    /// Whether this connection's SCRAM exchange succeeded.
+    pub(crate) fn scram_done(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.sec.ext().scram_user.is_some())
+    }
+
+    /// Whether the next packet must be a CONNECT: awaiting one, and not in
+    /// a SCRAM exchange (whose AUTH comes before the CONNACK).
+    pub fn next_must_be_connect(&self, conn: ConnId) -> bool {
+        self.awaits_connect(conn) && !self.scram_waiting(conn)
+    }
+
+    /// Whether this connection is in a SCRAM exchange.
+    pub(crate) fn scram_waiting(&self, conn: ConnId) -> bool {
+        !self.auth.scram.is_empty() && self.auth.scram.contains_key(&conn)
+    }
+
+    /// The CONNACK's Authentication Method and Data, once.
+    pub(crate) fn scram_connack(&mut self, conn: ConnId) -> Option<(MqttStr, bytes::Bytes)> {
+        self.conns
+            .get_mut(&conn)?
+            .sec
+            .extra
+            .as_mut()?
+            .connack_auth
+            .take()
+    }
+
+    /// A CONNECT with an Authentication Method: start the exchange (AUTH
+    /// 0x18 with the server-first message), or the CONNACK code refusing.
+    pub(crate) fn scram_start(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+    ) -> Result<(), ReasonCode> {
+        let method = connect
+            .properties
+            .authentication_method
+            .clone()
+            .unwrap_or_default();
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        // Offered where there are credentials for it: SCRAM-SHA-512 from
+        // the listener's password file (SHA-256 has no source yet).
+        let offered = ScramHash::from_method(&method)
+            .filter(|h| *h == ScramHash::Sha512)
+            .filter(|_| self.auth.listener(c.sec.listener).passwords.is_some());
+        let Some(hash) = offered else {
+            self.metrics.security.auth_not_authorized += 1;
+            return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
+        };
+        if let Some(code) = c.sec.refuse {
+            return Err(code);
+        }
+        let ip = c.peer.ip();
+        let mut server = ScramServer::new(hash);
+        let data = connect
+            .properties
+            .authentication_data
+            .clone()
+            .unwrap_or_default();
+        let Ok(user) = server.client_first(&data).map(str::to_string) else {
+            self.metrics.security.auth_bad_credentials += 1;
+            return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        if !self.auth.tracker.delay(ip, &user, now).is_zero() {
+            self.metrics.security.auth_throttled += 1;
+            return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
+        }
+        let creds = self
+            .auth
+            .listener(c.sec.listener)
+            .passwords
+            .as_ref()
+            .and_then(|f| f.get(&user))
+            .and_then(ScramCredentials::from_password_hash)
+            .filter(|cr| cr.hash == hash)
+            .unwrap_or_else(|| made_up(hash));
+        let Ok(first) = server.server_first(&creds, &nonce()) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        let props = zerofan_codec::Properties {
+            authentication_method: Some(method.clone()),
+            authentication_data: Some(bytes::Bytes::from(first.into_bytes())),
+            ..Default::default()
+        };
+        self.send(
+            conn,
+            Packet::Auth(zerofan_codec::Auth {
+                reason: ReasonCode::CONTINUE_AUTHENTICATION,
+                properties: props.into(),
+            }),
+        );
+        self.auth.scram.insert(
+            conn,
+            ScramPending {
+                server,
+                connect: Some(connect),
+                method,
+            },
+        );
+        self.wake(conn);
+        Ok(())
+    }
+
+    /// The client's AUTH during a SCRAM exchange.
+    pub(crate) fn on_scram_auth(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        let Some(mut p) = self.auth.scram.remove(&conn) else {
+            return;
+        };
+        let same_method = a.properties.authentication_method.as_deref() == Some(&*p.method);
+        if a.reason != ReasonCode::CONTINUE_AUTHENTICATION || !same_method {
+            // Another method or reason mid-exchange (MQTT-4.12.0-5/-6).
+            self.metrics.protocol_errors += 1;
+            self.scram_refuse(now, conn, ReasonCode::PROTOCOL_ERROR);
+            return;
+        }
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let user = p.server.username().to_string();
+        let ip = self.conns.get(&conn).map(|c| c.peer.ip());
+        match p.server.client_final(&data) {
+            Ok(last) => {
+                let Some(connect) = p.connect else {
+                    return;
+                };
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    let e = c.sec.ext_mut();
+                    e.scram_user = Some(user.into());
+                    e.connack_auth = Some((p.method, bytes::Bytes::from(last.into_bytes())));
+                }
+                self.on_connect(now, conn, *connect);
+            }
+            Err(e) => {
+                tracing::debug!(%conn, error = %e, "SCRAM exchange failed");
+                self.metrics.security.auth_bad_credentials += 1;
+                if let Some(ip) = ip {
+                    self.auth.tracker.record_failure(ip, &user, now);
+                }
+                self.scram_refuse(now, conn, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+            }
+        }
+    }
+
+    /// AUTH from a connected client: re-authentication of a SCRAM login
+    /// (see `scram_auth`); anything else is a protocol error.
+    pub(crate) fn on_auth_connected(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        const METHOD: &str = "SCRAM-SHA-512";
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let Some(user) = c.sec.ext().scram_user.clone() else {
+            return self.protocol_error(now, conn, "AUTH without an authentication method");
+        };
+        if a.properties.authentication_method.as_deref() != Some(METHOD) {
+            return self.protocol_error(now, conn, "AUTH with another authentication method");
+        }
+        let (ip, listener) = (c.peer.ip(), c.sec.listener);
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let pending = self.auth.scram.remove(&conn);
+        let reply = match (a.reason, pending) {
+            (ReasonCode::REAUTHENTICATE, None) => {
+                let mut server = ScramServer::new(ScramHash::Sha512);
+                let same_user = server.client_first(&data).is_ok_and(|u| *u == *user);
+                let creds = self
+                    .auth
+                    .listener(listener)
+                    .passwords
+                    .as_ref()
+                    .and_then(|f| f.get(&user))
+                    .and_then(ScramCredentials::from_password_hash);
+                match (same_user, creds) {
+                    (true, Some(creds)) => match server.server_first(&creds, &nonce()) {
+                        Ok(first) => {
+                            self.auth.scram.insert(
+                                conn,
+                                ScramPending {
+                                    server,
+                                    connect: None,
+                                    method: MqttStr::from_static(METHOD),
+                                },
+                            );
+                            Ok((ReasonCode::CONTINUE_AUTHENTICATION, first))
+                        }
+                        Err(_) => Err(()),
+                    },
+                    _ => Err(()),
+                }
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(mut p)) if p.connect.is_none() => p
+                .server
+                .client_final(&data)
+                .map(|last| (ReasonCode::SUCCESS, last))
+                .map_err(|_| ()),
+            _ => {
+                return self.protocol_error(now, conn, "AUTH out of turn");
+            }
+        };
+        match reply {
+            Ok((reason, text)) => {
+                let props = zerofan_codec::Properties {
+                    authentication_method: Some(MqttStr::from_static(METHOD)),
+                    authentication_data: Some(bytes::Bytes::from(text.into_bytes())),
+                    ..Default::default()
+                };
+                self.send(
+                    conn,
+                    Packet::Auth(zerofan_codec::Auth {
+                        reason,
+                        properties: props.into(),
+                    }),
+                );
+                self.wake(conn);
+            }
+            Err(()) => {
+                self.metrics.security.auth_bad_credentials += 1;
+                self.auth.tracker.record_failure(ip, &user, now);
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::NOT_AUTHORIZED,
+                    Some("re-authentication failed"),
+                    true,
+                );
+            }
+        }
+    }
+
+    /// CONNACK with a failure code during the exchange, then close.
+    fn scram_refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        self.send(
+            conn,
+            Packet::ConnAck(zerofan_codec::ConnAck {
+                session_present: false,
+                reason,
+                properties: Default::default(),
+            }),
+        );
+        self.close(now, conn, None, false);
+    }
+
+    /// A login's token may have expired: close its connection.
+    pub(crate) fn on_token_expiry(&mut self, now: Instant, conn: ConnId) {
+        let due = self.conns.get(&conn).is_some_and(|c| {
+            c.session().is_some() && c.sec.ext().expires.is_some_and(|at| at <= now)
+        });
+        if due {
+            self.metrics.security.auth_token_expired += 1;
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::NOT_AUTHORIZED,
+                Some("token expired"),
+                true,
+            );
         }
     }
 
@@ -420,10 +1033,18 @@ impl Broker {
                 None => true,
             }
         };
+        let mut allowed = allowed;
+        if allowed && self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            let held = || Packet::Publish(p.clone());
+            match self.http_acl(now, conn, sid, &p.topic, AclAction::Publish, true, held) {
+                Some(ok) => allowed = ok,
+                None => return true,
+            }
+        }
         if allowed {
             return false;
         }
-        let v5 = c.protocol.is_v5();
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
         if sys {
             self.metrics.security.refused_sys_publish += 1;
             tracing::debug!(%conn, topic = %p.topic, "publish into $SYS refused");
@@ -453,12 +1074,12 @@ impl Broker {
     /// `$share/...`): the failure reason code, or `None` when granted.
     pub(crate) fn subscribe_refused(
         &mut self,
+        now: Instant,
         conn: ConnId,
         sid: SessionId,
         filter: &str,
         v5: bool,
     ) -> Option<ReasonCode> {
-        let _ = conn;
         if filter.len() > self.config.max_topic_length {
             self.metrics.security.refused_topic_too_long += 1;
             return Some(if v5 {
@@ -467,11 +1088,22 @@ impl Broker {
                 ReasonCode::UNSPECIFIED_ERROR
             });
         }
-        let s = self.auth.sessions.get(&sid)?;
         let plain = zerofan_codec::topic::split_shared(filter).map_or(filter, |(_, f)| f);
-        if s.acl
-            .check_subscribe(&s.client_id, s.username.as_deref(), plain)
-        {
+        let by_file = match self.auth.sessions.get(&sid) {
+            Some(s) => s
+                .acl
+                .check_subscribe(&s.client_id, s.username.as_deref(), plain),
+            None => true,
+        };
+        let allowed = by_file
+            && (!self.auth.http.as_ref().is_some_and(|h| h.checks_acl())
+                // Decided before (see `subscribe_waits`): a lookup, never a wait.
+                || self
+                    .http_acl(now, conn, sid, plain, AclAction::Subscribe, true, || {
+                        Packet::PingResp
+                    })
+                    .unwrap_or(false));
+        if allowed {
             return None;
         }
         self.metrics.security.acl_denied_subscribe += 1;
@@ -480,5 +1112,15 @@ impl Broker {
         } else {
             ReasonCode::UNSPECIFIED_ERROR
         })
+    }
+}
+
+/// An HTTP ACL answer as a decision: `ignore` leaves it to the ACL file
+/// (which allowed it, or the service would not have been asked).
+fn acl_allows(a: HttpAnswer, fail_allow: bool) -> bool {
+    match a {
+        HttpAnswer::Allow { .. } | HttpAnswer::Ignore => true,
+        HttpAnswer::Deny => false,
+        HttpAnswer::Failed | HttpAnswer::TimedOut => fail_allow,
     }
 }

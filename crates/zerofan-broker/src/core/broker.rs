@@ -377,7 +377,8 @@ impl Broker {
             return;
         };
         c.last_activity = now;
-        let sid = match c.phase {
+        let phase = c.phase;
+        let sid = match phase {
             Phase::Closing => return,
             Phase::AwaitingTakeover => {
                 // The shell holds this input until the takeover is over; a
@@ -389,15 +390,29 @@ impl Broker {
                     _ => return,
                 }
             }
+            Phase::AwaitingAuth => {
+                // Held by the shell until the answer: a packet handed over
+                // anyway cannot be ordered after a login not yet decided.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
+                return;
+            }
             Phase::AwaitingConnect => {
                 match packet {
                     Packet::Connect(connect) => self.on_connect(now, conn, *connect),
+                    Packet::Auth(a) if self.scram_waiting(conn) => self.on_scram_auth(now, conn, a),
                     _ => {
                         // The first packet must be CONNECT (MQTT-3.1.0-1).
                         self.metrics.protocol_errors += 1;
                         self.close(now, conn, None, false);
                     }
                 }
+                return;
+            }
+            Phase::Connected(_) if self.acl_holds(conn) => {
+                // Held by the shell while a packet waits for ACL answers.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
                 return;
             }
             Phase::Connected(sid) => sid,
@@ -413,9 +428,7 @@ impl Broker {
             Packet::PingReq => self.send(conn, Packet::PingResp),
             Packet::Disconnect(d) => self.on_disconnect(now, conn, sid, d),
             Packet::Connect(_) => self.protocol_error(now, conn, "second CONNECT"),
-            Packet::Auth(_) => {
-                self.protocol_error(now, conn, "AUTH without an authentication method")
-            }
+            Packet::Auth(a) => self.on_auth_connected(now, conn, a),
             Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
                 self.protocol_error(now, conn, "server-to-client packet sent by a client")
             }
@@ -440,7 +453,7 @@ impl Broker {
         };
         match c.phase {
             Phase::Closing => {}
-            Phase::AwaitingTakeover => self.close(now, conn, None, false),
+            Phase::AwaitingTakeover | Phase::AwaitingAuth => self.close(now, conn, None, false),
             Phase::AwaitingConnect => {
                 if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
                     // Answered in 3.1.1 form (return code 1), which every
@@ -500,10 +513,9 @@ impl Broker {
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::ConnectTimeout(conn)
-                    if self
-                        .conns
-                        .get(&conn)
-                        .is_some_and(|c| c.phase == Phase::AwaitingConnect) =>
+                    if self.conns.get(&conn).is_some_and(|c| {
+                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
+                    }) =>
                 {
                     self.metrics.connect_timeouts += 1;
                     self.close(now, conn, None, false);
@@ -572,6 +584,7 @@ impl Broker {
                     }
                 }
                 Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
+                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
                 Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
                     self.metrics.takeover_drain_timeouts += 1;
                     tracing::debug!(%conn, "takeover completed without the old input drained");
@@ -638,7 +651,8 @@ impl Broker {
     pub fn input_state(&self, conn: ConnId) -> InputState {
         match self.conns.get(&conn).map(|c| c.phase) {
             None | Some(Phase::Closing) => InputState::Closed,
-            Some(Phase::AwaitingTakeover) => InputState::Held,
+            Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
+            Some(Phase::Connected(_)) if self.acl_holds(conn) => InputState::Held,
             Some(_) => InputState::Open,
         }
     }
@@ -646,11 +660,11 @@ impl Broker {
     /// The connection's CONNECT waits for a takeover: the shell keeps what
     /// it read and reads no more (cheap when no takeover is pending).
     pub fn holds_input(&self, conn: ConnId) -> bool {
-        !self.takeovers.is_empty()
-            && self
-                .conns
-                .get(&conn)
-                .is_some_and(|c| c.phase == Phase::AwaitingTakeover)
+        (!self.takeovers.is_empty() || self.auth_waiting() > 0)
+            && (self.acl_holds(conn)
+                || self.conns.get(&conn).is_some_and(|c| {
+                    matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth)
+                }))
     }
 
     /// A new connection with this connection's client id waits: the shell

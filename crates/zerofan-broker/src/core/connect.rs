@@ -1,5 +1,6 @@
 //! CONNECT, DISCONNECT, session attach / detach / end, and wills.
 
+use super::auth::Refusal;
 use super::broker::Broker;
 use super::connection::Phase;
 use super::ids::{ConnId, SessionId};
@@ -113,21 +114,56 @@ impl Broker {
             c.protocol = protocol;
         }
 
-        if v5 && properties.authentication_method.is_some() {
-            // No enhanced authentication methods are supported (MQTT-4.12.0-1).
-            self.refuse(now, conn, ReasonCode::BAD_AUTHENTICATION_METHOD);
+        if v5 && properties.authentication_method.is_some() && !self.scram_done(conn) {
+            // Enhanced authentication (SCRAM); this CONNECT comes back when
+            // the exchange succeeded (see `scram_auth`).
+            let connect = Connect {
+                protocol,
+                clean_start,
+                keep_alive,
+                properties,
+                client_id,
+                will,
+                username,
+                password,
+            };
+            if let Err(code) = self.scram_start(now, conn, Box::new(connect)) {
+                self.refuse(now, conn, code);
+            }
             return;
         }
         if !waited {
-            if let Err(code) =
-                self.authenticate(now, conn, username.as_deref(), password.as_deref())
-            {
-                if self.events.on() {
-                    self.events
-                        .auth_failed(&client_id, username.as_deref(), code.0);
+            let login = self.authenticate(
+                now,
+                conn,
+                username.as_deref(),
+                password.as_deref(),
+                &client_id,
+            );
+            match login {
+                Ok(()) => {}
+                Err(Refusal::Code(code)) => {
+                    if self.events.on() {
+                        self.events
+                            .auth_failed(&client_id, username.as_deref(), code.0);
+                    }
+                    self.refuse(now, conn, code);
+                    return;
                 }
-                self.refuse(now, conn, code);
-                return;
+                Err(Refusal::AskHttp(key, body)) => {
+                    let connect = Connect {
+                        protocol,
+                        clean_start,
+                        keep_alive,
+                        properties,
+                        client_id,
+                        will,
+                        username,
+                        password,
+                    };
+                    self.wait_for_http(conn, Box::new(connect), key, body);
+                    return;
+                }
             }
         }
         if let Some(w) = &will {
@@ -301,6 +337,10 @@ impl Broker {
             }
             props.server_keep_alive = server_keep_alive;
             props.assigned_client_identifier = assigned;
+            if let Some((m, d)) = self.scram_connack(conn) {
+                props.authentication_method = Some(m);
+                props.authentication_data = Some(d);
+            }
         }
         self.send(
             conn,
@@ -318,12 +358,20 @@ impl Broker {
 
     /// CONNACK with a failure code, then close.
     fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        let mut properties = Properties::default();
+        if let Some(c) = self.conns.get(&conn).filter(|c| c.protocol.is_v5()) {
+            properties.reason_string = c
+                .sec
+                .ext()
+                .refuse_reason
+                .and_then(|r| MqttStr::try_from(r).ok());
+        }
         self.send(
             conn,
             Packet::ConnAck(ConnAck {
                 session_present: false,
                 reason,
-                properties: Default::default(),
+                properties: properties.into(),
             }),
         );
         self.close(now, conn, None, false);

@@ -18,6 +18,9 @@ pub enum Phase {
     /// connection: it waits until that connection's input is handled (see
     /// `Broker::input_drained`), its own further input held by the shell.
     AwaitingTakeover,
+    /// CONNECT received; its login waits for the HTTP service's answer
+    /// (see `http_auth`), its further input held by the shell.
+    AwaitingAuth,
     /// CONNECT accepted; attached to a session.
     Connected(SessionId),
     /// The broker decided to close it; the outbox is flushed, then closed.

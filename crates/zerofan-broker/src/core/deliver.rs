@@ -310,7 +310,9 @@ impl Broker {
                     Transmit::Open
                 };
             }
-            Phase::AwaitingConnect | Phase::AwaitingTakeover => return Transmit::Open,
+            Phase::AwaitingConnect | Phase::AwaitingTakeover | Phase::AwaitingAuth => {
+                return Transmit::Open
+            }
             Phase::Connected(sid) => sid,
         };
         let Some(s) = self.sessions.get_mut(&sid) else {

@@ -28,6 +28,10 @@ const AUTH_REFUSED: Family = Family::new(
     "zerofan_auth_refused_total",
     "CONNECTs refused by authentication, by reason.",
 );
+const AUTH_HTTP: Family = Family::new(
+    "zerofan_auth_http_total",
+    "HTTP authentication: cache hits and misses, time-outs, failures, overflow.",
+);
 const ACL_DENIED: Family = Family::new(
     "zerofan_acl_denied_total",
     "Operations refused by the ACL, by action.",
@@ -57,11 +61,46 @@ counters! {
             .prom_as(AUTH_REFUSED, "reason", "not_authorized")
             .refused(),
         /// CONNECTs refused without a password check because their address is
-        /// penalised for earlier failures (0x87 / 0x05).
+        /// penalised for earlier failures of that username (0x9F / 0x03).
         pub auth_throttled: u64 = CounterDef::NEW
             .sys("security/auth/throttled")
             .prom_as(AUTH_REFUSED, "reason", "throttled")
             .refused(),
+        /// CONNECTs refused with 0x88 because the HTTP service failed and
+        /// `fail = "deny"`.
+        pub auth_http_refused_unavailable: u64 = CounterDef::NEW
+            .sys("security/auth/http/refused_unavailable")
+            .prom_as(AUTH_REFUSED, "reason", "auth_service_unavailable")
+            .refused(),
+        /// Connections closed because their login token expired (DISCONNECT 0x87).
+        pub auth_token_expired: u64 = CounterDef::NEW
+            .sys("security/auth/token_expired")
+            .prom(Family::new(
+                "zerofan_auth_token_expired_total",
+                "Connections closed because their login token expired.",
+            )),
+        /// Logins answered from the HTTP authentication cache.
+        pub auth_http_cache_hits: u64 = CounterDef::NEW
+            .sys("security/auth/http/cache_hits")
+            .prom_as(AUTH_HTTP, "event", "cache_hit"),
+        /// Logins that asked the HTTP service (not in the cache).
+        pub auth_http_cache_misses: u64 = CounterDef::NEW
+            .sys("security/auth/http/cache_misses")
+            .prom_as(AUTH_HTTP, "event", "cache_miss"),
+        /// HTTP authentication requests without an answer in time.
+        pub auth_http_timeouts: u64 = CounterDef::NEW
+            .sys("security/auth/http/timeouts")
+            .prom_as(AUTH_HTTP, "event", "timeout"),
+        /// HTTP authentication requests that failed (connection error,
+        /// status other than 200, unreadable answer).
+        pub auth_http_failures: u64 = CounterDef::NEW
+            .sys("security/auth/http/failures")
+            .prom_as(AUTH_HTTP, "event", "failure"),
+        /// Logins not sent to the HTTP service because too many already
+        /// wait (handled as a failure).
+        pub auth_http_overflow: u64 = CounterDef::NEW
+            .sys("security/auth/http/overflow")
+            .prom_as(AUTH_HTTP, "event", "overflow"),
         /// Successful logins with a username (password or certificate).
         pub auth_success: u64 = CounterDef::NEW.sys("security/auth/success").prom(Family::new(
             "zerofan_auth_success_total",

@@ -18,6 +18,7 @@ mod deliver;
 pub mod durable;
 pub mod events;
 mod hash;
+pub mod http_auth;
 mod ids;
 pub mod limits;
 mod message;
@@ -27,12 +28,14 @@ mod outbox;
 mod peer;
 mod publish;
 mod router;
+mod scram_auth;
 mod session;
 pub mod store;
 mod subscribe;
 mod sys;
 pub use sys::sys_figures;
 mod timers;
+pub mod token;
 mod trie;
 mod wire;
 
@@ -41,6 +44,7 @@ mod tests;
 
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::{Broker, InputState};
+pub use http_auth::{AuthRequest, HttpAnswer, HttpAuthSettings};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;
 pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
@@ -49,4 +53,5 @@ pub use observe::{
 };
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
+pub use token::JwtAuth;
 pub use wire::Wire;

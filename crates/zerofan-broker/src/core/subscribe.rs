@@ -19,6 +19,9 @@ impl Broker {
         sid: SessionId,
         sub: Subscribe,
     ) {
+        if self.subscribe_waits(now, conn, sid, &sub) {
+            return;
+        }
         let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
@@ -34,7 +37,7 @@ impl Broker {
                 });
                 continue;
             }
-            if let Some(code) = self.subscribe_refused(conn, sid, filter, v5) {
+            if let Some(code) = self.subscribe_refused(now, conn, sid, filter, v5) {
                 reasons.push(code);
                 continue;
             }

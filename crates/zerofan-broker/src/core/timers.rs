@@ -21,6 +21,8 @@ pub enum Timer {
     Will(SessionId),
     /// An absent session may have expired.
     SessionExpiry(SessionId),
+    /// A login's token may have expired.
+    TokenExpiry(ConnId),
     /// A subscriber behind since then may have stayed behind too long.
     SlowConsumer(SessionId),
     /// Refresh `$SYS/`.

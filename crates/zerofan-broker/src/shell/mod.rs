@@ -7,6 +7,7 @@ pub mod api;
 mod buffers;
 mod conn;
 pub mod http;
+mod http_auth;
 pub mod listener;
 pub mod ops;
 mod park;

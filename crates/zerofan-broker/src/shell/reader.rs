@@ -230,7 +230,9 @@ impl ReadState {
         // The first packet must be CONNECT (MQTT-3.1.0-1): anything else is
         // refused at its first byte, not after waiting (up to the connect
         // timeout) for the rest of a packet that may never come.
-        if b.first().is_some_and(|&t| t >> 4 != 1) && shared.broker.borrow().awaits_connect(id) {
+        if b.first().is_some_and(|&t| t >> 4 != 1)
+            && shared.broker.borrow().next_must_be_connect(id)
+        {
             let e = zerofan_codec::DecodeError::new(
                 zerofan_codec::ReasonCode::PROTOCOL_ERROR,
                 "first packet is not CONNECT",

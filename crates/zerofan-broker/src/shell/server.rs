@@ -261,6 +261,9 @@ impl Shard {
                 shared.clone(),
             )));
         }
+        background.push(tokio::task::spawn_local(super::http_auth::auth_loop(
+            shared.clone(),
+        )));
         background.push(tokio::task::spawn_local(timer_loop(shared.clone())));
         if let Some(p) = poll {
             background.push(tokio::task::spawn_local(super::park::lot_loop(

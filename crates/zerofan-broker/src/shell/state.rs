@@ -60,6 +60,8 @@ pub struct Shared {
     pub lot: super::park::Lot,
     /// The queues to the other shards, when there are several.
     pub(super) mesh: Option<super::shards::Mesh>,
+    /// Wakes the HTTP authentication task (`http_auth.rs`).
+    pub auth_wake: tokio::sync::Notify,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -83,6 +85,7 @@ impl Shared {
             ops: super::ops::Ops::default(),
             lot,
             mesh: None,
+            auth_wake: tokio::sync::Notify::new(),
             wake_scratch: RefCell::new(Vec::new()),
         };
         (shared, poll)
@@ -123,6 +126,9 @@ impl Shared {
         }
         if let Some(mesh) = &self.mesh {
             self.send_to_peers(mesh);
+        }
+        if self.broker.borrow().has_auth_requests() {
+            self.auth_wake.notify_one();
         }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);

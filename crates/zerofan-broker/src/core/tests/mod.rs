@@ -7,12 +7,15 @@ mod backpressure;
 mod connect;
 mod delivery;
 mod durable;
+mod http_auth;
 mod qos;
 mod retained;
+mod scram;
 mod security;
 mod sessions;
 mod shards;
 mod shared;
+mod token;
 mod wills;
 
 use super::{Broker, ConnId, Outgoing, Transmit};

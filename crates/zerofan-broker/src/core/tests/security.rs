@@ -19,6 +19,8 @@ fn secured(l: ListenerAuth, cfg: Config) -> H {
     h.b.set_security(SecurityConfig {
         listeners: vec![l],
         throttle: ThrottleConfig::default(),
+        jwt: None,
+        http: None,
     });
     h
 }
@@ -58,6 +60,13 @@ fn password_file_decisions_v5_and_v311() {
     assert_eq!(m.auth_success, 1);
 }
 
+fn two_users() -> Arc<PasswordFile> {
+    let mut p = PasswordFile::new();
+    p.set_with_iterations("alice", b"secret", 1).unwrap();
+    p.set_with_iterations("bob", b"builder", 1).unwrap();
+    Arc::new(p)
+}
+
 #[test]
 fn repeated_failures_are_refused_while_penalised() {
     let l = ListenerAuth {
@@ -69,10 +78,66 @@ fn repeated_failures_are_refused_while_penalised() {
         let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"bad")).1;
         assert_eq!(reason(&o), ReasonCode::BAD_USER_NAME_OR_PASSWORD);
     }
+    // Throttled: 0x9F with a reason string, not "not authorized".
     let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"secret")).1;
-    assert_eq!(reason(&o), ReasonCode::NOT_AUTHORIZED);
-    assert_eq!(h.b.metrics().security.auth_throttled, 1);
+    let ack = o.connack().unwrap();
+    assert_eq!(ack.reason, ReasonCode::CONNECTION_RATE_EXCEEDED);
+    let why = ack.properties.reason_string.clone();
+    assert!(why.is_some_and(|w| w.contains("failed logins")));
+    // 3.1.1: return code 3 (server unavailable), decoded back as 0x88.
+    let o = login(&mut h, Protocol::V311, Some("alice"), Some(b"secret")).1;
+    assert_eq!(reason(&o), ReasonCode::SERVER_UNAVAILABLE);
+    assert_eq!(h.b.metrics().security.auth_throttled, 2);
     h.secs(2);
+    let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"secret")).1;
+    assert_eq!(reason(&o), ReasonCode::SUCCESS);
+}
+
+/// Failures are counted per (address, username): five failed logins of one
+/// account from 127.0.0.1 do not lock out another account's correct
+/// password from the same address.
+#[test]
+fn failures_of_one_user_do_not_lock_out_another() {
+    let l = ListenerAuth {
+        allow_anonymous: false,
+        passwords: Some(two_users()),
+        ..ListenerAuth::default()
+    };
+    let mut h = secured(l, Config::default());
+    for _ in 0..5 {
+        let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"bad")).1;
+        assert!(reason(&o).is_error());
+    }
+    let o = login(&mut h, Protocol::V5, Some("bob"), Some(b"builder")).1;
+    assert_eq!(reason(&o), ReasonCode::SUCCESS);
+    let o = h
+        .connect_with("c2", Protocol::V311, true, |c| {
+            c.username = Some(s("bob"));
+            c.password = Some(Bytes::from_static(b"builder"));
+        })
+        .1;
+    assert_eq!(reason(&o), ReasonCode::SUCCESS);
+    // alice herself is still penalised.
+    let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"secret")).1;
+    assert_eq!(reason(&o), ReasonCode::CONNECTION_RATE_EXCEEDED);
+}
+
+/// Anonymous refusals are not failures: they are never throttled, and do
+/// not count against a username from that address.
+#[test]
+fn anonymous_refusals_are_not_counted() {
+    let l = ListenerAuth {
+        allow_anonymous: false,
+        passwords: Some(passwords()),
+        ..ListenerAuth::default()
+    };
+    let mut h = secured(l, Config::default());
+    for _ in 0..8 {
+        let o = login(&mut h, Protocol::V5, None, None).1;
+        assert_eq!(reason(&o), ReasonCode::NOT_AUTHORIZED);
+    }
+    assert_eq!(h.b.metrics().security.auth_throttled, 0);
+    assert_eq!(h.b.metrics().security.auth_not_authorized, 8);
     let o = login(&mut h, Protocol::V5, Some("alice"), Some(b"secret")).1;
     assert_eq!(reason(&o), ReasonCode::SUCCESS);
 }
