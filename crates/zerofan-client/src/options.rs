@@ -126,6 +126,10 @@ pub struct ClientOptions {
     pub resubscribe: bool,
     /// How long to wait for CONNACK (and for a TCP/TLS/WS handshake).
     pub connect_timeout: Duration,
+    /// Announce a bridge, as mosquitto's `try_private` does: the top bit of
+    /// the CONNECT protocol level is set (MQTT 3.1.1: 0x84), and a broker
+    /// that understands it does not send the bridge's own messages back.
+    pub bridge: bool,
     /// Buffer pool for the read path. Default: [`Pool::global`].
     pub pool: Option<Pool>,
 }
@@ -160,6 +164,7 @@ impl ClientOptions {
             backoff: Backoff::default(),
             resubscribe: true,
             connect_timeout: Duration::from_secs(10),
+            bridge: false,
             pool: None,
         }
     }
@@ -252,6 +257,12 @@ impl ClientOptions {
     /// Sets the reconnect backoff.
     pub fn backoff(mut self, b: Backoff) -> Self {
         self.backoff = b;
+        self
+    }
+
+    /// Announces a bridge (see [`ClientOptions::bridge`]).
+    pub fn bridge(mut self, on: bool) -> Self {
+        self.bridge = on;
         self
     }
 
