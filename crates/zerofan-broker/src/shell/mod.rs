@@ -3,6 +3,7 @@
 //! `LocalSet`); the core lives in an `Rc<RefCell<_>>`, so the publish path
 //! takes no lock.
 
+mod bridges;
 mod buffers;
 mod conn;
 pub mod http;

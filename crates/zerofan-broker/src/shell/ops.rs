@@ -113,6 +113,12 @@ impl Ops {
             reloads_ok: ops.reloads_ok.get(),
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),
+            bridges: shared
+                .bridges
+                .borrow()
+                .iter()
+                .map(|b| b.figures())
+                .collect(),
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     /// Scrapes turned away because too many were in progress.
     pub http_refused: u64,
+    /// Per bridge.
+    pub bridges: Vec<crate::bridge::BridgeFigures>,
 }
 
 /// Writes families and samples.
@@ -452,6 +454,7 @@ pub fn render(s: &Snapshot) -> String {
         "Metrics/health requests turned away because too many were in progress.",
         s.http_refused as f64,
     );
+    crate::bridge::render(&mut e, &s.bridges);
     counters(&mut e, m);
     e.finish()
 }

@@ -58,6 +58,8 @@ pub struct Shared {
     pub ops: super::ops::Ops,
     /// Parked connections (see `park.rs`).
     pub lot: super::park::Lot,
+    /// Each bridge's figures (see `bridges.rs`).
+    pub bridges: RefCell<Vec<std::rc::Rc<crate::bridge::BridgeStats>>>,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -80,6 +82,7 @@ impl Shared {
             bytes_out: Cell::new(0),
             ops: super::ops::Ops::default(),
             lot,
+            bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
         };
         (shared, poll)
