@@ -13,7 +13,7 @@ use crate::delivery::PublishAck;
 use crate::error::ClientError;
 use crate::frame_builder::{OutFrame, HIGH_WATER};
 use crate::incoming::{Pushed, Sender};
-use crate::message::Message;
+use crate::message::{AckToken, Message};
 use crate::options::ClientOptions;
 use crate::reader::Reader;
 use crate::session::{
@@ -54,6 +54,7 @@ pub(crate) enum Command {
         packet: Unsubscribe,
         done: UnsubDone,
     },
+    Ack(AckToken),
 }
 
 /// How one connection ended.
@@ -100,6 +101,8 @@ pub(crate) struct EventLoop {
     aliases: HashMap<u16, MqttStr>,
     connected_once: bool,
     ping_sent: Option<Instant>,
+    /// Connections made: tells a manual acknowledgement's connection.
+    generation: u32,
 }
 
 impl EventLoop {
@@ -129,6 +132,7 @@ impl EventLoop {
             aliases: HashMap::new(),
             connected_once: false,
             ping_sent: None,
+            generation: 0,
         }
     }
 
@@ -258,6 +262,7 @@ impl EventLoop {
             self.client_id = id.to_string();
         }
         self.connected_once = true;
+        self.generation = self.generation.wrapping_add(1);
         Stats::add(&self.ch.stats.connects, 1);
         if ack.session_present {
             Stats::add(&self.ch.stats.sessions_resumed, 1);
@@ -523,6 +528,17 @@ impl EventLoop {
     fn command(&mut self, c: Command, w: &mut Writer) {
         match c {
             Command::Publish { frame, done } => self.publish(frame, done, w),
+            Command::Ack(t) => {
+                if t.connection != self.generation {
+                    return;
+                }
+                if t.qos == QoS::ExactlyOnce {
+                    self.session.incoming_qos2.insert(t.packet_id);
+                }
+                // A failure to encode an ack cannot happen for a valid id;
+                // if it did, the broker sends the message again.
+                let _ = self.ack_incoming(Some((t.packet_id, t.qos)), w);
+            }
             Command::Subscribe { mut packet, done } => {
                 let Some(pid) = self.session.alloc_pid() else {
                     let _ = done.send(Err(ClientError::Protocol("no free packet identifier")));
@@ -769,7 +785,20 @@ impl EventLoop {
             _ => None,
         };
         let (qos, pid) = (p.qos, p.packet_id);
-        let msg = Message::from_publish(p, aliased, src);
+        let mut msg = Message::from_publish(p, aliased, src);
+        if self.opts.manual_acks && qos != QoS::AtMostOnce {
+            if qos == QoS::ExactlyOnce && self.session.incoming_qos2.contains(&pid) {
+                // Acknowledged already; the broker missed our PUBREC.
+                return self.send(&Packet::PubRec(ack(pid)), w);
+            }
+            msg.set_ack(AckToken {
+                connection: self.generation,
+                packet_id: pid,
+                qos,
+            });
+            self.backlog.push_back(msg);
+            return Ok(());
+        }
         let number = self.delivered + self.backlog.len() as u64;
         match qos {
             QoS::AtMostOnce => self.backlog.push_back(msg),
@@ -882,6 +911,7 @@ fn fail_command(c: Command, e: ClientError) {
         Command::Unsubscribe { done, .. } => {
             let _ = done.send(Err(e));
         }
+        Command::Ack(_) => {}
     }
 }
 

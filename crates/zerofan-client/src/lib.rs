@@ -71,7 +71,7 @@ pub use delivery::{Delivery, PublishAck};
 pub use error::{ClientError, Result};
 pub use frame_builder::{PublishOptions, HIGH_WATER, INITIAL_CAPACITY};
 pub use incoming::Incoming;
-pub use message::Message;
+pub use message::{AckToken, Message};
 pub use options::{Backoff, ClientOptions, LastWill};
 pub use state::{ConnInfo, ConnState};
 pub use stats::ClientStats;

@@ -130,6 +130,11 @@ pub struct ClientOptions {
     /// the CONNECT protocol level is set (MQTT 3.1.1: 0x84), and a broker
     /// that understands it does not send the bridge's own messages back.
     pub bridge: bool,
+    /// Acknowledge a received QoS 1/2 message only when the application
+    /// says so ([`crate::Client::ack`] with [`crate::Message::ack_token`]),
+    /// not when it enters the incoming queue: what the broker still holds
+    /// unacknowledged is bounded by [`ClientOptions::receive_maximum`].
+    pub manual_acks: bool,
     /// Buffer pool for the read path. Default: [`Pool::global`].
     pub pool: Option<Pool>,
 }
@@ -165,6 +170,7 @@ impl ClientOptions {
             resubscribe: true,
             connect_timeout: Duration::from_secs(10),
             bridge: false,
+            manual_acks: false,
             pool: None,
         }
     }
@@ -263,6 +269,13 @@ impl ClientOptions {
     /// Announces a bridge (see [`ClientOptions::bridge`]).
     pub fn bridge(mut self, on: bool) -> Self {
         self.bridge = on;
+        self
+    }
+
+    /// Acknowledges received messages only on [`crate::Client::ack`] (see
+    /// [`ClientOptions::manual_acks`]).
+    pub fn manual_acks(mut self, on: bool) -> Self {
+        self.manual_acks = on;
         self
     }
 
