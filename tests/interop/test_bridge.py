@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -180,9 +181,10 @@ def test_mosquitto_restart_loses_nothing_acknowledged(tmp_path, procs, clients):
     message zerofan acknowledged reaches the subscriber on mosquitto."""
     mport = free_port()
     m = start_mosquitto_at(tmp_path / "m", mport, persist=True)
+    procs.append(m)  # stopped below; terminate() again at teardown is a no-op
     z = start_zerofan_conf(tmp_path / "z", bridge_toml("edge", mport, [("data/#", "out", 1)]))
     procs.append(z)
-    wait_bridge_up(clients, z, "edge")
+    watcher = wait_bridge_up(clients, z, "edge")
     sub = PahoClient(m, client_id="collector", version=4, clean=False)
     sub.subscribe("data/#", 1)
 
@@ -196,6 +198,8 @@ def test_mosquitto_restart_loses_nothing_acknowledged(tmp_path, procs, clients):
         seen.add(int(sub.messages.get_nowait().payload))
     # SIGTERM: mosquitto saves its sessions (the collector's queue) first.
     assert m.terminate() == 0
+    # The bridge says so on its notification topic.
+    assert watcher.expect_message(WAIT).payload == b"0"
     for i in range(n // 2, n):
         pub.publish(f"data/{i}", str(i).encode(), qos=1)  # acknowledged while it is down
     m2 = start_mosquitto_at(tmp_path / "m", mport, persist=True)
@@ -298,3 +302,75 @@ def test_test_config_checks_bridges(tmp_path):
     r = subprocess.run([str(zerofan_bin()), "--test-config", "-c", str(good)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def test_bridge_figures_in_sys_and_metrics(tmp_path, procs, clients):
+    mport, metrics = free_port(), free_port()
+    m = start_mosquitto_at(tmp_path / "m", mport)
+    procs.append(m)
+    conf = f'metrics = "127.0.0.1:{metrics}"\n' + bridge_toml("fig", mport, [("f/#", "both", 1)])
+    z = start_zerofan_conf(tmp_path / "z", conf)
+    procs.append(z)
+    wait_bridge_up(clients, z, "fig")
+    on_m = clients(m, version=4)
+    on_m.subscribe("f/#", 1)
+    pub = clients(z)
+    for i in range(3):
+        pub.publish(f"f/{i}", b"12345", qos=1)
+    collect(on_m, 3)
+    clients(m, version=4).publish("f/back", b"xy", qos=1)
+    # $SYS/broker/bridge/NAME/... is refreshed every sys_interval.
+    sys = clients(z)
+    sys.subscribe("$SYS/broker/bridge/fig/#", 0)
+    want = {"connected": b"1", "messages/sent": b"3", "bytes/sent": b"15",
+            "messages/received": b"1", "bytes/received": b"2", "queue/sent": b"0"}
+    latest: dict = {}
+    deadline = time.monotonic() + WAIT
+    while any(latest.get(k) != v for k, v in want.items()) and time.monotonic() < deadline:
+        x = sys.expect_message(timeout=max(0.1, deadline - time.monotonic()))
+        latest[x.topic.removeprefix("$SYS/broker/bridge/fig/")] = x.payload
+    assert all(latest.get(k) == v for k, v in want.items()), latest
+    page = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+    for line in ['zerofan_bridge_connected{bridge="fig"} 1',
+                 'zerofan_bridge_messages_total{bridge="fig",direction="out"} 3',
+                 'zerofan_bridge_messages_total{bridge="fig",direction="in"} 1',
+                 'zerofan_bridge_bytes_total{bridge="fig",direction="out"} 15',
+                 'zerofan_bridge_dropped_total{bridge="fig",direction="out"} 0',
+                 'zerofan_bridge_queued{bridge="fig",direction="out"} 0',
+                 'zerofan_bridge_connects_total{bridge="fig"} 1']:
+        assert line in page, f"{line!r} not in /metrics"
+
+
+def test_acknowledged_messages_survive_a_zerofan_restart(tmp_path, procs, clients):
+    """With persistence, what zerofan acknowledged while the remote broker was
+    down waits in the bridge's durable session, across a zerofan restart."""
+    mport = free_port()
+    m = start_mosquitto_at(tmp_path / "m", mport, persist=True)
+    procs.append(m)
+    collector = PahoClient(m, client_id="collector", version=4, clean=False)
+    collector.subscribe("keep/#", 1)
+    collector.close()
+    conf = bridge_toml("durable", mport, [("keep/#", "out", 1)])
+    data = tmp_path / "zdata"
+    z = start_zerofan_conf(tmp_path / "z", conf, args=("--data-dir", str(data)))
+    procs.append(z)
+    wait_bridge_up(clients, z, "durable")  # its session and subscription now exist
+    assert m.terminate() == 0
+    pub = clients(z)
+    n = 50
+    for i in range(n):
+        pub.publish(f"keep/{i}", str(i).encode(), qos=1)  # acknowledged by zerofan
+    assert z.terminate() == 0
+    z2 = start_zerofan_conf(tmp_path / "z", conf, args=("--data-dir", str(data)))
+    procs.append(z2)
+    m2 = start_mosquitto_at(tmp_path / "m", mport, persist=True)
+    procs.append(m2)
+    sub = clients(m2, client_id="collector", version=4, clean=False)
+    seen: set = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < n and time.monotonic() < deadline:
+        try:
+            seen.add(int(sub.messages.get(timeout=max(0.0, deadline - time.monotonic())).payload))
+        except queue.Empty:
+            break
+    assert seen == set(range(n)), f"lost: {sorted(set(range(n)) - seen)[:20]}"

@@ -3,15 +3,15 @@
 //! accepted like a socket), one to the remote broker (failover over its
 //! addresses, TLS when configured), and a forwarding loop each way.
 //!
-//! QoS 1/2 end to end: a client acknowledges a message when it enters its
-//! bounded incoming queue, and the forwarding loop takes from that queue
-//! only while fewer than `max_queued_messages` of its publishes on the
-//! other side are unacknowledged. So when the remote broker is down, the
-//! loop stops, the incoming queue fills, the client stops reading, and the
-//! rest waits in the bridge's session on the sending broker (this broker:
-//! bounded by `max_queued_messages`, counted, and durable with
-//! persistence). What the bridge did acknowledge is held by its client
-//! towards the other side and sent again after a reconnect.
+//! QoS 1/2 end to end: both clients acknowledge by hand
+//! (`manual_acks`), and a message is acknowledged to the side it came
+//! from only once the other side acknowledged the bridge's copy. At most
+//! `max_queued_messages` are unacknowledged each way (the bridge's
+//! Receive Maximum, and the forwarding loop's limit). So when the remote
+//! broker is down, the rest waits in the bridge's session on this broker
+//! (bounded by `max_queued_messages`, counted, and durable with
+//! persistence), and what was in flight is sent again after a reconnect,
+//! by the bridge's client or, after a restart, by this broker.
 //!
 //! Loops: the bridge's subscriptions carry No Local (MQTT 5), so a broker
 //! does not send the bridge what the bridge itself published there; a
@@ -26,8 +26,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use zerofan_client::{
-    Backoff, Client, ClientError, ClientOptions, ConnState, Connector, Delivery, Incoming,
-    LastWill, Message, Protocol, PublishOptions, QoS, ReasonCode, Subscription, Transport,
+    AckToken, Backoff, Client, ClientError, ClientOptions, ConnState, Connector, Incoming,
+    LastWill, Message, Protocol, PublishAck, PublishOptions, QoS, ReasonCode, Subscription,
+    Transport,
 };
 
 /// Publishes a retained message on this broker as the broker itself (the
@@ -91,8 +92,8 @@ pub async fn run(
         stats.clone(),
     );
     tokio::join!(
-        forward(lrx, &rc, &out, Way::Out, max, &stats),
-        forward(rrx, &lc, &inward, Way::In, max, &stats),
+        forward(lrx, &lc, &rc, &out, Way::Out, max, &stats),
+        forward(rrx, &rc, &lc, &inward, Way::In, max, &stats),
         watch,
     );
 }
@@ -108,6 +109,8 @@ fn local_options(cfg: &BridgeConfig, local: Transport) -> ClientOptions {
         .keep_alive(0)
         .incoming_capacity(cfg.max_queued_messages)
         .max_inflight(clamp_u16(cfg.max_queued_messages))
+        .receive_maximum(clamp_u16(cfg.max_queued_messages))
+        .manual_acks(true)
         .backoff(Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(2),
@@ -128,6 +131,8 @@ fn remote_options(cfg: &BridgeConfig, remote: Transport, backoff: Backoff) -> Cl
         .keep_alive(cfg.keepalive_interval)
         .incoming_capacity(cfg.max_queued_messages)
         .max_inflight(clamp_u16(cfg.max_queued_messages))
+        .receive_maximum(clamp_u16(cfg.max_queued_messages))
+        .manual_acks(true)
         .backoff(backoff)
         .bridge(cfg.try_private && protocol != Protocol::V5);
     if protocol == Protocol::V5 && !cfg.cleansession {
@@ -247,33 +252,33 @@ pub fn map_topic(topics: &[BridgeTopic], way: Way, topic: &str) -> Option<String
 
 async fn forward(
     mut rx: Incoming,
+    from: &Client,
     to: &Client,
     topics: &[BridgeTopic],
     way: Way,
     max: usize,
     stats: &BridgeStats,
 ) {
-    if topics.is_empty() {
-        // Nothing subscribed this way; keep the stream drained anyway.
-        while rx.recv().await.is_some() {}
-        return;
-    }
-    let mut pending: FuturesUnordered<Delivery> = FuturesUnordered::new();
+    let out = way == Way::Out;
+    let mut pending = FuturesUnordered::new();
     let mut batch: Vec<Message> = Vec::new();
     loop {
         let room = max.saturating_sub(pending.len());
         tokio::select! {
             biased;
-            Some(r) = pending.next(), if !pending.is_empty() => {
-                settle(r, way, stats);
+            Some((r, token)) = pending.next(), if !pending.is_empty() => {
+                settle(r, token, from, out, stats).await;
             }
             n = rx.recv_many(&mut batch, room.max(1)), if room > 0 => {
                 if n == 0 {
                     return;
                 }
                 for m in batch.drain(..) {
+                    let token = m.ack_token();
                     let Some(topic) = map_topic(topics, way, m.topic()) else {
-                        stats.dropped(way == Way::Out);
+                        // Nothing to send it to: taken (and counted) as lost.
+                        stats.dropped(out);
+                        ack(from, token).await;
                         continue;
                     };
                     let len = m.payload.len() as u64;
@@ -283,30 +288,47 @@ async fn forward(
                     };
                     match to.publish_ext(&topic, m.qos, &opts, m.payload).await {
                         Ok(d) => {
-                            stats.sent(way == Way::Out, len);
+                            stats.sent(out, len);
                             if m.qos != QoS::AtMostOnce {
-                                pending.push(d);
+                                pending.push(async move { (d.await, token) });
                             }
                         }
                         Err(e) => {
-                            stats.dropped(way == Way::Out);
+                            stats.dropped(out);
                             tracing::debug!(error = %e, %topic, "bridge publish failed");
+                            ack(from, token).await;
                         }
                     }
                 }
-                stats.set_queued(way == Way::Out, pending.len());
             }
         }
-        stats.set_queued(way == Way::Out, pending.len());
+        stats.set_queued(out, pending.len());
     }
 }
 
-fn settle(r: Result<zerofan_client::PublishAck, ClientError>, way: Way, stats: &BridgeStats) {
+/// The other side answered for a message: acknowledge it where it came
+/// from, unless the bridge is shutting down (then the sending broker keeps
+/// it for the next start).
+async fn settle(
+    r: Result<PublishAck, ClientError>,
+    token: Option<AckToken>,
+    from: &Client,
+    out: bool,
+    stats: &BridgeStats,
+) {
     match r {
-        Ok(ack) if !ack.reason.is_error() => {}
-        // Refused by the other side (its ACL, its limits), or the client
-        // shut down: the message is gone.
-        _ => stats.dropped(way == Way::Out),
+        Ok(a) if !a.reason.is_error() => {}
+        Err(ClientError::Closed) => return,
+        // Refused by the other side (its ACL, its limits): gone.
+        _ => stats.dropped(out),
+    }
+    ack(from, token).await;
+}
+
+async fn ack(from: &Client, token: Option<AckToken>) {
+    if let Some(t) = token {
+        // Fails only when the client is closed: the message comes again.
+        let _ = from.ack(t).await;
     }
 }
 
