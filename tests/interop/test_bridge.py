@@ -22,7 +22,7 @@ import pytest
 
 from brokerenv import IS_ZEROFAN
 from conftest import Broker, _pump, free_port, zerofan_bin, START_TIMEOUT
-from pahoclient import PahoClient
+from pahoclient import PahoClient, props
 
 pytestmark = [
     pytest.mark.zerofan_only,
@@ -374,3 +374,21 @@ def test_acknowledged_messages_survive_a_zerofan_restart(tmp_path, procs, client
         except queue.Empty:
             break
     assert seen == set(range(n)), f"lost: {sorted(set(range(n)) - seen)[:20]}"
+
+
+def test_v5_properties_cross(tmp_path, procs, clients):
+    """Between MQTT 5 brokers, user properties, content type and the like
+    cross the bridge with the message."""
+    far = start_zerofan_conf(tmp_path / "far", 'listen = ["127.0.0.1:0"]\n')
+    procs.append(far)
+    near = start_zerofan_conf(tmp_path / "near", bridge_toml(
+        "props", far.port, [("p/#", "out", 1)], protocol="mqttv50"))
+    procs.append(near)
+    wait_bridge_up(clients, near, "props")
+    sub = clients(far)
+    sub.subscribe("p/#", 1)
+    clients(near).publish("p/1", b"{}", qos=1, properties=props(
+        ContentType="application/json", UserProperty=[("site", "edge-1")]))
+    x = sub.expect_message(WAIT)
+    assert x.properties.ContentType == "application/json"
+    assert ("site", "edge-1") in x.properties.UserProperty

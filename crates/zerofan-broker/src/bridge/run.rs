@@ -282,9 +282,17 @@ async fn forward(
                         continue;
                     };
                     let len = m.payload.len() as u64;
+                    // MQTT 5 properties cross with the message (the
+                    // client drops subscription identifiers and topic
+                    // aliases, and a 3.1.1 side has none); nothing is
+                    // allocated when there are none.
                     let opts = PublishOptions {
                         retain: m.retain,
-                        ..PublishOptions::default()
+                        properties: if m.properties.is_allocated() {
+                            (*m.properties).clone()
+                        } else {
+                            Default::default()
+                        },
                     };
                     match to.publish_ext(&topic, m.qos, &opts, m.payload).await {
                         Ok(d) => {
