@@ -122,10 +122,10 @@ impl Args {
 
 /// `--test-config`: load the configuration and every file it names.
 fn test_config(args: &Args) -> ExitCode {
-    let result = args
-        .config()
-        .map_err(|e| e.to_string())
-        .and_then(|c| crate::security::load(&c).map_err(|e| e.to_string()));
+    let result = args.config().map_err(|e| e.to_string()).and_then(|c| {
+        crate::bridge::prepare(&c.bridge)?;
+        crate::security::load(&c).map_err(|e| e.to_string())
+    });
     match result {
         Ok(_) => {
             println!("configuration OK");

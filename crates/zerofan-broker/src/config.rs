@@ -204,6 +204,9 @@ pub struct Config {
     /// (written before the ack, fsync at most every MS ms, default 1000),
     /// or `never` (the OS decides).
     pub fsync: String,
+    /// Bridges to other brokers (`[[bridge]]` tables; mosquitto's
+    /// `connection` sections). Read at start, not on reload.
+    pub bridge: Vec<crate::bridge::BridgeConfig>,
 }
 
 impl Default for Config {
@@ -251,6 +254,7 @@ impl Default for Config {
             data_dir: None,
             memory: false,
             fsync: "always".into(),
+            bridge: Vec::new(),
         }
     }
 }
@@ -363,6 +367,7 @@ reload_classes! {
     data_dir: RestartOnly,
     memory: RestartOnly,
     fsync: RestartOnly,
+    bridge: RestartOnly,
 }
 
 /// What [`Config::reconcile`] found, in [`RELOAD_CLASSES`] order.
@@ -395,6 +400,9 @@ pub enum ConfigError {
         /// What the TOML parser said.
         message: String,
     },
+    /// A `[[bridge]]` (or mosquitto `connection`) is incomplete or wrong.
+    #[error("invalid {0}")]
+    Bridge(String),
     /// A value is out of range.
     #[error("invalid setting {key}: {why}")]
     Invalid {
@@ -546,6 +554,16 @@ impl Config {
         if let Some(Err(why)) = self.auth_http.as_ref().map(|h| h.validate()) {
             return bad("auth_http", why);
         }
+        let mut names = std::collections::HashSet::new();
+        for b in &self.bridge {
+            b.check().map_err(ConfigError::Bridge)?;
+            if !names.insert(b.name.as_str()) {
+                return Err(ConfigError::Bridge(format!(
+                    "bridge {:?}: two bridges with one name",
+                    b.name
+                )));
+            }
+        }
         for l in &self.listener {
             if let Some(tls) = &l.tls {
                 if tls.require_certificate && tls.ca.is_none() {
@@ -572,6 +590,42 @@ mod tests {
         let c = Config::from_toml("", "x").unwrap();
         assert_eq!(c.max_queued_messages, 1000);
         assert_eq!(c.queue_full, QueueFull::DropNew);
+    }
+
+    #[test]
+    fn bridge_tables_parse_and_are_checked() {
+        let text = r##"
+[[bridge]]
+name = "central"
+addresses = ["10.0.0.1:1883", "10.0.0.2"]
+remote_clientid = "edge-1"
+protocol_version = "mqttv50"
+topic = [
+  { pattern = "sensors/#", direction = "out", qos = 1, remote_prefix = "site1/" },
+  { pattern = "cmd/#", direction = "in", qos = 2 },
+]
+"##;
+        let c = Config::from_toml(text, "x").unwrap();
+        let b = &c.bridge[0];
+        assert_eq!(b.name, "central");
+        assert_eq!(b.socket_addresses(), vec!["10.0.0.1:1883", "10.0.0.2:1883"]);
+        assert_eq!(b.protocol_version, crate::bridge::BridgeProtocol::V5);
+        assert_eq!(b.topic[0].remote_filter(), "site1/sensors/#");
+        assert_eq!(b.topic[1].direction, crate::bridge::Direction::In);
+        assert_eq!(b.topic[1].qos, 2);
+        assert_eq!(b.local_id(), "local.edge-1");
+        // Checked: no address; an unknown key; the same name twice.
+        let e = Config::from_toml(
+            "[[bridge]]\nname = \"a\"\naddresses = []\ntopic = [{ pattern = \"#\" }]\n",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("address"), "{e}");
+        assert!(Config::from_toml("[[bridge]]\nname = \"a\"\nadresses = []\n", "x").is_err());
+        let twice = format!("{text}\n{}", &text[text.find("[[bridge]]").unwrap()..]);
+        let e = Config::from_toml(&twice, "x").unwrap_err().to_string();
+        assert!(e.contains("one name"), "{e}");
     }
 
     #[test]

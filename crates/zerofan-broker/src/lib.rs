@@ -10,6 +10,8 @@
 //! - [`embed`]: the broker on a thread of its own inside another program,
 //!   with its figures and a graceful shutdown.
 //! - [`config`]: every setting, loaded from a flat TOML table.
+//! - [`bridge`]: bridges to other brokers (mosquitto's `connection`
+//!   sections, `[[bridge]]` tables), over `zerofan-client`.
 //! - [`cli`]: the `zerofan` command line.
 //! - [`listen_config`]: `[[listener]]` settings (TCP, TLS, WebSocket,
 //!   PROXY protocol, per-listener limits and authentication).
@@ -29,6 +31,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod core;

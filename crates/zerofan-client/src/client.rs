@@ -6,6 +6,7 @@ use crate::error::ClientError;
 use crate::event_loop::{Channels, Command, EventLoop};
 use crate::frame_builder::{FrameBuilder, OutFrame, PublishOptions};
 use crate::incoming::Incoming;
+use crate::message::AckToken;
 use crate::options::ClientOptions;
 use crate::state::{ConnInfo, ConnState};
 use crate::stats::{ClientStats, Stats};
@@ -182,6 +183,17 @@ impl Client {
             .await
             .map_err(|_| ClientError::Closed)?;
         Ok(Delivery::new(rx))
+    }
+
+    /// Acknowledge a received message (with
+    /// [`crate::ClientOptions::manual_acks`]): PUBACK for QoS 1, PUBREC for
+    /// QoS 2. A token from an earlier connection is ignored.
+    pub async fn ack(&self, token: AckToken) -> Result<(), ClientError> {
+        self.shared
+            .tx
+            .send(Command::Ack(token))
+            .await
+            .map_err(|_| ClientError::Closed)
     }
 
     /// Subscribe to one filter with default options; resolves on SUBACK.

@@ -13,7 +13,7 @@ use crate::delivery::PublishAck;
 use crate::error::ClientError;
 use crate::frame_builder::{OutFrame, HIGH_WATER};
 use crate::incoming::{Pushed, Sender};
-use crate::message::Message;
+use crate::message::{AckToken, Message};
 use crate::options::ClientOptions;
 use crate::reader::Reader;
 use crate::session::{
@@ -54,6 +54,7 @@ pub(crate) enum Command {
         packet: Unsubscribe,
         done: UnsubDone,
     },
+    Ack(AckToken),
 }
 
 /// How one connection ended.
@@ -100,6 +101,8 @@ pub(crate) struct EventLoop {
     aliases: HashMap<u16, MqttStr>,
     connected_once: bool,
     ping_sent: Option<Instant>,
+    /// Connections made: tells a manual acknowledgement's connection.
+    generation: u32,
 }
 
 impl EventLoop {
@@ -129,6 +132,7 @@ impl EventLoop {
             aliases: HashMap::new(),
             connected_once: false,
             ping_sent: None,
+            generation: 0,
         }
     }
 
@@ -216,7 +220,10 @@ impl EventLoop {
             self.opts.clean_start
         };
         let connect = self.opts.connect_packet(&self.client_id, clean)?;
-        let bytes = self.encode(&Packet::Connect(Box::new(connect)))?;
+        let mut bytes = self.encode(&Packet::Connect(Box::new(connect)))?;
+        if self.opts.bridge {
+            bytes = mark_bridge(bytes);
+        }
         io.write_all(&bytes).await?;
         io.flush().await?;
         self.reader.reset();
@@ -255,6 +262,7 @@ impl EventLoop {
             self.client_id = id.to_string();
         }
         self.connected_once = true;
+        self.generation = self.generation.wrapping_add(1);
         Stats::add(&self.ch.stats.connects, 1);
         if ack.session_present {
             Stats::add(&self.ch.stats.sessions_resumed, 1);
@@ -520,6 +528,17 @@ impl EventLoop {
     fn command(&mut self, c: Command, w: &mut Writer) {
         match c {
             Command::Publish { frame, done } => self.publish(frame, done, w),
+            Command::Ack(t) => {
+                if t.connection != self.generation {
+                    return;
+                }
+                if t.qos == QoS::ExactlyOnce {
+                    self.session.incoming_qos2.insert(t.packet_id);
+                }
+                // A failure to encode an ack cannot happen for a valid id;
+                // if it did, the broker sends the message again.
+                let _ = self.ack_incoming(Some((t.packet_id, t.qos)), w);
+            }
             Command::Subscribe { mut packet, done } => {
                 let Some(pid) = self.session.alloc_pid() else {
                     let _ = done.send(Err(ClientError::Protocol("no free packet identifier")));
@@ -766,7 +785,20 @@ impl EventLoop {
             _ => None,
         };
         let (qos, pid) = (p.qos, p.packet_id);
-        let msg = Message::from_publish(p, aliased, src);
+        let mut msg = Message::from_publish(p, aliased, src);
+        if self.opts.manual_acks && qos != QoS::AtMostOnce {
+            if qos == QoS::ExactlyOnce && self.session.incoming_qos2.contains(&pid) {
+                // Acknowledged already; the broker missed our PUBREC.
+                return self.send(&Packet::PubRec(ack(pid)), w);
+            }
+            msg.set_ack(AckToken {
+                connection: self.generation,
+                packet_id: pid,
+                qos,
+            });
+            self.backlog.push_back(msg);
+            return Ok(());
+        }
         let number = self.delivered + self.backlog.len() as u64;
         match qos {
             QoS::AtMostOnce => self.backlog.push_back(msg),
@@ -824,6 +856,28 @@ impl EventLoop {
     }
 }
 
+/// Set the top bit of an encoded CONNECT's protocol level (after the fixed
+/// header and the protocol name), as mosquitto's bridges do.
+fn mark_bridge(connect: Bytes) -> Bytes {
+    let mut b = BytesMut::from(&connect[..]);
+    let mut i = 1;
+    while b.get(i).is_some_and(|&x| x & 0x80 != 0) {
+        i += 1;
+    }
+    i += 1;
+    let name_len = match (b.get(i), b.get(i + 1)) {
+        (Some(&h), Some(&l)) => usize::from(u16::from_be_bytes([h, l])),
+        _ => return connect,
+    };
+    match b.get_mut(i + 2 + name_len) {
+        Some(level) => {
+            *level |= 0x80;
+            b.freeze()
+        }
+        None => connect,
+    }
+}
+
 fn ack(packet_id: u16) -> Ack {
     Ack {
         packet_id,
@@ -857,5 +911,29 @@ fn fail_command(c: Command, e: ClientError) {
         Command::Unsubscribe { done, .. } => {
             let _ = done.send(Err(e));
         }
+        Command::Ack(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bridge_bit_lands_on_the_protocol_level() {
+        for (protocol, level) in [(Protocol::V311, 0x84u8), (Protocol::V5, 0x85)] {
+            let opts = crate::ClientOptions::new("127.0.0.1:1").protocol(protocol);
+            let c = opts.connect_packet("id", true).unwrap();
+            let mut buf = BytesMut::new();
+            zerofan_codec::encode(&Packet::Connect(Box::new(c)), protocol, &mut buf).unwrap();
+            let marked = mark_bridge(buf.clone().freeze());
+            // 0x10, remaining length, 00 04 "MQTT", level.
+            assert_eq!(&marked[2..8], b"\x00\x04MQTT");
+            assert_eq!(marked[8], level);
+            assert_eq!(marked.len(), buf.len());
+            assert_eq!(marked[9..], buf[9..]);
+        }
+        // Truncated input is left alone rather than indexed past its end.
+        assert_eq!(mark_bridge(Bytes::from_static(b"\x10")), b"\x10"[..]);
     }
 }

@@ -12,7 +12,8 @@
 //!   expiry, [`LastWill`], credentials, keep alive, receive maximum, maximum
 //!   packet size, topic alias maximum), queue sizes and [`Backoff`].
 //! - [`Transport`] (`transport`, `ws`): TCP, TLS ([`TlsSettings`], rustls
-//!   with roots chosen by the caller) and WebSocket (subprotocol `mqtt`).
+//!   with roots chosen by the caller), WebSocket (subprotocol `mqtt`) and
+//!   any stream a [`Connector`] opens.
 //! - `event_loop`: the task that runs the connection, the QoS flows,
 //!   keep alive, reconnect with backoff and session resume.
 //! - `session`: state kept across reconnects (inflight, pending acks).
@@ -70,12 +71,12 @@ pub use delivery::{Delivery, PublishAck};
 pub use error::{ClientError, Result};
 pub use frame_builder::{PublishOptions, HIGH_WATER, INITIAL_CAPACITY};
 pub use incoming::Incoming;
-pub use message::Message;
+pub use message::{AckToken, Message};
 pub use options::{Backoff, ClientOptions, LastWill};
 pub use state::{ConnInfo, ConnState};
 pub use stats::ClientStats;
 pub use subscription::{RetainHandling, SubAckInfo, Subscription, UnsubAckInfo};
-pub use transport::{TlsSettings, Transport};
+pub use transport::{BoxedIo, ConnectFuture, Connector, Io, TlsSettings, Transport};
 
 /// Re-exported so callers build [`TlsSettings`] with the same rustls version.
 pub use tokio_rustls::rustls;

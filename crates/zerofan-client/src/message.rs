@@ -33,6 +33,19 @@ pub struct Message {
     /// The whole frozen read buffer the packet was cut from (a clone of the
     /// `Bytes` every slice of this packet shares: no copy, one reference).
     source: Option<Bytes>,
+    /// With manual acknowledgements, what acknowledges this message.
+    ack: Option<AckToken>,
+}
+
+/// Acknowledges one received QoS 1/2 message when handed to
+/// [`crate::Client::ack`] (with [`crate::ClientOptions::manual_acks`]).
+/// A token from an earlier connection is ignored: the broker sends an
+/// unacknowledged message again on a resumed session, with a new token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckToken {
+    pub(crate) connection: u32,
+    pub(crate) packet_id: u16,
+    pub(crate) qos: QoS,
 }
 
 impl Message {
@@ -78,7 +91,18 @@ impl Message {
             dup: p.dup,
             properties: p.properties,
             source: Some(source),
+            ack: None,
         }
+    }
+
+    /// What acknowledges this message, with manual acknowledgements on and
+    /// QoS 1 or 2; `None` otherwise.
+    pub fn ack_token(&self) -> Option<AckToken> {
+        self.ack
+    }
+
+    pub(crate) fn set_ack(&mut self, token: AckToken) {
+        self.ack = Some(token);
     }
 }
 

@@ -126,6 +126,15 @@ pub struct ClientOptions {
     pub resubscribe: bool,
     /// How long to wait for CONNACK (and for a TCP/TLS/WS handshake).
     pub connect_timeout: Duration,
+    /// Announce a bridge, as mosquitto's `try_private` does: the top bit of
+    /// the CONNECT protocol level is set (MQTT 3.1.1: 0x84), and a broker
+    /// that understands it does not send the bridge's own messages back.
+    pub bridge: bool,
+    /// Acknowledge a received QoS 1/2 message only when the application
+    /// says so ([`crate::Client::ack`] with [`crate::Message::ack_token`]),
+    /// not when it enters the incoming queue: what the broker still holds
+    /// unacknowledged is bounded by [`ClientOptions::receive_maximum`].
+    pub manual_acks: bool,
     /// Buffer pool for the read path. Default: [`Pool::global`].
     pub pool: Option<Pool>,
 }
@@ -160,6 +169,8 @@ impl ClientOptions {
             backoff: Backoff::default(),
             resubscribe: true,
             connect_timeout: Duration::from_secs(10),
+            bridge: false,
+            manual_acks: false,
             pool: None,
         }
     }
@@ -252,6 +263,19 @@ impl ClientOptions {
     /// Sets the reconnect backoff.
     pub fn backoff(mut self, b: Backoff) -> Self {
         self.backoff = b;
+        self
+    }
+
+    /// Announces a bridge (see [`ClientOptions::bridge`]).
+    pub fn bridge(mut self, on: bool) -> Self {
+        self.bridge = on;
+        self
+    }
+
+    /// Acknowledges received messages only on [`crate::Client::ack`] (see
+    /// [`ClientOptions::manual_acks`]).
+    pub fn manual_acks(mut self, on: bool) -> Self {
+        self.manual_acks = on;
         self
     }
 

@@ -3,6 +3,8 @@
 
 use crate::error::ClientError;
 use crate::ws::WsStream;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -10,8 +12,34 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::ServerName;
 
 /// A byte stream the event loop can read and write, whatever the transport.
-pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// A byte stream opened by a [`Connector`].
+pub type BoxedIo = Box<dyn Io>;
+
+/// What a [`Connector`] returns: the opened stream, later.
+pub type ConnectFuture = Pin<Box<dyn Future<Output = std::io::Result<BoxedIo>> + Send>>;
+
+/// Opens a byte stream for each connection attempt, for transports the
+/// client does not know: an in-memory pipe into a broker in the same
+/// process, failover over several addresses, a proxy.
+#[derive(Clone)]
+pub struct Connector(Arc<dyn Fn() -> ConnectFuture + Send + Sync>);
+
+impl Connector {
+    /// `open` is called once per attempt (the first connect and every
+    /// reconnect).
+    pub fn new(open: impl Fn() -> ConnectFuture + Send + Sync + 'static) -> Self {
+        Connector(Arc::new(open))
+    }
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connector")
+    }
+}
 
 /// TLS settings shared by the TLS and secure WebSocket transports.
 #[derive(Clone, Debug)]
@@ -68,6 +96,8 @@ pub enum Transport {
         /// `Some` for `wss://`.
         tls: Option<TlsSettings>,
     },
+    /// Whatever the [`Connector`] opens.
+    Custom(Connector),
 }
 
 impl Transport {
@@ -110,6 +140,7 @@ impl Transport {
     pub(crate) async fn open(&self) -> Result<Box<dyn Io>, ClientError> {
         match self {
             Transport::Tcp { addr } => Ok(Box::new(tcp(addr).await?)),
+            Transport::Custom(c) => Ok((c.0)().await?),
             Transport::Tls { addr, tls } => Ok(Box::new(tls_over(tcp(addr).await?, tls).await?)),
             Transport::WebSocket { addr, path, tls } => {
                 let scheme = if tls.is_some() { "wss" } else { "ws" };

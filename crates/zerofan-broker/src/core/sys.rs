@@ -49,6 +49,24 @@ impl Broker {
         }
     }
 
+    /// A retained message from the broker itself (a bridge's state or
+    /// figures), routed as a `$SYS/` figure is; a topic that is not a
+    /// valid topic name is ignored.
+    pub fn publish_own(&mut self, now: Instant, topic: &str, payload: Bytes) {
+        let Ok(topic) = MqttStr::try_from(topic) else {
+            return;
+        };
+        let msg = Message::owned(
+            topic,
+            payload,
+            QoS::AtMostOnce,
+            true,
+            Default::default(),
+            None,
+        );
+        self.route_sys(now, Rc::new(msg));
+    }
+
     /// `$SYS/` messages already own their small bytes: store them as they
     /// are (no compaction copy), then route a non-retained twin so the store
     /// is not written twice.

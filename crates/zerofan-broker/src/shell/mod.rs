@@ -4,6 +4,7 @@
 //! takes no lock.
 
 pub mod api;
+mod bridges;
 mod buffers;
 mod conn;
 pub mod http;

@@ -149,6 +149,12 @@ impl Ops {
             http_refused: ops.http_refused.get(),
             api_auth: ops.api_auth.borrow().figures,
             webhooks: ops.webhooks.get().map(|w| w.figures()).unwrap_or_default(),
+            bridges: shared
+                .bridges
+                .borrow()
+                .iter()
+                .map(|b| b.figures())
+                .collect(),
         }
     }
 }

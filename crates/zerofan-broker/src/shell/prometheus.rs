@@ -49,6 +49,8 @@ pub struct Snapshot {
     /// Each webhook's counters, and events lost before any queue (the
     /// core's event buffer was full).
     pub webhooks: (Vec<super::webhook::WebhookFigures>, u64),
+    /// Per bridge.
+    pub bridges: Vec<crate::bridge::BridgeFigures>,
 }
 
 /// Writes families and samples.
@@ -496,6 +498,7 @@ pub fn render(s: &Snapshot) -> String {
         ],
     );
     webhooks(&mut e, &s.webhooks.0, s.webhooks.1);
+    crate::bridge::render(&mut e, &s.bridges);
     counters(&mut e, m);
     e.finish()
 }

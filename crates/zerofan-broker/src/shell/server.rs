@@ -40,6 +40,8 @@ pub struct Server {
     ops: super::ops::OpsSetup,
     /// Started with the broker, aborted at shutdown (see `set_monitor`).
     monitor: Option<Monitor>,
+    /// Bridges to other brokers, checked and their files read.
+    bridges: Vec<crate::bridge::Prepared>,
 }
 
 impl Server {
@@ -51,6 +53,8 @@ impl Server {
         // newer format) stops the broker here, with the store's message.
         let persist = super::persist::open(&config)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let bridges = crate::bridge::prepare(&config.bridge)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let ops = super::ops::OpsSetup::prepare(&config).await?;
         let mut listeners = Vec::new();
         for l in &loaded.listeners {
@@ -67,6 +71,7 @@ impl Server {
             persist,
             ops,
             monitor: None,
+            bridges,
         })
     }
 
@@ -159,6 +164,7 @@ impl Server {
                 names: names.clone(),
                 mesh: Some((mesh, inbox)),
                 persist: None,
+                bridges: Vec::new(),
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -185,6 +191,7 @@ impl Server {
             names,
             mesh: first,
             persist: self.persist,
+            bridges: self.bridges,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -211,6 +218,8 @@ struct Shard {
         tokio::sync::mpsc::Receiver<super::shards::Envelope>,
     )>,
     persist: Option<super::persist::Opened>,
+    /// Bridges run on shard 0.
+    bridges: Vec<crate::bridge::Prepared>,
 }
 
 impl Shard {
@@ -241,6 +250,12 @@ impl Shard {
         let release = durable
             .map(|n| tokio::task::spawn_local(super::persist::release_loop(shared.clone(), n)));
         let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+        // Bridge connections count under the index past the listeners.
+        tasks.extend(super::bridges::start(
+            &shared,
+            self.bridges,
+            self.prepared.len(),
+        ));
         for (index, (listener, prepared)) in
             self.listeners.into_iter().zip(self.prepared).enumerate()
         {

@@ -62,6 +62,8 @@ pub struct Shared {
     pub(super) mesh: Option<super::shards::Mesh>,
     /// Wakes the HTTP authentication task (`http_auth.rs`).
     pub auth_wake: tokio::sync::Notify,
+    /// Each bridge's figures (see `bridges.rs`).
+    pub bridges: RefCell<Vec<std::rc::Rc<crate::bridge::BridgeStats>>>,
     wake_scratch: RefCell<Vec<ConnId>>,
 }
 
@@ -86,6 +88,7 @@ impl Shared {
             lot,
             mesh: None,
             auth_wake: tokio::sync::Notify::new(),
+            bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
         };
         (shared, poll)
