@@ -3,35 +3,17 @@
 //! readiness protocol. Each test starts the real binary on 127.0.0.1:0.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::{lines, Scratch};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A scratch directory removed at the end of the test.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("zerofan-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A running broker; killed if the test ends without stopping it.
 struct Broker {
     child: Child,
@@ -45,19 +27,6 @@ impl Drop for Broker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn lines(stream: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// The first line from `rx` that satisfies `want`, waiting at most `WAIT`.

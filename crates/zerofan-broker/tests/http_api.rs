@@ -5,38 +5,17 @@
 
 mod common;
 
-use common::{disconnect_reason, Client};
+use common::{disconnect_reason, lines, Client, Scratch};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 use zerofan_codec::ReasonCode;
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "t0ken-for-tests";
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("zerofan-http-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 struct Broker {
     child: Child,
@@ -50,19 +29,6 @@ impl Drop for Broker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn lines(stream: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// Start the binary with `toml` as its configuration and an HTTP listener.

@@ -151,3 +151,42 @@ pub fn disconnect_reason(p: Option<Packet>) -> Option<ReasonCode> {
         _ => None,
     }
 }
+
+/// A directory of its own for one test, removed when dropped.
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    /// `zerofan-{name}-{pid}` under the system's temporary directory, empty.
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("zerofan-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    /// `name` inside it.
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The lines of a child's output, read on a thread of their own.
+pub fn lines(stream: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
