@@ -99,6 +99,46 @@ impl Broker {
     /// `waited`: this CONNECT was authenticated and waited for a takeover;
     /// it is not authenticated (counted) again and does not wait again.
     fn handle_connect(&mut self, now: Instant, conn: ConnId, connect: Connect, waited: bool) {
+        let v5 = connect.protocol.is_v5();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.protocol = connect.protocol;
+        }
+
+        if v5 && connect.properties.authentication_method.is_some() && !self.scram_done(conn) {
+            // Enhanced authentication (SCRAM); this CONNECT comes back when
+            // the exchange succeeded (see `scram_auth`).
+            if let Err(code) = self.scram_start(now, conn, Box::new(connect)) {
+                self.refuse(now, conn, code);
+            }
+            return;
+        }
+        if !waited {
+            let login = self.authenticate(
+                now,
+                conn,
+                connect.username.as_deref(),
+                connect.password.as_deref(),
+                &connect.client_id,
+            );
+            match login {
+                Ok(()) => {}
+                Err(Refusal::Code(code)) => {
+                    if self.events.on() {
+                        self.events.auth_failed(
+                            &connect.client_id,
+                            connect.username.as_deref(),
+                            code.0,
+                        );
+                    }
+                    self.refuse(now, conn, code);
+                    return;
+                }
+                Err(Refusal::AskHttp(key, body)) => {
+                    self.wait_for_http(conn, Box::new(connect), key, body);
+                    return;
+                }
+            }
+        }
         let Connect {
             protocol,
             clean_start,
@@ -109,63 +149,6 @@ impl Broker {
             username,
             password,
         } = connect;
-        let v5 = protocol.is_v5();
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.protocol = protocol;
-        }
-
-        if v5 && properties.authentication_method.is_some() && !self.scram_done(conn) {
-            // Enhanced authentication (SCRAM); this CONNECT comes back when
-            // the exchange succeeded (see `scram_auth`).
-            let connect = Connect {
-                protocol,
-                clean_start,
-                keep_alive,
-                properties,
-                client_id,
-                will,
-                username,
-                password,
-            };
-            if let Err(code) = self.scram_start(now, conn, Box::new(connect)) {
-                self.refuse(now, conn, code);
-            }
-            return;
-        }
-        if !waited {
-            let login = self.authenticate(
-                now,
-                conn,
-                username.as_deref(),
-                password.as_deref(),
-                &client_id,
-            );
-            match login {
-                Ok(()) => {}
-                Err(Refusal::Code(code)) => {
-                    if self.events.on() {
-                        self.events
-                            .auth_failed(&client_id, username.as_deref(), code.0);
-                    }
-                    self.refuse(now, conn, code);
-                    return;
-                }
-                Err(Refusal::AskHttp(key, body)) => {
-                    let connect = Connect {
-                        protocol,
-                        clean_start,
-                        keep_alive,
-                        properties,
-                        client_id,
-                        will,
-                        username,
-                        password,
-                    };
-                    self.wait_for_http(conn, Box::new(connect), key, body);
-                    return;
-                }
-            }
-        }
         if let Some(w) = &will {
             if zerofan_codec::topic::validate_topic_name(&w.topic).is_err() {
                 self.refuse(now, conn, ReasonCode::TOPIC_NAME_INVALID);
