@@ -148,15 +148,21 @@ def start_zerofan(tmp: Path, settings: dict, store_args: tuple = ("--memory",),
                   listen: str = "127.0.0.1:0") -> Broker:
     """Start zerofan in `tmp`: in memory unless `store_args` says otherwise
     (e.g. ("--data-dir", DIR)), on `listen` (port 0: a free one)."""
+    conf = tmp / "zerofan.toml"
+    conf.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in settings.items()))
+    return launch_zerofan(tmp, ["--listen", listen, *store_args, "--config", str(conf)])
+
+
+def launch_zerofan(tmp: Path, args: list) -> Broker:
+    """Run the zerofan binary with `args` in `tmp`; returns once it printed its
+    first listening line (fails the test if it does not)."""
     binary = zerofan_bin()
     if not binary.exists():
         pytest.fail(f"broker binary {binary} not found (build it, or set ZEROFAN_BIN)")
-    conf = tmp / "zerofan.toml"
-    conf.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in settings.items()))
     log = tmp / "zerofan.log"
     errlog = open(tmp / "zerofan.stderr.log", "wb")
     proc = subprocess.Popen(
-        [str(binary), "--listen", listen, *store_args, "--config", str(conf)],
+        [str(binary), *args],
         stdout=subprocess.PIPE, stderr=errlog, stdin=subprocess.DEVNULL, cwd=tmp,
     )
     errlog.close()
@@ -178,7 +184,6 @@ def start_zerofan(tmp: Path, settings: dict, store_args: tuple = ("--memory",),
 
 
 def start_mosquitto(tmp: Path, settings: dict) -> Broker:
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     port = free_port()
     lines = [f"listener {port} 127.0.0.1", "allow_anonymous true", "persistence false",
              "log_dest stdout", "log_type error", "log_type warning", "log_type notice"]
@@ -188,10 +193,18 @@ def start_mosquitto(tmp: Path, settings: dict) -> Broker:
         if k not in MOSQUITTO_EQUIVALENT:
             pytest.skip(f"setting {k!r} has no mosquitto equivalent")
         lines.append(f"{MOSQUITTO_EQUIVALENT[k]} {v}")
+    return launch_mosquitto(tmp, port, lines)
+
+
+def launch_mosquitto(tmp: Path, port: int, lines: list) -> Broker:
+    """Run mosquitto in `tmp` with these configuration lines (which listen on
+    `port`); returns once the port accepts connections. Its log is appended
+    to, so a restarted mosquitto keeps the earlier one's lines."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     conf = tmp / "mosquitto.conf"
     conf.write_text("\n".join(lines) + "\n")
     log = tmp / "mosquitto.log"
-    logf = open(log, "wb")
+    logf = open(log, "ab")
     proc = subprocess.Popen([binary, "-c", str(conf)], stdout=logf, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, cwd=tmp)
     logf.close()

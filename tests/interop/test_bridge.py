@@ -10,18 +10,14 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
-import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from brokerenv import IS_ZEROFAN
-from conftest import Broker, _pump, free_port, zerofan_bin, START_TIMEOUT
+from conftest import Broker, free_port, launch_mosquitto, launch_zerofan, zerofan_bin
 from pahoclient import PahoClient, props
 
 pytestmark = [
@@ -40,29 +36,11 @@ def start_zerofan_conf(tmp: Path, text: str, name: str = "zerofan.toml",
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / name
     conf.write_text(text)
-    log = tmp / "zerofan.log"
-    errlog = open(tmp / "zerofan.stderr.log", "wb")
-    proc = subprocess.Popen([str(zerofan_bin()), *args, "-c", str(conf)],
-                            stdout=subprocess.PIPE, stderr=errlog, stdin=subprocess.DEVNULL,
-                            cwd=tmp)
-    errlog.close()
-    found, result = threading.Event(), []
-    threading.Thread(target=_pump, daemon=True,
-                     args=(proc.stdout, open(log, "w"), found, result,
-                           "zerofan listening on ")).start()
-    found.wait(START_TIMEOUT)
-    if not result:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"zerofan did not start:\n{(tmp / 'zerofan.stderr.log').read_text()}")
-    addr = result[0].split("zerofan listening on ", 1)[1].split()[0]
-    host, port = addr.rsplit(":", 1)
-    return Broker("zerofan", proc, host.strip("[]"), int(port), tmp / "zerofan.stderr.log")
+    return launch_zerofan(tmp, [*args, "-c", str(conf)])
 
 
 def start_mosquitto_at(tmp: Path, port: int, persist: bool = False) -> Broker:
     tmp.mkdir(parents=True, exist_ok=True)
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     lines = [f"listener {port} 127.0.0.1", "allow_anonymous true", "log_dest stdout",
              "log_type error", "log_type warning", "log_type notice"]
     if persist:
@@ -71,23 +49,7 @@ def start_mosquitto_at(tmp: Path, port: int, persist: bool = False) -> Broker:
             # Otherwise it writes its store as user `mosquitto`, who cannot
             # reach pytest's private temporary directory.
             lines.append("user root")
-    (tmp / "mosquitto.conf").write_text("\n".join(lines) + "\n")
-    log = tmp / "mosquitto.log"
-    logf = open(log, "ab")
-    proc = subprocess.Popen([binary, "-c", str(tmp / "mosquitto.conf")], stdout=logf,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp)
-    logf.close()
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"mosquitto did not start\n{log.read_text()}")
-            time.sleep(0.02)  # polling a port: there is no event to wait for
-    return Broker("mosquitto", proc, "127.0.0.1", port, log)
+    return launch_mosquitto(tmp, port, lines)
 
 
 @pytest.fixture
