@@ -155,18 +155,20 @@ impl Broker {
                 }
             }
             PeerEvent::Publish {
-                msg,
+                mut msg,
                 direct,
                 shares,
             } => {
                 self.metrics.peer_received += 1;
+                msg.arrived_from(from);
                 let scope = Scope::Forwarded {
                     direct,
                     shares: &shares,
                 };
                 self.deliver(now, Rc::new(msg), scope);
             }
-            PeerEvent::Retain { msg, seq } => {
+            PeerEvent::Retain { mut msg, seq } => {
+                msg.arrived_from(from);
                 self.keep_retained(Rc::new(msg));
                 self.peers.send(from, PeerEvent::Seen { seq });
             }
@@ -241,11 +243,10 @@ impl Broker {
     pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
         if msg.retain && self.config.retain_available {
             if self.peers.any() {
-                let me = self.peers.me().unwrap_or(PeerId(0));
                 let seq = self.peers.stamp();
                 self.retain_fence = Some(seq);
                 self.peers.send_all(|| PeerEvent::Retain {
-                    msg: msg.for_peer(me),
+                    msg: msg.for_peer(),
                     seq,
                 });
             }
@@ -324,7 +325,7 @@ impl Broker {
             count += 1;
             self.metrics.peer_forwarded += 1;
             let event = PeerEvent::Publish {
-                msg: msg.for_peer(self.peers.me().unwrap_or(f.peer)),
+                msg: msg.for_peer(),
                 direct: f.direct,
                 shares: f.shares,
             };

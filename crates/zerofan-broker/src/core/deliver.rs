@@ -455,7 +455,7 @@ impl Broker {
                 if let Some(peer) = self.router.peer_member(share) {
                     self.metrics.peer_forwarded += 1;
                     let event = PeerEvent::Publish {
-                        msg: item.msg.for_peer(self.peers.me().unwrap_or(peer)),
+                        msg: item.msg.for_peer(),
                         direct: false,
                         shares: vec![share.into()],
                     };

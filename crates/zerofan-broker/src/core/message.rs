@@ -104,9 +104,9 @@ impl Message {
     }
 
     /// The same message for another core (shard or node): the same bytes,
-    /// shared; its publisher named as a session of `me` (for push-back);
-    /// not yet stored there.
-    pub fn for_peer(&self, me: super::peer::PeerId) -> Message {
+    /// shared; not yet stored there. Its origin stays as it is: the
+    /// receiver names the peer it came from (see [`Message::arrived_from`]).
+    pub fn for_peer(&self) -> Message {
         Message {
             topic: self.topic.clone(),
             payload: self.payload.clone(),
@@ -114,11 +114,19 @@ impl Message {
             retain: self.retain,
             properties: self.properties.clone(),
             origin: self.origin,
-            origin_peer: self.origin.map(|_| self.origin_peer.unwrap_or(me)),
+            origin_peer: self.origin_peer,
             expires_at: self.expires_at,
             owns_bytes: self.owns_bytes,
             stored: Default::default(),
             wire: self.wire.clone(),
+        }
+    }
+
+    /// The message was received from peer `from`: a publishing session, if
+    /// any, is one of that peer's (unless an earlier peer was named).
+    pub fn arrived_from(&mut self, from: super::peer::PeerId) {
+        if self.origin.is_some() && self.origin_peer.is_none() {
+            self.origin_peer = Some(from);
         }
     }
 
