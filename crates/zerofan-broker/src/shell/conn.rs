@@ -124,10 +124,6 @@ pub(super) fn moved_in(shared: &Rc<Shared>, h: super::shards::Handoff) {
         identity: None,
     };
     let mut conn = connection(shared.clone(), Transport::Tcp(stream), h.peer, meta);
-    // Open here now, but accepted (and counted as accepted) by another shard.
-    if let Some(l) = shared.ops.listeners.borrow_mut().get_mut(h.listener) {
-        l.opened = l.opened.saturating_sub(1);
-    }
     conn.input = ReadState::moved_in(shared, &h.input);
     tokio::task::spawn_local(conn);
 }
@@ -319,6 +315,11 @@ impl Conn {
         };
         let input = self.input.take_input();
         let listener = self.counted.index();
+        // Counted as accepted where it goes, as the core counts it opened
+        // there (`connection_moved` uncounts it here).
+        if let Some(l) = shared.ops.listeners.borrow_mut().get_mut(listener) {
+            l.opened = l.opened.saturating_sub(1);
+        }
         let Transport::Tcp(s) = std::mem::replace(&mut self.io, Transport::Parked) else {
             return false;
         };
