@@ -354,3 +354,47 @@ def test_v5_properties_cross(tmp_path, procs, clients):
     x = sub.expect_message(WAIT)
     assert x.properties.ContentType == "application/json"
     assert ("site", "edge-1") in x.properties.UserProperty
+
+
+def test_mosquitto_edge_bridges_in_with_try_private(tmp_path, procs, clients):
+    """A mosquitto edge with its default `try_private true` bridges INTO
+    zerofan (CONNECT level 0x84): zerofan accepts the mark and treats the
+    bridge as mosquitto does (No Local, Retain As Published), so a both-ways
+    3.1.1 bridge on a wildcard does not echo, and a retained message crosses
+    as retained."""
+    z = start_zerofan_conf(tmp_path / "z", 'listen = ["127.0.0.1:0"]\n')
+    procs.append(z)
+    mport = free_port()
+    (tmp_path / "m").mkdir()
+    m = launch_mosquitto(tmp_path / "m", mport, [
+        f"listener {mport} 127.0.0.1", "allow_anonymous true", "log_dest stdout",
+        "log_type error", "log_type warning", "log_type notice",
+        "connection edge", f"address 127.0.0.1:{z.port}", "remote_clientid edge",
+        "bridge_protocol_version mqttv311", "try_private true", "cleansession true",
+        "restart_timeout 1", "notification_topic edge/state", "topic t/# both 1",
+    ])
+    procs.append(m)
+    state = clients(z)
+    state.subscribe("edge/state", 1)
+    deadline = time.monotonic() + WAIT
+    while state.expect_message(timeout=deadline - time.monotonic()).payload != b"1":
+        pass
+    on_z = clients(z)
+    on_z.subscribe("t/#", 1)
+    on_m = clients(m, version=4)
+    on_m.subscribe("t/#", 1)
+    on_z.publish("t/from-z", b"z", qos=1)
+    on_m.publish("t/from-m", b"m", qos=1)
+    got_z = sorted((x.topic, x.payload) for x in collect(on_z, 2))
+    got_m = sorted((x.topic, x.payload) for x in collect(on_m, 2))
+    assert got_z == got_m == [("t/from-m", b"m"), ("t/from-z", b"z")]
+    on_z.assert_no_message(1.0)
+    on_m.assert_no_message(0.2)
+    # Retained on zerofan crosses as retained: a later subscriber on
+    # mosquitto gets it from mosquitto's own store.
+    clients(z).publish("t/kept", b"k", qos=1, retain=True)
+    assert on_m.expect_message(WAIT).payload == b"k"
+    late = clients(m, version=4)
+    late.subscribe("t/kept", 1)
+    x = late.expect_message(WAIT)
+    assert (x.payload, x.retain) == (b"k", 1)

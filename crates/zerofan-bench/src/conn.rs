@@ -445,6 +445,7 @@ pub async fn connect_with(
         will: None,
         username: None,
         password: None,
+        bridge: false,
     };
     writer.push(&Packet::Connect(Box::new(connect)))?;
     writer.flush().await?;

@@ -93,6 +93,7 @@ fn connect(b: &mut Broker, now: Instant, id: &str) -> ConnId {
             will: None,
             username: None,
             password: None,
+            bridge: false,
         })),
     );
     assert!(!drain(b, now, c), "CONNECT of {id} refused");

@@ -220,10 +220,7 @@ impl EventLoop {
             self.opts.clean_start
         };
         let connect = self.opts.connect_packet(&self.client_id, clean)?;
-        let mut bytes = self.encode(&Packet::Connect(Box::new(connect)))?;
-        if self.opts.bridge {
-            bytes = mark_bridge(bytes);
-        }
+        let bytes = self.encode(&Packet::Connect(Box::new(connect)))?;
         io.write_all(&bytes).await?;
         io.flush().await?;
         self.reader.reset();
@@ -856,28 +853,6 @@ impl EventLoop {
     }
 }
 
-/// Set the top bit of an encoded CONNECT's protocol level (after the fixed
-/// header and the protocol name), as mosquitto's bridges do.
-fn mark_bridge(connect: Bytes) -> Bytes {
-    let mut b = BytesMut::from(&connect[..]);
-    let mut i = 1;
-    while b.get(i).is_some_and(|&x| x & 0x80 != 0) {
-        i += 1;
-    }
-    i += 1;
-    let name_len = match (b.get(i), b.get(i + 1)) {
-        (Some(&h), Some(&l)) => usize::from(u16::from_be_bytes([h, l])),
-        _ => return connect,
-    };
-    match b.get_mut(i + 2 + name_len) {
-        Some(level) => {
-            *level |= 0x80;
-            b.freeze()
-        }
-        None => connect,
-    }
-}
-
 fn ack(packet_id: u16) -> Ack {
     Ack {
         packet_id,
@@ -923,17 +898,19 @@ mod tests {
     fn bridge_bit_lands_on_the_protocol_level() {
         for (protocol, level) in [(Protocol::V311, 0x84u8), (Protocol::V5, 0x85)] {
             let opts = crate::ClientOptions::new("127.0.0.1:1").protocol(protocol);
-            let c = opts.connect_packet("id", true).unwrap();
-            let mut buf = BytesMut::new();
-            zerofan_codec::encode(&Packet::Connect(Box::new(c)), protocol, &mut buf).unwrap();
-            let marked = mark_bridge(buf.clone().freeze());
+            let plain = opts.connect_packet("id", true).unwrap();
+            let mut opts = opts;
+            opts.bridge = true;
+            let marked = opts.connect_packet("id", true).unwrap();
+            let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+            zerofan_codec::encode(&Packet::Connect(Box::new(plain)), protocol, &mut a).unwrap();
+            zerofan_codec::encode(&Packet::Connect(Box::new(marked)), protocol, &mut b).unwrap();
             // 0x10, remaining length, 00 04 "MQTT", level.
-            assert_eq!(&marked[2..8], b"\x00\x04MQTT");
-            assert_eq!(marked[8], level);
-            assert_eq!(marked.len(), buf.len());
-            assert_eq!(marked[9..], buf[9..]);
+            assert_eq!(&b[2..8], b"\x00\x04MQTT");
+            assert_eq!(b[8], level);
+            assert_eq!(a[8], level & 0x7F);
+            assert_eq!(a.len(), b.len());
+            assert_eq!(a[9..], b[9..]);
         }
-        // Truncated input is left alone rather than indexed past its end.
-        assert_eq!(mark_bridge(Bytes::from_static(b"\x10")), b"\x10"[..]);
     }
 }

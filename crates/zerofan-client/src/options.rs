@@ -329,6 +329,7 @@ impl ClientOptions {
             will,
             username: self.username.as_deref().map(s).transpose()?,
             password: self.password.clone(),
+            bridge: self.bridge,
         })
     }
 }

@@ -51,6 +51,7 @@ fn s(v: &str) -> MqttStr {
 
 fn connect(n: usize) -> Packet {
     Packet::Connect(Box::new(Connect {
+        bridge: false,
         protocol: Protocol::V5,
         clean_start: true,
         keep_alive: 60,

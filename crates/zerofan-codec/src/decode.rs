@@ -109,7 +109,9 @@ fn nonzero_pid(r: &mut Reader<'_>) -> Result<u16, DecodeError> {
 fn connect(r: &mut Reader<'_>) -> Result<Connect, DecodeError> {
     let name = r.binary()?;
     let level = r.u8()?;
-    let protocol = match (&name[..], level) {
+    // The top bit marks a bridge (mosquitto's `try_private`).
+    let bridge = level & 0x80 != 0;
+    let protocol = match (&name[..], level & 0x7F) {
         (b"MQIsdp", 3) => Protocol::V31,
         (b"MQTT", 4) => Protocol::V311,
         (b"MQTT", 5) => Protocol::V5,
@@ -189,6 +191,7 @@ fn connect(r: &mut Reader<'_>) -> Result<Connect, DecodeError> {
         will,
         username,
         password,
+        bridge,
     })
 }
 

@@ -461,6 +461,7 @@ fn connect<O: Out>(o: &mut O, c: &Connect) -> Result<(), EncodeError> {
         Protocol::V311 => (b"MQTT", 4),
         Protocol::V5 => (b"MQTT", 5),
     };
+    let level = if c.bridge { level | 0x80 } else { level };
     let v5 = c.protocol.is_v5();
     if !v5 && c.password.is_some() && c.username.is_none() {
         return Err(EncodeError::Invalid(

@@ -88,6 +88,10 @@ pub struct Connect {
     pub username: Option<MqttStr>,
     /// Password (binary data), if the flag is set.
     pub password: Option<Bytes>,
+    /// The client is a bridge: the top bit of the protocol level is set
+    /// (0x83, 0x84, 0x85), as mosquitto's `try_private` sends it. A broker
+    /// that knows the mark does not send a bridge its own messages back.
+    pub bridge: bool,
 }
 
 /// The will message carried by CONNECT.

@@ -87,9 +87,9 @@ fn decode_errors() {
         ("MQIsdp level 4", V311, connect(b"MQIsdp", 4, 2, abc), 0x84),
         ("bad protocol name", V311, connect(b"MQTX", 4, 2, abc), 0x84),
         (
-            "bridge bit level",
+            "bridge bit on an unknown level",
             V311,
-            connect(b"MQTT", 0x84, 2, abc),
+            connect(b"MQTT", 0x86, 2, abc),
             0x84,
         ),
         ("reserved flag", V311, connect(b"MQTT", 4, 0x03, abc), 0x81),
@@ -568,6 +568,25 @@ fn decode_errors() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(table.len() > 90);
+}
+
+/// mosquitto's `try_private`: the top bit of a known level marks a bridge.
+#[test]
+fn bridge_bit_is_a_mark_not_an_error() {
+    let abc: &[u8] = b"\x00\x03abc";
+    for (name, level, want) in [
+        (&b"MQTT"[..], 0x84, V311),
+        (b"MQIsdp", 0x83, Protocol::V31),
+        (b"MQTT", 4, V311),
+    ] {
+        match decode(Bytes::from(connect(name, level, 2, abc)), V311) {
+            Ok(Packet::Connect(c)) => {
+                assert_eq!(c.protocol, want);
+                assert_eq!(c.bridge, level & 0x80 != 0);
+            }
+            other => panic!("level {level:#04x}: {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -245,6 +245,7 @@ fn arb_connect(protocol: Protocol) -> impl Strategy<Value = Packet> {
         of(will),
         of(arb_str()),
         of(arb_bytes()),
+        any::<bool>(),
     )
         .prop_map(
             move |(
@@ -255,6 +256,7 @@ fn arb_connect(protocol: Protocol) -> impl Strategy<Value = Packet> {
                 will,
                 mut username,
                 password,
+                bridge,
             )| {
                 if !protocol.is_v5() && password.is_some() && username.is_none() {
                     username = Some(MqttStr::new());
@@ -268,6 +270,7 @@ fn arb_connect(protocol: Protocol) -> impl Strategy<Value = Packet> {
                     will,
                     username,
                     password,
+                    bridge,
                 }))
             },
         )

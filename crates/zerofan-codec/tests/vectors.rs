@@ -45,6 +45,7 @@ fn connect(protocol: Protocol) -> Connect {
         will: None,
         username: None,
         password: None,
+        bridge: false,
     }
 }
 
@@ -92,6 +93,7 @@ fn connect_v311_full() {
         }),
         username: Some(s("u")),
         password: Some(Bytes::from_static(b"pw")),
+        bridge: false,
     };
     both(Protocol::V311, wire, Packet::Connect(Box::new(c)));
 }

@@ -148,6 +148,7 @@ impl Broker {
             will,
             username,
             password,
+            bridge,
         } = connect;
         if let Some(w) = &will {
             if zerofan_codec::topic::validate_topic_name(&w.topic).is_err() {
@@ -203,6 +204,7 @@ impl Broker {
                     will,
                     username,
                     password,
+                    bridge,
                 };
                 self.defer_connect(now, conn, old, connect);
                 return;
@@ -269,6 +271,7 @@ impl Broker {
         };
         c.phase = Phase::Connected(sid);
         c.keep_alive = keep;
+        c.bridge = bridge;
         if v5 {
             c.max_packet_out = properties.maximum_packet_size.unwrap_or(u32::MAX);
             c.send_window = properties

@@ -70,6 +70,11 @@ pub struct Connection {
     /// A subscriber this connection publishes to is behind: the shell does
     /// not read this connection until it catches up (push-back).
     pub held_by: Option<super::ids::SessionId>,
+    /// A bridge (mosquitto's `try_private` mark on CONNECT): its
+    /// subscriptions act with No Local and Retain As Published, as
+    /// mosquitto treats bridges, so that two brokers bridged both ways do
+    /// not echo each other's messages.
+    pub bridge: bool,
     /// Listener, certificate identity, username, limits (see `auth`).
     pub sec: super::auth::ConnSecurity,
 }
@@ -92,6 +97,7 @@ impl Connection {
             outbox: VecDeque::new(),
             woken: false,
             held_by: None,
+            bridge: false,
             sec: Default::default(),
         }
     }

@@ -23,10 +23,12 @@ impl Broker {
             return;
         }
         let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let bridge = self.conns.get(&conn).is_some_and(|c| c.bridge);
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
         let mut retained = Vec::new();
         for (filter, options) in &sub.filters {
+            let mut options = *options;
             let valid = zerofan_codec::topic::validate_topic_filter(filter).is_ok()
                 && filter.split('/').count() <= self.config.max_topic_levels + 2;
             if !valid {
@@ -47,8 +49,14 @@ impl Broker {
                 self.protocol_error(now, conn, "No Local on a shared subscription");
                 return;
             }
+            if bridge && shared.is_none() {
+                // What mosquitto does for a bridge: none of its own messages
+                // back, and the retain flag as published.
+                options.no_local = true;
+                options.retain_as_published = true;
+            }
             let record = SubRecord {
-                options: *options,
+                options,
                 id: sub_id,
             };
             let Some(s) = self.sessions.get_mut(&sid) else {
@@ -61,7 +69,7 @@ impl Broker {
                 .is_none();
             let entry = SubEntry {
                 session: sid,
-                options: *options,
+                options,
                 id: sub_id,
             };
             self.dur_subscribed(sid, filter, record);
@@ -80,7 +88,7 @@ impl Broker {
                     if wanted && self.config.retain_available {
                         let mut found = Vec::new();
                         self.store.matching(filter, &mut found);
-                        retained.extend(found.into_iter().map(|m| (m, *options)));
+                        retained.extend(found.into_iter().map(|m| (m, options)));
                     }
                 }
             }

@@ -41,6 +41,7 @@ pub fn connect_packet(protocol: Protocol, id: &str) -> Connect {
         will: None,
         username: None,
         password: None,
+        bridge: false,
     }
 }
 

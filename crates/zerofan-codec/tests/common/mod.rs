@@ -17,6 +17,7 @@ pub fn samples(protocol: Protocol) -> Vec<(&'static str, Packet)> {
         (
             "connect",
             Packet::Connect(Box::new(Connect {
+                bridge: false,
                 protocol,
                 clean_start: true,
                 keep_alive: 30,

@@ -66,6 +66,40 @@ fn no_local_skips_own_messages() {
     assert_eq!(h.out(other).payloads(), ["mine"]);
 }
 
+/// A bridge (mosquitto's `try_private`, level 0x84) gets none of its own
+/// messages back and sees the retain flag as published, whatever its
+/// subscription asked; an ordinary 3.1.1 client gets both as usual.
+#[test]
+fn bridge_mark_acts_as_no_local_and_retain_as_published() {
+    let mut h = H::new();
+    let (bridge, out) = h.connect_with("bridge", Protocol::V311, true, |c| c.bridge = true);
+    assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
+    let (plain, _) = h.connect_with("plain", Protocol::V311, true, |_| {});
+    h.subscribe(bridge, "t/#", opts(QoS::AtLeastOnce));
+    h.subscribe(plain, "t/#", opts(QoS::AtLeastOnce));
+    h.out(bridge);
+    h.out(plain);
+    h.send(
+        bridge,
+        Packet::Publish(publish("t/1", "from-bridge", QoS::AtMostOnce, 0)),
+    );
+    assert!(h.out(bridge).publishes().is_empty(), "echoed to the bridge");
+    assert_eq!(h.out(plain).payloads(), ["from-bridge"]);
+    h.send(
+        plain,
+        Packet::Publish(publish("t/2", "own", QoS::AtMostOnce, 0)),
+    );
+    assert_eq!(h.out(plain).payloads(), ["own"]);
+    let mut p = publish("t/3", "kept", QoS::AtMostOnce, 0);
+    p.retain = true;
+    h.send(plain, Packet::Publish(p));
+    let to_bridge = h.out(bridge);
+    let got = to_bridge.publishes();
+    assert_eq!(got.len(), 2);
+    assert!(got[1].retain, "a bridge sees the retain flag as published");
+    assert!(!h.out(plain).publishes()[0].retain);
+}
+
 #[test]
 fn inbound_topic_aliases() {
     let mut h = H::new();

@@ -88,6 +88,7 @@ pub(super) fn connect_packet(id: &str, protocol: Protocol, clean: bool) -> Conne
         will: None,
         username: None,
         password: None,
+        bridge: false,
     }
 }
 
