@@ -144,6 +144,30 @@ def test_zerofan_passwd(tmp_path, brokers):
     assert "dave:$7$" in f.read_text()
 
 
+def test_zerofan_passwd_scram_sha256_entry(tmp_path, brokers):
+    """`--scram-sha-256` writes PostgreSQL's `SCRAM-SHA-256$ITER:SALT$STORED:SERVER`
+    form; the broker reads it beside `$7$` entries and checks plain passwords
+    against it (the SCRAM-SHA-256 exchange itself is a core unit test)."""
+    f = tmp_path / "passwd"
+    zf = str(zerofan_bin())
+    r = subprocess.run([zf, "passwd", "-c", "-b", "s3cret", str(f), "dave"], capture_output=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([zf, "passwd", "--scram-sha-256", "-b", "glass", str(f), "carol"],
+                       capture_output=True)
+    assert r.returncode == 0, r.stderr
+    entry = dict(l.split(":", 1) for l in f.read_text().splitlines())["carol"]
+    assert entry.startswith("SCRAM-SHA-256$4096:"), entry
+    b = start_broker(tmp_path / "b", f"password_file = {toml_str(f)}\n"
+                     'allow_anonymous = false\nlisten = ["127.0.0.1:0"]\n', 1)
+    brokers.append(b)
+    port = b.listeners[0][1]
+    for user, password, want in [("carol", b"glass", 0), ("carol", b"s3cret", 0x86),
+                                 ("dave", b"s3cret", 0)]:
+        raw, rc = raw_connect(port, 5, user, password)
+        assert rc == want, (user, rc)
+        raw.close()
+
+
 ACL = """\
 # anonymous clients
 topic read public/#

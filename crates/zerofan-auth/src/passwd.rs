@@ -40,13 +40,17 @@ use std::fmt;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
-use sha2::{Digest, Sha512};
+use sha2::{Digest, Sha256, Sha512};
 use subtle::ConstantTimeEq;
 
 use crate::error::{numbered_lines, shown, ParseError};
 
 /// PBKDF2 rounds used by [`PasswordFile::set`] (mosquitto 2.1's default).
 pub const DEFAULT_ITERATIONS: u32 = 1000;
+
+/// PBKDF2 rounds of a new `SCRAM-SHA-256$` entry (RFC 7677's example and
+/// PostgreSQL's default).
+pub const SCRAM_SHA256_ITERATIONS: u32 = 4096;
 
 /// Salt length used by [`PasswordFile::set`] (mosquitto 2.0's, which only
 /// accepts 12; 2.1 accepts 12 and 64).
@@ -90,6 +94,20 @@ pub enum PasswordHash {
         /// The derived key.
         digest: [u8; DIGEST_LEN],
     },
+    /// `SCRAM-SHA-256$ITERATIONS:SALT$STOREDKEY:SERVERKEY`, the form
+    /// PostgreSQL stores: SCRAM-SHA-256 credentials (RFC 7677), which a
+    /// SHA-512 entry cannot provide. zerofan's own; mosquitto does not read
+    /// such entries.
+    ScramSha256 {
+        /// PBKDF2 rounds (at least 1).
+        iterations: u32,
+        /// The salt (8 to 64 bytes).
+        salt: Vec<u8>,
+        /// H(HMAC(SaltedPassword, "Client Key")).
+        stored_key: [u8; 32],
+        /// HMAC(SaltedPassword, "Server Key").
+        server_key: [u8; 32],
+    },
 }
 
 impl fmt::Debug for PasswordHash {
@@ -107,16 +125,27 @@ impl fmt::Debug for PasswordHash {
                 .field("iterations", iterations)
                 .field("salt_len", &salt.len())
                 .finish_non_exhaustive(),
+            PasswordHash::ScramSha256 {
+                iterations, salt, ..
+            } => f
+                .debug_struct("ScramSha256")
+                .field("iterations", iterations)
+                .field("salt_len", &salt.len())
+                .finish_non_exhaustive(),
         }
     }
 }
 
 impl PasswordHash {
-    /// Parse the part after `USERNAME:` (`$7$…` or `$6$…`).
+    /// Parse the part after `USERNAME:` (`$7$…`, `$6$…` or
+    /// `SCRAM-SHA-256$…`).
     pub fn parse(s: &str) -> Result<PasswordHash, String> {
         let s = s.trim_matches([' ', '\t']);
         if s.is_empty() {
             return Err("empty password hash".into());
+        }
+        if let Some(rest) = s.strip_prefix("SCRAM-SHA-256$") {
+            return parse_scram_sha256(rest);
         }
         if !s.starts_with('$') {
             return Err(
@@ -164,7 +193,7 @@ impl PasswordHash {
                 Ok(PasswordHash::Sha512 { salt, digest })
             }
             other => Err(format!(
-                "unknown password hash type {} (expected $6$ or $7$)",
+                "unknown password hash type {} (expected $6$, $7$ or SCRAM-SHA-256$)",
                 shown(&format!("${other}$"))
             )),
         }
@@ -185,17 +214,46 @@ impl PasswordHash {
         })
     }
 
+    /// A new `SCRAM-SHA-256$` entry for `password` with a fresh random
+    /// 16-byte salt (PostgreSQL's length).
+    pub fn new_scram_sha256(password: &[u8], iterations: u32) -> Result<PasswordHash, PasswdError> {
+        if iterations == 0 || iterations > MAX_ITERATIONS {
+            return Err(PasswdError::InvalidIterations);
+        }
+        let mut salt = vec![0u8; 16];
+        getrandom::fill(&mut salt).map_err(|e| PasswdError::Random(e.to_string()))?;
+        let (stored_key, server_key) = scram_sha256_keys(password, &salt, iterations);
+        Ok(PasswordHash::ScramSha256 {
+            iterations,
+            salt,
+            stored_key,
+            server_key,
+        })
+    }
+
     /// Whether `password` hashes to this digest (constant-time comparison).
     pub fn verify(&self, password: &[u8]) -> bool {
-        let (computed, stored) = match self {
-            PasswordHash::Sha512 { salt, digest } => (sha512_salted(password, salt), digest),
+        match self {
+            PasswordHash::Sha512 { salt, digest } => {
+                sha512_salted(password, salt).ct_eq(digest).into()
+            }
             PasswordHash::Pbkdf2Sha512 {
                 iterations,
                 salt,
                 digest,
-            } => (pbkdf2_sha512(password, salt, *iterations), digest),
-        };
-        computed.ct_eq(stored).into()
+            } => pbkdf2_sha512(password, salt, *iterations)
+                .ct_eq(digest)
+                .into(),
+            PasswordHash::ScramSha256 {
+                iterations,
+                salt,
+                stored_key,
+                ..
+            } => scram_sha256_keys(password, salt, *iterations)
+                .0
+                .ct_eq(stored_key)
+                .into(),
+        }
     }
 }
 
@@ -214,6 +272,18 @@ impl fmt::Display for PasswordHash {
                 "$7${iterations}${}${}",
                 B64.encode(salt),
                 B64.encode(digest)
+            ),
+            PasswordHash::ScramSha256 {
+                iterations,
+                salt,
+                stored_key,
+                server_key,
+            } => write!(
+                f,
+                "SCRAM-SHA-256${iterations}:{}${}:{}",
+                B64.encode(salt),
+                B64.encode(stored_key),
+                B64.encode(server_key)
             ),
         }
     }
@@ -240,6 +310,70 @@ fn decode_digest(s: &str) -> Result<[u8; DIGEST_LEN], String> {
         .as_slice()
         .try_into()
         .map_err(|_| format!("hash decodes to {} bytes, expected 64", digest.len()))
+}
+
+/// `ITERATIONS:SALT$STOREDKEY:SERVERKEY`, after `SCRAM-SHA-256$`.
+fn parse_scram_sha256(s: &str) -> Result<PasswordHash, String> {
+    const FORM: &str =
+        "a SCRAM-SHA-256 entry has the form SCRAM-SHA-256$ITERATIONS:SALT$STOREDKEY:SERVERKEY";
+    let Some((params, keys)) = s.split_once('$') else {
+        return Err(FORM.into());
+    };
+    let (Some((iter, salt)), Some((stored, server))) =
+        (params.split_once(':'), keys.split_once(':'))
+    else {
+        return Err(FORM.into());
+    };
+    let iterations: u32 = iter
+        .parse()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| format!("invalid iteration count {}", shown(iter)))?;
+    if iterations > MAX_ITERATIONS {
+        return Err(format!(
+            "iteration count {iterations} is above the limit of {MAX_ITERATIONS}"
+        ));
+    }
+    let salt = B64
+        .decode(salt)
+        .map_err(|e| format!("salt is not valid base64 ({e})"))?;
+    if !(8..=64).contains(&salt.len()) {
+        return Err(format!(
+            "salt decodes to {} bytes, expected 8 to 64",
+            salt.len()
+        ));
+    }
+    let key = |k: &str, what: &str| -> Result<[u8; 32], String> {
+        let v = B64
+            .decode(k)
+            .map_err(|e| format!("{what} is not valid base64 ({e})"))?;
+        v.as_slice()
+            .try_into()
+            .map_err(|_| format!("{what} decodes to {} bytes, expected 32", v.len()))
+    };
+    Ok(PasswordHash::ScramSha256 {
+        iterations,
+        salt,
+        stored_key: key(stored, "StoredKey")?,
+        server_key: key(server, "ServerKey")?,
+    })
+}
+
+/// SCRAM-SHA-256's StoredKey and ServerKey for a password (RFC 5802 §3).
+fn scram_sha256_keys(password: &[u8], salt: &[u8], iterations: u32) -> ([u8; 32], [u8; 32]) {
+    use hmac::{Hmac, Mac};
+    let mut salted = [0u8; 32];
+    pbkdf2::pbkdf2_hmac::<Sha256>(password, salt, iterations, &mut salted);
+    let mac = |data: &[u8]| -> [u8; 32] {
+        // HMAC takes keys of any length: this cannot fail.
+        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(&salted) else {
+            return [0; 32];
+        };
+        m.update(data);
+        m.finalize().into_bytes().into()
+    };
+    let client_key = mac(b"Client Key");
+    (Sha256::digest(client_key).into(), mac(b"Server Key"))
 }
 
 fn pbkdf2_sha512(password: &[u8], salt: &[u8], iterations: u32) -> [u8; DIGEST_LEN] {
@@ -431,6 +565,19 @@ impl PasswordFile {
     ) -> Result<(), PasswdError> {
         validate_username(user)?;
         let hash = PasswordHash::new_pbkdf2(password, iterations)?;
+        self.set_hash(user, hash)
+    }
+
+    /// Set `user`'s password as a `SCRAM-SHA-256$` entry (for SCRAM-SHA-256
+    /// logins; mosquitto cannot read such an entry).
+    pub fn set_scram_sha256(
+        &mut self,
+        user: &str,
+        password: &[u8],
+        iterations: u32,
+    ) -> Result<(), PasswdError> {
+        validate_username(user)?;
+        let hash = PasswordHash::new_scram_sha256(password, iterations)?;
         self.set_hash(user, hash)
     }
 

@@ -13,7 +13,9 @@
 //! PBKDF2-HMAC-SHA512 of the password, which is exactly SCRAM-SHA-512's
 //! SaltedPassword: [`ScramCredentials::from_password_hash`] turns a
 //! password file entry into SCRAM-SHA-512 credentials, so SCRAM works
-//! against the same password files (SHA-256 needs its own credentials).
+//! against the same password files. SHA-256 needs its own credentials: a
+//! `SCRAM-SHA-256$` entry (PostgreSQL's form, `zerofan passwd
+//! --scram-sha-256`) holds them.
 //!
 //! Channel binding is not offered (`n,,` or `y,,`; `p=` is refused). The
 //! server nonce comes in, so this stays sans-IO and testable.
@@ -41,6 +43,14 @@ impl ScramHash {
             "SCRAM-SHA-256" => Some(ScramHash::Sha256),
             "SCRAM-SHA-512" => Some(ScramHash::Sha512),
             _ => None,
+        }
+    }
+
+    /// The MQTT Authentication Method naming this mechanism.
+    pub fn method(self) -> &'static str {
+        match self {
+            ScramHash::Sha256 => "SCRAM-SHA-256",
+            ScramHash::Sha512 => "SCRAM-SHA-512",
         }
     }
 
@@ -129,8 +139,9 @@ impl ScramCredentials {
         Self::from_salted(hash, &salted, salt, iterations)
     }
 
-    /// SCRAM-SHA-512 credentials from a mosquitto `$7$` entry (its digest
-    /// is SaltedPassword); `None` for a `$6$` entry.
+    /// The credentials a password file entry holds: SCRAM-SHA-512 from a
+    /// mosquitto `$7$` entry (its digest is SaltedPassword), SCRAM-SHA-256
+    /// from a `SCRAM-SHA-256$` entry; `None` for a `$6$` entry.
     pub fn from_password_hash(h: &PasswordHash) -> Option<Self> {
         match h {
             PasswordHash::Pbkdf2Sha512 {
@@ -143,6 +154,18 @@ impl ScramCredentials {
                 salt,
                 *iterations,
             )),
+            PasswordHash::ScramSha256 {
+                iterations,
+                salt,
+                stored_key,
+                server_key,
+            } => Some(ScramCredentials {
+                hash: ScramHash::Sha256,
+                salt: salt.clone(),
+                iterations: *iterations,
+                stored_key: stored_key.to_vec(),
+                server_key: server_key.to_vec(),
+            }),
             PasswordHash::Sha512 { .. } => None,
         }
     }

@@ -35,6 +35,68 @@ fn rfc7677_sha256_example() {
     assert_eq!(last, "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=");
 }
 
+/// The RFC 7677 user stored as a PostgreSQL-style `SCRAM-SHA-256$` entry
+/// (keys computed independently with Python's hashlib): the entry verifies
+/// the plain password, gives the same credentials as the password, and the
+/// RFC's exchange succeeds against it.
+const RFC_ENTRY: &str = "user:SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=";
+
+#[test]
+fn scram_sha256_entry_holds_the_rfc_credentials() {
+    let file = PasswordFile::parse(RFC_ENTRY).unwrap();
+    assert!(file.verify("user", b"pencil"));
+    assert!(!file.verify("user", b"pencil!"));
+    assert_eq!(file.to_string().trim_end(), RFC_ENTRY);
+    let creds = ScramCredentials::from_password_hash(file.get("user").unwrap()).unwrap();
+    let salt = B64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
+    assert_eq!(
+        creds,
+        ScramCredentials::from_password(ScramHash::Sha256, b"pencil", &salt, 4096)
+    );
+    let mut s = ScramServer::new(ScramHash::Sha256);
+    s.client_first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO").unwrap();
+    s.server_first(&creds, "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
+        .unwrap();
+    let last = s
+        .client_final(
+            b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,\
+              p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=",
+        )
+        .unwrap();
+    assert_eq!(last, "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=");
+    // A fresh entry round-trips through the file format.
+    let mut f = PasswordFile::new();
+    f.set_scram_sha256("bob", b"secret", 64).unwrap();
+    let again = PasswordFile::parse(&f.to_string()).unwrap();
+    assert!(again.verify("bob", b"secret"));
+    assert_eq!(
+        ScramCredentials::from_password_hash(again.get("bob").unwrap())
+            .unwrap()
+            .hash,
+        ScramHash::Sha256
+    );
+}
+
+#[test]
+fn bad_scram_sha256_entries_say_what_is_wrong() {
+    for (entry, want) in [
+        ("u:SCRAM-SHA-256$4096:c2FsdHNhbHQ=", "has the form"),
+        (
+            "u:SCRAM-SHA-256$x:c2FsdHNhbHQ=$AA==:AA==",
+            "iteration count",
+        ),
+        ("u:SCRAM-SHA-256$4096:c2Fs$AA==:AA==", "expected 8 to 64"),
+        ("u:SCRAM-SHA-256$4096:c2FsdHNhbHQ=$AA==:AA==", "expected 32"),
+        (
+            "u:SCRAM-SHA-256$4096:c2FsdHNhbHQ=$!!:AA==",
+            "not valid base64",
+        ),
+    ] {
+        let e = PasswordFile::parse(entry).unwrap_err();
+        assert!(e.message.contains(want), "{entry}: {}", e.message);
+    }
+}
+
 fn hmac512(key: &[u8], data: &[u8]) -> Vec<u8> {
     let mut m = Hmac::<Sha512>::new_from_slice(key).unwrap();
     m.update(data);

@@ -29,7 +29,7 @@ allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publis
 max_connection_rate, and [[listener]] tables (bind, protocol = mqtt | websockets, tls = { cert, key, \
 ca, require_certificate, use_identity_as_username }, allow_anonymous, proxy_protocol, \
 max_connections, password_file, acl_file). A mosquitto.conf is read too (-c mosquitto.conf).\n\n\
-User management: zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER.\n\nSIGHUP reloads the config file (limits), password files and ACLs without dropping \
+User management: zerofan passwd [-c] [-D] [-b PASSWORD] [--scram-sha-256] FILE USER.\n\nSIGHUP reloads the config file (limits), password files and ACLs without dropping \
 connections, and reopens log files; a bad file keeps the settings in force and logs why; \
 settings read only at start keep their value and are named in a warning.\n\nExample:\n  zerofan --listen 0.0.0.0:1883 --config zerofan.toml -v"
 )]

@@ -1,6 +1,6 @@
-//! `zerofan passwd [-c] [-D] [-b PASSWORD] FILE USER`: add, change or
-//! delete an entry of a mosquitto password file, as `mosquitto_passwd`
-//! does. The password is read twice from the terminal (not echoed), or
+//! `zerofan passwd [-c] [-D] [-b PASSWORD] [--scram-sha-256] FILE USER`:
+//! add, change or delete an entry of a mosquitto password file, as
+//! `mosquitto_passwd` does. The password is read twice from the terminal (not echoed), or
 //! once from standard input when that is not a terminal, or taken from
 //! `-b` (batch mode; visible in the process list, as with mosquitto).
 
@@ -22,6 +22,12 @@ pub struct PasswdArgs {
     /// The password, on the command line (batch mode).
     #[arg(short = 'b', value_name = "PASSWORD")]
     pub batch: Option<String>,
+    /// Store SCRAM-SHA-256 credentials (`SCRAM-SHA-256$…`, PostgreSQL's
+    /// form) instead of mosquitto's `$7$`: the user can then log in with
+    /// MQTT 5 SCRAM-SHA-256 (and with the plain password), but mosquitto
+    /// cannot read the entry.
+    #[arg(long = "scram-sha-256", conflicts_with = "delete")]
+    pub scram_sha256: bool,
     /// The password file.
     pub file: PathBuf,
     /// The username.
@@ -64,8 +70,16 @@ fn run_inner(args: &PasswdArgs) -> Result<(), String> {
             Some(p) => p.clone(),
             None => read_password()?,
         };
-        file.set(&args.user, password.as_bytes())
-            .map_err(|e| e.to_string())?;
+        if args.scram_sha256 {
+            file.set_scram_sha256(
+                &args.user,
+                password.as_bytes(),
+                zerofan_auth::passwd::SCRAM_SHA256_ITERATIONS,
+            )
+        } else {
+            file.set(&args.user, password.as_bytes())
+        }
+        .map_err(|e| e.to_string())?;
     }
     write_file(&args.file, &file.to_string())
 }

@@ -143,6 +143,8 @@ pub struct ConnExtra {
     pub http_answer: Option<HttpAnswer>,
     /// The user a SCRAM exchange authenticated, for its CONNECT.
     pub scram_user: Option<Box<str>>,
+    /// The mechanism of that exchange: re-authentication must use it too.
+    pub scram_hash: Option<ScramHash>,
     /// Authentication Method and Data for the CONNACK (SCRAM server-final).
     pub connack_auth: Option<(MqttStr, bytes::Bytes)>,
 }
@@ -154,6 +156,7 @@ static NO_EXTRA: ConnExtra = ConnExtra {
     superuser: false,
     http_answer: None,
     scram_user: None,
+    scram_hash: None,
     connack_auth: None,
 };
 
@@ -750,10 +753,10 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return Err(ReasonCode::UNSPECIFIED_ERROR);
         };
-        // Offered where there are credentials for it: SCRAM-SHA-512 from
-        // the listener's password file (SHA-256 has no source yet).
+        // Offered where there is a password file: SCRAM-SHA-512 works with
+        // its `$7$` entries, SCRAM-SHA-256 with its `SCRAM-SHA-256$` ones;
+        // a user without credentials for the method fails at the proof.
         let offered = ScramHash::from_method(&method)
-            .filter(|h| *h == ScramHash::Sha512)
             .filter(|_| self.auth.listener(c.sec.listener).passwords.is_some());
         let Some(hash) = offered else {
             self.metrics.security.auth_not_authorized += 1;
@@ -836,6 +839,7 @@ impl Broker {
                 if let Some(c) = self.conns.get_mut(&conn) {
                     let e = c.sec.ext_mut();
                     e.scram_user = Some(user.into());
+                    e.scram_hash = Some(p.server.hash());
                     e.connack_auth = Some((p.method, bytes::Bytes::from(last.into_bytes())));
                 }
                 self.on_connect(now, conn, *connect);
@@ -854,14 +858,15 @@ impl Broker {
     /// AUTH from a connected client: re-authentication of a SCRAM login
     /// (see `scram_auth`); anything else is a protocol error.
     pub(crate) fn on_auth_connected(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
-        const METHOD: &str = "SCRAM-SHA-512";
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
         let Some(user) = c.sec.ext().scram_user.clone() else {
             return self.protocol_error(now, conn, "AUTH without an authentication method");
         };
-        if a.properties.authentication_method.as_deref() != Some(METHOD) {
+        let hash = c.sec.ext().scram_hash.unwrap_or(ScramHash::Sha512);
+        let method = hash.method();
+        if a.properties.authentication_method.as_deref() != Some(method) {
             return self.protocol_error(now, conn, "AUTH with another authentication method");
         }
         let (ip, listener) = (c.peer.ip(), c.sec.listener);
@@ -869,7 +874,7 @@ impl Broker {
         let pending = self.auth.scram.remove(&conn);
         let reply = match (a.reason, pending) {
             (ReasonCode::REAUTHENTICATE, None) => {
-                let mut server = ScramServer::new(ScramHash::Sha512);
+                let mut server = ScramServer::new(hash);
                 let same_user = server.client_first(&data).is_ok_and(|u| *u == *user);
                 let creds = self
                     .auth
@@ -877,7 +882,8 @@ impl Broker {
                     .passwords
                     .as_ref()
                     .and_then(|f| f.get(&user))
-                    .and_then(ScramCredentials::from_password_hash);
+                    .and_then(ScramCredentials::from_password_hash)
+                    .filter(|cr| cr.hash == hash);
                 match (same_user, creds) {
                     (true, Some(creds)) => match server.server_first(&creds, &nonce()) {
                         Ok(first) => {
@@ -886,7 +892,7 @@ impl Broker {
                                 ScramPending {
                                     server,
                                     connect: None,
-                                    method: MqttStr::from_static(METHOD),
+                                    method: MqttStr::from_static(method),
                                 },
                             );
                             Ok((ReasonCode::CONTINUE_AUTHENTICATION, first))
@@ -908,7 +914,7 @@ impl Broker {
         match reply {
             Ok((reason, text)) => {
                 let props = zerofan_codec::Properties {
-                    authentication_method: Some(MqttStr::from_static(METHOD)),
+                    authentication_method: Some(MqttStr::from_static(method)),
                     authentication_data: Some(bytes::Bytes::from(text.into_bytes())),
                     ..Default::default()
                 };

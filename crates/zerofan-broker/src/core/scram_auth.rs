@@ -8,11 +8,13 @@
 //! the server-final message. A wrong proof is CONNACK 0x86 (counted and
 //! throttled like a wrong password); another method 0x8C. The exchange
 //! happens while the connection awaits its CONNECT, so `connect_timeout`
-//! bounds it. SCRAM-SHA-512 is offered on listeners with a password file
-//! (credentials from its `$7$` entries); SCRAM-SHA-256 is not offered
-//! (0x8C): a mosquitto file has no SHA-256 credentials. An unknown user gets made-up credentials (the
-//! exchange fails at the proof, as for a wrong password). Re-authentication
-//! (AUTH 0x19) is not supported.
+//! bounds it. Both are offered on listeners with a password file:
+//! SCRAM-SHA-512 with credentials from its `$7$` entries (mosquitto's),
+//! SCRAM-SHA-256 from its `SCRAM-SHA-256$` entries (`zerofan passwd
+//! --scram-sha-256`). An unknown user, or one without credentials for the
+//! method, gets made-up credentials (the exchange fails at the proof, as for
+//! a wrong password). Re-authentication (AUTH 0x19) uses the method of the
+//! CONNECT.
 
 use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
 use zerofan_codec::{Connect, MqttStr};

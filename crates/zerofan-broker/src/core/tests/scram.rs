@@ -208,3 +208,127 @@ fn reauthentication() {
     h.send(c, auth_with(ReasonCode::REAUTHENTICATE, "n,,n=alice,r=x"));
     assert_eq!(h.out(c).disconnect(), Some(ReasonCode::PROTOCOL_ERROR));
 }
+
+fn hmac256(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
+}
+
+/// `client_final` for SCRAM-SHA-256.
+fn client_final256(password: &[u8], first_bare: &str, server_first: &str) -> (String, String) {
+    let mut parts = server_first.split(',');
+    let nonce = &parts.next().unwrap()[2..];
+    let salt = B64.decode(&parts.next().unwrap()[2..]).unwrap();
+    let iterations: u32 = parts.next().unwrap()[2..].parse().unwrap();
+    let mut salted = [0u8; 32];
+    pbkdf2::pbkdf2_hmac::<sha2::Sha256>(password, &salt, iterations, &mut salted);
+    let client_key = hmac256(&salted, b"Client Key");
+    let stored = sha2::Sha256::digest(&client_key);
+    let without = format!("c=biws,r={nonce}");
+    let auth = format!("{first_bare},{server_first},{without}");
+    let sig = hmac256(&stored, auth.as_bytes());
+    let proof: Vec<u8> = client_key.iter().zip(&sig).map(|(a, b)| a ^ b).collect();
+    let server_sig = hmac256(&hmac256(&salted, b"Server Key"), auth.as_bytes());
+    (
+        format!("{without},p={}", B64.encode(proof)),
+        format!("v={}", B64.encode(server_sig)),
+    )
+}
+
+/// alice (`$7$`) and carol (`SCRAM-SHA-256$`) in one password file.
+fn secured_with_sha256() -> H {
+    let mut h = H::new();
+    let mut p = PasswordFile::new();
+    p.set_with_iterations("alice", b"wonderland", 50).unwrap();
+    p.set_scram_sha256("carol", b"looking-glass", 50).unwrap();
+    h.b.set_security(SecurityConfig {
+        listeners: vec![ListenerAuth {
+            allow_anonymous: false,
+            passwords: Some(Arc::new(p)),
+            ..ListenerAuth::default()
+        }],
+        throttle: ThrottleConfig::default(),
+        jwt: None,
+        http: None,
+    });
+    h
+}
+
+fn auth256(reason: ReasonCode, data: &str) -> Packet {
+    match auth_packet("SCRAM-SHA-256", data) {
+        Packet::Auth(mut a) => {
+            a.reason = reason;
+            Packet::Auth(a)
+        }
+        p => p,
+    }
+}
+
+fn first256(out: &Out) -> String {
+    match &out.packets[0] {
+        Packet::Auth(a) => {
+            assert_eq!(
+                a.properties.authentication_method.as_deref(),
+                Some("SCRAM-SHA-256")
+            );
+            String::from_utf8(a.properties.authentication_data.clone().unwrap().to_vec()).unwrap()
+        }
+        p => panic!("expected AUTH, got {p:?}"),
+    }
+}
+
+/// SCRAM-SHA-256 against a `SCRAM-SHA-256$` entry: login, the server's
+/// signature, re-authentication with the same method; the entry also
+/// verifies a plain password; a `$7$` user cannot pass SCRAM-SHA-256.
+#[test]
+fn scram_sha256_against_a_sha256_entry() {
+    let mut h = secured_with_sha256();
+    let (c, out) = start(&mut h, "SCRAM-SHA-256", "carol");
+    let first = first256(&out);
+    let (fin, want_sig) = client_final256(b"looking-glass", "n=carol,r=clientnonce", &first);
+    h.send(c, auth_packet("SCRAM-SHA-256", &fin));
+    let out = h.out(c);
+    let ack = out.connack().unwrap();
+    assert_eq!(ack.reason, ReasonCode::SUCCESS);
+    let sig = ack.properties.authentication_data.clone().unwrap();
+    assert_eq!(&sig[..], want_sig.as_bytes());
+
+    // Re-authentication keeps the CONNECT's method.
+    h.send(c, auth256(ReasonCode::REAUTHENTICATE, "n,,n=carol,r=again"));
+    let first = first256(&h.out(c));
+    let (fin, want) = client_final256(b"looking-glass", "n=carol,r=again", &first);
+    h.send(c, auth256(ReasonCode::CONTINUE_AUTHENTICATION, &fin));
+    match &h.out(c).packets[0] {
+        Packet::Auth(a) => {
+            assert_eq!(a.reason, ReasonCode::SUCCESS);
+            assert_eq!(
+                &a.properties.authentication_data.clone().unwrap()[..],
+                want.as_bytes()
+            );
+        }
+        p => panic!("expected AUTH 0x00, got {p:?}"),
+    }
+    h.send(
+        c,
+        auth_with(ReasonCode::REAUTHENTICATE, "n,,n=carol,r=third"),
+    );
+    assert_eq!(h.out(c).disconnect(), Some(ReasonCode::PROTOCOL_ERROR));
+
+    // The same entry verifies a plain CONNECT password.
+    let (_, out) = h.connect_with("plain", Protocol::V5, true, |c| {
+        c.username = Some(s("carol"));
+        c.password = Some(Bytes::from_static(b"looking-glass"));
+    });
+    assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
+
+    // alice has only SHA-512 credentials: SCRAM-SHA-256 fails at the proof.
+    let (c, out) = start(&mut h, "SCRAM-SHA-256", "alice");
+    let first = first256(&out);
+    let (fin, _) = client_final256(b"wonderland", "n=alice,r=clientnonce", &first);
+    h.send(c, auth_packet("SCRAM-SHA-256", &fin));
+    assert_eq!(
+        h.out(c).connack().unwrap().reason,
+        ReasonCode::BAD_USER_NAME_OR_PASSWORD
+    );
+}
