@@ -303,3 +303,38 @@ def test_newer_format_is_refused(tmp_path):
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "99" in err and "version 1" in err, err
+
+
+@pytest.mark.parametrize("after", [4, 2])
+def test_kill9_with_sessions_on_several_shards(tmp_path, after):
+    """Four shards share one store: persistent sessions spread over them,
+    messages acknowledged to the publisher, kill -9; after a restart with
+    `after` shards (each session now owned by the shard its id hashes to
+    under the new count) every session is present and gets every
+    acknowledged message once, in order."""
+    db = DurableBroker(tmp_path, {"threads": 4})
+    try:
+        b = db.start()
+        ids = [f"shard-sess-{i}" for i in range(12)]
+        for cid in ids:
+            c = persistent(b, cid)
+            assert c.subscribe("multi/#", 1) == [1]
+            c.disconnect()
+        pub = PahoClient(b, "shard-pub")
+        n = 60
+        for i in range(n):
+            pub.publish("multi/x", b"%d" % i, qos=1, wait=False)
+        pub.publish("multi/x", b"%d" % n, qos=1)  # every PUBACK is in by its own
+        pub.close()
+        db.kill9()
+        db.settings["threads"] = after
+        b = db.start()
+        for cid in ids:
+            c = persistent(b, cid)
+            assert c.session_present, cid
+            got = [int(m.payload) for m in c.expect_messages(n + 1)]
+            assert got == list(range(n + 1)), cid
+            c.assert_no_message(0.05)
+            c.close()
+    finally:
+        db.kill9()

@@ -3,15 +3,22 @@
 //! acknowledgements when the store's writer thread reports durable LSNs.
 //!
 //! The writer thread calls the store's `on_durable` notifier; that wakes a
-//! tokio [`Notify`] (`Send + Sync`), and [`release_loop`] on the broker's
-//! thread asks the core to release what is now durable.
+//! tokio [`Notify`] (`Send + Sync`) per shard, and [`release_loop`] on each
+//! shard's thread asks its core to release what is now durable.
+//!
+//! Shards share one store ([`Opened::split`]): each core writes its own
+//! records through a lock, and the store's writer thread makes every
+//! shard's commits durable with one fsync (group commit). One log rather
+//! than one per shard, because a restart may use another number of shards:
+//! recovery hands each shard the sessions whose client ids it owns under
+//! the new count (`shard_of`), and every shard all retained messages.
 
 use super::state::Shared;
 use crate::config::Config;
 use crate::core::durable::DurableLog;
 use crate::core::Broker;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 use zerofan_store::{
@@ -23,7 +30,23 @@ use zerofan_store::{
 pub struct Opened {
     store: Store,
     recovered: Recovered,
+    /// One per shard, woken when the store made progress.
+    notify: Vec<Arc<Notify>>,
+}
+
+/// One shard's part of an opened store: what it writes to, what it
+/// restores, and what wakes its release loop.
+pub struct ShardStore {
+    log: ShardLog,
+    recovered: Recovered,
     notify: Arc<Notify>,
+}
+
+enum ShardLog {
+    /// The only shard: the store itself, no lock.
+    Own(Box<Store>),
+    /// One of several shards writing to the same store.
+    Shared(Arc<Mutex<Store>>),
 }
 
 /// Open the store `config` asks for: `None` when the broker runs in
@@ -36,11 +59,17 @@ pub fn open(config: &Config) -> Result<Option<Opened>, String> {
         return Ok(None);
     };
     let fsync: FsyncPolicy = config.fsync.parse()?;
-    let notify = Arc::new(Notify::new());
-    let waker = notify.clone();
+    let notify: Vec<Arc<Notify>> = (0..config.shard_count().max(1))
+        .map(|_| Arc::new(Notify::new()))
+        .collect();
+    let wakers = notify.clone();
     let options = Options {
         fsync,
-        on_durable: Some(Arc::new(move |_| waker.notify_one())),
+        on_durable: Some(Arc::new(move |_| {
+            for w in &wakers {
+                w.notify_one();
+            }
+        })),
         ..Options::default()
     };
     let started = Instant::now();
@@ -64,18 +93,163 @@ pub fn open(config: &Config) -> Result<Option<Opened>, String> {
     }))
 }
 
-/// Give the store to the broker and rebuild its state; returns what the
-/// release loop waits on.
-pub fn attach(broker: &mut Broker, opened: Opened) -> Arc<Notify> {
+impl Opened {
+    /// One part per shard (as many as `open` was configured for). Shard 0
+    /// gets the recovery report; each shard the sessions it owns; every
+    /// shard every retained message (each core keeps them all, and only the
+    /// core that sets or clears one writes it).
+    pub fn split(self) -> Vec<ShardStore> {
+        let Opened {
+            store,
+            recovered,
+            notify,
+        } = self;
+        let n = notify.len();
+        if n <= 1 {
+            let notify = notify
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Arc::new(Notify::new()));
+            return vec![ShardStore {
+                log: ShardLog::Own(Box::new(store)),
+                recovered,
+                notify,
+            }];
+        }
+        let shared = Arc::new(Mutex::new(store));
+        let mut parts: Vec<Recovered> = (0..n)
+            .map(|i| Recovered {
+                retained: recovered.retained.clone(),
+                sessions: Vec::new(),
+                report: if i == 0 {
+                    recovered.report.clone()
+                } else {
+                    Default::default()
+                },
+            })
+            .collect();
+        for s in recovered.sessions {
+            let owner = crate::core::shard_of(s.client_id.as_bytes(), n);
+            parts[owner].sessions.push(s);
+        }
+        parts
+            .into_iter()
+            .zip(notify)
+            .map(|(recovered, notify)| ShardStore {
+                log: ShardLog::Shared(shared.clone()),
+                recovered,
+                notify,
+            })
+            .collect()
+    }
+}
+
+/// Give a shard's part of the store to its broker and rebuild its state;
+/// returns what the release loop waits on.
+pub fn attach(broker: &mut Broker, part: ShardStore) -> Arc<Notify> {
     let now = Instant::now();
     let unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let truncated = opened.recovered.report.truncated_bytes;
-    broker.set_durable_log(Box::new(opened.store), now, unix_ms);
+    let truncated = part.recovered.report.truncated_bytes;
+    let log: Box<dyn DurableLog> = match part.log {
+        ShardLog::Own(store) => store,
+        ShardLog::Shared(store) => Box::new(SharedStore(store)),
+    };
+    broker.set_durable_log(log, now, unix_ms);
     broker.note_store_recovery(truncated);
-    broker.restore(opened.recovered, now);
-    opened.notify
+    broker.restore(part.recovered, now);
+    part.notify
+}
+
+/// The store as one of several shards sees it. Each call holds the lock
+/// for one record; the commit hands the batch to the writer thread, which
+/// covers every shard's commits since its last fsync with the next one.
+struct SharedStore(Arc<Mutex<Store>>);
+
+impl SharedStore {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Store) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        // A shard that panicked while holding the lock left the store as
+        // the records it wrote say; the log's own checks cover a torn
+        // batch, so the others go on writing.
+        let mut store = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut store)
+    }
+}
+
+impl DurableLog for SharedStore {
+    fn put_message(&mut self, msg: &StoredMessage) -> Result<MsgId, StoreError> {
+        self.with(|s| s.put_message(msg))
+    }
+    fn set_retained(&mut self, topic: &str, msg: MsgId) -> Result<(), StoreError> {
+        self.with(|s| s.set_retained(topic, msg))
+    }
+    fn clear_retained(&mut self, topic: &str) -> Result<(), StoreError> {
+        self.with(|s| s.clear_retained(topic))
+    }
+    fn put_session(&mut self, client_id: &str, meta: SessionMeta) -> Result<(), StoreError> {
+        self.with(|s| s.put_session(client_id, meta))
+    }
+    fn drop_session(&mut self, client_id: &str) -> Result<(), StoreError> {
+        self.with(|s| s.drop_session(client_id))
+    }
+    fn subscribe(
+        &mut self,
+        client_id: &str,
+        filter: &str,
+        options: SubOptions,
+        id: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.with(|s| s.subscribe(client_id, filter, options, id))
+    }
+    fn unsubscribe(&mut self, client_id: &str, filter: &str) -> Result<(), StoreError> {
+        self.with(|s| s.unsubscribe(client_id, filter))
+    }
+    fn enqueue(&mut self, client_id: &str, entry: &QueueEntry) -> Result<EntryId, StoreError> {
+        self.with(|s| s.enqueue(client_id, entry))
+    }
+    fn dequeue(&mut self, client_id: &str, entry: EntryId) -> Result<(), StoreError> {
+        self.with(|s| s.dequeue(client_id, entry))
+    }
+    fn send(&mut self, client_id: &str, entry: EntryId, packet_id: u16) -> Result<(), StoreError> {
+        self.with(|s| s.send(client_id, entry, packet_id))
+    }
+    fn pubrec(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.with(|s| s.pubrec(client_id, packet_id))
+    }
+    fn complete(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.with(|s| s.complete(client_id, packet_id))
+    }
+    fn qos2_received(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.with(|s| s.qos2_received(client_id, packet_id))
+    }
+    fn qos2_released(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.with(|s| s.qos2_released(client_id, packet_id))
+    }
+    fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError> {
+        self.with(|s| s.set_will(client_id, will))
+    }
+    fn clear_will(&mut self, client_id: &str) -> Result<(), StoreError> {
+        self.with(|s| s.clear_will(client_id))
+    }
+    fn commit(&mut self) -> Result<Lsn, StoreError> {
+        self.with(|s| s.commit())
+    }
+    fn durable_lsn(&self) -> Lsn {
+        match self.0.lock() {
+            Ok(s) => s.durable_lsn(),
+            Err(p) => p.into_inner().durable_lsn(),
+        }
+    }
+    fn stats(&self) -> Option<StoreStats> {
+        match self.0.lock() {
+            Ok(s) => Some(s.stats()),
+            Err(p) => Some(p.into_inner().stats()),
+        }
+    }
 }
 
 /// Release held acknowledgements whenever the store reports progress.

@@ -125,15 +125,17 @@ impl Server {
     ///
     /// With `threads` above 1, shard 0 runs here and the others on threads
     /// of their own, each accepting on every listener; they stop with it.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let n = self.config.shard_count();
-        if n > 1 && self.persist.is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "threads > 1 runs in memory for now: add --memory (or memory = true)",
-            ));
-        }
         let names = self.local_listeners();
+        // One store for every shard (see `persist`).
+        let mut stores = self
+            .persist
+            .take()
+            .map(super::persist::Opened::split)
+            .unwrap_or_default()
+            .into_iter();
+        let first_store = stores.next();
         // One shard: no queues, no other thread, no cross-thread cost.
         let mut meshes = if n > 1 {
             super::shards::wire(n)
@@ -163,7 +165,7 @@ impl Server {
                 listeners: clones,
                 names: names.clone(),
                 mesh: Some((mesh, inbox)),
-                persist: None,
+                persist: stores.next(),
                 bridges: Vec::new(),
             };
             let mut stop = stop_rx.clone();
@@ -190,7 +192,7 @@ impl Server {
             listeners,
             names,
             mesh: first,
-            persist: self.persist,
+            persist: first_store,
             bridges: self.bridges,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
@@ -217,7 +219,7 @@ struct Shard {
         super::shards::Mesh,
         tokio::sync::mpsc::Receiver<super::shards::Envelope>,
     )>,
-    persist: Option<super::persist::Opened>,
+    persist: Option<super::persist::ShardStore>,
     /// Bridges run on shard 0.
     bridges: Vec<crate::bridge::Prepared>,
 }
