@@ -68,6 +68,9 @@ pub struct Broker {
     pub(crate) others: Option<Box<super::observe::ShardFigures>>,
     /// Events for webhooks, recorded only when asked for (see `events`).
     pub(crate) events: super::events::Events,
+    /// CONNECTs waiting for the cluster to give this node their client id
+    /// (see `claims`).
+    pub(crate) claims: super::claims::Claims,
 }
 
 /// What the shell does with a connection's further input.
@@ -118,6 +121,7 @@ impl Broker {
             retain_fence: None,
             others: None,
             events: Default::default(),
+            claims: Default::default(),
         }
     }
 
@@ -484,7 +488,64 @@ impl Broker {
         self.close(now, conn, None, true);
         self.auth_connection_closed(conn);
         self.peers.forget(conn);
+        self.claims.forget(conn);
         self.conns.remove(&conn);
+        self.end_event();
+    }
+
+    /// In a cluster: every CONNECT with a client id waits, once logged in,
+    /// until the shell claimed the id for this node (see
+    /// [`Broker::take_claims`]).
+    pub fn set_claims(&mut self, on: bool) {
+        self.claims.enable(on);
+    }
+
+    /// Client ids to claim through the cluster; answer each with
+    /// [`Broker::claim_answered`].
+    pub fn take_claims(&mut self, out: &mut Vec<super::ClaimRequest>) {
+        self.claims.take_requests(out);
+    }
+
+    /// Whether [`Broker::take_claims`] has something.
+    pub fn has_claims(&self) -> bool {
+        self.claims.has_requests()
+    }
+
+    /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
+    /// when the cluster could not agree (no majority reachable), is refused
+    /// with 0x88 Server unavailable (3.1.1: return code 3).
+    pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
+        let Some(connect) = self.claims.answered(conn, granted) else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
+            _ => return,
+        }
+        if granted {
+            self.handle_connect(now, conn, *connect, true);
+        } else {
+            self.metrics.claims_refused += 1;
+            self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+        }
+        self.wake(conn);
+        self.end_event();
+    }
+
+    /// Another node took `client_id` over (a newer claim): its connection
+    /// here gets DISCONNECT 0x8E and its session here ends.
+    pub fn client_taken(&mut self, now: Instant, client_id: &str) {
+        let Ok(id) = MqttStr::try_from(client_id) else {
+            return;
+        };
+        let Some(&sid) = self.by_client.get(&id) else {
+            return;
+        };
+        self.metrics.fenced_takeovers += 1;
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+        self.end_session(now, sid);
         self.end_event();
     }
 

@@ -98,7 +98,13 @@ impl Broker {
 
     /// `waited`: this CONNECT was authenticated and waited for a takeover;
     /// it is not authenticated (counted) again and does not wait again.
-    fn handle_connect(&mut self, now: Instant, conn: ConnId, connect: Connect, waited: bool) {
+    pub(super) fn handle_connect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        connect: Connect,
+        waited: bool,
+    ) {
         let v5 = connect.protocol.is_v5();
         if let Some(c) = self.conns.get_mut(&conn) {
             c.protocol = connect.protocol;
@@ -138,6 +144,14 @@ impl Broker {
                     return;
                 }
             }
+        }
+        if self.claims.must_claim(conn, &connect) {
+            // In a cluster, the client id must be this node's first.
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.phase = Phase::AwaitingAuth;
+            }
+            self.claims.ask(conn, Box::new(connect));
+            return;
         }
         let Connect {
             protocol,
@@ -343,7 +357,7 @@ impl Broker {
     }
 
     /// CONNACK with a failure code, then close.
-    fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+    pub(super) fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
         let mut properties = Properties::default();
         if let Some(c) = self.conns.get(&conn).filter(|c| c.protocol.is_v5()) {
             properties.reason_string = c

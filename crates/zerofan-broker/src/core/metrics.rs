@@ -341,6 +341,21 @@ counters! {
                 "zerofan_session_takeover_drain_timeouts_total",
                 "Takeovers completed by their deadline before the old connection's input was all read.",
             )),
+        /// CONNECTs refused because the cluster could not give this node
+        /// their client id (no majority reachable).
+        pub claims_refused: u64 = CounterDef::NEW
+            .sys("cluster/claims_refused")
+            .prom(Family::new(
+                "zerofan_cluster_claims_refused_total",
+                "CONNECTs refused because the cluster could not give this node their client id.",
+            )),
+        /// Sessions here ended because another node claimed their client id.
+        pub fenced_takeovers: u64 = CounterDef::NEW
+            .sys("cluster/fenced_takeovers")
+            .prom(Family::new(
+                "zerofan_cluster_fenced_takeovers_total",
+                "Sessions ended here because another node claimed their client id.",
+            )),
         /// Sessions removed because their expiry interval passed.
         pub sessions_expired: u64 = CounterDef::NEW.sys("sessions/expired").prom(Family::new(
             "zerofan_sessions_expired_total",

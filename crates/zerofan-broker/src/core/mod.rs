@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod auth;
 mod broker;
+mod claims;
 mod connect;
 mod connection;
 mod deliver;
@@ -44,6 +45,7 @@ mod tests;
 
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::{Broker, InputState};
+pub use claims::ClaimRequest;
 pub use http_auth::{AuthRequest, HttpAnswer, HttpAuthSettings};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;

@@ -4,6 +4,7 @@
 
 mod admin;
 mod backpressure;
+mod claims;
 mod connect;
 mod delivery;
 mod durable;
