@@ -63,7 +63,7 @@ pub struct Broker {
     pub(crate) draining: HashMap<ConnId, ConnId>,
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
-    pub(crate) retain_fence: Option<u64>,
+    pub(crate) ack_fence: Option<u64>,
     /// The other shards' figures, for totals (see `Broker::set_other_shards`).
     pub(crate) others: Option<Box<super::observe::ShardFigures>>,
     /// Events for webhooks, recorded only when asked for (see `events`).
@@ -118,7 +118,7 @@ impl Broker {
             durable: super::durable::Durable::memory(now),
             takeovers: HashMap::default(),
             draining: HashMap::default(),
-            retain_fence: None,
+            ack_fence: None,
             others: None,
             events: Default::default(),
             claims: Default::default(),
@@ -147,6 +147,7 @@ impl Broker {
                     .peer_interest(from, &filter, group.as_deref(), add);
                 self.peers.send(from, PeerEvent::Seen { seq });
             }
+            PeerEvent::Sync { seq } => self.durable_seen(from, seq),
             PeerEvent::Seen { seq } => {
                 for (conn, out) in self.peers.seen(from, seq) {
                     match out {
@@ -248,7 +249,7 @@ impl Broker {
         if msg.retain && self.config.retain_available {
             if self.peers.any() {
                 let seq = self.peers.stamp();
-                self.retain_fence = Some(seq);
+                self.ack_fence = Some(seq);
                 self.peers.send_all(|| PeerEvent::Retain {
                     msg: msg.for_peer(),
                     seq,
@@ -261,7 +262,17 @@ impl Broker {
             }
             self.keep_retained(msg.clone());
         }
-        self.deliver(now, msg, Scope::Everywhere)
+        let durable_fence = self.durable.on() && msg.qos != QoS::AtMostOnce;
+        let forwarded = self.metrics.peer_forwarded;
+        let count = self.deliver(now, msg, Scope::Everywhere);
+        if durable_fence && self.metrics.peer_forwarded != forwarded {
+            // Acknowledged once every peer that may hold it for a
+            // persistent session has it on disk (see `PeerEvent::Sync`).
+            let seq = self.peers.stamp();
+            self.ack_fence = Some(seq);
+            self.peers.send_all(|| PeerEvent::Sync { seq });
+        }
+        count
     }
 
     /// Set (or, with an empty payload, clear) a retained message.

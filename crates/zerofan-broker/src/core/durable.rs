@@ -124,6 +124,13 @@ pub(crate) struct Durable {
     held: VecDeque<(Lsn, ConnId, Outgoing)>,
     /// Held acknowledgements per connection (later ones queue behind them).
     held_per_conn: HashMap<ConnId, usize>,
+    /// Peers' `Sync`s of the current event, answered once its commit is
+    /// durable (see `PeerEvent::Sync`).
+    seen_pending: Vec<(super::peer::PeerId, u64)>,
+    /// Those answers waiting for their LSN to be durable, in LSN order.
+    seen_held: VecDeque<(Lsn, super::peer::PeerId, u64)>,
+    /// The LSN of the last commit.
+    last_commit: Lsn,
 }
 
 impl Durable {
@@ -135,6 +142,9 @@ impl Durable {
             pending: Vec::new(),
             held: VecDeque::new(),
             held_per_conn: HashMap::default(),
+            seen_pending: Vec::new(),
+            seen_held: VecDeque::new(),
+            last_commit: 0,
         }
     }
 
@@ -318,6 +328,26 @@ impl Broker {
                 self.wake(conn);
             }
         }
+        while self
+            .durable
+            .seen_held
+            .front()
+            .is_some_and(|(lsn, _, _)| *lsn <= durable)
+        {
+            if let Some((_, peer, seq)) = self.durable.seen_held.pop_front() {
+                self.peers.send(peer, super::peer::PeerEvent::Seen { seq });
+            }
+        }
+    }
+
+    /// A peer's `Sync`: answered once everything this core wrote so far
+    /// (the peer's earlier messages among it) is durable.
+    pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
+        if self.durable.on() {
+            self.durable.seen_pending.push((from, seq));
+        } else {
+            self.peers.send(from, super::peer::PeerEvent::Seen { seq });
+        }
     }
 
     /// Send the PUBACK / PUBREC of an inbound PUBLISH: at once when nothing
@@ -336,7 +366,7 @@ impl Broker {
     /// acknowledgements until that commit is durable.
     pub(crate) fn end_event(&mut self) {
         let d = &mut self.durable;
-        if !d.dirty && d.pending.is_empty() {
+        if !d.dirty && d.pending.is_empty() && d.seen_pending.is_empty() {
             return;
         }
         let Some(log) = d.log.as_mut() else {
@@ -350,12 +380,25 @@ impl Broker {
             }
             return;
         };
+        if !d.dirty && d.pending.is_empty() {
+            // Only peers' `Sync`s: they wait for the last commit.
+            let lsn = d.last_commit;
+            for (peer, seq) in d.seen_pending.drain(..) {
+                d.seen_held.push_back((lsn, peer, seq));
+            }
+            self.release_durable();
+            return;
+        }
         d.dirty = false;
         match log.commit() {
             Ok(lsn) => {
+                d.last_commit = lsn;
                 for (conn, out) in d.pending.drain(..) {
                     *d.held_per_conn.entry(conn).or_insert(0) += 1;
                     d.held.push_back((lsn, conn, out));
+                }
+                for (peer, seq) in d.seen_pending.drain(..) {
+                    d.seen_held.push_back((lsn, peer, seq));
                 }
             }
             Err(e) => {

@@ -75,6 +75,15 @@ pub enum PeerEvent {
         /// The sender's change number, answered with [`PeerEvent::Seen`].
         seq: u64,
     },
+    /// The sender holds the acknowledgement of a QoS 1/2 message it sent
+    /// on until the receiver has made durable what it wrote for the
+    /// sender's events so far (a persistent session's queue entry): the
+    /// receiver answers [`PeerEvent::Seen`] once its store has it (at once
+    /// without a store).
+    Sync {
+        /// The sender's change number.
+        seq: u64,
+    },
     /// The receiver applied the sender's changes up to `seq` (subscription
     /// interests, retained messages): what waited on them may go (a SUBACK,
     /// the acknowledgement of a retained PUBLISH), so that a client told

@@ -127,7 +127,7 @@ impl Broker {
         let matched = self.route(now, msg);
         // A retained message that went to the peers: acknowledged once every
         // shard has it (see `PeerEvent::Seen`).
-        let fence = self.retain_fence.take();
+        let fence = self.ack_fence.take();
         let reason = if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {

@@ -498,3 +498,93 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
     );
     assert!(h.out(publ).payloads().is_empty());
 }
+
+/// Two cores as shards, each with its own fake log; batches moved by hand.
+fn peered() -> ([(H, Rc<Shared>); 2], [crate::core::PeerId; 2]) {
+    use crate::core::PeerId;
+    let ids = [PeerId(0), PeerId(1)];
+    let mut a = durable_h();
+    let mut b = durable_h();
+    a.0.b.set_peers(ids[0], &ids);
+    b.0.b.set_peers(ids[1], &ids);
+    ([a, b], ids)
+}
+
+fn pump(cores: &mut [(H, Rc<Shared>); 2]) {
+    for _ in 0..100 {
+        let mut moved = false;
+        for i in 0..2 {
+            while let Some(batch) = cores[i].0.b.poll_peer_transmit() {
+                moved = true;
+                let to = &mut cores[usize::from(batch.to.0)].0;
+                for e in batch.events {
+                    let now = to.now;
+                    to.b.handle_peer(now, crate::core::PeerId(i as u16), e);
+                }
+            }
+        }
+        if !moved {
+            return;
+        }
+    }
+    panic!("peers never went quiet");
+}
+
+/// A QoS 1 message that crosses to another shard for a persistent session
+/// there is acknowledged to its publisher only once that shard's store
+/// has it durable: a kill -9 between the two cannot lose it.
+#[test]
+fn an_ack_waits_for_the_store_of_the_shard_that_queued_it() {
+    let (mut cores, _) = peered();
+    let sub = persistent(&mut cores[1].0, "sub");
+    cores[1].0.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    pump(&mut cores);
+    let durable_now = cores[1].1.lsn.get();
+    cores[1].1.durable.set(durable_now);
+    cores[1].0.b.release_durable();
+    pump(&mut cores);
+    assert!(acks(&cores[1].0.out(sub)).is_empty());
+    cores[1]
+        .0
+        .send(sub, Packet::Disconnect(Disconnect::default()));
+    cores[1].0.b.connection_lost(cores[1].0.now, sub);
+    let durable_now = cores[1].1.lsn.get();
+    cores[1].1.durable.set(durable_now);
+    cores[1].0.b.release_durable();
+    pump(&mut cores);
+
+    let publ = cores[0].0.client("pub");
+    cores[0].0.send(
+        publ,
+        Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)),
+    );
+    pump(&mut cores);
+    assert!(take(&cores[0].1).is_empty(), "the publisher's shard wrote");
+    assert!(
+        take(&cores[1].1)
+            .iter()
+            .any(|e| e.starts_with("enqueue sub")),
+        "the subscriber's shard queued it"
+    );
+    assert!(
+        acks(&cores[0].0.out(publ)).is_empty(),
+        "acknowledged before the other shard's store had it"
+    );
+    let lsn = cores[1].1.lsn.get();
+    cores[1].1.durable.set(lsn);
+    cores[1].0.b.release_durable();
+    pump(&mut cores);
+    assert_eq!(acks(&cores[0].0.out(publ)), ["puback"]);
+
+    // QoS 0, and QoS 1 that crosses to no shard, are not held.
+    cores[0].0.send(
+        publ,
+        Packet::Publish(publish("t", "q0", QoS::AtMostOnce, 0)),
+    );
+    cores[0].0.send(
+        publ,
+        Packet::Publish(publish("other", "x", QoS::AtLeastOnce, 2)),
+    );
+    pump(&mut cores);
+    assert_eq!(acks(&cores[0].0.out(publ)), ["puback"]);
+}
