@@ -736,6 +736,11 @@ async fn watch_metrics(inner: Arc<Inner>) {
     }
 }
 
+/// Without TLS only loopback peers are trusted, unless `insecure`.
+fn peer_allowed(ip: std::net::IpAddr, insecure: bool) -> bool {
+    insecure || ip.is_loopback()
+}
+
 async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -748,7 +753,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                 continue;
             }
         };
-        if !peer.ip().is_loopback() && !inner.insecure {
+        if !peer_allowed(peer.ip(), inner.insecure) {
             inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, "{REFUSED_NON_LOOPBACK}");
             continue;
@@ -794,5 +799,21 @@ async fn serve_connection(inner: &Inner, mut stream: TcpStream) -> std::io::Resu
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_without_insecure() {
+        let lan: std::net::IpAddr = "192.168.1.20".parse().unwrap();
+        let v6: std::net::IpAddr = "::1".parse().unwrap();
+        assert!(!peer_allowed(lan, false));
+        assert!(peer_allowed(lan, true));
+        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false));
+        assert!(peer_allowed(v6, false));
+        assert!(REFUSED_NON_LOOPBACK.contains("insecure = true"));
     }
 }
