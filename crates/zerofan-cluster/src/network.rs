@@ -105,8 +105,16 @@ impl TcpNetwork {
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "raft rpc timed out"))??;
         // Only a connection that answered in full is reused.
         self.conn = Some(conn);
-        if let Ok(mut h) = self.heard.lock() {
-            h.insert(self.target, Instant::now());
+        // A stopped Raft node answers with errors: that is not health.
+        let ok = match &reply {
+            RaftReply::Append(r) => r.is_ok(),
+            RaftReply::Vote(r) => r.is_ok(),
+            RaftReply::Snapshot(r) => r.is_ok(),
+        };
+        if ok {
+            if let Ok(mut h) = self.heard.lock() {
+                h.insert(self.target, Instant::now());
+            }
         }
         Ok(reply)
     }
