@@ -18,6 +18,7 @@ struct Node {
     child: Child,
     cluster_addr: String,
     _stdout: Receiver<String>,
+    stderr: Receiver<String>,
 }
 
 impl Drop for Node {
@@ -35,12 +36,13 @@ fn start(id: u64, dir: &Path, cluster: &str, join: Option<&str>) -> Node {
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+        .stderr(Stdio::piped());
     if let Some(j) = join {
         cmd.args(["--join", j]);
     }
     let mut child = cmd.spawn().expect("spawn zerofan");
     let stdout = lines(child.stdout.take().expect("stdout"));
+    let stderr = lines(child.stderr.take().expect("stderr"));
     let prefix = format!("zerofan cluster node {id} on ");
     let deadline = Instant::now() + Duration::from_secs(60);
     let cluster_addr = loop {
@@ -59,6 +61,7 @@ fn start(id: u64, dir: &Path, cluster: &str, join: Option<&str>) -> Node {
         child,
         cluster_addr,
         _stdout: stdout,
+        stderr,
     }
 }
 
@@ -183,6 +186,17 @@ fn three_nodes_survive_leader_kill_rejoin_and_remove() {
         out.status.success() && table.contains("NODE") && table.contains("leader"),
         "{table}"
     );
+
+    // A peer was down for a while: at the default level that is not a
+    // flood of openraft's per-heartbeat warnings.
+    for n in &nodes {
+        let noisy: Vec<String> = n
+            .stderr
+            .try_iter()
+            .filter(|l| l.contains("openraft"))
+            .collect();
+        assert!(noisy.is_empty(), "node {}: {noisy:?}", n.id);
+    }
 }
 
 #[test]

@@ -741,8 +741,13 @@ fn peer_allowed(ip: std::net::IpAddr, insecure: bool) -> bool {
     insecure || ip.is_loopback()
 }
 
+/// Refusals are logged at most this often (a scanner must not flood the
+/// log); the counter has them all.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut last_refusal_log: Option<Instant> = None;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -754,8 +759,11 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
             }
         };
         if !peer_allowed(peer.ip(), inner.insecure) {
-            inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, "{REFUSED_NON_LOOPBACK}");
+            let refused = inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed) + 1;
+            if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                last_refusal_log = Some(Instant::now());
+                tracing::warn!(%peer, refused, "{REFUSED_NON_LOOPBACK}");
+            }
             continue;
         }
         let Ok(permit) = permits.clone().try_acquire_owned() else {
