@@ -248,3 +248,41 @@ pub fn run(cmd: &ClusterCommand) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_table_is_read_and_checked() {
+        let text = "data_dir = \"d1\"\n[cluster]\nnode_id = 2\nlisten = \"127.0.0.1:7102\"\n\
+                    join = \"127.0.0.1:7101\"\ninsecure = true\n";
+        let c = Config::from_toml(text, "t.toml").unwrap();
+        let s = c.cluster.clone().unwrap();
+        assert_eq!(s.node_id, 2);
+        assert_eq!(s.join, Some("127.0.0.1:7101".parse().unwrap()));
+        assert!(s.insecure);
+        assert_eq!(s.replicas, 3, "three copies unless told");
+        assert!(check(&c).is_ok());
+
+        let bad = |text: &str| Config::from_toml(text, "t.toml").unwrap_err().to_string();
+        let e = bad("[cluster]\nnode_id = 0\nlisten = \"127.0.0.1:7101\"\n");
+        assert!(e.contains("cluster.node_id"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\njoin = \"127.0.0.1:7101\"\n");
+        assert!(
+            e.contains("cluster.join") && e.contains("cluster.listen"),
+            "{e}"
+        );
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nreplicas = 0\n");
+        assert!(e.contains("cluster.replicas"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
+        assert!(e.contains("unknown field"), "{e}");
+
+        let mut memory =
+            Config::from_toml("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\n", "t")
+                .unwrap();
+        memory.memory = true;
+        let e = check(&memory).unwrap_err().to_string();
+        assert!(e.contains("--memory"), "{e}");
+    }
+}

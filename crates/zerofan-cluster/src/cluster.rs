@@ -355,6 +355,8 @@ impl Cluster {
 
     /// Make this node the owner of `client_id`, through the leader's log:
     /// the owner and its epoch, which rises with every claim of that id.
+    /// An error (no leader yet, leader changed mid-write) leaves the claim
+    /// unknown: retry; a claim that did commit only raises the epoch.
     pub async fn claim(&self, client_id: &str) -> Result<(u64, u64), ClusterError> {
         let req = admin::Request::Claim {
             client_id: client_id.to_string(),

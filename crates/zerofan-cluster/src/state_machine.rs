@@ -22,7 +22,9 @@ const SNAPSHOT: &str = "raft-snapshot";
 pub const MAX_CLIENT_IDS: usize = 1_000_000;
 
 /// A client id this node served has been claimed by another node: the local
-/// connection must go (DISCONNECT 0x8E).
+/// connection must go (DISCONNECT 0x8E). A restarted node re-applies its log
+/// and may hear of old losses again: act only when `epoch` is above the
+/// epoch the local session holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnershipLost {
     /// MQTT client id.
