@@ -138,6 +138,7 @@ struct Counters {
     refused_peers: AtomicU64,
     links_dropped: AtomicU64,
     connections_refused: AtomicU64,
+    bad_frames: AtomicU64,
 }
 
 struct Inner {
@@ -470,6 +471,11 @@ impl Cluster {
                 .load(Ordering::Relaxed)
     }
 
+    /// Connections closed for a malformed or oversized frame.
+    pub fn bad_frames(&self) -> u64 {
+        self.inner.counters.bad_frames.load(Ordering::Relaxed)
+    }
+
     /// Links closed because the broker was not taking them.
     pub fn links_dropped(&self) -> u64 {
         self.inner.counters.links_dropped.load(Ordering::Relaxed)
@@ -779,6 +785,9 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
         let inner = inner.clone();
         tokio::spawn(async move {
             if let Err(e) = serve_connection(&inner, stream).await {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    inner.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::debug!(%peer, %e, "cluster connection closed");
             }
             drop(permit);

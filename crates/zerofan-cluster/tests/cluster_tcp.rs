@@ -147,3 +147,33 @@ async fn a_join_to_nowhere_fails_with_a_clear_error() {
     let zero = Cluster::start(config(0, &dir, None)).await.err().unwrap();
     assert!(zero.to_string().contains("node id 0"), "{zero}");
 }
+
+#[tokio::test]
+async fn bad_frames_close_only_their_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    // An oversized length, then a hello that is not JSON.
+    let mut huge = tokio::net::TcpStream::connect(n1.local_addr())
+        .await
+        .unwrap();
+    huge.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let mut junk = tokio::net::TcpStream::connect(n1.local_addr())
+        .await
+        .unwrap();
+    junk.write_all(&[0, 0, 0, 3, b'{', b'{', b'{'])
+        .await
+        .unwrap();
+    for s in [&mut huge, &mut junk] {
+        let mut buf = [0u8; 1];
+        let n = timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(matches!(n, Ok(0) | Err(_)), "closed: {n:?}");
+    }
+    until("both counted", || n1.bad_frames() == 2).await;
+    let s = zerofan_cluster::admin::status(&n1.local_addr().to_string())
+        .await
+        .unwrap();
+    assert_eq!(s.members.len(), 1, "the node still answers");
+    n1.shutdown().await;
+}
