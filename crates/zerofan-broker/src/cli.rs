@@ -72,6 +72,17 @@ pub struct Args {
     /// --metrics is the same. Off by default.
     #[arg(long = "http", alias = "metrics", value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// This node's id in a cluster (at least 1). [`cluster.node_id`]
+    #[arg(long, value_name = "N")]
+    pub node_id: Option<u64>,
+    /// Listen for other cluster nodes (and `zerofan cluster`) on ADDR, e.g.
+    /// 127.0.0.1:7101. [`cluster.listen`]
+    #[arg(long, value_name = "ADDR")]
+    pub cluster_listen: Option<SocketAddr>,
+    /// Join the cluster of the node whose cluster listener is ADDR (only
+    /// when the data dir holds no cluster state yet). [`cluster.join`]
+    #[arg(long, value_name = "ADDR")]
+    pub join: Option<SocketAddr>,
     /// Log format on stderr: text (readable) or json (one object a line).
     /// [default: text]
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -84,6 +95,10 @@ pub enum Command {
     /// Add, change (-b PASSWORD, or prompted) or delete (-D) a user in a
     /// mosquitto password file; -c creates the file.
     Passwd(crate::passwd_cmd::PasswdArgs),
+    /// Ask a running cluster: `status --connect ADDR [--json]`,
+    /// `remove --connect ADDR NODE_ID`.
+    #[command(subcommand)]
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 impl Args {
@@ -116,6 +131,21 @@ impl Args {
         if !config.memory && config.data_dir.is_none() {
             config.data_dir = Some(PathBuf::from("zerofan-data"));
         }
+        if self.node_id.is_some() || self.cluster_listen.is_some() || self.join.is_some() {
+            let c = config
+                .cluster
+                .get_or_insert_with(crate::cluster::ClusterSettings::empty);
+            if let Some(n) = self.node_id {
+                c.node_id = n;
+            }
+            if self.cluster_listen.is_some() {
+                c.listen = self.cluster_listen;
+            }
+            if self.join.is_some() {
+                c.join = self.join;
+            }
+        }
+        crate::cluster::check(&config)?;
         Ok(config)
     }
 }
@@ -143,6 +173,9 @@ pub fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Passwd(p)) = &args.command {
         return crate::passwd_cmd::run(p);
+    }
+    if let Some(Command::Cluster(c)) = &args.command {
+        return crate::cluster::run(c);
     }
     if args.test_config {
         return test_config(&args);

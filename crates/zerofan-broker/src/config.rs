@@ -207,6 +207,8 @@ pub struct Config {
     /// Bridges to other brokers (`[[bridge]]` tables; mosquitto's
     /// `connection` sections). Read at start, not on reload.
     pub bridge: Vec<crate::bridge::BridgeConfig>,
+    /// `[cluster]`: run as a node of a cluster. Read at start.
+    pub cluster: Option<crate::cluster::ClusterSettings>,
 }
 
 impl Default for Config {
@@ -255,6 +257,7 @@ impl Default for Config {
             memory: false,
             fsync: "always".into(),
             bridge: Vec::new(),
+            cluster: None,
         }
     }
 }
@@ -368,6 +371,7 @@ reload_classes! {
     memory: RestartOnly,
     fsync: RestartOnly,
     bridge: RestartOnly,
+    cluster: RestartOnly,
 }
 
 /// What [`Config::reconcile`] found, in [`RELOAD_CLASSES`] order.
@@ -547,6 +551,9 @@ impl Config {
                     "queue_size, batch_size and timeout_ms must be at least 1",
                 );
             }
+        }
+        if let Some(c) = &self.cluster {
+            c.check()?;
         }
         if let Some(Err(why)) = self.auth_jwt.as_ref().map(|j| j.validate()) {
             return bad("auth_jwt", why);

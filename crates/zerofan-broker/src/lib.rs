@@ -33,6 +33,7 @@
 
 pub mod bridge;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod core;
 pub mod embed;

@@ -221,6 +221,13 @@ pub fn init(verbose: u8, format: LogFormat, dests: &[LogDest]) -> Result<(), Str
         2 => "debug",
         _ => "trace",
     };
+    // openraft logs each failed heartbeat to a down peer as WARN and ERROR,
+    // twice a second; the cluster crate logs what an operator needs. Its
+    // own lines come back from -vv on.
+    let level = match verbose {
+        0 | 1 => format!("{level},openraft=off"),
+        _ => level.to_string(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let sinks = if dests.is_empty() {

@@ -42,6 +42,9 @@ pub struct Server {
     monitor: Option<Monitor>,
     /// Bridges to other brokers, checked and their files read.
     bridges: Vec<crate::bridge::Prepared>,
+    /// This node of a cluster, when `[cluster]` is set; the node-to-node
+    /// links take it from here.
+    cluster: Option<std::sync::Arc<zerofan_cluster::Cluster>>,
 }
 
 impl Server {
@@ -56,6 +59,9 @@ impl Server {
         let bridges = crate::bridge::prepare(&config.bridge)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let ops = super::ops::OpsSetup::prepare(&config).await?;
+        // Before the MQTT listeners: a node that cannot start or join its
+        // cluster does not serve clients.
+        let cluster = crate::cluster::start(&config).await?;
         let mut listeners = Vec::new();
         for l in &loaded.listeners {
             let bound = TcpListener::bind(l.config.bind).await.map_err(|e| {
@@ -72,7 +78,13 @@ impl Server {
             ops,
             monitor: None,
             bridges,
+            cluster,
         })
+    }
+
+    /// This node's cluster handle, when `[cluster]` is set.
+    pub fn cluster(&self) -> Option<&std::sync::Arc<zerofan_cluster::Cluster>> {
+        self.cluster.as_ref()
     }
 
     /// The metrics listener's address, if `metrics` is set.

@@ -1,0 +1,288 @@
+//! Cluster settings (`[cluster]`, `--node-id`, `--cluster-listen`,
+//! `--join`), the cluster node started beside the broker, and the
+//! `zerofan cluster status|remove` commands.
+
+use crate::config::{Config, ConfigError};
+use clap::Subcommand;
+use serde::Deserialize;
+use std::io;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use zerofan_cluster::{Cluster, ClusterConfig, ClusterStatus};
+
+/// The `[cluster]` table.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// This node's id: unique in the cluster, at least 1.
+    #[serde(default)]
+    pub node_id: u64,
+    /// Address of the node-to-node listener (Raft, admin, links).
+    pub listen: Option<SocketAddr>,
+    /// A member to join through when the data dir holds no cluster state
+    /// yet; a node restarted with its data dir rejoins without it.
+    pub join: Option<SocketAddr>,
+    /// Accept cluster traffic from non-loopback peers without TLS.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Copies of replicated session state (used by session replication).
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+    /// MQTT address other nodes give clients in server references; the
+    /// first `listen` address when unset.
+    pub advertise: Option<SocketAddr>,
+}
+
+fn default_replicas() -> usize {
+    3
+}
+
+impl ClusterSettings {
+    /// Settings with only a node id; flags fill in the rest.
+    pub fn empty() -> ClusterSettings {
+        ClusterSettings {
+            node_id: 0,
+            listen: None,
+            join: None,
+            insecure: false,
+            replicas: default_replicas(),
+            advertise: None,
+        }
+    }
+
+    /// Check the settings (the data dir is checked once flags are merged).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let bad = |key, why| Err(ConfigError::Invalid { key, why });
+        if self.node_id == 0 {
+            return bad("cluster.node_id", "must be at least 1 (--node-id N)");
+        }
+        if self.listen.is_none() {
+            if self.join.is_some() {
+                return bad(
+                    "cluster.join",
+                    "needs cluster.listen (--cluster-listen ADDR): the cluster must reach this node",
+                );
+            }
+            return bad("cluster.listen", "is needed (--cluster-listen ADDR)");
+        }
+        if self.listen.is_some_and(|a| a.ip().is_unspecified()) {
+            return bad(
+                "cluster.listen",
+                "must be a specific address other nodes can reach, not 0.0.0.0 or ::",
+            );
+        }
+        if self.replicas == 0 {
+            return bad("cluster.replicas", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Check the `[cluster]` table of a fully merged `config` (flags and
+/// defaults applied).
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    let Some(c) = &config.cluster else {
+        return Ok(());
+    };
+    c.check()?;
+    if config.memory || config.data_dir.is_none() {
+        return Err(ConfigError::Invalid {
+            key: "cluster",
+            why: "needs a data dir (--data-dir), not --memory: the node's Raft log is kept on disk",
+        });
+    }
+    Ok(())
+}
+
+/// Start the cluster node on a thread of its own (its fsyncs must not stall
+/// the broker's event loop) and wait until it has started, joined or
+/// rejoined.
+pub async fn start(config: &Config) -> io::Result<Option<Arc<Cluster>>> {
+    let Some(s) = &config.cluster else {
+        return Ok(None);
+    };
+    let (Some(listen), Some(data_dir)) = (s.listen, config.data_dir.clone()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cluster needs a listen address and a data dir",
+        ));
+    };
+    let cfg = ClusterConfig {
+        node_id: s.node_id,
+        listen,
+        join: s.join,
+        data_dir,
+        advertise: s
+            .advertise
+            .or_else(|| config.listen.first().copied().filter(|a| a.port() != 0)),
+        insecure: s.insecure,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("zerofan-cluster".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                match Cluster::start(cfg).await {
+                    Ok(c) => {
+                        let c = Arc::new(c);
+                        let _ = tx.send(Ok(c.clone()));
+                        // The runtime serves the node for the life of the
+                        // process.
+                        std::future::pending::<()>().await;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e.to_string()));
+                    }
+                }
+            });
+        })?;
+    match rx.await {
+        Ok(Ok(c)) => {
+            println!("zerofan cluster node {} on {}", c.node_id(), c.local_addr());
+            Ok(Some(c))
+        }
+        Ok(Err(e)) => Err(io::Error::other(e)),
+        Err(_) => Err(io::Error::other("the cluster thread stopped")),
+    }
+}
+
+/// `zerofan cluster ...`
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Members, their roles and health, the leader and its term.
+    Status {
+        /// Cluster listener of any member, e.g. 127.0.0.1:7101.
+        #[arg(long, value_name = "ADDR")]
+        connect: String,
+        /// One JSON object (`members` holds one object per node).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a node from the cluster.
+    Remove {
+        /// Cluster listener of any member, e.g. 127.0.0.1:7101.
+        #[arg(long, value_name = "ADDR")]
+        connect: String,
+        /// Node id to remove.
+        node_id: u64,
+    },
+}
+
+fn print_table(s: &ClusterStatus) {
+    let leader = s.leader_id.map_or("none".to_string(), |l| l.to_string());
+    println!(
+        "leader {leader}, term {}, last applied {}, leader changes {}, answered by node {}",
+        s.term,
+        s.last_applied.map_or("-".into(), |i| i.to_string()),
+        s.leader_changes,
+        s.answered_by
+    );
+    println!(
+        "{:<6} {:<9} {:<8} {:<22} {:<22} LAG",
+        "NODE", "ROLE", "HEALTHY", "CLUSTER ADDR", "MQTT ADDR"
+    );
+    for m in &s.members {
+        println!(
+            "{:<6} {:<9} {:<8} {:<22} {:<22} {}",
+            m.node_id,
+            m.role,
+            if m.healthy { "yes" } else { "no" },
+            m.cluster_addr,
+            m.mqtt_addr.as_deref().unwrap_or("-"),
+            m.lag.map_or("-".into(), |l| l.to_string())
+        );
+    }
+}
+
+/// Run a `zerofan cluster` subcommand.
+pub fn run(cmd: &ClusterCommand) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("zerofan: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cmd {
+            ClusterCommand::Status { connect, json } => {
+                let s = zerofan_cluster::admin::status(connect).await?;
+                if *json {
+                    match serde_json::to_string_pretty(&s) {
+                        Ok(j) => println!("{j}"),
+                        Err(e) => {
+                            return Err(zerofan_cluster::ClusterError::Refused(e.to_string()))
+                        }
+                    }
+                } else {
+                    print_table(&s);
+                }
+                Ok(())
+            }
+            ClusterCommand::Remove { connect, node_id } => {
+                zerofan_cluster::admin::remove(connect, *node_id).await?;
+                println!("node {node_id} removed");
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("zerofan: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_table_is_read_and_checked() {
+        let text = "data_dir = \"d1\"\n[cluster]\nnode_id = 2\nlisten = \"127.0.0.1:7102\"\n\
+                    join = \"127.0.0.1:7101\"\ninsecure = true\n";
+        let c = Config::from_toml(text, "t.toml").unwrap();
+        let s = c.cluster.clone().unwrap();
+        assert_eq!(s.node_id, 2);
+        assert_eq!(s.join, Some("127.0.0.1:7101".parse().unwrap()));
+        assert!(s.insecure);
+        assert_eq!(s.replicas, 3, "three copies unless told");
+        assert!(check(&c).is_ok());
+
+        let bad = |text: &str| Config::from_toml(text, "t.toml").unwrap_err().to_string();
+        let e = bad("[cluster]\nnode_id = 0\nlisten = \"127.0.0.1:7101\"\n");
+        assert!(e.contains("cluster.node_id"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\njoin = \"127.0.0.1:7101\"\n");
+        assert!(
+            e.contains("cluster.join") && e.contains("cluster.listen"),
+            "{e}"
+        );
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nreplicas = 0\n");
+        assert!(e.contains("cluster.replicas"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
+        assert!(e.contains("unknown field"), "{e}");
+
+        let mut memory =
+            Config::from_toml("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\n", "t")
+                .unwrap();
+        memory.memory = true;
+        let e = check(&memory).unwrap_err().to_string();
+        assert!(e.contains("--memory"), "{e}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Admin requests over the cluster listener (`Admin` hello): what
+//! `zerofan cluster status|remove` send, and how nodes ask the leader to
+//! add them or to record a claim.
+
+use crate::cluster::ClusterError;
+use crate::frame::{self, Hello, Kind, LARGE_FRAME};
+use crate::types::NodeInfo;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// One member as `cluster status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Node id.
+    pub node_id: u64,
+    /// Cluster listener address.
+    pub cluster_addr: String,
+    /// MQTT address, when the node advertises one.
+    pub mqtt_addr: Option<String>,
+    /// `leader`, `follower` or `learner`.
+    pub role: String,
+    /// The answering leader heard from it recently (always true for the
+    /// answering node itself).
+    pub healthy: bool,
+    /// Last log index known replicated to it (leader's view).
+    pub matched: Option<u64>,
+    /// Entries it is behind the leader's log (leader's view).
+    pub lag: Option<u64>,
+}
+
+/// The answer to `cluster status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Node that answered (the leader when it could be reached).
+    pub answered_by: u64,
+    /// Current leader, if known.
+    pub leader_id: Option<u64>,
+    /// Raft term.
+    pub term: u64,
+    /// Last log index applied on the answering node.
+    pub last_applied: Option<u64>,
+    /// Leader changes the answering node has seen since it started.
+    pub leader_changes: u64,
+    /// Client ids owned cluster-wide.
+    pub client_ids: u64,
+    /// Claims applied.
+    pub claims: u64,
+    /// Claims that moved a client id from one node to another.
+    pub fenced_takeovers: u64,
+    /// One entry per member.
+    pub members: Vec<MemberStatus>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum Request {
+    Status,
+    Remove {
+        node_id: u64,
+    },
+    Join {
+        node_id: u64,
+        node: NodeInfo,
+    },
+    Claim {
+        client_id: String,
+        node_id: u64,
+    },
+    Release {
+        client_id: String,
+        epoch: u64,
+    },
+    /// Sent by the leader to a node it removed.
+    Removed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Envelope {
+    pub(crate) req: Request,
+    /// Already passed on by a follower: not passed on again.
+    pub(crate) forwarded: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum Reply {
+    Status(Box<ClusterStatus>),
+    Done,
+    Claimed { owner: u64, epoch: u64 },
+    Error(String),
+}
+
+/// How long an admin exchange may take (a join waits for the new node to
+/// catch up as a learner).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(15);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub(crate) async fn call(addr: &str, from: u64, env: &Envelope) -> Result<Reply, ClusterError> {
+    let unreachable = |why: String| ClusterError::Unreachable {
+        addr: addr.to_string(),
+        why,
+    };
+    let mut conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Err(_) => return Err(unreachable("no answer within 3 s".into())),
+    };
+    let exchange = async {
+        frame::write(
+            &mut conn,
+            &Hello {
+                kind: Kind::Admin,
+                from,
+            },
+        )
+        .await?;
+        frame::write(&mut conn, env).await?;
+        frame::read::<_, Reply>(&mut conn, LARGE_FRAME).await
+    };
+    match timeout(ADMIN_TIMEOUT, exchange).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(unreachable(e.to_string())),
+        Err(_) => Err(unreachable("no answer within 15 s".into())),
+    }
+}
+
+/// The status of the cluster `addr` (a node's cluster listener) is part of.
+pub async fn status(addr: &str) -> Result<ClusterStatus, ClusterError> {
+    let env = Envelope {
+        req: Request::Status,
+        forwarded: false,
+    };
+    match call(addr, 0, &env).await? {
+        Reply::Status(s) => Ok(*s),
+        Reply::Error(e) => Err(ClusterError::Refused(e)),
+        other => Err(ClusterError::Refused(format!(
+            "unexpected answer {other:?}"
+        ))),
+    }
+}
+
+/// Remove `node_id` from the cluster `addr` is part of.
+pub async fn remove(addr: &str, node_id: u64) -> Result<(), ClusterError> {
+    let env = Envelope {
+        req: Request::Remove { node_id },
+        forwarded: false,
+    };
+    match call(addr, 0, &env).await? {
+        Reply::Done => Ok(()),
+        Reply::Error(e) => Err(ClusterError::Refused(e)),
+        other => Err(ClusterError::Refused(format!(
+            "unexpected answer {other:?}"
+        ))),
+    }
+}

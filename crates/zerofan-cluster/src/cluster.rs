@@ -1,0 +1,838 @@
+//! The cluster handle: storage, the Raft node, the node-to-node listener and
+//! the admin requests it serves.
+
+use crate::admin::{self, ClusterStatus, Envelope, MemberStatus, Reply};
+use crate::disk::{Disk, FsDisk};
+use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
+use crate::log_store::LogStore;
+use crate::network::{self, Heard, RaftRequest, TcpNetworkFactory};
+use crate::state_machine::{OwnershipLost, SmShared, StateMachine};
+use crate::types::{Command, NodeInfo, Raft, Reply as SmReply};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, Instant};
+
+/// How to run this node.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// This node's id, unique in the cluster, not 0.
+    pub node_id: u64,
+    /// The node-to-node listener (Raft, admin, links).
+    pub listen: SocketAddr,
+    /// A member to join through when the data dir is empty.
+    pub join: Option<SocketAddr>,
+    /// The Raft log, vote and snapshot go in `data_dir/cluster/`.
+    pub data_dir: PathBuf,
+    /// The node's MQTT address, for server references.
+    pub advertise: Option<SocketAddr>,
+    /// Accept cluster traffic from non-loopback peers without TLS.
+    pub insecure: bool,
+}
+
+/// Why the cluster could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Bad settings.
+    #[error("cluster config: {0}")]
+    Config(String),
+    /// Disk or socket trouble.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A node did not answer.
+    #[error("cluster node {addr} does not answer: {why}")]
+    Unreachable {
+        /// Its cluster address.
+        addr: String,
+        /// What happened.
+        why: String,
+    },
+    /// The request was refused or failed on the far side.
+    #[error("{0}")]
+    Refused(String),
+    /// Joining failed after every retry.
+    #[error("could not join the cluster through {addr}: {why}")]
+    Join {
+        /// The address given to `--join`.
+        addr: SocketAddr,
+        /// The last error.
+        why: String,
+    },
+}
+
+/// One member in the [`Members`] view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Member {
+    /// Cluster listener address.
+    pub cluster_addr: String,
+    /// MQTT address, when advertised.
+    pub mqtt_addr: Option<String>,
+    /// Votes (false: a learner still catching up).
+    pub voter: bool,
+}
+
+/// Who is in the cluster, as this node last applied it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Members {
+    /// Current leader, if known.
+    pub leader: Option<u64>,
+    /// Members by node id.
+    pub nodes: BTreeMap<u64, Member>,
+}
+
+/// Node-to-node connections served at once; past it new ones are closed
+/// (counted).
+const MAX_CONNECTIONS: usize = 256;
+/// Links accepted and not yet taken by the broker; past it they are closed
+/// (counted).
+const LINK_QUEUE: usize = 64;
+/// Ownership-loss events not yet read by the broker.
+const LOST_QUEUE: usize = 4096;
+/// A follower heard from within this long is healthy.
+const HEALTHY_WITHIN: Duration = Duration::from_secs(2);
+/// Time a new connection has to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Join attempts and the longest pause between two.
+const JOIN_ATTEMPTS: u32 = 20;
+const JOIN_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+pub(crate) const REFUSED_NON_LOOPBACK: &str =
+    "cluster traffic from non-loopback address refused: set insecure = true or configure TLS";
+
+/// Raft timing: heartbeats every 150 ms, a leader is replaced after 0.6–1.2 s
+/// of silence.
+pub(crate) fn raft_config() -> Result<Arc<openraft::Config>, ClusterError> {
+    let config = openraft::Config {
+        cluster_name: "zerofan".into(),
+        heartbeat_interval: 150,
+        election_timeout_min: 600,
+        election_timeout_max: 1200,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(1000),
+        max_in_snapshot_log_to_keep: 100,
+        snapshot_max_chunk_size: 1024 * 1024,
+        ..Default::default()
+    };
+    config
+        .validate()
+        .map(Arc::new)
+        .map_err(|e| ClusterError::Config(e.to_string()))
+}
+
+#[derive(Default)]
+struct Counters {
+    leader_changes: AtomicU64,
+    refused_peers: AtomicU64,
+    links_dropped: AtomicU64,
+    connections_refused: AtomicU64,
+    bad_frames: AtomicU64,
+}
+
+struct Inner {
+    id: u64,
+    raft: Raft,
+    sm: Arc<SmShared>,
+    heard: Heard,
+    counters: Counters,
+    insecure: bool,
+    removed: AtomicBool,
+    links_tx: mpsc::Sender<(u64, TcpStream)>,
+    members_tx: watch::Sender<Members>,
+}
+
+/// A running cluster node. Dropping it stops the listener; call
+/// [`Cluster::shutdown`] to stop Raft too.
+pub struct Cluster {
+    inner: Arc<Inner>,
+    local_addr: SocketAddr,
+    members_rx: watch::Receiver<Members>,
+    links_rx: Mutex<Option<mpsc::Receiver<(u64, TcpStream)>>>,
+    lost_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let context = context.into();
+    move |source| ClusterError::Io { context, source }
+}
+
+impl Cluster {
+    /// Open (or create) the node's Raft state under `data_dir/cluster/`, bind
+    /// the cluster listener, and start, join or rejoin.
+    pub async fn start(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
+        if cfg.node_id == 0 {
+            return Err(ClusterError::Config("node id 0 is not allowed".into()));
+        }
+        if cfg.listen.ip().is_unspecified() {
+            return Err(ClusterError::Config(format!(
+                "cluster listen address {} cannot be given to other nodes; use a specific address",
+                cfg.listen
+            )));
+        }
+        let dir = cfg.data_dir.join("cluster");
+        let disk: Arc<dyn Disk> = Arc::new(
+            FsDisk::open(dir.clone()).map_err(io(format!("cannot open {}", dir.display())))?,
+        );
+        let log = LogStore::open(disk.clone())
+            .map_err(io(format!("cannot read the raft log in {}", dir.display())))?;
+        let fresh = log.is_empty();
+        let listener = TcpListener::bind(cfg.listen).await.map_err(io(format!(
+            "cannot listen for cluster traffic on {}",
+            cfg.listen
+        )))?;
+        let local_addr = listener.local_addr().map_err(io("cluster listener"))?;
+
+        let (lost_tx, lost_rx) = mpsc::channel(LOST_QUEUE);
+        let sm_shared = SmShared::new(cfg.node_id, lost_tx);
+        let sm = StateMachine::open(disk, sm_shared.clone())
+            .map_err(|e| ClusterError::Refused(format!("cannot read the raft snapshot: {e}")))?;
+        let heard: Heard = Arc::default();
+        let factory = TcpNetworkFactory {
+            local: cfg.node_id,
+            heard: heard.clone(),
+        };
+        let raft = Raft::new(cfg.node_id, raft_config()?, factory, log, sm)
+            .await
+            .map_err(|e| ClusterError::Refused(format!("raft did not start: {e}")))?;
+
+        let (links_tx, links_rx) = mpsc::channel(LINK_QUEUE);
+        let (members_tx, members_rx) = watch::channel(Members::default());
+        let inner = Arc::new(Inner {
+            id: cfg.node_id,
+            raft,
+            sm: sm_shared,
+            heard,
+            counters: Counters::default(),
+            insecure: cfg.insecure,
+            removed: AtomicBool::new(false),
+            links_tx,
+            members_tx,
+        });
+        let tasks = vec![
+            tokio::spawn(accept_loop(inner.clone(), listener)),
+            tokio::spawn(watch_metrics(inner.clone())),
+        ];
+        let cluster = Cluster {
+            inner,
+            local_addr,
+            members_rx,
+            links_rx: Mutex::new(Some(links_rx)),
+            lost_rx: Mutex::new(Some(lost_rx)),
+            tasks,
+        };
+        let me = NodeInfo {
+            cluster_addr: local_addr.to_string(),
+            mqtt_addr: cfg.advertise.map(|a| a.to_string()),
+        };
+        match (fresh, cfg.join) {
+            (true, None) => {
+                let nodes = BTreeMap::from([(cfg.node_id, me)]);
+                cluster
+                    .inner
+                    .raft
+                    .initialize(nodes)
+                    .await
+                    .map_err(|e| ClusterError::Refused(format!("cannot initialise: {e}")))?;
+                tracing::info!(node_id = cfg.node_id, %local_addr, "started a one-node cluster");
+            }
+            (true, Some(addr)) => {
+                cluster.join(addr, me).await?;
+                tracing::info!(node_id = cfg.node_id, %addr, "joined the cluster");
+            }
+            (false, join) => {
+                if join.is_some() {
+                    tracing::info!(
+                        "the data dir holds cluster state: rejoining from it, --join ignored"
+                    );
+                }
+                tracing::info!(node_id = cfg.node_id, %local_addr, "rejoining the cluster from the data dir");
+            }
+        }
+        Ok(cluster)
+    }
+
+    async fn join(&self, addr: SocketAddr, me: NodeInfo) -> Result<(), ClusterError> {
+        let env = Envelope {
+            req: admin::Request::Join {
+                node_id: self.inner.id,
+                node: me,
+            },
+            forwarded: false,
+        };
+        let mut pause = Duration::from_millis(100);
+        let mut why = String::new();
+        for attempt in 1..=JOIN_ATTEMPTS {
+            match admin::call(&addr.to_string(), self.inner.id, &env).await {
+                Ok(Reply::Done) => return Ok(()),
+                Ok(Reply::Error(e)) => why = e,
+                Ok(other) => why = format!("unexpected answer {other:?}"),
+                Err(e) => why = e.to_string(),
+            }
+            tracing::info!(attempt, %addr, %why, "join not done yet; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(JOIN_MAX_BACKOFF);
+        }
+        Err(ClusterError::Join { addr, why })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// Where the cluster listener is bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The membership, updated as the log is applied here.
+    pub fn members(&self) -> watch::Receiver<Members> {
+        self.members_rx.clone()
+    }
+
+    /// Links other nodes opened to this one, with their node id. Only the
+    /// first call gets the receiver.
+    pub fn take_links(&self) -> Option<mpsc::Receiver<(u64, TcpStream)>> {
+        self.links_rx.lock().ok()?.take()
+    }
+
+    /// Client ids this node served and another node has claimed. Only the
+    /// first call gets the receiver.
+    pub fn take_ownership_lost(&self) -> Option<mpsc::Receiver<OwnershipLost>> {
+        self.lost_rx.lock().ok()?.take()
+    }
+
+    /// Open a link to member `node_id`: its cluster listener, `Link` hello
+    /// sent; what follows is the caller's.
+    pub async fn dial_link(&self, node_id: u64) -> Result<TcpStream, ClusterError> {
+        let addr = self
+            .members_rx
+            .borrow()
+            .nodes
+            .get(&node_id)
+            .map(|m| m.cluster_addr.clone())
+            .ok_or_else(|| ClusterError::Refused(format!("node {node_id} is not a member")))?;
+        let mut s = timeout(Duration::from_secs(3), TcpStream::connect(&addr))
+            .await
+            .map_err(|_| ClusterError::Unreachable {
+                addr: addr.clone(),
+                why: "no answer within 3 s".into(),
+            })?
+            .map_err(|e| ClusterError::Unreachable {
+                addr: addr.clone(),
+                why: e.to_string(),
+            })?;
+        let _ = s.set_nodelay(true);
+        let hello = Hello {
+            kind: Kind::Link,
+            from: self.inner.id,
+        };
+        frame::write(&mut s, &hello)
+            .await
+            .map_err(io(format!("link hello to {addr}")))?;
+        Ok(s)
+    }
+
+    /// Make this node the owner of `client_id`, through the leader's log:
+    /// the owner and its epoch, which rises with every claim of that id.
+    /// An error (no leader yet, leader changed mid-write) leaves the claim
+    /// unknown: retry; a claim that did commit only raises the epoch.
+    pub async fn claim(&self, client_id: &str) -> Result<(u64, u64), ClusterError> {
+        let req = admin::Request::Claim {
+            client_id: client_id.to_string(),
+            node_id: self.inner.id,
+        };
+        match self.inner.on_leader(req, false).await {
+            Reply::Claimed { owner, epoch } => Ok((owner, epoch)),
+            Reply::Error(e) => Err(ClusterError::Refused(e)),
+            other => Err(ClusterError::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Forget `client_id` unless a later claim has moved it on.
+    pub async fn release(&self, client_id: &str, epoch: u64) -> Result<(), ClusterError> {
+        let req = admin::Request::Release {
+            client_id: client_id.to_string(),
+            epoch,
+        };
+        match self.inner.on_leader(req, false).await {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(ClusterError::Refused(e)),
+            other => Err(ClusterError::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Owner and epoch of `client_id` as applied on this node (may lag the
+    /// leader; use [`Cluster::claim`] to act on it).
+    pub fn owner(&self, client_id: &str) -> Option<(u64, u64)> {
+        self.inner.sm.owner(client_id)
+    }
+
+    /// Status as the leader sees it (this node's view when no leader
+    /// answers).
+    pub async fn status(&self) -> ClusterStatus {
+        match self.inner.on_leader(admin::Request::Status, false).await {
+            Reply::Status(s) => *s,
+            _ => self.inner.local_status(),
+        }
+    }
+
+    /// Remove `node_id` from the cluster; it is told to stop its Raft node.
+    pub async fn remove(&self, node_id: u64) -> Result<(), ClusterError> {
+        match self
+            .inner
+            .on_leader(admin::Request::Remove { node_id }, false)
+            .await
+        {
+            Reply::Done => Ok(()),
+            Reply::Error(e) => Err(ClusterError::Refused(e)),
+            other => Err(ClusterError::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
+    /// Stop Raft and the listener.
+    pub async fn shutdown(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.inner.raft.shutdown().await;
+    }
+
+    /// Members in the applied membership.
+    pub fn member_count(&self) -> usize {
+        self.members_rx.borrow().nodes.len()
+    }
+
+    /// Leader changes seen since start.
+    pub fn leader_changes(&self) -> u64 {
+        self.inner.counters.leader_changes.load(Ordering::Relaxed)
+    }
+
+    /// Entries each follower is behind (only on the leader; empty elsewhere).
+    pub fn replication_lag(&self) -> BTreeMap<u64, u64> {
+        self.inner
+            .local_status()
+            .members
+            .iter()
+            .filter_map(|m| m.lag.map(|l| (m.node_id, l)))
+            .collect()
+    }
+
+    /// Claims applied on this node.
+    pub fn claims(&self) -> u64 {
+        self.inner.sm.lock().claims
+    }
+
+    /// Claims that moved a client id between nodes.
+    pub fn fenced_takeovers(&self) -> u64 {
+        self.inner.sm.lock().fenced_takeovers
+    }
+
+    /// Ownership-loss events dropped on a full queue.
+    pub fn ownership_events_dropped(&self) -> u64 {
+        self.inner.sm.events_dropped()
+    }
+
+    /// Connections refused: non-loopback without `insecure`, or over the
+    /// connection limit.
+    pub fn connections_refused(&self) -> u64 {
+        self.inner.counters.refused_peers.load(Ordering::Relaxed)
+            + self
+                .inner
+                .counters
+                .connections_refused
+                .load(Ordering::Relaxed)
+    }
+
+    /// Connections closed for a malformed or oversized frame.
+    pub fn bad_frames(&self) -> u64 {
+        self.inner.counters.bad_frames.load(Ordering::Relaxed)
+    }
+
+    /// Links closed because the broker was not taking them.
+    pub fn links_dropped(&self) -> u64 {
+        self.inner.counters.links_dropped.load(Ordering::Relaxed)
+    }
+}
+
+fn write_error(e: RaftError<u64, ClientWriteError<u64, NodeInfo>>) -> Reply {
+    Reply::Error(e.to_string())
+}
+
+impl Inner {
+    fn leader_info(&self) -> Option<(u64, NodeInfo)> {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&leader)?.clone();
+        Some((leader, node))
+    }
+
+    /// Run `req` here when this node leads, else pass it to the leader once.
+    async fn on_leader(&self, req: admin::Request, forwarded: bool) -> Reply {
+        match self.leader_info() {
+            Some((leader, _)) if leader == self.id => self.as_leader(req).await,
+            _ if matches!(req, admin::Request::Removed) => self.as_leader(req).await,
+            Some((leader, node)) if !forwarded => {
+                let env = Envelope {
+                    req: req.clone(),
+                    forwarded: true,
+                };
+                match admin::call(&node.cluster_addr, self.id, &env).await {
+                    Ok(r) => r,
+                    Err(e) if matches!(req, admin::Request::Status) => {
+                        tracing::debug!(leader, %e, "leader did not answer status");
+                        Reply::Status(Box::new(self.local_status()))
+                    }
+                    Err(e) => Reply::Error(format!("leader {leader}: {e}")),
+                }
+            }
+            _ if matches!(req, admin::Request::Status) => {
+                Reply::Status(Box::new(self.local_status()))
+            }
+            _ => Reply::Error("no leader known yet; try again".into()),
+        }
+    }
+
+    async fn as_leader(&self, req: admin::Request) -> Reply {
+        match req {
+            admin::Request::Status => Reply::Status(Box::new(self.local_status())),
+            admin::Request::Claim { client_id, node_id } => {
+                let cmd = Command::Claim {
+                    client_id,
+                    node: node_id,
+                };
+                match self.raft.client_write(cmd).await {
+                    Ok(r) => match r.data {
+                        SmReply::Claimed { owner, epoch } => Reply::Claimed { owner, epoch },
+                        SmReply::Refused(why) => Reply::Error(why),
+                        SmReply::None => Reply::Error("claim answered nothing".into()),
+                    },
+                    Err(e) => write_error(e),
+                }
+            }
+            admin::Request::Release { client_id, epoch } => {
+                match self
+                    .raft
+                    .client_write(Command::Release { client_id, epoch })
+                    .await
+                {
+                    Ok(_) => Reply::Done,
+                    Err(e) => write_error(e),
+                }
+            }
+            admin::Request::Join { node_id, node } => self.add_node(node_id, node).await,
+            admin::Request::Remove { node_id } => self.remove_node(node_id).await,
+            admin::Request::Removed => {
+                if !self.removed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        node_id = self.id,
+                        "this node was removed from the cluster; stopping its raft node"
+                    );
+                    let raft = self.raft.clone();
+                    tokio::spawn(async move {
+                        let _ = raft.shutdown().await;
+                    });
+                }
+                Reply::Done
+            }
+        }
+    }
+
+    async fn add_node(&self, node_id: u64, node: NodeInfo) -> Reply {
+        if node_id == 0 {
+            return Reply::Error("node id 0 is not allowed".into());
+        }
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        if let Some(known) = membership.get_node(&node_id) {
+            if known.cluster_addr != node.cluster_addr {
+                return Reply::Error(format!(
+                    "node id {node_id} is already a member at {}",
+                    known.cluster_addr
+                ));
+            }
+        }
+        let is_voter = membership.voter_ids().any(|v| v == node_id);
+        if is_voter {
+            return Reply::Done;
+        }
+        // Blocking: returns once the learner has caught up, so promoting it
+        // does not stall commits.
+        if let Err(e) = self.raft.add_learner(node_id, node, true).await {
+            return write_error(e);
+        }
+        let add = ChangeMembers::AddVoterIds(BTreeSet::from([node_id]));
+        match self.raft.change_membership(add, false).await {
+            Ok(_) => {
+                tracing::info!(node_id, "node added to the cluster");
+                Reply::Done
+            }
+            Err(e) => write_error(e),
+        }
+    }
+
+    async fn remove_node(&self, node_id: u64) -> Reply {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let Some(node) = membership.get_node(&node_id).cloned() else {
+            return Reply::Error(format!("node {node_id} is not a member"));
+        };
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let change = if voters.contains(&node_id) {
+            if voters.len() == 1 {
+                return Reply::Error(format!(
+                    "node {node_id} is the only voter; it cannot be removed"
+                ));
+            }
+            ChangeMembers::RemoveVoters(BTreeSet::from([node_id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([node_id]))
+        };
+        if let Err(e) = self.raft.change_membership(change, false).await {
+            return write_error(e);
+        }
+        tracing::info!(node_id, "node removed from the cluster");
+        // Told after the change is committed; best effort: a node that does
+        // not hear it is no longer replicated to and cannot win a vote.
+        let from = self.id;
+        tokio::spawn(async move {
+            let env = Envelope {
+                req: admin::Request::Removed,
+                forwarded: true,
+            };
+            if let Err(e) = admin::call(&node.cluster_addr, from, &env).await {
+                tracing::info!(node_id, %e, "removed node not told");
+            }
+        });
+        Reply::Done
+    }
+
+    fn local_status(&self) -> ClusterStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let leading = m.state == ServerState::Leader;
+        let last_index = m.last_log_index.unwrap_or(0);
+        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
+        let now = Instant::now();
+        let members = membership
+            .nodes()
+            .map(|(&node_id, node)| {
+                let role = if m.current_leader == Some(node_id) {
+                    "leader"
+                } else if voters.contains(&node_id) {
+                    "follower"
+                } else {
+                    "learner"
+                };
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&node_id).copied())
+                    .map(|l| l.map_or(0, |l| l.index));
+                let healthy = if node_id == self.id {
+                    m.running_state.is_ok()
+                } else if leading {
+                    heard
+                        .get(&node_id)
+                        .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
+                } else {
+                    false
+                };
+                MemberStatus {
+                    node_id,
+                    cluster_addr: node.cluster_addr.clone(),
+                    mqtt_addr: node.mqtt_addr.clone(),
+                    role: role.into(),
+                    healthy,
+                    matched,
+                    lag: matched.map(|i| last_index.saturating_sub(i)),
+                }
+            })
+            .collect();
+        let sm = self.sm.lock();
+        ClusterStatus {
+            answered_by: self.id,
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_applied: m.last_applied.map(|l| l.index),
+            leader_changes: self.counters.leader_changes.load(Ordering::Relaxed),
+            client_ids: sm.owners.len() as u64,
+            claims: sm.claims,
+            fenced_takeovers: sm.fenced_takeovers,
+            members,
+        }
+    }
+}
+
+/// Follow openraft's metrics: count leader changes, publish and log
+/// membership changes.
+async fn watch_metrics(inner: Arc<Inner>) {
+    let mut rx = inner.raft.metrics();
+    let mut leader = None;
+    loop {
+        let members = {
+            let m = rx.borrow_and_update();
+            if m.current_leader != leader {
+                leader = m.current_leader;
+                if let Some(l) = leader {
+                    inner
+                        .counters
+                        .leader_changes
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(leader = l, term = m.current_term, "cluster leader");
+                }
+            }
+            let membership = m.membership_config.membership();
+            let voters: BTreeSet<u64> = membership.voter_ids().collect();
+            Members {
+                leader,
+                nodes: membership
+                    .nodes()
+                    .map(|(&id, n)| {
+                        let member = Member {
+                            cluster_addr: n.cluster_addr.clone(),
+                            mqtt_addr: n.mqtt_addr.clone(),
+                            voter: voters.contains(&id),
+                        };
+                        (id, member)
+                    })
+                    .collect(),
+            }
+        };
+        inner.members_tx.send_if_modified(|old| {
+            if *old == members {
+                return false;
+            }
+            if old.nodes != members.nodes {
+                let ids: Vec<u64> = members.nodes.keys().copied().collect();
+                tracing::info!(members = ?ids, "cluster membership changed");
+            }
+            *old = members;
+            true
+        });
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Without TLS only loopback peers are trusted, unless `insecure`.
+fn peer_allowed(ip: std::net::IpAddr, insecure: bool) -> bool {
+    insecure || ip.is_loopback()
+}
+
+/// Refusals are logged at most this often (a scanner must not flood the
+/// log); the counter has them all.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut last_refusal_log: Option<Instant> = None;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors and the like: pause instead of spinning.
+                tracing::warn!(%e, "cluster accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if !peer_allowed(peer.ip(), inner.insecure) {
+            let refused = inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed) + 1;
+            if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                last_refusal_log = Some(Instant::now());
+                tracing::warn!(%peer, refused, "{REFUSED_NON_LOOPBACK}");
+            }
+            continue;
+        }
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            inner
+                .counters
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, "too many cluster connections; closed");
+            continue;
+        };
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_connection(&inner, stream).await {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    inner.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::debug!(%peer, %e, "cluster connection closed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_connection(inner: &Inner, mut stream: TcpStream) -> std::io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let hello: Hello = timeout(HELLO_TIMEOUT, frame::read(&mut stream, SMALL_FRAME))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
+    match hello.kind {
+        Kind::Raft => loop {
+            let req: RaftRequest = frame::read(&mut stream, LARGE_FRAME).await?;
+            let reply = network::serve(&inner.raft, req).await;
+            frame::write(&mut stream, &reply).await?;
+        },
+        Kind::Admin => {
+            let env: Envelope = frame::read(&mut stream, SMALL_FRAME).await?;
+            let reply = inner.on_leader(env.req, env.forwarded).await;
+            frame::write(&mut stream, &reply).await
+        }
+        Kind::Link => {
+            if hello.from == 0 || inner.links_tx.try_send((hello.from, stream)).is_err() {
+                inner.counters.links_dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(from = hello.from, "node link not taken; closed");
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_without_insecure() {
+        let lan: std::net::IpAddr = "192.168.1.20".parse().unwrap();
+        let v6: std::net::IpAddr = "::1".parse().unwrap();
+        assert!(!peer_allowed(lan, false));
+        assert!(peer_allowed(lan, true));
+        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false));
+        assert!(peer_allowed(v6, false));
+        assert!(REFUSED_NON_LOOPBACK.contains("insecure = true"));
+    }
+}

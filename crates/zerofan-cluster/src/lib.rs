@@ -1,0 +1,33 @@
+//! zerofan's cluster: several brokers agree, through openraft, on who is a
+//! member and which node owns which MQTT client id.
+//!
+//! - [`Cluster`]: start, join or rejoin a cluster; claim client ids (with a
+//!   fencing epoch); watch membership; hand node-to-node links to the broker.
+//! - `types`: the openraft type configuration and the replicated commands.
+//! - `log_store`, `state_machine`: the Raft log, vote and snapshot on disk,
+//!   fsynced before openraft is told they are persisted.
+//! - `network`, `frame`: the single node-to-node listener, its hello frame
+//!   (`Raft`, `Admin`, `Link`) and openraft's RPCs over it.
+//! - [`admin`]: the requests `zerofan cluster status|remove` send.
+//!
+//! openraft's types stay inside this crate: the broker sees only the types
+//! re-exported here.
+#![warn(missing_docs)]
+// openraft's trait methods return its large `StorageError`; our helpers pass it on.
+#![allow(clippy::result_large_err)]
+
+pub mod admin;
+mod cluster;
+mod disk;
+mod frame;
+mod log_store;
+mod network;
+mod state_machine;
+mod types;
+
+#[cfg(test)]
+mod sim;
+
+pub use admin::{ClusterStatus, MemberStatus};
+pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members};
+pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};

@@ -1,0 +1,503 @@
+//! Deterministic simulation: several Raft nodes with this crate's log store
+//! and state machine in one current-thread runtime with paused time, over a
+//! network that drops, delays, duplicates and partitions by a seeded RNG,
+//! with crashes that keep only what was fsynced (and may leave a torn
+//! record). Network faults follow the seed; openraft's election jitter uses
+//! its own RNG, so runs differ in timing, and the checks hold for any.
+
+use crate::disk::MemDisk;
+use crate::log_store::LogStore;
+use crate::state_machine::{SmShared, StateMachine};
+use crate::types::{Command, NodeInfo, Raft, Reply, TypeConfig};
+use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::storage::RaftLogStorage;
+use openraft::{Config, ServerState, SnapshotPolicy};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{sleep, timeout, Instant};
+
+/// xorshift64*: small, seeded, good enough to pick faults.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn percent(&mut self, p: u64) -> bool {
+        self.below(100) < p
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Faults {
+    drop_pct: u64,
+    dup_pct: u64,
+    max_delay_ms: u64,
+}
+
+struct Net {
+    rng: Mutex<Rng>,
+    faults: Mutex<Faults>,
+    up: Mutex<HashMap<u64, Raft>>,
+    /// Nodes cut off from all others (they still reach each other).
+    cut: Mutex<BTreeSet<u64>>,
+    delivered: Mutex<u64>,
+    dropped: Mutex<u64>,
+}
+
+impl Net {
+    fn new(seed: u64) -> Arc<Net> {
+        Arc::new(Net {
+            rng: Mutex::new(Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)),
+            faults: Mutex::new(Faults::default()),
+            up: Mutex::new(HashMap::new()),
+            cut: Mutex::new(BTreeSet::new()),
+            delivered: Mutex::new(0),
+            dropped: Mutex::new(0),
+        })
+    }
+
+    fn roll(&self, pct: u64) -> bool {
+        self.rng.lock().unwrap().percent(pct)
+    }
+
+    fn blocked(&self, from: u64, to: u64) -> bool {
+        let cut = self.cut.lock().unwrap();
+        cut.contains(&from) != cut.contains(&to)
+    }
+
+    /// Delay, then the target's handle unless the message is lost.
+    async fn route(&self, from: u64, to: u64) -> Result<Raft, Unreachable> {
+        let f = *self.faults.lock().unwrap();
+        let delay = self.rng.lock().unwrap().below(f.max_delay_ms + 1);
+        sleep(Duration::from_millis(delay)).await;
+        let lost = self.blocked(from, to) || self.roll(f.drop_pct);
+        let target = self.up.lock().unwrap().get(&to).cloned();
+        match target {
+            Some(raft) if !lost => {
+                *self.delivered.lock().unwrap() += 1;
+                Ok(raft)
+            }
+            _ => {
+                *self.dropped.lock().unwrap() += 1;
+                Err(Unreachable::new(&std::io::Error::other("sim: lost")))
+            }
+        }
+    }
+
+    /// Whether the reply is lost on the way back (the request took effect).
+    fn reply_lost(&self, from: u64, to: u64) -> bool {
+        let f = *self.faults.lock().unwrap();
+        self.blocked(from, to) || self.roll(f.drop_pct)
+    }
+
+    fn dup(&self) -> bool {
+        let f = *self.faults.lock().unwrap();
+        self.roll(f.dup_pct)
+    }
+}
+
+struct SimFactory {
+    net: Arc<Net>,
+    from: u64,
+}
+
+struct SimClient {
+    net: Arc<Net>,
+    from: u64,
+    to: u64,
+}
+
+impl RaftNetworkFactory<TypeConfig> for SimFactory {
+    type Network = SimClient;
+    async fn new_client(&mut self, target: u64, _node: &NodeInfo) -> SimClient {
+        SimClient {
+            net: self.net.clone(),
+            from: self.from,
+            to: target,
+        }
+    }
+}
+
+type Err<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, RaftError<u64, E>>;
+
+fn lost<E: std::error::Error>() -> RPCError<u64, NodeInfo, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other("sim: reply lost")))
+}
+
+impl RaftNetwork<TypeConfig> for SimClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _o: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, Err> {
+        let raft = self.net.route(self.from, self.to).await?;
+        if self.net.dup() {
+            let _ = raft.append_entries(rpc.clone()).await;
+        }
+        let r = raft
+            .append_entries(rpc)
+            .await
+            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
+        if self.net.reply_lost(self.to, self.from) {
+            return Err(lost());
+        }
+        Ok(r)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _o: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, Err<InstallSnapshotError>> {
+        let raft = self.net.route(self.from, self.to).await?;
+        if self.net.dup() {
+            let _ = raft.install_snapshot(rpc.clone()).await;
+        }
+        let r = raft
+            .install_snapshot(rpc)
+            .await
+            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
+        if self.net.reply_lost(self.to, self.from) {
+            return Err(lost());
+        }
+        Ok(r)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        _o: RPCOption,
+    ) -> Result<VoteResponse<u64>, Err> {
+        let raft = self.net.route(self.from, self.to).await?;
+        if self.net.dup() {
+            let _ = raft.vote(rpc.clone()).await;
+        }
+        let r = raft
+            .vote(rpc)
+            .await
+            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
+        if self.net.reply_lost(self.to, self.from) {
+            return Err(lost());
+        }
+        Ok(r)
+    }
+}
+
+struct Node {
+    raft: Raft,
+    disk: MemDisk,
+    log: LogStore,
+    sm: Arc<SmShared>,
+    _lost: mpsc::Receiver<crate::OwnershipLost>,
+}
+
+fn sim_config() -> Arc<Config> {
+    let c = Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 150,
+        election_timeout_max: 300,
+        // Small, so snapshots, purges and snapshot installs happen.
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(20),
+        max_in_snapshot_log_to_keep: 5,
+        ..Default::default()
+    };
+    Arc::new(c.validate().unwrap())
+}
+
+async fn boot(net: &Arc<Net>, id: u64, disk: MemDisk) -> Node {
+    let log = LogStore::open(Arc::new(disk.clone())).unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let sm = SmShared::new(id, tx);
+    let machine = StateMachine::open(Arc::new(disk.clone()), sm.clone()).unwrap();
+    let factory = SimFactory {
+        net: net.clone(),
+        from: id,
+    };
+    let raft = Raft::new(id, sim_config(), factory, log.clone(), machine)
+        .await
+        .unwrap();
+    net.up.lock().unwrap().insert(id, raft.clone());
+    Node {
+        raft,
+        disk,
+        log,
+        sm,
+        _lost: rx,
+    }
+}
+
+struct Sim {
+    net: Arc<Net>,
+    nodes: BTreeMap<u64, Node>,
+    /// Acknowledged claims per client id, in acknowledgement order.
+    acked: BTreeMap<String, Vec<(u64, u64)>>,
+    /// The leader seen in each term: never two.
+    leaders: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl Sim {
+    async fn new(seed: u64, n: u64) -> Sim {
+        let net = Net::new(seed);
+        let mut nodes = BTreeMap::new();
+        for id in 1..=n {
+            nodes.insert(id, boot(&net, id, MemDisk::default()).await);
+        }
+        let members: BTreeMap<u64, NodeInfo> =
+            (1..=n).map(|id| (id, NodeInfo::default())).collect();
+        nodes[&1].raft.initialize(members).await.unwrap();
+        Sim {
+            net,
+            nodes,
+            acked: BTreeMap::new(),
+            leaders: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn rng(&self, n: u64) -> u64 {
+        self.net.rng.lock().unwrap().below(n)
+    }
+
+    /// Record every node that leads now; two in one term fail the run.
+    fn check_one_leader_per_term(&self) {
+        let mut seen = self.leaders.lock().unwrap();
+        for (&id, n) in &self.nodes {
+            let m = n.raft.metrics().borrow().clone();
+            if m.state == ServerState::Leader {
+                let first = *seen.entry(m.current_term).or_insert(id);
+                assert_eq!(first, id, "two leaders in term {}", m.current_term);
+            }
+        }
+    }
+
+    /// A node of `among` that leads, within 10 s.
+    async fn leader(&self, among: &[u64]) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            self.check_one_leader_per_term();
+            for &id in among {
+                let m = self.nodes[&id].raft.metrics().borrow().clone();
+                if m.state == ServerState::Leader {
+                    return id;
+                }
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no leader among {among:?} within 10 s");
+    }
+
+    /// Claim `client` for node `via` on `leader`; `Some` when committed.
+    async fn claim_on(&mut self, leader: u64, client: &str, via: u64) -> Option<(u64, u64)> {
+        let raft = self.nodes[&leader].raft.clone();
+        let cmd = Command::Claim {
+            client_id: client.into(),
+            node: via,
+        };
+        match timeout(Duration::from_secs(2), raft.client_write(cmd)).await {
+            Ok(Ok(r)) => match r.data {
+                Reply::Claimed { owner, epoch } => {
+                    assert_eq!(owner, via);
+                    self.acked
+                        .entry(client.into())
+                        .or_default()
+                        .push((owner, epoch));
+                    Some((owner, epoch))
+                }
+                other => panic!("claim answered {other:?}"),
+            },
+            _ => None,
+        }
+    }
+
+    /// Claims of random client ids from random nodes through whoever leads.
+    async fn claims(&mut self, n: usize, among: &[u64]) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            let leader = self.leader(among).await;
+            let client = format!("c{}", self.rng(4));
+            let via = among[self.rng(among.len() as u64) as usize];
+            if self.claim_on(leader, &client, via).await.is_some() {
+                ok += 1;
+            }
+        }
+        ok
+    }
+
+    /// Crash `id`: it stops, keeping only what reached its disk; maybe with
+    /// a torn record at the end of its log. It restarts from that disk.
+    async fn crash_and_restart(&mut self, id: u64, torn: bool) {
+        let node = self.nodes.remove(&id).unwrap();
+        self.net.up.lock().unwrap().remove(&id);
+        node.raft.shutdown().await.unwrap();
+        let mut log = node.log.clone();
+        let before = (log.last_index(), log.read_vote().await.unwrap());
+        if torn {
+            node.disk
+                .tear("raft-log", &[0x40, 0, 0, 0, 1, 2, 3, 4, b'{']);
+        }
+        let disk = node.disk.clone();
+        drop(node);
+        let restarted = boot(&self.net, id, disk).await;
+        let mut log = restarted.log.clone();
+        let after = (log.last_index(), log.read_vote().await.unwrap());
+        assert_eq!(before, after, "node {id} recovers its log and vote");
+        self.nodes.insert(id, restarted);
+    }
+
+    /// Every node has applied the same entries and holds the same owners.
+    async fn converge(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let states: Vec<_> = self
+                .nodes
+                .values()
+                .map(|n| {
+                    let d = n.sm.lock();
+                    (d.last_applied, d.owners.clone())
+                })
+                .collect();
+            if states.windows(2).all(|w| w[0] == w[1]) && states[0].0.is_some() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nodes disagree after heal: {states:?}"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Epochs of acknowledged claims rise strictly per client id (so no two
+    /// share one), and no node ever applied an epoch below an acked one.
+    fn check_epochs(&self) {
+        for (client, acks) in &self.acked {
+            for w in acks.windows(2) {
+                assert!(w[0].1 < w[1].1, "{client}: epochs {acks:?} do not rise");
+            }
+            for (id, n) in &self.nodes {
+                let (_, epoch) = n.sm.owner(client).expect("owned");
+                let last = acks.last().map_or(0, |a| a.1);
+                assert!(
+                    epoch >= last,
+                    "node {id}: {client} at epoch {epoch} below acked {last}"
+                );
+            }
+        }
+    }
+}
+
+async fn scenario(seed: u64) {
+    let mut sim = Sim::new(seed, 3).await;
+    let all = [1, 2, 3];
+    sim.leader(&all).await;
+    *sim.net.faults.lock().unwrap() = Faults {
+        drop_pct: 10,
+        dup_pct: 10,
+        max_delay_ms: 20,
+    };
+    let ok = sim.claims(30, &all).await;
+    assert!(
+        ok > 0,
+        "seed {seed}: no claim committed on a faulty network"
+    );
+
+    // The leader alone on one side: it cannot commit; the majority can.
+    let old = sim.leader(&all).await;
+    sim.net.cut.lock().unwrap().insert(old);
+    for i in 0..3 {
+        let client = format!("c{i}");
+        assert!(
+            sim.claim_on(old, &client, old).await.is_none(),
+            "seed {seed}: the partitioned minority committed a claim"
+        );
+    }
+    let rest: Vec<u64> = all.iter().copied().filter(|&i| i != old).collect();
+    let ok = sim.claims(10, &rest).await;
+    assert!(ok > 0, "seed {seed}: the majority committed nothing");
+    sim.net.cut.lock().unwrap().clear();
+
+    // Crashes: a follower with a torn log tail, then whoever leads.
+    let victim = rest[sim.rng(2) as usize];
+    sim.crash_and_restart(victim, true).await;
+    sim.claims(10, &all).await;
+    let leader = sim.leader(&all).await;
+    sim.crash_and_restart(leader, false).await;
+    sim.claims(10, &all).await;
+
+    *sim.net.faults.lock().unwrap() = Faults::default();
+    // One claim on a healed network: everything before it is committed too.
+    let leader = sim.leader(&all).await;
+    assert!(sim.claim_on(leader, "c0", leader).await.is_some());
+    sim.converge().await;
+    sim.check_epochs();
+    assert!(
+        sim.leaders.lock().unwrap().len() >= 2,
+        "seed {seed}: the leader never changed"
+    );
+    let delivered = *sim.net.delivered.lock().unwrap();
+    let dropped = *sim.net.dropped.lock().unwrap();
+    assert!(
+        dropped > 0 && delivered > dropped,
+        "seed {seed}: faults {dropped}/{delivered}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn sim_seeds_keep_ownership_safe() {
+    // About 0.15 s of real time per seed.
+    for seed in 1..=16 {
+        scenario(seed).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_torn_log_tail_is_cut_and_appends_continue() {
+    let net = Net::new(9);
+    let disk = MemDisk::default();
+    let node = boot(&net, 1, disk.clone()).await;
+    let members = BTreeMap::from([(1, NodeInfo::default())]);
+    node.raft.initialize(members).await.unwrap();
+    for i in 0..5 {
+        let cmd = Command::Claim {
+            client_id: format!("c{i}"),
+            node: 1,
+        };
+        node.raft.client_write(cmd).await.unwrap();
+    }
+    let last = node.log.last_index();
+    node.raft.shutdown().await.unwrap();
+    disk.tear("raft-log", &[9, 0, 0, 0]);
+    drop(node);
+    let node = boot(&net, 1, disk.clone()).await;
+    assert_eq!(node.log.last_index(), last);
+    // It leads again, and what it appends after the cut is read back.
+    let cmd = Command::Claim {
+        client_id: "c0".into(),
+        node: 1,
+    };
+    let r = timeout(Duration::from_secs(10), node.raft.client_write(cmd))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.data, Reply::Claimed { owner: 1, epoch: 2 });
+    let after = node.log.last_index();
+    node.raft.shutdown().await.unwrap();
+    drop(node);
+    let node = boot(&net, 1, disk).await;
+    assert_eq!(node.log.last_index(), after);
+    assert!(after > last);
+    node.raft.shutdown().await.unwrap();
+}

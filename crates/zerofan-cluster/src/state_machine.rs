@@ -1,0 +1,295 @@
+//! The replicated state: membership (kept by openraft) and client-id
+//! ownership with its fencing epochs. Snapshots are whole JSON documents,
+//! replaced atomically on the disk.
+
+use crate::disk::Disk;
+use crate::types::{Command, NodeInfo, Reply, StorageError, TypeConfig};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftSnapshotBuilder,
+    Snapshot, SnapshotMeta, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{self, Cursor};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::mpsc;
+
+const SNAPSHOT: &str = "raft-snapshot";
+/// Client ids the ownership table holds; a claim of a new one past it is
+/// refused. The same on every node: it decides what the log answers.
+pub const MAX_CLIENT_IDS: usize = 1_000_000;
+
+/// A client id this node served has been claimed by another node: the local
+/// connection must go (DISCONNECT 0x8E). A restarted node re-applies its log
+/// and may hear of old losses again: act only when `epoch` is above the
+/// epoch the local session holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnershipLost {
+    /// MQTT client id.
+    pub client_id: String,
+    /// Node that owns it now.
+    pub new_owner: u64,
+    /// The new owner's epoch.
+    pub epoch: u64,
+}
+
+/// The state the log builds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SmData {
+    pub(crate) last_applied: Option<LogId<u64>>,
+    pub(crate) last_membership: StoredMembership<u64, NodeInfo>,
+    /// Client id → (owner node, epoch).
+    pub(crate) owners: BTreeMap<String, (u64, u64)>,
+    /// Epoch of a released client id, so a later claim still rises above it.
+    pub(crate) released: BTreeMap<String, u64>,
+    pub(crate) claims: u64,
+    pub(crate) fenced_takeovers: u64,
+    pub(crate) refused: u64,
+}
+
+/// What the state machine shares with the cluster handle.
+pub struct SmShared {
+    data: Mutex<SmData>,
+    local: u64,
+    events: mpsc::Sender<OwnershipLost>,
+    events_dropped: AtomicU64,
+}
+
+impl SmShared {
+    /// For node `local`; ownership losses go to `events` (bounded: when full
+    /// they are dropped and counted; the epoch still fences the old owner).
+    pub fn new(local: u64, events: mpsc::Sender<OwnershipLost>) -> Arc<SmShared> {
+        Arc::new(SmShared {
+            data: Mutex::new(SmData::default()),
+            local,
+            events,
+            events_dropped: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SmData> {
+        // The data is plain values; a panic elsewhere cannot leave it torn.
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Owner and epoch of `client_id` as applied here.
+    pub fn owner(&self, client_id: &str) -> Option<(u64, u64)> {
+        self.lock().owners.get(client_id).copied()
+    }
+
+    /// Ownership-loss events dropped because the queue was full.
+    pub fn events_dropped(&self) -> u64 {
+        self.events_dropped.load(Ordering::Relaxed)
+    }
+
+    fn apply_command(&self, data: &mut SmData, cmd: Command) -> Reply {
+        match cmd {
+            Command::Claim { client_id, node } => {
+                let prev = data.owners.get(&client_id).copied();
+                if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
+                    data.refused += 1;
+                    return Reply::Refused("client id table full".into());
+                }
+                let base = prev
+                    .map(|(_, e)| e)
+                    .or_else(|| data.released.get(&client_id).copied())
+                    .unwrap_or(0);
+                let epoch = base + 1;
+                data.released.remove(&client_id);
+                data.owners.insert(client_id.clone(), (node, epoch));
+                data.claims += 1;
+                if let Some((old, _)) = prev {
+                    if old != node {
+                        data.fenced_takeovers += 1;
+                        if old == self.local {
+                            let lost = OwnershipLost {
+                                client_id,
+                                new_owner: node,
+                                epoch,
+                            };
+                            if self.events.try_send(lost).is_err() {
+                                self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+                Reply::Claimed { owner: node, epoch }
+            }
+            Command::Release { client_id, epoch } => {
+                if let Some(&(_, held)) = data.owners.get(&client_id) {
+                    if held == epoch {
+                        data.owners.remove(&client_id);
+                        // Bounded by MAX_CLIENT_IDS as the owners table is.
+                        if data.released.len() < MAX_CLIENT_IDS {
+                            data.released.insert(client_id, epoch);
+                        }
+                    }
+                }
+                Reply::None
+            }
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<u64, NodeInfo>,
+    data: Vec<u8>,
+}
+
+fn sm_error(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageError::from_io_error(
+        ErrorSubject::StateMachine,
+        verb,
+        io::Error::other(e.to_string()),
+    )
+}
+
+fn read_snapshot(disk: &dyn Disk) -> Result<Option<StoredSnapshot>, StorageError> {
+    match disk.read(SNAPSHOT) {
+        Ok(Some(b)) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| sm_error(ErrorVerb::Read, format!("raft snapshot file: {e}"))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(sm_error(ErrorVerb::Read, e)),
+    }
+}
+
+/// openraft's state machine.
+pub struct StateMachine {
+    shared: Arc<SmShared>,
+    disk: Arc<dyn Disk>,
+    built: u64,
+}
+
+impl StateMachine {
+    /// Start from the last snapshot on `disk`; openraft re-applies the log
+    /// after it.
+    pub fn open(disk: Arc<dyn Disk>, shared: Arc<SmShared>) -> Result<StateMachine, StorageError> {
+        if let Some(s) = read_snapshot(disk.as_ref())? {
+            let data: SmData = serde_json::from_slice(&s.data)
+                .map_err(|e| sm_error(ErrorVerb::Read, format!("raft snapshot data: {e}")))?;
+            *shared.lock() = data;
+        }
+        Ok(StateMachine {
+            shared,
+            disk,
+            built: 0,
+        })
+    }
+}
+
+/// Builds snapshots from the shared state.
+pub struct SnapshotBuilder {
+    shared: Arc<SmShared>,
+    disk: Arc<dyn Disk>,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, last_applied, last_membership) = {
+            let d = self.shared.lock();
+            let bytes = serde_json::to_vec(&*d).map_err(|e| sm_error(ErrorVerb::Read, e))?;
+            (bytes, d.last_applied, d.last_membership.clone())
+        };
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
+            None => format!("0-0-{}", self.seq),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership,
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        let bytes = serde_json::to_vec(&stored).map_err(|e| sm_error(ErrorVerb::Write, e))?;
+        self.disk
+            .replace(SNAPSHOT, &bytes)
+            .map_err(|e| sm_error(ErrorVerb::Write, e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<u64>>, StoredMembership<u64, NodeInfo>), StorageError> {
+        let d = self.shared.lock();
+        Ok((d.last_applied, d.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut data = self.shared.lock();
+        let mut replies = Vec::new();
+        for e in entries {
+            data.last_applied = Some(e.log_id);
+            let reply = match e.payload {
+                EntryPayload::Blank => Reply::None,
+                EntryPayload::Normal(cmd) => self.shared.apply_command(&mut data, cmd),
+                EntryPayload::Membership(m) => {
+                    data.last_membership = StoredMembership::new(Some(e.log_id), m);
+                    Reply::None
+                }
+            };
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.built += 1;
+        SnapshotBuilder {
+            shared: self.shared.clone(),
+            disk: self.disk.clone(),
+            seq: self.built,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, NodeInfo>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let mut data: SmData = serde_json::from_slice(&bytes)
+            .map_err(|e| sm_error(ErrorVerb::Read, format!("received snapshot: {e}")))?;
+        data.last_applied = meta.last_log_id;
+        data.last_membership = meta.last_membership.clone();
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: bytes,
+        };
+        let file = serde_json::to_vec(&stored).map_err(|e| sm_error(ErrorVerb::Write, e))?;
+        self.disk
+            .replace(SNAPSHOT, &file)
+            .map_err(|e| sm_error(ErrorVerb::Write, e))?;
+        *self.shared.lock() = data;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(read_snapshot(self.disk.as_ref())?.map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data)),
+        }))
+    }
+}

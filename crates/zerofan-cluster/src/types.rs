@@ -1,0 +1,69 @@
+//! The openraft type configuration and the replicated commands.
+
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+
+/// What a member is reachable at; kept in the Raft membership so every node
+/// learns every other node's addresses from the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Address of the node's cluster listener.
+    pub cluster_addr: String,
+    /// Address MQTT clients reach the node at (server references).
+    pub mqtt_addr: Option<String>,
+}
+
+/// A change to the replicated state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// `node` takes ownership of `client_id`; the entry's epoch fences the
+    /// previous owner.
+    Claim {
+        /// MQTT client id.
+        client_id: String,
+        /// Node that now serves the client.
+        node: u64,
+    },
+    /// Forget `client_id` if its epoch is still `epoch` (the session ended
+    /// on its owner); a later claim has moved it on otherwise.
+    Release {
+        /// MQTT client id.
+        client_id: String,
+        /// Epoch the releasing owner holds.
+        epoch: u64,
+    },
+}
+
+/// What applying a log entry answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Blank and membership entries answer nothing.
+    #[default]
+    None,
+    /// The claim succeeded: the owner and its new epoch.
+    Claimed {
+        /// Owning node.
+        owner: u64,
+        /// Epoch, strictly rising per client id.
+        epoch: u64,
+    },
+    /// The claim was refused (the table of client ids is full).
+    Refused(String),
+}
+
+openraft::declare_raft_types!(
+    /// zerofan's Raft types.
+    pub TypeConfig:
+        D = Command,
+        R = Reply,
+        NodeId = u64,
+        Node = NodeInfo,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// Shorthands for the generic openraft types.
+pub type Raft = openraft::Raft<TypeConfig>;
+/// Storage error of our types.
+pub type StorageError = openraft::StorageError<u64>;

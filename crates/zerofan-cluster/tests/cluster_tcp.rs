@@ -1,0 +1,179 @@
+//! Three cluster nodes in one process over real loopback TCP: join,
+//! claims forwarded to the leader, ownership-loss events, links, status.
+
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{sleep, timeout, Instant};
+use zerofan_cluster::{Cluster, ClusterConfig, OwnershipLost};
+
+fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) -> ClusterConfig {
+    ClusterConfig {
+        node_id: id,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        join,
+        data_dir: dir.path().join(format!("n{id}")),
+        advertise: Some(format!("127.0.0.1:{}", 1880 + id).parse().unwrap()),
+        insecure: false,
+    }
+}
+
+async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "within 20 s: {what}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn claims_fence_links_flow_and_status_names_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    let seed = Some(n1.local_addr());
+    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
+    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
+    let mut members = n3.members();
+    timeout(
+        Duration::from_secs(20),
+        members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
+    )
+    .await
+    .expect("3 voters seen by node 3")
+    .unwrap();
+    assert_eq!(
+        members.borrow().nodes[&2].mqtt_addr.as_deref(),
+        Some("127.0.0.1:1882")
+    );
+
+    // Node 2 claims (through the leader), then node 3 takes over: the epoch
+    // rises and node 2 hears it lost the client id.
+    let mut lost2 = n2.take_ownership_lost().expect("receiver");
+    assert_eq!(n2.claim("sensor-7").await.unwrap(), (2, 1));
+    assert_eq!(n3.claim("sensor-7").await.unwrap(), (3, 2));
+    let ev = timeout(Duration::from_secs(10), lost2.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        ev,
+        Some(OwnershipLost {
+            client_id: "sensor-7".into(),
+            new_owner: 3,
+            epoch: 2
+        })
+    );
+    until("every node applied the takeover", || {
+        [&n1, &n2, &n3]
+            .iter()
+            .all(|n| n.owner("sensor-7") == Some((3, 2)))
+    })
+    .await;
+    assert_eq!(n1.fenced_takeovers(), 1);
+
+    // A release with a stale epoch changes nothing; the owner's does, and a
+    // later claim still rises above the released epoch.
+    n1.release("sensor-7", 1).await.unwrap();
+    assert_eq!(n3.claim("sensor-7").await.unwrap(), (3, 3));
+    n3.release("sensor-7", 3).await.unwrap();
+    assert_eq!(n1.claim("sensor-7").await.unwrap(), (1, 4));
+
+    // A link from node 1 reaches node 2's broker side with its bytes.
+    let mut links = n2.take_links().expect("links");
+    let mut out = n1.dial_link(2).await.unwrap();
+    out.write_all(b"batch").await.unwrap();
+    let (from, mut inbound) = timeout(Duration::from_secs(5), links.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(from, 1);
+    let mut buf = [0u8; 5];
+    inbound.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"batch");
+
+    // Status from any node is the leader's view, with every member healthy.
+    let s = n3.status().await;
+    assert_eq!(s.members.len(), 3);
+    assert_eq!(s.members.iter().filter(|m| m.role == "leader").count(), 1);
+    assert!(s.members.iter().all(|m| m.healthy), "{s:?}");
+    assert_eq!(s.leader_id, Some(s.answered_by));
+    assert!(s.claims >= 4);
+
+    // Removing node 3 leaves two members everywhere.
+    n1.remove(3).await.unwrap();
+    let mut m1 = n1.members();
+    timeout(Duration::from_secs(10), m1.wait_for(|m| m.nodes.len() == 2))
+        .await
+        .expect("2 members")
+        .unwrap();
+    n1.shutdown().await;
+    n2.shutdown().await;
+    n3.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_restarted_node_keeps_its_state_without_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    assert_eq!(n1.claim("a").await.unwrap(), (1, 1));
+    assert_eq!(n1.claim("a").await.unwrap(), (1, 2));
+    let addr = n1.local_addr();
+    n1.shutdown().await;
+    drop(n1);
+    let mut cfg = config(1, &dir, None);
+    cfg.listen = addr;
+    let n1 = Cluster::start(cfg).await.unwrap();
+    until("the log is re-applied", || n1.owner("a") == Some((1, 2))).await;
+    assert_eq!(n1.claim("a").await.unwrap(), (1, 3));
+    n1.shutdown().await;
+}
+
+// Paused time: the backoff between join attempts passes at once.
+#[tokio::test(start_paused = true)]
+async fn a_join_to_nowhere_fails_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let cfg = config(2, &dir, Some(nowhere));
+    // Bounded retries: under a minute of backoff in all.
+    let e = match timeout(Duration::from_secs(60), Cluster::start(cfg)).await {
+        Ok(Err(e)) => e.to_string(),
+        Ok(Ok(_)) => panic!("joined nothing"),
+        Err(_) => panic!("join retries are not bounded"),
+    };
+    assert!(
+        e.contains("could not join") && e.contains(&nowhere.to_string()),
+        "{e}"
+    );
+    let zero = Cluster::start(config(0, &dir, None)).await.err().unwrap();
+    assert!(zero.to_string().contains("node id 0"), "{zero}");
+}
+
+#[tokio::test]
+async fn bad_frames_close_only_their_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    // An oversized length, then a hello that is not JSON.
+    let mut huge = tokio::net::TcpStream::connect(n1.local_addr())
+        .await
+        .unwrap();
+    huge.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let mut junk = tokio::net::TcpStream::connect(n1.local_addr())
+        .await
+        .unwrap();
+    junk.write_all(&[0, 0, 0, 3, b'{', b'{', b'{'])
+        .await
+        .unwrap();
+    for s in [&mut huge, &mut junk] {
+        let mut buf = [0u8; 1];
+        let n = timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(matches!(n, Ok(0) | Err(_)), "closed: {n:?}");
+    }
+    until("both counted", || n1.bad_frames() == 2).await;
+    let s = zerofan_cluster::admin::status(&n1.local_addr().to_string())
+        .await
+        .unwrap();
+    assert_eq!(s.members.len(), 1, "the node still answers");
+    n1.shutdown().await;
+}
