@@ -144,15 +144,8 @@ impl Broker {
                 self.peers.send(from, PeerEvent::Seen { seq });
             }
             PeerEvent::Seen { seq } => {
-                for (conn, out) in self.peers.seen(from, seq) {
-                    match out {
-                        // It may still wait for the store.
-                        Deferred::Ack(out) => self.send_publish_ack(conn, out),
-                        Deferred::SubAck(out, sid, replays) => {
-                            self.subscribed(conn, sid, out, replays)
-                        }
-                    }
-                }
+                let ready = self.peers.seen(from, seq);
+                self.release_deferred(ready);
             }
             PeerEvent::Publish {
                 mut msg,
@@ -187,6 +180,16 @@ impl Broker {
         self.end_event();
     }
 
+    fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
+        for (conn, out) in ready {
+            match out {
+                // It may still wait for the store.
+                Deferred::Ack(out) => self.send_publish_ack(conn, out),
+                Deferred::SubAck(out, sid, replays) => self.subscribed(conn, sid, out, replays),
+            }
+        }
+    }
+
     /// The next batch of events for a peer, if any waits. Call after every
     /// `handle_*` call (or once per turn of the event loop, which batches).
     pub fn poll_peer_transmit(&mut self) -> Option<PeerBatch> {
@@ -212,7 +215,7 @@ impl Broker {
     }
 
     /// Peer `peer` joined late (a restarted shard, a new node): tell it
-    /// everything this core subscribes to.
+    /// everything this core subscribes to, and every retained message.
     pub fn peer_joined(&mut self, peer: PeerId) {
         for (filter, group) in self.router.interests() {
             self.peers.send(
@@ -225,6 +228,40 @@ impl Broker {
                 },
             );
         }
+        let mut kept = Vec::new();
+        self.store.matching("#", &mut kept);
+        for m in kept {
+            let msg = m.for_peer();
+            self.peers.send(peer, PeerEvent::Retain { msg, seq: 0 });
+        }
+    }
+
+    /// A node joined after [`Broker::set_peers`]: from now on it is a peer
+    /// like the others, and gets this core's state (`peer_joined`).
+    pub fn add_peer(&mut self, peer: PeerId) {
+        self.peers.add(peer);
+        self.router.set_peered(self.peers.me());
+        self.peer_joined(peer);
+    }
+
+    /// `peer` left (a node removed): its interests are forgotten, what it
+    /// held is released, and what waited for it (a SUBACK, a retained
+    /// message's acknowledgement) goes.
+    pub fn peer_left(&mut self, peer: PeerId) {
+        self.router.forget_peer(peer);
+        let (wake, ready) = self.peers.remove(peer);
+        self.router.set_peered(self.peers.me());
+        for conn in wake {
+            self.wake(conn);
+        }
+        self.release_deferred(ready);
+        self.end_event();
+    }
+
+    /// `peer` resends its whole state (its link reconnected): forget what
+    /// it said before.
+    pub fn peer_reset(&mut self, peer: PeerId) {
+        self.router.forget_peer(peer);
     }
 
     /// The shell's queue towards `peer` is full (or has room again). While

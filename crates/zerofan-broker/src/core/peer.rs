@@ -146,6 +146,60 @@ impl Peers {
         }
     }
 
+    /// Add `peer` (a node that joined). It starts as having seen every
+    /// change so far: it gets the full state instead (`peer_joined`).
+    pub(crate) fn add(&mut self, peer: PeerId) {
+        if Some(peer) == self.me || self.slot(peer).is_some() {
+            return;
+        }
+        let i = self.slots.partition_point(|s| s.id < peer);
+        let seen = self.seq;
+        self.slots.insert(
+            i,
+            Slot {
+                id: peer,
+                outbox: Vec::new(),
+                congested: false,
+                seen,
+            },
+        );
+    }
+
+    /// Remove `peer` (a node that left): what it held is released, what
+    /// waited for it to see a change may go. Returns the connections to
+    /// read again and the output that may go.
+    pub(crate) fn remove(
+        &mut self,
+        peer: PeerId,
+    ) -> (Vec<super::ids::ConnId>, Vec<(super::ids::ConnId, Deferred)>) {
+        let Ok(i) = self.slots.binary_search_by_key(&peer, |s| s.id) else {
+            return (Vec::new(), Vec::new());
+        };
+        self.slots.remove(i);
+        let mut wake: Vec<_> = self
+            .held_for
+            .iter()
+            .filter(|e| e.0 == peer)
+            .map(|e| e.1)
+            .collect();
+        self.held_for.retain(|e| e.0 != peer);
+        wake.retain(|&c| !self.holds(c));
+        if !self.slots.iter().any(|s| s.congested) {
+            wake.append(&mut self.holding);
+        }
+        // Nothing new seen: only the minimum over the others may move.
+        let ready = match self.slots.first().map(|s| (s.id, s.seen)) {
+            Some((id, seen)) => self.seen(id, seen),
+            None => self.seen_by_all(),
+        };
+        (wake, ready)
+    }
+
+    /// With no peers left, nothing waits.
+    fn seen_by_all(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
+        self.deferred.drain(..).map(|(_, c, d)| (c, d)).collect()
+    }
+
     /// This core's id, when it has peers at all.
     pub(crate) fn me(&self) -> Option<PeerId> {
         self.me.filter(|_| !self.slots.is_empty())
