@@ -214,26 +214,44 @@ impl Broker {
         last
     }
 
-    /// Peer `peer` joined late (a restarted shard, a new node): tell it
-    /// everything this core subscribes to, and every retained message.
+    /// Peer `peer` joined late (a restarted shard, a new node, a link
+    /// back up): tell it everything this core subscribes to, and every
+    /// retained message. They stand for every change so far: seen, they
+    /// release what waited for earlier changes the peer may have missed.
     pub fn peer_joined(&mut self, peer: PeerId) {
+        let seq = self.peers.last_seq();
+        let mut sent = false;
         for (filter, group) in self.router.interests() {
+            sent = true;
             self.peers.send(
                 peer,
                 PeerEvent::Interest {
                     filter: filter.into(),
                     group,
                     add: true,
-                    seq: 0,
+                    seq,
                 },
             );
         }
         let mut kept = Vec::new();
         self.store.matching("#", &mut kept);
         for m in kept {
+            sent = true;
             let msg = m.for_peer();
-            self.peers.send(peer, PeerEvent::Retain { msg, seq: 0 });
+            self.peers.send(peer, PeerEvent::Retain { msg, seq });
         }
+        if !sent {
+            // Nothing for it to apply: it has seen everything.
+            let ready = self.peers.seen(peer, seq);
+            self.release_deferred(ready);
+        }
+    }
+
+    /// This core's last change number: a peer that answers it with
+    /// [`PeerEvent::Seen`] has applied every change (the shell asks again
+    /// after a link broke, when answers may have been lost with it).
+    pub fn peer_seq(&self) -> u64 {
+        self.peers.last_seq()
     }
 
     /// A node joined after [`Broker::set_peers`]: from now on it is a peer

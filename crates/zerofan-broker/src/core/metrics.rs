@@ -427,6 +427,16 @@ pub struct ShellStats {
     pub connections_parked: u64,
     /// Times a connection was parked since start.
     pub connection_parks: u64,
+    /// Messages written to other cluster nodes (one per destination).
+    pub cluster_forwarded_messages: u64,
+    /// Bytes written to other cluster nodes.
+    pub cluster_forwarded_bytes: u64,
+    /// Bytes read from other cluster nodes.
+    pub cluster_received_bytes: u64,
+    /// Messages for other nodes dropped because a link's queue overflowed.
+    pub cluster_dropped_messages: u64,
+    /// Links to other nodes (re)connected.
+    pub cluster_link_connects: u64,
 }
 
 impl ShellStats {
@@ -448,5 +458,10 @@ impl ShellStats {
         };
         self.connections_parked += o.connections_parked;
         self.connection_parks += o.connection_parks;
+        self.cluster_forwarded_messages += o.cluster_forwarded_messages;
+        self.cluster_forwarded_bytes += o.cluster_forwarded_bytes;
+        self.cluster_received_bytes += o.cluster_received_bytes;
+        self.cluster_dropped_messages += o.cluster_dropped_messages;
+        self.cluster_link_connects += o.cluster_link_connects;
     }
 }

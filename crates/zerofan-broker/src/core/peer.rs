@@ -290,6 +290,11 @@ impl Peers {
         self.held_for.retain(|&(_, c)| c != conn);
     }
 
+    /// The last change number handed out.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.seq
+    }
+
     /// A new change number, for a change every peer must apply.
     pub(crate) fn stamp(&mut self) -> u64 {
         self.seq += 1;

@@ -37,6 +37,7 @@ const HOLD: u8 = 3;
 const RETAIN: u8 = 4;
 const SEEN: u8 = 5;
 const SYNC: u8 = 6;
+const ASK: u8 = 7;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -46,6 +47,10 @@ pub enum LinkFrame {
     /// The sender's full state (interests, retained messages) follows:
     /// forget its interests known so far (a reconnected link).
     Sync,
+    /// Answer with `Seen { seq }` once everything before this frame is
+    /// applied: the sender's earlier answers may have been lost with a
+    /// link that broke.
+    Ask(u64),
 }
 
 /// A frame that cannot be read (the link is then closed).
@@ -144,6 +149,18 @@ impl FrameEncoder {
         let start = self.begin();
         self.scratch.put_u8(SYNC);
         // Fits: a frame of six bytes.
+        self.finish(start, None, None).unwrap_or(EncodedFrame {
+            chunks: Vec::new(),
+            len: 0,
+            publish: None,
+        })
+    }
+
+    /// The frame that asks for `Seen { seq }` (see [`LinkFrame::Ask`]).
+    pub fn ask(&mut self, seq: u64) -> EncodedFrame {
+        let start = self.begin();
+        self.scratch.put_u8(ASK);
+        self.scratch.put_u64(seq);
         self.finish(start, None, None).unwrap_or(EncodedFrame {
             chunks: Vec::new(),
             len: 0,
@@ -327,6 +344,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             end(&f)?;
             return Ok(LinkFrame::Sync);
         }
+        ASK => {
+            let seq = get_u64(&mut f)?;
+            end(&f)?;
+            return Ok(LinkFrame::Ask(seq));
+        }
         _ => return Err(WireError("unknown frame kind")),
     };
     Ok(LinkFrame::Event(event))
@@ -451,7 +473,7 @@ mod tests {
         f.into_iter()
             .map(|f| match f {
                 LinkFrame::Event(e) => e,
-                LinkFrame::Sync => panic!("sync"),
+                other => panic!("{other:?}"),
             })
             .collect()
     }
@@ -543,6 +565,12 @@ mod tests {
             .decode(&mut buf, Instant::now())
             .unwrap();
         assert!(matches!(got, Some(LinkFrame::Sync)));
+        let f = enc.ask(77);
+        let mut buf = BytesMut::from(&f.chunks[0][..]);
+        let got = FrameDecoder::default()
+            .decode(&mut buf, Instant::now())
+            .unwrap();
+        assert!(matches!(got, Some(LinkFrame::Ask(77))));
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Server {
     monitor: Option<Monitor>,
     /// Bridges to other brokers, checked and their files read.
     bridges: Vec<crate::bridge::Prepared>,
+    /// Links to the other nodes of a cluster (see `set_links`).
+    links: Option<super::links::LinkSetup>,
 }
 
 impl Server {
@@ -72,6 +74,7 @@ impl Server {
             ops,
             monitor: None,
             bridges,
+            links: None,
         })
     }
 
@@ -100,6 +103,12 @@ impl Server {
         Fut: Future<Output = ()> + 'static,
     {
         self.monitor = Some(Box::new(move |snap| Box::pin(monitor(snap))));
+    }
+
+    /// Run as one node of a cluster: route to and from the nodes `links`
+    /// names (see [`super::links`]).
+    pub fn set_links(&mut self, links: super::links::LinkSetup) {
+        self.links = Some(links);
     }
 
     /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
@@ -131,6 +140,12 @@ impl Server {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "threads > 1 runs in memory for now: add --memory (or memory = true)",
+            ));
+        }
+        if n > 1 && self.links.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster node runs one thread for now: set threads = 1",
             ));
         }
         let names = self.local_listeners();
@@ -165,6 +180,7 @@ impl Server {
                 mesh: Some((mesh, inbox)),
                 persist: None,
                 bridges: Vec::new(),
+                links: None,
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -192,6 +208,7 @@ impl Server {
             mesh: first,
             persist: self.persist,
             bridges: self.bridges,
+            links: self.links,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -220,6 +237,8 @@ struct Shard {
     persist: Option<super::persist::Opened>,
     /// Bridges run on shard 0.
     bridges: Vec<crate::bridge::Prepared>,
+    /// Cluster links (one shard only).
+    links: Option<super::links::LinkSetup>,
 }
 
 impl Shard {
@@ -241,8 +260,13 @@ impl Shard {
             }
             None => (None, None),
         };
+        if self.links.is_some() {
+            // Alone until the links bring nodes in.
+            broker.set_peers(crate::core::PeerId(0), &[crate::core::PeerId(0)]);
+        }
         let (mut shared, poll) = Shared::new(broker);
         shared.mesh = mesh;
+        shared.links = self.links.as_ref().map(|l| super::links::Links::new(l.me));
         let shared = Rc::new(shared);
         for (index, (addr, kind)) in self.names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);
@@ -275,6 +299,9 @@ impl Shard {
             background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
                 shared.clone(),
             )));
+        }
+        if let Some(setup) = self.links {
+            background.extend(super::links::start(&shared, setup));
         }
         background.push(tokio::task::spawn_local(super::http_auth::auth_loop(
             shared.clone(),

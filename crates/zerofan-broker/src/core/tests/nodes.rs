@@ -95,6 +95,7 @@ impl Nodes {
                         match frame {
                             LinkFrame::Event(e) => h.b.handle_peer(h.now, remote(from), e),
                             LinkFrame::Sync => h.b.peer_reset(remote(from)),
+                            LinkFrame::Ask(_) => unreachable!("only the shell asks"),
                         }
                     }
                     assert!(buf.is_empty());

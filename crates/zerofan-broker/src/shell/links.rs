@@ -1,0 +1,586 @@
+//! Links between the nodes of a cluster: each remote node is one more peer
+//! of the core, behind a socket instead of a shard's inbox.
+//!
+//! Membership (who the nodes are), accepting links and dialing them belong
+//! to the cluster layer; it hands them over as a [`LinkSetup`]. Here: one
+//! connection per ordered pair of nodes, written by the node that dialed
+//! it (its events for the other) and read by the one that accepted it.
+//!
+//! Each remote node has a send queue of encoded frames (`peer_wire`):
+//! headers in their own small buffers, payloads as the publisher's `Bytes`,
+//! written with vectored writes, as many frames per write as are queued.
+//! Frames leave the queue only once written, so a broken link resends
+//! them on the next connection, in order (a frame the old connection
+//! delivered before it broke may arrive twice). Every (re)connection
+//! starts the node's full state over: a `Sync` frame, then its interests
+//! and retained messages.
+//!
+//! Bounded: past [`QUEUE_BYTES`] the node is congested, as a full shard
+//! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
+//! until it drains). Past [`QUEUE_HARD`] (a node that stays away) its
+//! queued messages are dropped, counted; the other events stay, so that
+//! its routes and the acknowledgements waiting on it stay right.
+
+use super::state::Shared;
+use crate::core::peer_wire::{EncodedFrame, FrameDecoder, FrameEncoder, LinkFrame};
+use crate::core::{PeerEvent, PeerId};
+use bytes::BytesMut;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+
+/// Opens the link to a node (its hello already exchanged).
+pub type DialFn =
+    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>> + Send + Sync>;
+
+/// What the cluster layer gives the broker to link it with the others.
+pub struct LinkSetup {
+    /// This node's id.
+    pub me: u64,
+    /// Every node, this one included, with its cluster address.
+    pub members: watch::Receiver<Vec<(u64, SocketAddr)>>,
+    /// Links other nodes opened to this one, with their node id (hello
+    /// done). Plain sockets, so they may come from another runtime.
+    pub incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
+    /// Opens this node's link to a node.
+    pub dial: DialFn,
+    /// A listener whose links start with the dialer's node id (8 bytes,
+    /// big-endian), accepted beside the broker: a static cluster's (see
+    /// [`static_links`]), where no cluster layer hands links over.
+    pub accept: Option<std::net::TcpListener>,
+}
+
+/// Queued bytes past which a node is congested.
+pub const QUEUE_BYTES: usize = 8 << 20;
+/// Queued bytes past which its queued messages are dropped.
+pub const QUEUE_HARD: usize = 64 << 20;
+/// Most bytes handed to one vectored write.
+const WRITE_BATCH: usize = 1 << 20;
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Room kept free in a read buffer before each read.
+const READ_ROOM: usize = 64 * 1024;
+
+/// The links' figures (`/metrics`).
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Messages written to other nodes (one per destination).
+    pub forwarded_messages: Cell<u64>,
+    /// Bytes written to other nodes.
+    pub forwarded_bytes: Cell<u64>,
+    /// Bytes read from other nodes.
+    pub received_bytes: Cell<u64>,
+    /// Frames read from other nodes.
+    pub received_frames: Cell<u64>,
+    /// Messages dropped because a node's queue passed [`QUEUE_HARD`].
+    pub dropped_messages: Cell<u64>,
+    /// Links (re)connected.
+    pub connects: Cell<u64>,
+    /// Failed dials.
+    pub dial_failures: Cell<u64>,
+    /// Links closed for a frame that could not be read.
+    pub bad_frames: Cell<u64>,
+}
+
+fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+/// One remote node's send side.
+struct Queue {
+    node: u64,
+    frames: VecDeque<EncodedFrame>,
+    bytes: usize,
+    congested: bool,
+    wake: Rc<Notify>,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// The links of one node (shard 0 of it: a cluster runs one shard).
+pub(super) struct Links {
+    me: u64,
+    /// Node id to this core's peer id, and back.
+    ids: RefCell<HashMap<u64, PeerId>>,
+    queues: RefCell<HashMap<PeerId, Queue>>,
+    readers: RefCell<HashMap<u64, JoinHandle<()>>>,
+    enc: RefCell<FrameEncoder>,
+    pub(super) stats: LinkStats,
+}
+
+impl Links {
+    pub(super) fn new(me: u64) -> Links {
+        Links {
+            me,
+            ids: RefCell::default(),
+            queues: RefCell::default(),
+            readers: RefCell::default(),
+            enc: RefCell::default(),
+            stats: LinkStats::default(),
+        }
+    }
+
+    /// The peer id of `node` (this core is peer 0; nodes from 1 on, in
+    /// the order first seen). `None` past the id space.
+    fn peer_of(&self, node: u64) -> Option<PeerId> {
+        let mut ids = self.ids.borrow_mut();
+        if let Some(&p) = ids.get(&node) {
+            return Some(p);
+        }
+        let p = PeerId(u16::try_from(ids.len() + 1).ok()?);
+        ids.insert(node, p);
+        Some(p)
+    }
+
+    /// Encode what the core has for other nodes into their queues (from
+    /// `Shared::dispatch`).
+    pub(super) fn send_from(&self, shared: &Shared) {
+        let now = Instant::now();
+        loop {
+            let batch = shared.broker.borrow_mut().poll_peer_transmit();
+            let Some(batch) = batch else {
+                return;
+            };
+            let mut congested = false;
+            {
+                let mut queues = self.queues.borrow_mut();
+                let Some(q) = queues.get_mut(&batch.to) else {
+                    continue;
+                };
+                let mut enc = self.enc.borrow_mut();
+                for e in &batch.events {
+                    match enc.encode(e, now) {
+                        Ok(f) => {
+                            q.bytes += f.len;
+                            q.frames.push_back(f);
+                        }
+                        Err(err) => {
+                            tracing::warn!(node = q.node, error = %err, "event not sent to node")
+                        }
+                    }
+                }
+                if q.bytes > QUEUE_HARD {
+                    let before = q.frames.len();
+                    q.frames.retain(|f| f.publish.is_none());
+                    bump(
+                        &self.stats.dropped_messages,
+                        (before - q.frames.len()) as u64,
+                    );
+                    q.bytes = q.frames.iter().map(|f| f.len).sum();
+                }
+                if q.bytes > QUEUE_BYTES && !q.congested {
+                    q.congested = true;
+                    congested = true;
+                }
+                q.wake.notify_one();
+            }
+            if congested {
+                shared
+                    .broker
+                    .borrow_mut()
+                    .set_peer_congested(batch.to, true);
+            }
+        }
+    }
+
+    /// Queue a frame of the links' own for `peer`.
+    fn push(&self, peer: PeerId, make: impl FnOnce(&mut FrameEncoder) -> Option<EncodedFrame>) {
+        if let Some(q) = self.queues.borrow_mut().get_mut(&peer) {
+            let Some(f) = make(&mut self.enc.borrow_mut()) else {
+                return;
+            };
+            q.bytes += f.len;
+            q.frames.push_back(f);
+            q.wake.notify_one();
+        }
+    }
+
+    /// Figures for `/metrics`.
+    pub(super) fn stats_into(&self, st: &mut crate::core::ShellStats) {
+        let s = &self.stats;
+        st.cluster_forwarded_messages += s.forwarded_messages.get();
+        st.cluster_forwarded_bytes += s.forwarded_bytes.get();
+        st.cluster_received_bytes += s.received_bytes.get();
+        st.cluster_dropped_messages += s.dropped_messages.get();
+        st.cluster_link_connects += s.connects.get();
+    }
+}
+
+/// Start linking: follow the membership, accept links, dial the others.
+pub(super) fn start(shared: &Rc<Shared>, setup: LinkSetup) -> Vec<JoinHandle<()>> {
+    let LinkSetup {
+        members,
+        incoming,
+        dial,
+        accept,
+        ..
+    } = setup;
+    let mut tasks = vec![
+        tokio::task::spawn_local(follow_members(shared.clone(), members, dial)),
+        tokio::task::spawn_local(accept_links(shared.clone(), incoming)),
+    ];
+    if let Some(l) = accept {
+        tasks.push(tokio::task::spawn_local(accept_static(shared.clone(), l)));
+    }
+    tasks
+}
+
+/// Add nodes that joined (a queue and a writer each), remove nodes that
+/// left.
+async fn follow_members(
+    shared: Rc<Shared>,
+    mut members: watch::Receiver<Vec<(u64, SocketAddr)>>,
+    dial: DialFn,
+) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    loop {
+        let now: Vec<u64> = members.borrow_and_update().iter().map(|m| m.0).collect();
+        let known: Vec<(u64, PeerId)> = links
+            .queues
+            .borrow()
+            .iter()
+            .map(|(p, q)| (q.node, *p))
+            .collect();
+        for (node, peer) in &known {
+            if !now.contains(node) {
+                if let Some(q) = links.queues.borrow_mut().remove(peer) {
+                    if let Some(w) = q.writer {
+                        w.abort();
+                    }
+                }
+                if let Some(r) = links.readers.borrow_mut().remove(node) {
+                    r.abort();
+                }
+                shared.broker.borrow_mut().peer_left(*peer);
+                tracing::info!(node, "node left");
+            }
+        }
+        for &node in &now {
+            if node == links.me || known.iter().any(|k| k.0 == node) {
+                continue;
+            }
+            let Some(peer) = links.peer_of(node) else {
+                tracing::warn!(node, "too many nodes: not linked");
+                continue;
+            };
+            let wake = Rc::new(Notify::new());
+            links.queues.borrow_mut().insert(
+                peer,
+                Queue {
+                    node,
+                    frames: VecDeque::new(),
+                    bytes: 0,
+                    congested: false,
+                    wake: wake.clone(),
+                    writer: None,
+                },
+            );
+            // Its first frames: a Sync, then this core's state.
+            if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+                let f = links.enc.borrow_mut().sync();
+                q.bytes += f.len;
+                q.frames.push_back(f);
+            }
+            shared.broker.borrow_mut().add_peer(peer);
+            let w = tokio::task::spawn_local(write_link(
+                shared.clone(),
+                node,
+                peer,
+                wake,
+                dial.clone(),
+            ));
+            if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+                q.writer = Some(w);
+            }
+            tracing::info!(node, "node joined");
+        }
+        shared.dispatch();
+        if members.changed().await.is_err() {
+            // Nobody changes the membership any more: keep it as it is.
+            return;
+        }
+    }
+}
+
+/// Keep the link to `node` up and write its queue.
+async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify>, dial: DialFn) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let mut backoff = BACKOFF_MIN;
+    let mut first = true;
+    loop {
+        let mut stream = match dial(node).await {
+            Ok(s) => s,
+            Err(e) => {
+                bump(&links.stats.dial_failures, 1);
+                tracing::debug!(node, error = %e, "cannot reach node");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        backoff = BACKOFF_MIN;
+        bump(&links.stats.connects, 1);
+        if !first {
+            restart_state(&shared, links, peer);
+        }
+        first = false;
+        tracing::info!(node, "link up");
+        if let Err(e) = write_queue(&shared, links, peer, &wake, &mut stream).await {
+            tracing::info!(node, error = %e, "link down");
+        }
+    }
+}
+
+/// A link back up: the node gets this core's whole state first (a Sync,
+/// then every interest and retained message), then what was still queued.
+/// The state stands for every change so far, so what it had missed
+/// (written to the broken link, never read) is made good before anything
+/// newer arrives; the queued events after it repeat changes it already
+/// holds, in their order, and end where it does.
+fn restart_state(shared: &Shared, links: &Links, peer: PeerId) {
+    // Whatever the core still holds for the node is older than the state.
+    shared.dispatch();
+    let backlog = match links.queues.borrow_mut().get_mut(&peer) {
+        Some(q) => {
+            let f = links.enc.borrow_mut().sync();
+            q.bytes += f.len;
+            std::mem::replace(&mut q.frames, VecDeque::from([f]))
+        }
+        None => return,
+    };
+    shared.broker.borrow_mut().peer_joined(peer);
+    shared.dispatch();
+    if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+        q.frames.extend(backlog);
+    }
+}
+
+/// Write the queue as it fills, until the connection fails.
+async fn write_queue(
+    shared: &Shared,
+    links: &Links,
+    peer: PeerId,
+    wake: &Notify,
+    stream: &mut TcpStream,
+) -> io::Result<()> {
+    let mut chunks = VecDeque::new();
+    loop {
+        let (n, bytes, messages) = {
+            let queues = links.queues.borrow();
+            let Some(q) = queues.get(&peer) else {
+                return Ok(());
+            };
+            let (mut n, mut bytes, mut messages) = (0, 0, 0);
+            for f in &q.frames {
+                if bytes > 0 && bytes + f.len > WRITE_BATCH {
+                    break;
+                }
+                chunks.extend(f.chunks.iter().cloned());
+                n += 1;
+                bytes += f.len;
+                messages += u64::from(f.publish.is_some());
+            }
+            (n, bytes, messages)
+        };
+        if n == 0 {
+            // The other end never writes: a read that ends means it is
+            // gone, found now rather than by the next write.
+            let mut probe = [0u8; 64];
+            tokio::select! {
+                () = wake.notified() => {}
+                r = stream.read(&mut probe) => match r {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
+                },
+            }
+            continue;
+        }
+        let written = super::writer::write_chunks(stream, &mut chunks).await;
+        chunks.clear();
+        written?;
+        bump(&links.stats.forwarded_bytes, bytes as u64);
+        bump(&links.stats.forwarded_messages, messages);
+        let drained = {
+            let mut queues = links.queues.borrow_mut();
+            let Some(q) = queues.get_mut(&peer) else {
+                return Ok(());
+            };
+            q.frames.drain(..n.min(q.frames.len()));
+            q.bytes = q.bytes.saturating_sub(bytes);
+            let drained = q.congested && q.bytes <= QUEUE_BYTES / 2;
+            if drained {
+                q.congested = false;
+            }
+            drained
+        };
+        if drained {
+            shared.broker.borrow_mut().set_peer_congested(peer, false);
+            shared.dispatch();
+        }
+    }
+}
+
+/// Take the links other nodes open to this one.
+async fn accept_links(
+    shared: Rc<Shared>,
+    mut incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
+) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    while let Some((node, stream)) = incoming.recv().await {
+        let stream = match stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "link not accepted");
+                continue;
+            }
+        };
+        linked(&shared, links, node, stream);
+    }
+}
+
+/// Read the link `node` opened.
+fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: TcpStream) {
+    let Some(peer) = links.peer_of(node) else {
+        return;
+    };
+    let task = tokio::task::spawn_local(read_link(shared.clone(), node, peer, stream));
+    // The newest link from a node replaces an older one.
+    if let Some(old) = links.readers.borrow_mut().insert(node, task) {
+        old.abort();
+    }
+}
+
+/// Accept links on a static cluster's listener: each starts with the
+/// dialer's node id.
+async fn accept_static(shared: Rc<Shared>, listener: std::net::TcpListener) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot accept cluster links");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let mut id = [0u8; 8];
+        // A hello that does not come in time is no link.
+        let hello = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut id)).await;
+        if let Ok(Ok(_)) = hello {
+            linked(&shared, links, u64::from_be_bytes(id), s);
+        }
+    }
+}
+
+/// Read `node`'s events into the core until its link closes.
+async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpStream) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let mut dec = FrameDecoder::default();
+    let mut buf = BytesMut::new();
+    loop {
+        if buf.capacity() - buf.len() < READ_ROOM / 4 {
+            buf.reserve(READ_ROOM);
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => bump(&links.stats.received_bytes, n as u64),
+            Err(e) => {
+                tracing::info!(node, error = %e, "link from node closed");
+                return;
+            }
+        }
+        let now = Instant::now();
+        let failed = loop {
+            let frame = dec.decode(&mut buf, now);
+            let mut broker = shared.broker.borrow_mut();
+            match frame {
+                Ok(Some(LinkFrame::Event(e))) => broker.handle_peer(now, peer, e),
+                Ok(Some(LinkFrame::Sync)) => {
+                    broker.peer_reset(peer);
+                    // Its link to us is new: what we answered it on the
+                    // old one may be lost. It asks us the same way.
+                    let seq = broker.peer_seq();
+                    drop(broker);
+                    links.push(peer, |enc| Some(enc.ask(seq)));
+                }
+                Ok(Some(LinkFrame::Ask(seq))) => {
+                    drop(broker);
+                    links.push(peer, |enc| enc.encode(&PeerEvent::Seen { seq }, now).ok());
+                }
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        links.stats.received_frames.set(dec.frames);
+        shared.dispatch();
+        if let Some(e) = failed {
+            bump(&links.stats.bad_frames, 1);
+            tracing::warn!(node, error = %e, "closing link after a bad frame");
+            return;
+        }
+    }
+}
+
+/// A static cluster for tests and fixed setups: the membership changes
+/// only through the returned sender, links are accepted on `listener`,
+/// and a link's hello is the dialer's node id, 8 bytes big-endian.
+pub fn static_links(
+    me: u64,
+    members: Vec<(u64, SocketAddr)>,
+    listener: std::net::TcpListener,
+) -> (LinkSetup, watch::Sender<Vec<(u64, SocketAddr)>>) {
+    let (tx, rx) = watch::channel(members);
+    // Nobody hands links over: they come from `listener`.
+    let (_, in_rx) = mpsc::channel(1);
+    let book = rx.clone();
+    let dial: DialFn = Arc::new(move |node| {
+        let addr = book.borrow().iter().find(|m| m.0 == node).map(|m| m.1);
+        Box::pin(async move {
+            use tokio::io::AsyncWriteExt;
+            let addr =
+                addr.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such node"))?;
+            let mut s = TcpStream::connect(addr).await?;
+            s.write_all(&me.to_be_bytes()).await?;
+            Ok(s)
+        })
+    });
+    (
+        LinkSetup {
+            me,
+            members: rx,
+            incoming: in_rx,
+            dial,
+            accept: Some(listener),
+        },
+        tx,
+    )
+}
