@@ -318,3 +318,70 @@ fn a_cluster_node_refuses_several_threads() {
     let err = b.shutdown().unwrap_err();
     assert!(err.to_string().contains("threads = 1"), "{err}");
 }
+
+/// The latency a cross-node hop adds, on loopback (BENCHMARKS.md): one
+/// publish at a time on node 1, received by a subscriber on node 1 and
+/// one on node 2, each on a thread of its own that notes when it read it.
+/// `cargo test --release -p zerofan-broker --test links -- --ignored
+/// --nocapture hop_latency`
+#[test]
+#[ignore = "a measurement, not a check"]
+fn hop_latency() {
+    use std::time::{Duration, Instant};
+    let c = Cluster::start(2);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, u32, Instant)>();
+    let mut readers = Vec::new();
+    for node in 0..2 {
+        let mut s = c.client(node, &format!("lat{node}"));
+        s.s.set_nodelay(true).unwrap();
+        subscribe(&mut s, "lat", QoS::AtMostOnce);
+        let tx = tx.clone();
+        readers.push(std::thread::spawn(move || loop {
+            let Some(Packet::Publish(p)) = s.recv() else {
+                return;
+            };
+            let at = Instant::now();
+            let mut seq = [0u8; 4];
+            seq.copy_from_slice(&p.payload[..4]);
+            if tx.send((node, u32::from_be_bytes(seq), at)).is_err() {
+                return;
+            }
+        }));
+    }
+    let mut p = c.client(0, "lat-pub");
+    p.s.set_nodelay(true).unwrap();
+    let n = 20_000u32;
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    let mut payload = vec![0u8; 64];
+    for seq in 0..n {
+        payload[..4].copy_from_slice(&seq.to_be_bytes());
+        let sent = Instant::now();
+        publish(&mut p, "lat", &payload, QoS::AtMostOnce, 0, false);
+        for _ in 0..2 {
+            let (node, got, at) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(got, seq);
+            // The first 1,000 warm up.
+            if seq >= 1000 {
+                let us = at.duration_since(sent).as_secs_f64() * 1e6;
+                if node == 0 { &mut local } else { &mut remote }.push(us);
+            }
+        }
+    }
+    let pct = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * q) as usize]
+    };
+    let (l50, l99) = (pct(&mut local, 0.5), pct(&mut local, 0.99));
+    let (r50, r99) = (pct(&mut remote, 0.5), pct(&mut remote, 0.99));
+    println!(
+        "64 B QoS 0, {} messages one at a time: same node p50 {l50:.0} µs p99 {l99:.0} µs; \
+         other node p50 {r50:.0} µs p99 {r99:.0} µs; the hop adds p50 {:.0} µs",
+        local.len(),
+        r50 - l50
+    );
+    drop(c);
+    for r in readers {
+        let _ = r.join();
+    }
+}

@@ -277,9 +277,13 @@ impl Broker {
     }
 
     /// `peer` resends its whole state (its link reconnected): forget what
-    /// it said before.
+    /// it said before, its holds on our publishers too (a release may have
+    /// been lost with the link).
     pub fn peer_reset(&mut self, peer: PeerId) {
         self.router.forget_peer(peer);
+        for conn in self.peers.release_held_by(peer) {
+            self.wake(conn);
+        }
     }
 
     /// The shell's queue towards `peer` is full (or has room again). While

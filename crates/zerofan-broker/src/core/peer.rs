@@ -176,14 +176,7 @@ impl Peers {
             return (Vec::new(), Vec::new());
         };
         self.slots.remove(i);
-        let mut wake: Vec<_> = self
-            .held_for
-            .iter()
-            .filter(|e| e.0 == peer)
-            .map(|e| e.1)
-            .collect();
-        self.held_for.retain(|e| e.0 != peer);
-        wake.retain(|&c| !self.holds(c));
+        let mut wake = self.release_held_by(peer);
         if !self.slots.iter().any(|s| s.congested) {
             wake.append(&mut self.holding);
         }
@@ -193,6 +186,20 @@ impl Peers {
             None => self.seen_by_all(),
         };
         (wake, ready)
+    }
+
+    /// Forget every hold `peer` put on our connections; returns those free
+    /// again.
+    pub(crate) fn release_held_by(&mut self, peer: PeerId) -> Vec<super::ids::ConnId> {
+        let mut free: Vec<_> = self
+            .held_for
+            .iter()
+            .filter(|e| e.0 == peer)
+            .map(|e| e.1)
+            .collect();
+        self.held_for.retain(|e| e.0 != peer);
+        free.retain(|&c| !self.holds(c));
+        free
     }
 
     /// With no peers left, nothing waits.

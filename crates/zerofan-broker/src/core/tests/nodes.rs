@@ -347,3 +347,25 @@ fn subscriptions_made_before_a_link_comes_up_take_their_turn_in_groups() {
         "both take turns: {ga:?} {gb:?}"
     );
 }
+
+#[test]
+fn a_reset_releases_the_holds_the_peer_put_on_publishers() {
+    let mut n = Nodes::full_mesh(2);
+    let p = n.client(0, "p");
+    let session = crate::core::SessionId(1);
+    // Node 2 holds node 1's publisher (a subscriber of it is behind)...
+    let now = n.hs[0].now;
+    n.hs[0].b.handle_peer(
+        now,
+        remote(1),
+        crate::core::PeerEvent::Hold {
+            session,
+            hold: true,
+        },
+    );
+    assert!(n.hs[0].b.held(p.conn));
+    // ...and its link breaks before the release arrives: the resync
+    // frees it.
+    n.hs[0].b.peer_reset(remote(1));
+    assert!(!n.hs[0].b.held(p.conn));
+}
