@@ -38,6 +38,7 @@ const RETAIN: u8 = 4;
 const SEEN: u8 = 5;
 const SYNC: u8 = 6;
 const ASK: u8 = 7;
+const SYNCED: u8 = 8;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -51,6 +52,8 @@ pub enum LinkFrame {
     /// applied: the sender's earlier answers may have been lost with a
     /// link that broke.
     Ask(u64),
+    /// The state that followed the last `Sync` is complete.
+    Synced,
 }
 
 /// A frame that cannot be read (the link is then closed).
@@ -149,6 +152,17 @@ impl FrameEncoder {
         let start = self.begin();
         self.scratch.put_u8(SYNC);
         // Fits: a frame of six bytes.
+        self.finish(start, None, None).unwrap_or(EncodedFrame {
+            chunks: Vec::new(),
+            len: 0,
+            publish: None,
+        })
+    }
+
+    /// The frame that ends a full state (see [`LinkFrame::Synced`]).
+    pub fn synced(&mut self) -> EncodedFrame {
+        let start = self.begin();
+        self.scratch.put_u8(SYNCED);
         self.finish(start, None, None).unwrap_or(EncodedFrame {
             chunks: Vec::new(),
             len: 0,
@@ -343,6 +357,10 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         SYNC => {
             end(&f)?;
             return Ok(LinkFrame::Sync);
+        }
+        SYNCED => {
+            end(&f)?;
+            return Ok(LinkFrame::Synced);
         }
         ASK => {
             let seq = get_u64(&mut f)?;
@@ -571,6 +589,12 @@ mod tests {
             .decode(&mut buf, Instant::now())
             .unwrap();
         assert!(matches!(got, Some(LinkFrame::Ask(77))));
+        let f = enc.synced();
+        let mut buf = BytesMut::from(&f.chunks[0][..]);
+        let got = FrameDecoder::default()
+            .decode(&mut buf, Instant::now())
+            .unwrap();
+        assert!(matches!(got, Some(LinkFrame::Synced)));
     }
 
     #[test]

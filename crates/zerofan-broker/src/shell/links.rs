@@ -13,7 +13,9 @@
 //! them on the next connection, in order (a frame the old connection
 //! delivered before it broke may arrive twice). Every (re)connection
 //! starts the node's full state over: a `Sync` frame, then its interests
-//! and retained messages.
+//! and retained messages, then `Synced`. A node serves clients once every
+//! other member's state has arrived (at most [`READY_WAIT`] after start),
+//! so that a first subscription replays the cluster's retained messages.
 //!
 //! Bounded: past [`QUEUE_BYTES`] the node is congested, as a full shard
 //! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
@@ -68,6 +70,9 @@ pub const QUEUE_HARD: usize = 64 << 20;
 const WRITE_BATCH: usize = 1 << 20;
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest a node waits for the other members' state before it serves
+/// clients.
+pub const READY_WAIT: Duration = Duration::from_secs(5);
 /// Room kept free in a read buffer before each read.
 const READ_ROOM: usize = 64 * 1024;
 
@@ -114,6 +119,13 @@ pub(super) struct Links {
     queues: RefCell<HashMap<PeerId, Queue>>,
     readers: RefCell<HashMap<u64, JoinHandle<()>>>,
     enc: RefCell<FrameEncoder>,
+    /// Nodes whose whole state has arrived (a `Synced` frame).
+    synced: RefCell<std::collections::HashSet<u64>>,
+    /// The other members, as last known.
+    expected: RefCell<Vec<u64>>,
+    /// Every other member's state has arrived (or `READY_WAIT` passed).
+    ready: Cell<bool>,
+    ready_wake: Notify,
     pub(super) stats: LinkStats,
 }
 
@@ -125,7 +137,42 @@ impl Links {
             queues: RefCell::default(),
             readers: RefCell::default(),
             enc: RefCell::default(),
+            synced: RefCell::default(),
+            expected: RefCell::default(),
+            ready: Cell::new(false),
+            ready_wake: Notify::new(),
             stats: LinkStats::default(),
+        }
+    }
+
+    /// Wait until every other member's state (interests, retained
+    /// messages) has arrived, so that a client's first subscription
+    /// replays the cluster's retained messages; at most `READY_WAIT`, so
+    /// that a node whose peers are down still serves.
+    pub(super) async fn ready(&self) {
+        let wait = async {
+            loop {
+                let woken = self.ready_wake.notified();
+                if self.ready.get() {
+                    return;
+                }
+                woken.await;
+            }
+        };
+        if tokio::time::timeout(READY_WAIT, wait).await.is_err() {
+            tracing::warn!("serving before every node's state arrived");
+            self.ready.set(true);
+        }
+    }
+
+    fn check_ready(&self) {
+        if self.ready.get() {
+            return;
+        }
+        let synced = self.synced.borrow();
+        if self.expected.borrow().iter().all(|n| synced.contains(n)) {
+            self.ready.set(true);
+            self.ready_wake.notify_waiters();
         }
     }
 
@@ -246,6 +293,8 @@ async fn follow_members(
     };
     loop {
         let now: Vec<u64> = members.borrow_and_update().iter().map(|m| m.0).collect();
+        *links.expected.borrow_mut() = now.iter().copied().filter(|&n| n != links.me).collect();
+        let mut joined = Vec::new();
         let known: Vec<(u64, PeerId)> = links
             .queues
             .borrow()
@@ -303,9 +352,15 @@ async fn follow_members(
             if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
                 q.writer = Some(w);
             }
+            joined.push(peer);
             tracing::info!(node, "node joined");
         }
         shared.dispatch();
+        // After the state `add_peer` queued: it is complete.
+        for peer in joined {
+            links.push(peer, |enc| Some(enc.synced()));
+        }
+        links.check_ready();
         if members.changed().await.is_err() {
             // Nobody changes the membership any more: keep it as it is.
             return;
@@ -365,6 +420,9 @@ fn restart_state(shared: &Shared, links: &Links, peer: PeerId) {
     shared.broker.borrow_mut().peer_joined(peer);
     shared.dispatch();
     if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+        let f = links.enc.borrow_mut().synced();
+        q.bytes += f.len;
+        q.frames.push_back(f);
         q.frames.extend(backlog);
     }
 }
@@ -531,6 +589,11 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpS
                     let seq = broker.peer_seq();
                     drop(broker);
                     links.push(peer, |enc| Some(enc.ask(seq)));
+                }
+                Ok(Some(LinkFrame::Synced)) => {
+                    drop(broker);
+                    links.synced.borrow_mut().insert(node);
+                    links.check_ready();
                 }
                 Ok(Some(LinkFrame::Ask(seq))) => {
                     drop(broker);

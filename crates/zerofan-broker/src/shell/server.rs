@@ -283,12 +283,20 @@ impl Shard {
         for (index, (listener, prepared)) in
             self.listeners.into_iter().zip(self.prepared).enumerate()
         {
-            tasks.push(tokio::task::spawn_local(accept_loop(
+            let accept = accept_loop(
                 shared.clone(),
                 TcpListener::from_std(listener)?,
                 index,
                 Rc::new(prepared),
-            )));
+            );
+            let s = shared.clone();
+            tasks.push(tokio::task::spawn_local(async move {
+                // A cluster node serves once it has the others' state.
+                if let Some(links) = s.links.as_ref() {
+                    links.ready().await;
+                }
+                accept.await
+            }));
         }
         let mut background: Vec<JoinHandle<()>> = Vec::new();
         if let Some(rx) = inbox {

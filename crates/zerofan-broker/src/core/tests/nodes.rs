@@ -95,7 +95,9 @@ impl Nodes {
                         match frame {
                             LinkFrame::Event(e) => h.b.handle_peer(h.now, remote(from), e),
                             LinkFrame::Sync => h.b.peer_reset(remote(from)),
-                            LinkFrame::Ask(_) => unreachable!("only the shell asks"),
+                            LinkFrame::Ask(_) | LinkFrame::Synced => {
+                                unreachable!("only the shell sends these")
+                            }
                         }
                     }
                     assert!(buf.is_empty());
