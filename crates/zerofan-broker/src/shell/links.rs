@@ -647,3 +647,136 @@ pub fn static_links(
         tx,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::core::Broker;
+    use bytes::Bytes;
+    use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS};
+
+    /// A core with one remote node (peer 1) subscribed to `t`, its links
+    /// with a queue for it and no writer: nothing drains.
+    fn linked() -> (Shared, crate::core::ConnId) {
+        let now = Instant::now();
+        let mut b = Broker::new(
+            Config {
+                sys_interval: 0,
+                ..Config::default()
+            },
+            now,
+        );
+        b.set_peers(PeerId(0), &[PeerId(0)]);
+        b.add_peer(PeerId(1));
+        b.handle_peer(
+            now,
+            PeerId(1),
+            PeerEvent::Interest {
+                filter: "t".into(),
+                group: None,
+                add: true,
+                seq: 1,
+            },
+        );
+        let conn = b.connection_opened(now, "127.0.0.1:9".parse().unwrap());
+        b.handle_packet(
+            now,
+            conn,
+            Packet::Connect(Box::new(Connect {
+                protocol: Protocol::V5,
+                clean_start: true,
+                keep_alive: 0,
+                properties: Default::default(),
+                client_id: "p".try_into().unwrap(),
+                will: None,
+                username: None,
+                password: None,
+            })),
+        );
+        let (mut shared, _) = Shared::new(b);
+        let links = Links::new(1);
+        links.queues.borrow_mut().insert(
+            PeerId(1),
+            Queue {
+                node: 2,
+                frames: VecDeque::new(),
+                bytes: 0,
+                congested: false,
+                wake: Rc::new(Notify::new()),
+                writer: None,
+            },
+        );
+        shared.links = Some(links);
+        (shared, conn)
+    }
+
+    fn publish(shared: &Shared, conn: crate::core::ConnId, qos: QoS, pid: u16, payload: &Bytes) {
+        shared.broker.borrow_mut().handle_packet(
+            Instant::now(),
+            conn,
+            Packet::Publish(Publish {
+                qos,
+                packet_id: pid,
+                topic: "t".try_into().unwrap(),
+                payload: payload.clone(),
+                ..Publish::default()
+            }),
+        );
+        shared.dispatch();
+    }
+
+    fn queued(shared: &Shared) -> (usize, usize, bool) {
+        let links = shared.links.as_ref().unwrap();
+        let q = links.queues.borrow();
+        let q = q.get(&PeerId(1)).unwrap();
+        (q.frames.len(), q.bytes, q.congested)
+    }
+
+    #[test]
+    fn a_full_queue_congests_its_node_and_an_overflowing_one_drops_messages() {
+        let (shared, conn) = linked();
+        let big = Bytes::from(vec![1u8; 64 * 1024]);
+        publish(&shared, conn, QoS::AtMostOnce, 0, &big);
+        let (frames, bytes, congested) = queued(&shared);
+        // The answer to the node's interest, then the message.
+        assert_eq!(frames, 2);
+        assert!(bytes > big.len() && !congested);
+        // The payload is queued as the publisher's bytes, not a copy.
+        {
+            let links = shared.links.as_ref().unwrap();
+            let q = links.queues.borrow();
+            let f = &q.get(&PeerId(1)).unwrap().frames[1];
+            assert_eq!(f.chunks[1].as_ptr(), big.as_ptr());
+        }
+        let mut pid = 0u16;
+        while !queued(&shared).2 {
+            pid += 1;
+            assert!(pid < 200, "never congested");
+            publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+        }
+        assert!(queued(&shared).1 > QUEUE_BYTES);
+        // Congested: QoS 0 for the node is dropped by the core...
+        let before = shared.broker.borrow().metrics().dropped_qos0_peer_full;
+        publish(&shared, conn, QoS::AtMostOnce, 0, &big);
+        assert_eq!(
+            shared.broker.borrow().metrics().dropped_qos0_peer_full,
+            before + 1
+        );
+        // ...while QoS 1 still crosses, and its publisher is not read.
+        pid += 1;
+        let (frames, _, _) = queued(&shared);
+        publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+        assert_eq!(queued(&shared).0, frames + 1);
+        assert!(shared.broker.borrow().held(conn));
+        // Past the hard bound (held publishers still add a read each),
+        // its queued messages go, counted; the queue stays bounded.
+        for _ in 0..1100 {
+            pid = pid % 60_000 + 1;
+            publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+            assert!(queued(&shared).1 <= QUEUE_HARD);
+        }
+        let dropped = shared.links.as_ref().unwrap().stats.dropped_messages.get();
+        assert!(dropped > 900, "{dropped}");
+    }
+}
