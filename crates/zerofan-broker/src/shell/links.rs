@@ -106,6 +106,8 @@ struct Queue {
     node: u64,
     frames: VecDeque<EncodedFrame>,
     bytes: usize,
+    /// Frames at the front handed to the write in progress: they stay.
+    writing: usize,
     congested: bool,
     wake: Rc<Notify>,
     writer: Option<JoinHandle<()>>,
@@ -217,7 +219,12 @@ impl Links {
                 }
                 if q.bytes > QUEUE_HARD {
                     let before = q.frames.len();
-                    q.frames.retain(|f| f.publish.is_none());
+                    let mut i = 0;
+                    let writing = q.writing;
+                    q.frames.retain(|f| {
+                        i += 1;
+                        i <= writing || f.publish.is_none()
+                    });
                     bump(
                         &self.stats.dropped_messages,
                         (before - q.frames.len()) as u64,
@@ -330,6 +337,7 @@ async fn follow_members(
                     node,
                     frames: VecDeque::new(),
                     bytes: 0,
+                    writing: 0,
                     congested: false,
                     wake: wake.clone(),
                     writer: None,
@@ -438,8 +446,8 @@ async fn write_queue(
     let mut chunks = VecDeque::new();
     loop {
         let (n, bytes, messages) = {
-            let queues = links.queues.borrow();
-            let Some(q) = queues.get(&peer) else {
+            let mut queues = links.queues.borrow_mut();
+            let Some(q) = queues.get_mut(&peer) else {
                 return Ok(());
             };
             let (mut n, mut bytes, mut messages) = (0, 0, 0);
@@ -452,6 +460,7 @@ async fn write_queue(
                 bytes += f.len;
                 messages += u64::from(f.publish.is_some());
             }
+            q.writing = n;
             (n, bytes, messages)
         };
         if n == 0 {
@@ -470,6 +479,9 @@ async fn write_queue(
         }
         let written = super::writer::write_chunks(stream, &mut chunks).await;
         chunks.clear();
+        if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+            q.writing = 0;
+        }
         written?;
         bump(&links.stats.forwarded_bytes, bytes as u64);
         bump(&links.stats.forwarded_messages, messages);
@@ -702,6 +714,7 @@ mod tests {
                 node: 2,
                 frames: VecDeque::new(),
                 bytes: 0,
+                writing: 0,
                 congested: false,
                 wake: Rc::new(Notify::new()),
                 writer: None,
@@ -769,6 +782,14 @@ mod tests {
         publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
         assert_eq!(queued(&shared).0, frames + 1);
         assert!(shared.broker.borrow().held(conn));
+        // A write in progress holds the two frames at the front.
+        let front = {
+            let links = shared.links.as_ref().unwrap();
+            let mut q = links.queues.borrow_mut();
+            let q = q.get_mut(&PeerId(1)).unwrap();
+            q.writing = 2;
+            q.frames[1].chunks[0].as_ptr()
+        };
         // Past the hard bound (held publishers still add a read each),
         // its queued messages go, counted; the queue stays bounded.
         for _ in 0..1100 {
@@ -778,5 +799,11 @@ mod tests {
         }
         let dropped = shared.links.as_ref().unwrap().stats.dropped_messages.get();
         assert!(dropped > 900, "{dropped}");
+        // Not those being written: the writer removes them once written.
+        let links = shared.links.as_ref().unwrap();
+        let q = links.queues.borrow();
+        let q = q.get(&PeerId(1)).unwrap();
+        assert!(q.frames[1].publish.is_some());
+        assert_eq!(q.frames[1].chunks[0].as_ptr(), front);
     }
 }
