@@ -182,6 +182,13 @@ fn a_publish_reaches_every_node_once_and_in_order() {
     assert!(s.snapshot.shell.cluster_forwarded_messages >= 400);
     assert!(s.snapshot.shell.cluster_forwarded_bytes > 201 * 2 * 5);
     assert_eq!(s.snapshot.shell.cluster_dropped_messages, 0);
+    assert!(s.snapshot.shell.cluster_frames_sent >= 402);
+    for b in &c.nodes[1..] {
+        let sh = b.stats().snapshot.shell;
+        // Every message its subscriber got came in a frame of its own.
+        assert!(sh.cluster_frames_received >= 201, "{sh:?}");
+        assert_eq!(sh.cluster_bad_frames, 0);
+    }
 }
 
 #[test]

@@ -437,6 +437,14 @@ pub struct ShellStats {
     pub cluster_dropped_messages: u64,
     /// Links to other nodes (re)connected.
     pub cluster_link_connects: u64,
+    /// Frames written to other cluster nodes.
+    pub cluster_frames_sent: u64,
+    /// Frames read from other cluster nodes.
+    pub cluster_frames_received: u64,
+    /// Dials of another node that failed.
+    pub cluster_dial_failures: u64,
+    /// Links closed for a frame that could not be read.
+    pub cluster_bad_frames: u64,
 }
 
 impl ShellStats {
@@ -463,5 +471,9 @@ impl ShellStats {
         self.cluster_received_bytes += o.cluster_received_bytes;
         self.cluster_dropped_messages += o.cluster_dropped_messages;
         self.cluster_link_connects += o.cluster_link_connects;
+        self.cluster_frames_sent += o.cluster_frames_sent;
+        self.cluster_frames_received += o.cluster_frames_received;
+        self.cluster_dial_failures += o.cluster_dial_failures;
+        self.cluster_bad_frames += o.cluster_bad_frames;
     }
 }

@@ -85,6 +85,8 @@ pub struct LinkStats {
     pub forwarded_bytes: Cell<u64>,
     /// Bytes read from other nodes.
     pub received_bytes: Cell<u64>,
+    /// Frames written to other nodes.
+    pub sent_frames: Cell<u64>,
     /// Frames read from other nodes.
     pub received_frames: Cell<u64>,
     /// Messages dropped because a node's queue passed [`QUEUE_HARD`].
@@ -266,6 +268,10 @@ impl Links {
         st.cluster_received_bytes += s.received_bytes.get();
         st.cluster_dropped_messages += s.dropped_messages.get();
         st.cluster_link_connects += s.connects.get();
+        st.cluster_frames_sent += s.sent_frames.get();
+        st.cluster_frames_received += s.received_frames.get();
+        st.cluster_dial_failures += s.dial_failures.get();
+        st.cluster_bad_frames += s.bad_frames.get();
     }
 }
 
@@ -485,6 +491,7 @@ async fn write_queue(
         written?;
         bump(&links.stats.forwarded_bytes, bytes as u64);
         bump(&links.stats.forwarded_messages, messages);
+        bump(&links.stats.sent_frames, n as u64);
         let drained = {
             let mut queues = links.queues.borrow_mut();
             let Some(q) = queues.get_mut(&peer) else {
@@ -615,7 +622,8 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpS
                 Err(e) => break Some(e),
             }
         };
-        links.stats.received_frames.set(dec.frames);
+        bump(&links.stats.received_frames, dec.frames);
+        dec.frames = 0;
         shared.dispatch();
         if let Some(e) = failed {
             bump(&links.stats.bad_frames, 1);

@@ -297,6 +297,30 @@ pub fn render(s: &Snapshot) -> String {
         "Links to other cluster nodes connected or reconnected.",
         st.cluster_link_connects as f64,
     );
+    e.single(
+        "zerofan_cluster_frames_sent_total",
+        Counter,
+        "Frames (events, one message each at most) written to other cluster nodes.",
+        st.cluster_frames_sent as f64,
+    );
+    e.single(
+        "zerofan_cluster_frames_received_total",
+        Counter,
+        "Frames read from other cluster nodes.",
+        st.cluster_frames_received as f64,
+    );
+    e.single(
+        "zerofan_cluster_dial_failures_total",
+        Counter,
+        "Attempts to open a link to another node that failed.",
+        st.cluster_dial_failures as f64,
+    );
+    e.single(
+        "zerofan_cluster_bad_frames_total",
+        Counter,
+        "Links from other nodes closed for a frame that could not be read.",
+        st.cluster_bad_frames as f64,
+    );
 
     // Queues.
     e.single(
