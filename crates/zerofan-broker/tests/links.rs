@@ -391,3 +391,92 @@ fn hop_latency() {
         let _ = r.join();
     }
 }
+
+/// A proxy on loopback whose connections the test can cut.
+struct Cutter {
+    addr: SocketAddr,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Cutter {
+    fn to(target: SocketAddr) -> Cutter {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = conns.clone();
+        std::thread::spawn(move || {
+            for a in l.incoming() {
+                let Ok(a) = a else { return };
+                let Ok(b) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                let pipe = |mut from: std::net::TcpStream, mut to: std::net::TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                let mut k = kept.lock().unwrap();
+                k.push(a.try_clone().unwrap());
+                k.push(b.try_clone().unwrap());
+                pipe(a.try_clone().unwrap(), b.try_clone().unwrap());
+                pipe(b, a);
+            }
+        });
+        Cutter { addr, conns }
+    }
+
+    /// Break every connection through it (the far ends see them reset or
+    /// closed, whatever was in flight lost).
+    fn cut(&self) {
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn a_link_that_breaks_loses_and_repeats_nothing() {
+    let l1 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l2 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let all = vec![(1, l1.local_addr().unwrap()), (2, l2.local_addr().unwrap())];
+    let cutter = Cutter::to(all[1].1);
+    let (mut setup1, _m1) = static_links(1, all.clone(), l1);
+    // Node 1 reaches node 2 through the proxy.
+    let via = cutter.addr;
+    setup1.dial = std::sync::Arc::new(move |_node| {
+        Box::pin(async move {
+            use tokio::io::AsyncWriteExt;
+            let mut s = tokio::net::TcpStream::connect(via).await?;
+            s.write_all(&1u64.to_be_bytes()).await?;
+            Ok(s)
+        })
+    });
+    let (setup2, _m2) = static_links(2, all, l2);
+    let n1 = embed::spawn_linked(config(), setup1).unwrap();
+    let n2 = embed::spawn_linked(config(), setup2).unwrap();
+    let mut s = Client::connect(n2.local_addrs()[0], "s");
+    subscribe(&mut s, "t", QoS::AtLeastOnce);
+    let addr1 = n1.local_addrs()[0];
+    let total = 3000u16;
+    let publisher = std::thread::spawn(move || {
+        let mut p = Client::connect(addr1, "p");
+        for i in 1..=total {
+            publish(&mut p, "t", &i.to_be_bytes(), QoS::AtLeastOnce, i, false);
+        }
+    });
+    let mut got = Vec::new();
+    for k in 0..total {
+        if k == 500 || k == 1500 {
+            cutter.cut();
+        }
+        let p = next(&mut s);
+        got.push(u16::from_be_bytes([p.payload[0], p.payload[1]]));
+    }
+    publisher.join().unwrap();
+    let want: Vec<u16> = (1..=total).collect();
+    assert_eq!(got, want, "each once, in order");
+    let st = n1.stats().snapshot.shell;
+    assert!(st.cluster_link_connects >= 3, "{st:?}");
+    assert_eq!(st.cluster_dropped_messages, 0);
+}

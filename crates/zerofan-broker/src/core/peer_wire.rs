@@ -39,6 +39,10 @@ const SEEN: u8 = 5;
 const SYNC: u8 = 6;
 const ASK: u8 = 7;
 const SYNCED: u8 = 8;
+const HELLO: u8 = 9;
+const RESUME: u8 = 10;
+const START: u8 = 11;
+const ACK: u8 = 12;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -54,6 +58,22 @@ pub enum LinkFrame {
     Ask(u64),
     /// The state that followed the last `Sync` is complete.
     Synced,
+    /// A link's first frame, from the node that writes on it: its
+    /// incarnation (a new one each time it starts).
+    Hello(u64),
+    /// The answer to `Hello`, from the node that reads: its own
+    /// incarnation, and how many of the writer's frames (of that
+    /// incarnation) it has applied.
+    Resume {
+        /// The reader's incarnation.
+        incarnation: u64,
+        /// Frames applied so far.
+        next: u64,
+    },
+    /// The writer's frames from here on are numbered from this.
+    Start(u64),
+    /// The reader has applied the writer's frames before this number.
+    Ack(u64),
 }
 
 /// A frame that cannot be read (the link is then closed).
@@ -157,6 +177,36 @@ impl FrameEncoder {
             len: 0,
             publish: None,
         })
+    }
+
+    /// A frame of the link's own handshake: `Hello`, `Resume`, `Start`
+    /// or `Ack` (see [`LinkFrame`]).
+    pub fn control(&mut self, frame: &LinkFrame) -> Option<EncodedFrame> {
+        let start = self.begin();
+        match *frame {
+            LinkFrame::Hello(inc) => {
+                self.scratch.put_u8(HELLO);
+                self.scratch.put_u64(inc);
+            }
+            LinkFrame::Resume { incarnation, next } => {
+                self.scratch.put_u8(RESUME);
+                self.scratch.put_u64(incarnation);
+                self.scratch.put_u64(next);
+            }
+            LinkFrame::Start(n) => {
+                self.scratch.put_u8(START);
+                self.scratch.put_u64(n);
+            }
+            LinkFrame::Ack(n) => {
+                self.scratch.put_u8(ACK);
+                self.scratch.put_u64(n);
+            }
+            _ => {
+                self.scratch.truncate(start);
+                return None;
+            }
+        }
+        self.finish(start, None, None).ok()
     }
 
     /// The frame that ends a full state (see [`LinkFrame::Synced`]).
@@ -361,6 +411,27 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         SYNCED => {
             end(&f)?;
             return Ok(LinkFrame::Synced);
+        }
+        HELLO => {
+            let inc = get_u64(&mut f)?;
+            end(&f)?;
+            return Ok(LinkFrame::Hello(inc));
+        }
+        RESUME => {
+            let incarnation = get_u64(&mut f)?;
+            let next = get_u64(&mut f)?;
+            end(&f)?;
+            return Ok(LinkFrame::Resume { incarnation, next });
+        }
+        START => {
+            let n = get_u64(&mut f)?;
+            end(&f)?;
+            return Ok(LinkFrame::Start(n));
+        }
+        ACK => {
+            let n = get_u64(&mut f)?;
+            end(&f)?;
+            return Ok(LinkFrame::Ack(n));
         }
         ASK => {
             let seq = get_u64(&mut f)?;
@@ -574,7 +645,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sync_frame_is_a_bare_header() {
+    fn link_frames_cross_whole() {
         let mut enc = FrameEncoder::default();
         let f = enc.sync();
         assert_eq!(f.len, 6);
@@ -595,6 +666,24 @@ mod tests {
             .decode(&mut buf, Instant::now())
             .unwrap();
         assert!(matches!(got, Some(LinkFrame::Synced)));
+        for c in [
+            LinkFrame::Hello(5),
+            LinkFrame::Resume {
+                incarnation: 6,
+                next: 7,
+            },
+            LinkFrame::Start(8),
+            LinkFrame::Ack(9),
+        ] {
+            let f = enc.control(&c).unwrap();
+            let mut buf = BytesMut::from(&f.chunks[0][..]);
+            let got = FrameDecoder::default()
+                .decode(&mut buf, Instant::now())
+                .unwrap()
+                .unwrap();
+            assert_eq!(format!("{got:?}"), format!("{c:?}"));
+        }
+        assert!(enc.control(&LinkFrame::Sync).is_none());
     }
 
     #[test]

@@ -9,13 +9,16 @@
 //! Each remote node has a send queue of encoded frames (`peer_wire`):
 //! headers in their own small buffers, payloads as the publisher's `Bytes`,
 //! written with vectored writes, as many frames per write as are queued.
-//! Frames leave the queue only once written, so a broken link resends
-//! them on the next connection, in order (a frame the old connection
-//! delivered before it broke may arrive twice). Every (re)connection
-//! starts the node's full state over: a `Sync` frame, then its interests
-//! and retained messages, then `Synced`. A node serves clients once every
-//! other member's state has arrived (at most [`READY_WAIT`] after start),
-//! so that a first subscription replays the cluster's retained messages.
+//! Frames leave the queue only once the node acknowledges them (it does
+//! after each read), and each connection starts with a handshake: the
+//! writer's incarnation (`Hello`), and the reader's with how many of that
+//! incarnation's frames it applied (`Resume`). The same node gets the
+//! rest, exactly once and in order, whatever a broken connection lost. A
+//! node new to the writer (restarted, or linked for the first time) gets
+//! its full state instead: a `Sync` frame, its interests and retained
+//! messages, then `Synced`. A node serves clients once every other
+//! member's state has arrived (at most [`READY_WAIT`] after start), so
+//! that a first subscription replays the cluster's retained messages.
 //!
 //! Bounded: past [`QUEUE_BYTES`] the node is congested, as a full shard
 //! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
@@ -73,6 +76,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest a node waits for the other members' state before it serves
 /// clients.
 pub const READY_WAIT: Duration = Duration::from_secs(5);
+/// Longest a link's handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(5);
 /// Room kept free in a read buffer before each read.
 const READ_ROOM: usize = 64 * 1024;
 
@@ -108,8 +113,14 @@ struct Queue {
     node: u64,
     frames: VecDeque<EncodedFrame>,
     bytes: usize,
-    /// Frames at the front handed to the write in progress: they stay.
-    writing: usize,
+    /// The number of the frame at the front (frames are numbered per
+    /// incarnation of the node, from its first link).
+    base: u64,
+    /// Frames at the front written (or being written) and not yet
+    /// acknowledged: an overflow drop spares them.
+    sent: usize,
+    /// The node's incarnation, once a link to it came up.
+    peer_incarnation: Option<u64>,
     congested: bool,
     wake: Rc<Notify>,
     writer: Option<JoinHandle<()>>,
@@ -123,6 +134,11 @@ pub(super) struct Links {
     queues: RefCell<HashMap<PeerId, Queue>>,
     readers: RefCell<HashMap<u64, JoinHandle<()>>>,
     enc: RefCell<FrameEncoder>,
+    /// This run of this node (see `LinkFrame::Hello`).
+    incarnation: u64,
+    /// Per node that links to us: its incarnation, and how many of its
+    /// frames we applied (kept across its links).
+    applied: RefCell<HashMap<u64, (u64, u64)>>,
     /// Nodes whose whole state has arrived (a `Synced` frame).
     synced: RefCell<std::collections::HashSet<u64>>,
     /// The other members, as last known.
@@ -141,6 +157,8 @@ impl Links {
             queues: RefCell::default(),
             readers: RefCell::default(),
             enc: RefCell::default(),
+            incarnation: incarnation(),
+            applied: RefCell::default(),
             synced: RefCell::default(),
             expected: RefCell::default(),
             ready: Cell::new(false),
@@ -222,10 +240,10 @@ impl Links {
                 if q.bytes > QUEUE_HARD {
                     let before = q.frames.len();
                     let mut i = 0;
-                    let writing = q.writing;
+                    let sent = q.sent;
                     q.frames.retain(|f| {
                         i += 1;
-                        i <= writing || f.publish.is_none()
+                        i <= sent || f.publish.is_none()
                     });
                     bump(
                         &self.stats.dropped_messages,
@@ -275,6 +293,18 @@ impl Links {
     }
 }
 
+/// A number no other run of any node is likely to have drawn: the clock,
+/// and a count for runs that start in the same nanosecond.
+fn incarnation() -> u64 {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ RUNS
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .rotate_left(40)
+}
+
 /// Start linking: follow the membership, accept links, dial the others.
 pub(super) fn start(shared: &Rc<Shared>, setup: LinkSetup) -> Vec<JoinHandle<()>> {
     let LinkSetup {
@@ -307,7 +337,6 @@ async fn follow_members(
     loop {
         let now: Vec<u64> = members.borrow_and_update().iter().map(|m| m.0).collect();
         *links.expected.borrow_mut() = now.iter().copied().filter(|&n| n != links.me).collect();
-        let mut joined = Vec::new();
         let known: Vec<(u64, PeerId)> = links
             .queues
             .borrow()
@@ -343,18 +372,15 @@ async fn follow_members(
                     node,
                     frames: VecDeque::new(),
                     bytes: 0,
-                    writing: 0,
+                    base: 0,
+                    sent: 0,
+                    peer_incarnation: None,
                     congested: false,
                     wake: wake.clone(),
                     writer: None,
                 },
             );
-            // Its first frames: a Sync, then this core's state.
-            if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
-                let f = links.enc.borrow_mut().sync();
-                q.bytes += f.len;
-                q.frames.push_back(f);
-            }
+            // Its state is queued again when the first link is up.
             shared.broker.borrow_mut().add_peer(peer);
             let w = tokio::task::spawn_local(write_link(
                 shared.clone(),
@@ -366,14 +392,9 @@ async fn follow_members(
             if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
                 q.writer = Some(w);
             }
-            joined.push(peer);
             tracing::info!(node, "node joined");
         }
         shared.dispatch();
-        // After the state `add_peer` queued: it is complete.
-        for peer in joined {
-            links.push(peer, |enc| Some(enc.synced()));
-        }
         links.check_ready();
         if members.changed().await.is_err() {
             // Nobody changes the membership any more: keep it as it is.
@@ -388,9 +409,8 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
         return;
     };
     let mut backoff = BACKOFF_MIN;
-    let mut first = true;
     loop {
-        let mut stream = match dial(node).await {
+        let stream = match dial(node).await {
             Ok(s) => s,
             Err(e) => {
                 bump(&links.stats.dial_failures, 1);
@@ -401,53 +421,169 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
             }
         };
         let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let mut buf = BytesMut::new();
+        let shake = tokio::time::timeout(
+            HANDSHAKE,
+            handshake(&shared, links, peer, &mut rd, &mut wr, &mut buf),
+        )
+        .await;
+        match shake {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(node, error = %e, "link handshake failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+            Err(_) => {
+                tracing::debug!(node, "link handshake timed out");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        }
         backoff = BACKOFF_MIN;
         bump(&links.stats.connects, 1);
-        if !first {
-            restart_state(&shared, links, peer);
-        }
-        first = false;
         tracing::info!(node, "link up");
-        if let Err(e) = write_queue(&shared, links, peer, &wake, &mut stream).await {
+        let down = tokio::select! {
+            r = write_queue(links, peer, &wake, &mut wr) => r,
+            r = read_acks(&shared, links, peer, &mut rd, buf) => r,
+        };
+        if let Err(e) = down {
             tracing::info!(node, error = %e, "link down");
         }
     }
 }
 
-/// A link back up: the node gets this core's whole state first (a Sync,
-/// then every interest and retained message), then what was still queued.
-/// The state stands for every change so far, so what it had missed
-/// (written to the broken link, never read) is made good before anything
-/// newer arrives; the queued events after it repeat changes it already
-/// holds, in their order, and end where it does.
-fn restart_state(shared: &Shared, links: &Links, peer: PeerId) {
-    // Whatever the core still holds for the node is older than the state.
-    shared.dispatch();
-    let backlog = match links.queues.borrow_mut().get_mut(&peer) {
-        Some(q) => {
-            let f = links.enc.borrow_mut().sync();
-            q.bytes += f.len;
-            std::mem::replace(&mut q.frames, VecDeque::from([f]))
-        }
-        None => return,
-    };
-    shared.broker.borrow_mut().peer_joined(peer);
-    shared.dispatch();
-    if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
-        let f = links.enc.borrow_mut().synced();
-        q.bytes += f.len;
-        q.frames.push_back(f);
-        q.frames.extend(backlog);
-    }
-}
-
-/// Write the queue as it fills, until the connection fails.
-async fn write_queue(
+/// Say who we are; learn what the node already has of ours. The same
+/// node (same incarnation) that applied frames up to `next` gets the rest
+/// (those it had not applied, written to the broken link or not), exactly
+/// once and in order. A node new to us (restarted, or a first link) gets
+/// this core's whole state instead: a `Sync`, every interest and retained
+/// message, `Synced`; what was queued for its former self is dropped.
+async fn handshake(
     shared: &Shared,
     links: &Links,
     peer: PeerId,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    buf: &mut BytesMut,
+) -> io::Result<()> {
+    write_control(links, wr, &LinkFrame::Hello(links.incarnation)).await?;
+    let LinkFrame::Resume { incarnation, next } = read_frame(rd, buf).await? else {
+        return Err(bad("expected Resume"));
+    };
+    let resumed = {
+        let mut queues = links.queues.borrow_mut();
+        let Some(q) = queues.get_mut(&peer) else {
+            return Err(io::ErrorKind::NotFound.into());
+        };
+        let on_wire = q.base..=q.base + q.sent as u64;
+        if q.peer_incarnation == Some(incarnation) && on_wire.contains(&next) {
+            // Applied there: gone from here.
+            let done = usize::try_from(next - q.base).unwrap_or(usize::MAX);
+            for f in q.frames.drain(..done.min(q.frames.len())) {
+                q.bytes = q.bytes.saturating_sub(f.len);
+            }
+            q.base = next;
+            q.sent = 0;
+            true
+        } else {
+            q.peer_incarnation = Some(incarnation);
+            false
+        }
+    };
+    if !resumed {
+        fresh_state(shared, links, peer);
+    }
+    let first = links.queues.borrow().get(&peer).map_or(0, |q| q.base);
+    write_control(links, wr, &LinkFrame::Start(first)).await?;
+    release_if_drained(shared, links, peer);
+    Ok(())
+}
+
+/// Start `peer`'s queue over with this core's whole state.
+fn fresh_state(shared: &Shared, links: &Links, peer: PeerId) {
+    // Whatever the core still holds for the node goes with the rest.
+    shared.dispatch();
+    if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+        let dropped = q.frames.iter().filter(|f| f.publish.is_some()).count();
+        bump(&links.stats.dropped_messages, dropped as u64);
+        q.frames.clear();
+        q.bytes = 0;
+        q.base = 0;
+        q.sent = 0;
+        let f = links.enc.borrow_mut().sync();
+        q.bytes += f.len;
+        q.frames.push_back(f);
+    }
+    shared.broker.borrow_mut().peer_joined(peer);
+    shared.dispatch();
+    links.push(peer, |enc| Some(enc.synced()));
+}
+
+/// The node is no longer congested once its queue is half empty.
+fn release_if_drained(shared: &Shared, links: &Links, peer: PeerId) {
+    let drained = match links.queues.borrow_mut().get_mut(&peer) {
+        Some(q) if q.congested && q.bytes <= QUEUE_BYTES / 2 => {
+            q.congested = false;
+            true
+        }
+        _ => false,
+    };
+    if drained {
+        shared.broker.borrow_mut().set_peer_congested(peer, false);
+        shared.dispatch();
+    }
+}
+
+fn bad(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+async fn write_control(
+    links: &Links,
+    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
+    frame: &LinkFrame,
+) -> io::Result<()> {
+    let f = links
+        .enc
+        .borrow_mut()
+        .control(frame)
+        .ok_or_else(|| bad("not a control frame"))?;
+    let mut chunks = VecDeque::from(f.chunks);
+    super::writer::write_chunks(wr, &mut chunks).await?;
+    Ok(())
+}
+
+/// The next frame from `rd` (control frames only: no time-dependent
+/// content).
+async fn read_frame(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut BytesMut,
+) -> io::Result<LinkFrame> {
+    let mut dec = FrameDecoder::default();
+    loop {
+        match dec.decode(buf, Instant::now()) {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(bad(e.0)),
+        }
+        buf.reserve(256);
+        if rd.read_buf(buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// Write the queue as it fills, until the connection fails. Frames stay
+/// queued until the node acknowledges them (`read_acks`).
+async fn write_queue(
+    links: &Links,
+    peer: PeerId,
     wake: &Notify,
-    stream: &mut TcpStream,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
 ) -> io::Result<()> {
     let mut chunks = VecDeque::new();
     loop {
@@ -457,7 +593,7 @@ async fn write_queue(
                 return Ok(());
             };
             let (mut n, mut bytes, mut messages) = (0, 0, 0);
-            for f in &q.frames {
+            for f in q.frames.iter().skip(q.sent) {
                 if bytes > 0 && bytes + f.len > WRITE_BATCH {
                     break;
                 }
@@ -466,49 +602,45 @@ async fn write_queue(
                 bytes += f.len;
                 messages += u64::from(f.publish.is_some());
             }
-            q.writing = n;
+            // On the wire from now: an overflow drop spares them.
+            q.sent += n;
             (n, bytes, messages)
         };
         if n == 0 {
-            // The other end never writes: a read that ends means it is
-            // gone, found now rather than by the next write.
-            let mut probe = [0u8; 64];
-            tokio::select! {
-                () = wake.notified() => {}
-                r = stream.read(&mut probe) => match r {
-                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Err(e) => return Err(e),
-                    Ok(_) => {}
-                },
-            }
+            wake.notified().await;
             continue;
         }
-        let written = super::writer::write_chunks(stream, &mut chunks).await;
+        super::writer::write_chunks(wr, &mut chunks).await?;
         chunks.clear();
-        if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
-            q.writing = 0;
-        }
-        written?;
         bump(&links.stats.forwarded_bytes, bytes as u64);
         bump(&links.stats.forwarded_messages, messages);
         bump(&links.stats.sent_frames, n as u64);
-        let drained = {
-            let mut queues = links.queues.borrow_mut();
-            let Some(q) = queues.get_mut(&peer) else {
-                return Ok(());
-            };
-            q.frames.drain(..n.min(q.frames.len()));
-            q.bytes = q.bytes.saturating_sub(bytes);
-            let drained = q.congested && q.bytes <= QUEUE_BYTES / 2;
-            if drained {
-                q.congested = false;
-            }
-            drained
+    }
+}
+
+/// Drop the frames the node acknowledges, until the connection fails.
+async fn read_acks(
+    shared: &Shared,
+    links: &Links,
+    peer: PeerId,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    mut buf: BytesMut,
+) -> io::Result<()> {
+    loop {
+        let LinkFrame::Ack(next) = read_frame(rd, &mut buf).await? else {
+            return Err(bad("expected Ack"));
         };
-        if drained {
-            shared.broker.borrow_mut().set_peer_congested(peer, false);
-            shared.dispatch();
+        if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+            let done = usize::try_from(next.saturating_sub(q.base))
+                .unwrap_or(usize::MAX)
+                .min(q.sent);
+            for f in q.frames.drain(..done) {
+                q.bytes = q.bytes.saturating_sub(f.len);
+            }
+            q.base += done as u64;
+            q.sent -= done;
         }
+        release_if_drained(shared, links, peer);
     }
 }
 
@@ -581,23 +713,28 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpS
     let Some(links) = shared.links.as_ref() else {
         return;
     };
-    let mut dec = FrameDecoder::default();
     let mut buf = BytesMut::new();
-    loop {
-        if buf.capacity() - buf.len() < READ_ROOM / 4 {
-            buf.reserve(READ_ROOM);
-        }
-        match stream.read_buf(&mut buf).await {
-            Ok(0) => return,
-            Ok(n) => bump(&links.stats.received_bytes, n as u64),
-            Err(e) => {
-                tracing::info!(node, error = %e, "link from node closed");
+    let mut next =
+        match tokio::time::timeout(HANDSHAKE, answer_hello(links, node, &mut stream, &mut buf))
+            .await
+        {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                tracing::info!(node, error = %e, "link from node refused");
                 return;
             }
-        }
+            Err(_) => return,
+        };
+    let mut acked = next;
+    let mut dec = FrameDecoder::default();
+    loop {
+        // What the handshake read past its own frames comes first.
         let now = Instant::now();
         let failed = loop {
             let frame = dec.decode(&mut buf, now);
+            if let Ok(Some(_)) = frame {
+                next += 1;
+            }
             let mut broker = shared.broker.borrow_mut();
             match frame {
                 Ok(Some(LinkFrame::Event(e))) => broker.handle_peer(now, peer, e),
@@ -618,19 +755,80 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpS
                     drop(broker);
                     links.push(peer, |enc| enc.encode(&PeerEvent::Seen { seq }, now).ok());
                 }
+                Ok(Some(_)) => {
+                    break Some(crate::core::peer_wire::WireError(
+                        "handshake frame after the handshake",
+                    ))
+                }
                 Ok(None) => break None,
                 Err(e) => break Some(e),
             }
         };
         bump(&links.stats.received_frames, dec.frames);
         dec.frames = 0;
+        if let Some((_, applied)) = links.applied.borrow_mut().get_mut(&node) {
+            *applied = next;
+        }
         shared.dispatch();
         if let Some(e) = failed {
             bump(&links.stats.bad_frames, 1);
             tracing::warn!(node, error = %e, "closing link after a bad frame");
             return;
         }
+        if next != acked {
+            acked = next;
+            if write_control(links, &mut stream, &LinkFrame::Ack(next))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if buf.capacity() - buf.len() < READ_ROOM / 4 {
+            buf.reserve(READ_ROOM);
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => bump(&links.stats.received_bytes, n as u64),
+            Err(e) => {
+                tracing::info!(node, error = %e, "link from node closed");
+                return;
+            }
+        }
     }
+}
+
+/// The reader's half of the handshake (see `handshake`): returns the
+/// number of the writer's next frame.
+async fn answer_hello(
+    links: &Links,
+    node: u64,
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> io::Result<u64> {
+    let LinkFrame::Hello(inc) = read_frame(stream, buf).await? else {
+        return Err(bad("expected Hello"));
+    };
+    let next = {
+        let mut applied = links.applied.borrow_mut();
+        let e = applied.entry(node).or_insert((inc, 0));
+        if e.0 != inc {
+            *e = (inc, 0);
+        }
+        e.1
+    };
+    let resume = LinkFrame::Resume {
+        incarnation: links.incarnation,
+        next,
+    };
+    write_control(links, stream, &resume).await?;
+    let LinkFrame::Start(first) = read_frame(stream, buf).await? else {
+        return Err(bad("expected Start"));
+    };
+    if let Some(e) = links.applied.borrow_mut().get_mut(&node) {
+        e.1 = first;
+    }
+    Ok(first)
 }
 
 /// A static cluster for tests and fixed setups: the membership changes
@@ -722,7 +920,9 @@ mod tests {
                 node: 2,
                 frames: VecDeque::new(),
                 bytes: 0,
-                writing: 0,
+                base: 0,
+                sent: 0,
+                peer_incarnation: None,
                 congested: false,
                 wake: Rc::new(Notify::new()),
                 writer: None,
@@ -790,12 +990,12 @@ mod tests {
         publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
         assert_eq!(queued(&shared).0, frames + 1);
         assert!(shared.broker.borrow().held(conn));
-        // A write in progress holds the two frames at the front.
+        // The two frames at the front are on the wire.
         let front = {
             let links = shared.links.as_ref().unwrap();
             let mut q = links.queues.borrow_mut();
             let q = q.get_mut(&PeerId(1)).unwrap();
-            q.writing = 2;
+            q.sent = 2;
             q.frames[1].chunks[0].as_ptr()
         };
         // Past the hard bound (held publishers still add a read each),
@@ -807,7 +1007,7 @@ mod tests {
         }
         let dropped = shared.links.as_ref().unwrap().stats.dropped_messages.get();
         assert!(dropped > 900, "{dropped}");
-        // Not those being written: the writer removes them once written.
+        // Not those on the wire: they go once acknowledged.
         let links = shared.links.as_ref().unwrap();
         let q = links.queues.borrow();
         let q = q.get(&PeerId(1)).unwrap();

@@ -95,7 +95,7 @@ impl Nodes {
                         match frame {
                             LinkFrame::Event(e) => h.b.handle_peer(h.now, remote(from), e),
                             LinkFrame::Sync => h.b.peer_reset(remote(from)),
-                            LinkFrame::Ask(_) | LinkFrame::Synced => {
+                            _ => {
                                 unreachable!("only the shell sends these")
                             }
                         }
