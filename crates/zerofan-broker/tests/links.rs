@@ -480,3 +480,37 @@ fn a_link_that_breaks_loses_and_repeats_nothing() {
     assert!(st.cluster_link_connects >= 3, "{st:?}");
     assert_eq!(st.cluster_dropped_messages, 0);
 }
+
+#[test]
+fn a_node_that_is_not_a_member_is_not_read() {
+    let ls: Vec<TcpListener> = (0..3)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let all: Vec<(u64, SocketAddr)> = ls
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap()))
+        .collect();
+    let mut ls = ls.into_iter();
+    // Nodes 1 and 2 know each other only; node 3 thinks it is one of them.
+    let (s1, _m1) = static_links(1, all[..2].to_vec(), ls.next().unwrap());
+    let (s2, _m2) = static_links(2, all[..2].to_vec(), ls.next().unwrap());
+    let (s3, _m3) = static_links(3, all.clone(), ls.next().unwrap());
+    let n1 = embed::spawn_linked(config(), s1).unwrap();
+    let n2 = embed::spawn_linked(config(), s2).unwrap();
+    let n3 = embed::spawn_linked(config(), s3).unwrap();
+    // Node 3 dials node 1 (and is refused, counted) again and again.
+    stats_until(&n1, "node 3 refused", |s| {
+        s.snapshot.shell.cluster_bad_frames > 0
+    });
+    // Nodes 1 and 2 route as ever.
+    stats_until(&n1, "linked to node 2", |s| {
+        s.snapshot.shell.cluster_link_connects >= 1
+    });
+    let mut sub = Client::connect(n1.local_addrs()[0], "s");
+    subscribe(&mut sub, "t", QoS::AtMostOnce);
+    let mut p2 = Client::connect(n2.local_addrs()[0], "p2");
+    publish(&mut p2, "t", b"from 2", QoS::AtLeastOnce, 1, false);
+    assert_eq!(&next(&mut sub).payload[..], b"from 2");
+    drop(n3);
+}

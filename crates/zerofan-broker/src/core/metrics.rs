@@ -443,7 +443,8 @@ pub struct ShellStats {
     pub cluster_frames_received: u64,
     /// Dials of another node that failed.
     pub cluster_dial_failures: u64,
-    /// Links closed for a frame that could not be read.
+    /// Links closed for a frame that could not be read, or refused (from
+    /// a node that is not a member).
     pub cluster_bad_frames: u64,
 }
 

@@ -102,6 +102,8 @@ pub struct LinkStats {
     pub dial_failures: Cell<u64>,
     /// Links closed for a frame that could not be read.
     pub bad_frames: Cell<u64>,
+    /// Links refused: from a node that is not a member.
+    pub refused_links: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, n: u64) {
@@ -289,7 +291,7 @@ impl Links {
         st.cluster_frames_sent += s.sent_frames.get();
         st.cluster_frames_received += s.received_frames.get();
         st.cluster_dial_failures += s.dial_failures.get();
-        st.cluster_bad_frames += s.bad_frames.get();
+        st.cluster_bad_frames += s.bad_frames.get() + s.refused_links.get();
     }
 }
 
@@ -669,6 +671,13 @@ async fn accept_links(
 
 /// Read the link `node` opened.
 fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: TcpStream) {
+    // A node removed (or not yet known) may not route here: it dials
+    // again, and is read once the membership has it.
+    if !links.expected.borrow().contains(&node) {
+        bump(&links.stats.refused_links, 1);
+        tracing::info!(node, "link from a node that is not a member refused");
+        return;
+    }
     let Some(peer) = links.peer_of(node) else {
         return;
     };

@@ -318,7 +318,7 @@ pub fn render(s: &Snapshot) -> String {
     e.single(
         "zerofan_cluster_bad_frames_total",
         Counter,
-        "Links from other nodes closed for a frame that could not be read.",
+        "Links from other nodes closed for a frame that could not be read, or refused (not a member).",
         st.cluster_bad_frames as f64,
     );
 
