@@ -150,6 +150,22 @@ impl std::fmt::Debug for BrokerHandle {
 /// files, a store that cannot be opened. Blocks the calling thread for that
 /// long; from async code, call it in `spawn_blocking`.
 pub fn spawn(config: Config) -> io::Result<BrokerHandle> {
+    spawn_inner(config, None)
+}
+
+/// [`spawn`] as one node of a cluster, linked to the others by `links`
+/// (see [`crate::shell::links`]).
+pub fn spawn_linked(
+    config: Config,
+    links: crate::shell::links::LinkSetup,
+) -> io::Result<BrokerHandle> {
+    spawn_inner(config, Some(links))
+}
+
+fn spawn_inner(
+    config: Config,
+    links: Option<crate::shell::links::LinkSetup>,
+) -> io::Result<BrokerHandle> {
     let (bound_tx, bound_rx) = std_mpsc::channel::<io::Result<Vec<(SocketAddr, String)>>>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (req_tx, req_rx) = mpsc::unbounded_channel();
@@ -157,7 +173,7 @@ pub fn spawn(config: Config) -> io::Result<BrokerHandle> {
     let published = latest.clone();
     let thread = std::thread::Builder::new()
         .name("zerofan-broker".into())
-        .spawn(move || run(config, bound_tx, stop_rx, req_rx, published))?;
+        .spawn(move || run(config, links, bound_tx, stop_rx, req_rx, published))?;
     match bound_rx.recv() {
         Ok(Ok(listeners)) => Ok(BrokerHandle {
             listeners,
@@ -181,6 +197,7 @@ pub fn spawn(config: Config) -> io::Result<BrokerHandle> {
 /// The broker thread: bind, report, serve until told to stop.
 fn run(
     config: Config,
+    links: Option<crate::shell::links::LinkSetup>,
     bound: std_mpsc::Sender<io::Result<Vec<(SocketAddr, String)>>>,
     stop: oneshot::Receiver<()>,
     requests: mpsc::UnboundedReceiver<std_mpsc::Sender<BrokerStats>>,
@@ -198,6 +215,9 @@ fn run(
                 return Err(e);
             }
         };
+        if let Some(l) = links {
+            server.set_links(l);
+        }
         server.set_monitor(move |snap| monitor(snap, requests, latest));
         let _ = bound.send(Ok(server.local_listeners()));
         server

@@ -145,19 +145,14 @@ impl Broker {
             } => {
                 self.router
                     .peer_interest(from, &filter, group.as_deref(), add);
-                self.peers.send(from, PeerEvent::Seen { seq });
+                // Behind any `Fence` still waiting for the store: `Seen`
+                // covers every change up to `seq`.
+                self.durable_seen(from, seq);
             }
-            PeerEvent::Sync { seq } => self.durable_seen(from, seq),
+            PeerEvent::Fence { seq } => self.durable_seen(from, seq),
             PeerEvent::Seen { seq } => {
-                for (conn, out) in self.peers.seen(from, seq) {
-                    match out {
-                        // It may still wait for the store.
-                        Deferred::Ack(out) => self.send_publish_ack(conn, out),
-                        Deferred::SubAck(out, sid, replays) => {
-                            self.subscribed(conn, sid, out, replays)
-                        }
-                    }
-                }
+                let ready = self.peers.seen(from, seq);
+                self.release_deferred(ready);
             }
             PeerEvent::Publish {
                 mut msg,
@@ -175,7 +170,7 @@ impl Broker {
             PeerEvent::Retain { mut msg, seq } => {
                 msg.arrived_from(from);
                 self.keep_retained(Rc::new(msg));
-                self.peers.send(from, PeerEvent::Seen { seq });
+                self.durable_seen(from, seq);
             }
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
@@ -190,6 +185,16 @@ impl Broker {
             }
         }
         self.end_event();
+    }
+
+    fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
+        for (conn, out) in ready {
+            match out {
+                // It may still wait for the store.
+                Deferred::Ack(out) => self.send_publish_ack(conn, out),
+                Deferred::SubAck(out, sid, replays) => self.subscribed(conn, sid, out, replays),
+            }
+        }
     }
 
     /// The next batch of events for a peer, if any waits. Call after every
@@ -216,19 +221,75 @@ impl Broker {
         last
     }
 
-    /// Peer `peer` joined late (a restarted shard, a new node): tell it
-    /// everything this core subscribes to.
+    /// Peer `peer` joined late (a restarted shard, a new node, a link
+    /// back up): tell it everything this core subscribes to, and every
+    /// retained message. They stand for every change so far: seen, they
+    /// release what waited for earlier changes the peer may have missed.
     pub fn peer_joined(&mut self, peer: PeerId) {
+        let seq = self.peers.last_seq();
+        let mut sent = false;
         for (filter, group) in self.router.interests() {
+            sent = true;
             self.peers.send(
                 peer,
                 PeerEvent::Interest {
                     filter: filter.into(),
                     group,
                     add: true,
-                    seq: 0,
+                    seq,
                 },
             );
+        }
+        let mut kept = Vec::new();
+        self.store.matching("#", &mut kept);
+        for m in kept {
+            sent = true;
+            let msg = m.for_peer();
+            self.peers.send(peer, PeerEvent::Retain { msg, seq });
+        }
+        if !sent {
+            // Nothing for it to apply: it has seen everything.
+            let ready = self.peers.seen(peer, seq);
+            self.release_deferred(ready);
+        }
+    }
+
+    /// This core's last change number: a peer that answers it with
+    /// [`PeerEvent::Seen`] has applied every change (the shell asks again
+    /// after a link broke, when answers may have been lost with it).
+    pub fn peer_seq(&self) -> u64 {
+        self.peers.last_seq()
+    }
+
+    /// A node joined after [`Broker::set_peers`]: from now on it is a peer
+    /// like the others, and gets this core's state (`peer_joined`).
+    pub fn add_peer(&mut self, peer: PeerId) {
+        self.peers.add(peer);
+        self.router.set_peered(self.peers.me());
+        self.peer_joined(peer);
+    }
+
+    /// `peer` left (a node removed): its interests are forgotten, what it
+    /// held is released, and what waited for it (a SUBACK, a retained
+    /// message's acknowledgement) goes.
+    pub fn peer_left(&mut self, peer: PeerId) {
+        self.router.forget_peer(peer);
+        let (wake, ready) = self.peers.remove(peer);
+        self.router.set_peered(self.peers.me());
+        for conn in wake {
+            self.wake(conn);
+        }
+        self.release_deferred(ready);
+        self.end_event();
+    }
+
+    /// `peer` resends its whole state (its link reconnected): forget what
+    /// it said before, its holds on our publishers too (a release may have
+    /// been lost with the link).
+    pub fn peer_reset(&mut self, peer: PeerId) {
+        self.router.forget_peer(peer);
+        for conn in self.peers.release_held_by(peer) {
+            self.wake(conn);
         }
     }
 
@@ -267,10 +328,10 @@ impl Broker {
         let count = self.deliver(now, msg, Scope::Everywhere);
         if durable_fence && self.metrics.peer_forwarded != forwarded {
             // Acknowledged once every peer that may hold it for a
-            // persistent session has it on disk (see `PeerEvent::Sync`).
+            // persistent session has it on disk (see `PeerEvent::Fence`).
             let seq = self.peers.stamp();
             self.ack_fence = Some(seq);
-            self.peers.send_all(|| PeerEvent::Sync { seq });
+            self.peers.send_all(|| PeerEvent::Fence { seq });
         }
         count
     }

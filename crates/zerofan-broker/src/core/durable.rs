@@ -124,8 +124,8 @@ pub(crate) struct Durable {
     held: VecDeque<(Lsn, ConnId, Outgoing)>,
     /// Held acknowledgements per connection (later ones queue behind them).
     held_per_conn: HashMap<ConnId, usize>,
-    /// Peers' `Sync`s of the current event, answered once its commit is
-    /// durable (see `PeerEvent::Sync`).
+    /// Peers' changes of the current event, answered once its commit is
+    /// durable (see `PeerEvent::Fence`).
     seen_pending: Vec<(super::peer::PeerId, u64)>,
     /// Those answers waiting for their LSN to be durable, in LSN order.
     seen_held: VecDeque<(Lsn, super::peer::PeerId, u64)>,
@@ -340,8 +340,9 @@ impl Broker {
         }
     }
 
-    /// A peer's `Sync`: answered once everything this core wrote so far
-    /// (the peer's earlier messages among it) is durable.
+    /// Answer a peer's change `seq` (a `Fence`, an interest, a retained
+    /// message) with `Seen` once everything this core wrote so far (for
+    /// the peer's earlier messages among it) is durable, in order.
     pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
         if self.durable.on() {
             self.durable.seen_pending.push((from, seq));
@@ -381,7 +382,7 @@ impl Broker {
             return;
         };
         if !d.dirty && d.pending.is_empty() {
-            // Only peers' `Sync`s: they wait for the last commit.
+            // Only peers' changes: they wait for the last commit.
             let lsn = d.last_commit;
             for (peer, seq) in d.seen_pending.drain(..) {
                 d.seen_held.push_back((lsn, peer, seq));

@@ -442,6 +442,25 @@ pub struct ShellStats {
     pub connections_parked: u64,
     /// Times a connection was parked since start.
     pub connection_parks: u64,
+    /// Messages written to other cluster nodes (one per destination).
+    pub cluster_forwarded_messages: u64,
+    /// Bytes written to other cluster nodes.
+    pub cluster_forwarded_bytes: u64,
+    /// Bytes read from other cluster nodes.
+    pub cluster_received_bytes: u64,
+    /// Messages for other nodes dropped because a link's queue overflowed.
+    pub cluster_dropped_messages: u64,
+    /// Links to other nodes (re)connected.
+    pub cluster_link_connects: u64,
+    /// Frames written to other cluster nodes.
+    pub cluster_frames_sent: u64,
+    /// Frames read from other cluster nodes.
+    pub cluster_frames_received: u64,
+    /// Dials of another node that failed.
+    pub cluster_dial_failures: u64,
+    /// Links closed for a frame that could not be read, or refused (from
+    /// a node that is not a member).
+    pub cluster_bad_frames: u64,
 }
 
 impl ShellStats {
@@ -463,5 +482,14 @@ impl ShellStats {
         };
         self.connections_parked += o.connections_parked;
         self.connection_parks += o.connection_parks;
+        self.cluster_forwarded_messages += o.cluster_forwarded_messages;
+        self.cluster_forwarded_bytes += o.cluster_forwarded_bytes;
+        self.cluster_received_bytes += o.cluster_received_bytes;
+        self.cluster_dropped_messages += o.cluster_dropped_messages;
+        self.cluster_link_connects += o.cluster_link_connects;
+        self.cluster_frames_sent += o.cluster_frames_sent;
+        self.cluster_frames_received += o.cluster_frames_received;
+        self.cluster_dial_failures += o.cluster_dial_failures;
+        self.cluster_bad_frames += o.cluster_bad_frames;
     }
 }

@@ -27,6 +27,7 @@ mod metrics;
 mod observe;
 mod outbox;
 mod peer;
+pub mod peer_wire;
 mod publish;
 mod router;
 mod scram_auth;

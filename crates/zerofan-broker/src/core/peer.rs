@@ -80,7 +80,7 @@ pub enum PeerEvent {
     /// sender's events so far (a persistent session's queue entry): the
     /// receiver answers [`PeerEvent::Seen`] once its store has it (at once
     /// without a store).
-    Sync {
+    Fence {
         /// The sender's change number.
         seq: u64,
     },
@@ -153,6 +153,67 @@ impl Peers {
             seq: 0,
             deferred: Default::default(),
         }
+    }
+
+    /// Add `peer` (a node that joined). It starts as having seen every
+    /// change so far: it gets the full state instead (`peer_joined`).
+    pub(crate) fn add(&mut self, peer: PeerId) {
+        if Some(peer) == self.me || self.slot(peer).is_some() {
+            return;
+        }
+        let i = self.slots.partition_point(|s| s.id < peer);
+        let seen = self.seq;
+        self.slots.insert(
+            i,
+            Slot {
+                id: peer,
+                outbox: Vec::new(),
+                congested: false,
+                seen,
+            },
+        );
+    }
+
+    /// Remove `peer` (a node that left): what it held is released, what
+    /// waited for it to see a change may go. Returns the connections to
+    /// read again and the output that may go.
+    pub(crate) fn remove(
+        &mut self,
+        peer: PeerId,
+    ) -> (Vec<super::ids::ConnId>, Vec<(super::ids::ConnId, Deferred)>) {
+        let Ok(i) = self.slots.binary_search_by_key(&peer, |s| s.id) else {
+            return (Vec::new(), Vec::new());
+        };
+        self.slots.remove(i);
+        let mut wake = self.release_held_by(peer);
+        if !self.slots.iter().any(|s| s.congested) {
+            wake.append(&mut self.holding);
+        }
+        // Nothing new seen: only the minimum over the others may move.
+        let ready = match self.slots.first().map(|s| (s.id, s.seen)) {
+            Some((id, seen)) => self.seen(id, seen),
+            None => self.seen_by_all(),
+        };
+        (wake, ready)
+    }
+
+    /// Forget every hold `peer` put on our connections; returns those free
+    /// again.
+    pub(crate) fn release_held_by(&mut self, peer: PeerId) -> Vec<super::ids::ConnId> {
+        let mut free: Vec<_> = self
+            .held_for
+            .iter()
+            .filter(|e| e.0 == peer)
+            .map(|e| e.1)
+            .collect();
+        self.held_for.retain(|e| e.0 != peer);
+        free.retain(|&c| !self.holds(c));
+        free
+    }
+
+    /// With no peers left, nothing waits.
+    fn seen_by_all(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
+        self.deferred.drain(..).map(|(_, c, d)| (c, d)).collect()
     }
 
     /// This core's id, when it has peers at all.
@@ -243,6 +304,11 @@ impl Peers {
     pub(crate) fn forget(&mut self, conn: super::ids::ConnId) {
         self.holding.retain(|&c| c != conn);
         self.held_for.retain(|&(_, c)| c != conn);
+    }
+
+    /// The last change number handed out.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.seq
     }
 
     /// A new change number, for a change every peer must apply.

@@ -83,7 +83,25 @@ pub(crate) struct Router {
 impl Router {
     /// Route for core `me` among peers from now on.
     pub(crate) fn set_peered(&mut self, me: Option<PeerId>) {
+        if me != self.me {
+            // Peered from now on (a first node joined), or no longer: the
+            // route index starts from this core's own interests.
+            self.shards = Trie::default();
+            if let Some(me) = me {
+                for (filter, group) in self.subs.filters() {
+                    self.peer_interest(me, &filter, group.as_deref(), true);
+                }
+            }
+        }
         self.me = me;
+    }
+
+    /// Forget every interest of `peer` (it left, or resends them all).
+    pub(crate) fn forget_peer(&mut self, peer: PeerId) {
+        let session = SessionId(u64::from(peer.0));
+        for (filter, group) in self.shards.filters() {
+            self.shards.remove(&filter, group.as_deref(), session);
+        }
     }
 
     /// Add or replace `entry.session`'s subscription to `filter` (a

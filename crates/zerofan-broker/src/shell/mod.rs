@@ -9,6 +9,7 @@ mod buffers;
 mod conn;
 pub mod http;
 mod http_auth;
+pub mod links;
 pub mod listener;
 pub mod ops;
 mod park;

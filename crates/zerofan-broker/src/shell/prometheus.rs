@@ -266,6 +266,62 @@ pub fn render(s: &Snapshot) -> String {
         st.bytes_sent as f64,
     );
 
+    // Cluster links.
+    e.single(
+        "zerofan_cluster_forwarded_messages_total",
+        Counter,
+        "Messages written to other cluster nodes (one per destination node).",
+        st.cluster_forwarded_messages as f64,
+    );
+    e.single(
+        "zerofan_cluster_forwarded_bytes_total",
+        Counter,
+        "Bytes written to other cluster nodes.",
+        st.cluster_forwarded_bytes as f64,
+    );
+    e.single(
+        "zerofan_cluster_received_bytes_total",
+        Counter,
+        "Bytes read from other cluster nodes.",
+        st.cluster_received_bytes as f64,
+    );
+    e.single(
+        "zerofan_cluster_dropped_messages_total",
+        Counter,
+        "Messages for another node dropped because its link's queue overflowed.",
+        st.cluster_dropped_messages as f64,
+    );
+    e.single(
+        "zerofan_cluster_link_connects_total",
+        Counter,
+        "Links to other cluster nodes connected or reconnected.",
+        st.cluster_link_connects as f64,
+    );
+    e.single(
+        "zerofan_cluster_frames_sent_total",
+        Counter,
+        "Frames (events, one message each at most) written to other cluster nodes.",
+        st.cluster_frames_sent as f64,
+    );
+    e.single(
+        "zerofan_cluster_frames_received_total",
+        Counter,
+        "Frames read from other cluster nodes.",
+        st.cluster_frames_received as f64,
+    );
+    e.single(
+        "zerofan_cluster_dial_failures_total",
+        Counter,
+        "Attempts to open a link to another node that failed.",
+        st.cluster_dial_failures as f64,
+    );
+    e.single(
+        "zerofan_cluster_bad_frames_total",
+        Counter,
+        "Links from other nodes closed for a frame that could not be read, or refused (not a member).",
+        st.cluster_bad_frames as f64,
+    );
+
     // Queues.
     e.single(
         "zerofan_queued_messages",

@@ -45,6 +45,8 @@ pub struct Server {
     /// This node of a cluster, when `[cluster]` is set; the node-to-node
     /// links take it from here.
     cluster: Option<std::sync::Arc<zerofan_cluster::Cluster>>,
+    /// Links to the other nodes of a cluster (see `set_links`).
+    links: Option<super::links::LinkSetup>,
 }
 
 impl Server {
@@ -79,6 +81,7 @@ impl Server {
             monitor: None,
             bridges,
             cluster,
+            links: None,
         })
     }
 
@@ -114,6 +117,12 @@ impl Server {
         self.monitor = Some(Box::new(move |snap| Box::pin(monitor(snap))));
     }
 
+    /// Run as one node of a cluster: route to and from the nodes `links`
+    /// names (see [`super::links`]).
+    pub fn set_links(&mut self, links: super::links::LinkSetup) {
+        self.links = Some(links);
+    }
+
     /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
     /// `websockets+tls`, ...).
     pub fn local_listeners(&self) -> Vec<(SocketAddr, String)> {
@@ -139,6 +148,12 @@ impl Server {
     /// of their own, each accepting on every listener; they stop with it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let n = self.config.shard_count();
+        if n > 1 && self.links.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a cluster node runs one thread for now: set threads = 1",
+            ));
+        }
         let names = self.local_listeners();
         // One store for every shard (see `persist`).
         let mut stores = self
@@ -179,6 +194,7 @@ impl Server {
                 mesh: Some((mesh, inbox)),
                 persist: stores.next(),
                 bridges: Vec::new(),
+                links: None,
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -206,6 +222,7 @@ impl Server {
             mesh: first,
             persist: first_store,
             bridges: self.bridges,
+            links: self.links,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -234,6 +251,8 @@ struct Shard {
     persist: Option<super::persist::ShardStore>,
     /// Bridges run on shard 0.
     bridges: Vec<crate::bridge::Prepared>,
+    /// Cluster links (one shard only).
+    links: Option<super::links::LinkSetup>,
 }
 
 impl Shard {
@@ -255,8 +274,13 @@ impl Shard {
             }
             None => (None, None),
         };
+        if self.links.is_some() {
+            // Alone until the links bring nodes in.
+            broker.set_peers(crate::core::PeerId(0), &[crate::core::PeerId(0)]);
+        }
         let (mut shared, poll) = Shared::new(broker);
         shared.mesh = mesh;
+        shared.links = self.links.as_ref().map(|l| super::links::Links::new(l.me));
         let shared = Rc::new(shared);
         for (index, (addr, kind)) in self.names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);
@@ -273,12 +297,20 @@ impl Shard {
         for (index, (listener, prepared)) in
             self.listeners.into_iter().zip(self.prepared).enumerate()
         {
-            tasks.push(tokio::task::spawn_local(accept_loop(
+            let accept = accept_loop(
                 shared.clone(),
                 TcpListener::from_std(listener)?,
                 index,
                 Rc::new(prepared),
-            )));
+            );
+            let s = shared.clone();
+            tasks.push(tokio::task::spawn_local(async move {
+                // A cluster node serves once it has the others' state.
+                if let Some(links) = s.links.as_ref() {
+                    links.ready().await;
+                }
+                accept.await
+            }));
         }
         let mut background: Vec<JoinHandle<()>> = Vec::new();
         if let Some(rx) = inbox {
@@ -289,6 +321,9 @@ impl Shard {
             background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
                 shared.clone(),
             )));
+        }
+        if let Some(setup) = self.links {
+            background.extend(super::links::start(&shared, setup));
         }
         background.push(tokio::task::spawn_local(super::http_auth::auth_loop(
             shared.clone(),

@@ -60,6 +60,8 @@ pub struct Shared {
     pub lot: super::park::Lot,
     /// The queues to the other shards, when there are several.
     pub(super) mesh: Option<super::shards::Mesh>,
+    /// The links to the other nodes, in a cluster.
+    pub(super) links: Option<super::links::Links>,
     /// Wakes the HTTP authentication task (`http_auth.rs`).
     pub auth_wake: tokio::sync::Notify,
     /// Each bridge's figures (see `bridges.rs`).
@@ -87,6 +89,7 @@ impl Shared {
             ops: super::ops::Ops::default(),
             lot,
             mesh: None,
+            links: None,
             auth_wake: tokio::sync::Notify::new(),
             bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
@@ -105,6 +108,9 @@ impl Shared {
             ..ShellStats::default()
         };
         self.buffers.stats(&mut stats);
+        if let Some(links) = &self.links {
+            links.stats_into(&mut stats);
+        }
         stats
     }
 
@@ -129,6 +135,9 @@ impl Shared {
         }
         if let Some(mesh) = &self.mesh {
             self.send_to_peers(mesh);
+        }
+        if let Some(links) = &self.links {
+            links.send_from(self);
         }
         if self.broker.borrow().has_auth_requests() {
             self.auth_wake.notify_one();

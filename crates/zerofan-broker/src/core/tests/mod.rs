@@ -9,6 +9,7 @@ mod connect;
 mod delivery;
 mod durable;
 mod http_auth;
+mod nodes;
 mod qos;
 mod retained;
 mod scram;

@@ -1,0 +1,1028 @@
+//! Links between the nodes of a cluster: each remote node is one more peer
+//! of the core, behind a socket instead of a shard's inbox.
+//!
+//! Membership (who the nodes are), accepting links and dialing them belong
+//! to the cluster layer; it hands them over as a [`LinkSetup`]. Here: one
+//! connection per ordered pair of nodes, written by the node that dialed
+//! it (its events for the other) and read by the one that accepted it.
+//!
+//! Each remote node has a send queue of encoded frames (`peer_wire`):
+//! headers in their own small buffers, payloads as the publisher's `Bytes`,
+//! written with vectored writes, as many frames per write as are queued.
+//! Frames leave the queue only once the node acknowledges them (it does
+//! after each read), and each connection starts with a handshake: the
+//! writer's incarnation (`Hello`), and the reader's with how many of that
+//! incarnation's frames it applied (`Resume`). The same node gets the
+//! rest, exactly once and in order, whatever a broken connection lost. A
+//! node new to the writer (restarted, or linked for the first time) gets
+//! its full state instead: a `Sync` frame, its interests and retained
+//! messages, then `Synced`. A node serves clients once every other
+//! member's state has arrived (at most [`READY_WAIT`] after start), so
+//! that a first subscription replays the cluster's retained messages.
+//!
+//! Bounded: past [`QUEUE_BYTES`] the node is congested, as a full shard
+//! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
+//! until it drains). Past [`QUEUE_HARD`] (a node that stays away) its
+//! queued messages are dropped, counted; the other events stay, so that
+//! its routes and the acknowledgements waiting on it stay right.
+
+use super::state::Shared;
+use crate::core::peer_wire::{EncodedFrame, FrameDecoder, FrameEncoder, LinkFrame};
+use crate::core::{PeerEvent, PeerId};
+use bytes::BytesMut;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+
+/// Opens the link to a node (its hello already exchanged).
+pub type DialFn =
+    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>> + Send + Sync>;
+
+/// What the cluster layer gives the broker to link it with the others.
+pub struct LinkSetup {
+    /// This node's id.
+    pub me: u64,
+    /// Every node, this one included, with its cluster address.
+    pub members: watch::Receiver<Vec<(u64, SocketAddr)>>,
+    /// Links other nodes opened to this one, with their node id (hello
+    /// done). Plain sockets, so they may come from another runtime.
+    pub incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
+    /// Opens this node's link to a node.
+    pub dial: DialFn,
+    /// A listener whose links start with the dialer's node id (8 bytes,
+    /// big-endian), accepted beside the broker: a static cluster's (see
+    /// [`static_links`]), where no cluster layer hands links over.
+    pub accept: Option<std::net::TcpListener>,
+}
+
+/// Queued bytes past which a node is congested.
+pub const QUEUE_BYTES: usize = 8 << 20;
+/// Queued bytes past which its queued messages are dropped.
+pub const QUEUE_HARD: usize = 64 << 20;
+/// Most bytes handed to one vectored write.
+const WRITE_BATCH: usize = 1 << 20;
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Longest a node waits for the other members' state before it serves
+/// clients.
+pub const READY_WAIT: Duration = Duration::from_secs(5);
+/// Longest a link's handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Room kept free in a read buffer before each read.
+const READ_ROOM: usize = 64 * 1024;
+
+/// The links' figures (`/metrics`).
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Messages written to other nodes (one per destination).
+    pub forwarded_messages: Cell<u64>,
+    /// Bytes written to other nodes.
+    pub forwarded_bytes: Cell<u64>,
+    /// Bytes read from other nodes.
+    pub received_bytes: Cell<u64>,
+    /// Frames written to other nodes.
+    pub sent_frames: Cell<u64>,
+    /// Frames read from other nodes.
+    pub received_frames: Cell<u64>,
+    /// Messages dropped because a node's queue passed [`QUEUE_HARD`].
+    pub dropped_messages: Cell<u64>,
+    /// Links (re)connected.
+    pub connects: Cell<u64>,
+    /// Failed dials.
+    pub dial_failures: Cell<u64>,
+    /// Links closed for a frame that could not be read.
+    pub bad_frames: Cell<u64>,
+    /// Links refused: from a node that is not a member.
+    pub refused_links: Cell<u64>,
+}
+
+fn bump(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+/// One remote node's send side.
+struct Queue {
+    node: u64,
+    frames: VecDeque<EncodedFrame>,
+    bytes: usize,
+    /// The number of the frame at the front (frames are numbered per
+    /// incarnation of the node, from its first link).
+    base: u64,
+    /// Frames at the front written (or being written) and not yet
+    /// acknowledged: an overflow drop spares them.
+    sent: usize,
+    /// The node's incarnation, once a link to it came up.
+    peer_incarnation: Option<u64>,
+    congested: bool,
+    wake: Rc<Notify>,
+    writer: Option<JoinHandle<()>>,
+}
+
+/// The links of one node (shard 0 of it: a cluster runs one shard).
+pub(super) struct Links {
+    me: u64,
+    /// Node id to this core's peer id, and back.
+    ids: RefCell<HashMap<u64, PeerId>>,
+    queues: RefCell<HashMap<PeerId, Queue>>,
+    readers: RefCell<HashMap<u64, JoinHandle<()>>>,
+    enc: RefCell<FrameEncoder>,
+    /// This run of this node (see `LinkFrame::Hello`).
+    incarnation: u64,
+    /// Per node that links to us: its incarnation, and how many of its
+    /// frames we applied (kept across its links).
+    applied: RefCell<HashMap<u64, (u64, u64)>>,
+    /// Nodes whose whole state has arrived (a `Synced` frame).
+    synced: RefCell<std::collections::HashSet<u64>>,
+    /// The other members, as last known.
+    expected: RefCell<Vec<u64>>,
+    /// Every other member's state has arrived (or `READY_WAIT` passed).
+    ready: Cell<bool>,
+    ready_wake: Notify,
+    pub(super) stats: LinkStats,
+}
+
+impl Links {
+    pub(super) fn new(me: u64) -> Links {
+        Links {
+            me,
+            ids: RefCell::default(),
+            queues: RefCell::default(),
+            readers: RefCell::default(),
+            enc: RefCell::default(),
+            incarnation: incarnation(),
+            applied: RefCell::default(),
+            synced: RefCell::default(),
+            expected: RefCell::default(),
+            ready: Cell::new(false),
+            ready_wake: Notify::new(),
+            stats: LinkStats::default(),
+        }
+    }
+
+    /// Wait until every other member's state (interests, retained
+    /// messages) has arrived, so that a client's first subscription
+    /// replays the cluster's retained messages; at most `READY_WAIT`, so
+    /// that a node whose peers are down still serves.
+    pub(super) async fn ready(&self) {
+        let wait = async {
+            loop {
+                let woken = self.ready_wake.notified();
+                if self.ready.get() {
+                    return;
+                }
+                woken.await;
+            }
+        };
+        if tokio::time::timeout(READY_WAIT, wait).await.is_err() {
+            tracing::warn!("serving before every node's state arrived");
+            self.ready.set(true);
+        }
+    }
+
+    fn check_ready(&self) {
+        if self.ready.get() {
+            return;
+        }
+        let synced = self.synced.borrow();
+        if self.expected.borrow().iter().all(|n| synced.contains(n)) {
+            self.ready.set(true);
+            self.ready_wake.notify_waiters();
+        }
+    }
+
+    /// The peer id of `node` (this core is peer 0; nodes from 1 on, in
+    /// the order first seen). `None` past the id space.
+    fn peer_of(&self, node: u64) -> Option<PeerId> {
+        let mut ids = self.ids.borrow_mut();
+        if let Some(&p) = ids.get(&node) {
+            return Some(p);
+        }
+        let p = PeerId(u16::try_from(ids.len() + 1).ok()?);
+        ids.insert(node, p);
+        Some(p)
+    }
+
+    /// Encode what the core has for other nodes into their queues (from
+    /// `Shared::dispatch`).
+    pub(super) fn send_from(&self, shared: &Shared) {
+        let now = Instant::now();
+        loop {
+            let batch = shared.broker.borrow_mut().poll_peer_transmit();
+            let Some(batch) = batch else {
+                return;
+            };
+            let mut congested = false;
+            {
+                let mut queues = self.queues.borrow_mut();
+                let Some(q) = queues.get_mut(&batch.to) else {
+                    continue;
+                };
+                let mut enc = self.enc.borrow_mut();
+                for e in &batch.events {
+                    match enc.encode(e, now) {
+                        Ok(f) => {
+                            q.bytes += f.len;
+                            q.frames.push_back(f);
+                        }
+                        Err(err) => {
+                            tracing::warn!(node = q.node, error = %err, "event not sent to node")
+                        }
+                    }
+                }
+                if q.bytes > QUEUE_HARD {
+                    let before = q.frames.len();
+                    let mut i = 0;
+                    let sent = q.sent;
+                    q.frames.retain(|f| {
+                        i += 1;
+                        i <= sent || f.publish.is_none()
+                    });
+                    bump(
+                        &self.stats.dropped_messages,
+                        (before - q.frames.len()) as u64,
+                    );
+                    q.bytes = q.frames.iter().map(|f| f.len).sum();
+                }
+                if q.bytes > QUEUE_BYTES && !q.congested {
+                    q.congested = true;
+                    congested = true;
+                }
+                q.wake.notify_one();
+            }
+            if congested {
+                shared
+                    .broker
+                    .borrow_mut()
+                    .set_peer_congested(batch.to, true);
+            }
+        }
+    }
+
+    /// Queue a frame of the links' own for `peer`.
+    fn push(&self, peer: PeerId, make: impl FnOnce(&mut FrameEncoder) -> Option<EncodedFrame>) {
+        if let Some(q) = self.queues.borrow_mut().get_mut(&peer) {
+            let Some(f) = make(&mut self.enc.borrow_mut()) else {
+                return;
+            };
+            q.bytes += f.len;
+            q.frames.push_back(f);
+            q.wake.notify_one();
+        }
+    }
+
+    /// Figures for `/metrics`.
+    pub(super) fn stats_into(&self, st: &mut crate::core::ShellStats) {
+        let s = &self.stats;
+        st.cluster_forwarded_messages += s.forwarded_messages.get();
+        st.cluster_forwarded_bytes += s.forwarded_bytes.get();
+        st.cluster_received_bytes += s.received_bytes.get();
+        st.cluster_dropped_messages += s.dropped_messages.get();
+        st.cluster_link_connects += s.connects.get();
+        st.cluster_frames_sent += s.sent_frames.get();
+        st.cluster_frames_received += s.received_frames.get();
+        st.cluster_dial_failures += s.dial_failures.get();
+        st.cluster_bad_frames += s.bad_frames.get() + s.refused_links.get();
+    }
+}
+
+/// A number no other run of any node is likely to have drawn: the clock,
+/// and a count for runs that start in the same nanosecond.
+fn incarnation() -> u64 {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ RUNS
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .rotate_left(40)
+}
+
+/// Start linking: follow the membership, accept links, dial the others.
+pub(super) fn start(shared: &Rc<Shared>, setup: LinkSetup) -> Vec<JoinHandle<()>> {
+    let LinkSetup {
+        members,
+        incoming,
+        dial,
+        accept,
+        ..
+    } = setup;
+    let mut tasks = vec![
+        tokio::task::spawn_local(follow_members(shared.clone(), members, dial)),
+        tokio::task::spawn_local(accept_links(shared.clone(), incoming)),
+    ];
+    if let Some(l) = accept {
+        tasks.push(tokio::task::spawn_local(accept_static(shared.clone(), l)));
+    }
+    tasks
+}
+
+/// Add nodes that joined (a queue and a writer each), remove nodes that
+/// left.
+async fn follow_members(
+    shared: Rc<Shared>,
+    mut members: watch::Receiver<Vec<(u64, SocketAddr)>>,
+    dial: DialFn,
+) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    loop {
+        let now: Vec<u64> = members.borrow_and_update().iter().map(|m| m.0).collect();
+        *links.expected.borrow_mut() = now.iter().copied().filter(|&n| n != links.me).collect();
+        let known: Vec<(u64, PeerId)> = links
+            .queues
+            .borrow()
+            .iter()
+            .map(|(p, q)| (q.node, *p))
+            .collect();
+        for (node, peer) in &known {
+            if !now.contains(node) {
+                if let Some(q) = links.queues.borrow_mut().remove(peer) {
+                    if let Some(w) = q.writer {
+                        w.abort();
+                    }
+                }
+                if let Some(r) = links.readers.borrow_mut().remove(node) {
+                    r.abort();
+                }
+                shared.broker.borrow_mut().peer_left(*peer);
+                tracing::info!(node, "node left");
+            }
+        }
+        for &node in &now {
+            if node == links.me || known.iter().any(|k| k.0 == node) {
+                continue;
+            }
+            let Some(peer) = links.peer_of(node) else {
+                tracing::warn!(node, "too many nodes: not linked");
+                continue;
+            };
+            let wake = Rc::new(Notify::new());
+            links.queues.borrow_mut().insert(
+                peer,
+                Queue {
+                    node,
+                    frames: VecDeque::new(),
+                    bytes: 0,
+                    base: 0,
+                    sent: 0,
+                    peer_incarnation: None,
+                    congested: false,
+                    wake: wake.clone(),
+                    writer: None,
+                },
+            );
+            // Its state is queued again when the first link is up.
+            shared.broker.borrow_mut().add_peer(peer);
+            let w = tokio::task::spawn_local(write_link(
+                shared.clone(),
+                node,
+                peer,
+                wake,
+                dial.clone(),
+            ));
+            if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+                q.writer = Some(w);
+            }
+            tracing::info!(node, "node joined");
+        }
+        shared.dispatch();
+        links.check_ready();
+        if members.changed().await.is_err() {
+            // Nobody changes the membership any more: keep it as it is.
+            return;
+        }
+    }
+}
+
+/// Keep the link to `node` up and write its queue.
+async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify>, dial: DialFn) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let stream = match dial(node).await {
+            Ok(s) => s,
+            Err(e) => {
+                bump(&links.stats.dial_failures, 1);
+                tracing::debug!(node, error = %e, "cannot reach node");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let mut buf = BytesMut::new();
+        let shake = tokio::time::timeout(
+            HANDSHAKE,
+            handshake(&shared, links, peer, &mut rd, &mut wr, &mut buf),
+        )
+        .await;
+        match shake {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(node, error = %e, "link handshake failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+            Err(_) => {
+                tracing::debug!(node, "link handshake timed out");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        }
+        backoff = BACKOFF_MIN;
+        bump(&links.stats.connects, 1);
+        tracing::info!(node, "link up");
+        let down = tokio::select! {
+            r = write_queue(links, peer, &wake, &mut wr) => r,
+            r = read_acks(&shared, links, peer, &mut rd, buf) => r,
+        };
+        if let Err(e) = down {
+            tracing::info!(node, error = %e, "link down");
+        }
+    }
+}
+
+/// Say who we are; learn what the node already has of ours. The same
+/// node (same incarnation) that applied frames up to `next` gets the rest
+/// (those it had not applied, written to the broken link or not), exactly
+/// once and in order. A node new to us (restarted, or a first link) gets
+/// this core's whole state instead: a `Sync`, every interest and retained
+/// message, `Synced`; what was queued for its former self is dropped.
+async fn handshake(
+    shared: &Shared,
+    links: &Links,
+    peer: PeerId,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    buf: &mut BytesMut,
+) -> io::Result<()> {
+    write_control(links, wr, &LinkFrame::Hello(links.incarnation)).await?;
+    let LinkFrame::Resume { incarnation, next } = read_frame(rd, buf).await? else {
+        return Err(bad("expected Resume"));
+    };
+    let resumed = {
+        let mut queues = links.queues.borrow_mut();
+        let Some(q) = queues.get_mut(&peer) else {
+            return Err(io::ErrorKind::NotFound.into());
+        };
+        let on_wire = q.base..=q.base + q.sent as u64;
+        if q.peer_incarnation == Some(incarnation) && on_wire.contains(&next) {
+            // Applied there: gone from here.
+            let done = usize::try_from(next - q.base).unwrap_or(usize::MAX);
+            for f in q.frames.drain(..done.min(q.frames.len())) {
+                q.bytes = q.bytes.saturating_sub(f.len);
+            }
+            q.base = next;
+            q.sent = 0;
+            true
+        } else {
+            q.peer_incarnation = Some(incarnation);
+            false
+        }
+    };
+    if !resumed {
+        fresh_state(shared, links, peer);
+    }
+    let first = links.queues.borrow().get(&peer).map_or(0, |q| q.base);
+    write_control(links, wr, &LinkFrame::Start(first)).await?;
+    release_if_drained(shared, links, peer);
+    Ok(())
+}
+
+/// Start `peer`'s queue over with this core's whole state.
+fn fresh_state(shared: &Shared, links: &Links, peer: PeerId) {
+    // Whatever the core still holds for the node goes with the rest.
+    shared.dispatch();
+    if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+        let dropped = q.frames.iter().filter(|f| f.publish.is_some()).count();
+        bump(&links.stats.dropped_messages, dropped as u64);
+        q.frames.clear();
+        q.bytes = 0;
+        q.base = 0;
+        q.sent = 0;
+        let f = links.enc.borrow_mut().sync();
+        q.bytes += f.len;
+        q.frames.push_back(f);
+    }
+    shared.broker.borrow_mut().peer_joined(peer);
+    shared.dispatch();
+    links.push(peer, |enc| Some(enc.synced()));
+}
+
+/// The node is no longer congested once its queue is half empty.
+fn release_if_drained(shared: &Shared, links: &Links, peer: PeerId) {
+    let drained = match links.queues.borrow_mut().get_mut(&peer) {
+        Some(q) if q.congested && q.bytes <= QUEUE_BYTES / 2 => {
+            q.congested = false;
+            true
+        }
+        _ => false,
+    };
+    if drained {
+        shared.broker.borrow_mut().set_peer_congested(peer, false);
+        shared.dispatch();
+    }
+}
+
+fn bad(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+async fn write_control(
+    links: &Links,
+    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
+    frame: &LinkFrame,
+) -> io::Result<()> {
+    let f = links
+        .enc
+        .borrow_mut()
+        .control(frame)
+        .ok_or_else(|| bad("not a control frame"))?;
+    let mut chunks = VecDeque::from(f.chunks);
+    super::writer::write_chunks(wr, &mut chunks).await?;
+    Ok(())
+}
+
+/// The next frame from `rd` (control frames only: no time-dependent
+/// content).
+async fn read_frame(
+    rd: &mut (impl tokio::io::AsyncRead + Unpin),
+    buf: &mut BytesMut,
+) -> io::Result<LinkFrame> {
+    let mut dec = FrameDecoder::default();
+    loop {
+        match dec.decode(buf, Instant::now()) {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(bad(e.0)),
+        }
+        buf.reserve(256);
+        if rd.read_buf(buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// Write the queue as it fills, until the connection fails. Frames stay
+/// queued until the node acknowledges them (`read_acks`).
+async fn write_queue(
+    links: &Links,
+    peer: PeerId,
+    wake: &Notify,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+) -> io::Result<()> {
+    let mut chunks = VecDeque::new();
+    loop {
+        let (n, bytes, messages) = {
+            let mut queues = links.queues.borrow_mut();
+            let Some(q) = queues.get_mut(&peer) else {
+                return Ok(());
+            };
+            let (mut n, mut bytes, mut messages) = (0, 0, 0);
+            for f in q.frames.iter().skip(q.sent) {
+                if bytes > 0 && bytes + f.len > WRITE_BATCH {
+                    break;
+                }
+                chunks.extend(f.chunks.iter().cloned());
+                n += 1;
+                bytes += f.len;
+                messages += u64::from(f.publish.is_some());
+            }
+            // On the wire from now: an overflow drop spares them.
+            q.sent += n;
+            (n, bytes, messages)
+        };
+        if n == 0 {
+            wake.notified().await;
+            continue;
+        }
+        super::writer::write_chunks(wr, &mut chunks).await?;
+        chunks.clear();
+        bump(&links.stats.forwarded_bytes, bytes as u64);
+        bump(&links.stats.forwarded_messages, messages);
+        bump(&links.stats.sent_frames, n as u64);
+    }
+}
+
+/// Drop the frames the node acknowledges, until the connection fails.
+async fn read_acks(
+    shared: &Shared,
+    links: &Links,
+    peer: PeerId,
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    mut buf: BytesMut,
+) -> io::Result<()> {
+    loop {
+        let LinkFrame::Ack(next) = read_frame(rd, &mut buf).await? else {
+            return Err(bad("expected Ack"));
+        };
+        if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+            let done = usize::try_from(next.saturating_sub(q.base))
+                .unwrap_or(usize::MAX)
+                .min(q.sent);
+            for f in q.frames.drain(..done) {
+                q.bytes = q.bytes.saturating_sub(f.len);
+            }
+            q.base += done as u64;
+            q.sent -= done;
+        }
+        release_if_drained(shared, links, peer);
+    }
+}
+
+/// Take the links other nodes open to this one.
+async fn accept_links(
+    shared: Rc<Shared>,
+    mut incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
+) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    while let Some((node, stream)) = incoming.recv().await {
+        let stream = match stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "link not accepted");
+                continue;
+            }
+        };
+        linked(&shared, links, node, stream);
+    }
+}
+
+/// Read the link `node` opened.
+fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: TcpStream) {
+    // A node removed (or not yet known) may not route here: it dials
+    // again, and is read once the membership has it.
+    if !links.expected.borrow().contains(&node) {
+        bump(&links.stats.refused_links, 1);
+        tracing::info!(node, "link from a node that is not a member refused");
+        return;
+    }
+    let Some(peer) = links.peer_of(node) else {
+        return;
+    };
+    let task = tokio::task::spawn_local(read_link(shared.clone(), node, peer, stream));
+    // The newest link from a node replaces an older one.
+    if let Some(old) = links.readers.borrow_mut().insert(node, task) {
+        old.abort();
+    }
+}
+
+/// Accept links on a static cluster's listener: each starts with the
+/// dialer's node id.
+async fn accept_static(shared: Rc<Shared>, listener: std::net::TcpListener) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let listener = match listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(listener))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot accept cluster links");
+            return;
+        }
+    };
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let mut id = [0u8; 8];
+        // A hello that does not come in time is no link.
+        let hello = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut id)).await;
+        if let Ok(Ok(_)) = hello {
+            linked(&shared, links, u64::from_be_bytes(id), s);
+        }
+    }
+}
+
+/// Read `node`'s events into the core until its link closes.
+async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpStream) {
+    let Some(links) = shared.links.as_ref() else {
+        return;
+    };
+    let mut buf = BytesMut::new();
+    let mut next =
+        match tokio::time::timeout(HANDSHAKE, answer_hello(links, node, &mut stream, &mut buf))
+            .await
+        {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                tracing::info!(node, error = %e, "link from node refused");
+                return;
+            }
+            Err(_) => return,
+        };
+    let mut acked = next;
+    let mut dec = FrameDecoder::default();
+    loop {
+        // What the handshake read past its own frames comes first.
+        let now = Instant::now();
+        let failed = loop {
+            let frame = dec.decode(&mut buf, now);
+            if let Ok(Some(_)) = frame {
+                next += 1;
+            }
+            let mut broker = shared.broker.borrow_mut();
+            match frame {
+                Ok(Some(LinkFrame::Event(e))) => broker.handle_peer(now, peer, e),
+                Ok(Some(LinkFrame::Sync)) => {
+                    broker.peer_reset(peer);
+                    // Its link to us is new: what we answered it on the
+                    // old one may be lost. It asks us the same way.
+                    let seq = broker.peer_seq();
+                    drop(broker);
+                    links.push(peer, |enc| Some(enc.ask(seq)));
+                }
+                Ok(Some(LinkFrame::Synced)) => {
+                    drop(broker);
+                    links.synced.borrow_mut().insert(node);
+                    links.check_ready();
+                }
+                Ok(Some(LinkFrame::Ask(seq))) => {
+                    // Answered as a `Fence` is: once what this node wrote
+                    // so far is durable, behind any earlier answer.
+                    broker.handle_peer(now, peer, PeerEvent::Fence { seq });
+                }
+                Ok(Some(_)) => {
+                    break Some(crate::core::peer_wire::WireError(
+                        "handshake frame after the handshake",
+                    ))
+                }
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        bump(&links.stats.received_frames, dec.frames);
+        dec.frames = 0;
+        if let Some((_, applied)) = links.applied.borrow_mut().get_mut(&node) {
+            *applied = next;
+        }
+        shared.dispatch();
+        if let Some(e) = failed {
+            bump(&links.stats.bad_frames, 1);
+            tracing::warn!(node, error = %e, "closing link after a bad frame");
+            return;
+        }
+        if next != acked {
+            acked = next;
+            if write_control(links, &mut stream, &LinkFrame::Ack(next))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if buf.capacity() - buf.len() < READ_ROOM / 4 {
+            buf.reserve(READ_ROOM);
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => bump(&links.stats.received_bytes, n as u64),
+            Err(e) => {
+                tracing::info!(node, error = %e, "link from node closed");
+                return;
+            }
+        }
+    }
+}
+
+/// The reader's half of the handshake (see `handshake`): returns the
+/// number of the writer's next frame.
+async fn answer_hello(
+    links: &Links,
+    node: u64,
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> io::Result<u64> {
+    let LinkFrame::Hello(inc) = read_frame(stream, buf).await? else {
+        return Err(bad("expected Hello"));
+    };
+    let next = {
+        let mut applied = links.applied.borrow_mut();
+        let e = applied.entry(node).or_insert((inc, 0));
+        if e.0 != inc {
+            *e = (inc, 0);
+        }
+        e.1
+    };
+    let resume = LinkFrame::Resume {
+        incarnation: links.incarnation,
+        next,
+    };
+    write_control(links, stream, &resume).await?;
+    let LinkFrame::Start(first) = read_frame(stream, buf).await? else {
+        return Err(bad("expected Start"));
+    };
+    if let Some(e) = links.applied.borrow_mut().get_mut(&node) {
+        e.1 = first;
+    }
+    Ok(first)
+}
+
+/// A static cluster for tests and fixed setups: the membership changes
+/// only through the returned sender, links are accepted on `listener`,
+/// and a link's hello is the dialer's node id, 8 bytes big-endian.
+pub fn static_links(
+    me: u64,
+    members: Vec<(u64, SocketAddr)>,
+    listener: std::net::TcpListener,
+) -> (LinkSetup, watch::Sender<Vec<(u64, SocketAddr)>>) {
+    let (tx, rx) = watch::channel(members);
+    // Nobody hands links over: they come from `listener`.
+    let (_, in_rx) = mpsc::channel(1);
+    let book = rx.clone();
+    let dial: DialFn = Arc::new(move |node| {
+        let addr = book.borrow().iter().find(|m| m.0 == node).map(|m| m.1);
+        Box::pin(async move {
+            use tokio::io::AsyncWriteExt;
+            let addr =
+                addr.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such node"))?;
+            let mut s = TcpStream::connect(addr).await?;
+            s.write_all(&me.to_be_bytes()).await?;
+            Ok(s)
+        })
+    });
+    (
+        LinkSetup {
+            me,
+            members: rx,
+            incoming: in_rx,
+            dial,
+            accept: Some(listener),
+        },
+        tx,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::core::Broker;
+    use bytes::Bytes;
+    use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS};
+
+    /// A core with one remote node (peer 1) subscribed to `t`, its links
+    /// with a queue for it and no writer: nothing drains.
+    fn linked() -> (Shared, crate::core::ConnId) {
+        let now = Instant::now();
+        let mut b = Broker::new(
+            Config {
+                sys_interval: 0,
+                ..Config::default()
+            },
+            now,
+        );
+        b.set_peers(PeerId(0), &[PeerId(0)]);
+        b.add_peer(PeerId(1));
+        b.handle_peer(
+            now,
+            PeerId(1),
+            PeerEvent::Interest {
+                filter: "t".into(),
+                group: None,
+                add: true,
+                seq: 1,
+            },
+        );
+        let conn = b.connection_opened(now, "127.0.0.1:9".parse().unwrap());
+        b.handle_packet(
+            now,
+            conn,
+            Packet::Connect(Box::new(Connect {
+                protocol: Protocol::V5,
+                clean_start: true,
+                keep_alive: 0,
+                properties: Default::default(),
+                client_id: "p".try_into().unwrap(),
+                will: None,
+                username: None,
+                password: None,
+                bridge: false,
+            })),
+        );
+        let (mut shared, _) = Shared::new(b);
+        let links = Links::new(1);
+        links.queues.borrow_mut().insert(
+            PeerId(1),
+            Queue {
+                node: 2,
+                frames: VecDeque::new(),
+                bytes: 0,
+                base: 0,
+                sent: 0,
+                peer_incarnation: None,
+                congested: false,
+                wake: Rc::new(Notify::new()),
+                writer: None,
+            },
+        );
+        shared.links = Some(links);
+        (shared, conn)
+    }
+
+    fn publish(shared: &Shared, conn: crate::core::ConnId, qos: QoS, pid: u16, payload: &Bytes) {
+        shared.broker.borrow_mut().handle_packet(
+            Instant::now(),
+            conn,
+            Packet::Publish(Publish {
+                qos,
+                packet_id: pid,
+                topic: "t".try_into().unwrap(),
+                payload: payload.clone(),
+                ..Publish::default()
+            }),
+        );
+        shared.dispatch();
+    }
+
+    fn queued(shared: &Shared) -> (usize, usize, bool) {
+        let links = shared.links.as_ref().unwrap();
+        let q = links.queues.borrow();
+        let q = q.get(&PeerId(1)).unwrap();
+        (q.frames.len(), q.bytes, q.congested)
+    }
+
+    #[test]
+    fn a_full_queue_congests_its_node_and_an_overflowing_one_drops_messages() {
+        let (shared, conn) = linked();
+        let big = Bytes::from(vec![1u8; 64 * 1024]);
+        publish(&shared, conn, QoS::AtMostOnce, 0, &big);
+        let (frames, bytes, congested) = queued(&shared);
+        // The answer to the node's interest, then the message.
+        assert_eq!(frames, 2);
+        assert!(bytes > big.len() && !congested);
+        // The payload is queued as the publisher's bytes, not a copy.
+        {
+            let links = shared.links.as_ref().unwrap();
+            let q = links.queues.borrow();
+            let f = &q.get(&PeerId(1)).unwrap().frames[1];
+            assert_eq!(f.chunks[1].as_ptr(), big.as_ptr());
+        }
+        let mut pid = 0u16;
+        while !queued(&shared).2 {
+            pid += 1;
+            assert!(pid < 200, "never congested");
+            publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+        }
+        assert!(queued(&shared).1 > QUEUE_BYTES);
+        // Congested: QoS 0 for the node is dropped by the core...
+        let before = shared.broker.borrow().metrics().dropped_qos0_peer_full;
+        publish(&shared, conn, QoS::AtMostOnce, 0, &big);
+        assert_eq!(
+            shared.broker.borrow().metrics().dropped_qos0_peer_full,
+            before + 1
+        );
+        // ...while QoS 1 still crosses, and its publisher is not read.
+        pid += 1;
+        let (frames, _, _) = queued(&shared);
+        publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+        assert_eq!(queued(&shared).0, frames + 1);
+        assert!(shared.broker.borrow().held(conn));
+        // The two frames at the front are on the wire.
+        let front = {
+            let links = shared.links.as_ref().unwrap();
+            let mut q = links.queues.borrow_mut();
+            let q = q.get_mut(&PeerId(1)).unwrap();
+            q.sent = 2;
+            q.frames[1].chunks[0].as_ptr()
+        };
+        // Past the hard bound (held publishers still add a read each),
+        // its queued messages go, counted; the queue stays bounded.
+        for _ in 0..1100 {
+            pid = pid % 60_000 + 1;
+            publish(&shared, conn, QoS::AtLeastOnce, pid, &big);
+            assert!(queued(&shared).1 <= QUEUE_HARD);
+        }
+        let dropped = shared.links.as_ref().unwrap().stats.dropped_messages.get();
+        assert!(dropped > 900, "{dropped}");
+        // Not those on the wire: they go once acknowledged.
+        let links = shared.links.as_ref().unwrap();
+        let q = links.queues.borrow();
+        let q = q.get(&PeerId(1)).unwrap();
+        assert!(q.frames[1].publish.is_some());
+        assert_eq!(q.frames[1].chunks[0].as_ptr(), front);
+    }
+}
