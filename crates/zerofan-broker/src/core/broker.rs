@@ -187,7 +187,7 @@ impl Broker {
         self.end_event();
     }
 
-    fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
+    pub(crate) fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
         for (conn, out) in ready {
             match out {
                 // It may still wait for the store.
@@ -279,6 +279,16 @@ impl Broker {
         for conn in wake {
             self.wake(conn);
         }
+        self.release_deferred(ready);
+        self.end_event();
+    }
+
+    /// `peer` cannot be reached (`away`: a node whose link is down), or is
+    /// back. While it is away, a SUBACK or an acknowledgement that waits
+    /// for every peer does not wait for it; when its link is up again it
+    /// gets this core's state anew.
+    pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
+        let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
         self.end_event();
     }

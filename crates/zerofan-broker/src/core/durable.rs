@@ -366,6 +366,10 @@ impl Broker {
     /// The end of a core event: commit what it staged (once) and hold its
     /// acknowledgements until that commit is durable.
     pub(crate) fn end_event(&mut self) {
+        // What waited for peers that are all away now goes (see
+        // `Broker::set_peer_away`).
+        let ready = self.peers.ready();
+        self.release_deferred(ready);
         let d = &mut self.durable;
         if !d.dirty && d.pending.is_empty() && d.seen_pending.is_empty() {
             return;

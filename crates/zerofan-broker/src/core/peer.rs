@@ -128,6 +128,9 @@ struct Slot {
     congested: bool,
     /// The last of our changes this peer has applied.
     seen: u64,
+    /// Unreachable for now (a node whose link is down): what waits for
+    /// every peer does not wait for it.
+    away: bool,
 }
 
 impl Peers {
@@ -141,6 +144,7 @@ impl Peers {
                 outbox: Vec::new(),
                 congested: false,
                 seen: 0,
+                away: false,
             })
             .collect();
         slots.sort_by_key(|s| s.id);
@@ -170,6 +174,7 @@ impl Peers {
                 outbox: Vec::new(),
                 congested: false,
                 seen,
+                away: false,
             },
         );
     }
@@ -212,6 +217,45 @@ impl Peers {
     }
 
     /// With no peers left, nothing waits.
+    /// What waits no more: every peer that is not away has seen its
+    /// change (or no such peer is left).
+    pub(crate) fn ready(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
+        if self.deferred.is_empty() {
+            return Vec::new();
+        }
+        let all = self
+            .slots
+            .iter()
+            .filter(|s| !s.away)
+            .map(|s| s.seen)
+            .min()
+            .unwrap_or(u64::MAX);
+        let mut ready = Vec::new();
+        while self.deferred.front().is_some_and(|d| d.0 <= all) {
+            if let Some((_, conn, out)) = self.deferred.pop_front() {
+                ready.push((conn, out));
+            }
+        }
+        ready
+    }
+
+    /// `peer` is unreachable (`away`), or back: while away, what waits
+    /// for every peer goes without it. Returns what may go now.
+    pub(crate) fn set_away(
+        &mut self,
+        peer: PeerId,
+        away: bool,
+    ) -> Vec<(super::ids::ConnId, Deferred)> {
+        match self.slot(peer) {
+            Some(s) => {
+                s.away = away;
+                let seen = s.seen;
+                self.seen(peer, seen)
+            }
+            None => Vec::new(),
+        }
+    }
+
     fn seen_by_all(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
         self.deferred.drain(..).map(|(_, c, d)| (c, d)).collect()
     }
@@ -327,14 +371,7 @@ impl Peers {
         if let Some(s) = self.slot(peer) {
             s.seen = s.seen.max(seq);
         }
-        let all = self.slots.iter().map(|s| s.seen).min().unwrap_or(u64::MAX);
-        let mut ready = Vec::new();
-        while self.deferred.front().is_some_and(|d| d.0 <= all) {
-            if let Some((_, conn, out)) = self.deferred.pop_front() {
-                ready.push((conn, out));
-            }
-        }
-        ready
+        self.ready()
     }
 
     /// The next peer's batch of events, if any waits.

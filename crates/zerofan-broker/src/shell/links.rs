@@ -71,6 +71,9 @@ pub const QUEUE_BYTES: usize = 8 << 20;
 pub const QUEUE_HARD: usize = 64 << 20;
 /// Most bytes handed to one vectored write.
 const WRITE_BATCH: usize = 1 << 20;
+/// A node whose link stays down this long is away: SUBACKs and
+/// acknowledgements stop waiting for it (see `Broker::set_peer_away`).
+const AWAY_AFTER: Duration = Duration::from_secs(2);
 const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest a node waits for the other members' state before it serves
@@ -411,12 +414,17 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
         return;
     };
     let mut backoff = BACKOFF_MIN;
+    let mut away = Away {
+        since: Some(Instant::now()),
+        marked: false,
+    };
     loop {
         let stream = match dial(node).await {
             Ok(s) => s,
             Err(e) => {
                 bump(&links.stats.dial_failures, 1);
                 tracing::debug!(node, error = %e, "cannot reach node");
+                away.check(&shared, node, peer);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
@@ -434,26 +442,57 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::debug!(node, error = %e, "link handshake failed");
+                away.check(&shared, node, peer);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
             Err(_) => {
                 tracing::debug!(node, "link handshake timed out");
+                away.check(&shared, node, peer);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         }
         backoff = BACKOFF_MIN;
+        away.back(&shared, peer);
         bump(&links.stats.connects, 1);
         tracing::info!(node, "link up");
         let down = tokio::select! {
             r = write_queue(links, peer, &wake, &mut wr) => r,
             r = read_acks(&shared, links, peer, &mut rd, buf) => r,
         };
+        away.since = Some(Instant::now());
         if let Err(e) = down {
             tracing::info!(node, error = %e, "link down");
+        }
+    }
+}
+
+/// Since when a node's link is down, and whether the core was told.
+struct Away {
+    since: Option<Instant>,
+    marked: bool,
+}
+
+impl Away {
+    /// Down for [`AWAY_AFTER`]: the core stops waiting for the node.
+    fn check(&mut self, shared: &Shared, node: u64, peer: PeerId) {
+        if !self.marked && self.since.is_some_and(|t| t.elapsed() >= AWAY_AFTER) {
+            self.marked = true;
+            tracing::info!(node, "node unreachable: not waited for");
+            shared.broker.borrow_mut().set_peer_away(peer, true);
+            shared.dispatch();
+        }
+    }
+
+    /// The link is up again.
+    fn back(&mut self, shared: &Shared, peer: PeerId) {
+        self.since = None;
+        if self.marked {
+            self.marked = false;
+            shared.broker.borrow_mut().set_peer_away(peer, false);
         }
     }
 }

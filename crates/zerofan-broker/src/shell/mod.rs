@@ -6,6 +6,7 @@
 pub mod api;
 mod bridges;
 mod buffers;
+mod claims;
 mod conn;
 pub mod http;
 mod http_auth;

@@ -148,6 +148,9 @@ impl Server {
     /// of their own, each accepting on every listener; they stop with it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let n = self.config.shard_count();
+        if let (Some(c), None) = (&self.cluster, &self.links) {
+            self.links = Some(super::claims::link_setup(c.clone()));
+        }
         if n > 1 && self.links.is_some() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -195,6 +198,7 @@ impl Server {
                 persist: stores.next(),
                 bridges: Vec::new(),
                 links: None,
+                cluster: None,
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -223,6 +227,7 @@ impl Server {
             persist: first_store,
             bridges: self.bridges,
             links: self.links,
+            cluster: self.cluster,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -253,6 +258,8 @@ struct Shard {
     bridges: Vec<crate::bridge::Prepared>,
     /// Cluster links (one shard only).
     links: Option<super::links::LinkSetup>,
+    /// The cluster node, for claims of client ids (one shard only).
+    cluster: Option<std::sync::Arc<zerofan_cluster::Cluster>>,
 }
 
 impl Shard {
@@ -324,6 +331,9 @@ impl Shard {
         }
         if let Some(setup) = self.links {
             background.extend(super::links::start(&shared, setup));
+        }
+        if let Some(cluster) = self.cluster {
+            background.extend(super::claims::start(&shared, cluster));
         }
         background.push(tokio::task::spawn_local(super::http_auth::auth_loop(
             shared.clone(),

@@ -64,6 +64,8 @@ pub struct Shared {
     pub(super) links: Option<super::links::Links>,
     /// Wakes the HTTP authentication task (`http_auth.rs`).
     pub auth_wake: tokio::sync::Notify,
+    /// Wakes the cluster's claim task (`claims.rs`).
+    pub claim_wake: tokio::sync::Notify,
     /// Each bridge's figures (see `bridges.rs`).
     pub bridges: RefCell<Vec<std::rc::Rc<crate::bridge::BridgeStats>>>,
     wake_scratch: RefCell<Vec<ConnId>>,
@@ -91,6 +93,7 @@ impl Shared {
             mesh: None,
             links: None,
             auth_wake: tokio::sync::Notify::new(),
+            claim_wake: tokio::sync::Notify::new(),
             bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
         };
@@ -141,6 +144,9 @@ impl Shared {
         }
         if self.broker.borrow().has_auth_requests() {
             self.auth_wake.notify_one();
+        }
+        if self.broker.borrow().has_claims() {
+            self.claim_wake.notify_one();
         }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);

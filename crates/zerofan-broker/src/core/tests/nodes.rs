@@ -371,3 +371,22 @@ fn a_reset_releases_the_holds_the_peer_put_on_publishers() {
     n.hs[0].b.peer_reset(remote(1));
     assert!(!n.hs[0].b.held(p.conn));
 }
+
+/// A node whose link is down (away) is not waited for, but stays a member:
+/// once back, what it is told again counts, and later SUBACKs wait for it.
+#[test]
+fn an_away_node_is_not_waited_for_until_it_is_back() {
+    let mut n = Nodes::full_mesh(2);
+    n.linked[0][1] = false;
+    n.linked[1][0] = false;
+    let s = n.client(0, "s");
+    let out = n.subscribe(s, "t", QoS::AtMostOnce);
+    assert!(!subacked(&out), "waits for node 1 to see it");
+    n.hs[0].b.set_peer_away(remote(1), true);
+    assert!(subacked(&n.out(s)), "released while node 1 is away");
+    let out = n.subscribe(s, "u", QoS::AtMostOnce);
+    assert!(subacked(&out), "not waited for while away");
+    n.hs[0].b.set_peer_away(remote(1), false);
+    let out = n.subscribe(s, "v", QoS::AtMostOnce);
+    assert!(!subacked(&out), "waited for again once back");
+}

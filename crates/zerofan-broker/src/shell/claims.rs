@@ -1,0 +1,169 @@
+//! The broker's side of its cluster node: client-id claims (see
+//! `core/claims.rs`) — each claim the core asks for goes to the cluster in
+//! a task of its own and its answer back to the core, and a client id
+//! another node claimed ends its session here — and the links' view of the
+//! node ([`link_setup`]: members, incoming links, dialing).
+
+use super::links::{DialFn, LinkSetup};
+use super::state::Shared;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+use zerofan_cluster::{Cluster, Members, OwnershipLost};
+
+/// How long a CONNECT waits for its claim (retried meanwhile while the
+/// cluster has no leader) before it is refused with 0x88.
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Claims in flight at once; the others wait in the core's queue, which
+/// holds at most one per connection.
+const CLAIMS_IN_FLIGHT: usize = 256;
+
+/// Claim what the core asks for, until aborted.
+pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
+    let slots = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT));
+    let mut asked = Vec::new();
+    loop {
+        shared.claim_wake.notified().await;
+        shared.broker.borrow_mut().take_claims(&mut asked);
+        for req in asked.drain(..) {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (s, c) = (shared.clone(), cluster.clone());
+            tokio::task::spawn_local(async move {
+                let granted = claim(&c, &req.client_id).await;
+                drop(slot);
+                s.broker
+                    .borrow_mut()
+                    .claim_answered(Instant::now(), req.conn, granted);
+                s.dispatch();
+            });
+        }
+    }
+}
+
+/// Whether this node now owns `client_id`. A claim that fails for want of
+/// a leader is tried again until [`CLAIM_TIMEOUT`].
+async fn claim(cluster: &Cluster, client_id: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + CLAIM_TIMEOUT;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match tokio::time::timeout_at(deadline, cluster.claim(client_id)).await {
+            Ok(Ok((owner, _epoch))) => return owner == cluster.node_id(),
+            Ok(Err(e)) => {
+                tracing::debug!(client_id, error = %e, "claim failed; retrying");
+            }
+            Err(_) => return false,
+        }
+        if tokio::time::Instant::now() + pause >= deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// End the sessions whose client id another node claimed, until the
+/// cluster stops.
+pub(super) async fn lost_loop(
+    shared: Rc<Shared>,
+    cluster: Arc<Cluster>,
+    mut lost: mpsc::Receiver<OwnershipLost>,
+) {
+    while let Some(l) = lost.recv().await {
+        // A restarted node re-applies its log and hears of old losses
+        // again: the table as applied now says who owns the id.
+        if cluster
+            .owner(&l.client_id)
+            .is_some_and(|(owner, _)| owner == cluster.node_id())
+        {
+            continue;
+        }
+        tracing::debug!(client_id = %l.client_id, new_owner = l.new_owner, epoch = l.epoch,
+            "client id claimed by another node");
+        shared
+            .broker
+            .borrow_mut()
+            .client_taken(Instant::now(), &l.client_id);
+        shared.dispatch();
+    }
+}
+
+/// Start the claim and ownership tasks of shard 0: from now on every
+/// CONNECT with a client id waits for its claim.
+pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
+    shared.broker.borrow_mut().set_claims(true);
+    let mut tasks = vec![tokio::task::spawn_local(claim_loop(
+        shared.clone(),
+        cluster.clone(),
+    ))];
+    if let Some(lost) = cluster.take_ownership_lost() {
+        tasks.push(tokio::task::spawn_local(lost_loop(
+            shared.clone(),
+            cluster,
+            lost,
+        )));
+    }
+    tasks
+}
+
+/// The links' view of the cluster node: its members (as they change), the
+/// links other nodes opened to this one, and a dialer.
+pub(super) fn link_setup(cluster: Arc<Cluster>) -> LinkSetup {
+    let me = cluster.node_id();
+    let (members_tx, members) = watch::channel(addresses(&cluster.members().borrow()));
+    let mut changes = cluster.members();
+    // Sent on tasks of the broker's runtime; they end with it.
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let now = addresses(&changes.borrow_and_update());
+            if members_tx.send(now).is_err() {
+                return;
+            }
+        }
+    });
+    let (incoming_tx, incoming) = mpsc::channel(64);
+    if let Some(mut links) = cluster.take_links() {
+        tokio::spawn(async move {
+            while let Some((node, stream)) = links.recv().await {
+                // Accepted on the cluster's runtime: handed over as a plain
+                // socket, registered again where the links run.
+                match stream.into_std() {
+                    Ok(s) => {
+                        if incoming_tx.send((node, s)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::debug!(node, error = %e, "link not handed over"),
+                }
+            }
+        });
+    }
+    let dial: DialFn = Arc::new(move |node| {
+        let c = cluster.clone();
+        Box::pin(async move {
+            c.dial_link(node)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        })
+    });
+    LinkSetup {
+        me,
+        members,
+        incoming,
+        dial,
+        accept: None,
+    }
+}
+
+/// Every member with its cluster address (a member whose address does not
+/// parse is left out: it could not be dialed either).
+fn addresses(m: &Members) -> Vec<(u64, SocketAddr)> {
+    m.nodes
+        .iter()
+        .filter_map(|(id, n)| Some((*id, n.cluster_addr.parse().ok()?)))
+        .collect()
+}
