@@ -461,6 +461,14 @@ pub struct ShellStats {
     /// Links closed for a frame that could not be read, or refused (from
     /// a node that is not a member).
     pub cluster_bad_frames: u64,
+    /// Members of this node's cluster (0: not a cluster node).
+    pub cluster_members: u64,
+    /// Raft leader changes this node saw.
+    pub cluster_leader_changes: u64,
+    /// Log entries the furthest follower is behind (on the leader only).
+    pub cluster_replication_lag: u64,
+    /// Client-id claims the cluster's log applied.
+    pub cluster_claims: u64,
 }
 
 impl ShellStats {
@@ -491,5 +499,9 @@ impl ShellStats {
         self.cluster_frames_received += o.cluster_frames_received;
         self.cluster_dial_failures += o.cluster_dial_failures;
         self.cluster_bad_frames += o.cluster_bad_frames;
+        self.cluster_members = self.cluster_members.max(o.cluster_members);
+        self.cluster_leader_changes += o.cluster_leader_changes;
+        self.cluster_replication_lag = self.cluster_replication_lag.max(o.cluster_replication_lag);
+        self.cluster_claims += o.cluster_claims;
     }
 }

@@ -124,6 +124,28 @@ pub fn sys_figures(
         ("clients/parked", st.connections_parked.to_string()),
         ("clients/parks", st.connection_parks.to_string()),
     ];
+    if st.cluster_members > 0 {
+        figures.extend([
+            ("cluster/members", st.cluster_members.to_string()),
+            (
+                "cluster/leader_changes",
+                st.cluster_leader_changes.to_string(),
+            ),
+            (
+                "cluster/replication_lag",
+                st.cluster_replication_lag.to_string(),
+            ),
+            ("cluster/claims", st.cluster_claims.to_string()),
+            (
+                "cluster/forwarded/messages",
+                st.cluster_forwarded_messages.to_string(),
+            ),
+            (
+                "cluster/forwarded/bytes",
+                st.cluster_forwarded_bytes.to_string(),
+            ),
+        ]);
+    }
     // Every counter that has a `$SYS` name (see `metrics::counters!`).
     m.each(&mut |def, values| {
         if let (Some(name), [value]) = (def.sys, values) {

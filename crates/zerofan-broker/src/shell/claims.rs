@@ -96,6 +96,7 @@ pub(super) async fn lost_loop(
 /// CONNECT with a client id waits for its claim.
 pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
     shared.broker.borrow_mut().set_claims(true);
+    let _ = shared.cluster.set(cluster.clone());
     let mut tasks = vec![tokio::task::spawn_local(claim_loop(
         shared.clone(),
         cluster.clone(),

@@ -266,7 +266,31 @@ pub fn render(s: &Snapshot) -> String {
         st.bytes_sent as f64,
     );
 
-    // Cluster links.
+    // Cluster.
+    e.single(
+        "zerofan_cluster_members",
+        Gauge,
+        "Members of this node's cluster (0: not a cluster node).",
+        st.cluster_members as f64,
+    );
+    e.single(
+        "zerofan_cluster_leader_changes_total",
+        Counter,
+        "Raft leader changes this node saw.",
+        st.cluster_leader_changes as f64,
+    );
+    e.single(
+        "zerofan_cluster_replication_lag",
+        Gauge,
+        "Log entries the furthest follower is behind (reported by the leader; 0 elsewhere).",
+        st.cluster_replication_lag as f64,
+    );
+    e.single(
+        "zerofan_cluster_claims_total",
+        Counter,
+        "Client-id claims applied by the cluster's log.",
+        st.cluster_claims as f64,
+    );
     e.single(
         "zerofan_cluster_forwarded_messages_total",
         Counter,

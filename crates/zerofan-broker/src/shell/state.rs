@@ -66,6 +66,8 @@ pub struct Shared {
     pub auth_wake: tokio::sync::Notify,
     /// Wakes the cluster's claim task (`claims.rs`).
     pub claim_wake: tokio::sync::Notify,
+    /// This node's cluster node, for its figures (shard 0 of a cluster node).
+    pub cluster: std::cell::OnceCell<std::sync::Arc<zerofan_cluster::Cluster>>,
     /// Each bridge's figures (see `bridges.rs`).
     pub bridges: RefCell<Vec<std::rc::Rc<crate::bridge::BridgeStats>>>,
     wake_scratch: RefCell<Vec<ConnId>>,
@@ -94,6 +96,7 @@ impl Shared {
             links: None,
             auth_wake: tokio::sync::Notify::new(),
             claim_wake: tokio::sync::Notify::new(),
+            cluster: std::cell::OnceCell::new(),
             bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
         };
@@ -113,6 +116,13 @@ impl Shared {
         self.buffers.stats(&mut stats);
         if let Some(links) = &self.links {
             links.stats_into(&mut stats);
+        }
+        if let Some(c) = self.cluster.get() {
+            stats.cluster_members = c.member_count() as u64;
+            stats.cluster_leader_changes = c.leader_changes();
+            stats.cluster_replication_lag =
+                c.replication_lag().values().copied().max().unwrap_or(0);
+            stats.cluster_claims = c.claims();
         }
         stats
     }
