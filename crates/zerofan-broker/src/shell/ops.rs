@@ -205,6 +205,9 @@ impl std::fmt::Debug for ListenerGuard {
 
 impl Drop for ListenerGuard {
     fn drop(&mut self) {
+        if self.index != usize::MAX {
+            super::limits::closed(&self.shared, self.index);
+        }
         if let Some(l) = self.shared.ops.listeners.borrow_mut().get_mut(self.index) {
             l.open = l.open.saturating_sub(1);
         }

@@ -142,6 +142,13 @@ impl Server {
         }
         .into_iter();
         let first = meshes.next();
+        // Limits that hold for the process: shared by every shard.
+        let limits = (n > 1).then(|| super::limits::Limits::new(self.prepared.len()));
+        let throttle = (n > 1).then(|| {
+            std::sync::Arc::new(std::sync::Mutex::new(zerofan_auth::FailureTracker::new(
+                self.security.throttle,
+            )))
+        });
         let mut others = Vec::new();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut listeners = Vec::new();
@@ -165,6 +172,8 @@ impl Server {
                 mesh: Some((mesh, inbox)),
                 persist: None,
                 bridges: Vec::new(),
+                limits: limits.clone(),
+                throttle: throttle.clone(),
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -192,6 +201,8 @@ impl Server {
             mesh: first,
             persist: self.persist,
             bridges: self.bridges,
+            limits,
+            throttle,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -220,6 +231,10 @@ struct Shard {
     persist: Option<super::persist::Opened>,
     /// Bridges run on shard 0.
     bridges: Vec<crate::bridge::Prepared>,
+    /// Connection limits over every shard (several shards only).
+    limits: Option<std::sync::Arc<super::limits::Limits>>,
+    /// The login throttle's memory, shared by every shard's core.
+    throttle: Option<std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>>,
 }
 
 impl Shard {
@@ -233,6 +248,9 @@ impl Shard {
     ) -> io::Result<()> {
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
+        if let Some(t) = self.throttle {
+            broker.share_login_throttle(t);
+        }
         let durable = self.persist.map(|p| super::persist::attach(&mut broker, p));
         let (mesh, inbox) = match self.mesh {
             Some((m, rx)) => {
@@ -243,6 +261,7 @@ impl Shard {
         };
         let (mut shared, poll) = Shared::new(broker);
         shared.mesh = mesh;
+        shared.limits = self.limits;
         let shared = Rc::new(shared);
         for (index, (addr, kind)) in self.names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);

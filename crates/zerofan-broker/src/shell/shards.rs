@@ -39,13 +39,26 @@ pub(super) enum Envelope {
     Reload(Box<crate::config::Config>),
 }
 
-/// A plain-TCP connection moving to the shard that owns its client id.
+/// A connection moving to the shard that owns its client id.
 pub(super) struct Handoff {
-    pub(super) stream: std::net::TcpStream,
+    pub(super) stream: Moving,
     pub(super) peer: SocketAddr,
     pub(super) listener: usize,
+    /// Its client certificate's identity (TLS).
+    pub(super) identity: Option<String>,
     /// What was read from it: the CONNECT, and whatever followed.
     pub(super) input: Bytes,
+    /// Keeps it counted in the process-wide limits on the way.
+    pub(super) transit: Option<super::limits::Transit>,
+}
+
+/// The stream of a moving connection, out of any runtime.
+pub(super) enum Moving {
+    /// Plain TCP.
+    Tcp(std::net::TcpStream),
+    /// TLS and/or WebSocket over a detached [`super::movable::Socket`],
+    /// with the state of each layer.
+    Stack(super::listener::BoxStream),
 }
 
 /// One shard's ends of the queues.

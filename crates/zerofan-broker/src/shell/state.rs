@@ -60,6 +60,8 @@ pub struct Shared {
     pub lot: super::park::Lot,
     /// The queues to the other shards, when there are several.
     pub(super) mesh: Option<super::shards::Mesh>,
+    /// Connection limits counted over every shard, when there are several.
+    pub(super) limits: Option<std::sync::Arc<super::limits::Limits>>,
     /// Wakes the HTTP authentication task (`http_auth.rs`).
     pub auth_wake: tokio::sync::Notify,
     /// Each bridge's figures (see `bridges.rs`).
@@ -87,6 +89,7 @@ impl Shared {
             ops: super::ops::Ops::default(),
             lot,
             mesh: None,
+            limits: None,
             auth_wake: tokio::sync::Notify::new(),
             bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
