@@ -10,6 +10,7 @@ import time
 import pytest
 
 import mqttraw as r
+from brokerenv import shard_of
 
 pytestmark = pytest.mark.zerofan_only
 
@@ -132,15 +133,6 @@ def test_sys_reports_every_shard(sharded, raw_factory):
 
 # ---------------------------------------------------------------- limits
 
-def shard_of(client_id: str, shards: int = SHARDS) -> int:
-    """The shard that owns `client_id` (FNV-1a, as `core::shard_of`)."""
-    h = 0xCBF29CE484222325
-    for b in client_id.encode():
-        h ^= b
-        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h % shards
-
-
 def spread_ids(prefix: str, per_shard: int) -> list[str]:
     """Client ids owned by each shard in turn, `per_shard` for each: a limit
     counted per shard would never see more than `per_shard` of them."""
@@ -148,7 +140,7 @@ def spread_ids(prefix: str, per_shard: int) -> list[str]:
     i = 0
     while any(len(v) < per_shard for v in by_shard.values()):
         cid = f"{prefix}-{i}"
-        s = shard_of(cid)
+        s = shard_of(cid, SHARDS)
         if len(by_shard[s]) < per_shard:
             by_shard[s].append(cid)
         i += 1
