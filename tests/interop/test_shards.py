@@ -257,3 +257,46 @@ def test_a_client_id_connecting_twice_over_tls_is_taken_over(tmp_path):
         for c in made:
             c.close()
         assert b.stop() == 0, b.stderr()[-2000:]
+
+
+# ---------------------------------------------------------------- HTTP API
+
+def test_the_http_api_lists_and_disconnects_clients_of_every_shard(broker_factory, raw_factory):
+    import json
+    import urllib.request
+    from conftest import free_port
+    port = free_port()
+    b = broker_factory(threads=SHARDS, metrics=f"127.0.0.1:{port}", http_allow_anonymous=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path, method="GET"):
+        req = urllib.request.Request(base + path, method=method)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+
+    ids = spread_ids("api", 2)
+    clients = {}
+    for cid in ids:
+        c = raw_factory(b, 5)
+        c.connect(cid)
+        c.subscribe([(f"api/{cid}", 1)])
+        clients[cid] = c
+    status, page = get("/api/v1/clients?limit=100")
+    assert status == 200
+    assert page["total"] == len(ids), page
+    assert sorted(c["clientid"] for c in page["clients"]) == sorted(ids)
+    # Paging runs over every shard's clients in client id order.
+    pages = [get(f"/api/v1/clients?limit=3&page={n}")[1]["clients"] for n in range(3)]
+    listed = [c["clientid"] for p in pages for c in p]
+    assert listed == sorted(ids), listed
+    # One client, wherever it lives, with its subscriptions.
+    for cid in ids[:SHARDS]:
+        status, one = get(f"/api/v1/clients/{cid}")
+        assert status == 200 and one["clientid"] == cid, one
+        assert [s["filter"] for s in one["subscriptions"]] == [f"api/{cid}"], one
+    # Disconnecting one on another shard: it gets DISCONNECT 0x98.
+    for cid in ids[:SHARDS]:
+        status, _ = get(f"/api/v1/clients/{cid}", method="DELETE")
+        assert status in (200, 204), status
+        packets = clients[cid].recv_until_closed()
+        assert [p.reason for p in packets if p.type == r.DISCONNECT] == [0x98], cid

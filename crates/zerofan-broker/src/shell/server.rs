@@ -349,25 +349,14 @@ async fn timer_loop(shared: Rc<Shared>) {
         let next = shared.broker.borrow().poll_timeout();
         let at = next.map_or(now + TICK, |t| t.min(now + TICK));
         tokio::time::sleep_until(at.into()).await;
-        let stats = shared.shell_stats();
         let now = Instant::now();
-        {
-            let mut broker = shared.broker.borrow_mut();
-            broker.set_shell_stats(stats);
-            if let Some(mesh) = &shared.mesh {
-                let mut mine = broker.shard_figures();
-                mine.listeners = shared
-                    .ops
-                    .listeners
-                    .borrow()
-                    .iter()
-                    .map(|l| (l.open, l.opened))
-                    .collect();
-                let others = mesh.exchange_figures(mine);
-                broker.set_other_shards(Some(others));
-            }
-            broker.handle_timeout(now);
+        if shared.mesh.is_some() {
+            super::shards::exchange_figures(&shared);
+        } else {
+            let stats = shared.shell_stats();
+            shared.broker.borrow_mut().set_shell_stats(stats);
         }
+        shared.broker.borrow_mut().handle_timeout(now);
         shared.dispatch();
         super::park::sweep(&shared, now, TICK);
     }
