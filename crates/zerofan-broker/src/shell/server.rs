@@ -246,6 +246,12 @@ impl Shard {
         monitor: Option<Monitor>,
         shutdown: impl Future<Output = ()>,
     ) -> io::Result<()> {
+        // Shard 0 starts webhooks with the HTTP server (`ops`); the
+        // others post their own cores' events.
+        let hooks_here = match (&ops, &self.mesh) {
+            (None, Some(_)) => self.config.webhook.clone(),
+            _ => Vec::new(),
+        };
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
         if let Some(t) = self.throttle {
@@ -314,6 +320,9 @@ impl Shard {
         }
         if let Some(ops) = ops {
             background.extend(ops.start(&shared));
+        }
+        if !hooks_here.is_empty() {
+            background.extend(super::webhook::start_on_shard(&shared, &hooks_here));
         }
         if let Some(m) = monitor {
             let s = shared.clone();

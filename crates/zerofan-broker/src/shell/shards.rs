@@ -309,19 +309,35 @@ pub(super) async fn refresh_figures(shared: &Shared) {
         return;
     };
     let others = mesh.count().saturating_sub(1);
-    // Bounded: one answer per other shard.
-    let (tx, mut rx) = mpsc::channel::<()>(others.max(1));
+    // Bounded: one answer per other shard, with its webhooks' figures.
+    type Hooks = (Vec<super::webhook::WebhookFigures>, u64);
+    let (tx, mut rx) = mpsc::channel::<Hooks>(others.max(1));
     mesh.run_on_others(move |s: &Rc<Shared>| {
         exchange_figures(s);
-        let _ = tx.try_send(());
+        let hooks = s
+            .ops
+            .webhooks
+            .get()
+            .map(|w| w.figures())
+            .unwrap_or_default();
+        let _ = tx.try_send(hooks);
     });
+    let mut total: Hooks = Default::default();
     let _ = tokio::time::timeout(REFRESH_WAIT, async {
         for _ in 0..others {
-            if rx.recv().await.is_none() {
+            let Some((hooks, lost)) = rx.recv().await else {
                 return;
+            };
+            if total.0.len() < hooks.len() {
+                total.0.resize(hooks.len(), Default::default());
             }
+            for (t, h) in total.0.iter_mut().zip(&hooks) {
+                t.add(h);
+            }
+            total.1 += lost;
         }
     })
     .await;
+    *shared.ops.webhooks_elsewhere.borrow_mut() = total;
     exchange_figures(shared);
 }
