@@ -142,6 +142,15 @@ class SecBroker:
         return self.returncode
 
 
+def threads_args(conf_text: str) -> list:
+    """`--threads N` when ZEROFAN_THREADS=N runs the suite with N shards
+    (as conftest.py does), unless the configuration names its own."""
+    n = os.environ.get("ZEROFAN_THREADS")
+    if not n or "threads" in conf_text:
+        return []
+    return ["--threads", n]
+
+
 def start_broker(tmp: Path, toml: str, listeners: int, args=(), conf_name="zerofan.toml",
                  ) -> SecBroker:
     """Start zerofan with `toml` as its whole configuration; wait for `listeners`
@@ -149,6 +158,7 @@ def start_broker(tmp: Path, toml: str, listeners: int, args=(), conf_name="zerof
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / conf_name
     conf.write_text(toml)
+    args = [*threads_args(toml), *args]
     err = open(tmp / "zerofan.stderr.log", "wb")
     proc = subprocess.Popen([str(zerofan_bin()), "--memory", "-c", str(conf), *args],
                             stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import mqttraw as r
+from brokerenv import shard_of
 
 pytestmark = pytest.mark.zerofan_only
 
@@ -128,3 +129,174 @@ def test_sys_reports_every_shard(sharded, raw_factory):
     assert values and values[-1] == len(clients) + 1, values
     # One publisher of `$SYS`: no other shard's own figure interleaves.
     watcher.assert_silent(0.3)
+
+
+# ---------------------------------------------------------------- limits
+
+def spread_ids(prefix: str, per_shard: int) -> list[str]:
+    """Client ids owned by each shard in turn, `per_shard` for each: a limit
+    counted per shard would never see more than `per_shard` of them."""
+    by_shard: dict[int, list[str]] = {s: [] for s in range(SHARDS)}
+    i = 0
+    while any(len(v) < per_shard for v in by_shard.values()):
+        cid = f"{prefix}-{i}"
+        s = shard_of(cid, SHARDS)
+        if len(by_shard[s]) < per_shard:
+            by_shard[s].append(cid)
+        i += 1
+    return [by_shard[s][k] for k in range(per_shard) for s in range(SHARDS)]
+
+
+def test_max_connections_holds_over_all_shards(broker_factory, raw_factory):
+    b = broker_factory(threads=SHARDS, max_connections=4)
+    codes = []
+    for cid in spread_ids("cap", 2):
+        c = raw_factory(b, 5)
+        codes.append(c.connect(cid, expect_reason=None).reason)
+    assert codes == [0] * 4 + [0x97] * 4
+
+
+def test_connection_rate_holds_over_all_shards(broker_factory, raw_factory):
+    b = broker_factory(threads=SHARDS, max_connection_rate=4)
+    codes = []
+    for cid in spread_ids("rate", 2):
+        c = raw_factory(b, 5)
+        codes.append(c.connect(cid, expect_reason=None).reason)
+        c.close()
+    # 4 tokens for one second, for the whole broker (a refill of at most a
+    # few in the time 8 connects take would admit one more, never 8).
+    assert codes[:4] == [0] * 4, codes
+    assert codes.count(0x9F) >= 3, codes
+
+
+def test_login_throttle_holds_over_all_shards(tmp_path, broker_factory, raw_factory):
+    import subprocess
+    from secutil import zerofan_bin
+    pw = tmp_path / "passwd"
+    r_ = subprocess.run([str(zerofan_bin()), "passwd", "-c", "-b", "wonderland", str(pw), "alice"],
+                        capture_output=True)
+    assert r_.returncode == 0, r_.stderr
+    b = broker_factory(threads=SHARDS, password_file=str(pw), allow_anonymous=False)
+    # One failure on each shard: 4 in a row for (address, alice) overall,
+    # past the 3 free ones, so the next login waits even with the right
+    # password, whichever shard owns its client id.
+    for cid in spread_ids("bad", 1):
+        c = raw_factory(b, 5)
+        assert c.connect(cid, username="alice", password=b"wrong",
+                         expect_reason=None).reason == 0x86
+        c.close()
+    codes = []
+    for cid in spread_ids("good", 1):
+        c = raw_factory(b, 5)
+        codes.append(c.connect(cid, username="alice", password=b"wonderland",
+                               expect_reason=None).reason)
+        c.close()
+    assert codes == [0x9F] * SHARDS, codes
+
+
+# ---------------------------------------------------------------- TLS, WebSocket
+
+class TlsRaw(r.RawClient):
+    """A RawClient over TLS: what OpenSSL already decrypted counts as readable."""
+
+    def __init__(self, port, ca, version=5):
+        import socket
+        import ssl
+        self.version = version
+        self.timeout = 10.0
+        ctx = ssl.create_default_context(cafile=str(ca))
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = ctx.wrap_socket(s, server_hostname="localhost")
+        self.buf = bytearray()
+        self.closed = False
+
+    def _fill(self, deadline):
+        import select
+        import ssl
+        if not self.sock.pending():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.sock], [], [], remaining)[0]:
+                raise TimeoutError("no packet from broker before the deadline")
+        try:
+            data = self.sock.recv(65536)
+        except (ConnectionResetError, ConnectionAbortedError, ssl.SSLError):
+            data = b""
+        if not data:
+            self.closed = True
+            raise r.ConnectionClosed("connection closed by broker")
+        self.buf += data
+
+
+def test_a_client_id_connecting_twice_over_tls_is_taken_over(tmp_path):
+    """TLS connections move to the shard of their client id too (with the
+    TLS state and what was read): the first connection gets 0x8E."""
+    from secutil import make_certs, start_broker, toml_str
+    certs = make_certs(tmp_path / "certs")
+    b = start_broker(tmp_path / "b", f"threads = {SHARDS}\n"
+                     '[[listener]]\nbind = "127.0.0.1:0"\n'
+                     f"tls = {{ cert = {toml_str(certs.server)}, "
+                     f"key = {toml_str(certs.server_key)} }}\n", 1)
+    made = []
+    try:
+        port = b.listeners[0][1]
+        for i, cid in enumerate(spread_ids("tls-twice", 2)):
+            old = TlsRaw(port, certs.ca)
+            made.append(old)
+            assert old.connect(cid).reason == 0
+            new = TlsRaw(port, certs.ca)
+            made.append(new)
+            assert new.connect(cid).reason == 0
+            packets = old.recv_until_closed()
+            assert [p.reason for p in packets if p.type == r.DISCONNECT] == [0x8E], cid
+            new.ping()
+            # Traffic after the move: a subscription and a message to itself.
+            assert new.subscribe([(f"tls/{i}", 0)]).reasons == [0]
+            new.send(r.publish(f"tls/{i}", b"back", 0))
+            assert new.expect(r.PUBLISH).payload == b"back"
+    finally:
+        for c in made:
+            c.close()
+        assert b.stop() == 0, b.stderr()[-2000:]
+
+
+# ---------------------------------------------------------------- HTTP API
+
+def test_the_http_api_lists_and_disconnects_clients_of_every_shard(broker_factory, raw_factory):
+    import json
+    import urllib.request
+    from conftest import free_port
+    port = free_port()
+    b = broker_factory(threads=SHARDS, metrics=f"127.0.0.1:{port}", http_allow_anonymous=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def get(path, method="GET"):
+        req = urllib.request.Request(base + path, method=method)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+
+    ids = spread_ids("api", 2)
+    clients = {}
+    for cid in ids:
+        c = raw_factory(b, 5)
+        c.connect(cid)
+        c.subscribe([(f"api/{cid}", 1)])
+        clients[cid] = c
+    status, page = get("/api/v1/clients?limit=100")
+    assert status == 200
+    assert page["total"] == len(ids), page
+    assert sorted(c["clientid"] for c in page["clients"]) == sorted(ids)
+    # Paging runs over every shard's clients in client id order.
+    pages = [get(f"/api/v1/clients?limit=3&page={n}")[1]["clients"] for n in range(3)]
+    listed = [c["clientid"] for p in pages for c in p]
+    assert listed == sorted(ids), listed
+    # One client, wherever it lives, with its subscriptions.
+    for cid in ids[:SHARDS]:
+        status, one = get(f"/api/v1/clients/{cid}")
+        assert status == 200 and one["clientid"] == cid, one
+        assert [s["filter"] for s in one["subscriptions"]] == [f"api/{cid}"], one
+    # Disconnecting one on another shard: it gets DISCONNECT 0x98.
+    for cid in ids[:SHARDS]:
+        status, _ = get(f"/api/v1/clients/{cid}", method="DELETE")
+        assert status in (200, 204), status
+        packets = clients[cid].recv_until_closed()
+        assert [p.reason for p in packets if p.type == r.DISCONNECT] == [0x98], cid

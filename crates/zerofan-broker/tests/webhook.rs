@@ -367,3 +367,51 @@ fn dead_receiver_loses_nothing_and_is_counted() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[test]
+fn every_shard_posts_the_events_of_its_clients() {
+    let dir = Scratch::new("shard-events");
+    let (hook, events) = receiver();
+    let b = spawn(
+        &dir,
+        &format!(
+            "threads = 4\n[[webhook]]\nurl = \"http://{hook}/events\"\n\
+             events = [\"client.connected\"]\n"
+        ),
+    );
+    // Two client ids owned by each shard.
+    let mut ids = std::collections::BTreeSet::new();
+    let mut per_shard = [0usize; 4];
+    for i in 0.. {
+        let id = format!("hooked-{i}");
+        let s = zerofan_broker::core::shard_of(id.as_bytes(), 4);
+        if per_shard[s] < 2 {
+            per_shard[s] += 1;
+            ids.insert(id);
+        }
+        if ids.len() == 8 {
+            break;
+        }
+    }
+    let _clients: Vec<Client> = ids.iter().map(|id| Client::connect(b.mqtt, id)).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + WAIT;
+    while seen.len() < ids.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (e, _) = events
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("events of {seen:?} only"));
+        assert_eq!(e["event"], "client.connected");
+        if let Some(id) = e["clientid"].as_str() {
+            seen.insert(id.to_string());
+        }
+    }
+    assert_eq!(seen, ids);
+    // `/metrics` adds up every shard's webhook figures.
+    let line = format!("zerofan_webhook_events_sent_total{{webhook=\"http://{hook}/events\"}} 8");
+    let deadline = Instant::now() + WAIT;
+    while !http_get(b.http, "/metrics").contains(&line) {
+        assert!(Instant::now() < deadline, "never counted 8 events sent");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

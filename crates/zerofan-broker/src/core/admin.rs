@@ -130,6 +130,23 @@ pub struct ClientQuery {
 }
 
 impl ClientQuery {
+    /// Whether `v` (a view another shard made) matches the filters.
+    pub fn keeps_view(&self, v: &ClientView) -> bool {
+        self.prefix
+            .as_ref()
+            .is_none_or(|p| v.client_id.starts_with(p.as_str()))
+            && self.connected.is_none_or(|want| v.connected == want)
+            && self
+                .username
+                .as_ref()
+                .is_none_or(|u| v.username.as_ref() == Some(u))
+            && self.listener.is_none_or(|l| v.listener == Some(l))
+            && self.address.as_ref().is_none_or(|a| {
+                v.peer
+                    .is_some_and(|p| p.to_string() == *a || p.ip().to_string() == *a)
+            })
+    }
+
     fn keeps(&self, s: &Session, conn: Option<&Connection>) -> bool {
         if let Some(p) = &self.prefix {
             if !s.client_id.as_str().starts_with(p.as_str()) {

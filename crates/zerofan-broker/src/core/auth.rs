@@ -55,7 +55,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
-use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
+use zerofan_auth::{Access, Acl, PasswordFile, ThrottleConfig};
 use zerofan_codec::MqttStr;
 use zerofan_codec::{Ack, Packet, Publish, QoS, ReasonCode};
 
@@ -108,6 +108,9 @@ pub struct ConnectionMeta {
     pub listener: usize,
     /// The verified client certificate's Common Name, if any.
     pub identity: Option<String>,
+    /// The connection limits' verdict when the shell decided it for every
+    /// shard (see [`super::admission`]).
+    pub admission: super::admission::Admission,
 }
 
 /// Per-connection security state (inside the core's `Connection`).
@@ -203,7 +206,7 @@ const ACL_CACHE_MAX: usize = 256;
 pub(crate) struct AuthState {
     listeners: Vec<ListenerAuth>,
     default_listener: ListenerAuth,
-    tracker: FailureTracker,
+    tracker: super::admission::LoginThrottle,
     rate: ConnectionRate,
     /// Live connections per listener.
     open: Vec<usize>,
@@ -224,7 +227,7 @@ impl AuthState {
         AuthState {
             listeners: config.listeners,
             default_listener: ListenerAuth::default(),
-            tracker: FailureTracker::new(config.throttle),
+            tracker: super::admission::LoginThrottle::new(config.throttle),
             rate: ConnectionRate::default(),
             open: Vec::new(),
             jwt: config.jwt,
@@ -273,7 +276,12 @@ impl Broker {
         let sessions = std::mem::take(&mut self.auth.sessions);
         let mut old_http = self.auth.http.take();
         let scram = std::mem::take(&mut self.auth.scram);
+        let shared_throttle = self.auth.tracker.shared();
+        let throttle = config.throttle;
         self.auth = AuthState::new(config);
+        if let Some(t) = shared_throttle {
+            self.auth.tracker.share(t, throttle);
+        }
         if let (Some(new), Some(old)) = (self.auth.http.as_mut(), old_http.as_mut()) {
             new.take_pending_from(old);
         }
@@ -308,7 +316,11 @@ impl Broker {
         let listener = meta.listener;
         let on_listener = self.auth.open.get(listener).copied().unwrap_or(0);
         let per_listener_max = self.auth.listener(listener).max_connections;
-        let refuse = if (self.config.max_connections > 0 && total >= self.config.max_connections)
+        let refuse = if let Some(verdict) =
+            super::admission::verdict(meta.admission, &mut self.metrics.security)
+        {
+            verdict
+        } else if (self.config.max_connections > 0 && total >= self.config.max_connections)
             || (per_listener_max > 0 && on_listener >= per_listener_max)
         {
             self.metrics.security.refused_max_connections += 1;
@@ -334,6 +346,38 @@ impl Broker {
             c.sec.refuse = refuse;
         }
         id
+    }
+
+    /// The overall and listener `listener`'s `max_connections` (0: none),
+    /// for a shell that decides them over several shards.
+    pub fn connection_limits(&self, listener: usize) -> (usize, usize) {
+        let l = self.auth.listener(listener).max_connections;
+        (self.config.max_connections, l)
+    }
+
+    /// Whether `conn` was refused by a limit when it opened (its CONNECT
+    /// is answered where it is, not moved to another shard).
+    pub fn is_refused(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.sec.refuse.is_some())
+    }
+
+    /// The certificate identity `conn` opened with, to open it again on
+    /// another shard.
+    pub fn identity(&self, conn: ConnId) -> Option<String> {
+        let c = self.conns.get(&conn)?;
+        c.sec.identity.as_deref().map(str::to_owned)
+    }
+
+    /// Share one login-failure memory with the other shards' cores (call
+    /// before the first connection; kept across reloads).
+    pub fn share_login_throttle(
+        &mut self,
+        tracker: std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>,
+    ) {
+        let config = self.auth.tracker.config();
+        self.auth.tracker.share(tracker, config);
     }
 
     /// Bookkeeping when a connection is removed.

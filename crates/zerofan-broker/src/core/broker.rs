@@ -160,6 +160,7 @@ impl Broker {
                 shares,
             } => {
                 self.metrics.peer_received += 1;
+                self.peers.handled(from, msg.size() as u64);
                 msg.arrived_from(from);
                 let scope = Scope::Forwarded {
                     direct,
@@ -171,6 +172,11 @@ impl Broker {
                 msg.arrived_from(from);
                 self.keep_retained(Rc::new(msg));
                 self.durable_seen(from, seq);
+            }
+            PeerEvent::Consumed { bytes } => {
+                for conn in self.peers.confirmed(from, bytes) {
+                    self.wake(conn);
+                }
             }
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
@@ -410,6 +416,20 @@ impl Broker {
             }
             count += 1;
             self.metrics.peer_forwarded += 1;
+            if self.peers.crossed(f.peer, msg.size() as u64) {
+                // Its window is full: read the publisher again once the
+                // peer confirms (see `peer::WINDOW`).
+                let publisher = msg
+                    .origin
+                    .and_then(|o| self.sessions.get(&o))
+                    .and_then(|s| s.conn);
+                if let Some(pc) = publisher {
+                    if !self.peers.holds(pc) {
+                        self.peers.hold(pc);
+                        self.metrics.peer_throttles += 1;
+                    }
+                }
+            }
             let event = PeerEvent::Publish {
                 msg: msg.for_peer(),
                 direct: f.direct,

@@ -62,6 +62,8 @@ impl Broker {
             let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
             let bound = if slow {
                 high_water(cfg)
+            } else if held_remote(s.flight().behind.as_deref(), origin) {
+                cfg.max_online_queued_bytes.saturating_add(HOLD_SLACK)
             } else {
                 cfg.max_online_queued_bytes
             };
@@ -502,6 +504,21 @@ impl Broker {
 
 /// Online queue cost past which a subscriber is behind: its publishers are
 /// held, and its slow consumer clock runs.
+/// What a subscriber behind may queue past its bound from a publisher on
+/// another shard that it already asked to stop: that shard goes on reading
+/// until the Hold reaches it (a few reads of at most 64 KiB each, the
+/// batches in its queue), and those messages are kept, not dropped; past
+/// this, they are dropped and counted as any other.
+pub(crate) const HOLD_SLACK: usize = 4 * 1024 * 1024;
+
+/// Whether `behind` already holds the remote publisher `origin`.
+fn held_remote(behind: Option<&Behind>, origin: (Option<PeerId>, Option<SessionId>)) -> bool {
+    match (behind, origin) {
+        (Some(b), (Some(peer), Some(session))) => b.holding_remote.contains(&(peer, session)),
+        _ => false,
+    }
+}
+
 pub(crate) fn high_water(cfg: &Config) -> usize {
     cfg.max_online_queued_bytes / 2
 }

@@ -10,6 +10,7 @@
 //!   Prometheus names (`metrics::counters!`).
 
 pub mod admin;
+pub mod admission;
 pub mod auth;
 mod broker;
 mod claims;
@@ -44,6 +45,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+pub use admission::Admission;
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::{Broker, InputState};
 pub use claims::ClaimRequest;

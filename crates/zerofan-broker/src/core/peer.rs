@@ -92,7 +92,23 @@ pub enum PeerEvent {
         /// The last change applied.
         seq: u64,
     },
+    /// The receiver handled `bytes` (topic and payload) of the sender's
+    /// [`PeerEvent::Publish`]es: the sender may cross that much more (see
+    /// [`WINDOW`]).
+    Consumed {
+        /// Bytes handled since the last `Consumed`.
+        bytes: u64,
+    },
 }
+
+/// Bytes of publishes (topic and payload) a core crosses to one peer
+/// before that peer confirms them ([`PeerEvent::Consumed`]); past it, the
+/// publishers are not read until it does. A peer whose subscriber falls
+/// behind asks for a publisher to be held ([`PeerEvent::Hold`]) in the
+/// same turn it confirms, so at most this much more crosses before the
+/// Hold is seen: the subscriber's shard keeps that much past its bound
+/// (`deliver::HOLD_SLACK`), and nothing is dropped.
+pub(crate) const WINDOW: u64 = 1024 * 1024;
 
 /// The events for one peer, in order, batched per turn of the sender's
 /// event loop.
@@ -131,6 +147,13 @@ struct Slot {
     /// Unreachable for now (a node whose link is down): what waits for
     /// every peer does not wait for it.
     away: bool,
+    /// Counts its publishes against [`WINDOW`]: a shard of this process.
+    /// A cluster node's link has its own bounded queue instead.
+    windowed: bool,
+    /// Bytes of publishes crossed to it, not confirmed yet.
+    unconfirmed: u64,
+    /// Bytes of its publishes handled here, to confirm in the next batch.
+    consumed: u64,
 }
 
 impl Peers {
@@ -145,6 +168,9 @@ impl Peers {
                 congested: false,
                 seen: 0,
                 away: false,
+                windowed: true,
+                unconfirmed: 0,
+                consumed: 0,
             })
             .collect();
         slots.sort_by_key(|s| s.id);
@@ -175,6 +201,9 @@ impl Peers {
                 congested: false,
                 seen,
                 away: false,
+                windowed: false,
+                unconfirmed: 0,
+                consumed: 0,
             },
         );
     }
@@ -310,11 +339,49 @@ impl Peers {
         if let Some(s) = self.slot(peer) {
             s.congested = congested;
         }
-        if self.slots.iter().any(|s| s.congested) {
+        self.release()
+    }
+
+    /// The connections held for a congested peer or a full window, when
+    /// none is any more.
+    fn release(&mut self) -> Vec<super::ids::ConnId> {
+        if self
+            .slots
+            .iter()
+            .any(|s| s.congested || s.unconfirmed > WINDOW)
+        {
             Vec::new()
         } else {
             std::mem::take(&mut self.holding)
         }
+    }
+
+    /// A publish of `bytes` crossed to `peer`; true when its window is now
+    /// full (the publisher is to be held).
+    pub(crate) fn crossed(&mut self, peer: PeerId, bytes: u64) -> bool {
+        self.slot(peer).is_some_and(|s| {
+            if !s.windowed {
+                return false;
+            }
+            s.unconfirmed = s.unconfirmed.saturating_add(bytes);
+            s.unconfirmed > WINDOW
+        })
+    }
+
+    /// A publish of `bytes` from `peer` was handled here.
+    pub(crate) fn handled(&mut self, peer: PeerId, bytes: u64) {
+        if let Some(s) = self.slot(peer).filter(|s| s.windowed) {
+            s.consumed = s.consumed.saturating_add(bytes);
+        }
+    }
+
+    /// `peer` confirmed `bytes`: the connections to read again, if no
+    /// window is full and no peer congested any more.
+    pub(crate) fn confirmed(&mut self, peer: PeerId, bytes: u64) -> Vec<super::ids::ConnId> {
+        if let Some(s) = self.slot(peer) {
+            s.unconfirmed = s.unconfirmed.saturating_sub(bytes);
+        }
+        self.release()
     }
 
     /// Hold `conn`'s input until no peer is congested.
@@ -376,6 +443,13 @@ impl Peers {
 
     /// The next peer's batch of events, if any waits.
     pub(crate) fn poll(&mut self) -> Option<PeerBatch> {
+        for s in &mut self.slots {
+            if s.consumed > 0 {
+                // After whatever this turn queued for it (a Hold first).
+                let bytes = std::mem::take(&mut s.consumed);
+                s.outbox.push(PeerEvent::Consumed { bytes });
+            }
+        }
         let s = self.slots.iter_mut().find(|s| !s.outbox.is_empty())?;
         Some(PeerBatch {
             to: s.id,

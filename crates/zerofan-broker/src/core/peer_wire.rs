@@ -44,6 +44,7 @@ const RESUME: u8 = 10;
 const START: u8 = 11;
 const ACK: u8 = 12;
 const FENCE: u8 = 13;
+const CONSUMED: u8 = 14;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -167,6 +168,10 @@ impl FrameEncoder {
             PeerEvent::Fence { seq } => {
                 self.scratch.put_u8(FENCE);
                 self.scratch.put_u64(*seq);
+            }
+            PeerEvent::Consumed { bytes } => {
+                self.scratch.put_u8(CONSUMED);
+                self.scratch.put_u64(*bytes);
             }
         }
         self.finish(start, payload, publish)
@@ -413,6 +418,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             let seq = get_u64(&mut f)?;
             end(&f)?;
             PeerEvent::Fence { seq }
+        }
+        CONSUMED => {
+            let bytes = get_u64(&mut f)?;
+            end(&f)?;
+            PeerEvent::Consumed { bytes }
         }
         SYNC => {
             end(&f)?;
@@ -841,6 +851,7 @@ mod tests {
             }),
             any::<u64>().prop_map(|seq| PeerEvent::Seen { seq }),
             any::<u64>().prop_map(|seq| PeerEvent::Fence { seq }),
+            any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
         ]
     }
 

@@ -45,6 +45,7 @@ pub(super) fn start(
                 let meta = ConnectionMeta {
                     listener,
                     identity: None,
+                    ..ConnectionMeta::default()
                 };
                 tokio::task::spawn_local(connection(
                     s.clone(),

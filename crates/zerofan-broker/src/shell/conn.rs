@@ -61,6 +61,7 @@ pub(super) fn connection(
     peer: SocketAddr,
     meta: ConnectionMeta,
 ) -> Conn {
+    let meta = super::limits::admit(&shared, peer, meta);
     let counted = super::ops::Ops::track(&shared, meta.listener);
     let id = shared
         .broker
@@ -112,8 +113,16 @@ pub(super) fn resume(
 /// A connection moved in from another shard: it goes on here, its CONNECT
 /// first.
 pub(super) fn moved_in(shared: &Rc<Shared>, h: super::shards::Handoff) {
-    let stream = match tokio::net::TcpStream::from_std(h.stream) {
-        Ok(s) => s,
+    let transport = match h.stream {
+        super::shards::Moving::Tcp(s) => tokio::net::TcpStream::from_std(s).map(Transport::Tcp),
+        super::shards::Moving::Stack(mut s) => match s.socket().map(|k| k.attach()) {
+            Some(Ok(())) => Ok(Transport::Boxed(s)),
+            Some(Err(e)) => Err(e),
+            None => Err(io::ErrorKind::Unsupported.into()),
+        },
+    };
+    let transport = match transport {
+        Ok(t) => t,
         Err(e) => {
             tracing::debug!(error = %e, "a connection moving between shards was lost");
             return;
@@ -121,11 +130,14 @@ pub(super) fn moved_in(shared: &Rc<Shared>, h: super::shards::Handoff) {
     };
     let meta = ConnectionMeta {
         listener: h.listener,
-        identity: None,
+        identity: h.identity,
+        admission: crate::core::Admission::Admitted,
     };
-    let mut conn = connection(shared.clone(), Transport::Tcp(stream), h.peer, meta);
+    let mut conn = connection(shared.clone(), transport, h.peer, meta);
     conn.input = ReadState::moved_in(shared, &h.input);
     tokio::task::spawn_local(conn);
+    // Counted here now: the count it held on the way ends.
+    drop(h.transit);
 }
 
 /// A parked connection that could not get a task again: it is over.
@@ -294,14 +306,23 @@ impl Conn {
     }
 
     /// With several shards: a CONNECT for a client id owned by another
-    /// shard moves the connection there (plain TCP; a TLS or WebSocket
-    /// stream cannot leave its thread's runtime yet and is served here).
-    /// True when it moved: this task ends.
+    /// shard moves the connection there: plain TCP, or TLS / WebSocket
+    /// with their state (a bridge's in-process pipe stays). True when it
+    /// moved: this task ends.
     fn move_to_owner(&mut self, shared: &Shared) -> bool {
         let Some(mesh) = shared.mesh.as_ref() else {
             return false;
         };
-        if !matches!(self.io, Transport::Tcp(_)) {
+        let movable = match &mut self.io {
+            Transport::Tcp(_) => true,
+            Transport::Boxed(s) => s.socket().is_some(),
+            Transport::Parked => false,
+        };
+        if !movable {
+            return false;
+        }
+        if shared.broker.borrow().is_refused(self.id) {
+            // Answered here: a refusal touches no session.
             return false;
         }
         let Some(owner) = self
@@ -310,6 +331,7 @@ impl Conn {
         else {
             return false;
         };
+        let identity = shared.broker.borrow().identity(self.id);
         let Some(peer) = shared.broker.borrow_mut().connection_moved(self.id) else {
             return false;
         };
@@ -320,17 +342,24 @@ impl Conn {
         if let Some(l) = shared.ops.listeners.borrow_mut().get_mut(listener) {
             l.opened = l.opened.saturating_sub(1);
         }
-        let Transport::Tcp(s) = std::mem::replace(&mut self.io, Transport::Parked) else {
-            return false;
-        };
         self.phase = Phase::Lost;
         // On failure tokio has closed the socket: the client reconnects.
-        if let Ok(stream) = s.into_std() {
+        let stream = match std::mem::replace(&mut self.io, Transport::Parked) {
+            Transport::Tcp(s) => s.into_std().ok().map(super::shards::Moving::Tcp),
+            Transport::Boxed(mut s) => match s.socket().map(|k| k.detach()) {
+                Some(Ok(())) => Some(super::shards::Moving::Stack(s)),
+                _ => None,
+            },
+            Transport::Parked => None,
+        };
+        if let Some(stream) = stream {
             let h = super::shards::Handoff {
                 stream,
                 peer,
                 listener,
+                identity,
                 input,
+                transit: super::limits::Transit::start(shared, listener),
             };
             mesh.hand_off(owner, h);
         }

@@ -148,6 +148,13 @@ async fn respond(
 ) -> Reply {
     let path = req.uri().path().to_string();
     let read_only = req.method() == "GET" || req.method() == "HEAD";
+    if path == "/metrics" || path.starts_with("/api/") {
+        // Every shard's figures as of now, not of the last timer tick.
+        super::shards::refresh_figures(shared).await;
+    }
+    if path.starts_with("/api/v1/clients") || path.starts_with("/api/v1/subscriptions") {
+        admin.gather().await;
+    }
     if path.starts_with("/api/") {
         return api(shared, admin, peer, req).await;
     }

@@ -6,6 +6,7 @@
 //! failure closes that connection only, is counted, and logged at debug.
 
 use super::conn::connection;
+use super::movable::Socket;
 use super::proxy;
 use super::state::Shared;
 use super::ws;
@@ -18,9 +19,15 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Any byte stream a connection can run over (TLS, WebSocket).
-pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncStream for T {}
+/// Any byte stream a connection can run over (TLS, WebSocket, a bridge's
+/// pipe). `Send`: one over a [`Socket`] moves to its owner shard whole.
+pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {
+    /// The TCP socket at the bottom, when the stream can move to another
+    /// shard (see `movable.rs`).
+    fn socket(&mut self) -> Option<&mut Socket> {
+        None
+    }
+}
 
 /// A boxed byte stream.
 pub type BoxStream = Box<dyn AsyncStream>;
@@ -62,6 +69,7 @@ pub async fn accept_loop(
                     let meta = ConnectionMeta {
                         listener: index,
                         identity: None,
+                        ..ConnectionMeta::default()
                     };
                     tokio::task::spawn_local(connection(
                         shared.clone(),
@@ -133,6 +141,7 @@ async fn setup(
     let meta = ConnectionMeta {
         listener: index,
         identity,
+        ..ConnectionMeta::default()
     };
     connection(shared, transport, peer, meta).await;
 }
@@ -156,7 +165,9 @@ async fn handshake(
     match &prepared.tls {
         None => {
             if websockets {
-                let ws = ws::accept(stream, ws_max).await.map_err(Failure::Ws)?;
+                let ws = ws::accept(Socket::Live(stream), ws_max)
+                    .await
+                    .map_err(Failure::Ws)?;
                 Ok((Transport::Boxed(Box::new(ws)), peer, None))
             } else {
                 Ok((Transport::Tcp(stream), peer, None))
@@ -164,7 +175,10 @@ async fn handshake(
         }
         Some(cfg) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
-            let tls = acceptor.accept(stream).await.map_err(Failure::Tls)?;
+            let tls = acceptor
+                .accept(Socket::Live(stream))
+                .await
+                .map_err(Failure::Tls)?;
             let identity = tls
                 .get_ref()
                 .1

@@ -35,6 +35,9 @@ pub struct Ops {
     pub http_loopback: Cell<bool>,
     /// Webhooks, when configured (drained by `Shared::dispatch`).
     pub webhooks: std::cell::OnceCell<Rc<super::webhook::Webhooks>>,
+    /// The other shards' webhook figures, as of the last refresh
+    /// (`shards::refresh_figures`).
+    pub(super) webhooks_elsewhere: RefCell<(Vec<super::webhook::WebhookFigures>, u64)>,
 }
 
 impl Default for Ops {
@@ -50,6 +53,7 @@ impl Default for Ops {
             api_auth: RefCell::default(),
             http_loopback: Cell::new(false),
             webhooks: std::cell::OnceCell::new(),
+            webhooks_elsewhere: RefCell::default(),
         }
     }
 }
@@ -148,7 +152,16 @@ impl Ops {
             reloads_failed: ops.reloads_failed.get(),
             http_refused: ops.http_refused.get(),
             api_auth: ops.api_auth.borrow().figures,
-            webhooks: ops.webhooks.get().map(|w| w.figures()).unwrap_or_default(),
+            webhooks: {
+                let (mut hooks, mut lost) =
+                    ops.webhooks.get().map(|w| w.figures()).unwrap_or_default();
+                let elsewhere = ops.webhooks_elsewhere.borrow();
+                for (h, o) in hooks.iter_mut().zip(&elsewhere.0) {
+                    h.add(o);
+                }
+                lost += elsewhere.1;
+                (hooks, lost)
+            },
             bridges: shared
                 .bridges
                 .borrow()
@@ -205,6 +218,9 @@ impl std::fmt::Debug for ListenerGuard {
 
 impl Drop for ListenerGuard {
     fn drop(&mut self) {
+        if self.index != usize::MAX {
+            super::limits::closed(&self.shared, self.index);
+        }
         if let Some(l) = self.shared.ops.listeners.borrow_mut().get_mut(self.index) {
             l.open = l.open.saturating_sub(1);
         }

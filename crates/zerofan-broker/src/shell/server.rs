@@ -174,6 +174,13 @@ impl Server {
         }
         .into_iter();
         let first = meshes.next();
+        // Limits that hold for the process: shared by every shard.
+        let limits = (n > 1).then(|| super::limits::Limits::new(self.prepared.len()));
+        let throttle = (n > 1).then(|| {
+            std::sync::Arc::new(std::sync::Mutex::new(zerofan_auth::FailureTracker::new(
+                self.security.throttle,
+            )))
+        });
         let mut others = Vec::new();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut listeners = Vec::new();
@@ -199,6 +206,8 @@ impl Server {
                 bridges: Vec::new(),
                 links: None,
                 cluster: None,
+                limits: limits.clone(),
+                throttle: throttle.clone(),
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -228,6 +237,8 @@ impl Server {
             bridges: self.bridges,
             links: self.links,
             cluster: self.cluster,
+            limits,
+            throttle,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -260,6 +271,10 @@ struct Shard {
     links: Option<super::links::LinkSetup>,
     /// The cluster node, for claims of client ids (one shard only).
     cluster: Option<std::sync::Arc<zerofan_cluster::Cluster>>,
+    /// Connection limits over every shard (several shards only).
+    limits: Option<std::sync::Arc<super::limits::Limits>>,
+    /// The login throttle's memory, shared by every shard's core.
+    throttle: Option<std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>>,
 }
 
 impl Shard {
@@ -271,8 +286,17 @@ impl Shard {
         monitor: Option<Monitor>,
         shutdown: impl Future<Output = ()>,
     ) -> io::Result<()> {
+        // Shard 0 starts webhooks with the HTTP server (`ops`); the
+        // others post their own cores' events.
+        let hooks_here = match (&ops, &self.mesh) {
+            (None, Some(_)) => self.config.webhook.clone(),
+            _ => Vec::new(),
+        };
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_security(self.security);
+        if let Some(t) = self.throttle {
+            broker.share_login_throttle(t);
+        }
         let durable = self.persist.map(|p| super::persist::attach(&mut broker, p));
         let (mesh, inbox) = match self.mesh {
             Some((m, rx)) => {
@@ -288,6 +312,7 @@ impl Shard {
         let (mut shared, poll) = Shared::new(broker);
         shared.mesh = mesh;
         shared.links = self.links.as_ref().map(|l| super::links::Links::new(l.me));
+        shared.limits = self.limits;
         let shared = Rc::new(shared);
         for (index, (addr, kind)) in self.names.into_iter().enumerate() {
             shared.ops.name_listener(index, addr, &kind);
@@ -355,6 +380,9 @@ impl Shard {
         if let Some(ops) = ops {
             background.extend(ops.start(&shared));
         }
+        if !hooks_here.is_empty() {
+            background.extend(super::webhook::start_on_shard(&shared, &hooks_here));
+        }
         if let Some(m) = monitor {
             let s = shared.clone();
             background.push(tokio::task::spawn_local(m(Rc::new(move || {
@@ -389,25 +417,14 @@ async fn timer_loop(shared: Rc<Shared>) {
         let next = shared.broker.borrow().poll_timeout();
         let at = next.map_or(now + TICK, |t| t.min(now + TICK));
         tokio::time::sleep_until(at.into()).await;
-        let stats = shared.shell_stats();
         let now = Instant::now();
-        {
-            let mut broker = shared.broker.borrow_mut();
-            broker.set_shell_stats(stats);
-            if let Some(mesh) = &shared.mesh {
-                let mut mine = broker.shard_figures();
-                mine.listeners = shared
-                    .ops
-                    .listeners
-                    .borrow()
-                    .iter()
-                    .map(|l| (l.open, l.opened))
-                    .collect();
-                let others = mesh.exchange_figures(mine);
-                broker.set_other_shards(Some(others));
-            }
-            broker.handle_timeout(now);
+        if shared.mesh.is_some() {
+            super::shards::exchange_figures(&shared);
+        } else {
+            let stats = shared.shell_stats();
+            shared.broker.borrow_mut().set_shell_stats(stats);
         }
+        shared.broker.borrow_mut().handle_timeout(now);
         shared.dispatch();
         super::park::sweep(&shared, now, TICK);
     }

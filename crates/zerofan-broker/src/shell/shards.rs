@@ -26,6 +26,9 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 /// Envelopes an inbox holds before its senders keep theirs.
 const INBOX: usize = 1024;
 
+/// Work for another shard (see [`Envelope::Run`]).
+pub(super) type Task = Box<dyn FnOnce(&Rc<Shared>) + Send>;
+
 /// What crosses to a shard.
 pub(super) enum Envelope {
     /// Events from a peer's core, in the order it polled them.
@@ -37,15 +40,31 @@ pub(super) enum Envelope {
     Conn(Handoff),
     /// Shard 0 reloaded this configuration (SIGHUP): put it in force too.
     Reload(Box<crate::config::Config>),
+    /// Run this on the receiving shard (a question from another shard,
+    /// answered through a channel the closure holds).
+    Run(Task),
 }
 
-/// A plain-TCP connection moving to the shard that owns its client id.
+/// A connection moving to the shard that owns its client id.
 pub(super) struct Handoff {
-    pub(super) stream: std::net::TcpStream,
+    pub(super) stream: Moving,
     pub(super) peer: SocketAddr,
     pub(super) listener: usize,
+    /// Its client certificate's identity (TLS).
+    pub(super) identity: Option<String>,
     /// What was read from it: the CONNECT, and whatever followed.
     pub(super) input: Bytes,
+    /// Keeps it counted in the process-wide limits on the way.
+    pub(super) transit: Option<super::limits::Transit>,
+}
+
+/// The stream of a moving connection, out of any runtime.
+pub(super) enum Moving {
+    /// Plain TCP.
+    Tcp(std::net::TcpStream),
+    /// TLS and/or WebSocket over a detached [`super::movable::Socket`],
+    /// with the state of each layer.
+    Stack(super::listener::BoxStream),
 }
 
 /// One shard's ends of the queues.
@@ -130,6 +149,17 @@ impl Mesh {
         match self.figures.lock() {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Run `f` on every other shard; the answers come through whatever
+    /// `f` captures.
+    pub(super) fn run_on_others<F>(&self, f: F)
+    where
+        F: Fn(&Rc<Shared>) + Clone + Send + 'static,
+    {
+        for to in (0..self.count()).filter(|&i| i != self.me) {
+            self.send(to, Envelope::Run(Box::new(f.clone())));
         }
     }
 
@@ -234,6 +264,7 @@ pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelo
                     }
                 }
                 Envelope::Conn(h) => super::conn::moved_in(&shared, h),
+                Envelope::Run(f) => f(&shared),
                 Envelope::Reload(config) => {
                     let mut config = *config;
                     // Shard 0 publishes `$SYS` for every shard.
@@ -244,4 +275,69 @@ pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelo
         }
         shared.dispatch();
     }
+}
+
+/// Record this shard's figures for the others, and take theirs into the
+/// core's totals (`$SYS`, `/metrics`).
+pub(super) fn exchange_figures(shared: &Shared) {
+    let Some(mesh) = &shared.mesh else {
+        return;
+    };
+    let stats = shared.shell_stats();
+    let mut broker = shared.broker.borrow_mut();
+    broker.set_shell_stats(stats);
+    let mut mine = broker.shard_figures();
+    mine.listeners = shared
+        .ops
+        .listeners
+        .borrow()
+        .iter()
+        .map(|l| (l.open, l.opened))
+        .collect();
+    let others = mesh.exchange_figures(mine);
+    broker.set_other_shards(Some(others));
+}
+
+/// How long a reader of figures (`/metrics`) waits for the other shards'
+/// current ones before it takes their last (at most a timer tick old).
+const REFRESH_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Have every other shard record its figures now, then take them: a
+/// `/metrics` scrape right after an event on another shard counts it.
+pub(super) async fn refresh_figures(shared: &Shared) {
+    let Some(mesh) = &shared.mesh else {
+        return;
+    };
+    let others = mesh.count().saturating_sub(1);
+    // Bounded: one answer per other shard, with its webhooks' figures.
+    type Hooks = (Vec<super::webhook::WebhookFigures>, u64);
+    let (tx, mut rx) = mpsc::channel::<Hooks>(others.max(1));
+    mesh.run_on_others(move |s: &Rc<Shared>| {
+        exchange_figures(s);
+        let hooks = s
+            .ops
+            .webhooks
+            .get()
+            .map(|w| w.figures())
+            .unwrap_or_default();
+        let _ = tx.try_send(hooks);
+    });
+    let mut total: Hooks = Default::default();
+    let _ = tokio::time::timeout(REFRESH_WAIT, async {
+        for _ in 0..others {
+            let Some((hooks, lost)) = rx.recv().await else {
+                return;
+            };
+            if total.0.len() < hooks.len() {
+                total.0.resize(hooks.len(), Default::default());
+            }
+            for (t, h) in total.0.iter_mut().zip(&hooks) {
+                t.add(h);
+            }
+            total.1 += lost;
+        }
+    })
+    .await;
+    *shared.ops.webhooks_elsewhere.borrow_mut() = total;
+    exchange_figures(shared);
 }

@@ -62,6 +62,8 @@ pub struct Shared {
     pub(super) mesh: Option<super::shards::Mesh>,
     /// The links to the other nodes, in a cluster.
     pub(super) links: Option<super::links::Links>,
+    /// Connection limits counted over every shard, when there are several.
+    pub(super) limits: Option<std::sync::Arc<super::limits::Limits>>,
     /// Wakes the HTTP authentication task (`http_auth.rs`).
     pub auth_wake: tokio::sync::Notify,
     /// Wakes the cluster's claim task (`claims.rs`).
@@ -94,6 +96,7 @@ impl Shared {
             lot,
             mesh: None,
             links: None,
+            limits: None,
             auth_wake: tokio::sync::Notify::new(),
             claim_wake: tokio::sync::Notify::new(),
             cluster: std::cell::OnceCell::new(),

@@ -58,6 +58,39 @@ pub struct WebhookFigures {
     pub queued: u64,
 }
 
+impl WebhookFigures {
+    /// Add another shard's figures for the same webhook.
+    pub fn add(&mut self, o: &WebhookFigures) {
+        self.posts_ok += o.posts_ok;
+        self.posts_failed += o.posts_failed;
+        self.retries += o.retries;
+        self.events_sent += o.events_sent;
+        self.dropped_queue_full += o.dropped_queue_full;
+        self.dropped_failed += o.dropped_failed;
+        self.circuit_opens += o.circuit_opens;
+        self.circuit_open |= o.circuit_open;
+        self.queued += o.queued;
+    }
+}
+
+/// With several shards, each shard posts its own core's events (a client's
+/// events come from the one shard its session lives on, so they stay in
+/// order), with queues of its own; `/metrics` adds their figures up.
+pub(super) fn start_on_shard(
+    shared: &Rc<Shared>,
+    configs: &[crate::config::WebhookConfig],
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let Ok(Some(w)) = Webhooks::new(configs) else {
+        // Checked at startup on shard 0: an error stopped the broker there.
+        return Vec::new();
+    };
+    shared.broker.borrow_mut().set_event_mask(w.mask());
+    let w = Rc::new(w);
+    let tasks = w.start();
+    let _ = shared.ops.webhooks.set(w);
+    tasks
+}
+
 /// An event as a queue keeps it: its own bytes (a message's topic, and its
 /// payload only where a webhook sends payloads), never a reference to the
 /// message, which would pin a publisher's read buffer while it waits.

@@ -68,6 +68,13 @@ pub struct WsStream<S> {
     pending: Bytes,
 }
 
+impl<S: AsyncRead + AsyncWrite + Unpin> WsStream<S> {
+    /// The stream under the WebSocket codec.
+    pub fn inner_mut(&mut self) -> &mut S {
+        self.ws.get_mut()
+    }
+}
+
 fn io_err(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
     io::Error::other(e)
 }

@@ -3,6 +3,7 @@
 //! these also check what a client would really see.
 
 mod admin;
+mod admission;
 mod backpressure;
 mod claims;
 mod connect;

@@ -156,6 +156,7 @@ fn identity_is_the_username() {
     let meta = ConnectionMeta {
         listener: 0,
         identity: Some("dev1".into()),
+        ..Default::default()
     };
     let c = h.b.connection_opened_with(h.now, peer, meta);
     h.send(

@@ -303,6 +303,63 @@ fn a_subscriber_behind_holds_its_publisher_on_another_shard() {
 }
 
 #[test]
+fn what_crosses_before_the_hold_arrives_is_kept() {
+    // The publisher's shard reads on until the Hold reaches it: here 40
+    // messages (2.5 times the subscriber's bound) cross in one go.
+    let mut sh = Shards::with(
+        2,
+        Config {
+            sys_interval: 0,
+            max_online_queued_bytes: 16 * 1024,
+            ..Config::default()
+        },
+    );
+    let sub = sh.client_on(1, "slow");
+    sh.subscribe(sub, "t", QoS::AtMostOnce);
+    let publ = sh.client_on(0, "fast");
+    let big = "x".repeat(1000);
+    for _ in 0..40 {
+        sh.publish_only(publ, "t", &big, QoS::AtMostOnce, 0);
+    }
+    sh.pump();
+    assert!(sh.hs[0].b.held(publ.conn));
+    assert_eq!(sh.hs[1].b.metrics().dropped_total(), 0);
+    assert_eq!(sh.out(sub).publishes().len(), 40);
+}
+
+#[test]
+fn a_full_window_holds_the_publisher_until_the_peer_confirms() {
+    let mut sh = Shards::with(
+        2,
+        Config {
+            sys_interval: 0,
+            max_online_queued_bytes: 64 * 1024 * 1024,
+            ..Config::default()
+        },
+    );
+    let sub = sh.client_on(1, "reader");
+    sh.subscribe(sub, "t", QoS::AtMostOnce);
+    let publ = sh.client_on(0, "writer");
+    let big = "x".repeat(1000);
+    // The peer confirms nothing until its queue moves: about one window
+    // crosses, then the publisher is held.
+    let mut sent = 0u64;
+    while !sh.hs[0].b.held(publ.conn) {
+        assert!(sent < 2000, "never held");
+        sh.publish_only(publ, "t", &big, QoS::AtMostOnce, 0);
+        sent += 1;
+    }
+    let per = 1001;
+    assert_eq!(sent, crate::core::peer::WINDOW / per + 1);
+    assert_eq!(sh.hs[0].b.metrics().peer_throttles, 1);
+    // The peer handles them and confirms: read again, nothing dropped.
+    sh.pump();
+    assert!(!sh.hs[0].b.held(publ.conn));
+    assert_eq!(sh.out(sub).publishes().len() as u64, sent);
+    assert_eq!(sh.hs[1].b.metrics().dropped_total(), 0);
+}
+
+#[test]
 fn a_leaving_shared_member_hands_over_to_a_member_on_another_shard() {
     let mut sh = Shards::new(2);
     let a = sh.client_on(0, "a");

@@ -23,10 +23,16 @@ pub struct RetainedView {
     pub qos: u8,
 }
 
+/// How long a client call waits for the other shards' sessions.
+const GATHER_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// What the API may ask of the broker.
 pub struct Admin {
     shared: Rc<Shared>,
     reloader: Option<Rc<Reloader>>,
+    /// With several shards: the other shards' sessions, as gathered for
+    /// the request being answered (see [`Admin::gather`]).
+    others: std::cell::RefCell<Vec<ClientView>>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -38,17 +44,78 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// An interface over `shared`; `reloader` is what `POST reload` uses.
     pub fn new(shared: Rc<Shared>, reloader: Option<Rc<Reloader>>) -> Admin {
-        Admin { shared, reloader }
+        Admin {
+            shared,
+            reloader,
+            others: Default::default(),
+        }
     }
 
-    /// The sessions `q` matches: how many, and its page by client id.
+    /// With several shards: ask every other shard for its sessions (with
+    /// their subscriptions), for the client calls of this request. One
+    /// answer per shard, each bounded by its sessions; a shard that does
+    /// not answer in time is left out.
+    pub async fn gather(&self) {
+        let Some(mesh) = self.shared.mesh.as_ref() else {
+            return;
+        };
+        let n = mesh.count().saturating_sub(1);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<ClientView>>(n.max(1));
+        mesh.run_on_others(move |s: &Rc<Shared>| {
+            let all = ClientQuery {
+                limit: usize::MAX,
+                subscriptions: true,
+                ..ClientQuery::default()
+            };
+            let _ = tx.try_send(s.broker.borrow().admin_clients(&all).1);
+        });
+        let mut views = Vec::new();
+        let _ = tokio::time::timeout(GATHER_WAIT, async {
+            for _ in 0..n {
+                match rx.recv().await {
+                    Some(v) => views.extend(v),
+                    None => return,
+                }
+            }
+        })
+        .await;
+        *self.others.borrow_mut() = views;
+    }
+
+    /// The sessions `q` matches: how many, and its page by client id
+    /// (every shard's, after [`Admin::gather`]).
     pub fn clients(&self, q: &ClientQuery) -> (usize, Vec<ClientView>) {
-        self.shared.broker.borrow().admin_clients(q)
+        let others = self.others.borrow();
+        if others.is_empty() {
+            return self.shared.broker.borrow().admin_clients(q);
+        }
+        // This shard's first `offset + limit`, merged with the others'.
+        let mine = ClientQuery {
+            offset: 0,
+            limit: q.offset.saturating_add(q.limit),
+            ..q.clone()
+        };
+        let (mut total, mut views) = self.shared.broker.borrow().admin_clients(&mine);
+        for v in others.iter().filter(|v| q.keeps_view(v)) {
+            total += 1;
+            let mut v = v.clone();
+            if !q.subscriptions {
+                v.subscriptions = Vec::new();
+            }
+            views.push(v);
+        }
+        views.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
+        let page = views.into_iter().skip(q.offset).take(q.limit).collect();
+        (total, page)
     }
 
     /// One session with its subscriptions.
     pub fn client(&self, client_id: &str) -> Option<ClientView> {
-        self.shared.broker.borrow().admin_client(client_id)
+        let here = self.shared.broker.borrow().admin_client(client_id);
+        here.or_else(|| {
+            let others = self.others.borrow();
+            others.iter().find(|v| v.client_id == client_id).cloned()
+        })
     }
 
     /// Disconnect a client (0x98), optionally ending its session; false
@@ -60,7 +127,28 @@ impl Admin {
                 .borrow_mut()
                 .admin_disconnect(Instant::now(), client_id, discard);
         self.shared.dispatch();
-        found
+        if found {
+            return true;
+        }
+        let elsewhere = self
+            .others
+            .borrow()
+            .iter()
+            .any(|v| v.client_id == client_id);
+        if let (true, Some(mesh)) = (elsewhere, self.shared.mesh.as_ref()) {
+            // Its shard disconnects it; the others find no such session.
+            let id = client_id.to_string();
+            mesh.run_on_others(move |s: &Rc<Shared>| {
+                let done = s
+                    .broker
+                    .borrow_mut()
+                    .admin_disconnect(Instant::now(), &id, discard);
+                if done {
+                    s.dispatch();
+                }
+            });
+        }
+        elsewhere
     }
 
     /// Retained messages matching `filter`, by topic, at most `limit`.
