@@ -27,6 +27,7 @@ mod observe;
 mod outbox;
 mod peer;
 mod publish;
+mod quota;
 mod router;
 mod scram_auth;
 mod session;

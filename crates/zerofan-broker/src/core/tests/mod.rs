@@ -9,6 +9,7 @@ mod delivery;
 mod durable;
 mod http_auth;
 mod qos;
+mod quota;
 mod retained;
 mod scram;
 mod security;
