@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod auth;
 mod broker;
+mod children;
 mod connect;
 mod connection;
 mod deliver;
@@ -32,6 +33,7 @@ mod router;
 mod scram_auth;
 mod session;
 pub mod store;
+mod submap;
 mod subscribe;
 mod sys;
 pub use sys::sys_figures;
