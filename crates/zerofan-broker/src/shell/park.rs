@@ -131,8 +131,8 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
         .conns
         .borrow_mut()
         .get_mut(&id)
-        .and_then(|h| Some((h.parked.take()?, h.listener)));
-    let Some((stream, listener)) = parked else {
+        .and_then(|h| Some((h.parked.take()?, h.listener, h.quiet)));
+    let Some((stream, listener, fresh)) = parked else {
         return;
     };
     let lot = &shared.lot;
@@ -158,7 +158,8 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
     }
     match tokio::net::TcpStream::from_std(stream) {
         Ok(stream) => {
-            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, listener, input));
+            let task = conn::resume(shared.clone(), id, stream, listener, input, fresh);
+            tokio::task::spawn_local(task);
         }
         Err(e) => {
             // Out of memory for a registration, say: the socket is closed,
