@@ -22,7 +22,8 @@ receive_maximum, max_inflight, max_queued_messages, max_queued_bytes \
 (offline sessions), max_online_queued_bytes, slow_consumer_timeout_ms, queue_full \
 (drop_oldest | drop_new | disconnect), max_session_expiry, sys_interval, topic_alias_maximum, \
 retain_available, connect_timeout, max_topic_levels, pool_max_retained_bytes, busy_poll_us, \
-park_after_ms, threads, http (alias metrics), http_tls, http_tokens_file, http_allow_anonymous, \
+park_after_ms, max_subscriptions_per_session, max_retained_messages, max_retained_bytes, \
+listen_backlog, threads, http (alias metrics), http_tls, http_tokens_file, http_allow_anonymous, \
 [[webhook]] tables (url, events, topics, include_payload, headers, timeout_ms, queue_size, \
 queue_full, batch_size), log_format, log_dest (stderr | stdout | syslog | none | \"file PATH\"), pid_file, data_dir, memory, fsync (always | interval[:MS] | never), password_file, acl_file, \
 allow_anonymous, max_connections, max_topic_length, max_publish_rate, max_publish_bytes_rate, \

@@ -162,6 +162,23 @@ pub struct Config {
     /// byte, or anything the broker has for it, wakes it. 0 never parks.
     /// Read at start, not on reload.
     pub park_after_ms: u64,
+    /// Subscriptions one session may hold; a SUBSCRIBE for a new filter
+    /// beyond it is refused for that filter (SUBACK 0x97 Quota exceeded,
+    /// 3.1.1: 0x80). 0: no limit.
+    pub max_subscriptions_per_session: usize,
+    /// Retained messages the broker keeps; a retained PUBLISH for a topic
+    /// that has none is not kept beyond it (still delivered; MQTT 5 QoS 1/2:
+    /// PUBACK / PUBREC 0x97). 0: no limit.
+    pub max_retained_messages: usize,
+    /// Bytes (topic and payload) of all retained messages; a retained
+    /// PUBLISH that would go over it is not kept (the topic's earlier
+    /// message stays), delivered, and answered as for
+    /// `max_retained_messages`. 0: no limit.
+    pub max_retained_bytes: usize,
+    /// Connections the kernel queues per listener before the broker
+    /// accepts them (the `listen()` backlog; the kernel caps it at
+    /// `net.core.somaxconn`). Read at start.
+    pub listen_backlog: u32,
     /// Shards: threads, each with its own event loop and its own instance
     /// of the core; a client's session lives on the shard its client id
     /// hashes to, and publishes cross between shards as shared buffers.
@@ -244,6 +261,10 @@ impl Default for Config {
             pool_max_retained_bytes: 4 * 1024 * 1024,
             busy_poll_us: 50,
             park_after_ms: 1000,
+            max_subscriptions_per_session: 10_000,
+            max_retained_messages: 10_000_000,
+            max_retained_bytes: 2 << 30,
+            listen_backlog: 1024,
             threads: 1,
             http: None,
             http_tls: None,
@@ -358,6 +379,10 @@ reload_classes! {
     pool_max_retained_bytes: RestartOnly,
     busy_poll_us: RestartOnly,
     park_after_ms: RestartOnly,
+    max_subscriptions_per_session: Live,
+    max_retained_messages: Live,
+    max_retained_bytes: Live,
+    listen_backlog: RestartOnly,
     threads: RestartOnly,
     http: RestartOnly,
     http_tls: RestartOnly,

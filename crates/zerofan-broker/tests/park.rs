@@ -120,3 +120,33 @@ fn shutdown_tells_parked_clients() {
         );
     }
 }
+
+#[test]
+fn a_device_parks_again_right_after_its_first_exchange() {
+    // The sweep would take a minute: only the quick parks can happen here.
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        park_after_ms: 60_000,
+        ..Config::default()
+    };
+    let b = embed::spawn(config).unwrap();
+    let addr = b.local_addrs()[0];
+    // CONNECT, CONNACK: parked at once (its SUBSCRIBE is not sent yet).
+    let mut dev = Client::connect(addr, "device");
+    stats_until(&b, "parked after CONNACK", |s| s.connections_parked == 1);
+    // Its SUBSCRIBE wakes it; once answered and quiet it parks again,
+    // rather than hold a task for `park_after_ms` (in a storm, a whole
+    // second's worth of connections in tasks).
+    dev.subscribe("dev/cmd");
+    stats_until(&b, "parked after SUBACK", |s| {
+        s.connections_parked == 1 && s.snapshot.shell.connection_parks == 2
+    });
+    // Not a third time: a client that keeps talking keeps its task until
+    // it is quiet for `park_after_ms`.
+    dev.send(&Packet::PingReq);
+    assert!(matches!(dev.recv(), Some(Packet::PingResp)));
+    stats_until(&b, "running", |s| s.connections_parked == 0);
+    drop(guard);
+}

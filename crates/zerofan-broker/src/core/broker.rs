@@ -64,6 +64,9 @@ pub struct Broker {
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
     pub(crate) ack_fence: Option<u64>,
+    /// The last retained message routed was over the retained quota: its
+    /// publisher (MQTT 5) is answered 0x97.
+    pub(crate) retain_refused: bool,
     /// The other shards' figures, for totals (see `Broker::set_other_shards`).
     pub(crate) others: Option<Box<super::observe::ShardFigures>>,
     /// Events for webhooks, recorded only when asked for (see `events`).
@@ -119,6 +122,7 @@ impl Broker {
             takeovers: HashMap::default(),
             draining: HashMap::default(),
             ack_fence: None,
+            retain_refused: false,
             others: None,
             events: Default::default(),
             claims: Default::default(),
@@ -323,6 +327,19 @@ impl Broker {
     /// matching session here and every peer with subscribers. Returns how
     /// many sessions and peers got it.
     pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
+        // Over the retained quota: delivered, not kept (see `quota`).
+        if msg.retain
+            && self.config.retain_available
+            && !super::quota::retained_admitted(
+                &self.config,
+                &*self.store,
+                &msg,
+                &mut self.metrics.security,
+            )
+        {
+            self.retain_refused = true;
+            return self.deliver(now, msg, Scope::Everywhere);
+        }
         if msg.retain && self.config.retain_available {
             if self.peers.any() {
                 let seq = self.peers.stamp();

@@ -9,6 +9,8 @@
 //! | `max_topic_length` | PUBLISH / SUBSCRIBE | DISCONNECT 0x90 / SUBACK 0x8F (3.1.1: close / 0x80) |
 //! | `max_packet_size` | framing | DISCONNECT 0x95 (3.1.1: close) |
 //! | `max_topic_levels` | PUBLISH / SUBSCRIBE | DISCONNECT 0x90 / SUBACK 0x8F |
+//! | `max_subscriptions_per_session` | SUBSCRIBE (a new filter) | SUBACK 0x97 Quota exceeded (3.1.1: 0x80) |
+//! | `max_retained_messages`, `max_retained_bytes` | retained PUBLISH | not kept, still delivered; PUBACK/PUBREC 0x97 (MQTT 5) |
 //!
 //! A refused connection is answered when its CONNECT arrives (so it learns
 //! the reason), then closed; until then it holds no session.
@@ -151,6 +153,24 @@ counters! {
         pub refused_topic_too_long: u64 = CounterDef::NEW
             .sys("limits/refused/topic_length")
             .prom_as(LIMIT_REFUSED, "limit", "max_topic_length")
+            .refused(),
+        /// Subscriptions refused for `max_subscriptions_per_session` (SUBACK
+        /// 0x97 / 0x80).
+        pub refused_subscriptions: u64 = CounterDef::NEW
+            .sys("limits/refused/subscriptions")
+            .prom_as(LIMIT_REFUSED, "limit", "max_subscriptions_per_session")
+            .refused(),
+        /// Retained messages not kept for `max_retained_messages` (delivered
+        /// all the same).
+        pub refused_retained_messages: u64 = CounterDef::NEW
+            .sys("limits/refused/retained_messages")
+            .prom_as(LIMIT_REFUSED, "limit", "max_retained_messages")
+            .refused(),
+        /// Retained messages not kept for `max_retained_bytes` (delivered
+        /// all the same).
+        pub refused_retained_bytes: u64 = CounterDef::NEW
+            .sys("limits/refused/retained_bytes")
+            .prom_as(LIMIT_REFUSED, "limit", "max_retained_bytes")
             .refused(),
         /// TLS handshakes that failed (plaintext on a TLS port, bad or missing
         /// client certificate, ...).

@@ -124,11 +124,14 @@ impl Broker {
             let id = self.sessions.get(&sid).map(|s| &s.client_id);
             self.events.published(id, &msg);
         }
+        self.retain_refused = false;
         let matched = self.route(now, msg);
         // A retained message that went to the peers: acknowledged once every
         // shard has it (see `PeerEvent::Seen`).
         let fence = self.ack_fence.take();
-        let reason = if matched == 0 && v5 {
+        let reason = if std::mem::take(&mut self.retain_refused) && v5 {
+            ReasonCode::QUOTA_EXCEEDED
+        } else if matched == 0 && v5 {
             ReasonCode::NO_MATCHING_SUBSCRIBERS
         } else {
             ReasonCode::SUCCESS

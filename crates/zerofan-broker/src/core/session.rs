@@ -149,8 +149,9 @@ pub struct Session {
 /// the time) pays one pointer for all of it.
 #[derive(Debug, Default)]
 pub struct Flight {
-    /// Subscriptions by full filter (including `$share/...`).
-    pub subscriptions: HashMap<Box<str>, SubRecord>,
+    /// Subscriptions by full filter (including `$share/...`); one without
+    /// a table of its own (see `submap.rs`).
+    pub subscriptions: super::submap::SubMap<SubRecord>,
     /// QoS 1/2 deliveries in flight by packet id.
     pub inflight: HashMap<u16, Inflight>,
     /// In-flight PUBLISHes to resend (DUP) after a resume, oldest first,

@@ -18,6 +18,12 @@ pub trait RetainedStore {
     fn matching(&self, filter: &str, out: &mut Vec<Rc<Message>>);
     /// How many retained messages there are.
     fn len(&self) -> usize;
+    /// Retained messages and their bytes (as [`retained_bytes`] counts
+    /// them) that count against the quotas: the broker's own `$SYS/` ones
+    /// do not.
+    fn usage(&self) -> (usize, usize);
+    /// [`retained_bytes`] of the retained message of `topic`, if it has one.
+    fn size_of(&self, topic: &str) -> Option<usize>;
     /// True when there are none.
     fn is_empty(&self) -> bool {
         self.len() == 0
@@ -32,6 +38,15 @@ pub trait RetainedStore {
 pub struct MemoryStore {
     root: Level,
     count: usize,
+    /// Of clients' messages only (see `usage`), with `counted`.
+    bytes: usize,
+    counted: usize,
+}
+
+/// What a retained message counts for against `max_retained_bytes`: its
+/// topic and payload.
+pub fn retained_bytes(msg: &Message) -> usize {
+    msg.topic.len() + msg.payload.len()
 }
 
 /// One topic level: its retained message, if any, and the levels below.
@@ -76,13 +91,11 @@ impl Level {
     }
 
     /// Take the message at `levels` below; prune levels left empty.
-    fn clear(&mut self, levels: &mut std::str::Split<'_, char>) -> bool {
+    fn clear(&mut self, levels: &mut std::str::Split<'_, char>) -> Option<Rc<Message>> {
         let Some(name) = levels.next() else {
-            return self.msg.take().is_some();
+            return self.msg.take();
         };
-        let Some(child) = self.children.get_mut(name) else {
-            return false;
-        };
+        let child = self.children.get_mut(name)?;
         let removed = child.clear(levels);
         if child.msg.is_none() && child.children.is_empty() {
             self.children.remove(name);
@@ -104,14 +117,27 @@ impl RetainedStore for MemoryStore {
                 None => return,
             }
         }
-        if node.msg.replace(msg).is_none() {
-            self.count += 1;
+        let counts = !msg.topic.starts_with("$SYS/");
+        if counts {
+            self.bytes += retained_bytes(&msg);
+        }
+        match node.msg.replace(msg) {
+            Some(old) if counts => self.bytes -= retained_bytes(&old),
+            Some(_) => {}
+            None => {
+                self.count += 1;
+                self.counted += usize::from(counts);
+            }
         }
     }
 
     fn clear(&mut self, topic: &str) {
-        if self.root.clear(&mut topic.split('/')) {
+        if let Some(old) = self.root.clear(&mut topic.split('/')) {
             self.count -= 1;
+            if !topic.starts_with("$SYS/") {
+                self.counted -= 1;
+                self.bytes -= retained_bytes(&old);
+            }
         }
     }
 
@@ -122,6 +148,18 @@ impl RetainedStore for MemoryStore {
 
     fn len(&self) -> usize {
         self.count
+    }
+
+    fn usage(&self) -> (usize, usize) {
+        (self.counted, self.bytes)
+    }
+
+    fn size_of(&self, topic: &str) -> Option<usize> {
+        let mut node = &self.root;
+        for name in topic.split('/') {
+            node = node.children.get(name)?;
+        }
+        node.msg.as_deref().map(retained_bytes)
     }
 }
 

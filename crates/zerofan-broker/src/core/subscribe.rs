@@ -43,6 +43,21 @@ impl Broker {
                 reasons.push(code);
                 continue;
             }
+            let (held, is_new) = self.sessions.get(&sid).map_or((0, true), |s| {
+                let subs = &s.flight().subscriptions;
+                (subs.len(), !subs.contains_key(filter.as_str()))
+            });
+            let q = super::quota::subscription_refused(
+                &self.config,
+                held,
+                is_new,
+                v5,
+                &mut self.metrics.security,
+            );
+            if let Some(code) = q {
+                reasons.push(code);
+                continue;
+            }
             let shared = zerofan_codec::topic::split_shared(filter);
             if shared.is_some() && options.no_local {
                 // MQTT-3.8.3-4.

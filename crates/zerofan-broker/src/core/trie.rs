@@ -3,7 +3,7 @@
 //! so routing a level costs one hash lookup, not three; levels are handled
 //! as bytes (`/` is ASCII), which spares a UTF-8 char search per level.
 
-use super::hash::HashMap;
+use super::children::Children;
 use super::ids::SessionId;
 use std::sync::Arc;
 use zerofan_codec::SubscriptionOptions;
@@ -85,8 +85,9 @@ struct Node {
     /// buckets hold its spare slots too (a one-child map has four, a big
     /// one up to twice its entries), and an inline 96-byte node made those
     /// cost 112 bytes each (a million device filters: ~750 bytes per
-    /// subscription in the trie, ~330 boxed).
-    children: HashMap<Box<[u8]>, Box<Node>>,
+    /// subscription in the trie, ~330 boxed). A single child is kept
+    /// without a map (see `children.rs`).
+    children: Children<Node>,
     /// The `+` child.
     plus: Option<Box<Node>>,
     /// The `#` child.
@@ -110,7 +111,7 @@ impl Node {
         match level {
             b"+" => self.plus.as_deref(),
             b"#" => self.hash.as_deref(),
-            _ => self.children.get(level).map(|b| &**b),
+            _ => self.children.get(level),
         }
     }
 
@@ -119,7 +120,7 @@ impl Node {
         match level {
             b"+" => self.plus.as_deref_mut(),
             b"#" => self.hash.as_deref_mut(),
-            _ => self.children.get_mut(level).map(|n| &mut **n),
+            _ => self.children.get_mut(level),
         }
     }
 
@@ -128,7 +129,7 @@ impl Node {
         match level {
             b"+" => self.plus.get_or_insert_with(Default::default),
             b"#" => self.hash.get_or_insert_with(Default::default),
-            _ => self.children.entry(level.into()).or_default(),
+            _ => self.children.get_or_insert(level),
         }
     }
 
@@ -279,7 +280,7 @@ fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<B
     for g in &node.shared {
         out.push((filter(), Some(g.name.clone())));
     }
-    let named = node.children.iter().map(|(k, v)| (k.to_vec(), &**v));
+    let named = node.children.iter().map(|(k, v)| (k.to_vec(), v));
     let wild = [
         (b"+".to_vec(), node.plus.as_deref()),
         (b"#".to_vec(), node.hash.as_deref()),

@@ -37,6 +37,13 @@ use tokio::time::Sleep;
 const READS_PER_POLL: u32 = 16;
 /// Batches written per poll before the task lets the others run.
 const BATCHES_PER_POLL: u32 = 16;
+/// A new plain-TCP connection parks as soon as it is quiet after its
+/// CONNACK and again after the exchange that follows (a device's
+/// SUBSCRIBE), not `park_after_ms` later: in a storm a second's worth of
+/// connections would otherwise hold tasks, whose memory the allocator
+/// keeps. Later wakes wait for the sweep, so a client that keeps talking
+/// is not parked and resumed for every packet.
+const QUICK_PARKS: u8 = 2;
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +89,7 @@ pub(super) fn connection(
         unflushed: false,
         phase: Phase::Open,
         grace: None,
-        fresh: tcp,
+        fresh: if tcp { QUICK_PARKS } else { 0 },
         park: false,
     }
 }
@@ -95,6 +102,7 @@ pub(super) fn resume(
     stream: tokio::net::TcpStream,
     listener: u16,
     input: ReadState,
+    fresh: u8,
 ) -> Conn {
     Conn {
         counted: ListenerGuard::resume(&shared, listener),
@@ -105,7 +113,7 @@ pub(super) fn resume(
         unflushed: false,
         phase: Phase::Open,
         grace: None,
-        fresh: false,
+        fresh,
         park: false,
     }
 }
@@ -170,9 +178,9 @@ pub(super) struct Conn {
     /// Started when closing begins: a peer that does not read cannot hold
     /// the connection open for longer.
     grace: Option<Pin<Box<Sleep>>>,
-    /// Not quiet yet since it was accepted: parks as soon as it is, once
-    /// connected (one park per connection that connects and goes quiet).
-    fresh: bool,
+    /// Quick parks left: as soon as it is quiet, once connected, it parks
+    /// without waiting for the sweep (see `QUICK_PARKS`).
+    fresh: u8,
     /// The parking sweep found it quiet: park if this poll finds no traffic.
     park: bool,
 }
@@ -284,8 +292,8 @@ impl Conn {
             let Poll::Ready(read) = read else {
                 let quiet = reads == 0 && !wrote;
                 let asked = std::mem::take(&mut self.park);
-                if drained && (self.fresh || (asked && quiet)) && self.may_park(shared) {
-                    self.fresh = false;
+                if drained && (self.fresh > 0 || (asked && quiet)) && self.may_park(shared) {
+                    self.fresh = self.fresh.saturating_sub(1);
                     return self.park(shared);
                 }
                 return Poll::Pending;
@@ -417,7 +425,9 @@ impl Conn {
                 h.parked = Some(stream);
                 h.listener = self.counted.park();
                 h.waker = None;
-                h.quiet = 0;
+                // The sweep skips parked handles: `quiet` carries the quick
+                // parks left to the resumed task.
+                h.quiet = self.fresh;
                 h.park = false;
                 drop(conns);
                 shared.lot.parked_one();

@@ -43,6 +43,21 @@ pub enum Transport {
     Parked,
 }
 
+/// Listen on `addr` with a queue of `backlog` connections not accepted yet
+/// (`listen_backlog`): a storm of connections beyond it has its SYNs
+/// dropped and retried by the clients' kernels, seconds later.
+pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted broker rebinds at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog.max(1))
+}
+
 /// Which setup step failed.
 enum Failure {
     Proxy(proxy::ProxyError),
@@ -192,5 +207,27 @@ async fn handshake(
                 Ok((Transport::Boxed(Box::new(tls)), peer, identity))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn the_listen_backlog_is_the_one_configured() {
+        // Linux queues backlog + 1 connections that are not accepted; the
+        // SYN of the next is dropped, so it cannot complete its handshake.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let l = super::bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = l.local_addr().unwrap();
+        let connect = || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300));
+        let queued: Vec<_> = (0..3).map(|_| connect().unwrap()).collect();
+        assert!(connect().is_err(), "a fourth connection was queued");
+        drop(queued);
     }
 }

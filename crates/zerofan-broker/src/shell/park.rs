@@ -131,8 +131,8 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
         .conns
         .borrow_mut()
         .get_mut(&id)
-        .and_then(|h| Some((h.parked.take()?, h.listener)));
-    let Some((stream, listener)) = parked else {
+        .and_then(|h| Some((h.parked.take()?, h.listener, h.quiet)));
+    let Some((stream, listener, fresh)) = parked else {
         return;
     };
     let lot = &shared.lot;
@@ -158,7 +158,8 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
     }
     match tokio::net::TcpStream::from_std(stream) {
         Ok(stream) => {
-            tokio::task::spawn_local(conn::resume(shared.clone(), id, stream, listener, input));
+            let task = conn::resume(shared.clone(), id, stream, listener, input, fresh);
+            tokio::task::spawn_local(task);
         }
         Err(e) => {
             // Out of memory for a registration, say: the socket is closed,
@@ -189,6 +190,12 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
     // With whether the socket turned readable (else the core woke it).
     let mut ids: Vec<(ConnId, bool)> = Vec::new();
     std::future::poll_fn(|cx| loop {
+        // Only a `Pending` from the poller's readiness leaves our waker with
+        // the runtime: after a poll that found nothing (the rest of a full
+        // batch taken already, events of sockets since resumed), the loop
+        // asks again rather than wait, or it would never hear of the poller
+        // again until the core happened to want a parked connection.
+        let mut listening = false;
         match fd.poll_read_ready_mut(cx) {
             Poll::Ready(Ok(mut guard)) => {
                 events.clear();
@@ -207,7 +214,7 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
                 give_up(&shared);
                 return Poll::Ready(());
             }
-            Poll::Pending => {}
+            Poll::Pending => listening = true,
         }
         ids.extend(
             shared
@@ -218,6 +225,9 @@ pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
                 .map(|id| (id, false)),
         );
         if ids.is_empty() {
+            if !listening {
+                continue;
+            }
             shared.lot.waker.set(Some(cx.waker().clone()));
             return Poll::Pending;
         }
@@ -268,5 +278,86 @@ pub fn sweep(shared: &Shared, now: Instant, every: Duration) {
                 w.wake_by_ref();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::core::Broker;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    /// A connection parked under `id`: the broker's end of a loopback pair
+    /// in the lot, and the client's end.
+    fn park_one(shared: &Shared, l: &TcpListener, id: u64) -> TcpStream {
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (ours, _) = l.accept().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        shared.lot.register(ConnId(id), &ours).unwrap();
+        let handle = ConnHandle {
+            parked: Some(ours),
+            ..ConnHandle::default()
+        };
+        shared.conns.borrow_mut().insert(ConnId(id), handle);
+        shared.lot.parked_one();
+        client
+    }
+
+    fn is_parked(shared: &Shared, id: u64) -> bool {
+        shared
+            .conns
+            .borrow()
+            .get(&ConnId(id))
+            .is_some_and(|h| h.parked.is_some())
+    }
+
+    /// Let the runtime run (the lot, the tasks it starts) until `done`, for
+    /// at most 5 s.
+    async fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let end = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[test]
+    fn the_lot_still_hears_its_sockets_after_a_poll_that_finds_nothing() {
+        // A storm's shape: a whole batch of parked sockets turns readable at
+        // once, so the lot takes `EVENTS` of them and polls again, finding
+        // none. That empty poll must leave the lot listening for the next
+        // socket, not deaf until the core happens to wake a parked
+        // connection (clients stuck after CONNACK, sockets in CLOSE_WAIT).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async {
+            let broker = Broker::new(Config::default(), Instant::now());
+            let (shared, poll) = Shared::new(broker);
+            let shared = Rc::new(shared);
+            let poll = poll.expect("parking is on by default");
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let last = EVENTS as u64;
+            let mut clients: Vec<TcpStream> =
+                (0..=last).map(|id| park_one(&shared, &l, id)).collect();
+            let lot = tokio::task::spawn_local(lot_loop(shared.clone(), poll));
+            tokio::task::yield_now().await;
+            // PINGREQ from exactly one batch of them.
+            for c in &mut clients[..EVENTS] {
+                c.write_all(&[0xC0, 0]).unwrap();
+            }
+            until("the batch to resume", || {
+                (0..last).all(|id| !is_parked(&shared, id))
+            })
+            .await;
+            assert!(is_parked(&shared, last));
+            clients[EVENTS].write_all(&[0xC0, 0]).unwrap();
+            until("the last one to resume", || !is_parked(&shared, last)).await;
+            lot.abort();
+        });
     }
 }

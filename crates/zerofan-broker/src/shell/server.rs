@@ -66,9 +66,10 @@ impl Server {
         let cluster = crate::cluster::start(&config).await?;
         let mut listeners = Vec::new();
         for l in &loaded.listeners {
-            let bound = TcpListener::bind(l.config.bind).await.map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot listen on {}: {e}", l.config.bind))
-            })?;
+            let bound =
+                super::listener::bind(l.config.bind, config.listen_backlog).map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot listen on {}: {e}", l.config.bind))
+                })?;
             listeners.push(bound);
         }
         Ok(Server {

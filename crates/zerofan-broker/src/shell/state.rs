@@ -22,7 +22,8 @@ pub struct ConnHandle {
     /// [`ConnHandle::NEVER_PARKS`] for a TLS or WebSocket connection, which
     /// the parking sweep then skips.
     pub listener: u16,
-    /// Parking sweeps since the task last ran.
+    /// Parking sweeps since the task last ran; while parked, the quick
+    /// parks it has left (see `conn.rs`).
     pub quiet: u8,
     /// The sweep asks the task to park.
     pub park: bool,

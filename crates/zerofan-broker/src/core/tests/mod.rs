@@ -12,6 +12,7 @@ mod durable;
 mod http_auth;
 mod nodes;
 mod qos;
+mod quota;
 mod retained;
 mod scram;
 mod security;

@@ -1,0 +1,118 @@
+//! A session's subscriptions by filter. Most sessions (a device) hold one,
+//! and a hash map with one entry allocates a table of four slots (~150
+//! bytes): one is kept inline instead, a map is made for the second. The
+//! methods are the hash map's that sessions use.
+
+use super::hash::HashMap;
+
+/// Filters to `V`, one of them without a table.
+#[derive(Debug)]
+pub enum SubMap<V> {
+    /// Exactly one.
+    One(Box<str>, V),
+    /// None (an empty map allocates nothing), or two and more.
+    Many(HashMap<Box<str>, V>),
+}
+
+impl<V> Default for SubMap<V> {
+    fn default() -> Self {
+        SubMap::Many(HashMap::default())
+    }
+}
+
+impl<V> SubMap<V> {
+    /// How many filters.
+    pub fn len(&self) -> usize {
+        match self {
+            SubMap::One(..) => 1,
+            SubMap::Many(m) => m.len(),
+        }
+    }
+
+    /// Whether `filter` is one of them.
+    pub fn contains_key(&self, filter: &str) -> bool {
+        match self {
+            SubMap::One(k, _) => **k == *filter,
+            SubMap::Many(m) => m.contains_key(filter),
+        }
+    }
+
+    /// Add or replace `filter`'s value; the one it replaced.
+    pub fn insert(&mut self, filter: Box<str>, value: V) -> Option<V> {
+        match self {
+            SubMap::One(k, v) if *k == filter => return Some(std::mem::replace(v, value)),
+            SubMap::Many(m) if !m.is_empty() => return m.insert(filter, value),
+            _ => {}
+        }
+        *self = match std::mem::take(self) {
+            SubMap::One(k, v) => {
+                let mut m = HashMap::default();
+                m.insert(k, v);
+                m.insert(filter, value);
+                SubMap::Many(m)
+            }
+            SubMap::Many(_) => SubMap::One(filter, value),
+        };
+        None
+    }
+
+    /// Take `filter`'s value out; the last one left is kept inline again.
+    pub fn remove(&mut self, filter: &str) -> Option<V> {
+        match self {
+            SubMap::One(k, _) if **k == *filter => match std::mem::take(self) {
+                SubMap::One(_, v) => Some(v),
+                SubMap::Many(_) => None,
+            },
+            SubMap::One(..) => None,
+            SubMap::Many(m) => {
+                let v = m.remove(filter);
+                if m.len() == 1 {
+                    if let Some((k, v)) = std::mem::take(m).into_iter().next() {
+                        *self = SubMap::One(k, v);
+                    }
+                }
+                v
+            }
+        }
+    }
+
+    /// Every filter with its value.
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&Box<str>, &V)> + '_> {
+        match self {
+            SubMap::One(k, v) => Box::new(std::iter::once((k, v))),
+            SubMap::Many(m) => Box::new(m.iter()),
+        }
+    }
+
+    /// Every filter.
+    pub fn keys(&self) -> impl Iterator<Item = &Box<str>> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SubMap;
+
+    #[test]
+    fn one_inline_then_a_map_then_one_again() {
+        let mut m: SubMap<u8> = SubMap::default();
+        assert!(m.len() == 0 && !m.contains_key("a"));
+        assert_eq!(m.insert("a".into(), 1), None);
+        assert!(matches!(m, SubMap::One(..)));
+        assert_eq!(m.insert("a".into(), 2), Some(1));
+        assert_eq!(m.insert("b".into(), 3), None);
+        assert!(matches!(m, SubMap::Many(_)) && m.len() == 2);
+        assert_eq!(m.insert("b".into(), 4), Some(3));
+        let mut all: Vec<_> = m.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        all.sort();
+        assert_eq!(all, [("a".to_string(), 2), ("b".to_string(), 4)]);
+        assert_eq!(m.remove("x"), None);
+        assert_eq!(m.remove("a"), Some(2));
+        assert!(matches!(m, SubMap::One(..)) && m.contains_key("b"));
+        assert_eq!(m.keys().count(), 1);
+        assert_eq!(m.remove("a"), None);
+        assert_eq!(m.remove("b"), Some(4));
+        assert_eq!(m.len(), 0);
+    }
+}
