@@ -165,16 +165,7 @@ impl PasswordHash {
                 else {
                     return Err("a $7$ hash has the form $7$ITERATIONS$SALT$HASH".into());
                 };
-                let iterations: u32 = iter
-                    .parse()
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| format!("invalid iteration count {}", shown(iter)))?;
-                if iterations > MAX_ITERATIONS {
-                    return Err(format!(
-                        "iteration count {iterations} is above the limit of {MAX_ITERATIONS}"
-                    ));
-                }
+                let iterations = parse_iterations(iter)?;
                 let salt = decode_salt(salt)?;
                 let digest = decode_digest(digest)?;
                 Ok(PasswordHash::Pbkdf2Sha512 {
@@ -312,6 +303,21 @@ fn decode_digest(s: &str) -> Result<[u8; DIGEST_LEN], String> {
         .map_err(|_| format!("hash decodes to {} bytes, expected 64", digest.len()))
 }
 
+/// PBKDF2 rounds: at least 1, at most [`MAX_ITERATIONS`].
+fn parse_iterations(iter: &str) -> Result<u32, String> {
+    let iterations: u32 = iter
+        .parse()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| format!("invalid iteration count {}", shown(iter)))?;
+    if iterations > MAX_ITERATIONS {
+        return Err(format!(
+            "iteration count {iterations} is above the limit of {MAX_ITERATIONS}"
+        ));
+    }
+    Ok(iterations)
+}
+
 /// `ITERATIONS:SALT$STOREDKEY:SERVERKEY`, after `SCRAM-SHA-256$`.
 fn parse_scram_sha256(s: &str) -> Result<PasswordHash, String> {
     const FORM: &str =
@@ -324,16 +330,7 @@ fn parse_scram_sha256(s: &str) -> Result<PasswordHash, String> {
     else {
         return Err(FORM.into());
     };
-    let iterations: u32 = iter
-        .parse()
-        .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| format!("invalid iteration count {}", shown(iter)))?;
-    if iterations > MAX_ITERATIONS {
-        return Err(format!(
-            "iteration count {iterations} is above the limit of {MAX_ITERATIONS}"
-        ));
-    }
+    let iterations = parse_iterations(iter)?;
     let salt = B64
         .decode(salt)
         .map_err(|e| format!("salt is not valid base64 ({e})"))?;

@@ -197,6 +197,21 @@ impl Broker {
         self.end_event();
     }
 
+    /// Stop reading the connection that published `msg` (if it is a
+    /// client here) until the peers let it go again; counted once per hold.
+    fn hold_publisher(&mut self, msg: &Message) {
+        let publisher = msg
+            .origin
+            .and_then(|o| self.sessions.get(&o))
+            .and_then(|s| s.conn);
+        if let Some(pc) = publisher {
+            if !self.peers.holds(pc) {
+                self.peers.hold(pc);
+                self.metrics.peer_throttles += 1;
+            }
+        }
+    }
+
     pub(crate) fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
         for (conn, out) in ready {
             match out {
@@ -420,32 +435,14 @@ impl Broker {
                 }
                 // Sent all the same (an acknowledged message is never
                 // dropped); its publisher waits until the peer drains.
-                let publisher = msg
-                    .origin
-                    .and_then(|o| self.sessions.get(&o))
-                    .and_then(|s| s.conn);
-                if let Some(pc) = publisher {
-                    if !self.peers.holds(pc) {
-                        self.peers.hold(pc);
-                        self.metrics.peer_throttles += 1;
-                    }
-                }
+                self.hold_publisher(&msg);
             }
             count += 1;
             self.metrics.peer_forwarded += 1;
             if self.peers.crossed(f.peer, msg.size() as u64) {
                 // Its window is full: read the publisher again once the
                 // peer confirms (see `peer::WINDOW`).
-                let publisher = msg
-                    .origin
-                    .and_then(|o| self.sessions.get(&o))
-                    .and_then(|s| s.conn);
-                if let Some(pc) = publisher {
-                    if !self.peers.holds(pc) {
-                        self.peers.hold(pc);
-                        self.metrics.peer_throttles += 1;
-                    }
-                }
+                self.hold_publisher(&msg);
             }
             let event = PeerEvent::Publish {
                 msg: msg.for_peer(),

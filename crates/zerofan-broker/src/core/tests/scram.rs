@@ -17,21 +17,62 @@ fn hmac512(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
+fn hmac256(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    m.update(data);
+    m.finalize().into_bytes().to_vec()
+}
+
+/// A SCRAM mechanism, as the client computes it.
+struct Mech {
+    hmac: fn(&[u8], &[u8]) -> Vec<u8>,
+    hash: fn(&[u8]) -> Vec<u8>,
+    salted: fn(&[u8], &[u8], u32) -> Vec<u8>,
+}
+
+const SHA512: Mech = Mech {
+    hmac: hmac512,
+    hash: |d| Sha512::digest(d).to_vec(),
+    salted: |p, s, i| {
+        let mut out = [0u8; 64];
+        pbkdf2::pbkdf2_hmac::<Sha512>(p, s, i, &mut out);
+        out.to_vec()
+    },
+};
+
+const SHA256: Mech = Mech {
+    hmac: hmac256,
+    hash: |d| sha2::Sha256::digest(d).to_vec(),
+    salted: |p, s, i| {
+        let mut out = [0u8; 32];
+        pbkdf2::pbkdf2_hmac::<sha2::Sha256>(p, s, i, &mut out);
+        out.to_vec()
+    },
+};
+
 /// The client-final message and the server signature the client expects.
 fn client_final(password: &[u8], first_bare: &str, server_first: &str) -> (String, String) {
+    client_final_with(&SHA512, password, first_bare, server_first)
+}
+
+fn client_final_with(
+    m: &Mech,
+    password: &[u8],
+    first_bare: &str,
+    server_first: &str,
+) -> (String, String) {
     let mut parts = server_first.split(',');
     let nonce = &parts.next().unwrap()[2..];
     let salt = B64.decode(&parts.next().unwrap()[2..]).unwrap();
     let iterations: u32 = parts.next().unwrap()[2..].parse().unwrap();
-    let mut salted = [0u8; 64];
-    pbkdf2::pbkdf2_hmac::<Sha512>(password, &salt, iterations, &mut salted);
-    let client_key = hmac512(&salted, b"Client Key");
-    let stored = Sha512::digest(&client_key);
+    let salted = (m.salted)(password, &salt, iterations);
+    let client_key = (m.hmac)(&salted, b"Client Key");
+    let stored = (m.hash)(&client_key);
     let without = format!("c=biws,r={nonce}");
     let auth = format!("{first_bare},{server_first},{without}");
-    let sig = hmac512(&stored, auth.as_bytes());
+    let sig = (m.hmac)(&stored, auth.as_bytes());
     let proof: Vec<u8> = client_key.iter().zip(&sig).map(|(a, b)| a ^ b).collect();
-    let server_sig = hmac512(&hmac512(&salted, b"Server Key"), auth.as_bytes());
+    let server_sig = (m.hmac)(&(m.hmac)(&salted, b"Server Key"), auth.as_bytes());
     (
         format!("{without},p={}", B64.encode(proof)),
         format!("v={}", B64.encode(server_sig)),
@@ -209,33 +250,6 @@ fn reauthentication() {
     assert_eq!(h.out(c).disconnect(), Some(ReasonCode::PROTOCOL_ERROR));
 }
 
-fn hmac256(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
-}
-
-/// `client_final` for SCRAM-SHA-256.
-fn client_final256(password: &[u8], first_bare: &str, server_first: &str) -> (String, String) {
-    let mut parts = server_first.split(',');
-    let nonce = &parts.next().unwrap()[2..];
-    let salt = B64.decode(&parts.next().unwrap()[2..]).unwrap();
-    let iterations: u32 = parts.next().unwrap()[2..].parse().unwrap();
-    let mut salted = [0u8; 32];
-    pbkdf2::pbkdf2_hmac::<sha2::Sha256>(password, &salt, iterations, &mut salted);
-    let client_key = hmac256(&salted, b"Client Key");
-    let stored = sha2::Sha256::digest(&client_key);
-    let without = format!("c=biws,r={nonce}");
-    let auth = format!("{first_bare},{server_first},{without}");
-    let sig = hmac256(&stored, auth.as_bytes());
-    let proof: Vec<u8> = client_key.iter().zip(&sig).map(|(a, b)| a ^ b).collect();
-    let server_sig = hmac256(&hmac256(&salted, b"Server Key"), auth.as_bytes());
-    (
-        format!("{without},p={}", B64.encode(proof)),
-        format!("v={}", B64.encode(server_sig)),
-    )
-}
-
 /// alice (`$7$`) and carol (`SCRAM-SHA-256$`) in one password file.
 fn secured_with_sha256() -> H {
     let mut h = H::new();
@@ -286,7 +300,8 @@ fn scram_sha256_against_a_sha256_entry() {
     let mut h = secured_with_sha256();
     let (c, out) = start(&mut h, "SCRAM-SHA-256", "carol");
     let first = first256(&out);
-    let (fin, want_sig) = client_final256(b"looking-glass", "n=carol,r=clientnonce", &first);
+    let (fin, want_sig) =
+        client_final_with(&SHA256, b"looking-glass", "n=carol,r=clientnonce", &first);
     h.send(c, auth_packet("SCRAM-SHA-256", &fin));
     let out = h.out(c);
     let ack = out.connack().unwrap();
@@ -297,7 +312,7 @@ fn scram_sha256_against_a_sha256_entry() {
     // Re-authentication keeps the CONNECT's method.
     h.send(c, auth256(ReasonCode::REAUTHENTICATE, "n,,n=carol,r=again"));
     let first = first256(&h.out(c));
-    let (fin, want) = client_final256(b"looking-glass", "n=carol,r=again", &first);
+    let (fin, want) = client_final_with(&SHA256, b"looking-glass", "n=carol,r=again", &first);
     h.send(c, auth256(ReasonCode::CONTINUE_AUTHENTICATION, &fin));
     match &h.out(c).packets[0] {
         Packet::Auth(a) => {
@@ -325,7 +340,7 @@ fn scram_sha256_against_a_sha256_entry() {
     // alice has only SHA-512 credentials: SCRAM-SHA-256 fails at the proof.
     let (c, out) = start(&mut h, "SCRAM-SHA-256", "alice");
     let first = first256(&out);
-    let (fin, _) = client_final256(b"wonderland", "n=alice,r=clientnonce", &first);
+    let (fin, _) = client_final_with(&SHA256, b"wonderland", "n=alice,r=clientnonce", &first);
     h.send(c, auth_packet("SCRAM-SHA-256", &fin));
     assert_eq!(
         h.out(c).connack().unwrap().reason,
