@@ -314,3 +314,35 @@ def test_without_a_majority_a_client_id_is_refused(nodes, clients):
         assert rc == 0x88, rc
     finally:
         c.close()
+
+
+def test_a_paused_leader_is_replaced_and_does_not_act_on_stale_ownership(nodes, clients):
+    """SIGSTOP the leader: the others elect a new one and go on claiming
+    client ids. When the old leader wakes, it is a follower: a client id
+    it served earlier, taken over meanwhile elsewhere, is not served there
+    any more (its connection gets 0x8E once it hears of the newer claim),
+    and a new claim made through it goes through the new leader."""
+    ns = nodes(3)
+    s = status(ns[0])
+    leader = next(m["node_id"] for m in s["members"] if m["role"] == "leader")
+    old = ns[leader - 1]
+    rest = [n for n in ns if n is not old]
+    on_old = clients(old, client_id="sensor")
+    old.broker.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_status(rest[0], lambda s: any(m["role"] == "leader" and m["node_id"] != leader
+                                           for m in s["members"]), "a new leader", 20)
+        # The majority gives the id to another node while the old leader sleeps.
+        moved = clients(rest[0], client_id="sensor")
+        assert moved.subscribe("p/#", 1) == [1]
+    finally:
+        old.broker.proc.send_signal(signal.SIGCONT)
+    # Awake, the old leader learns of the newer claim: its connection goes.
+    rc, _ = on_old.expect_disconnect(timeout=20)
+    assert rc == 0x8E, rc
+    # Claims through it work again (it forwards to the new leader), and
+    # take the id back from the other node.
+    back = clients(old, client_id="sensor")
+    rc, _ = moved.expect_disconnect(timeout=20)
+    assert rc == 0x8E, rc
+    assert back.subscribe("p/#", 1) == [1]

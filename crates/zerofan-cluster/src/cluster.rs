@@ -104,6 +104,9 @@ const LINK_QUEUE: usize = 64;
 const LOST_QUEUE: usize = 4096;
 /// A follower heard from within this long is healthy.
 const HEALTHY_WITHIN: Duration = Duration::from_secs(2);
+/// How long a request forwarded to the leader (status, claim, release)
+/// waits for its answer.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time a new connection has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Join attempts and the longest pause between two.
@@ -504,7 +507,33 @@ impl Inner {
                     req: req.clone(),
                     forwarded: true,
                 };
-                match admin::call(&node.cluster_addr, self.id, &env).await {
+                // A leader that stopped answering (paused, partitioned) is
+                // replaced within about a second: give up on it quickly so
+                // that a status falls back to this node's view and a claim
+                // can be tried again with the next leader.
+                let quick = matches!(
+                    req,
+                    admin::Request::Status
+                        | admin::Request::Claim { .. }
+                        | admin::Request::Release { .. }
+                );
+                let answer = if quick {
+                    match timeout(
+                        FORWARD_TIMEOUT,
+                        admin::call(&node.cluster_addr, self.id, &env),
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => Err(ClusterError::Unreachable {
+                            addr: node.cluster_addr.clone(),
+                            why: "no answer within 2 s".into(),
+                        }),
+                    }
+                } else {
+                    admin::call(&node.cluster_addr, self.id, &env).await
+                };
+                match answer {
                     Ok(r) => r,
                     Err(e) if matches!(req, admin::Request::Status) => {
                         tracing::debug!(leader, %e, "leader did not answer status");

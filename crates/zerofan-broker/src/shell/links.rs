@@ -462,6 +462,7 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
         let down = tokio::select! {
             r = write_queue(links, peer, &wake, &mut wr) => r,
             r = read_acks(&shared, links, peer, &mut rd, buf) => r,
+            r = watch_acks(&shared, links, node, peer, &mut away) => r,
         };
         away.since = Some(Instant::now());
         if let Err(e) = down {
@@ -479,7 +480,13 @@ struct Away {
 impl Away {
     /// Down for [`AWAY_AFTER`]: the core stops waiting for the node.
     fn check(&mut self, shared: &Shared, node: u64, peer: PeerId) {
-        if !self.marked && self.since.is_some_and(|t| t.elapsed() >= AWAY_AFTER) {
+        if self.since.is_some_and(|t| t.elapsed() >= AWAY_AFTER) {
+            self.mark(shared, node, peer);
+        }
+    }
+
+    fn mark(&mut self, shared: &Shared, node: u64, peer: PeerId) {
+        if !self.marked {
             self.marked = true;
             tracing::info!(node, "node unreachable: not waited for");
             shared.broker.borrow_mut().set_peer_away(peer, true);
@@ -660,6 +667,39 @@ async fn write_queue(
 }
 
 /// Drop the frames the node acknowledges, until the connection fails.
+/// While the link is up: a node that acknowledges none of the frames
+/// written to it for [`AWAY_AFTER`] (a paused or stuck process: its socket
+/// still accepts bytes) is away until it acknowledges again. Never returns
+/// on its own.
+async fn watch_acks(
+    shared: &Shared,
+    links: &Links,
+    node: u64,
+    peer: PeerId,
+    away: &mut Away,
+) -> io::Result<()> {
+    let mut last = None;
+    let mut stuck_since = Instant::now();
+    loop {
+        tokio::time::sleep(AWAY_AFTER / 4).await;
+        let state = links
+            .queues
+            .borrow()
+            .get(&peer)
+            .map(|q| (q.base, q.sent > 0 || !q.frames.is_empty()));
+        let Some((base, waiting)) = state else {
+            continue;
+        };
+        if !waiting || last != Some(base) {
+            last = Some(base);
+            stuck_since = Instant::now();
+            away.back(shared, peer);
+        } else if stuck_since.elapsed() >= AWAY_AFTER {
+            away.mark(shared, node, peer);
+        }
+    }
+}
+
 async fn read_acks(
     shared: &Shared,
     links: &Links,
