@@ -226,6 +226,9 @@ impl Local {
         }
         // QoS 1/2 deliveries of the old connection come again.
         st.deliveries.retain(|d| d.token.is_none());
+        // A SUBSCRIBE the old connection did not see answered: its caller
+        // is told (the filters were resent above if the session is new).
+        st.subacks.clear();
         st.link = Some(link);
         drop(st);
         self.changed.notify_waiters();

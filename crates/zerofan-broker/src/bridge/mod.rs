@@ -13,7 +13,7 @@
 
 mod config;
 pub mod link;
-mod local;
+pub(crate) mod local;
 mod run;
 mod stats;
 mod tls;

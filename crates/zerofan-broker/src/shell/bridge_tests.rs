@@ -6,6 +6,7 @@
 //! runs over a spy that records the memory each write and read used.
 
 use super::state::Shared;
+use crate::bridge::link::LinkWaits;
 use crate::bridge::{BridgeConfig, BridgeTopic, Direction, LinkEnd, Prepared};
 use crate::config::Config;
 use crate::core::{Broker, Outgoing};
@@ -135,9 +136,14 @@ const SHORT: Duration = Duration::from_millis(50);
 const LONG: Duration = Duration::from_secs(10);
 
 /// A plain MQTT 5 session on this broker over a packet link of its own:
-/// CONNECT, then SUBSCRIBE to `filter` if given.
-async fn local_client(shared: &Rc<Shared>, id: &str, filter: Option<&str>) -> LinkEnd {
-    let link = super::local_conn::open(shared, 0, &Default::default());
+/// CONNECT, then SUBSCRIBE to `filter` at `qos` if given.
+async fn local_client(
+    shared: &Rc<Shared>,
+    id: &str,
+    filter: Option<(&str, zerofan_codec::QoS)>,
+    waits: &LinkWaits,
+) -> LinkEnd {
+    let link = super::local_conn::open(shared, 0, waits);
     let connect = Connect {
         protocol: Protocol::V5,
         clean_start: true,
@@ -157,14 +163,14 @@ async fn local_client(shared: &Rc<Shared>, id: &str, filter: Option<&str>) -> Li
         matches!(&connack, Some(Outgoing::Packet(p)) if matches!(**p, Packet::ConnAck(_))),
         "{connack:?}"
     );
-    if let Some(f) = filter {
+    if let Some((f, qos)) = filter {
         let sub = Subscribe {
             packet_id: 1,
             properties: Default::default(),
             filters: vec![(
                 s(f),
                 SubscriptionOptions {
-                    qos: zerofan_codec::QoS::AtMostOnce,
+                    qos,
                     ..Default::default()
                 },
             )],
@@ -226,8 +232,15 @@ fn payloads_cross_the_bridge_without_copies_either_way() {
         let (far_sub, mut far_rx) = Client::connect(opts("far-sub")).await.unwrap();
         far_sub.subscribe("out/#", QoS::AtLeastOnce).await.unwrap();
         let (far_pub, _far_pub_rx) = Client::connect(opts("far-pub")).await.unwrap();
-        let near_sub = local_client(&shared, "near-sub", Some("in/#")).await;
-        let near_pub = local_client(&shared, "near-pub", None).await;
+        let none = LinkWaits::default();
+        let near_sub = local_client(
+            &shared,
+            "near-sub",
+            Some(("in/#", zerofan_codec::QoS::AtMostOnce)),
+            &none,
+        )
+        .await;
+        let near_pub = local_client(&shared, "near-pub", None, &none).await;
         // The bridge's subscriptions on both sides are in place once a
         // probe crosses each way: one probe per short wait, 200 at most.
         let mut crossed = false;
@@ -322,4 +335,209 @@ fn payloads_cross_the_bridge_without_copies_either_way() {
         bridge.abort();
     });
     remote.shutdown().unwrap();
+}
+
+#[test]
+fn a_full_link_holds_qos1_back_and_loses_none() {
+    const N: usize = 3000;
+    const SIZE: usize = 1024;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let config = Config {
+            sys_interval: 0,
+            // The link's bounds, not the window, hold deliveries back.
+            max_inflight: u16::MAX,
+            ..Config::default()
+        };
+        let (shared, _poll) = Shared::new(Broker::new(config, Instant::now()));
+        let shared = Rc::new(shared);
+        let waits = LinkWaits::default();
+        let sub = local_client(
+            &shared,
+            "slow",
+            Some(("bp/#", zerofan_codec::QoS::AtLeastOnce)),
+            &waits,
+        )
+        .await;
+        // The publisher: the bridge's own session type, which waits for
+        // its window and for room in its link.
+        let s = shared.clone();
+        let opener: crate::bridge::Opener =
+            Rc::new(move || super::local_conn::open(&s, 0, &Default::default()));
+        let publisher = crate::bridge::local::Local::new(
+            opener,
+            crate::bridge::local::LocalOptions {
+                client_id: "fast".into(),
+                clean_start: true,
+                session_expiry: 0,
+                max_inflight: 100,
+            },
+        );
+        publisher.connect().await.unwrap();
+        let p = publisher.clone();
+        let driver = tokio::task::spawn_local(async move {
+            p.drive(&crate::bridge::local::local_backoff()).await
+        });
+        let p = publisher.clone();
+        let sending = tokio::task::spawn_local(async move {
+            let mut answers = Vec::new();
+            for i in 0..N {
+                let mut payload = vec![0u8; SIZE];
+                payload[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                let a = p
+                    .publish(
+                        "bp/x",
+                        zerofan_codec::QoS::AtLeastOnce,
+                        false,
+                        Default::default(),
+                        Bytes::from(payload),
+                    )
+                    .await
+                    .unwrap();
+                answers.push(a.expect("QoS 1 has an answer"));
+            }
+            let mut ok = 0;
+            for a in answers {
+                if a.await.is_ok_and(|r| !r.is_error()) {
+                    ok += 1;
+                }
+            }
+            ok
+        });
+        // Nobody reads the subscriber: its link fills up to its bounds and
+        // the broker waits (bounded: the other tasks run at each yield).
+        for _ in 0..100_000 {
+            if waits.from_broker.get() > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(waits.from_broker.get() > 0, "the link never filled");
+        // Bounded by its bytes here (1 KiB messages): 1 MiB of topic and
+        // payload, under the 1,024 packets.
+        let held = sub.from_broker.len();
+        let weight = SIZE + "bp/x".len();
+        assert!(
+            held * weight <= crate::bridge::link::LINK_BYTES && held > 0,
+            "{held} items in the link"
+        );
+        // Now read: every message arrives, in order, none dropped.
+        for i in 0..N {
+            let d = loop {
+                match next_item(&sub, LONG).await.expect("a delivery") {
+                    Outgoing::Publish(d) => break d,
+                    _ => continue,
+                }
+            };
+            let n = u64::from_be_bytes(d.message.payload[..8].try_into().unwrap());
+            assert_eq!(n, i as u64);
+            let ack = zerofan_codec::Ack {
+                packet_id: d.packet_id,
+                ..Default::default()
+            };
+            sub.to_broker.push_control(Packet::PubAck(ack)).unwrap();
+        }
+        assert_eq!(sending.await.unwrap(), N);
+        assert_eq!(shared.broker.borrow().metrics().dropped_total(), 0);
+        driver.abort();
+    });
+}
+
+#[test]
+fn the_session_resumes_after_the_broker_drops_its_link() {
+    // The bridge's session on this broker is disconnected (an admin kick,
+    // a takeover) with QoS 1 messages in flight both ways: it reconnects,
+    // resumes, and every message is answered and delivered.
+    const N: usize = 500;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let config = Config {
+            sys_interval: 0,
+            ..Config::default()
+        };
+        let (shared, _poll) = Shared::new(Broker::new(config, Instant::now()));
+        let shared = Rc::new(shared);
+        let sub = local_client(
+            &shared,
+            "watcher",
+            Some(("rs/#", zerofan_codec::QoS::AtLeastOnce)),
+            &LinkWaits::default(),
+        )
+        .await;
+        let s = shared.clone();
+        let opener: crate::bridge::Opener =
+            Rc::new(move || super::local_conn::open(&s, 0, &Default::default()));
+        let bridge = crate::bridge::local::Local::new(
+            opener,
+            crate::bridge::local::LocalOptions {
+                client_id: "resumer".into(),
+                clean_start: true,
+                session_expiry: u32::MAX,
+                max_inflight: 50,
+            },
+        );
+        bridge.connect().await.unwrap();
+        let b = bridge.clone();
+        let driver = tokio::task::spawn_local(async move {
+            b.drive(&crate::bridge::local::local_backoff()).await
+        });
+        let b = bridge.clone();
+        let sending = tokio::task::spawn_local(async move {
+            let mut answers = Vec::new();
+            for i in 0..N {
+                let a = b
+                    .publish(
+                        "rs/x",
+                        zerofan_codec::QoS::AtLeastOnce,
+                        false,
+                        Default::default(),
+                        Bytes::from((i as u64).to_be_bytes().to_vec()),
+                    )
+                    .await
+                    .unwrap();
+                answers.push(a.expect("QoS 1 has an answer"));
+            }
+            let mut ok = 0;
+            for a in answers {
+                if a.await.is_ok_and(|r| !r.is_error()) {
+                    ok += 1;
+                }
+            }
+            ok
+        });
+        // Kicked before the publisher's first turn: what it hands the
+        // closing link is lost with it and must be sent again.
+        assert!(shared
+            .broker
+            .borrow_mut()
+            .admin_disconnect(Instant::now(), "resumer", false));
+        shared.dispatch();
+        let mut seen = std::collections::BTreeSet::new();
+        while seen.len() < N {
+            let d = match next_item(&sub, LONG).await.expect("a delivery") {
+                Outgoing::Publish(d) => d,
+                _ => continue,
+            };
+            let n = u64::from_be_bytes(d.message.payload[..].try_into().unwrap());
+            seen.insert(n);
+            let ack = zerofan_codec::Ack {
+                packet_id: d.packet_id,
+                ..Default::default()
+            };
+            sub.to_broker.push_control(Packet::PubAck(ack)).unwrap();
+        }
+        assert_eq!(sending.await.unwrap(), N);
+        assert_eq!(seen.len(), N);
+        // The watcher, the bridge, the bridge again.
+        assert_eq!(shared.broker.borrow().metrics().connections_opened, 3);
+        driver.abort();
+    });
 }
