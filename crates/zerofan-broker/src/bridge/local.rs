@@ -266,6 +266,14 @@ impl Local {
                     break;
                 };
                 self.on_item(&link, item);
+                // What else is there now, then the waiters are told once.
+                while self.st.borrow().deliveries.len() < self.st.borrow().cap {
+                    let Some(item) = link.from_broker.try_pop() else {
+                        break;
+                    };
+                    self.on_item(&link, item);
+                }
+                self.changed.notify_waiters();
             }
             tracing::info!("bridge: local connection closed; reconnecting");
             self.st.borrow_mut().link = None;
@@ -274,6 +282,7 @@ impl Local {
         }
     }
 
+    /// One item from the broker (the caller tells the waiters).
     fn on_item(&self, link: &LinkEnd, item: Outgoing) {
         let mut st = self.st.borrow_mut();
         match item {
@@ -309,8 +318,6 @@ impl Local {
                 _ => {}
             },
         }
-        drop(st);
-        self.changed.notify_waiters();
     }
 
     /// Wait until `ready` holds (checked at each change).

@@ -195,14 +195,19 @@ impl LocalConn {
                         self.pending.clear();
                         return Some(Transmit::Gone);
                     }
-                    if last == Some(Transmit::Close) {
-                        // The last batch (at most `BATCH` items) goes in
-                        // whatever the bounds: the connection ends here.
+                    if last == Some(Transmit::Close) || shared.broker.borrow().is_closing(self.id) {
+                        // What a closing connection still has (its window's
+                        // worth, then the DISCONNECT) goes in whatever the
+                        // bounds: a bridge that does not read cannot keep
+                        // it open (a takeover waits for it).
                         let _ = q.push_control(item);
                         for rest in self.pending.drain(..) {
                             let _ = q.push_control(rest);
                         }
-                        return last;
+                        if last == Some(Transmit::Close) {
+                            return last;
+                        }
+                        continue;
                     }
                     self.pending.push_front(item);
                     if !std::mem::replace(&mut self.blocked, true) {
