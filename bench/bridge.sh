@@ -3,7 +3,7 @@
 # publisher on the edge broker, a subscriber on the far broker (mosquitto
 # for both), the edge bridging `bench/#` out with the same mosquitto.conf
 # bridge section (zerofan reads it unchanged). Prints one line per
-# (QoS, edge): messages received, msg/s, MB/s.
+# (QoS, edge): messages received, msg/s, MB/s, the edge's CPU seconds.
 #
 #   bench/bridge.sh                 COUNT=100000 SIZE=64 by default
 #   COUNT=200000 SIZE=1024 ROUNDS=5 bench/bridge.sh   (ROUNDS=3 by default)
@@ -66,7 +66,10 @@ CONF
         pids+=($epid)
         wait_port "$p"
         printf 'QoS %s  %-9s  ' "$qos" "$edge"
-        "$BENCH" "127.0.0.1:$p" "127.0.0.1:$far" "$qos" "$COUNT" "$SIZE"
+        "$BENCH" "127.0.0.1:$p" "127.0.0.1:$far" "$qos" "$COUNT" "$SIZE" | tr -d '\n'
+        # The edge's own CPU time (its bridge included), start to end: less
+        # swayed by the machine's load than the rate.
+        printf ', edge CPU %s s\n' "$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$epid/stat")"
         kill "$epid"; wait "$epid" 2>/dev/null || true
     done
 done

@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker};
 use zerofan_codec::Packet;
 
 /// Packets each queue holds at most (acknowledgements excepted, see
-/// [`Queue::push_control`]).
+/// [`Queue::push_control`]). A PUBLISH weighs its topic and payload.
 pub const LINK_PACKETS: usize = 1024;
 /// Payload and topic bytes each queue holds at most; one larger packet
 /// still passes alone (as a socket passes a packet larger than its buffer).
@@ -202,14 +202,6 @@ impl<T> Queue<T> {
     pub fn note_wait(&self) {
         let i = self.inner.borrow();
         i.waits.set(i.waits.get() + 1);
-    }
-}
-
-/// What a packet towards the broker weighs in [`LINK_BYTES`].
-pub fn packet_weight(p: &Packet) -> usize {
-    match p {
-        Packet::Publish(p) => p.payload.len() + p.topic.len(),
-        _ => CONTROL_WEIGHT,
     }
 }
 

@@ -6,7 +6,7 @@
 //! `Bytes`; what it receives is the core's delivery, which references the
 //! shared message: no payload is copied, encoded or parsed on this side.
 
-use super::link::{packet_weight, LinkEnd};
+use super::link::LinkEnd;
 use crate::core::{AckKind, Delivery, Outgoing};
 use bytes::Bytes;
 use std::cell::RefCell;
@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 use zerofan_client::Backoff;
 use zerofan_codec::{
-    Ack, Connect, MqttStr, Packet, Properties, Props, Protocol, Publish, QoS, ReasonCode,
-    Subscribe, SubscriptionOptions,
+    Ack, Connect, MqttStr, Packet, Properties, Props, Protocol, Publish, PublishHeader, QoS,
+    ReasonCode, Subscribe, SubscriptionOptions,
 };
 
 /// Opens a new connection into the broker (the shell starts its task).
@@ -25,30 +25,30 @@ pub type Opener = Rc<dyn Fn() -> LinkEnd>;
 
 /// How the session connects.
 #[derive(Clone, Debug)]
-pub struct LocalOptions {
+pub(crate) struct LocalOptions {
     /// Client identifier.
-    pub client_id: String,
+    pub(crate) client_id: String,
     /// Clean Start on the first connection (later ones resume).
-    pub clean_start: bool,
+    pub(crate) clean_start: bool,
     /// Session Expiry Interval.
-    pub session_expiry: u32,
+    pub(crate) session_expiry: u32,
     /// Receive Maximum announced, our inflight limit, and the bound of the
     /// deliveries waiting for the forwarding loop.
-    pub max_inflight: u16,
+    pub(crate) max_inflight: u16,
 }
 
 /// A delivery handed to the bridge, with what acknowledges it.
-pub struct Delivered {
+pub(crate) struct Delivered {
     /// The core's delivery (the shared message and this delivery's flags).
-    pub delivery: Delivery,
+    pub(crate) delivery: Delivery,
     /// `None` at QoS 0.
-    pub token: Option<LocalToken>,
+    pub(crate) token: Option<LocalToken>,
 }
 
 /// Acknowledges one QoS 1/2 delivery ([`Local::ack`]); a token from an
 /// earlier connection is ignored (the broker sends the message again).
 #[derive(Clone, Copy, Debug)]
-pub struct LocalToken {
+pub(crate) struct LocalToken {
     generation: u32,
     packet_id: u16,
     qos: QoS,
@@ -56,7 +56,7 @@ pub struct LocalToken {
 
 /// Why a publish into the broker was not taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// Over the broker's Maximum Packet Size.
     TooLarge,
     /// Not a valid topic name here.
@@ -65,7 +65,7 @@ pub enum Refused {
 
 /// The answer to a QoS 1/2 publish: the reason code of PUBACK / PUBREC /
 /// PUBCOMP; `Err` when the session ended first.
-pub type Answer = oneshot::Receiver<ReasonCode>;
+pub(crate) type Answer = oneshot::Receiver<ReasonCode>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {
@@ -106,7 +106,7 @@ struct State {
 /// The bridge's session on this broker. Cheap to clone: every clone is
 /// the same session.
 #[derive(Clone)]
-pub struct Local {
+pub(crate) struct Local {
     st: Rc<RefCell<State>>,
     /// Any change a waiting call may look for: connected, window opened,
     /// deliveries added or taken.
@@ -116,11 +116,11 @@ pub struct Local {
 
 /// The session ended, or a connection attempt failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Down(pub Option<ReasonCode>);
+pub(crate) struct Down(pub(crate) Option<ReasonCode>);
 
 impl Local {
     /// A session not connected yet.
-    pub fn new(opener: Opener, opts: LocalOptions) -> Local {
+    pub(crate) fn new(opener: Opener, opts: LocalOptions) -> Local {
         let cap = usize::from(opts.max_inflight.max(1)).clamp(64, super::link::LINK_PACKETS);
         Local {
             st: Rc::new(RefCell::new(State {
@@ -146,7 +146,7 @@ impl Local {
     /// One connection attempt: CONNECT, CONNACK, then what the session
     /// needs resent (unacknowledged publishes, PUBREL, subscriptions the
     /// broker lost).
-    pub async fn connect(&self) -> Result<(), Down> {
+    pub(crate) async fn connect(&self) -> Result<(), Down> {
         let link = Rc::new((self.opener)());
         let connect = {
             let st = self.st.borrow();
@@ -236,7 +236,7 @@ impl Local {
     }
 
     /// Connect, retrying with `backoff` until it works.
-    pub async fn connect_retrying(&self, backoff: &Backoff) {
+    pub(crate) async fn connect_retrying(&self, backoff: &Backoff) {
         let mut attempt = 0u32;
         loop {
             match self.connect().await {
@@ -252,7 +252,7 @@ impl Local {
     /// answers complete publishes, deliveries queue for [`Local::recv_many`]
     /// (while that queue is full nothing more is read: back-pressure into
     /// the broker), and a lost connection is made again.
-    pub async fn drive(&self, backoff: &Backoff) {
+    pub(crate) async fn drive(&self, backoff: &Backoff) {
         loop {
             let link = self.st.borrow().link.clone();
             let Some(link) = link else {
@@ -334,7 +334,7 @@ impl Local {
 
     /// Subscribe (QoS, No Local, Retain As Published per filter); the
     /// reason codes come back. Kept for a reconnect that finds no session.
-    pub async fn subscribe(
+    pub(crate) async fn subscribe(
         &self,
         filters: Vec<(MqttStr, SubscriptionOptions)>,
     ) -> Result<Vec<ReasonCode>, Down> {
@@ -360,7 +360,7 @@ impl Local {
 
     /// Up to `max` deliveries, waiting for the first; 0 never (the session
     /// lives as long as the bridge).
-    pub async fn recv_many(&self, out: &mut Vec<Delivered>, max: usize) -> usize {
+    pub(crate) async fn recv_many(&self, out: &mut Vec<Delivered>, max: usize) -> usize {
         self.wait_for(|st| !st.deliveries.is_empty()).await;
         let n = {
             let mut st = self.st.borrow_mut();
@@ -374,7 +374,7 @@ impl Local {
 
     /// Acknowledge a delivery: PUBACK, or PUBREC (PUBCOMP follows the
     /// broker's PUBREL by itself).
-    pub fn ack(&self, token: LocalToken) {
+    pub(crate) fn ack(&self, token: LocalToken) {
         let st = self.st.borrow();
         if token.generation != st.generation {
             return;
@@ -396,7 +396,7 @@ impl Local {
     /// window and room in the link. QoS 0: `None` once handed over; QoS
     /// 1/2: the broker's answer to come (the message is resent after a
     /// reconnect until then).
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         topic: &str,
         qos: QoS,
@@ -417,26 +417,37 @@ impl Local {
             properties,
             payload,
         };
-        // Topic, payload and a margin for the header and properties: the
-        // same test the broker makes of a framed packet.
-        let size = publish.payload.len() + publish.topic.len() + 64;
-        if size as u64 > u64::from(self.st.borrow().max_packet) {
-            return Err(Refused::TooLarge);
-        }
-        let weight = packet_weight(&Packet::Publish(publish.clone()));
-        if qos == QoS::AtMostOnce {
-            loop {
-                self.wait_for(|st| st.link.is_some()).await;
-                let link = self.st.borrow().link.clone();
-                let Some(link) = link else {
-                    continue;
-                };
-                match link.to_broker.push(Packet::Publish(publish), weight).await {
-                    Ok(()) => return Ok(None),
-                    // Lost with the connection, as QoS 0 over a socket.
-                    Err(_) => return Ok(None),
-                }
+        let max_packet = self.st.borrow().max_packet;
+        if max_packet < u32::MAX {
+            // The test the broker makes of a framed packet (the size is
+            // computed, nothing is encoded).
+            let h = PublishHeader {
+                dup: false,
+                qos,
+                retain,
+                packet_id: 1,
+                topic: publish.topic.as_str(),
+                topic_alias: None,
+                properties: &publish.properties,
+                message_expiry_interval: publish.properties.message_expiry_interval,
+                subscription_identifiers: &[],
+                payload_len: publish.payload.len(),
+            };
+            let len = h.packet_len(Protocol::V5).unwrap_or(usize::MAX);
+            if len as u64 > u64::from(max_packet) {
+                return Err(Refused::TooLarge);
             }
+        }
+        let weight = publish.payload.len() + publish.topic.len();
+        if qos == QoS::AtMostOnce {
+            self.wait_for(|st| st.link.is_some()).await;
+            let link = self.st.borrow().link.clone();
+            if let Some(link) = link {
+                // Lost if the connection goes meanwhile, as QoS 0 over a
+                // socket.
+                let _ = link.to_broker.push(Packet::Publish(publish), weight).await;
+            }
+            return Ok(None);
         }
         self.wait_for(|st| st.link.is_some() && st.inflight.len() < st.window)
             .await;
@@ -526,7 +537,7 @@ fn ack_of(packet_id: u16) -> Ack {
 }
 
 /// Reconnect quickly: the broker is in this process.
-pub fn local_backoff() -> Backoff {
+pub(crate) fn local_backoff() -> Backoff {
     Backoff {
         initial: Duration::from_millis(100),
         max: Duration::from_secs(2),
