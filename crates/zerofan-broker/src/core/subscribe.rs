@@ -8,7 +8,9 @@ use super::peer::Deferred;
 use super::session::{Queued, SubRecord};
 use super::trie::SubEntry;
 use std::time::Instant;
-use zerofan_codec::{Packet, QoS, ReasonCode, SubAck, Subscribe, UnsubAck, Unsubscribe};
+use zerofan_codec::{
+    Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
+};
 
 impl Broker {
     /// SUBSCRIBE from a client.
@@ -26,7 +28,11 @@ impl Broker {
         let bridge = self.conns.get(&conn).is_some_and(|c| c.bridge);
         let sub_id = sub.properties.subscription_identifiers.first().copied();
         let mut reasons = Vec::with_capacity(sub.filters.len());
-        let mut retained = Vec::new();
+        let mut replay = Replay {
+            now,
+            sub_id,
+            filters: Vec::new(),
+        };
         for (filter, options) in &sub.filters {
             let mut options = *options;
             let valid = zerofan_codec::topic::validate_topic_filter(filter).is_ok()
@@ -101,9 +107,7 @@ impl Broker {
                         _ => false,
                     };
                     if wanted && self.config.retain_available {
-                        let mut found = Vec::new();
-                        self.store.matching(filter, &mut found);
-                        retained.extend(found.into_iter().map(|m| (m, options)));
+                        replay.filters.push((filter.as_str().into(), options));
                     }
                 }
             }
@@ -119,24 +123,6 @@ impl Broker {
             properties: Default::default(),
             reasons,
         });
-        let mut replays = Vec::with_capacity(retained.len());
-        for (msg, options) in retained {
-            if msg.is_expired(now) || !self.may_deliver(sid, msg.topic.as_str()) {
-                continue;
-            }
-            let qos: QoS = options.qos.min(msg.qos);
-            replays.push(Queued {
-                msg,
-                qos,
-                // A retained message sent because of a subscription keeps
-                // RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
-                retain: true,
-                sub_ids: sub_id.into_iter().collect(),
-                share: None,
-                entry: None,
-                replay: true,
-            });
-        }
         let suback = Outgoing::from_packet(suback);
         match self.announce() {
             // A filter new to this shard: the SUBACK (and the retained
@@ -144,22 +130,44 @@ impl Broker {
             // here, so that a publish after it anywhere arrives.
             Some(seq) => self
                 .peers
-                .defer(seq, conn, Deferred::SubAck(suback, sid, replays)),
-            None => self.subscribed(conn, sid, suback, replays),
+                .defer(seq, conn, Deferred::SubAck(suback, sid, replay)),
+            None => self.subscribed(conn, sid, suback, replay),
         }
     }
 
     /// Send a SUBACK, then the retained messages the subscription replays.
+    /// They are looked up now, not when the SUBSCRIBE arrived: a SUBACK
+    /// that waited for the other shards has by now applied every retained
+    /// message they routed before they knew of the subscription.
     pub(crate) fn subscribed(
         &mut self,
         conn: ConnId,
         sid: SessionId,
         suback: Outgoing,
-        replays: Vec<Queued>,
+        replay: Replay,
     ) {
         self.send_outgoing(conn, suback);
-        for item in replays {
-            self.enqueue_replay(sid, item);
+        let mut found = Vec::new();
+        for (filter, options) in &replay.filters {
+            found.clear();
+            self.store.matching(filter, &mut found);
+            for msg in found.drain(..) {
+                if msg.is_expired(replay.now) || !self.may_deliver(sid, msg.topic.as_str()) {
+                    continue;
+                }
+                let item = Queued {
+                    qos: options.qos.min(msg.qos),
+                    msg,
+                    // A retained message sent because of a subscription
+                    // keeps RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
+                    retain: true,
+                    sub_ids: replay.sub_id.into_iter().collect(),
+                    share: None,
+                    entry: None,
+                    replay: true,
+                };
+                self.enqueue_replay(sid, item);
+            }
         }
     }
 
@@ -205,4 +213,15 @@ impl Broker {
             }),
         );
     }
+}
+
+/// The retained messages a SUBSCRIBE asked for, looked up when its SUBACK
+/// goes out (see `Broker::subscribed`).
+#[derive(Debug)]
+pub(crate) struct Replay {
+    /// When the SUBSCRIBE arrived: what had expired by then is not sent.
+    now: Instant,
+    sub_id: Option<u32>,
+    /// The non-shared filters that replay, with their options.
+    filters: Vec<(Box<str>, SubscriptionOptions)>,
 }
