@@ -1,4 +1,8 @@
-//! Authentication, access control and per-connection limits in the core.
+//! Authentication, access control and per-connection limits in the core:
+//! the policy below, the state it needs (`AuthState`: listeners, login
+//! throttle, connection counts, cached ACL decisions, SCRAM exchanges) and
+//! per-connection security. The handlers that apply it to a connection are
+//! `broker.rs`'s authentication section.
 //!
 //! The shell reads the files (see [`crate::security`]) and hands the core a
 //! [`SecurityConfig`]: per listener, whether anonymous clients may connect,

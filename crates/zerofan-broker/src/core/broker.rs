@@ -35,7 +35,7 @@ use super::scram_auth::{made_up, nonce, ScramPending};
 use super::session::{
     Behind, Inflight, InflightState, PendingWill, PushOutcome, Queued, Session, SubRecord,
 };
-use super::store::{MemoryStore, Store};
+use super::store::{MemoryStore, RetainedStore};
 use super::subscribe::Replay;
 use super::sys::sys_figures;
 use super::timers::{Timer, Timers};
@@ -58,55 +58,95 @@ use zerofan_codec::{
 
 /// The whole broker as a deterministic state machine: packets and time go
 /// in, outboxes and wake-ups come out. No sockets, no clock, no async.
+///
+/// # The order in which the shell calls it
+///
+/// Each input below is one core event: it ends inside the call, with one
+/// commit of what it staged in the durable log (its PUBACKs / PUBRECs are
+/// held until that commit is durable, see [`Broker::release_durable`]).
+///
+/// 1. Inputs, each as it happens:
+///    - a socket accepted and set up (TLS, WebSocket, PROXY):
+///      [`Broker::connection_opened_with`] (after the shell's admission);
+///    - each packet framed from a read buffer: [`Broker::protocol`] to
+///      decode it, then [`Broker::handle_publish`] (a PUBLISH, with its
+///      received bytes), [`Broker::handle_packet`] or
+///      [`Broker::handle_decode_error`]; after each, [`Broker::input_state`]
+///      (stop reading at `Held` or `Closed`);
+///    - a connection whose input [`Broker::drain_requested`] has read all
+///      it had: [`Broker::input_drained`];
+///    - the socket closed or failed: [`Broker::connection_lost`];
+///    - [`Broker::poll_timeout`]'s deadline passed (or the shell's tick):
+///      [`Broker::set_shell_stats`] (or, with shards,
+///      [`Broker::set_other_shards`]), then [`Broker::handle_timeout`];
+///    - events from another shard or node: [`Broker::handle_peer`], in the
+///      order that peer polled them;
+///    - the store reported progress: [`Broker::release_durable`];
+///    - answers from outside: [`Broker::auth_answered`],
+///      [`Broker::claim_answered`], [`Broker::client_taken`].
+/// 2. Outputs, after every input above or a batch of them (the shell's
+///    `Shared::dispatch`), in this order:
+///    1. [`Broker::take_events`] (webhooks);
+///    2. [`Broker::poll_peer_transmit`] until `None`, to the other shards
+///       and then to the cluster links ([`Broker::set_peer_congested`]
+///       when a queue towards a peer is full);
+///    3. [`Broker::has_auth_requests`] / [`Broker::has_claims`]: their
+///       tasks then [`Broker::take_auth_requests`] / [`Broker::take_claims`];
+///    4. [`Broker::take_wakeups`]: each connection named is woken, and its
+///       task calls [`Broker::poll_transmit`] and writes the batch, until
+///       the outbox is empty; [`Transmit::Close`]: write, then close (and
+///       [`Broker::connection_lost`]).
+/// 3. Before sleeping: [`Broker::poll_timeout`].
+/// 4. At the end: [`Broker::shutdown`], then the outputs once more.
 pub struct Broker {
-    pub(crate) config: Config,
+    config: Config,
     /// Boxed: a map keeps empty slots (up to half of them right after it
     /// grows), and at ~300 bytes inline those slots cost as much as the
     /// live entries; boxed, a slot is 16 bytes.
-    pub(crate) conns: HashMap<ConnId, Box<Connection>>,
+    conns: HashMap<ConnId, Box<Connection>>,
     /// Boxed for the same reason as `conns`.
-    pub(crate) sessions: HashMap<SessionId, Box<Session>>,
-    pub(crate) by_client: HashMap<MqttStr, SessionId>,
+    sessions: HashMap<SessionId, Box<Session>>,
+    by_client: HashMap<MqttStr, SessionId>,
     /// Where messages go: local subscriptions and the peers' interests.
-    pub(crate) router: Router,
+    router: Router,
     /// The other cores of this broker, and what waits to cross to them.
-    pub(crate) peers: Peers,
-    pub(crate) store: Box<dyn Store>,
-    pub(crate) timers: Timers,
-    pub(crate) metrics: Metrics,
-    pub(crate) shell_stats: ShellStats,
-    pub(crate) started: Instant,
+    peers: Peers,
+    store: Box<dyn RetainedStore>,
+    timers: Timers,
+    metrics: Metrics,
+    shell_stats: ShellStats,
+    started: Instant,
     next_conn: u64,
-    pub(crate) next_session: u64,
+    next_session: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
-    pub(crate) log_limit: crate::ratelimit::LogLimiter,
+    log_limit: crate::ratelimit::LogLimiter,
     /// Where a received PUBLISH's plain header is encoded to compare it
     /// with the packet as received (see `Wire::verified`).
-    pub(crate) wire_scratch: bytes::BytesMut,
+    wire_scratch: bytes::BytesMut,
     /// Authentication, ACL and connection limits (see `auth`).
-    pub(crate) auth: super::auth::AuthState,
+    auth: super::auth::AuthState,
     /// The durable log and the acknowledgements waiting for it (see `durable`).
-    pub(crate) durable: super::durable::Durable,
+    durable: super::durable::Durable,
     /// CONNECTs waiting for the input of the connection they take over,
     /// by new connection (see `Broker::input_drained`). At most one per
     /// connection, each for at most `TAKEOVER_DRAIN`.
-    pub(crate) takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
+    takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
     /// The same, by old connection: whose input is drained for which new one.
-    pub(crate) draining: HashMap<ConnId, ConnId>,
+    draining: HashMap<ConnId, ConnId>,
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
-    pub(crate) ack_fence: Option<u64>,
+    ack_fence: Option<u64>,
     /// The last retained message routed was over the retained quota: its
     /// publisher (MQTT 5) is answered 0x97.
-    pub(crate) retain_refused: bool,
+    retain_refused: bool,
     /// The other shards' figures, for totals (see `Broker::set_other_shards`).
-    pub(crate) others: Option<Box<super::observe::ShardFigures>>,
+    others: Option<Box<super::observe::ShardFigures>>,
     /// Events for webhooks, recorded only when asked for (see `events`).
-    pub(crate) events: super::events::Events,
+    events: super::events::Events,
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
-    pub(crate) claims: super::claims::Claims,
+    claims: super::claims::Claims,
 }
 
 /// What the shell does with a connection's further input.
@@ -125,11 +165,6 @@ pub enum InputState {
 impl Broker {
     /// A broker with in-memory storage, starting at `now`.
     pub fn new(config: Config, now: Instant) -> Self {
-        Broker::with_store(config, Box::new(MemoryStore::default()), now)
-    }
-
-    /// A broker over the given store.
-    pub fn with_store(config: Config, store: Box<dyn Store>, now: Instant) -> Self {
         let mut timers = Timers::new(now);
         if config.sys_interval > 0 {
             timers.arm(now, Timer::Sys);
@@ -141,7 +176,7 @@ impl Broker {
             by_client: HashMap::default(),
             router: Router::default(),
             peers: Peers::default(),
-            store,
+            store: Box::new(MemoryStore::default()),
             timers,
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
@@ -605,6 +640,18 @@ impl Broker {
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The counters the shell bumps itself (handshake failures, setup
+    /// timeouts: connections the core never sees).
+    pub(crate) fn metrics_mut(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    /// No CONNECT waits for a takeover, and no connection is drained for one.
+    #[cfg(test)]
+    pub(crate) fn takeovers_idle(&self) -> bool {
+        self.takeovers.is_empty() && self.draining.is_empty()
     }
 
     /// Hand over figures only the shell knows, for `$SYS/`.

@@ -1,4 +1,6 @@
-//! CONNECT, DISCONNECT, session attach / detach / end, and wills.
+//! What CONNECT handling (`broker.rs`'s CONNECT section) keeps and makes:
+//! a CONNECT waiting for a takeover, wills that own their bytes, and
+//! assigned client identifiers.
 
 use super::ids::ConnId;
 use super::message::{copy_str, own_properties};

@@ -1,6 +1,8 @@
-//! Outbound delivery: session queues (bounded, with drop counters), the
-//! inflight window, topic aliases towards the client, and the batches the
-//! shell's writer pulls.
+//! Outbound delivery's pure parts: the queue watermarks, whether a queued
+//! message fits the client's Maximum Packet Size, and turning a queued
+//! message into the [`Delivery`] the writer sends (topic alias, packet id,
+//! remaining expiry). The queueing and batching that touch sessions and
+//! connections at once are `broker.rs`'s delivery section.
 
 use super::connection::Connection;
 use super::ids::SessionId;
@@ -18,8 +20,6 @@ use zerofan_codec::QoS;
 /// peak forever.
 pub(super) const QUEUE_KEEP: usize = 64;
 
-/// Online queue cost past which a subscriber is behind: its publishers are
-/// held, and its slow consumer clock runs.
 /// What a subscriber behind may queue past its bound from a publisher on
 /// another shard that it already asked to stop: that shard goes on reading
 /// until the Hold reaches it (a few reads of at most 64 KiB each, the
@@ -38,6 +38,8 @@ pub(super) fn held_remote(
     }
 }
 
+/// Online queue cost past which a subscriber is behind: its publishers are
+/// held, and its slow consumer clock runs.
 pub(crate) fn high_water(cfg: &Config) -> usize {
     cfg.max_online_queued_bytes / 2
 }

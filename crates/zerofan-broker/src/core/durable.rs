@@ -8,6 +8,10 @@
 //! calls [`Broker::release_durable`] when the store reports progress, and the
 //! held acknowledgements reach their connections' outboxes in order.
 //!
+//! `Durable` holds the log, the staging and the held acknowledgements with
+//! its own methods; the staging hooks that read sessions are `broker.rs`'s
+//! durability section.
+//!
 //! Only persistent sessions (Session Expiry Interval above 0) and retained
 //! messages are written; a publish that reaches only clean sessions costs one
 //! branch here and is acknowledged at once.

@@ -1,6 +1,8 @@
-//! What operators look at: gauges computed on demand (sessions, queue
-//! depths, inflight), the durable store's figures, the rate-limited log
-//! gate for per-client errors, and reloading the limits without a restart.
+//! What operators look at, as types: gauges computed on demand (sessions,
+//! queue depths, inflight), the durable store's figures, the shards'
+//! figures, latency histograms and what a reload changed. The `Broker`
+//! methods that compute them, gate per-client error logs and reload the
+//! limits are `broker.rs`'s observability section.
 //!
 //! Nothing here runs on the publish path: gauges walk the sessions when a
 //! scrape asks for them, and the counters stay plain integers in

@@ -1,5 +1,6 @@
-//! Inbound PUBLISH and the acknowledgement flows in both directions, and
-//! routing a message to every matching session.
+//! Small pieces of inbound PUBLISH handling (`broker.rs`'s PUBLISH section):
+//! when a message is copied out of its read buffer, topic depth, and the
+//! acknowledgement packet.
 
 use zerofan_codec::{Ack, ReasonCode};
 

@@ -1,5 +1,5 @@
-//! SUBSCRIBE and UNSUBSCRIBE, with retained messages delivered as Retain
-//! Handling says.
+//! What a deferred SUBSCRIBE keeps for its retained messages. SUBSCRIBE and
+//! UNSUBSCRIBE handling is `broker.rs`'s SUBSCRIBE section.
 
 use std::time::Instant;
 use zerofan_codec::SubscriptionOptions;

@@ -1,5 +1,6 @@
-//! The `$SYS/` tree: broker figures published as retained messages every
-//! `sys_interval` seconds.
+//! The `$SYS/` tree's figures: what the broker publishes as retained
+//! messages every `sys_interval` seconds (`broker.rs`'s time section), and
+//! what an embedding reports under the same names.
 
 use super::metrics::{Metrics, ShellStats};
 
