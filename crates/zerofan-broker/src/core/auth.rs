@@ -51,10 +51,11 @@ use super::ids::{ConnId, SessionId};
 use super::limits::{ConnectionRate, PublishLimiter};
 use super::scram_auth::ScramPending;
 use super::token::JwtAuth;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use zerofan_auth::scram::ScramHash;
-use zerofan_auth::{Access, Acl, PasswordFile, ThrottleConfig};
+use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
 use zerofan_codec::MqttStr;
 use zerofan_codec::ReasonCode;
 
@@ -203,12 +204,12 @@ const ACL_CACHE_MAX: usize = 256;
 /// The core's security state.
 #[derive(Debug)]
 pub(crate) struct AuthState {
-    pub(super) listeners: Vec<ListenerAuth>,
-    pub(super) default_listener: ListenerAuth,
+    listeners: Vec<ListenerAuth>,
+    default_listener: ListenerAuth,
     pub(super) tracker: super::admission::LoginThrottle,
-    pub(super) rate: ConnectionRate,
+    rate: ConnectionRate,
     /// Live connections per listener.
-    pub(super) open: Vec<usize>,
+    open: Vec<usize>,
     pub(super) jwt: Option<Arc<JwtAuth>>,
     pub(crate) http: Option<HttpAuth>,
     pub(super) scram: HashMap<ConnId, ScramPending>,
@@ -236,8 +237,66 @@ impl AuthState {
         }
     }
 
+    /// New settings (at start or on reload): what lives across them (live
+    /// connection counts, ACL'd sessions, SCRAM exchanges, HTTP requests
+    /// in flight, a login throttle shared with other shards) is kept.
+    pub(crate) fn reconfigure(&mut self, config: SecurityConfig) {
+        let open = std::mem::take(&mut self.open);
+        let sessions = std::mem::take(&mut self.sessions);
+        let mut old_http = self.http.take();
+        let scram = std::mem::take(&mut self.scram);
+        let shared_throttle = self.tracker.shared();
+        let throttle = config.throttle;
+        *self = AuthState::new(config);
+        if let Some(t) = shared_throttle {
+            self.tracker.share(t, throttle);
+        }
+        if let (Some(new), Some(old)) = (self.http.as_mut(), old_http.as_mut()) {
+            new.take_pending_from(old);
+        }
+        self.scram = scram;
+        self.open = open;
+        self.sessions = sessions;
+    }
+
+    /// Share one login-failure memory with other shards (kept across
+    /// reloads).
+    pub(crate) fn share_throttle(&mut self, tracker: Arc<Mutex<FailureTracker>>) {
+        let config = self.tracker.config();
+        self.tracker.share(tracker, config);
+    }
+
     pub(super) fn listener(&self, i: usize) -> &ListenerAuth {
         self.listeners.get(i).unwrap_or(&self.default_listener)
+    }
+
+    /// Live connections on `listener`.
+    pub(crate) fn open_on(&self, listener: usize) -> usize {
+        self.open.get(listener).copied().unwrap_or(0)
+    }
+
+    /// Whether `ip` may open one more connection now, under `max_rate`.
+    pub(crate) fn rate_allows(&mut self, ip: IpAddr, now: Instant, max_rate: u32) -> bool {
+        self.rate.allow(ip, now, max_rate)
+    }
+
+    /// A connection opened on `listener`.
+    pub(crate) fn opened(&mut self, listener: usize) {
+        if self.open.len() <= listener {
+            self.open.resize(listener + 1, 0);
+        }
+        self.open[listener] += 1;
+    }
+
+    /// Connection `conn`, on `listener` when the core knew it, is gone.
+    pub(crate) fn closed(&mut self, conn: ConnId, listener: Option<usize>) {
+        self.scram.remove(&conn);
+        if let Some(h) = self.http.as_mut() {
+            h.forget(conn);
+        }
+        if let Some(n) = listener.and_then(|l| self.open.get_mut(l)) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// Whether any session is under an ACL (the delivery fast path).

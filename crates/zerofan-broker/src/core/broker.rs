@@ -6,7 +6,7 @@
 //! `AuthState`, `Durable`, `Session`, ...).
 
 use super::auth::{
-    acl_allows, AuthState, ConnectionMeta, Refusal, SecurityConfig, SessionAcl, THROTTLED_REASON,
+    acl_allows, ConnectionMeta, Refusal, SecurityConfig, SessionAcl, THROTTLED_REASON,
 };
 use super::connect::{own_will, random_client_id, PendingTakeover, TAKEOVER_DRAIN};
 use super::connection::{Connection, Phase};
@@ -1473,22 +1473,7 @@ impl Broker {
     /// (new logins use the new password files; connected clients keep their
     /// login and move to their listener's new ACL, with a fresh cache).
     pub fn set_security(&mut self, config: SecurityConfig) {
-        let open = std::mem::take(&mut self.auth.open);
-        let sessions = std::mem::take(&mut self.auth.sessions);
-        let mut old_http = self.auth.http.take();
-        let scram = std::mem::take(&mut self.auth.scram);
-        let shared_throttle = self.auth.tracker.shared();
-        let throttle = config.throttle;
-        self.auth = AuthState::new(config);
-        if let Some(t) = shared_throttle {
-            self.auth.tracker.share(t, throttle);
-        }
-        if let (Some(new), Some(old)) = (self.auth.http.as_mut(), old_http.as_mut()) {
-            new.take_pending_from(old);
-        }
-        self.auth.scram = scram;
-        self.auth.open = open;
-        self.auth.sessions = sessions;
+        self.auth.reconfigure(config);
         // Connected sessions follow their listener's new ACL (a reload).
         let attached: Vec<(ConnId, SessionId)> = self
             .conns
@@ -1515,7 +1500,7 @@ impl Broker {
     ) -> ConnId {
         let total = self.conns.len();
         let listener = meta.listener;
-        let on_listener = self.auth.open.get(listener).copied().unwrap_or(0);
+        let on_listener = self.auth.open_on(listener);
         let per_listener_max = self.auth.listener(listener).max_connections;
         let refuse = if let Some(verdict) =
             super::admission::verdict(meta.admission, &mut self.metrics.security)
@@ -1528,8 +1513,7 @@ impl Broker {
             Some(ReasonCode::QUOTA_EXCEEDED)
         } else if !self
             .auth
-            .rate
-            .allow(peer.ip(), now, self.config.max_connection_rate)
+            .rate_allows(peer.ip(), now, self.config.max_connection_rate)
         {
             self.metrics.security.refused_connection_rate += 1;
             Some(ReasonCode::CONNECTION_RATE_EXCEEDED)
@@ -1537,10 +1521,7 @@ impl Broker {
             None
         };
         let id = self.connection_opened(now, peer);
-        if self.auth.open.len() <= listener {
-            self.auth.open.resize(listener + 1, 0);
-        }
-        self.auth.open[listener] += 1;
+        self.auth.opened(listener);
         if let Some(c) = self.conns.get_mut(&id) {
             c.sec.listener = listener;
             c.sec.identity = meta.identity.map(String::into_boxed_str);
@@ -1577,21 +1558,13 @@ impl Broker {
         &mut self,
         tracker: std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>,
     ) {
-        let config = self.auth.tracker.config();
-        self.auth.tracker.share(tracker, config);
+        self.auth.share_throttle(tracker);
     }
 
     /// Bookkeeping when a connection is removed.
     pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
-        self.auth.scram.remove(&conn);
-        if let Some(h) = self.auth.http.as_mut() {
-            h.forget(conn);
-        }
-        if let Some(c) = self.conns.get(&conn) {
-            if let Some(n) = self.auth.open.get_mut(c.sec.listener) {
-                *n = n.saturating_sub(1);
-            }
-        }
+        let listener = self.conns.get(&conn).map(|c| c.sec.listener);
+        self.auth.closed(conn, listener);
     }
 
     /// Decide a CONNECT (see the module documentation). On success the
