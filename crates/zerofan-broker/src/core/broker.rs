@@ -161,7 +161,7 @@ pub enum InputState {
     Closed,
 }
 
-// Entry points: construction, packets in, timeouts, transmit, accessors, closing.
+// Construction, connections and packets in: the inputs of a connection's life.
 impl Broker {
     /// A broker with in-memory storage, starting at `now`.
     pub fn new(config: Config, now: Instant) -> Self {
@@ -352,62 +352,6 @@ impl Broker {
         self.end_event();
     }
 
-    /// In a cluster: every CONNECT with a client id waits, once logged in,
-    /// until the shell claimed the id for this node (see
-    /// [`Broker::take_claims`]).
-    pub fn set_claims(&mut self, on: bool) {
-        self.claims.enable(on);
-    }
-
-    /// Client ids to claim through the cluster; answer each with
-    /// [`Broker::claim_answered`].
-    pub fn take_claims(&mut self, out: &mut Vec<super::ClaimRequest>) {
-        self.claims.take_requests(out);
-    }
-
-    /// Whether [`Broker::take_claims`] has something.
-    pub fn has_claims(&self) -> bool {
-        self.claims.has_requests()
-    }
-
-    /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
-    /// when the cluster could not agree (no majority reachable), is refused
-    /// with 0x88 Server unavailable (3.1.1: return code 3).
-    pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
-        let Some(connect) = self.claims.answered(conn, granted) else {
-            return;
-        };
-        match self.conns.get_mut(&conn) {
-            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
-            _ => return,
-        }
-        if granted {
-            self.handle_connect(now, conn, *connect, true);
-        } else {
-            self.metrics.claims_refused += 1;
-            self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
-        }
-        self.wake(conn);
-        self.end_event();
-    }
-
-    /// Another node took `client_id` over (a newer claim): its connection
-    /// here gets DISCONNECT 0x8E and its session here ends.
-    pub fn client_taken(&mut self, now: Instant, client_id: &str) {
-        let Ok(id) = MqttStr::try_from(client_id) else {
-            return;
-        };
-        let Some(&sid) = self.by_client.get(&id) else {
-            return;
-        };
-        self.metrics.fenced_takeovers += 1;
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
-            self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
-        }
-        self.end_session(now, sid);
-        self.end_event();
-    }
-
     /// A connection that has not sent its CONNECT yet leaves this core for
     /// the shard that owns its client id (which opens it anew): forget it
     /// without counting it as opened or closed here. Returns its peer
@@ -422,138 +366,6 @@ impl Broker {
         self.conns.remove(&conn);
         self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
         Some(peer)
-    }
-
-    /// When [`Broker::handle_timeout`] next has work.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next()
-    }
-
-    /// Run every deadline that is due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(timer) = self.timers.pop_due(now) {
-            match timer {
-                Timer::ConnectTimeout(conn)
-                    if self.conns.get(&conn).is_some_and(|c| {
-                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
-                    }) =>
-                {
-                    self.metrics.connect_timeouts += 1;
-                    self.close(now, conn, None, false);
-                }
-                // Connected by now: the entry doubles as the first keep-alive
-                // check (see `on_connect`).
-                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
-                    let Some(c) = self.conns.get(&conn) else {
-                        continue;
-                    };
-                    if c.session().is_none() {
-                        continue;
-                    }
-                    if self.held(conn) {
-                        // Not read because of a slow subscriber: its silence
-                        // is ours, so the time held counts as activity.
-                        if let Some(c) = self.conns.get_mut(&conn) {
-                            c.last_activity = now;
-                            if let Some(at) = c.keep_alive_deadline() {
-                                self.timers.arm(at, Timer::KeepAlive(conn));
-                            }
-                        }
-                        continue;
-                    }
-                    let Some(c) = self.conns.get(&conn) else {
-                        continue;
-                    };
-                    match c.keep_alive_deadline() {
-                        Some(at) if at <= now => {
-                            self.metrics.keep_alive_timeouts += 1;
-                            tracing::debug!(%conn, "keep alive timeout");
-                            self.close(now, conn, Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
-                        }
-                        Some(at) => self.timers.arm(at, Timer::KeepAlive(conn)),
-                        None => {}
-                    }
-                }
-                Timer::Will(sid) => {
-                    let due = self
-                        .sessions
-                        .get(&sid)
-                        .and_then(|s| s.pending_will.as_ref())
-                        .is_some_and(|w| w.at <= now);
-                    if due {
-                        if let Some(w) = self
-                            .sessions
-                            .get_mut(&sid)
-                            .and_then(|s| s.pending_will.take())
-                        {
-                            self.publish_will(now, w.will);
-                            self.dur_will_published(sid);
-                        }
-                    }
-                }
-                Timer::SessionExpiry(sid) => {
-                    let expired = self.sessions.get(&sid).is_some_and(|s| {
-                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
-                    });
-                    if expired {
-                        if self.events.on() {
-                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
-                            self.events.session_expired(id);
-                        }
-                        self.metrics.sessions_expired += 1;
-                        self.end_session(now, sid);
-                    }
-                }
-                Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
-                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
-                Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
-                    self.metrics.takeover_drain_timeouts += 1;
-                    tracing::debug!(%conn, "takeover completed without the old input drained");
-                    self.complete_takeover(now, conn);
-                }
-                Timer::Takeover(_) => {}
-                Timer::Sys => {
-                    self.publish_sys(now);
-                    self.timers.arm(
-                        now + Duration::from_secs(self.config.sys_interval),
-                        Timer::Sys,
-                    );
-                }
-            }
-        }
-        self.end_event();
-    }
-
-    /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
-    /// is closed after its outbox is flushed.
-    pub fn shutdown(&mut self, now: Instant) {
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
-        for conn in ids {
-            self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
-        }
-        self.end_event();
-    }
-
-    /// Move up to `max` items for `conn`'s writer into `out`: control
-    /// packets first, then queued messages as far as the client's window
-    /// allows. Call again after writing them; an empty batch with
-    /// [`Transmit::Open`] means nothing to do until the next wake-up.
-    pub fn poll_transmit(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        out: &mut Vec<Outgoing>,
-        max: usize,
-    ) -> Transmit {
-        let status = self.fill_batch(now, conn, out, max);
-        self.end_event();
-        status
-    }
-
-    /// Connections whose writer has something new (or must close), since
-    /// the last call. Each appears once.
-    pub fn take_wakeups(&mut self, out: &mut Vec<ConnId>) {
-        out.append(&mut self.wakeups);
     }
 
     /// The protocol to decode this connection's packets with.
@@ -629,289 +441,6 @@ impl Broker {
                 .get(&conn)
                 .and_then(|c| c.held_by)
                 .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
-    }
-
-    /// Control packets waiting for the writer; the shell stops reading from
-    /// a client that does not read its answers.
-    pub fn outbox_len(&self, conn: ConnId) -> usize {
-        self.conns.get(&conn).map_or(0, |c| c.outbox.len())
-    }
-
-    /// The counters.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The counters the shell bumps itself (handshake failures, setup
-    /// timeouts: connections the core never sees).
-    pub(crate) fn metrics_mut(&mut self) -> &mut Metrics {
-        &mut self.metrics
-    }
-
-    /// No CONNECT waits for a takeover, and no connection is drained for one.
-    #[cfg(test)]
-    pub(crate) fn takeovers_idle(&self) -> bool {
-        self.takeovers.is_empty() && self.draining.is_empty()
-    }
-
-    /// Hand over figures only the shell knows, for `$SYS/`.
-    pub fn set_shell_stats(&mut self, stats: ShellStats) {
-        self.shell_stats = stats;
-    }
-
-    /// Clients currently connected.
-    pub fn connected_clients(&self) -> usize {
-        self.conns
-            .values()
-            .filter(|c| c.session().is_some())
-            .count()
-    }
-
-    /// Sessions that exist (connected or not).
-    pub fn session_count(&self) -> usize {
-        self.sessions.len()
-    }
-
-    /// Messages queued (not yet sent) for `client_id`'s session.
-    pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
-        let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.queue_len())
-    }
-
-    /// Messages in flight (sent, not acknowledged) to `client_id`.
-    pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
-        let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.flight().inflight.len())
-    }
-
-    /// Retained messages stored.
-    pub fn retained_count(&self) -> usize {
-        self.store.len()
-    }
-
-    /// Record the event kinds in `mask` for [`Broker::take_events`].
-    pub fn set_event_mask(&mut self, mask: u16) {
-        self.events.set_mask(mask);
-    }
-
-    /// Move the recorded events into `out`; events dropped (buffer full)
-    /// since start.
-    pub fn take_events(&mut self, out: &mut Vec<super::events::Event>) -> u64 {
-        self.events.take(out)
-    }
-
-    /// The sessions the HTTP API lists: how many match `q`, and its page
-    /// (see `admin`).
-    pub fn admin_clients(
-        &self,
-        q: &super::admin::ClientQuery,
-    ) -> (usize, Vec<super::admin::ClientView>) {
-        super::admin::views(&self.sessions, &self.conns, q)
-    }
-
-    /// `client_id`'s session with its subscriptions.
-    pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
-        let sid = super::admin::session_of(&self.by_client, client_id)?;
-        let s = self.sessions.get(&sid)?;
-        Some(super::admin::view(s, &self.conns, true))
-    }
-
-    /// The retained messages whose topics match `filter`.
-    pub fn admin_retained(&self, filter: &str, out: &mut Vec<std::rc::Rc<super::Message>>) {
-        self.store.matching(filter, out);
-    }
-
-    /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
-    /// `discard` ends its session too. False when there is no such session.
-    pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
-        let Some(sid) = super::admin::session_of(&self.by_client, client_id) else {
-            return false;
-        };
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
-            let why = Some("disconnected by an administrator");
-            self.close_with(now, conn, ReasonCode::ADMINISTRATIVE_ACTION, why, true);
-        }
-        if discard && self.sessions.contains_key(&sid) {
-            self.end_session(now, sid);
-        }
-        self.end_event();
-        true
-    }
-
-    /// Publish on behalf of no client (the HTTP API); how many sessions
-    /// got it.
-    pub fn admin_publish(
-        &mut self,
-        now: Instant,
-        publish: zerofan_codec::Publish,
-    ) -> Result<usize, super::admin::AdminPublishError> {
-        super::admin::check_publish(&self.config, &publish.topic, publish.retain)?;
-        let msg = std::rc::Rc::new(super::Message::from_publish(publish, None, now));
-        if self.events.on() {
-            self.events.published(None, &msg);
-        }
-        let n = self.route(now, msg);
-        self.end_event();
-        Ok(n)
-    }
-
-    /// Clear the retained message of `topic` (a topic name, no wildcard).
-    pub fn admin_clear_retained(&mut self, topic: &str) {
-        self.store.clear(topic);
-        self.dur_clear_retained(topic);
-        self.end_event();
-    }
-
-    // ----- shared helpers -------------------------------------------------
-
-    /// Warn about bad input through the log rate limit (a hostile client
-    /// must not flood the log), counting what was suppressed; every case at
-    /// debug.
-    fn log_bad_input(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        peer: SocketAddr,
-        what: &str,
-        reason: ReasonCode,
-    ) {
-        tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
-        if let Some(suppressed) = self.log_gate(now, what) {
-            tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
-        }
-    }
-
-    /// Queue a control packet for a connection.
-    pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
-        self.send_outgoing(conn, Outgoing::from_packet(packet));
-    }
-
-    /// Queue an item for the writer of `conn`.
-    pub(crate) fn send_outgoing(&mut self, conn: ConnId, out: Outgoing) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.outbox.push_back(out);
-            self.wake(conn);
-        }
-    }
-
-    /// Tell the shell this connection's writer has work.
-    pub(crate) fn wake(&mut self, conn: ConnId) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if !c.woken {
-                c.woken = true;
-                self.wakeups.push(conn);
-            }
-        }
-    }
-
-    /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
-    pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
-        self.metrics.protocol_errors += 1;
-        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
-            self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
-        }
-        self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
-    }
-
-    /// Close with a reason code and a reason string for MQTT 5 clients that
-    /// asked for problem information.
-    pub(crate) fn close_with(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: ReasonCode,
-        what: Option<&'static str>,
-        publish_will: bool,
-    ) {
-        self.close_inner(now, conn, Some(reason), what, publish_will);
-    }
-
-    /// Start closing a connection: optional DISCONNECT (MQTT 5 only), the
-    /// session detached, the will published or scheduled if asked.
-    pub(crate) fn close(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: Option<ReasonCode>,
-        publish_will: bool,
-    ) {
-        self.close_inner(now, conn, reason, None, publish_will);
-    }
-
-    fn close_inner(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: Option<ReasonCode>,
-        what: Option<&'static str>,
-        publish_will: bool,
-    ) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
-        };
-        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
-        if prev == Phase::Closing {
-            return;
-        }
-        if let (Some(reason), Phase::Connected(_)) = (reason, prev) {
-            if c.protocol.is_v5() {
-                let mut properties = Properties::default();
-                if c.problem_info {
-                    // Always with a reason string: some clients (paho-mqtt)
-                    // read the reason code only when properties follow it.
-                    let text = what.unwrap_or_else(|| reason_text(reason));
-                    properties.reason_string = Some(MqttStr::from_static(text));
-                }
-                let mut packet = Packet::Disconnect(Disconnect {
-                    reason,
-                    properties: properties.into(),
-                });
-                let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
-                    .map_or(true, |len| len > c.max_packet_out as usize);
-                if too_big {
-                    // Never exceed the client's Maximum Packet Size: the
-                    // reason string is the part that may go (MQTT-3.14.2-3).
-                    packet = Packet::Disconnect(Disconnect {
-                        reason,
-                        properties: Default::default(),
-                    });
-                }
-                c.outbox.push_back(Outgoing::from_packet(packet));
-            }
-        }
-        let will = if publish_will {
-            c.will.take().map(|w| {
-                let delay = w.properties.will_delay_interval.unwrap_or(0);
-                (w, delay)
-            })
-        } else {
-            c.will = None;
-            None
-        };
-        self.wake(conn);
-        if let Phase::Connected(sid) = prev {
-            if self.events.on() {
-                let user = self
-                    .conns
-                    .get(&conn)
-                    .and_then(|c| c.sec.username.as_deref());
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
-                self.events.disconnected(id, user, reason.map(|r| r.0));
-            }
-            self.detach(now, sid, will);
-        }
-        if prev == Phase::AwaitingTakeover {
-            self.cancel_takeover(conn);
-        }
-        if !self.draining.is_empty() {
-            // Closed while a CONNECT waited for its input: that CONNECT now
-            // sees the session as this close left it.
-            if let Some(new) = self.draining.get(&conn).copied() {
-                self.complete_takeover(now, new);
-            }
-        }
     }
 }
 
@@ -1464,6 +993,65 @@ impl Broker {
         };
         let msg = Rc::new(Message::from_publish(publish, None, now));
         self.route(now, msg);
+    }
+}
+
+// Client ids in a cluster: a CONNECT waits for its claim.
+impl Broker {
+    /// In a cluster: every CONNECT with a client id waits, once logged in,
+    /// until the shell claimed the id for this node (see
+    /// [`Broker::take_claims`]).
+    pub fn set_claims(&mut self, on: bool) {
+        self.claims.enable(on);
+    }
+
+    /// Client ids to claim through the cluster; answer each with
+    /// [`Broker::claim_answered`].
+    pub fn take_claims(&mut self, out: &mut Vec<super::ClaimRequest>) {
+        self.claims.take_requests(out);
+    }
+
+    /// Whether [`Broker::take_claims`] has something.
+    pub fn has_claims(&self) -> bool {
+        self.claims.has_requests()
+    }
+
+    /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
+    /// when the cluster could not agree (no majority reachable), is refused
+    /// with 0x88 Server unavailable (3.1.1: return code 3).
+    pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
+        let Some(connect) = self.claims.answered(conn, granted) else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
+            _ => return,
+        }
+        if granted {
+            self.handle_connect(now, conn, *connect, true);
+        } else {
+            self.metrics.claims_refused += 1;
+            self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+        }
+        self.wake(conn);
+        self.end_event();
+    }
+
+    /// Another node took `client_id` over (a newer claim): its connection
+    /// here gets DISCONNECT 0x8E and its session here ends.
+    pub fn client_taken(&mut self, now: Instant, client_id: &str) {
+        let Ok(id) = MqttStr::try_from(client_id) else {
+            return;
+        };
+        let Some(&sid) = self.by_client.get(&id) else {
+            return;
+        };
+        self.metrics.fenced_takeovers += 1;
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+        self.end_session(now, sid);
+        self.end_event();
     }
 }
 
@@ -3199,7 +2787,61 @@ impl Broker {
     }
 }
 
-// Durability: staging in the log, acknowledgements held for a commit, restore.
+// Transmit: outboxes and wake-ups, what the shell writes.
+impl Broker {
+    /// Move up to `max` items for `conn`'s writer into `out`: control
+    /// packets first, then queued messages as far as the client's window
+    /// allows. Call again after writing them; an empty batch with
+    /// [`Transmit::Open`] means nothing to do until the next wake-up.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        out: &mut Vec<Outgoing>,
+        max: usize,
+    ) -> Transmit {
+        let status = self.fill_batch(now, conn, out, max);
+        self.end_event();
+        status
+    }
+
+    /// Connections whose writer has something new (or must close), since
+    /// the last call. Each appears once.
+    pub fn take_wakeups(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.wakeups);
+    }
+
+    /// Control packets waiting for the writer; the shell stops reading from
+    /// a client that does not read its answers.
+    pub fn outbox_len(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn).map_or(0, |c| c.outbox.len())
+    }
+
+    /// Queue a control packet for a connection.
+    pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
+        self.send_outgoing(conn, Outgoing::from_packet(packet));
+    }
+
+    /// Queue an item for the writer of `conn`.
+    pub(crate) fn send_outgoing(&mut self, conn: ConnId, out: Outgoing) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.outbox.push_back(out);
+            self.wake(conn);
+        }
+    }
+
+    /// Tell the shell this connection's writer has work.
+    pub(crate) fn wake(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if !c.woken {
+                c.woken = true;
+                self.wakeups.push(conn);
+            }
+        }
+    }
+}
+
+// Acknowledgements and durability: staging in the log, acks held for a commit, restore.
 impl Broker {
     /// Attach a durable log (the broker then writes persistent sessions and
     /// retained messages to it). `now_unix_ms` is the wall clock at `now`,
@@ -3977,6 +3619,119 @@ impl Broker {
     }
 }
 
+// Time: keep alive, expiry and other deadlines, shutdown.
+impl Broker {
+    /// When [`Broker::handle_timeout`] next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Run every deadline that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(timer) = self.timers.pop_due(now) {
+            match timer {
+                Timer::ConnectTimeout(conn)
+                    if self.conns.get(&conn).is_some_and(|c| {
+                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
+                    }) =>
+                {
+                    self.metrics.connect_timeouts += 1;
+                    self.close(now, conn, None, false);
+                }
+                // Connected by now: the entry doubles as the first keep-alive
+                // check (see `on_connect`).
+                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    if c.session().is_none() {
+                        continue;
+                    }
+                    if self.held(conn) {
+                        // Not read because of a slow subscriber: its silence
+                        // is ours, so the time held counts as activity.
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            c.last_activity = now;
+                            if let Some(at) = c.keep_alive_deadline() {
+                                self.timers.arm(at, Timer::KeepAlive(conn));
+                            }
+                        }
+                        continue;
+                    }
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    match c.keep_alive_deadline() {
+                        Some(at) if at <= now => {
+                            self.metrics.keep_alive_timeouts += 1;
+                            tracing::debug!(%conn, "keep alive timeout");
+                            self.close(now, conn, Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
+                        }
+                        Some(at) => self.timers.arm(at, Timer::KeepAlive(conn)),
+                        None => {}
+                    }
+                }
+                Timer::Will(sid) => {
+                    let due = self
+                        .sessions
+                        .get(&sid)
+                        .and_then(|s| s.pending_will.as_ref())
+                        .is_some_and(|w| w.at <= now);
+                    if due {
+                        if let Some(w) = self
+                            .sessions
+                            .get_mut(&sid)
+                            .and_then(|s| s.pending_will.take())
+                        {
+                            self.publish_will(now, w.will);
+                            self.dur_will_published(sid);
+                        }
+                    }
+                }
+                Timer::SessionExpiry(sid) => {
+                    let expired = self.sessions.get(&sid).is_some_and(|s| {
+                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
+                    });
+                    if expired {
+                        if self.events.on() {
+                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            self.events.session_expired(id);
+                        }
+                        self.metrics.sessions_expired += 1;
+                        self.end_session(now, sid);
+                    }
+                }
+                Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
+                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
+                Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
+                    self.metrics.takeover_drain_timeouts += 1;
+                    tracing::debug!(%conn, "takeover completed without the old input drained");
+                    self.complete_takeover(now, conn);
+                }
+                Timer::Takeover(_) => {}
+                Timer::Sys => {
+                    self.publish_sys(now);
+                    self.timers.arm(
+                        now + Duration::from_secs(self.config.sys_interval),
+                        Timer::Sys,
+                    );
+                }
+            }
+        }
+        self.end_event();
+    }
+
+    /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
+    /// is closed after its outbox is flushed.
+    pub fn shutdown(&mut self, now: Instant) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in ids {
+            self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+        }
+        self.end_event();
+    }
+}
+
 // Time: the $SYS tree.
 impl Broker {
     /// Publish every `$SYS/` figure now.
@@ -4050,6 +3805,136 @@ impl Broker {
             None,
         );
         self.route(now, Rc::new(live));
+    }
+}
+
+// Errors and closing: protocol errors, bad input, closing a connection.
+impl Broker {
+    // ----- shared helpers -------------------------------------------------
+
+    /// Warn about bad input through the log rate limit (a hostile client
+    /// must not flood the log), counting what was suppressed; every case at
+    /// debug.
+    fn log_bad_input(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        peer: SocketAddr,
+        what: &str,
+        reason: ReasonCode,
+    ) {
+        tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
+        if let Some(suppressed) = self.log_gate(now, what) {
+            tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
+        }
+    }
+
+    /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
+    pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
+        self.metrics.protocol_errors += 1;
+        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
+            self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
+        }
+        self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
+    }
+
+    /// Close with a reason code and a reason string for MQTT 5 clients that
+    /// asked for problem information.
+    pub(crate) fn close_with(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: ReasonCode,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, Some(reason), what, publish_will);
+    }
+
+    /// Start closing a connection: optional DISCONNECT (MQTT 5 only), the
+    /// session detached, the will published or scheduled if asked.
+    pub(crate) fn close(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, reason, None, publish_will);
+    }
+
+    fn close_inner(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
+        if prev == Phase::Closing {
+            return;
+        }
+        if let (Some(reason), Phase::Connected(_)) = (reason, prev) {
+            if c.protocol.is_v5() {
+                let mut properties = Properties::default();
+                if c.problem_info {
+                    // Always with a reason string: some clients (paho-mqtt)
+                    // read the reason code only when properties follow it.
+                    let text = what.unwrap_or_else(|| reason_text(reason));
+                    properties.reason_string = Some(MqttStr::from_static(text));
+                }
+                let mut packet = Packet::Disconnect(Disconnect {
+                    reason,
+                    properties: properties.into(),
+                });
+                let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
+                    .map_or(true, |len| len > c.max_packet_out as usize);
+                if too_big {
+                    // Never exceed the client's Maximum Packet Size: the
+                    // reason string is the part that may go (MQTT-3.14.2-3).
+                    packet = Packet::Disconnect(Disconnect {
+                        reason,
+                        properties: Default::default(),
+                    });
+                }
+                c.outbox.push_back(Outgoing::from_packet(packet));
+            }
+        }
+        let will = if publish_will {
+            c.will.take().map(|w| {
+                let delay = w.properties.will_delay_interval.unwrap_or(0);
+                (w, delay)
+            })
+        } else {
+            c.will = None;
+            None
+        };
+        self.wake(conn);
+        if let Phase::Connected(sid) = prev {
+            if self.events.on() {
+                let user = self
+                    .conns
+                    .get(&conn)
+                    .and_then(|c| c.sec.username.as_deref());
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events.disconnected(id, user, reason.map(|r| r.0));
+            }
+            self.detach(now, sid, will);
+        }
+        if prev == Phase::AwaitingTakeover {
+            self.cancel_takeover(conn);
+        }
+        if !self.draining.is_empty() {
+            // Closed while a CONNECT waited for its input: that CONNECT now
+            // sees the session as this close left it.
+            if let Some(new) = self.draining.get(&conn).copied() {
+                self.complete_takeover(now, new);
+            }
+        }
     }
 }
 
@@ -4264,7 +4149,137 @@ impl Broker {
     }
 }
 
-// Observability: gauges, figures, reloads.
+// Observability: counters, gauges, events, admin views and actions.
+impl Broker {
+    /// The counters.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The counters the shell bumps itself (handshake failures, setup
+    /// timeouts: connections the core never sees).
+    pub(crate) fn metrics_mut(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    /// No CONNECT waits for a takeover, and no connection is drained for one.
+    #[cfg(test)]
+    pub(crate) fn takeovers_idle(&self) -> bool {
+        self.takeovers.is_empty() && self.draining.is_empty()
+    }
+
+    /// Hand over figures only the shell knows, for `$SYS/`.
+    pub fn set_shell_stats(&mut self, stats: ShellStats) {
+        self.shell_stats = stats;
+    }
+
+    /// Clients currently connected.
+    pub fn connected_clients(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|c| c.session().is_some())
+            .count()
+    }
+
+    /// Sessions that exist (connected or not).
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Messages queued (not yet sent) for `client_id`'s session.
+    pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
+        let key = MqttStr::try_from(client_id).ok()?;
+        let sid = self.by_client.get(&key)?;
+        self.sessions.get(sid).map(|s| s.queue_len())
+    }
+
+    /// Messages in flight (sent, not acknowledged) to `client_id`.
+    pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
+        let key = MqttStr::try_from(client_id).ok()?;
+        let sid = self.by_client.get(&key)?;
+        self.sessions.get(sid).map(|s| s.flight().inflight.len())
+    }
+
+    /// Retained messages stored.
+    pub fn retained_count(&self) -> usize {
+        self.store.len()
+    }
+
+    /// Record the event kinds in `mask` for [`Broker::take_events`].
+    pub fn set_event_mask(&mut self, mask: u16) {
+        self.events.set_mask(mask);
+    }
+
+    /// Move the recorded events into `out`; events dropped (buffer full)
+    /// since start.
+    pub fn take_events(&mut self, out: &mut Vec<super::events::Event>) -> u64 {
+        self.events.take(out)
+    }
+
+    /// The sessions the HTTP API lists: how many match `q`, and its page
+    /// (see `admin`).
+    pub fn admin_clients(
+        &self,
+        q: &super::admin::ClientQuery,
+    ) -> (usize, Vec<super::admin::ClientView>) {
+        super::admin::views(&self.sessions, &self.conns, q)
+    }
+
+    /// `client_id`'s session with its subscriptions.
+    pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
+        let sid = super::admin::session_of(&self.by_client, client_id)?;
+        let s = self.sessions.get(&sid)?;
+        Some(super::admin::view(s, &self.conns, true))
+    }
+
+    /// The retained messages whose topics match `filter`.
+    pub fn admin_retained(&self, filter: &str, out: &mut Vec<std::rc::Rc<super::Message>>) {
+        self.store.matching(filter, out);
+    }
+
+    /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
+    /// `discard` ends its session too. False when there is no such session.
+    pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
+        let Some(sid) = super::admin::session_of(&self.by_client, client_id) else {
+            return false;
+        };
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            let why = Some("disconnected by an administrator");
+            self.close_with(now, conn, ReasonCode::ADMINISTRATIVE_ACTION, why, true);
+        }
+        if discard && self.sessions.contains_key(&sid) {
+            self.end_session(now, sid);
+        }
+        self.end_event();
+        true
+    }
+
+    /// Publish on behalf of no client (the HTTP API); how many sessions
+    /// got it.
+    pub fn admin_publish(
+        &mut self,
+        now: Instant,
+        publish: zerofan_codec::Publish,
+    ) -> Result<usize, super::admin::AdminPublishError> {
+        super::admin::check_publish(&self.config, &publish.topic, publish.retain)?;
+        let msg = std::rc::Rc::new(super::Message::from_publish(publish, None, now));
+        if self.events.on() {
+            self.events.published(None, &msg);
+        }
+        let n = self.route(now, msg);
+        self.end_event();
+        Ok(n)
+    }
+
+    /// Clear the retained message of `topic` (a topic name, no wildcard).
+    pub fn admin_clear_retained(&mut self, topic: &str) {
+        self.store.clear(topic);
+        self.dur_clear_retained(topic);
+        self.end_event();
+    }
+}
+
+// Observability: figures, shard totals, reloads.
 impl Broker {
     /// Gauges at this instant: walks every session (cheap at scrape rates;
     /// never called on the publish path).
