@@ -53,7 +53,7 @@ use super::scram_auth::ScramPending;
 use super::token::JwtAuth;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use zerofan_auth::scram::ScramHash;
 use zerofan_auth::{Access, Acl, FailureTracker, PasswordFile, ThrottleConfig};
 use zerofan_codec::MqttStr;
@@ -191,11 +191,11 @@ pub(super) const THROTTLED_REASON: &str =
 
 /// A session under an ACL: who it is, and cached read decisions.
 #[derive(Debug)]
-pub(super) struct SessionAcl {
-    pub(super) acl: Arc<Acl>,
-    pub(super) client_id: Box<str>,
-    pub(super) username: Option<Box<str>>,
-    pub(super) cache: HashMap<Box<str>, bool>,
+struct SessionAcl {
+    acl: Arc<Acl>,
+    client_id: Box<str>,
+    username: Option<Box<str>>,
+    cache: HashMap<Box<str>, bool>,
 }
 
 /// Read decisions cached per session before the cache is cleared.
@@ -206,14 +206,14 @@ const ACL_CACHE_MAX: usize = 256;
 pub(crate) struct AuthState {
     listeners: Vec<ListenerAuth>,
     default_listener: ListenerAuth,
-    pub(super) tracker: super::admission::LoginThrottle,
+    tracker: super::admission::LoginThrottle,
     rate: ConnectionRate,
     /// Live connections per listener.
     open: Vec<usize>,
-    pub(super) jwt: Option<Arc<JwtAuth>>,
+    jwt: Option<Arc<JwtAuth>>,
     pub(crate) http: Option<HttpAuth>,
-    pub(super) scram: HashMap<ConnId, ScramPending>,
-    pub(super) sessions: HashMap<SessionId, SessionAcl>,
+    scram: HashMap<ConnId, ScramPending>,
+    sessions: HashMap<SessionId, SessionAcl>,
 }
 
 impl Default for AuthState {
@@ -268,6 +268,87 @@ impl AuthState {
 
     pub(super) fn listener(&self, i: usize) -> &ListenerAuth {
         self.listeners.get(i).unwrap_or(&self.default_listener)
+    }
+
+    /// How long logins of `username` from `addr` are refused for now.
+    pub(crate) fn login_delay(&self, addr: IpAddr, username: &str, now: Instant) -> Duration {
+        self.tracker.delay(addr, username, now)
+    }
+
+    /// A login of `username` from `addr` succeeded: its failures are
+    /// forgotten.
+    pub(crate) fn login_succeeded(&mut self, addr: IpAddr, username: &str) {
+        self.tracker.record_success(addr, username);
+    }
+
+    /// A login of `username` from `addr` failed.
+    pub(crate) fn login_failed(&mut self, addr: IpAddr, username: &str, now: Instant) {
+        self.tracker.record_failure(addr, username, now);
+    }
+
+    /// The JWT settings, when logins may carry a token.
+    pub(crate) fn jwt(&self) -> Option<&JwtAuth> {
+        self.jwt.as_deref()
+    }
+
+    /// Session `sid` is under `acl` from now on, with a fresh cache.
+    pub(crate) fn set_session_acl(
+        &mut self,
+        sid: SessionId,
+        acl: Arc<Acl>,
+        client_id: &str,
+        username: Option<Box<str>>,
+    ) {
+        self.sessions.insert(
+            sid,
+            SessionAcl {
+                acl,
+                client_id: client_id.into(),
+                username,
+                cache: HashMap::default(),
+            },
+        );
+    }
+
+    /// Session `sid` is under no ACL (or gone).
+    pub(crate) fn forget_session(&mut self, sid: SessionId) {
+        self.sessions.remove(&sid);
+    }
+
+    /// May session `sid` publish to `topic`? True without an ACL.
+    pub(crate) fn may_write(&self, sid: SessionId, topic: &str) -> bool {
+        match self.sessions.get(&sid) {
+            Some(s) => s
+                .acl
+                .check(&s.client_id, s.username.as_deref(), topic, Access::Write),
+            None => true,
+        }
+    }
+
+    /// May session `sid` subscribe to `filter` (`$share/` stripped)? True
+    /// without an ACL.
+    pub(crate) fn may_subscribe(&self, sid: SessionId, filter: &str) -> bool {
+        match self.sessions.get(&sid) {
+            Some(s) => s
+                .acl
+                .check_subscribe(&s.client_id, s.username.as_deref(), filter),
+            None => true,
+        }
+    }
+
+    /// Whether `conn` is in a SCRAM exchange.
+    pub(crate) fn in_scram(&self, conn: ConnId) -> bool {
+        !self.scram.is_empty() && self.scram.contains_key(&conn)
+    }
+
+    /// `conn`'s SCRAM exchange waits for the client's next AUTH.
+    pub(crate) fn start_scram(&mut self, conn: ConnId, pending: ScramPending) {
+        self.scram.insert(conn, pending);
+    }
+
+    /// `conn`'s SCRAM exchange, taken out to go on with it.
+    pub(crate) fn take_scram(&mut self, conn: ConnId) -> Option<ScramPending> {
+        self.scram.remove(&conn)
     }
 
     /// Live connections on `listener`.

@@ -5,9 +5,7 @@
 //! with that part's type in the sibling files (`Router`, `Peers`,
 //! `AuthState`, `Durable`, `Session`, ...).
 
-use super::auth::{
-    acl_allows, ConnectionMeta, Refusal, SecurityConfig, SessionAcl, THROTTLED_REASON,
-};
+use super::auth::{acl_allows, ConnectionMeta, Refusal, SecurityConfig, THROTTLED_REASON};
 use super::connect::{own_will, random_client_id, PendingTakeover, TAKEOVER_DRAIN};
 use super::connection::{Connection, Phase};
 use super::deliver::{
@@ -50,7 +48,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
-use zerofan_auth::Access;
 use zerofan_codec::{
     Ack, ConnAck, Connect, DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, Publish,
     QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
@@ -1186,7 +1183,7 @@ impl Broker {
             username
         };
         if let Some(name) = login_name {
-            if !self.auth.tracker.delay(ip, name, now).is_zero() {
+            if !self.auth.login_delay(ip, name, now).is_zero() {
                 self.metrics.security.auth_throttled += 1;
                 tracing::debug!(%conn, peer = %ip, user = name, "login throttled");
                 if let Some(c) = self.conns.get_mut(&conn) {
@@ -1212,7 +1209,7 @@ impl Broker {
             match username {
                 None if l.allow_anonymous => Ok((None, Grant::default())),
                 None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
-                Some(u) => login_chain(l, self.auth.jwt.as_deref(), link, now, u, password)
+                Some(u) => login_chain(l, self.auth.jwt(), link, now, u, password)
                     .map(|g| (Some(u.into()), g)),
             }
         };
@@ -1264,7 +1261,7 @@ impl Broker {
             Ok((user, grant)) => {
                 if let Some(name) = &user {
                     self.metrics.security.auth_success += 1;
-                    self.auth.tracker.record_success(ip, name);
+                    self.auth.login_succeeded(ip, name);
                 }
                 let (rate, bytes) = (
                     self.config.max_publish_rate,
@@ -1302,7 +1299,7 @@ impl Broker {
                     }
                 };
                 if let (Some(name), true) = (login_name, failure) {
-                    self.auth.tracker.record_failure(ip, name, now);
+                    self.auth.login_failed(ip, name, now);
                 }
                 let peer = self.conns.get(&conn).map(|c| c.peer);
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
@@ -1329,19 +1326,9 @@ impl Broker {
         match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
-                self.auth.sessions.insert(
-                    sid,
-                    SessionAcl {
-                        acl,
-                        client_id: client_id.into(),
-                        username,
-                        cache: HashMap::default(),
-                    },
-                );
+                self.auth.set_session_acl(sid, acl, client_id, username);
             }
-            None => {
-                self.auth.sessions.remove(&sid);
-            }
+            None => self.auth.forget_session(sid),
         }
     }
 
@@ -1529,7 +1516,7 @@ impl Broker {
 
     /// Whether this connection is in a SCRAM exchange.
     pub(crate) fn scram_waiting(&self, conn: ConnId) -> bool {
-        !self.auth.scram.is_empty() && self.auth.scram.contains_key(&conn)
+        self.auth.in_scram(conn)
     }
 
     /// The CONNACK's Authentication Method and Data, once.
@@ -1582,7 +1569,7 @@ impl Broker {
             self.metrics.security.auth_bad_credentials += 1;
             return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
         };
-        if !self.auth.tracker.delay(ip, &user, now).is_zero() {
+        if !self.auth.login_delay(ip, &user, now).is_zero() {
             self.metrics.security.auth_throttled += 1;
             return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
         }
@@ -1610,7 +1597,7 @@ impl Broker {
                 properties: props.into(),
             }),
         );
-        self.auth.scram.insert(
+        self.auth.start_scram(
             conn,
             ScramPending {
                 server,
@@ -1624,7 +1611,7 @@ impl Broker {
 
     /// The client's AUTH during a SCRAM exchange.
     pub(crate) fn on_scram_auth(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
-        let Some(mut p) = self.auth.scram.remove(&conn) else {
+        let Some(mut p) = self.auth.take_scram(conn) else {
             return;
         };
         let same_method = a.properties.authentication_method.as_deref() == Some(&*p.method);
@@ -1654,7 +1641,7 @@ impl Broker {
                 tracing::debug!(%conn, error = %e, "SCRAM exchange failed");
                 self.metrics.security.auth_bad_credentials += 1;
                 if let Some(ip) = ip {
-                    self.auth.tracker.record_failure(ip, &user, now);
+                    self.auth.login_failed(ip, &user, now);
                 }
                 self.scram_refuse(now, conn, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
             }
@@ -1677,7 +1664,7 @@ impl Broker {
         }
         let (ip, listener) = (c.peer.ip(), c.sec.listener);
         let data = a.properties.authentication_data.clone().unwrap_or_default();
-        let pending = self.auth.scram.remove(&conn);
+        let pending = self.auth.take_scram(conn);
         let reply = match (a.reason, pending) {
             (ReasonCode::REAUTHENTICATE, None) => {
                 let mut server = ScramServer::new(hash);
@@ -1693,7 +1680,7 @@ impl Broker {
                 match (same_user, creds) {
                     (true, Some(creds)) => match server.server_first(&creds, &nonce()) {
                         Ok(first) => {
-                            self.auth.scram.insert(
+                            self.auth.start_scram(
                                 conn,
                                 ScramPending {
                                     server,
@@ -1735,7 +1722,7 @@ impl Broker {
             }
             Err(()) => {
                 self.metrics.security.auth_bad_credentials += 1;
-                self.auth.tracker.record_failure(ip, &user, now);
+                self.auth.login_failed(ip, &user, now);
                 self.close_with(
                     now,
                     conn,
@@ -1779,7 +1766,7 @@ impl Broker {
 
     /// The session is gone for good.
     pub(crate) fn auth_forget(&mut self, sid: SessionId) {
-        self.auth.sessions.remove(&sid);
+        self.auth.forget_session(sid);
     }
 
     /// Whether session `sid` may receive `topic`; counts a refusal.
@@ -1837,13 +1824,7 @@ impl Broker {
         } else if !self.auth.any_acl() {
             true
         } else {
-            match self.auth.sessions.get(&sid) {
-                Some(s) => {
-                    s.acl
-                        .check(&s.client_id, s.username.as_deref(), &p.topic, Access::Write)
-                }
-                None => true,
-            }
+            self.auth.may_write(sid, &p.topic)
         };
         let mut allowed = allowed;
         if allowed && self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
@@ -1901,12 +1882,7 @@ impl Broker {
             });
         }
         let plain = zerofan_codec::topic::split_shared(filter).map_or(filter, |(_, f)| f);
-        let by_file = match self.auth.sessions.get(&sid) {
-            Some(s) => s
-                .acl
-                .check_subscribe(&s.client_id, s.username.as_deref(), plain),
-            None => true,
-        };
+        let by_file = self.auth.may_subscribe(sid, plain);
         let allowed = by_file
             && (!self.auth.http.as_ref().is_some_and(|h| h.checks_acl())
                 // Decided before (see `subscribe_waits`): a lookup, never a wait.
