@@ -3,10 +3,12 @@
 # publisher on the edge broker, a subscriber on the far broker (mosquitto
 # for both), the edge bridging `bench/#` out with the same mosquitto.conf
 # bridge section (zerofan reads it unchanged). Prints one line per
-# (QoS, edge): messages received, msg/s, MB/s.
+# (QoS, edge): messages received, msg/s, MB/s, the edge's CPU seconds.
 #
 #   bench/bridge.sh                 COUNT=100000 SIZE=64 by default
 #   COUNT=200000 SIZE=1024 ROUNDS=5 bench/bridge.sh   (ROUNDS=3 by default)
+#   BASE_BIN=/path/to/older/zerofan bench/bridge.sh   (adds that build's
+#                                   bridge as a third edge, "base")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${COUNT:-100000}
@@ -40,7 +42,7 @@ wait_port "$far"
 echo "bridge throughput: $COUNT messages of $SIZE bytes, edge -> far (mosquitto $("$MOSQUITTO" -h | head -1 | awk '{print $3}'))"
 for round in $(seq 1 "${ROUNDS:-3}"); do
 for qos in 0 1; do
-    for edge in zerofan mosquitto; do
+    for edge in zerofan ${BASE_BIN:+base} mosquitto; do
         p=$(port)
         conf="$work/edge-$edge-$qos.conf"
         cat > "$conf" <<CONF
@@ -55,6 +57,8 @@ cleansession true
 CONF
         if [ "$edge" = zerofan ]; then
             "$ZEROFAN" -c "$conf" > "$work/edge.log" 2>&1 &
+        elif [ "$edge" = base ]; then
+            "$BASE_BIN" -c "$conf" > "$work/edge.log" 2>&1 &
         else
             "$MOSQUITTO" -c "$conf" > "$work/edge.log" 2>&1 &
         fi
@@ -62,7 +66,10 @@ CONF
         pids+=($epid)
         wait_port "$p"
         printf 'QoS %s  %-9s  ' "$qos" "$edge"
-        "$BENCH" "127.0.0.1:$p" "127.0.0.1:$far" "$qos" "$COUNT" "$SIZE"
+        "$BENCH" "127.0.0.1:$p" "127.0.0.1:$far" "$qos" "$COUNT" "$SIZE" | tr -d '\n'
+        # The edge's own CPU time (its bridge included), start to end: less
+        # swayed by the machine's load than the rate.
+        printf ', edge CPU %s s\n' "$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$epid/stat")"
         kill "$epid"; wait "$epid" 2>/dev/null || true
     done
 done

@@ -4,17 +4,23 @@
 //!
 //! - `config`: [`BridgeConfig`], the settings and their checks.
 //! - `run`: the bridge at run time (connections, forwarding, QoS flow,
-//!   notifications); its local connection is an in-memory pipe the shell
-//!   accepts like a socket (`shell/bridges.rs`).
+//!   notifications).
+//! - `local`: its session on this broker, over `link`: two bounded queues
+//!   of packets the shell drives as a connection (`shell/local_conn.rs`),
+//!   so payloads cross as `Bytes` both ways, never encoded or parsed.
 //! - `stats`: [`BridgeStats`], its figures for `/metrics` and `$SYS`.
 //! - `tls`: the remote side's TLS.
 
 mod config;
+pub mod link;
+pub(crate) mod local;
 mod run;
 mod stats;
 mod tls;
 
 pub use config::{BridgeConfig, BridgeProtocol, BridgeTopic, Direction};
+pub use link::LinkEnd;
+pub use local::Opener;
 pub use run::{map_topic, remote_transport, run, Notify, Way};
 pub use stats::{render, BridgeFigures, BridgeStats};
 

@@ -1,23 +1,25 @@
-//! One bridge at run time: two `zerofan-client` connections, one into this
-//! broker (over whatever [`Transport`] the shell gives: an in-memory pipe
-//! accepted like a socket), one to the remote broker (failover over its
+//! One bridge at run time: its session on this broker, spoken over a
+//! packet link the shell gives (`local.rs`, `shell/local_conn.rs`: payloads
+//! cross as `Bytes`, nothing is encoded or parsed on this side), a
+//! `zerofan-client` connection to the remote broker (failover over its
 //! addresses, TLS when configured), and a forwarding loop each way.
 //!
-//! QoS 1/2 end to end: both clients acknowledge by hand
-//! (`manual_acks`), and a message is acknowledged to the side it came
-//! from only once the other side acknowledged the bridge's copy. At most
-//! `max_queued_messages` are unacknowledged each way (the bridge's
-//! Receive Maximum, and the forwarding loop's limit). So when the remote
-//! broker is down, the rest waits in the bridge's session on this broker
-//! (bounded by `max_queued_messages`, counted, and durable with
-//! persistence), and what was in flight is sent again after a reconnect,
-//! by the bridge's client or, after a restart, by this broker.
+//! QoS 1/2 end to end: both sides acknowledge by hand, and a message is
+//! acknowledged to the side it came from only once the other side
+//! acknowledged the bridge's copy. At most `max_queued_messages` are
+//! unacknowledged each way (the bridge's Receive Maximum, and the
+//! forwarding loop's limit). So when the remote broker is down, the rest
+//! waits in the bridge's session on this broker (bounded by
+//! `max_queued_messages`, counted, and durable with persistence), and what
+//! was in flight is sent again after a reconnect, by the bridge's client
+//! or, after a restart, by this broker.
 //!
 //! Loops: the bridge's subscriptions carry No Local (MQTT 5), so a broker
 //! does not send the bridge what the bridge itself published there; a
 //! 3.1.1 remote gets mosquitto's `try_private` mark instead.
 
 use super::config::{BridgeConfig, BridgeProtocol, BridgeTopic};
+use super::local::{Delivered, Local, LocalOptions, Opener};
 use super::stats::BridgeStats;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -30,6 +32,7 @@ use zerofan_client::{
     LastWill, Message, Protocol, PublishAck, PublishOptions, QoS, ReasonCode, Subscription,
     Transport,
 };
+use zerofan_codec::{MqttStr, SubscriptionOptions};
 
 /// Publishes a retained message on this broker as the broker itself (the
 /// notification topic may be under `$SYS/`, which clients may not write).
@@ -44,10 +47,11 @@ pub enum Way {
     In,
 }
 
-/// Run the bridge until the task is aborted. `local` reaches this broker.
+/// Run the bridge until the task is aborted. `local` opens connections
+/// into this broker.
 pub async fn run(
     cfg: BridgeConfig,
-    local: Transport,
+    local: Opener,
     remote: Transport,
     notify: Notify,
     stats: Rc<BridgeStats>,
@@ -61,10 +65,9 @@ pub async fn run(
         max: Duration::from_secs(u64::from(cfg.restart_timeout_max)),
         multiplier: 2.0,
     };
-    let Some((lc, lrx)) = connect_retrying(local_options(&cfg, local), &backoff, &stats).await
-    else {
-        return;
-    };
+    let lc = Local::new(local, local_options(&cfg));
+    let local_backoff = super::local::local_backoff();
+    lc.connect_retrying(&local_backoff).await;
     let Some((rc, rrx)) =
         connect_retrying(remote_options(&cfg, remote, backoff), &backoff, &stats).await
     else {
@@ -83,8 +86,6 @@ pub async fn run(
         .cloned()
         .collect();
     let v5 = cfg.protocol_version == BridgeProtocol::V5;
-    subscribe(&lc, &out, Way::Out, true, &cfg.name).await;
-    subscribe(&rc, &inward, Way::In, v5, &cfg.name).await;
     let max = cfg.max_queued_messages;
     let watch = watch_state(
         rc.clone(),
@@ -92,30 +93,28 @@ pub async fn run(
         stats.clone(),
     );
     tokio::join!(
-        forward(lrx, &lc, &rc, &out, Way::Out, max, &stats),
-        forward(rrx, &rc, &lc, &inward, Way::In, max, &stats),
+        lc.drive(&local_backoff),
+        async {
+            subscribe_local(&lc, &out, &cfg.name).await;
+            forward_out(&lc, &rc, &out, max, &stats).await;
+        },
+        async {
+            subscribe(&rc, &inward, Way::In, v5, &cfg.name).await;
+            forward_in(rrx, &rc, &lc, &inward, max, &stats).await;
+        },
         watch,
     );
 }
 
 /// The bridge's session on this broker: always MQTT 5 (No Local), kept
 /// across restarts unless `cleansession`.
-fn local_options(cfg: &BridgeConfig, local: Transport) -> ClientOptions {
-    ClientOptions::with_transport(local)
-        .protocol(Protocol::V5)
-        .client_id(cfg.local_id())
-        .clean_start(cfg.cleansession)
-        .session_expiry(if cfg.cleansession { 0 } else { u32::MAX })
-        .keep_alive(0)
-        .incoming_capacity(cfg.max_queued_messages)
-        .max_inflight(clamp_u16(cfg.max_queued_messages))
-        .receive_maximum(clamp_u16(cfg.max_queued_messages))
-        .manual_acks(true)
-        .backoff(Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-            multiplier: 2.0,
-        })
+fn local_options(cfg: &BridgeConfig) -> LocalOptions {
+    LocalOptions {
+        client_id: cfg.local_id(),
+        clean_start: cfg.cleansession,
+        session_expiry: if cfg.cleansession { 0 } else { u32::MAX },
+        max_inflight: clamp_u16(cfg.max_queued_messages),
+    }
 }
 
 fn remote_options(cfg: &BridgeConfig, remote: Transport, backoff: Backoff) -> ClientOptions {
@@ -226,6 +225,36 @@ async fn subscribe(c: &Client, topics: &[BridgeTopic], way: Way, no_local: bool,
     }
 }
 
+async fn subscribe_local(lc: &Local, topics: &[BridgeTopic], name: &str) {
+    let mut filters = Vec::new();
+    for t in topics {
+        let Ok(f) = MqttStr::try_from(t.local_filter()) else {
+            tracing::warn!(bridge = name, topic = %t.pattern, "bridge subscription refused");
+            continue;
+        };
+        let options = SubscriptionOptions {
+            qos: qos_of(t.qos),
+            no_local: true,
+            retain_as_published: true,
+            retain_handling: 0,
+        };
+        filters.push((f, options));
+    }
+    if filters.is_empty() {
+        return;
+    }
+    match lc.subscribe(filters).await {
+        Ok(reasons) => {
+            for (t, r) in topics.iter().zip(&reasons) {
+                if r.is_error() {
+                    tracing::warn!(bridge = name, topic = %t.pattern, reason = r.0, "bridge subscription refused");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(bridge = name, reason = ?e.0, "bridge subscribe failed"),
+    }
+}
+
 fn qos_of(q: u8) -> QoS {
     match q {
         0 => QoS::AtMostOnce,
@@ -250,24 +279,106 @@ pub fn map_topic(topics: &[BridgeTopic], way: Way, topic: &str) -> Option<String
     })
 }
 
-async fn forward(
-    mut rx: Incoming,
-    from: &Client,
+/// This broker to the remote one: each delivery's payload (the shared
+/// message's `Bytes`) goes to the remote client as it is.
+async fn forward_out(
+    from: &Local,
     to: &Client,
     topics: &[BridgeTopic],
-    way: Way,
     max: usize,
     stats: &BridgeStats,
 ) {
-    let out = way == Way::Out;
     let mut pending = FuturesUnordered::new();
+    let mut batch: Vec<Delivered> = Vec::new();
+    loop {
+        let room = max.saturating_sub(pending.len());
+        tokio::select! {
+            biased;
+            Some((r, token)) = pending.next(), if !pending.is_empty() => {
+                let outcome = match r {
+                    Ok(PublishAck { reason, .. }) if !reason.is_error() => Outcome::Taken,
+                    Err(ClientError::Closed) => Outcome::Closed,
+                    _ => Outcome::Refused,
+                };
+                if settle(outcome, true, stats) {
+                    if let Some(t) = token {
+                        from.ack(t);
+                    }
+                }
+            }
+            _ = from.recv_many(&mut batch, room.max(1)), if room > 0 => {
+                for Delivered { delivery: d, token } in batch.drain(..) {
+                    let m = &d.message;
+                    let Some(topic) = map_topic(topics, Way::Out, m.topic.as_str()) else {
+                        // Nothing to send it to: taken (and counted) as lost.
+                        stats.dropped(true);
+                        if let Some(t) = token {
+                            from.ack(t);
+                        }
+                        continue;
+                    };
+                    let len = m.payload.len() as u64;
+                    // MQTT 5 properties cross with the message, with the
+                    // expiry left; nothing is allocated when there are none.
+                    let mut properties = if m.properties.is_allocated() {
+                        (*m.properties).clone()
+                    } else {
+                        Default::default()
+                    };
+                    if d.message_expiry_interval.is_some() {
+                        properties.message_expiry_interval = d.message_expiry_interval;
+                    }
+                    let opts = PublishOptions {
+                        retain: d.retain,
+                        properties,
+                    };
+                    match to.publish_ext(&topic, d.qos, &opts, m.payload.clone()).await {
+                        Ok(done) => {
+                            stats.sent(true, len);
+                            if d.qos != QoS::AtMostOnce {
+                                pending.push(async move { (done.await, token) });
+                            }
+                        }
+                        Err(e) => {
+                            stats.dropped(true);
+                            tracing::debug!(error = %e, %topic, "bridge publish failed");
+                            if let Some(t) = token {
+                                from.ack(t);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        stats.set_queued(true, pending.len());
+    }
+}
+
+/// The remote broker to this one: each message's payload (a slice of the
+/// client's read buffer) goes into this broker as it is.
+async fn forward_in(
+    mut rx: Incoming,
+    from: &Client,
+    to: &Local,
+    topics: &[BridgeTopic],
+    max: usize,
+    stats: &BridgeStats,
+) {
+    let mut pending = FuturesUnordered::<LocalWait>::new();
     let mut batch: Vec<Message> = Vec::new();
     loop {
         let room = max.saturating_sub(pending.len());
         tokio::select! {
             biased;
             Some((r, token)) = pending.next(), if !pending.is_empty() => {
-                settle(r, token, from, out, stats).await;
+                let outcome = match r {
+                    Some(reason) if !reason.is_error() => Outcome::Taken,
+                    Some(_) => Outcome::Refused,
+                    None => Outcome::Closed,
+                };
+                if settle(outcome, false, stats) {
+                    ack(from, token).await;
+                }
             }
             n = rx.recv_many(&mut batch, room.max(1)), if room > 0 => {
                 if n == 0 {
@@ -275,62 +386,76 @@ async fn forward(
                 }
                 for m in batch.drain(..) {
                     let token = m.ack_token();
-                    let Some(topic) = map_topic(topics, way, m.topic()) else {
-                        // Nothing to send it to: taken (and counted) as lost.
-                        stats.dropped(out);
+                    let Some(topic) = map_topic(topics, Way::In, m.topic()) else {
+                        stats.dropped(false);
                         ack(from, token).await;
                         continue;
                     };
                     let len = m.payload.len() as u64;
-                    // MQTT 5 properties cross with the message (the
-                    // client drops subscription identifiers and topic
-                    // aliases, and a 3.1.1 side has none); nothing is
-                    // allocated when there are none.
-                    let opts = PublishOptions {
-                        retain: m.retain,
-                        properties: if m.properties.is_allocated() {
-                            (*m.properties).clone()
-                        } else {
-                            Default::default()
-                        },
-                    };
-                    match to.publish_ext(&topic, m.qos, &opts, m.payload).await {
-                        Ok(d) => {
-                            stats.sent(out, len);
-                            if m.qos != QoS::AtMostOnce {
-                                pending.push(async move { (d.await, token) });
+                    // The client dropped subscription identifiers and topic
+                    // aliases; a 3.1.1 remote sends none.
+                    match to.publish(&topic, m.qos, m.retain, m.properties, m.payload).await {
+                        Ok(answer) => {
+                            stats.sent(false, len);
+                            match answer {
+                                Some(answer) => pending.push(LocalWait { answer, token }),
+                                None => ack(from, token).await,
                             }
                         }
                         Err(e) => {
-                            stats.dropped(out);
-                            tracing::debug!(error = %e, %topic, "bridge publish failed");
+                            stats.dropped(false);
+                            tracing::debug!(error = ?e, %topic, "bridge publish failed");
                             ack(from, token).await;
                         }
                     }
                 }
             }
         }
-        stats.set_queued(out, pending.len());
+        stats.set_queued(false, pending.len());
     }
 }
 
-/// The other side answered for a message: acknowledge it where it came
-/// from, unless the bridge is shutting down (then the sending broker keeps
-/// it for the next start).
-async fn settle(
-    r: Result<PublishAck, ClientError>,
+/// The broker's answer to come (`None`: the session ended), and what
+/// acknowledges the message to the remote broker.
+/// (A named future: no allocation of its own per message.)
+struct LocalWait {
+    answer: super::local::Answer,
     token: Option<AckToken>,
-    from: &Client,
-    out: bool,
-    stats: &BridgeStats,
-) {
-    match r {
-        Ok(a) if !a.reason.is_error() => {}
-        Err(ClientError::Closed) => return,
-        // Refused by the other side (its ACL, its limits): gone.
-        _ => stats.dropped(out),
+}
+
+impl std::future::Future for LocalWait {
+    type Output = (Option<ReasonCode>, Option<AckToken>);
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let r = std::task::ready!(std::pin::Pin::new(&mut self.answer).poll(cx));
+        std::task::Poll::Ready((r.ok(), self.token))
     }
-    ack(from, token).await;
+}
+
+/// How the other side answered for a message.
+enum Outcome {
+    Taken,
+    /// Refused there (its ACL, its limits): gone.
+    Refused,
+    /// The bridge is shutting down.
+    Closed,
+}
+
+/// Whether to acknowledge the message where it came from: not when the
+/// bridge is shutting down (then the sending broker keeps it for the next
+/// start).
+fn settle(outcome: Outcome, out: bool, stats: &BridgeStats) -> bool {
+    match outcome {
+        Outcome::Taken => true,
+        Outcome::Refused => {
+            stats.dropped(out);
+            true
+        }
+        Outcome::Closed => false,
+    }
 }
 
 async fn ack(from: &Client, token: Option<AckToken>) {

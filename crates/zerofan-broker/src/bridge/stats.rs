@@ -23,6 +23,8 @@ pub struct BridgeStats {
     dropped_in: Cell<u64>,
     queued_out: Cell<usize>,
     queued_in: Cell<usize>,
+    /// Full-queue waits on its links into this broker.
+    pub link_waits: crate::bridge::link::LinkWaits,
 }
 
 /// A copy of [`BridgeStats`] at one moment.
@@ -51,6 +53,11 @@ pub struct BridgeFigures {
     pub queued_out: usize,
     /// The same towards this broker.
     pub queued_in: usize,
+    /// Times this broker waited for the bridge to take its output (the
+    /// link's queue towards the bridge was full).
+    pub link_waits_out: u64,
+    /// Times the bridge waited to hand this broker a message.
+    pub link_waits_in: u64,
 }
 
 impl BridgeStats {
@@ -103,6 +110,8 @@ impl BridgeStats {
             dropped_in: self.dropped_in.get(),
             queued_out: self.queued_out.get(),
             queued_in: self.queued_in.get(),
+            link_waits_out: self.link_waits.from_broker.get(),
+            link_waits_in: self.link_waits.to_broker.get(),
         }
     }
 }
@@ -121,6 +130,8 @@ impl BridgeFigures {
             ("messages/dropped/received", self.dropped_in.to_string()),
             ("queue/sent", self.queued_out.to_string()),
             ("queue/received", self.queued_in.to_string()),
+            ("link/waits/sent", self.link_waits_out.to_string()),
+            ("link/waits/received", self.link_waits_in.to_string()),
         ]
     }
 }
@@ -131,7 +142,7 @@ pub fn render(e: &mut Exposition, bridges: &[BridgeFigures]) {
         return;
     }
     type Values = fn(&BridgeFigures) -> [(&'static str, f64); 2];
-    let families: [(&str, Kind, &str, Values); 5] = [
+    let families: [(&str, Kind, &str, Values); 6] = [
         ("zerofan_bridge_connected", Kind::Gauge, "1 while the bridge is connected to its remote broker.",
             |b| [("", f64::from(u8::from(b.connected))), ("", f64::NAN)]),
         ("zerofan_bridge_messages_total", Kind::Counter, "Messages across the bridge, by direction (out: to the remote broker).",
@@ -142,6 +153,8 @@ pub fn render(e: &mut Exposition, bridges: &[BridgeFigures]) {
             |b| [("out", b.dropped_out as f64), ("in", b.dropped_in as f64)]),
         ("zerofan_bridge_queued", Kind::Gauge, "QoS 1/2 messages the bridge sent and the other side has not acknowledged yet, by direction.",
             |b| [("out", b.queued_out as f64), ("in", b.queued_in as f64)]),
+        ("zerofan_bridge_link_waits_total", Kind::Counter, "Times a bounded queue between the bridge and this broker was full and its writer waited (out: this broker's output to the bridge; in: the bridge's messages to this broker).",
+            |b| [("out", b.link_waits_out as f64), ("in", b.link_waits_in as f64)]),
     ];
     for (name, kind, help, values) in families {
         e.family(name, kind, help);

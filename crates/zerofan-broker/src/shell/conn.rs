@@ -315,8 +315,7 @@ impl Conn {
 
     /// With several shards: a CONNECT for a client id owned by another
     /// shard moves the connection there: plain TCP, or TLS / WebSocket
-    /// with their state (a bridge's in-process pipe stays). True when it
-    /// moved: this task ends.
+    /// with their state. True when it moved: this task ends.
     fn move_to_owner(&mut self, shared: &Shared) -> bool {
         let Some(mesh) = shared.mesh.as_ref() else {
             return false;

@@ -19,8 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Any byte stream a connection can run over (TLS, WebSocket, a bridge's
-/// pipe). `Send`: one over a [`Socket`] moves to its owner shard whole.
+/// Any byte stream a connection can run over (TLS, WebSocket). `Send`: one over a [`Socket`] moves to its owner shard whole.
 pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {
     /// The TCP socket at the bottom, when the stream can move to another
     /// shard (see `movable.rs`).

@@ -4,6 +4,8 @@
 //! takes no lock.
 
 pub mod api;
+#[cfg(test)]
+mod bridge_tests;
 mod bridges;
 mod buffers;
 mod claims;
@@ -13,6 +15,7 @@ mod http_auth;
 mod limits;
 pub mod links;
 pub mod listener;
+mod local_conn;
 pub mod movable;
 pub mod ops;
 mod park;

@@ -132,6 +132,3 @@ impl<S: AsyncStream> AsyncStream for super::ws::WsStream<S> {
         self.inner_mut().socket()
     }
 }
-
-/// In-process pipes (bridges) stay where they are.
-impl AsyncStream for tokio::io::DuplexStream {}
