@@ -12,7 +12,8 @@ import json
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,32 @@ class Node:
     mqtt_port: int
     tmp: Path
     broker: Broker | None = None
+    # `[cluster] tls` files (`secutil.make_cluster_certs`) and which of them.
+    certs: object = None
+    cert_name: str = ""
+    extra: list = field(default_factory=list)
+
+    def tls_flags(self) -> list[str]:
+        """The CLI's flags for this node's cluster (its `cli` certificate)."""
+        if self.certs is None:
+            return []
+        return ["--tls-cert", str(self.certs.cli), "--tls-key", str(self.certs.cli_key),
+                "--tls-ca", str(self.certs.ca)]
+
+    def args(self, join: "Node | None") -> list[str]:
+        args = ["--node-id", str(self.node_id), "--cluster-listen", self.cluster_addr,
+                "--listen", f"127.0.0.1:{self.mqtt_port}", "--data-dir", str(self.tmp / "data")]
+        if self.certs is not None:
+            c = self.certs
+            conf = self.tmp / "zerofan.toml"
+            conf.write_text(
+                f"[cluster]\nnode_id = {self.node_id}\nlisten = \"{self.cluster_addr}\"\n"
+                f"tls = {{ cert = \"{getattr(c, self.cert_name)}\", "
+                f"key = \"{getattr(c, self.cert_name + '_key')}\", ca = \"{c.ca}\" }}\n")
+            args += ["--config", str(conf)]
+        if join is not None:
+            args += ["--join", join.cluster_addr]
+        return args + self.extra
 
     @property
     def cluster_addr(self) -> str:
@@ -40,11 +67,7 @@ class Node:
 
     def start(self, join: "Node | None" = None) -> "Node":
         self.tmp.mkdir(parents=True, exist_ok=True)
-        args = ["--node-id", str(self.node_id), "--cluster-listen", self.cluster_addr,
-                "--listen", f"127.0.0.1:{self.mqtt_port}", "--data-dir", str(self.tmp / "data")]
-        if join is not None:
-            args += ["--join", join.cluster_addr]
-        self.broker = launch_zerofan(self.tmp, args)
+        self.broker = launch_zerofan(self.tmp, self.args(join))
         return self
 
     def kill(self):
@@ -60,7 +83,7 @@ def cluster_cli(*args: str, timeout: float = 10) -> subprocess.CompletedProcess:
 
 
 def status(node: Node) -> dict | None:
-    r = cluster_cli("status", "--connect", node.cluster_addr, "--json")
+    r = cluster_cli("status", "--connect", node.cluster_addr, "--json", *node.tls_flags())
     if r.returncode != 0:
         return None
     return json.loads(r.stdout)
@@ -346,3 +369,73 @@ def test_a_paused_leader_is_replaced_and_does_not_act_on_stale_ownership(nodes, 
     rc, _ = moved.expect_disconnect(timeout=20)
     assert rc == 0x8E, rc
     assert back.subscribe("p/#", 1) == [1]
+
+
+def metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_mutual_tls_cluster_refuses_strangers(tmp_path, clients):
+    """Three nodes with `[cluster] tls`: they join, route and answer the
+    CLI over mutual TLS. A node with a certificate from another CA and a
+    node without TLS cannot join (refusals logged and counted); the CLI
+    without a certificate is refused too."""
+    from secutil import make_cluster_certs
+    certs = make_cluster_certs(tmp_path / "certs", 3)
+    http = free_port()
+    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}", certs=certs,
+               cert_name=f"node{i}") for i in (1, 2, 3)]
+    ns[0].extra = ["--http", f"127.0.0.1:{http}"]
+    try:
+        ns[0].start()
+        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        wait_status(ns[0], voters_with_leader(3), "3 members over TLS")
+        sub = clients(ns[2])
+        assert sub.subscribe("tls/#", 1) == [1]
+        clients(ns[0]).publish("tls/x", b"sealed", qos=1)
+        assert sub.expect_message().payload == b"sealed"
+
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr)
+        assert r.returncode != 0 and r.stderr.strip(), "plain CLI refused"
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr, "--tls-cert",
+                        str(certs.rogue), "--tls-key", str(certs.rogue_key), "--tls-ca",
+                        str(certs.ca))
+        assert r.returncode != 0, "a certificate of another CA is refused"
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr, "--tls-cert",
+                        str(certs.cli))
+        assert r.returncode != 0 and "--tls-key" in r.stderr, r.stderr
+
+        # Two intruders dial node 1 to join: both are refused while they retry.
+        rogue = Node(4, free_port(), free_port(), tmp_path / "n4", certs=certs,
+                     cert_name="rogue")
+        plain = Node(5, free_port(), free_port(), tmp_path / "n5")
+        procs = []
+        for n in (rogue, plain):
+            n.tmp.mkdir(parents=True)
+            procs.append(subprocess.Popen([str(zerofan_bin()), *n.args(ns[0])], cwd=n.tmp,
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=open(n.tmp / "err.log", "wb")))
+        try:
+            deadline = time.monotonic() + WAIT
+            while metric(http, "zerofan_cluster_tls_refused_total") < 4:
+                assert time.monotonic() < deadline, "refusals counted"
+                time.sleep(0.2)
+            s = status(ns[0])
+            assert sorted(m["node_id"] for m in s["members"]) == [1, 2, 3]
+            assert all(p.poll() is None or p.returncode != 0 for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        log = ns[0].broker.log_path.read_text(errors="replace")
+        assert "no valid certificate from the cluster CA" in log, log[-2000:]
+    finally:
+        for n in ns:
+            if n.broker is not None:
+                n.broker.terminate()

@@ -155,6 +155,9 @@ impl Args {
 fn test_config(args: &Args) -> ExitCode {
     let result = args.config().map_err(|e| e.to_string()).and_then(|c| {
         crate::bridge::prepare(&c.bridge)?;
+        if let Some(tls) = c.cluster.as_ref().and_then(|c| c.tls.as_ref()) {
+            tls.load()?;
+        }
         crate::security::load(&c).map_err(|e| e.to_string())
     });
     match result {

@@ -7,6 +7,7 @@ use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
 use crate::log_store::LogStore;
 use crate::network::{self, Heard, RaftRequest, TcpNetworkFactory};
 use crate::state_machine::{OwnershipLost, SmShared, StateMachine};
+use crate::tls::{self, ClusterTls, NodeStream};
 use crate::types::{Command, NodeInfo, Raft, Reply as SmReply};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
@@ -17,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
@@ -37,6 +38,10 @@ pub struct ClusterConfig {
     pub advertise: Option<SocketAddr>,
     /// Accept cluster traffic from non-loopback peers without TLS.
     pub insecure: bool,
+    /// Mutual TLS for every node-to-node connection: the listener accepts
+    /// only peers with a certificate from the cluster CA, and this node
+    /// presents its own when it dials.
+    pub tls: Option<ClusterTls>,
 }
 
 /// Why the cluster could not do something.
@@ -142,6 +147,7 @@ struct Counters {
     links_dropped: AtomicU64,
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
+    tls_refused: AtomicU64,
 }
 
 struct Inner {
@@ -151,8 +157,11 @@ struct Inner {
     heard: Heard,
     counters: Counters,
     insecure: bool,
+    tls: Option<ClusterTls>,
+    /// When a refused TLS handshake was last logged.
+    tls_refusal_logged: Mutex<Option<Instant>>,
     removed: AtomicBool,
-    links_tx: mpsc::Sender<(u64, TcpStream)>,
+    links_tx: mpsc::Sender<(u64, NodeStream)>,
     members_tx: watch::Sender<Members>,
 }
 
@@ -162,7 +171,7 @@ pub struct Cluster {
     inner: Arc<Inner>,
     local_addr: SocketAddr,
     members_rx: watch::Receiver<Members>,
-    links_rx: Mutex<Option<mpsc::Receiver<(u64, TcpStream)>>>,
+    links_rx: Mutex<Option<mpsc::Receiver<(u64, NodeStream)>>>,
     lost_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -214,6 +223,7 @@ impl Cluster {
         let factory = TcpNetworkFactory {
             local: cfg.node_id,
             heard: heard.clone(),
+            tls: cfg.tls.clone(),
         };
         let raft = Raft::new(cfg.node_id, raft_config()?, factory, log, sm)
             .await
@@ -228,6 +238,8 @@ impl Cluster {
             heard,
             counters: Counters::default(),
             insecure: cfg.insecure,
+            tls: cfg.tls.clone(),
+            tls_refusal_logged: Mutex::new(None),
             removed: AtomicBool::new(false),
             links_tx,
             members_tx,
@@ -286,7 +298,14 @@ impl Cluster {
         let mut pause = Duration::from_millis(100);
         let mut why = String::new();
         for attempt in 1..=JOIN_ATTEMPTS {
-            match admin::call(&addr.to_string(), self.inner.id, &env).await {
+            match admin::call(
+                &addr.to_string(),
+                self.inner.id,
+                &env,
+                self.inner.tls.as_ref(),
+            )
+            .await
+            {
                 Ok(Reply::Done) => return Ok(()),
                 Ok(Reply::Error(e)) => why = e,
                 Ok(other) => why = format!("unexpected answer {other:?}"),
@@ -316,7 +335,7 @@ impl Cluster {
 
     /// Links other nodes opened to this one, with their node id. Only the
     /// first call gets the receiver.
-    pub fn take_links(&self) -> Option<mpsc::Receiver<(u64, TcpStream)>> {
+    pub fn take_links(&self) -> Option<mpsc::Receiver<(u64, NodeStream)>> {
         self.links_rx.lock().ok()?.take()
     }
 
@@ -328,7 +347,7 @@ impl Cluster {
 
     /// Open a link to member `node_id`: its cluster listener, `Link` hello
     /// sent; what follows is the caller's.
-    pub async fn dial_link(&self, node_id: u64) -> Result<TcpStream, ClusterError> {
+    pub async fn dial_link(&self, node_id: u64) -> Result<NodeStream, ClusterError> {
         let addr = self
             .members_rx
             .borrow()
@@ -336,17 +355,12 @@ impl Cluster {
             .get(&node_id)
             .map(|m| m.cluster_addr.clone())
             .ok_or_else(|| ClusterError::Refused(format!("node {node_id} is not a member")))?;
-        let mut s = timeout(Duration::from_secs(3), TcpStream::connect(&addr))
+        let mut s = tls::connect(&addr, self.inner.tls.as_ref(), Duration::from_secs(3))
             .await
-            .map_err(|_| ClusterError::Unreachable {
-                addr: addr.clone(),
-                why: "no answer within 3 s".into(),
-            })?
             .map_err(|e| ClusterError::Unreachable {
                 addr: addr.clone(),
                 why: e.to_string(),
             })?;
-        let _ = s.set_nodelay(true);
         let hello = Hello {
             kind: Kind::Link,
             from: self.inner.id,
@@ -479,6 +493,12 @@ impl Cluster {
         self.inner.counters.bad_frames.load(Ordering::Relaxed)
     }
 
+    /// Connections whose TLS handshake failed (no certificate, one from
+    /// another CA, not TLS at all).
+    pub fn tls_refused(&self) -> u64 {
+        self.inner.counters.tls_refused.load(Ordering::Relaxed)
+    }
+
     /// Links closed because the broker was not taking them.
     pub fn links_dropped(&self) -> u64 {
         self.inner.counters.links_dropped.load(Ordering::Relaxed)
@@ -520,7 +540,7 @@ impl Inner {
                 let answer = if quick {
                     match timeout(
                         FORWARD_TIMEOUT,
-                        admin::call(&node.cluster_addr, self.id, &env),
+                        admin::call(&node.cluster_addr, self.id, &env, self.tls.as_ref()),
                     )
                     .await
                     {
@@ -531,7 +551,7 @@ impl Inner {
                         }),
                     }
                 } else {
-                    admin::call(&node.cluster_addr, self.id, &env).await
+                    admin::call(&node.cluster_addr, self.id, &env, self.tls.as_ref()).await
                 };
                 match answer {
                     Ok(r) => r,
@@ -651,12 +671,13 @@ impl Inner {
         // Told after the change is committed; best effort: a node that does
         // not hear it is no longer replicated to and cannot win a vote.
         let from = self.id;
+        let tls = self.tls.clone();
         tokio::spawn(async move {
             let env = Envelope {
                 req: admin::Request::Removed,
                 forwarded: true,
             };
-            if let Err(e) = admin::call(&node.cluster_addr, from, &env).await {
+            if let Err(e) = admin::call(&node.cluster_addr, from, &env, tls.as_ref()).await {
                 tracing::info!(node_id, %e, "removed node not told");
             }
         });
@@ -773,9 +794,10 @@ async fn watch_metrics(inner: Arc<Inner>) {
     }
 }
 
-/// Without TLS only loopback peers are trusted, unless `insecure`.
-fn peer_allowed(ip: std::net::IpAddr, insecure: bool) -> bool {
-    insecure || ip.is_loopback()
+/// Without TLS only loopback peers are trusted, unless `insecure`; with
+/// TLS the certificate decides.
+fn peer_allowed(ip: std::net::IpAddr, insecure: bool, tls: bool) -> bool {
+    insecure || tls || ip.is_loopback()
 }
 
 /// Refusals are logged at most this often (a scanner must not flood the
@@ -795,7 +817,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                 continue;
             }
         };
-        if !peer_allowed(peer.ip(), inner.insecure) {
+        if !peer_allowed(peer.ip(), inner.insecure, inner.tls.is_some()) {
             let refused = inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed) + 1;
             if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
                 last_refusal_log = Some(Instant::now());
@@ -813,6 +835,14 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
         };
         let inner = inner.clone();
         tokio::spawn(async move {
+            let stream = match tls::accept(stream, inner.tls.as_ref(), HELLO_TIMEOUT).await {
+                Ok(s) => s,
+                Err(e) => {
+                    inner.tls_refused(peer, &e);
+                    drop(permit);
+                    return;
+                }
+            };
             if let Err(e) = serve_connection(&inner, stream).await {
                 if e.kind() == std::io::ErrorKind::InvalidData {
                     inner.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -824,8 +854,24 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     }
 }
 
-async fn serve_connection(inner: &Inner, mut stream: TcpStream) -> std::io::Result<()> {
-    let _ = stream.set_nodelay(true);
+impl Inner {
+    /// A peer's TLS handshake failed: counted, logged at most every
+    /// [`REFUSAL_LOG_EVERY`].
+    fn tls_refused(&self, peer: SocketAddr, e: &std::io::Error) {
+        let refused = self.counters.tls_refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self
+            .tls_refusal_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(%peer, refused, error = %e,
+                "cluster connection refused: no valid certificate from the cluster CA (TLS handshake failed)");
+        }
+    }
+}
+
+async fn serve_connection(inner: &Inner, mut stream: NodeStream) -> std::io::Result<()> {
     let hello: Hello = timeout(HELLO_TIMEOUT, frame::read(&mut stream, SMALL_FRAME))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
@@ -858,10 +904,14 @@ mod tests {
     fn only_loopback_peers_without_insecure() {
         let lan: std::net::IpAddr = "192.168.1.20".parse().unwrap();
         let v6: std::net::IpAddr = "::1".parse().unwrap();
-        assert!(!peer_allowed(lan, false));
-        assert!(peer_allowed(lan, true));
-        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false));
-        assert!(peer_allowed(v6, false));
+        assert!(!peer_allowed(lan, false, false));
+        assert!(peer_allowed(lan, true, false));
+        assert!(
+            peer_allowed(lan, false, true),
+            "with TLS the certificate decides"
+        );
+        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false, false));
+        assert!(peer_allowed(v6, false, false));
         assert!(REFUSED_NON_LOOPBACK.contains("insecure = true"));
     }
 }

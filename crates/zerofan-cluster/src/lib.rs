@@ -8,6 +8,7 @@
 //!   fsynced before openraft is told they are persisted.
 //! - `network`, `frame`: the single node-to-node listener, its hello frame
 //!   (`Raft`, `Admin`, `Link`) and openraft's RPCs over it.
+//! - `tls`: mutual TLS for every node-to-node connection, when configured.
 //! - [`admin`]: the requests `zerofan cluster status|remove` send.
 //!
 //! openraft's types stay inside this crate: the broker sees only the types
@@ -23,6 +24,7 @@ mod frame;
 mod log_store;
 mod network;
 mod state_machine;
+mod tls;
 mod types;
 
 #[cfg(test)]
@@ -31,3 +33,4 @@ mod sim;
 pub use admin::{ClusterStatus, MemberStatus};
 pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members};
 pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};
+pub use tls::{ClusterTls, NodeStream};

@@ -469,6 +469,9 @@ pub struct ShellStats {
     pub cluster_replication_lag: u64,
     /// Client-id claims the cluster's log applied.
     pub cluster_claims: u64,
+    /// Node-to-node connections refused for their TLS handshake (no
+    /// certificate, one from another CA, not TLS).
+    pub cluster_tls_refused: u64,
 }
 
 impl ShellStats {
@@ -503,5 +506,6 @@ impl ShellStats {
         self.cluster_leader_changes += o.cluster_leader_changes;
         self.cluster_replication_lag = self.cluster_replication_lag.max(o.cluster_replication_lag);
         self.cluster_claims += o.cluster_claims;
+        self.cluster_tls_refused += o.cluster_tls_refused;
     }
 }

@@ -136,6 +136,7 @@ pub fn sys_figures(
                 st.cluster_replication_lag.to_string(),
             ),
             ("cluster/claims", st.cluster_claims.to_string()),
+            ("cluster/tls_refused", st.cluster_tls_refused.to_string()),
             (
                 "cluster/forwarded/messages",
                 st.cluster_forwarded_messages.to_string(),

@@ -4,7 +4,7 @@
 //! another node claimed ends its session here — and the links' view of the
 //! node ([`link_setup`]: members, incoming links, dialing).
 
-use super::links::{DialFn, LinkSetup};
+use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use zerofan_cluster::{Cluster, Members, OwnershipLost};
+use zerofan_cluster::{Cluster, Members, NodeStream, OwnershipLost};
 
 /// How long a CONNECT waits for its claim (retried meanwhile while the
 /// cluster has no leader) before it is refused with 0x88.
@@ -130,15 +130,21 @@ pub(super) fn link_setup(cluster: Arc<Cluster>) -> LinkSetup {
     if let Some(mut links) = cluster.take_links() {
         tokio::spawn(async move {
             while let Some((node, stream)) = links.recv().await {
-                // Accepted on the cluster's runtime: handed over as a plain
-                // socket, registered again where the links run.
-                match stream.into_std() {
-                    Ok(s) => {
-                        if incoming_tx.send((node, s)).await.is_err() {
-                            return;
+                // Accepted on the cluster's runtime: a plain socket is
+                // handed over as such, registered again where the links
+                // run; a TLS one as it is.
+                let link = match stream {
+                    NodeStream::Plain(s) => match s.into_std() {
+                        Ok(s) => IncomingLink::Socket(s),
+                        Err(e) => {
+                            tracing::debug!(node, error = %e, "link not handed over");
+                            continue;
                         }
-                    }
-                    Err(e) => tracing::debug!(node, error = %e, "link not handed over"),
+                    },
+                    tls @ NodeStream::Tls(_) => IncomingLink::Io(Box::new(tls)),
+                };
+                if incoming_tx.send((node, link)).await.is_err() {
+                    return;
                 }
             }
         });
@@ -146,9 +152,11 @@ pub(super) fn link_setup(cluster: Arc<Cluster>) -> LinkSetup {
     let dial: DialFn = Arc::new(move |node| {
         let c = cluster.clone();
         Box::pin(async move {
-            c.dial_link(node)
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))
+            match c.dial_link(node).await {
+                Ok(NodeStream::Plain(s)) => Ok(LinkStream::Tcp(s)),
+                Ok(tls) => Ok(LinkStream::Io(Box::new(tls))),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            }
         })
     });
     LinkSetup {
