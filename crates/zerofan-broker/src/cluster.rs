@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 use zerofan_cluster::{Cluster, ClusterConfig, ClusterStatus, ClusterTls};
 
 /// `[cluster] tls = { cert, key, ca }`: PEM files of this node's
@@ -55,6 +56,16 @@ pub struct ClusterSettings {
     pub advertise: Option<SocketAddr>,
     /// Mutual TLS for all node-to-node traffic.
     pub tls: Option<ClusterTlsFiles>,
+    /// Milliseconds this node serves the client ids it owns without
+    /// hearing from a majority; then it drops them (see `zerofan_cluster`'s
+    /// leases). Another node may take them over `lease_ms · 9/8 + 100` ms
+    /// after this node was last heard from.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+}
+
+fn default_lease_ms() -> u64 {
+    zerofan_cluster::DEFAULT_LEASE.as_millis() as u64
 }
 
 fn default_replicas() -> usize {
@@ -72,6 +83,7 @@ impl ClusterSettings {
             replicas: default_replicas(),
             advertise: None,
             tls: None,
+            lease_ms: default_lease_ms(),
         }
     }
 
@@ -98,6 +110,12 @@ impl ClusterSettings {
         }
         if self.replicas == 0 {
             return bad("cluster.replicas", "must be at least 1");
+        }
+        if Duration::from_millis(self.lease_ms) < zerofan_cluster::MIN_LEASE {
+            return bad(
+                "cluster.lease_ms",
+                "must be at least 1000 (above the Raft election timeout)",
+            );
         }
         Ok(())
     }
@@ -149,6 +167,7 @@ pub async fn start(config: &Config) -> io::Result<Option<Arc<Cluster>>> {
             ),
             None => None,
         },
+        lease: Duration::from_millis(s.lease_ms),
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -346,6 +365,9 @@ mod tests {
         );
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nreplicas = 0\n");
         assert!(e.contains("cluster.replicas"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nlease_ms = 500\n");
+        assert!(e.contains("cluster.lease_ms"), "{e}");
+        assert_eq!(s.lease_ms, 3000, "a 3 s lease unless told");
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
         assert!(e.contains("unknown field"), "{e}");
 

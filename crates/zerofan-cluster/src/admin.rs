@@ -73,6 +73,16 @@ pub(crate) enum Request {
     },
     /// Sent by the leader to a node it removed.
     Removed,
+    /// Renew `node_id`'s ownership lease (see `lease`).
+    Renew {
+        node_id: u64,
+    },
+    /// Sent by the leader to the owner of `client_id` before a claim takes
+    /// it: drop the connection, then answer.
+    Fence {
+        client_id: String,
+        new_owner: u64,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

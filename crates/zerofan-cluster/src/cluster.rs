@@ -4,6 +4,7 @@
 use crate::admin::{self, ClusterStatus, Envelope, MemberStatus, Reply};
 use crate::disk::{Disk, FsDisk};
 use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
+use crate::lease::{self, Grants, Holder};
 use crate::log_store::LogStore;
 use crate::network::{self, Heard, RaftRequest, TcpNetworkFactory};
 use crate::state_machine::{OwnershipLost, SmShared, StateMachine};
@@ -42,6 +43,9 @@ pub struct ClusterConfig {
     /// only peers with a certificate from the cluster CA, and this node
     /// presents its own when it dials.
     pub tls: Option<ClusterTls>,
+    /// How long this node serves its clients without hearing from a
+    /// majority (see `lease`); at least [`crate::MIN_LEASE`].
+    pub lease: Duration,
 }
 
 /// Why the cluster could not do something.
@@ -148,6 +152,7 @@ struct Counters {
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
     tls_refused: AtomicU64,
+    lease_expiries: AtomicU64,
 }
 
 struct Inner {
@@ -161,6 +166,14 @@ struct Inner {
     /// When a refused TLS handshake was last logged.
     tls_refusal_logged: Mutex<Option<Instant>>,
     removed: AtomicBool,
+    lease: Duration,
+    /// This node's own lease.
+    holder: Mutex<Holder>,
+    /// The leases this node answered while leading.
+    grants: Mutex<Grants>,
+    /// False from when the lease ran out until it is renewed.
+    lease_tx: watch::Sender<bool>,
+    fences_tx: mpsc::Sender<OwnershipLost>,
     links_tx: mpsc::Sender<(u64, NodeStream)>,
     members_tx: watch::Sender<Members>,
 }
@@ -173,6 +186,7 @@ pub struct Cluster {
     members_rx: watch::Receiver<Members>,
     links_rx: Mutex<Option<mpsc::Receiver<(u64, NodeStream)>>>,
     lost_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
+    fences_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -195,6 +209,13 @@ impl Cluster {
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
         if cfg.node_id == 0 {
             return Err(ClusterError::Config("node id 0 is not allowed".into()));
+        }
+        if cfg.lease < lease::MIN_LEASE {
+            return Err(ClusterError::Config(format!(
+                "lease of {:?} is shorter than {:?}",
+                cfg.lease,
+                lease::MIN_LEASE
+            )));
         }
         if cfg.listen.ip().is_unspecified() {
             return Err(ClusterError::Config(format!(
@@ -230,6 +251,7 @@ impl Cluster {
             .map_err(|e| ClusterError::Refused(format!("raft did not start: {e}")))?;
 
         let (links_tx, links_rx) = mpsc::channel(LINK_QUEUE);
+        let (fences_tx, fences_rx) = mpsc::channel(LOST_QUEUE);
         let (members_tx, members_rx) = watch::channel(Members::default());
         let inner = Arc::new(Inner {
             id: cfg.node_id,
@@ -241,12 +263,18 @@ impl Cluster {
             tls: cfg.tls.clone(),
             tls_refusal_logged: Mutex::new(None),
             removed: AtomicBool::new(false),
+            lease: cfg.lease,
+            holder: Mutex::new(Holder::new(cfg.lease)),
+            grants: Mutex::new(Grants::new(cfg.lease)),
+            lease_tx: watch::channel(true).0,
+            fences_tx,
             links_tx,
             members_tx,
         });
         let tasks = vec![
             tokio::spawn(accept_loop(inner.clone(), listener)),
             tokio::spawn(watch_metrics(inner.clone())),
+            tokio::spawn(keep_lease(inner.clone())),
         ];
         let cluster = Cluster {
             inner,
@@ -254,6 +282,7 @@ impl Cluster {
             members_rx,
             links_rx: Mutex::new(Some(links_rx)),
             lost_rx: Mutex::new(Some(lost_rx)),
+            fences_rx: Mutex::new(Some(fences_rx)),
             tasks,
         };
         let me = NodeInfo {
@@ -345,6 +374,15 @@ impl Cluster {
         self.lost_rx.lock().ok()?.take()
     }
 
+    /// Client ids the leader is about to give to another node: the local
+    /// connection must go now, before the claim commits (see `lease`). The
+    /// applied table still names this node; `epoch` is 0. Only the first
+    /// call gets the receiver; when full, fences are refused and the leader
+    /// waits for this node's lease instead.
+    pub fn take_fences(&self) -> Option<mpsc::Receiver<OwnershipLost>> {
+        self.fences_rx.lock().ok()?.take()
+    }
+
     /// Open a link to member `node_id`: its cluster listener, `Link` hello
     /// sent; what follows is the caller's.
     pub async fn dial_link(&self, node_id: u64) -> Result<NodeStream, ClusterError> {
@@ -380,8 +418,13 @@ impl Cluster {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
         };
+        let sent = Instant::now();
         match self.inner.on_leader(req, false).await {
-            Reply::Claimed { owner, epoch } => Ok((owner, epoch)),
+            Reply::Claimed { owner, epoch } => {
+                // Committed by a quorum after `sent`: as good as a renewal.
+                self.inner.renewed(sent);
+                Ok((owner, epoch))
+            }
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
@@ -499,6 +542,18 @@ impl Cluster {
         self.inner.counters.tls_refused.load(Ordering::Relaxed)
     }
 
+    /// Whether this node holds its ownership lease: false from when it ran
+    /// out (no majority heard within the lease) until it is renewed. The
+    /// broker drops the clients it owns when it turns false.
+    pub fn lease(&self) -> watch::Receiver<bool> {
+        self.inner.lease_tx.subscribe()
+    }
+
+    /// Times the lease ran out.
+    pub fn lease_expiries(&self) -> u64 {
+        self.inner.counters.lease_expiries.load(Ordering::Relaxed)
+    }
+
     /// Links closed because the broker was not taking them.
     pub fn links_dropped(&self) -> u64 {
         self.inner.counters.links_dropped.load(Ordering::Relaxed)
@@ -521,7 +576,9 @@ impl Inner {
     async fn on_leader(&self, req: admin::Request, forwarded: bool) -> Reply {
         match self.leader_info() {
             Some((leader, _)) if leader == self.id => self.as_leader(req).await,
-            _ if matches!(req, admin::Request::Removed) => self.as_leader(req).await,
+            _ if matches!(req, admin::Request::Removed | admin::Request::Fence { .. }) => {
+                self.as_leader(req).await
+            }
             Some((leader, node)) if !forwarded => {
                 let env = Envelope {
                     req: req.clone(),
@@ -534,6 +591,7 @@ impl Inner {
                 let quick = matches!(
                     req,
                     admin::Request::Status
+                        | admin::Request::Renew { .. }
                         | admin::Request::Claim { .. }
                         | admin::Request::Release { .. }
                 );
@@ -573,13 +631,23 @@ impl Inner {
         match req {
             admin::Request::Status => Reply::Status(Box::new(self.local_status())),
             admin::Request::Claim { client_id, node_id } => {
+                if let Err(wait) = self.let_go(&client_id, node_id).await {
+                    return Reply::Error(format!(
+                        "client id {client_id:?} is owned by a node out of touch: \
+                         it may be taken in {} ms, when that node's lease has run out",
+                        wait.as_millis()
+                    ));
+                }
                 let cmd = Command::Claim {
                     client_id,
                     node: node_id,
                 };
                 match self.raft.client_write(cmd).await {
                     Ok(r) => match r.data {
-                        SmReply::Claimed { owner, epoch } => Reply::Claimed { owner, epoch },
+                        SmReply::Claimed { owner, epoch } => {
+                            self.grants().answered(node_id, Instant::now());
+                            Reply::Claimed { owner, epoch }
+                        }
                         SmReply::Refused(why) => Reply::Error(why),
                         SmReply::None => Reply::Error("claim answered nothing".into()),
                     },
@@ -594,6 +662,39 @@ impl Inner {
                 {
                     Ok(_) => Reply::Done,
                     Err(e) => write_error(e),
+                }
+            }
+            admin::Request::Fence {
+                client_id,
+                new_owner,
+            } => {
+                let fence = OwnershipLost {
+                    client_id,
+                    new_owner,
+                    epoch: 0,
+                };
+                match self.fences_tx.try_send(fence) {
+                    Ok(()) => Reply::Done,
+                    Err(_) => Reply::Error("fence queue full".into()),
+                }
+            }
+            admin::Request::Renew { node_id } => {
+                let member = self
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&node_id)
+                    .is_some();
+                if !member {
+                    return Reply::Error(format!("node {node_id} is not a member"));
+                }
+                if lease::confirm(&self.raft, self.lease / 2).await {
+                    self.grants().answered(node_id, Instant::now());
+                    Reply::Done
+                } else {
+                    Reply::Error("leadership not confirmed by a quorum".into())
                 }
             }
             admin::Request::Join { node_id, node } => self.add_node(node_id, node).await,
@@ -668,6 +769,7 @@ impl Inner {
             return write_error(e);
         }
         tracing::info!(node_id, "node removed from the cluster");
+        self.grants().forget(node_id);
         // Told after the change is committed; best effort: a node that does
         // not hear it is no longer replicated to and cannot win a vote.
         let from = self.id;
@@ -742,14 +844,45 @@ impl Inner {
     }
 }
 
+/// Renew this node's lease every `lease / 4`, and tell the broker the
+/// moment it runs out.
+async fn keep_lease(inner: Arc<Inner>) {
+    let every = lease::renew_every(inner.lease);
+    loop {
+        let sent = Instant::now();
+        let ask = inner.on_leader(admin::Request::Renew { node_id: inner.id }, false);
+        if let Ok(Reply::Done) = watch_expiry(&inner, timeout(every, ask)).await {
+            inner.renewed(sent);
+        }
+        watch_expiry(&inner, tokio::time::sleep_until(sent + every)).await;
+    }
+}
+
+/// Run `f`, expiring the lease on time meanwhile.
+async fn watch_expiry<F: std::future::Future>(inner: &Inner, f: F) -> F::Output {
+    tokio::pin!(f);
+    loop {
+        let until = inner.holder().until().filter(|_| *inner.lease_tx.borrow());
+        let Some(until) = until else {
+            return f.await;
+        };
+        tokio::select! {
+            out = &mut f => return out,
+            _ = tokio::time::sleep_until(until) => inner.expire_if_due(),
+        }
+    }
+}
+
 /// Follow openraft's metrics: count leader changes, publish and log
-/// membership changes.
+/// membership changes, and note when this node starts or stops leading.
 async fn watch_metrics(inner: Arc<Inner>) {
     let mut rx = inner.raft.metrics();
     let mut leader = None;
     loop {
         let members = {
             let m = rx.borrow_and_update();
+            let leading = (m.state == ServerState::Leader).then_some(m.current_term);
+            inner.grants().role(leading, Instant::now());
             if m.current_leader != leader {
                 leader = m.current_leader;
                 if let Some(l) = leader {
@@ -855,6 +988,83 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
 }
 
 impl Inner {
+    fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.holder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before a claim by `claimant` takes `client_id` from another node:
+    /// that node's lease has run out, or it drops the connection when told
+    /// (see `lease`). `Err(wait)` while neither.
+    async fn let_go(&self, client_id: &str, claimant: u64) -> Result<(), Duration> {
+        let owner = self.sm.owner(client_id).map(|o| o.0);
+        let Some(owner) = lease::must_fence(self.id, owner, claimant) else {
+            return Ok(());
+        };
+        let wait = match self.grants().takeover(owner, Instant::now()) {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait,
+        };
+        let addr = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&owner)
+            .map(|n| n.cluster_addr.clone());
+        let Some(addr) = addr else {
+            return Err(wait);
+        };
+        let env = Envelope {
+            req: admin::Request::Fence {
+                client_id: client_id.to_string(),
+                new_owner: claimant,
+            },
+            forwarded: true,
+        };
+        let fenced = timeout(
+            lease::FENCE_TIMEOUT,
+            admin::call(&addr, self.id, &env, self.tls.as_ref()),
+        )
+        .await;
+        match fenced {
+            Ok(Ok(Reply::Done)) => Ok(()),
+            _ => Err(wait),
+        }
+    }
+
+    /// A renewal (or claim) sent at `sent` was confirmed by a quorum.
+    fn renewed(&self, sent: Instant) {
+        let held = {
+            let mut h = self.holder();
+            h.renewed(sent);
+            h.held(Instant::now())
+        };
+        if held && !*self.lease_tx.borrow() {
+            tracing::info!(
+                node_id = self.id,
+                "cluster lease renewed: serving clients again"
+            );
+            self.lease_tx.send_replace(true);
+        }
+    }
+
+    /// The lease ran out: tell the broker, once.
+    fn expire_if_due(&self) {
+        if self.holder().held(Instant::now()) || !*self.lease_tx.borrow() {
+            return;
+        }
+        let n = self.counters.lease_expiries.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(node_id = self.id, expiries = n, lease = ?self.lease,
+            "cluster lease ran out (no majority heard): dropping the clients this node owns, \
+             refusing new ones until it is renewed");
+        self.lease_tx.send_replace(false);
+    }
+
     /// A peer's TLS handshake failed: counted, logged at most every
     /// [`REFUSAL_LOG_EVERY`].
     fn tls_refused(&self, peer: SocketAddr, e: &std::io::Error) {

@@ -15,6 +15,7 @@ fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) 
         advertise: Some(format!("127.0.0.1:{}", 1880 + id).parse().unwrap()),
         insecure: false,
         tls: None,
+        lease: zerofan_cluster::DEFAULT_LEASE,
     }
 }
 

@@ -57,6 +57,7 @@ fn config(
         advertise: None,
         insecure: false,
         tls,
+        lease: zerofan_cluster::DEFAULT_LEASE,
     }
 }
 

@@ -74,6 +74,8 @@ pub struct Broker {
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
     pub(crate) claims: super::claims::Claims,
+    /// The cluster node's ownership lease (see `lease`).
+    pub(crate) lease: super::lease::Lease,
 }
 
 /// What the shell does with a connection's further input.
@@ -126,6 +128,7 @@ impl Broker {
             others: None,
             events: Default::default(),
             claims: Default::default(),
+            lease: Default::default(),
         }
     }
 
@@ -605,6 +608,7 @@ impl Broker {
         self.auth_connection_closed(conn);
         self.peers.forget(conn);
         self.claims.forget(conn);
+        self.lease.forget(conn);
         self.conns.remove(&conn);
         self.end_event();
     }
@@ -639,12 +643,26 @@ impl Broker {
             _ => return,
         }
         if granted {
+            self.lease.claimed(conn);
             self.handle_connect(now, conn, *connect, true);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
         }
         self.wake(conn);
+        self.end_event();
+    }
+
+    /// In a cluster: this node's ownership lease ran out (`held` false) or
+    /// was renewed. Losing it drops every connection whose client id was
+    /// claimed (see `lease`); CONNECTs are refused until it is back.
+    pub fn cluster_lease(&mut self, now: Instant, held: bool) {
+        for conn in self.lease.set(held) {
+            self.metrics.clients_fenced += 1;
+            // 0x88 is for CONNACK only; 0x9C sends the client to a node
+            // that can serve it.
+            self.close(now, conn, Some(ReasonCode::USE_ANOTHER_SERVER), false);
+        }
         self.end_event();
     }
 

@@ -146,6 +146,12 @@ impl Broker {
             }
         }
         if self.claims.must_claim(conn, &connect) {
+            if self.lease.lost() {
+                // Cut off from the majority: no claim could be granted.
+                self.metrics.claims_refused += 1;
+                self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+                return;
+            }
             // In a cluster, the client id must be this node's first.
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.phase = Phase::AwaitingAuth;

@@ -23,6 +23,7 @@ pub mod events;
 mod hash;
 pub mod http_auth;
 mod ids;
+mod lease;
 pub mod limits;
 mod message;
 mod metrics;

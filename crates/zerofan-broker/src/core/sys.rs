@@ -138,6 +138,10 @@ pub fn sys_figures(
             ("cluster/claims", st.cluster_claims.to_string()),
             ("cluster/tls_refused", st.cluster_tls_refused.to_string()),
             (
+                "cluster/lease_expiries",
+                st.cluster_lease_expiries.to_string(),
+            ),
+            (
                 "cluster/forwarded/messages",
                 st.cluster_forwarded_messages.to_string(),
             ),

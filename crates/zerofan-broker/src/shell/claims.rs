@@ -92,6 +92,36 @@ pub(super) async fn lost_loop(
     }
 }
 
+/// Drop the connection of a client id the leader is about to give to
+/// another node (a fence: see `zerofan_cluster`'s leases), until the
+/// cluster stops.
+async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost>) {
+    while let Some(f) = fences.recv().await {
+        tracing::debug!(client_id = %f.client_id, new_owner = f.new_owner,
+            "client id about to be claimed by another node");
+        shared
+            .broker
+            .borrow_mut()
+            .client_taken(Instant::now(), &f.client_id);
+        shared.dispatch();
+    }
+}
+
+/// Tell the core when this node's ownership lease runs out or is renewed.
+async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
+    loop {
+        let held = *lease.borrow_and_update();
+        shared
+            .broker
+            .borrow_mut()
+            .cluster_lease(Instant::now(), held);
+        shared.dispatch();
+        if lease.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Start the claim and ownership tasks of shard 0: from now on every
 /// CONNECT with a client id waits for its claim.
 pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
@@ -101,6 +131,13 @@ pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandl
         shared.clone(),
         cluster.clone(),
     ))];
+    if let Some(fences) = cluster.take_fences() {
+        tasks.push(tokio::task::spawn_local(fence_loop(shared.clone(), fences)));
+    }
+    tasks.push(tokio::task::spawn_local(lease_loop(
+        shared.clone(),
+        cluster.lease(),
+    )));
     if let Some(lost) = cluster.take_ownership_lost() {
         tasks.push(tokio::task::spawn_local(lost_loop(
             shared.clone(),
