@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import struct
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -48,7 +51,8 @@ class Node:
 
     def args(self, join: "Node | None") -> list[str]:
         args = ["--node-id", str(self.node_id), "--cluster-listen", self.cluster_addr,
-                "--listen", f"127.0.0.1:{self.mqtt_port}", "--data-dir", str(self.tmp / "data")]
+                "--data-dir", str(self.tmp / "data"),
+                "--listen", f"127.0.0.1:{self.mqtt_port}"]
         if self.certs is not None:
             c = self.certs
             conf = self.tmp / "zerofan.toml"
@@ -185,6 +189,10 @@ def test_checker_finds_each_broken_promise():
     assert "order: p:0 after p:1" in found
     assert "twice: QoS 2 messages of q twice" in found
     assert "ghost: x:0 was never published" in found
+    h.owners["dev"] = [(1, 0.0, 1.0), (2, 1.5, None)]
+    assert h.owner_problems() == []
+    h.owners["dev"].append((3, 2.0, 2.5))
+    assert h.owner_problems() == ["dev: node 2 served until the end, node 3 from 2.000"]
     h.received["m1"] = [payload("p", 0), payload("p", 1)]
     h.received["m2"] = [payload("p", 1), payload("q", 0)]
     found = "\n".join(h.shared_problems(["m1", "m2"]))
@@ -459,3 +467,234 @@ def test_mutual_tls_cluster_refuses_strangers(tmp_path, clients):
         for n in ns:
             if n.broker is not None:
                 n.broker.terminate()
+
+
+class Partitioner:
+    """A TCP proxy in front of every node's cluster listener: nodes advertise
+    the proxy (`--cluster-advertise`), so every node-to-node connection
+    (Raft, admin, links) passes one. The proxy reads each connection's hello
+    frame to learn which node dialed; `cut(n)` closes every connection from
+    or to node n and refuses new ones until `heal()`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.cut_off: set[int] = set()
+        self.conns: list[tuple[int, int, socket.socket, socket.socket]] = []
+        self.listeners: list[socket.socket] = []
+        self.stop = threading.Event()
+
+    def front(self, node: int, target_port: int) -> int:
+        """Start the proxy for `node` (listening at `target_port`); returns
+        the port other nodes dial."""
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(64)
+        ls.settimeout(0.2)
+        self.listeners.append(ls)
+        threading.Thread(target=self._accept, args=(ls, node, target_port), daemon=True).start()
+        return ls.getsockname()[1]
+
+    def _blocked(self, a: int, b: int) -> bool:
+        return (a in self.cut_off) != (b in self.cut_off)
+
+    def _accept(self, ls: socket.socket, node: int, port: int):
+        while not self.stop.is_set():
+            try:
+                c, _ = ls.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c, node, port), daemon=True).start()
+
+    def _serve(self, c: socket.socket, node: int, port: int):
+        try:
+            c.settimeout(5)
+            head = self._exact(c, 4)
+            (n,) = struct.unpack(">I", head)
+            body = self._exact(c, min(n, 65536))
+            sender = int(json.loads(body).get("from", 0))
+            c.settimeout(None)
+            with self.lock:
+                if self._blocked(sender, node):
+                    c.close()
+                    return
+            up = socket.create_connection(("127.0.0.1", port), timeout=5)
+            up.settimeout(None)
+            up.sendall(head + body)
+            with self.lock:
+                self.conns.append((sender, node, c, up))
+        except (OSError, ValueError):
+            c.close()
+            return
+        for a, b in ((c, up), (up, c)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _exact(c: socket.socket, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = c.recv(n - len(out))
+            if not chunk:
+                raise OSError("closed")
+            out += chunk
+        return out
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self, node: int):
+        with self.lock:
+            self.cut_off = {node}
+            keep = []
+            for sender, target, a, b in self.conns:
+                if self._blocked(sender, target):
+                    for s in (a, b):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                else:
+                    keep.append((sender, target, a, b))
+            self.conns = keep
+
+    def heal(self):
+        with self.lock:
+            self.cut_off = set()
+
+    def close(self):
+        self.stop.set()
+        for ls in self.listeners:
+            ls.close()
+        with self.lock:
+            for _, _, a, b in self.conns:
+                a.close()
+                b.close()
+
+
+def test_a_partition_made_by_a_proxy_heals(tmp_path):
+    """Every node-to-node path goes through a proxy. The node that leads and
+    owns a client id is cut off: the majority elects a leader and serves;
+    the client id moves to the majority side only once the cut node's lease
+    ran out (it dropped the client with 0x9C): at most one owner at any
+    time (cluster_check); publishes on the majority side keep flowing.
+    Healed, the cut node rejoins and routes again, and serves the id only
+    through a new claim."""
+    proxy = Partitioner()
+    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
+    for n in ns:
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{proxy.front(n.node_id, n.cluster_port)}"]
+    made: list[PahoClient] = []
+
+    def client(node: Node, **kw) -> PahoClient:
+        c = PahoClient(node.broker, **kw)
+        made.append(c)
+        return c
+
+    h = History()
+    try:
+        ns[0].start()
+        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        s = wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+        assert all(m["cluster_addr"] != n.cluster_addr for m in s["members"] for n in ns)
+        leader = next(m["node_id"] for m in s["members"] if m["role"] == "leader")
+        cut = ns[leader - 1]
+        rest = [n for n in ns if n is not cut]
+
+        old = client(cut, client_id="dev")
+        h.owners["dev"].append([cut.node_id, time.monotonic(), None])
+        dropped_at: list[float] = []
+        on_disconnect = old.c.on_disconnect
+
+        def stamp(*a):
+            dropped_at.append(time.monotonic())
+            on_disconnect(*a)
+        old.c.on_disconnect = stamp
+        subs = {}
+        for n in rest:
+            subs[f"sub{n.node_id}"] = c = client(n)
+            assert c.subscribe("part/#", 1) == [1]
+
+        proxy.cut(cut.node_id)
+        t_cut = time.monotonic()
+        wait_status(rest[0], lambda s: any(m["role"] == "leader" and m["node_id"] != cut.node_id
+                                           for m in s["members"]), "a leader on the majority side")
+        # The majority serves: a publisher on one side of it, subscribers on both.
+        p = client(rest[0])
+        h.qos["p"] = 1
+        for i in range(50):
+            p.publish("part/x", payload("p", i), qos=1)
+            h.acked["p"].add(i)
+        # The client id moves over; the cut node dropped it when its lease ran out.
+        moved = served(rest[1], "dev", timeout=WAIT)
+        made.append(moved)
+        t_moved = time.monotonic()
+        rc, _ = old.expect_disconnect(timeout=WAIT)
+        assert rc == 0x9C, rc
+        h.owners["dev"][0][2] = dropped_at[0]
+        h.owners["dev"].append([rest[1].node_id, t_moved, None])
+        assert t_moved - t_cut < 15, "the majority took the id over in time"
+        for name, c in subs.items():
+            drain(c, 50, h, name)
+        # The cut node refuses CONNECTs while it holds no lease.
+        c = PahoClient(cut.broker, client_id="other", connect=False)
+        _, rc, _ = c.connect(expect_rc=None)
+        c.close()
+        assert rc == 0x88, rc
+
+        proxy.heal()
+        wait_status(rest[0], voters_with_leader(3), "the cut node back")
+        # It routes again: a subscriber there gets what the majority publishes.
+        back = served(cut, "back-sub")
+        made.append(back)
+        assert back.subscribe("part/#", 1) == [1]
+        assert back.subscribe("probe/#", 0) == [0]
+        # Links come back with a backoff (at most 2 s); a SUBACK made while
+        # the other nodes were still away did not wait for them. Probe until
+        # the route is there, then check.
+        deadline = time.monotonic() + WAIT
+        while True:
+            p.publish("probe/x", b"probe", qos=0)
+            try:
+                back.expect_message(0.5)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "no route to the healed node"
+        p.publish("part/x", payload("p", 50), qos=1)
+        h.acked["p"].add(50)
+        while (m := back.expect_message()).topic == "probe/x":
+            pass
+        h.received["back"].append(m.payload)
+        for name, c in subs.items():
+            drain(c, 1, h, name)
+        # The moved client is still served on the majority side.
+        assert moved.subscribe("dev/#", 1) == [1]
+        client(cut).publish("dev/x", b"after heal", qos=1)
+        assert moved.expect_message().payload == b"after heal"
+        h.owners["dev"] = [tuple(x) for x in h.owners["dev"]]
+        assert h.owner_problems() == []
+        assert h.problems(list(subs)) == []
+    finally:
+        for c in made:
+            c.close()
+        proxy.close()
+        errors = []
+        for n in ns:
+            if n.broker is not None and n.broker.terminate() != 0:
+                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
+        assert not errors, "\n".join(errors)

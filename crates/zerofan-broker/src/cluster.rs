@@ -56,6 +56,9 @@ pub struct ClusterSettings {
     pub advertise: Option<SocketAddr>,
     /// Mutual TLS for all node-to-node traffic.
     pub tls: Option<ClusterTlsFiles>,
+    /// The address other nodes dial for this node's cluster listener, when
+    /// it is not `listen` (a proxy or NAT in between).
+    pub advertise_cluster: Option<SocketAddr>,
     /// Milliseconds this node serves the client ids it owns without
     /// hearing from a majority; then it drops them (see `zerofan_cluster`'s
     /// leases). Another node may take them over `lease_ms · 9/8 + 100` ms
@@ -84,6 +87,7 @@ impl ClusterSettings {
             advertise: None,
             tls: None,
             lease_ms: default_lease_ms(),
+            advertise_cluster: None,
         }
     }
 
@@ -168,6 +172,7 @@ pub async fn start(config: &Config) -> io::Result<Option<Arc<Cluster>>> {
             None => None,
         },
         lease: Duration::from_millis(s.lease_ms),
+        advertise_cluster: s.advertise_cluster,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()

@@ -37,6 +37,10 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     /// The node's MQTT address, for server references.
     pub advertise: Option<SocketAddr>,
+    /// The address other nodes dial for this node's cluster listener (a
+    /// proxy or NAT in between); `listen` when unset. Recorded in the
+    /// membership when the node joins.
+    pub advertise_cluster: Option<SocketAddr>,
     /// Accept cluster traffic from non-loopback peers without TLS.
     pub insecure: bool,
     /// Mutual TLS for every node-to-node connection: the listener accepts
@@ -286,7 +290,7 @@ impl Cluster {
             tasks,
         };
         let me = NodeInfo {
-            cluster_addr: local_addr.to_string(),
+            cluster_addr: cfg.advertise_cluster.unwrap_or(local_addr).to_string(),
             mqtt_addr: cfg.advertise.map(|a| a.to_string()),
         };
         match (fresh, cfg.join) {

@@ -16,6 +16,7 @@ fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) 
         insecure: false,
         tls: None,
         lease: zerofan_cluster::DEFAULT_LEASE,
+        advertise_cluster: None,
     }
 }
 

@@ -58,6 +58,7 @@ fn config(
         insecure: false,
         tls,
         lease: zerofan_cluster::DEFAULT_LEASE,
+        advertise_cluster: None,
     }
 }
 
