@@ -481,23 +481,25 @@ class Partitioner:
         self.cut_off: set[int] = set()
         self.conns: list[tuple[int, int, socket.socket, socket.socket]] = []
         self.listeners: list[socket.socket] = []
+        self.targets: dict[int, int] = {}
         self.stop = threading.Event()
 
-    def front(self, node: int, target_port: int) -> int:
-        """Start the proxy for `node` (listening at `target_port`); returns
-        the port other nodes dial."""
+    def front(self, node: int) -> int:
+        """Start the proxy for `node` (its listener's port goes in
+        `targets` before any traffic); returns the port other nodes dial.
+        Bound before the nodes' ports are picked, so none collides."""
         ls = socket.socket()
         ls.bind(("127.0.0.1", 0))
         ls.listen(64)
         ls.settimeout(0.2)
         self.listeners.append(ls)
-        threading.Thread(target=self._accept, args=(ls, node, target_port), daemon=True).start()
+        threading.Thread(target=self._accept, args=(ls, node), daemon=True).start()
         return ls.getsockname()[1]
 
     def _blocked(self, a: int, b: int) -> bool:
         return (a in self.cut_off) != (b in self.cut_off)
 
-    def _accept(self, ls: socket.socket, node: int, port: int):
+    def _accept(self, ls: socket.socket, node: int):
         while not self.stop.is_set():
             try:
                 c, _ = ls.accept()
@@ -505,7 +507,8 @@ class Partitioner:
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(c, node, port), daemon=True).start()
+            threading.Thread(target=self._serve, args=(c, node, self.targets[node]),
+                             daemon=True).start()
 
     def _serve(self, c: socket.socket, node: int, port: int):
         try:
@@ -594,9 +597,11 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
     Healed, the cut node rejoins and routes again, and serves the id only
     through a new claim."""
     proxy = Partitioner()
+    fronts = {i: proxy.front(i) for i in (1, 2, 3)}
     ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
     for n in ns:
-        n.extra = ["--cluster-advertise", f"127.0.0.1:{proxy.front(n.node_id, n.cluster_port)}"]
+        proxy.targets[n.node_id] = n.cluster_port
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}"]
     made: list[PahoClient] = []
 
     def client(node: Node, **kw) -> PahoClient:
@@ -632,10 +637,14 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
 
         proxy.cut(cut.node_id)
         t_cut = time.monotonic()
+        # Both sides write one retained topic: the cut side first (its
+        # client is still served until its lease runs out).
+        old.publish("keep/r", b"cut side", qos=0, retain=True)
         wait_status(rest[0], lambda s: any(m["role"] == "leader" and m["node_id"] != cut.node_id
                                            for m in s["members"]), "a leader on the majority side")
         # The majority serves: a publisher on one side of it, subscribers on both.
         p = client(rest[0])
+        p.publish("keep/r", b"majority side", qos=1, retain=True)
         h.qos["p"] = 1
         for i in range(50):
             p.publish("part/x", payload("p", i), qos=1)
@@ -682,6 +691,12 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
         h.received["back"].append(m.payload)
         for name, c in subs.items():
             drain(c, 1, h, name)
+        # Every node holds the same retained value: the later change.
+        for n in ns:
+            r = served(n, f"reader{n.node_id}")
+            made.append(r)
+            r.subscribe("keep/#", 1)
+            assert r.expect_message().payload == b"majority side", n.node_id
         # The moved client is still served on the majority side.
         assert moved.subscribe("dev/#", 1) == [1]
         client(cut).publish("dev/x", b"after heal", qos=1)

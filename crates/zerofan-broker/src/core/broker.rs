@@ -76,6 +76,8 @@ pub struct Broker {
     pub(crate) claims: super::claims::Claims,
     /// The cluster node's ownership lease (see `lease`).
     pub(crate) lease: super::lease::Lease,
+    /// The cluster-wide order of retained changes (see `retain_order`).
+    pub(crate) retain_order: super::retain_order::RetainOrder,
 }
 
 /// What the shell does with a connection's further input.
@@ -129,6 +131,7 @@ impl Broker {
             events: Default::default(),
             claims: Default::default(),
             lease: Default::default(),
+            retain_order: Default::default(),
         }
     }
 
@@ -175,9 +178,17 @@ impl Broker {
                 };
                 self.deliver(now, Rc::new(msg), scope);
             }
-            PeerEvent::Retain { mut msg, seq } => {
-                msg.arrived_from(from);
-                self.keep_retained(Rc::new(msg));
+            PeerEvent::Retain {
+                mut msg,
+                seq,
+                stamp,
+            } => {
+                // Older than what the topic holds (a change from the other
+                // side of a partition): every node keeps the newer one.
+                if self.retain_order.admit(msg.topic.as_str(), stamp) {
+                    msg.arrived_from(from);
+                    self.keep_retained(Rc::new(msg));
+                }
                 self.durable_seen(from, seq);
             }
             PeerEvent::Consumed { bytes } => {
@@ -273,7 +284,8 @@ impl Broker {
         for m in kept {
             sent = true;
             let msg = m.for_peer();
-            self.peers.send(peer, PeerEvent::Retain { msg, seq });
+            let stamp = self.retain_order.stamp_of(msg.topic.as_str());
+            self.peers.send(peer, PeerEvent::Retain { msg, seq, stamp });
         }
         if !sent {
             // Nothing for it to apply: it has seen everything.
@@ -359,12 +371,15 @@ impl Broker {
             return self.deliver(now, msg, Scope::Everywhere);
         }
         if msg.retain && self.config.retain_available {
+            let stamp = self.retain_order.local(now);
+            self.retain_order.admit(msg.topic.as_str(), stamp);
             if self.peers.any() {
                 let seq = self.peers.stamp();
                 self.ack_fence = Some(seq);
                 self.peers.send_all(|| PeerEvent::Retain {
                     msg: msg.for_peer(),
                     seq,
+                    stamp,
                 });
             }
             if !msg.payload.is_empty() {
@@ -651,6 +666,12 @@ impl Broker {
         }
         self.wake(conn);
         self.end_event();
+    }
+
+    /// In a cluster: this node's id and the wall clock at `now` (Unix ms),
+    /// which order retained changes cluster-wide (see `retain_order`).
+    pub fn set_node_id(&mut self, node: u64, now: Instant, unix_ms: u64) {
+        self.retain_order.set_node(node, now, unix_ms);
     }
 
     /// In a cluster: this node's ownership lease ran out (`held` false) or

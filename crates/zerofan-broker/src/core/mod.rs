@@ -33,6 +33,7 @@ mod peer;
 pub mod peer_wire;
 mod publish;
 mod quota;
+mod retain_order;
 mod router;
 mod scram_auth;
 mod session;
@@ -62,5 +63,6 @@ pub use observe::{
 };
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
+pub use retain_order::Stamp;
 pub use token::JwtAuth;
 pub use wire::Wire;

@@ -125,7 +125,14 @@ async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
 /// Start the claim and ownership tasks of shard 0: from now on every
 /// CONNECT with a client id waits for its claim.
 pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
-    shared.broker.borrow_mut().set_claims(true);
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    {
+        let mut b = shared.broker.borrow_mut();
+        b.set_claims(true);
+        b.set_node_id(cluster.node_id(), Instant::now(), unix_ms);
+    }
     let _ = shared.cluster.set(cluster.clone());
     let mut tasks = vec![tokio::task::spawn_local(claim_loop(
         shared.clone(),
