@@ -599,9 +599,11 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
     proxy = Partitioner()
     fronts = {i: proxy.front(i) for i in (1, 2, 3)}
     ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
+    http = {n.node_id: free_port() for n in ns}
     for n in ns:
         proxy.targets[n.node_id] = n.cluster_port
-        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}"]
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
+                   "--http", f"127.0.0.1:{http[n.node_id]}"]
     made: list[PahoClient] = []
 
     def client(node: Node, **kw) -> PahoClient:
@@ -665,6 +667,10 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
         _, rc, _ = c.connect(expect_rc=None)
         c.close()
         assert rc == 0x88, rc
+        assert metric(http[cut.node_id], "zerofan_cluster_lease_expiries_total") >= 1
+        assert metric(http[cut.node_id], "zerofan_cluster_clients_fenced_total") >= 1
+        assert all(metric(http[n.node_id], "zerofan_cluster_lease_expiries_total") == 0
+                   for n in rest), "the majority kept its leases"
 
         proxy.heal()
         wait_status(rest[0], voters_with_leader(3), "the cut node back")
