@@ -35,6 +35,11 @@
 //! Merely having heard from the owner recently is not enough: it may be cut
 //! off the moment after, before it learns of the claim, and serve on
 //! until its lease runs out (the simulation in `sim.rs` shows it).
+//!
+//! Not covered: two claims of one client id racing through the leader at
+//! once (the client connecting to two nodes in the same instant); the log
+//! orders them and the loser's node drops the connection when it applies
+//! the later claim, within a heartbeat, as before leases.
 
 use crate::types::Raft;
 use std::collections::HashMap;
