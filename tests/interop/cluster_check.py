@@ -31,6 +31,26 @@ class History:
     qos: dict[str, int] = field(default_factory=dict)
     # subscriber -> payloads in arrival order
     received: dict[str, list[bytes]] = field(default_factory=lambda: defaultdict(list))
+    # client id -> (node, start, end) for each connection that was served:
+    # from its CONNACK to when it saw the connection end (None: still on).
+    owners: dict[str, list[tuple[int, float, float | None]]] = field(
+        default_factory=lambda: defaultdict(list))
+
+    def owner_problems(self) -> list[str]:
+        """At most one owner per client id at any time: no two served
+        intervals of one client id on different nodes overlap. The client's
+        view makes each interval at least as long as the server's, so an
+        overlap found here is a real one or a close call."""
+        out = []
+        for cid, spans in self.owners.items():
+            spans = sorted(spans, key=lambda s: s[1])
+            for i, (node, start, end) in enumerate(spans):
+                for other, start2, end2 in spans[i + 1:]:
+                    if other != node and (end is None or start2 < end):
+                        out.append(f"{cid}: node {node} served until "
+                                   f"{'the end' if end is None else f'{end:.3f}'}, "
+                                   f"node {other} from {start2:.3f}")
+        return out
 
     def problems(self, subscribers: list[str] | None = None) -> list[str]:
         """Every broken promise: an acknowledged QoS 1/2 message missing at a

@@ -105,6 +105,38 @@ def make_certs(d: Path) -> SimpleNamespace:
     return SimpleNamespace(**out)
 
 
+def make_cluster_certs(d: Path, nodes: int) -> SimpleNamespace:
+    """Cluster mutual TLS: a cluster CA, `node1`..`nodeN` certificates (each
+    both server and client: a node dials and is dialed), a `cli` one, and a
+    `rogue` node certificate from another CA."""
+    x509, _, _, _, _, EKU = _cryptography()
+    d.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = _issue("zerofan cluster CA", None, None, ca=True)
+    other, other_key = _issue("another CA", None, None, ca=True)
+    _write_cert(d / "ca.pem", ca)
+    out = {"ca": d / "ca.pem"}
+    names = [f"node{i}" for i in range(1, nodes + 1)] + ["cli", "rogue"]
+    for name in names:
+        issuer, ikey = (other, other_key) if name == "rogue" else (ca, ca_key)
+        cert, key = _issue(name, issuer.subject, ikey, ca=False)
+        # Re-issued with both usages.
+        from cryptography.hazmat.primitives import hashes
+        b = (x509.CertificateBuilder().subject_name(cert.subject)
+             .issuer_name(cert.issuer).public_key(key.public_key())
+             .serial_number(x509.random_serial_number())
+             .not_valid_before(cert.not_valid_before_utc)
+             .not_valid_after(cert.not_valid_after_utc)
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.ExtendedKeyUsage([EKU.SERVER_AUTH, EKU.CLIENT_AUTH]),
+                            critical=False))
+        cert = b.sign(ikey, hashes.SHA256())
+        _write_cert(d / f"{name}.pem", cert)
+        _write_key(d / f"{name}-key.pem", key)
+        out[name] = d / f"{name}.pem"
+        out[f"{name}_key"] = d / f"{name}-key.pem"
+    return SimpleNamespace(**out)
+
+
 # ------------------------------------------------------------------ broker
 
 def zerofan_bin() -> Path:

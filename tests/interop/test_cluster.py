@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
+import struct
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,33 @@ class Node:
     mqtt_port: int
     tmp: Path
     broker: Broker | None = None
+    # `[cluster] tls` files (`secutil.make_cluster_certs`) and which of them.
+    certs: object = None
+    cert_name: str = ""
+    extra: list = field(default_factory=list)
+
+    def tls_flags(self) -> list[str]:
+        """The CLI's flags for this node's cluster (its `cli` certificate)."""
+        if self.certs is None:
+            return []
+        return ["--tls-cert", str(self.certs.cli), "--tls-key", str(self.certs.cli_key),
+                "--tls-ca", str(self.certs.ca)]
+
+    def args(self, join: "Node | None") -> list[str]:
+        args = ["--node-id", str(self.node_id), "--cluster-listen", self.cluster_addr,
+                "--data-dir", str(self.tmp / "data"),
+                "--listen", f"127.0.0.1:{self.mqtt_port}"]
+        if self.certs is not None:
+            c = self.certs
+            conf = self.tmp / "zerofan.toml"
+            conf.write_text(
+                f"[cluster]\nnode_id = {self.node_id}\nlisten = \"{self.cluster_addr}\"\n"
+                f"tls = {{ cert = \"{getattr(c, self.cert_name)}\", "
+                f"key = \"{getattr(c, self.cert_name + '_key')}\", ca = \"{c.ca}\" }}\n")
+            args += ["--config", str(conf)]
+        if join is not None:
+            args += ["--join", join.cluster_addr]
+        return args + self.extra
 
     @property
     def cluster_addr(self) -> str:
@@ -40,11 +71,7 @@ class Node:
 
     def start(self, join: "Node | None" = None) -> "Node":
         self.tmp.mkdir(parents=True, exist_ok=True)
-        args = ["--node-id", str(self.node_id), "--cluster-listen", self.cluster_addr,
-                "--listen", f"127.0.0.1:{self.mqtt_port}", "--data-dir", str(self.tmp / "data")]
-        if join is not None:
-            args += ["--join", join.cluster_addr]
-        self.broker = launch_zerofan(self.tmp, args)
+        self.broker = launch_zerofan(self.tmp, self.args(join))
         return self
 
     def kill(self):
@@ -60,7 +87,7 @@ def cluster_cli(*args: str, timeout: float = 10) -> subprocess.CompletedProcess:
 
 
 def status(node: Node) -> dict | None:
-    r = cluster_cli("status", "--connect", node.cluster_addr, "--json")
+    r = cluster_cli("status", "--connect", node.cluster_addr, "--json", *node.tls_flags())
     if r.returncode != 0:
         return None
     return json.loads(r.stdout)
@@ -124,6 +151,21 @@ def clients():
         c.close()
 
 
+def served(node: Node, client_id: str, timeout: float = WAIT) -> PahoClient:
+    """Connect to `node` once it serves again: a node whose cluster lease
+    ran out refuses CONNECTs (0x88) until it renews it (no event to wait on
+    from outside, so a bounded retry)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        c = PahoClient(node.broker, client_id=client_id, connect=False)
+        _, rc, _ = c.connect(expect_rc=None)
+        if rc == 0:
+            return c
+        c.close()
+        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
+        time.sleep(0.2)
+
+
 def drain(c: PahoClient, n: int, h: History, name: str, timeout: float = WAIT):
     for _ in range(n):
         h.received[name].append(c.expect_message(timeout).payload)
@@ -147,6 +189,10 @@ def test_checker_finds_each_broken_promise():
     assert "order: p:0 after p:1" in found
     assert "twice: QoS 2 messages of q twice" in found
     assert "ghost: x:0 was never published" in found
+    h.owners["dev"] = [(1, 0.0, 1.0), (2, 1.5, None)]
+    assert h.owner_problems() == []
+    h.owners["dev"].append((3, 2.0, 2.5))
+    assert h.owner_problems() == ["dev: node 2 served until the end, node 3 from 2.000"]
     h.received["m1"] = [payload("p", 0), payload("p", 1)]
     h.received["m2"] = [payload("p", 1), payload("q", 0)]
     found = "\n".join(h.shared_problems(["m1", "m2"]))
@@ -337,12 +383,339 @@ def test_a_paused_leader_is_replaced_and_does_not_act_on_stale_ownership(nodes, 
         assert moved.subscribe("p/#", 1) == [1]
     finally:
         old.broker.proc.send_signal(signal.SIGCONT)
-    # Awake, the old leader learns of the newer claim: its connection goes.
+    # Awake, the old leader does not serve the id: its lease ran out while
+    # it slept (0x9C Use another server), or it learns of the newer claim
+    # first (0x8E).
     rc, _ = on_old.expect_disconnect(timeout=20)
-    assert rc == 0x8E, rc
-    # Claims through it work again (it forwards to the new leader), and
-    # take the id back from the other node.
-    back = clients(old, client_id="sensor")
+    assert rc in (0x9C, 0x8E), rc
+    # Once its lease is renewed, claims through it work again (it forwards
+    # to the new leader), and take the id back from the other node.
+    back = served(old, "sensor")
     rc, _ = moved.expect_disconnect(timeout=20)
     assert rc == 0x8E, rc
-    assert back.subscribe("p/#", 1) == [1]
+    try:
+        assert back.subscribe("p/#", 1) == [1]
+    finally:
+        back.close()
+
+
+def metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_mutual_tls_cluster_refuses_strangers(tmp_path, clients):
+    """Three nodes with `[cluster] tls`: they join, route and answer the
+    CLI over mutual TLS. A node with a certificate from another CA and a
+    node without TLS cannot join (refusals logged and counted); the CLI
+    without a certificate is refused too."""
+    from secutil import make_cluster_certs
+    certs = make_cluster_certs(tmp_path / "certs", 3)
+    http = free_port()
+    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}", certs=certs,
+               cert_name=f"node{i}") for i in (1, 2, 3)]
+    ns[0].extra = ["--http", f"127.0.0.1:{http}"]
+    try:
+        ns[0].start()
+        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        wait_status(ns[0], voters_with_leader(3), "3 members over TLS")
+        sub = clients(ns[2])
+        assert sub.subscribe("tls/#", 1) == [1]
+        clients(ns[0]).publish("tls/x", b"sealed", qos=1)
+        assert sub.expect_message().payload == b"sealed"
+
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr)
+        assert r.returncode != 0 and r.stderr.strip(), "plain CLI refused"
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr, "--tls-cert",
+                        str(certs.rogue), "--tls-key", str(certs.rogue_key), "--tls-ca",
+                        str(certs.ca))
+        assert r.returncode != 0, "a certificate of another CA is refused"
+        r = cluster_cli("status", "--connect", ns[0].cluster_addr, "--tls-cert",
+                        str(certs.cli))
+        assert r.returncode != 0 and "--tls-key" in r.stderr, r.stderr
+
+        # Two intruders dial node 1 to join: both are refused while they retry.
+        rogue = Node(4, free_port(), free_port(), tmp_path / "n4", certs=certs,
+                     cert_name="rogue")
+        plain = Node(5, free_port(), free_port(), tmp_path / "n5")
+        procs = []
+        for n in (rogue, plain):
+            n.tmp.mkdir(parents=True)
+            procs.append(subprocess.Popen([str(zerofan_bin()), *n.args(ns[0])], cwd=n.tmp,
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=open(n.tmp / "err.log", "wb")))
+        try:
+            deadline = time.monotonic() + WAIT
+            while metric(http, "zerofan_cluster_tls_refused_total") < 4:
+                assert time.monotonic() < deadline, "refusals counted"
+                time.sleep(0.2)
+            s = status(ns[0])
+            assert sorted(m["node_id"] for m in s["members"]) == [1, 2, 3]
+            assert all(p.poll() is None or p.returncode != 0 for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        log = ns[0].broker.log_path.read_text(errors="replace")
+        assert "no valid certificate from the cluster CA" in log, log[-2000:]
+    finally:
+        for n in ns:
+            if n.broker is not None:
+                n.broker.terminate()
+
+
+class Partitioner:
+    """A TCP proxy in front of every node's cluster listener: nodes advertise
+    the proxy (`--cluster-advertise`), so every node-to-node connection
+    (Raft, admin, links) passes one. The proxy reads each connection's hello
+    frame to learn which node dialed; `cut(n)` closes every connection from
+    or to node n and refuses new ones until `heal()`."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.cut_off: set[int] = set()
+        self.conns: list[tuple[int, int, socket.socket, socket.socket]] = []
+        self.listeners: list[socket.socket] = []
+        self.targets: dict[int, int] = {}
+        self.stop = threading.Event()
+
+    def front(self, node: int) -> int:
+        """Start the proxy for `node` (its listener's port goes in
+        `targets` before any traffic); returns the port other nodes dial.
+        Bound before the nodes' ports are picked, so none collides."""
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(64)
+        ls.settimeout(0.2)
+        self.listeners.append(ls)
+        threading.Thread(target=self._accept, args=(ls, node), daemon=True).start()
+        return ls.getsockname()[1]
+
+    def _blocked(self, a: int, b: int) -> bool:
+        return (a in self.cut_off) != (b in self.cut_off)
+
+    def _accept(self, ls: socket.socket, node: int):
+        while not self.stop.is_set():
+            try:
+                c, _ = ls.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c, node, self.targets[node]),
+                             daemon=True).start()
+
+    def _serve(self, c: socket.socket, node: int, port: int):
+        try:
+            c.settimeout(5)
+            head = self._exact(c, 4)
+            (n,) = struct.unpack(">I", head)
+            body = self._exact(c, min(n, 65536))
+            sender = int(json.loads(body).get("from", 0))
+            c.settimeout(None)
+            with self.lock:
+                if self._blocked(sender, node):
+                    c.close()
+                    return
+            up = socket.create_connection(("127.0.0.1", port), timeout=5)
+            up.settimeout(None)
+            up.sendall(head + body)
+            with self.lock:
+                self.conns.append((sender, node, c, up))
+        except (OSError, ValueError):
+            c.close()
+            return
+        for a, b in ((c, up), (up, c)):
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _exact(c: socket.socket, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = c.recv(n - len(out))
+            if not chunk:
+                raise OSError("closed")
+            out += chunk
+        return out
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self, node: int):
+        with self.lock:
+            self.cut_off = {node}
+            keep = []
+            for sender, target, a, b in self.conns:
+                if self._blocked(sender, target):
+                    for s in (a, b):
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                else:
+                    keep.append((sender, target, a, b))
+            self.conns = keep
+
+    def heal(self):
+        with self.lock:
+            self.cut_off = set()
+
+    def close(self):
+        self.stop.set()
+        for ls in self.listeners:
+            ls.close()
+        with self.lock:
+            for _, _, a, b in self.conns:
+                a.close()
+                b.close()
+
+
+def test_a_partition_made_by_a_proxy_heals(tmp_path):
+    """Every node-to-node path goes through a proxy. The node that leads and
+    owns a client id is cut off: the majority elects a leader and serves;
+    the client id moves to the majority side only once the cut node's lease
+    ran out (it dropped the client with 0x9C): at most one owner at any
+    time (cluster_check); publishes on the majority side keep flowing.
+    Healed, the cut node rejoins and routes again, and serves the id only
+    through a new claim."""
+    proxy = Partitioner()
+    fronts = {i: proxy.front(i) for i in (1, 2, 3)}
+    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
+    http = {n.node_id: free_port() for n in ns}
+    for n in ns:
+        proxy.targets[n.node_id] = n.cluster_port
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
+                   "--http", f"127.0.0.1:{http[n.node_id]}"]
+    made: list[PahoClient] = []
+
+    def client(node: Node, **kw) -> PahoClient:
+        c = PahoClient(node.broker, **kw)
+        made.append(c)
+        return c
+
+    h = History()
+    try:
+        ns[0].start()
+        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        s = wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+        assert all(m["cluster_addr"] != n.cluster_addr for m in s["members"] for n in ns)
+        leader = next(m["node_id"] for m in s["members"] if m["role"] == "leader")
+        cut = ns[leader - 1]
+        rest = [n for n in ns if n is not cut]
+
+        old = client(cut, client_id="dev")
+        h.owners["dev"].append([cut.node_id, time.monotonic(), None])
+        dropped_at: list[float] = []
+        on_disconnect = old.c.on_disconnect
+
+        def stamp(*a):
+            dropped_at.append(time.monotonic())
+            on_disconnect(*a)
+        old.c.on_disconnect = stamp
+        subs = {}
+        for n in rest:
+            subs[f"sub{n.node_id}"] = c = client(n)
+            assert c.subscribe("part/#", 1) == [1]
+
+        proxy.cut(cut.node_id)
+        t_cut = time.monotonic()
+        # Both sides write one retained topic: the cut side first (its
+        # client is still served until its lease runs out).
+        old.publish("keep/r", b"cut side", qos=0, retain=True)
+        wait_status(rest[0], lambda s: any(m["role"] == "leader" and m["node_id"] != cut.node_id
+                                           for m in s["members"]), "a leader on the majority side")
+        # The majority serves: a publisher on one side of it, subscribers on both.
+        p = client(rest[0])
+        p.publish("keep/r", b"majority side", qos=1, retain=True)
+        h.qos["p"] = 1
+        for i in range(50):
+            p.publish("part/x", payload("p", i), qos=1)
+            h.acked["p"].add(i)
+        # The client id moves over; the cut node dropped it when its lease ran out.
+        moved = served(rest[1], "dev", timeout=WAIT)
+        made.append(moved)
+        t_moved = time.monotonic()
+        rc, _ = old.expect_disconnect(timeout=WAIT)
+        assert rc == 0x9C, rc
+        h.owners["dev"][0][2] = dropped_at[0]
+        h.owners["dev"].append([rest[1].node_id, t_moved, None])
+        assert t_moved - t_cut < 15, "the majority took the id over in time"
+        for name, c in subs.items():
+            drain(c, 50, h, name)
+        # The cut node refuses CONNECTs while it holds no lease.
+        c = PahoClient(cut.broker, client_id="other", connect=False)
+        _, rc, _ = c.connect(expect_rc=None)
+        c.close()
+        assert rc == 0x88, rc
+        assert metric(http[cut.node_id], "zerofan_cluster_lease_expiries_total") >= 1
+        assert metric(http[cut.node_id], "zerofan_cluster_clients_fenced_total") >= 1
+        assert all(metric(http[n.node_id], "zerofan_cluster_lease_expiries_total") == 0
+                   for n in rest), "the majority kept its leases"
+
+        proxy.heal()
+        wait_status(rest[0], voters_with_leader(3), "the cut node back")
+        # It routes again: a subscriber there gets what the majority publishes.
+        back = served(cut, "back-sub")
+        made.append(back)
+        assert back.subscribe("part/#", 1) == [1]
+        assert back.subscribe("probe/#", 0) == [0]
+        # Links come back with a backoff (at most 2 s); a SUBACK made while
+        # the other nodes were still away did not wait for them. Probe until
+        # the route is there, then check.
+        deadline = time.monotonic() + WAIT
+        while True:
+            p.publish("probe/x", b"probe", qos=0)
+            try:
+                back.expect_message(0.5)
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, "no route to the healed node"
+        p.publish("part/x", payload("p", 50), qos=1)
+        h.acked["p"].add(50)
+        while (m := back.expect_message()).topic == "probe/x":
+            pass
+        h.received["back"].append(m.payload)
+        for name, c in subs.items():
+            drain(c, 1, h, name)
+        # Every node holds the same retained value: the later change.
+        for n in ns:
+            r = served(n, f"reader{n.node_id}")
+            made.append(r)
+            r.subscribe("keep/#", 1)
+            assert r.expect_message().payload == b"majority side", n.node_id
+        # The moved client is still served on the majority side.
+        assert moved.subscribe("dev/#", 1) == [1]
+        client(cut).publish("dev/x", b"after heal", qos=1)
+        assert moved.expect_message().payload == b"after heal"
+        h.owners["dev"] = [tuple(x) for x in h.owners["dev"]]
+        assert h.owner_problems() == []
+        assert h.problems(list(subs)) == []
+    finally:
+        for c in made:
+            c.close()
+        proxy.close()
+        errors = []
+        for n in ns:
+            if n.broker is not None and n.broker.terminate() != 0:
+                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
+        assert not errors, "\n".join(errors)

@@ -42,6 +42,9 @@ pub struct Target {
     /// Loopback source addresses to spread connections over (0: let the
     /// kernel pick; see [`crate::sys::source_addr`]).
     pub sources: usize,
+    /// Where the subscribers of a flow connect, when not `addr` (another
+    /// node of a cluster: the messages cross a node-to-node link).
+    pub sub_addr: Option<SocketAddr>,
 }
 
 impl Target {
@@ -170,7 +173,11 @@ pub async fn run(target: &Target, spec: &FlowSpec) -> CaseResult {
 async fn run_inner(target: &Target, spec: &FlowSpec) -> Result<CaseResult, ConnError> {
     // Subscribers first, all subscribed before anyone publishes.
     let filters = spec.subscribers.iter().map(|s| s.filters.clone()).collect();
-    let subs = connect_many(target, &format!("{}-s", spec.scenario), filters, spec.qos).await?;
+    let at = Target {
+        addr: target.sub_addr.unwrap_or(target.addr),
+        ..target.clone()
+    };
+    let subs = connect_many(&at, &format!("{}-s", spec.scenario), filters, spec.qos).await?;
     let none = vec![Vec::new(); spec.publishers.len()];
     let pubs = connect_many(target, &format!("{}-p", spec.scenario), none, spec.qos).await?;
     // Give brokers with an asynchronous router a moment to install the routes.
@@ -751,6 +758,7 @@ mod tests {
             // Spread over two source addresses: binding before connect is
             // on the path these tests drive.
             sources: 2,
+            sub_addr: None,
         }
     }
 

@@ -25,6 +25,7 @@ mod summarize;
 mod sys;
 
 use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -119,6 +120,10 @@ struct RunOpts {
     /// Publishers (fan-in, shared).
     #[arg(long)]
     publishers: Option<usize>,
+    /// Subscribers connect to this port of the same host instead (a second
+    /// cluster node, for cross-node fan-out); publishers use --port.
+    #[arg(long)]
+    sub_port: Option<u16>,
     /// Subscriber counts for fan-out, comma-separated.
     #[arg(long, value_delimiter = ',')]
     subscribers: Option<Vec<usize>>,
@@ -282,6 +287,7 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
         handshake_timeout: Duration::from_secs(10),
         connect_concurrency: o.connect_concurrency.max(1),
         sources: o.sources,
+        sub_addr: o.sub_port.map(|p| SocketAddr::new(addr.ip(), p)),
     };
     let knobs = scenarios::Knobs {
         duration: Duration::from_secs_f64(o.duration.clamp(0.01, 3600.0)),

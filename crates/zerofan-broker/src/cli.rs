@@ -84,6 +84,11 @@ pub struct Args {
     /// when the data dir holds no cluster state yet). [`cluster.join`]
     #[arg(long, value_name = "ADDR")]
     pub join: Option<SocketAddr>,
+    /// The address other nodes dial to reach this node's cluster listener,
+    /// when not the listener's own (a proxy in between).
+    /// [`cluster.advertise_cluster`]
+    #[arg(long, value_name = "ADDR")]
+    pub cluster_advertise: Option<SocketAddr>,
     /// Log format on stderr: text (readable) or json (one object a line).
     /// [default: text]
     #[arg(long, value_enum, value_name = "FORMAT")]
@@ -132,7 +137,11 @@ impl Args {
         if !config.memory && config.data_dir.is_none() {
             config.data_dir = Some(PathBuf::from("zerofan-data"));
         }
-        if self.node_id.is_some() || self.cluster_listen.is_some() || self.join.is_some() {
+        if self.node_id.is_some()
+            || self.cluster_listen.is_some()
+            || self.join.is_some()
+            || self.cluster_advertise.is_some()
+        {
             let c = config
                 .cluster
                 .get_or_insert_with(crate::cluster::ClusterSettings::empty);
@@ -145,6 +154,9 @@ impl Args {
             if self.join.is_some() {
                 c.join = self.join;
             }
+            if self.cluster_advertise.is_some() {
+                c.advertise_cluster = self.cluster_advertise;
+            }
         }
         crate::cluster::check(&config)?;
         Ok(config)
@@ -155,6 +167,9 @@ impl Args {
 fn test_config(args: &Args) -> ExitCode {
     let result = args.config().map_err(|e| e.to_string()).and_then(|c| {
         crate::bridge::prepare(&c.bridge)?;
+        if let Some(tls) = c.cluster.as_ref().and_then(|c| c.tls.as_ref()) {
+            tls.load()?;
+        }
         crate::security::load(&c).map_err(|e| e.to_string())
     });
     match result {

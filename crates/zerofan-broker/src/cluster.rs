@@ -7,9 +7,31 @@ use clap::Subcommand;
 use serde::Deserialize;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use zerofan_cluster::{Cluster, ClusterConfig, ClusterStatus};
+use std::time::Duration;
+use zerofan_cluster::{Cluster, ClusterConfig, ClusterStatus, ClusterTls};
+
+/// `[cluster] tls = { cert, key, ca }`: PEM files of this node's
+/// certificate chain and key, and of the cluster's CA.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterTlsFiles {
+    /// This node's certificate chain, its own first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// The cluster CA: every peer's certificate must chain to it.
+    pub ca: PathBuf,
+}
+
+impl ClusterTlsFiles {
+    /// Read and check the files (a readable error names the file).
+    pub fn load(&self) -> Result<ClusterTls, String> {
+        ClusterTls::load(&self.cert, &self.key, &self.ca).map_err(|e| e.to_string())
+    }
+}
 
 /// The `[cluster]` table.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -32,6 +54,21 @@ pub struct ClusterSettings {
     /// MQTT address other nodes give clients in server references; the
     /// first `listen` address when unset.
     pub advertise: Option<SocketAddr>,
+    /// Mutual TLS for all node-to-node traffic.
+    pub tls: Option<ClusterTlsFiles>,
+    /// The address other nodes dial for this node's cluster listener, when
+    /// it is not `listen` (a proxy or NAT in between).
+    pub advertise_cluster: Option<SocketAddr>,
+    /// Milliseconds this node serves the client ids it owns without
+    /// hearing from a majority; then it drops them (see `zerofan_cluster`'s
+    /// leases). Another node may take them over `lease_ms · 9/8 + 100` ms
+    /// after this node was last heard from.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+}
+
+fn default_lease_ms() -> u64 {
+    zerofan_cluster::DEFAULT_LEASE.as_millis() as u64
 }
 
 fn default_replicas() -> usize {
@@ -48,6 +85,9 @@ impl ClusterSettings {
             insecure: false,
             replicas: default_replicas(),
             advertise: None,
+            tls: None,
+            lease_ms: default_lease_ms(),
+            advertise_cluster: None,
         }
     }
 
@@ -74,6 +114,12 @@ impl ClusterSettings {
         }
         if self.replicas == 0 {
             return bad("cluster.replicas", "must be at least 1");
+        }
+        if Duration::from_millis(self.lease_ms) < zerofan_cluster::MIN_LEASE {
+            return bad(
+                "cluster.lease_ms",
+                "must be at least 1000 (above the Raft election timeout)",
+            );
         }
         Ok(())
     }
@@ -117,6 +163,16 @@ pub async fn start(config: &Config) -> io::Result<Option<Arc<Cluster>>> {
             .advertise
             .or_else(|| config.listen.first().copied().filter(|a| a.port() != 0)),
         insecure: s.insecure,
+        tls: match &s.tls {
+            Some(files) => Some(
+                files
+                    .load()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        },
+        lease: Duration::from_millis(s.lease_ms),
+        advertise_cluster: s.advertise_cluster,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -157,6 +213,33 @@ pub async fn start(config: &Config) -> io::Result<Option<Arc<Cluster>>> {
     }
 }
 
+/// The CLI's certificate for a cluster with mutual TLS: the three flags
+/// name the same kind of files as `[cluster] tls` (a node's own will do).
+#[derive(clap::Args, Debug, Default)]
+pub struct TlsFlags {
+    /// PEM certificate signed by the cluster CA.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Its PEM private key.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl TlsFlags {
+    fn load(&self) -> Result<Option<ClusterTls>, zerofan_cluster::ClusterError> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => ClusterTls::load(cert, key, ca).map(Some),
+            (None, None, None) => Ok(None),
+            _ => Err(zerofan_cluster::ClusterError::Config(
+                "--tls-cert, --tls-key and --tls-ca go together".into(),
+            )),
+        }
+    }
+}
+
 /// `zerofan cluster ...`
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
@@ -168,6 +251,9 @@ pub enum ClusterCommand {
         /// One JSON object (`members` holds one object per node).
         #[arg(long)]
         json: bool,
+        /// This command's certificate, for a cluster with mutual TLS.
+        #[command(flatten)]
+        tls: TlsFlags,
     },
     /// Remove a node from the cluster.
     Remove {
@@ -176,6 +262,9 @@ pub enum ClusterCommand {
         connect: String,
         /// Node id to remove.
         node_id: u64,
+        /// This command's certificate, for a cluster with mutual TLS.
+        #[command(flatten)]
+        tls: TlsFlags,
     },
 }
 
@@ -219,8 +308,9 @@ pub fn run(cmd: &ClusterCommand) -> ExitCode {
     };
     let result = rt.block_on(async {
         match cmd {
-            ClusterCommand::Status { connect, json } => {
-                let s = zerofan_cluster::admin::status(connect).await?;
+            ClusterCommand::Status { connect, json, tls } => {
+                let tls = tls.load()?;
+                let s = zerofan_cluster::admin::status(connect, tls.as_ref()).await?;
                 if *json {
                     match serde_json::to_string_pretty(&s) {
                         Ok(j) => println!("{j}"),
@@ -233,8 +323,13 @@ pub fn run(cmd: &ClusterCommand) -> ExitCode {
                 }
                 Ok(())
             }
-            ClusterCommand::Remove { connect, node_id } => {
-                zerofan_cluster::admin::remove(connect, *node_id).await?;
+            ClusterCommand::Remove {
+                connect,
+                node_id,
+                tls,
+            } => {
+                let tls = tls.load()?;
+                zerofan_cluster::admin::remove(connect, *node_id, tls.as_ref()).await?;
                 println!("node {node_id} removed");
                 Ok(())
             }
@@ -275,6 +370,9 @@ mod tests {
         );
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nreplicas = 0\n");
         assert!(e.contains("cluster.replicas"), "{e}");
+        let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nlease_ms = 500\n");
+        assert!(e.contains("cluster.lease_ms"), "{e}");
+        assert_eq!(s.lease_ms, 3000, "a 3 s lease unless told");
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
         assert!(e.contains("unknown field"), "{e}");
 

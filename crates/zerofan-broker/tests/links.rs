@@ -449,7 +449,7 @@ fn a_link_that_breaks_loses_and_repeats_nothing() {
             use tokio::io::AsyncWriteExt;
             let mut s = tokio::net::TcpStream::connect(via).await?;
             s.write_all(&1u64.to_be_bytes()).await?;
-            Ok(s)
+            Ok(zerofan_broker::shell::links::LinkStream::Tcp(s))
         })
     });
     let (setup2, _m2) = static_links(2, all, l2);

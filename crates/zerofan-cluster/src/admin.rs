@@ -4,10 +4,10 @@
 
 use crate::cluster::ClusterError;
 use crate::frame::{self, Hello, Kind, LARGE_FRAME};
+use crate::tls::{self, ClusterTls};
 use crate::types::NodeInfo;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 /// One member as `cluster status` shows it.
@@ -73,6 +73,16 @@ pub(crate) enum Request {
     },
     /// Sent by the leader to a node it removed.
     Removed,
+    /// Renew `node_id`'s ownership lease (see `lease`).
+    Renew {
+        node_id: u64,
+    },
+    /// Sent by the leader to the owner of `client_id` before a claim takes
+    /// it: drop the connection, then answer.
+    Fence {
+        client_id: String,
+        new_owner: u64,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -95,15 +105,22 @@ pub(crate) enum Reply {
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub(crate) async fn call(addr: &str, from: u64, env: &Envelope) -> Result<Reply, ClusterError> {
+pub(crate) async fn call(
+    addr: &str,
+    from: u64,
+    env: &Envelope,
+    tls: Option<&ClusterTls>,
+) -> Result<Reply, ClusterError> {
     let unreachable = |why: String| ClusterError::Unreachable {
         addr: addr.to_string(),
         why,
     };
-    let mut conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(unreachable(e.to_string())),
-        Err(_) => return Err(unreachable("no answer within 3 s".into())),
+    let mut conn = match tls::connect(addr, tls, CONNECT_TIMEOUT).await {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            return Err(unreachable("no answer within 3 s".into()))
+        }
+        Err(e) => return Err(unreachable(e.to_string())),
     };
     let exchange = async {
         frame::write(
@@ -124,13 +141,14 @@ pub(crate) async fn call(addr: &str, from: u64, env: &Envelope) -> Result<Reply,
     }
 }
 
-/// The status of the cluster `addr` (a node's cluster listener) is part of.
-pub async fn status(addr: &str) -> Result<ClusterStatus, ClusterError> {
+/// The status of the cluster `addr` (a node's cluster listener) is part of;
+/// `tls` when the cluster uses it.
+pub async fn status(addr: &str, tls: Option<&ClusterTls>) -> Result<ClusterStatus, ClusterError> {
     let env = Envelope {
         req: Request::Status,
         forwarded: false,
     };
-    match call(addr, 0, &env).await? {
+    match call(addr, 0, &env, tls).await? {
         Reply::Status(s) => Ok(*s),
         Reply::Error(e) => Err(ClusterError::Refused(e)),
         other => Err(ClusterError::Refused(format!(
@@ -140,12 +158,16 @@ pub async fn status(addr: &str) -> Result<ClusterStatus, ClusterError> {
 }
 
 /// Remove `node_id` from the cluster `addr` is part of.
-pub async fn remove(addr: &str, node_id: u64) -> Result<(), ClusterError> {
+pub async fn remove(
+    addr: &str,
+    node_id: u64,
+    tls: Option<&ClusterTls>,
+) -> Result<(), ClusterError> {
     let env = Envelope {
         req: Request::Remove { node_id },
         forwarded: false,
     };
-    match call(addr, 0, &env).await? {
+    match call(addr, 0, &env, tls).await? {
         Reply::Done => Ok(()),
         Reply::Error(e) => Err(ClusterError::Refused(e)),
         other => Err(ClusterError::Refused(format!(

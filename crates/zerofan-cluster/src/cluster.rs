@@ -4,9 +4,11 @@
 use crate::admin::{self, ClusterStatus, Envelope, MemberStatus, Reply};
 use crate::disk::{Disk, FsDisk};
 use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
+use crate::lease::{self, Grants, Holder};
 use crate::log_store::LogStore;
 use crate::network::{self, Heard, RaftRequest, TcpNetworkFactory};
 use crate::state_machine::{OwnershipLost, SmShared, StateMachine};
+use crate::tls::{self, ClusterTls, NodeStream};
 use crate::types::{Command, NodeInfo, Raft, Reply as SmReply};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
@@ -17,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
@@ -35,8 +37,19 @@ pub struct ClusterConfig {
     pub data_dir: PathBuf,
     /// The node's MQTT address, for server references.
     pub advertise: Option<SocketAddr>,
+    /// The address other nodes dial for this node's cluster listener (a
+    /// proxy or NAT in between); `listen` when unset. Recorded in the
+    /// membership when the node joins.
+    pub advertise_cluster: Option<SocketAddr>,
     /// Accept cluster traffic from non-loopback peers without TLS.
     pub insecure: bool,
+    /// Mutual TLS for every node-to-node connection: the listener accepts
+    /// only peers with a certificate from the cluster CA, and this node
+    /// presents its own when it dials.
+    pub tls: Option<ClusterTls>,
+    /// How long this node serves its clients without hearing from a
+    /// majority (see `lease`); at least [`crate::MIN_LEASE`].
+    pub lease: Duration,
 }
 
 /// Why the cluster could not do something.
@@ -142,6 +155,8 @@ struct Counters {
     links_dropped: AtomicU64,
     connections_refused: AtomicU64,
     bad_frames: AtomicU64,
+    tls_refused: AtomicU64,
+    lease_expiries: AtomicU64,
 }
 
 struct Inner {
@@ -151,8 +166,19 @@ struct Inner {
     heard: Heard,
     counters: Counters,
     insecure: bool,
+    tls: Option<ClusterTls>,
+    /// When a refused TLS handshake was last logged.
+    tls_refusal_logged: Mutex<Option<Instant>>,
     removed: AtomicBool,
-    links_tx: mpsc::Sender<(u64, TcpStream)>,
+    lease: Duration,
+    /// This node's own lease.
+    holder: Mutex<Holder>,
+    /// The leases this node answered while leading.
+    grants: Mutex<Grants>,
+    /// False from when the lease ran out until it is renewed.
+    lease_tx: watch::Sender<bool>,
+    fences_tx: mpsc::Sender<OwnershipLost>,
+    links_tx: mpsc::Sender<(u64, NodeStream)>,
     members_tx: watch::Sender<Members>,
 }
 
@@ -162,8 +188,9 @@ pub struct Cluster {
     inner: Arc<Inner>,
     local_addr: SocketAddr,
     members_rx: watch::Receiver<Members>,
-    links_rx: Mutex<Option<mpsc::Receiver<(u64, TcpStream)>>>,
+    links_rx: Mutex<Option<mpsc::Receiver<(u64, NodeStream)>>>,
     lost_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
+    fences_rx: Mutex<Option<mpsc::Receiver<OwnershipLost>>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -186,6 +213,13 @@ impl Cluster {
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, ClusterError> {
         if cfg.node_id == 0 {
             return Err(ClusterError::Config("node id 0 is not allowed".into()));
+        }
+        if cfg.lease < lease::MIN_LEASE {
+            return Err(ClusterError::Config(format!(
+                "lease of {:?} is shorter than {:?}",
+                cfg.lease,
+                lease::MIN_LEASE
+            )));
         }
         if cfg.listen.ip().is_unspecified() {
             return Err(ClusterError::Config(format!(
@@ -214,12 +248,14 @@ impl Cluster {
         let factory = TcpNetworkFactory {
             local: cfg.node_id,
             heard: heard.clone(),
+            tls: cfg.tls.clone(),
         };
         let raft = Raft::new(cfg.node_id, raft_config()?, factory, log, sm)
             .await
             .map_err(|e| ClusterError::Refused(format!("raft did not start: {e}")))?;
 
         let (links_tx, links_rx) = mpsc::channel(LINK_QUEUE);
+        let (fences_tx, fences_rx) = mpsc::channel(LOST_QUEUE);
         let (members_tx, members_rx) = watch::channel(Members::default());
         let inner = Arc::new(Inner {
             id: cfg.node_id,
@@ -228,13 +264,21 @@ impl Cluster {
             heard,
             counters: Counters::default(),
             insecure: cfg.insecure,
+            tls: cfg.tls.clone(),
+            tls_refusal_logged: Mutex::new(None),
             removed: AtomicBool::new(false),
+            lease: cfg.lease,
+            holder: Mutex::new(Holder::new(cfg.lease)),
+            grants: Mutex::new(Grants::new(cfg.lease)),
+            lease_tx: watch::channel(true).0,
+            fences_tx,
             links_tx,
             members_tx,
         });
         let tasks = vec![
             tokio::spawn(accept_loop(inner.clone(), listener)),
             tokio::spawn(watch_metrics(inner.clone())),
+            tokio::spawn(keep_lease(inner.clone())),
         ];
         let cluster = Cluster {
             inner,
@@ -242,10 +286,11 @@ impl Cluster {
             members_rx,
             links_rx: Mutex::new(Some(links_rx)),
             lost_rx: Mutex::new(Some(lost_rx)),
+            fences_rx: Mutex::new(Some(fences_rx)),
             tasks,
         };
         let me = NodeInfo {
-            cluster_addr: local_addr.to_string(),
+            cluster_addr: cfg.advertise_cluster.unwrap_or(local_addr).to_string(),
             mqtt_addr: cfg.advertise.map(|a| a.to_string()),
         };
         match (fresh, cfg.join) {
@@ -286,7 +331,14 @@ impl Cluster {
         let mut pause = Duration::from_millis(100);
         let mut why = String::new();
         for attempt in 1..=JOIN_ATTEMPTS {
-            match admin::call(&addr.to_string(), self.inner.id, &env).await {
+            match admin::call(
+                &addr.to_string(),
+                self.inner.id,
+                &env,
+                self.inner.tls.as_ref(),
+            )
+            .await
+            {
                 Ok(Reply::Done) => return Ok(()),
                 Ok(Reply::Error(e)) => why = e,
                 Ok(other) => why = format!("unexpected answer {other:?}"),
@@ -316,7 +368,7 @@ impl Cluster {
 
     /// Links other nodes opened to this one, with their node id. Only the
     /// first call gets the receiver.
-    pub fn take_links(&self) -> Option<mpsc::Receiver<(u64, TcpStream)>> {
+    pub fn take_links(&self) -> Option<mpsc::Receiver<(u64, NodeStream)>> {
         self.links_rx.lock().ok()?.take()
     }
 
@@ -326,9 +378,18 @@ impl Cluster {
         self.lost_rx.lock().ok()?.take()
     }
 
+    /// Client ids the leader is about to give to another node: the local
+    /// connection must go now, before the claim commits (see `lease`). The
+    /// applied table still names this node; `epoch` is 0. Only the first
+    /// call gets the receiver; when full, fences are refused and the leader
+    /// waits for this node's lease instead.
+    pub fn take_fences(&self) -> Option<mpsc::Receiver<OwnershipLost>> {
+        self.fences_rx.lock().ok()?.take()
+    }
+
     /// Open a link to member `node_id`: its cluster listener, `Link` hello
     /// sent; what follows is the caller's.
-    pub async fn dial_link(&self, node_id: u64) -> Result<TcpStream, ClusterError> {
+    pub async fn dial_link(&self, node_id: u64) -> Result<NodeStream, ClusterError> {
         let addr = self
             .members_rx
             .borrow()
@@ -336,17 +397,12 @@ impl Cluster {
             .get(&node_id)
             .map(|m| m.cluster_addr.clone())
             .ok_or_else(|| ClusterError::Refused(format!("node {node_id} is not a member")))?;
-        let mut s = timeout(Duration::from_secs(3), TcpStream::connect(&addr))
+        let mut s = tls::connect(&addr, self.inner.tls.as_ref(), Duration::from_secs(3))
             .await
-            .map_err(|_| ClusterError::Unreachable {
-                addr: addr.clone(),
-                why: "no answer within 3 s".into(),
-            })?
             .map_err(|e| ClusterError::Unreachable {
                 addr: addr.clone(),
                 why: e.to_string(),
             })?;
-        let _ = s.set_nodelay(true);
         let hello = Hello {
             kind: Kind::Link,
             from: self.inner.id,
@@ -366,8 +422,13 @@ impl Cluster {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
         };
+        let sent = Instant::now();
         match self.inner.on_leader(req, false).await {
-            Reply::Claimed { owner, epoch } => Ok((owner, epoch)),
+            Reply::Claimed { owner, epoch } => {
+                // Committed by a quorum after `sent`: as good as a renewal.
+                self.inner.renewed(sent);
+                Ok((owner, epoch))
+            }
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
@@ -479,6 +540,24 @@ impl Cluster {
         self.inner.counters.bad_frames.load(Ordering::Relaxed)
     }
 
+    /// Connections whose TLS handshake failed (no certificate, one from
+    /// another CA, not TLS at all).
+    pub fn tls_refused(&self) -> u64 {
+        self.inner.counters.tls_refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether this node holds its ownership lease: false from when it ran
+    /// out (no majority heard within the lease) until it is renewed. The
+    /// broker drops the clients it owns when it turns false.
+    pub fn lease(&self) -> watch::Receiver<bool> {
+        self.inner.lease_tx.subscribe()
+    }
+
+    /// Times the lease ran out.
+    pub fn lease_expiries(&self) -> u64 {
+        self.inner.counters.lease_expiries.load(Ordering::Relaxed)
+    }
+
     /// Links closed because the broker was not taking them.
     pub fn links_dropped(&self) -> u64 {
         self.inner.counters.links_dropped.load(Ordering::Relaxed)
@@ -501,7 +580,9 @@ impl Inner {
     async fn on_leader(&self, req: admin::Request, forwarded: bool) -> Reply {
         match self.leader_info() {
             Some((leader, _)) if leader == self.id => self.as_leader(req).await,
-            _ if matches!(req, admin::Request::Removed) => self.as_leader(req).await,
+            _ if matches!(req, admin::Request::Removed | admin::Request::Fence { .. }) => {
+                self.as_leader(req).await
+            }
             Some((leader, node)) if !forwarded => {
                 let env = Envelope {
                     req: req.clone(),
@@ -514,13 +595,14 @@ impl Inner {
                 let quick = matches!(
                     req,
                     admin::Request::Status
+                        | admin::Request::Renew { .. }
                         | admin::Request::Claim { .. }
                         | admin::Request::Release { .. }
                 );
                 let answer = if quick {
                     match timeout(
                         FORWARD_TIMEOUT,
-                        admin::call(&node.cluster_addr, self.id, &env),
+                        admin::call(&node.cluster_addr, self.id, &env, self.tls.as_ref()),
                     )
                     .await
                     {
@@ -531,7 +613,7 @@ impl Inner {
                         }),
                     }
                 } else {
-                    admin::call(&node.cluster_addr, self.id, &env).await
+                    admin::call(&node.cluster_addr, self.id, &env, self.tls.as_ref()).await
                 };
                 match answer {
                     Ok(r) => r,
@@ -553,13 +635,23 @@ impl Inner {
         match req {
             admin::Request::Status => Reply::Status(Box::new(self.local_status())),
             admin::Request::Claim { client_id, node_id } => {
+                if let Err(wait) = self.let_go(&client_id, node_id).await {
+                    return Reply::Error(format!(
+                        "client id {client_id:?} is owned by a node out of touch: \
+                         it may be taken in {} ms, when that node's lease has run out",
+                        wait.as_millis()
+                    ));
+                }
                 let cmd = Command::Claim {
                     client_id,
                     node: node_id,
                 };
                 match self.raft.client_write(cmd).await {
                     Ok(r) => match r.data {
-                        SmReply::Claimed { owner, epoch } => Reply::Claimed { owner, epoch },
+                        SmReply::Claimed { owner, epoch } => {
+                            self.grants().answered(node_id, Instant::now());
+                            Reply::Claimed { owner, epoch }
+                        }
                         SmReply::Refused(why) => Reply::Error(why),
                         SmReply::None => Reply::Error("claim answered nothing".into()),
                     },
@@ -574,6 +666,39 @@ impl Inner {
                 {
                     Ok(_) => Reply::Done,
                     Err(e) => write_error(e),
+                }
+            }
+            admin::Request::Fence {
+                client_id,
+                new_owner,
+            } => {
+                let fence = OwnershipLost {
+                    client_id,
+                    new_owner,
+                    epoch: 0,
+                };
+                match self.fences_tx.try_send(fence) {
+                    Ok(()) => Reply::Done,
+                    Err(_) => Reply::Error("fence queue full".into()),
+                }
+            }
+            admin::Request::Renew { node_id } => {
+                let member = self
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .get_node(&node_id)
+                    .is_some();
+                if !member {
+                    return Reply::Error(format!("node {node_id} is not a member"));
+                }
+                if lease::confirm(&self.raft, self.lease / 2).await {
+                    self.grants().answered(node_id, Instant::now());
+                    Reply::Done
+                } else {
+                    Reply::Error("leadership not confirmed by a quorum".into())
                 }
             }
             admin::Request::Join { node_id, node } => self.add_node(node_id, node).await,
@@ -648,15 +773,17 @@ impl Inner {
             return write_error(e);
         }
         tracing::info!(node_id, "node removed from the cluster");
+        self.grants().forget(node_id);
         // Told after the change is committed; best effort: a node that does
         // not hear it is no longer replicated to and cannot win a vote.
         let from = self.id;
+        let tls = self.tls.clone();
         tokio::spawn(async move {
             let env = Envelope {
                 req: admin::Request::Removed,
                 forwarded: true,
             };
-            if let Err(e) = admin::call(&node.cluster_addr, from, &env).await {
+            if let Err(e) = admin::call(&node.cluster_addr, from, &env, tls.as_ref()).await {
                 tracing::info!(node_id, %e, "removed node not told");
             }
         });
@@ -721,14 +848,45 @@ impl Inner {
     }
 }
 
+/// Renew this node's lease every `lease / 4`, and tell the broker the
+/// moment it runs out.
+async fn keep_lease(inner: Arc<Inner>) {
+    let every = lease::renew_every(inner.lease);
+    loop {
+        let sent = Instant::now();
+        let ask = inner.on_leader(admin::Request::Renew { node_id: inner.id }, false);
+        if let Ok(Reply::Done) = watch_expiry(&inner, timeout(every, ask)).await {
+            inner.renewed(sent);
+        }
+        watch_expiry(&inner, tokio::time::sleep_until(sent + every)).await;
+    }
+}
+
+/// Run `f`, expiring the lease on time meanwhile.
+async fn watch_expiry<F: std::future::Future>(inner: &Inner, f: F) -> F::Output {
+    tokio::pin!(f);
+    loop {
+        let until = inner.holder().until().filter(|_| *inner.lease_tx.borrow());
+        let Some(until) = until else {
+            return f.await;
+        };
+        tokio::select! {
+            out = &mut f => return out,
+            _ = tokio::time::sleep_until(until) => inner.expire_if_due(),
+        }
+    }
+}
+
 /// Follow openraft's metrics: count leader changes, publish and log
-/// membership changes.
+/// membership changes, and note when this node starts or stops leading.
 async fn watch_metrics(inner: Arc<Inner>) {
     let mut rx = inner.raft.metrics();
     let mut leader = None;
     loop {
         let members = {
             let m = rx.borrow_and_update();
+            let leading = (m.state == ServerState::Leader).then_some(m.current_term);
+            inner.grants().role(leading, Instant::now());
             if m.current_leader != leader {
                 leader = m.current_leader;
                 if let Some(l) = leader {
@@ -773,9 +931,10 @@ async fn watch_metrics(inner: Arc<Inner>) {
     }
 }
 
-/// Without TLS only loopback peers are trusted, unless `insecure`.
-fn peer_allowed(ip: std::net::IpAddr, insecure: bool) -> bool {
-    insecure || ip.is_loopback()
+/// Without TLS only loopback peers are trusted, unless `insecure`; with
+/// TLS the certificate decides.
+fn peer_allowed(ip: std::net::IpAddr, insecure: bool, tls: bool) -> bool {
+    insecure || tls || ip.is_loopback()
 }
 
 /// Refusals are logged at most this often (a scanner must not flood the
@@ -795,7 +954,7 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
                 continue;
             }
         };
-        if !peer_allowed(peer.ip(), inner.insecure) {
+        if !peer_allowed(peer.ip(), inner.insecure, inner.tls.is_some()) {
             let refused = inner.counters.refused_peers.fetch_add(1, Ordering::Relaxed) + 1;
             if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
                 last_refusal_log = Some(Instant::now());
@@ -813,6 +972,14 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
         };
         let inner = inner.clone();
         tokio::spawn(async move {
+            let stream = match tls::accept(stream, inner.tls.as_ref(), HELLO_TIMEOUT).await {
+                Ok(s) => s,
+                Err(e) => {
+                    inner.tls_refused(peer, &e);
+                    drop(permit);
+                    return;
+                }
+            };
             if let Err(e) = serve_connection(&inner, stream).await {
                 if e.kind() == std::io::ErrorKind::InvalidData {
                     inner.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -824,8 +991,101 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     }
 }
 
-async fn serve_connection(inner: &Inner, mut stream: TcpStream) -> std::io::Result<()> {
-    let _ = stream.set_nodelay(true);
+impl Inner {
+    fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
+        self.grants.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.holder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before a claim by `claimant` takes `client_id` from another node:
+    /// that node's lease has run out, or it drops the connection when told
+    /// (see `lease`). `Err(wait)` while neither.
+    async fn let_go(&self, client_id: &str, claimant: u64) -> Result<(), Duration> {
+        let owner = self.sm.owner(client_id).map(|o| o.0);
+        let Some(owner) = lease::must_fence(self.id, owner, claimant) else {
+            return Ok(());
+        };
+        let wait = match self.grants().takeover(owner, Instant::now()) {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait,
+        };
+        let addr = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&owner)
+            .map(|n| n.cluster_addr.clone());
+        let Some(addr) = addr else {
+            return Err(wait);
+        };
+        let env = Envelope {
+            req: admin::Request::Fence {
+                client_id: client_id.to_string(),
+                new_owner: claimant,
+            },
+            forwarded: true,
+        };
+        let fenced = timeout(
+            lease::FENCE_TIMEOUT,
+            admin::call(&addr, self.id, &env, self.tls.as_ref()),
+        )
+        .await;
+        match fenced {
+            Ok(Ok(Reply::Done)) => Ok(()),
+            _ => Err(wait),
+        }
+    }
+
+    /// A renewal (or claim) sent at `sent` was confirmed by a quorum.
+    fn renewed(&self, sent: Instant) {
+        let held = {
+            let mut h = self.holder();
+            h.renewed(sent);
+            h.held(Instant::now())
+        };
+        if held && !*self.lease_tx.borrow() {
+            tracing::info!(
+                node_id = self.id,
+                "cluster lease renewed: serving clients again"
+            );
+            self.lease_tx.send_replace(true);
+        }
+    }
+
+    /// The lease ran out: tell the broker, once.
+    fn expire_if_due(&self) {
+        if self.holder().held(Instant::now()) || !*self.lease_tx.borrow() {
+            return;
+        }
+        let n = self.counters.lease_expiries.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(node_id = self.id, expiries = n, lease = ?self.lease,
+            "cluster lease ran out (no majority heard): dropping the clients this node owns, \
+             refusing new ones until it is renewed");
+        self.lease_tx.send_replace(false);
+    }
+
+    /// A peer's TLS handshake failed: counted, logged at most every
+    /// [`REFUSAL_LOG_EVERY`].
+    fn tls_refused(&self, peer: SocketAddr, e: &std::io::Error) {
+        let refused = self.counters.tls_refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self
+            .tls_refusal_logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!(%peer, refused, error = %e,
+                "cluster connection refused: no valid certificate from the cluster CA (TLS handshake failed)");
+        }
+    }
+}
+
+async fn serve_connection(inner: &Inner, mut stream: NodeStream) -> std::io::Result<()> {
     let hello: Hello = timeout(HELLO_TIMEOUT, frame::read(&mut stream, SMALL_FRAME))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no hello"))??;
@@ -858,10 +1118,14 @@ mod tests {
     fn only_loopback_peers_without_insecure() {
         let lan: std::net::IpAddr = "192.168.1.20".parse().unwrap();
         let v6: std::net::IpAddr = "::1".parse().unwrap();
-        assert!(!peer_allowed(lan, false));
-        assert!(peer_allowed(lan, true));
-        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false));
-        assert!(peer_allowed(v6, false));
+        assert!(!peer_allowed(lan, false, false));
+        assert!(peer_allowed(lan, true, false));
+        assert!(
+            peer_allowed(lan, false, true),
+            "with TLS the certificate decides"
+        );
+        assert!(peer_allowed("127.0.0.1".parse().unwrap(), false, false));
+        assert!(peer_allowed(v6, false, false));
         assert!(REFUSED_NON_LOOPBACK.contains("insecure = true"));
     }
 }

@@ -8,6 +8,9 @@
 //!   fsynced before openraft is told they are persisted.
 //! - `network`, `frame`: the single node-to-node listener, its hello frame
 //!   (`Raft`, `Admin`, `Link`) and openraft's RPCs over it.
+//! - `lease`: ownership leases, so that a node cut off from the majority
+//!   stops serving its clients before another node may take them over.
+//! - `tls`: mutual TLS for every node-to-node connection, when configured.
 //! - [`admin`]: the requests `zerofan cluster status|remove` send.
 //!
 //! openraft's types stay inside this crate: the broker sees only the types
@@ -20,9 +23,11 @@ pub mod admin;
 mod cluster;
 mod disk;
 mod frame;
+mod lease;
 mod log_store;
 mod network;
 mod state_machine;
+mod tls;
 mod types;
 
 #[cfg(test)]
@@ -30,4 +35,6 @@ mod sim;
 
 pub use admin::{ClusterStatus, MemberStatus};
 pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members};
+pub use lease::{grant_after, DEFAULT_LEASE, MIN_LEASE};
 pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};
+pub use tls::{ClusterTls, NodeStream};

@@ -2,6 +2,7 @@
 //! hello, one request and one reply at a time.
 
 use crate::frame::{self, Hello, Kind, LARGE_FRAME};
+use crate::tls::{self, ClusterTls, NodeStream};
 use crate::types::{NodeInfo, TypeConfig};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -16,7 +17,6 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
 
 /// A Raft request on the wire.
@@ -48,6 +48,7 @@ pub type Heard = Arc<Mutex<HashMap<u64, Instant>>>;
 pub struct TcpNetworkFactory {
     pub(crate) local: u64,
     pub(crate) heard: Heard,
+    pub(crate) tls: Option<ClusterTls>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for TcpNetworkFactory {
@@ -60,6 +61,7 @@ impl RaftNetworkFactory<TypeConfig> for TcpNetworkFactory {
             addr: node.cluster_addr.clone(),
             conn: None,
             heard: self.heard.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -69,8 +71,9 @@ pub struct TcpNetwork {
     local: u64,
     target: u64,
     addr: String,
-    conn: Option<TcpStream>,
+    conn: Option<NodeStream>,
     heard: Heard,
+    tls: Option<ClusterTls>,
 }
 
 type RpcErr<E = openraft::error::Infallible> = RPCError<u64, NodeInfo, RaftError<u64, E>>;
@@ -82,10 +85,7 @@ impl TcpNetwork {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => {
-                let mut c = timeout(ttl, TcpStream::connect(&addr))
-                    .await
-                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-                c.set_nodelay(true)?;
+                let mut c = tls::connect(&addr, self.tls.as_ref(), ttl).await?;
                 frame::write(
                     &mut c,
                     &Hello {

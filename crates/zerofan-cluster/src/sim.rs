@@ -6,6 +6,7 @@
 //! its own RNG, so runs differ in timing, and the checks hold for any.
 
 use crate::disk::MemDisk;
+use crate::lease::{self, Grants, Holder};
 use crate::log_store::LogStore;
 use crate::state_machine::{SmShared, StateMachine};
 use crate::types::{Command, NodeInfo, Raft, Reply, TypeConfig};
@@ -500,4 +501,275 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
     assert_eq!(node.log.last_index(), after);
     assert!(after > last);
     node.raft.shutdown().await.unwrap();
+}
+
+/// Leases over the simulated network: each node renews through whoever it
+/// believes leads (the leader confirms with a quorum), and a claim that
+/// takes a client id from a node out of touch waits for its lease.
+struct Leases {
+    holders: BTreeMap<u64, Arc<Mutex<Holder>>>,
+    grants: BTreeMap<u64, Arc<Mutex<Grants>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// When each node dropped its client on a fence.
+    fenced: Mutex<BTreeMap<u64, Instant>>,
+}
+
+impl Drop for Leases {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Leases {
+    /// `slow`: the node whose clock runs 10% slow (its lease lasts 10%
+    /// longer in real time).
+    fn start(sim: &Sim, lease: Duration, slow: u64) -> Leases {
+        let mut l = Leases {
+            holders: BTreeMap::new(),
+            grants: BTreeMap::new(),
+            tasks: Vec::new(),
+            fenced: Mutex::new(BTreeMap::new()),
+        };
+        for &id in sim.nodes.keys() {
+            let own = if id == slow { lease * 11 / 10 } else { lease };
+            l.holders.insert(id, Arc::new(Mutex::new(Holder::new(own))));
+            l.grants
+                .insert(id, Arc::new(Mutex::new(Grants::new(lease))));
+        }
+        for (&id, node) in &sim.nodes {
+            // Role changes, as `watch_metrics` follows them.
+            let mut rx = node.raft.metrics();
+            let g = l.grants[&id].clone();
+            l.tasks.push(tokio::spawn(async move {
+                loop {
+                    let leading = {
+                        let m = rx.borrow_and_update();
+                        (m.state == ServerState::Leader).then_some(m.current_term)
+                    };
+                    g.lock().unwrap().role(leading, Instant::now());
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }));
+            // Renewals, as `keep_lease` sends them.
+            let (net, raft, holder) = (sim.net.clone(), node.raft.clone(), l.holders[&id].clone());
+            let grants = l.grants.clone();
+            l.tasks.push(tokio::spawn(async move {
+                loop {
+                    let sent = Instant::now();
+                    let leader = raft.metrics().borrow().current_leader;
+                    if let Some(leader) = leader {
+                        if let Ok(target) = net.route(id, leader).await {
+                            if lease::confirm(&target, lease / 2).await {
+                                grants[&leader].lock().unwrap().answered(id, Instant::now());
+                                if !net.reply_lost(leader, id) {
+                                    holder.lock().unwrap().renewed(sent);
+                                }
+                            }
+                        }
+                    }
+                    tokio::time::sleep_until(sent + lease::renew_every(lease)).await;
+                }
+            }));
+        }
+        l
+    }
+
+    fn held(&self, id: u64) -> bool {
+        self.holders[&id].lock().unwrap().held(Instant::now())
+    }
+
+    /// Until when `id` served its client: its lease, or a fence.
+    fn served_until(&self, id: u64) -> Option<Instant> {
+        let until = self.holders[&id].lock().unwrap().until()?;
+        let fenced = self.fenced.lock().unwrap().get(&id).copied();
+        Some(fenced.map_or(until, |f| f.min(until)))
+    }
+
+    /// Claim `client` for `via` through `leader`, as `Inner::as_leader`
+    /// does (`check`: false leaves the lease out, to show what it
+    /// prevents). `Some` when granted.
+    async fn claim(
+        &self,
+        sim: &Sim,
+        leader: u64,
+        client: &str,
+        via: u64,
+        check: bool,
+    ) -> Option<(u64, u64)> {
+        let sent = Instant::now();
+        let node = &sim.nodes[&leader];
+        let owner = node.sm.owner(client).map(|o| o.0);
+        match lease::must_fence(leader, owner, via) {
+            Some(o) if check => {
+                let lease_over = self.grants[&leader]
+                    .lock()
+                    .unwrap()
+                    .takeover(o, Instant::now())
+                    .is_ok();
+                if !lease_over {
+                    // The fence: the owner drops its client if it gets it.
+                    if timeout(lease::FENCE_TIMEOUT, sim.net.route(leader, o))
+                        .await
+                        .is_ok_and(|r| r.is_ok())
+                    {
+                        self.fenced.lock().unwrap().insert(o, Instant::now());
+                        if sim.net.reply_lost(o, leader) {
+                            return None;
+                        }
+                    } else {
+                        return None;
+                    }
+                }
+            }
+            _ => {}
+        }
+        let cmd = Command::Claim {
+            client_id: client.into(),
+            node: via,
+        };
+        match timeout(Duration::from_secs(2), node.raft.client_write(cmd)).await {
+            Ok(Ok(r)) => match r.data {
+                Reply::Claimed { owner, epoch } => {
+                    self.grants[&leader]
+                        .lock()
+                        .unwrap()
+                        .answered(via, Instant::now());
+                    self.holders[&via].lock().unwrap().renewed(sent);
+                    Some((owner, epoch))
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Cut the owner of a client id off (`leader`: the owner is the leader
+/// itself), then claim the id from the other side until it is granted.
+/// Returns (when the owner's lease ran out, when the claim was granted,
+/// when the cut began).
+async fn lease_scenario(seed: u64, owner_leads: bool, check: bool) -> (Instant, Instant, Instant) {
+    let mut sim = Sim::new(seed, 3).await;
+    let all = [1, 2, 3];
+    let leader = sim.leader(&all).await;
+    let owner = if owner_leads {
+        leader
+    } else {
+        *all.iter().find(|&&i| i != leader).unwrap()
+    };
+    let lease = Duration::from_secs(3);
+    let leases = Leases::start(&sim, lease, owner);
+    *sim.net.faults.lock().unwrap() = Faults {
+        drop_pct: 0,
+        dup_pct: 0,
+        max_delay_ms: 10,
+    };
+    assert!(leases
+        .claim(&sim, leader, "c", owner, check)
+        .await
+        .is_some());
+    sim.acked.entry("c".into()).or_default();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !leases.held(owner) {
+        assert!(Instant::now() < deadline, "seed {seed}: no lease");
+        sleep(Duration::from_millis(10)).await;
+    }
+    // Let a few renewals pass, so the cut comes mid-lease.
+    sleep(lease / 2 + Duration::from_millis(sim.rng(700))).await;
+    sim.net.cut.lock().unwrap().insert(owner);
+    let cut_at = Instant::now();
+    let rest: Vec<u64> = all.iter().copied().filter(|&i| i != owner).collect();
+    let taker = rest[sim.rng(2) as usize];
+    let granted_at = loop {
+        assert!(
+            Instant::now() < cut_at + Duration::from_secs(20),
+            "seed {seed}: the majority never got the client id"
+        );
+        let leader = sim.leader(&rest).await;
+        if let Some((who, _)) = leases.claim(&sim, leader, "c", taker, check).await {
+            assert_eq!(who, taker);
+            break Instant::now();
+        }
+        sleep(Duration::from_millis(100)).await;
+    };
+    let ran_out = leases.served_until(owner).expect("the owner held a lease");
+    if check {
+        // Liveness: at most a renewal period, an election and the wait.
+        let bound = lease::renew_every(lease) + Duration::from_secs(2) + lease::grant_after(lease);
+        assert!(
+            granted_at - cut_at <= bound,
+            "seed {seed}: granted {:?} after the cut",
+            granted_at - cut_at
+        );
+        // Healed: the owner renews again and learns it lost the id.
+        sim.net.cut.lock().unwrap().clear();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(leases.held(owner) && sim.nodes[&owner].sm.owner("c").map(|o| o.0) == Some(taker)) {
+            assert!(
+                Instant::now() < deadline,
+                "seed {seed}: owner did not rejoin"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+    drop(leases);
+    for n in sim.nodes.values() {
+        n.raft.shutdown().await.unwrap();
+    }
+    (ran_out, granted_at, cut_at)
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_cut_off_owner_loses_its_lease_before_another_node_gets_its_client() {
+    for seed in 1..=6 {
+        for owner_leads in [false, true] {
+            let (ran_out, granted, cut) = lease_scenario(seed, owner_leads, true).await;
+            assert!(
+                ran_out < granted,
+                "seed {seed} (owner leads: {owner_leads}): two owners for {:?}",
+                ran_out - granted
+            );
+            assert!(ran_out > cut, "the owner held its lease at the cut");
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_owner_in_touch_lets_go_at_once() {
+    let sim = Sim::new(5, 3).await;
+    let leader = sim.leader(&[1, 2, 3]).await;
+    let leases = Leases::start(&sim, Duration::from_secs(3), 0);
+    let (a, b) = if leader == 1 {
+        (2, 3)
+    } else {
+        (1, 6 - leader - 1)
+    };
+    assert!(leases.claim(&sim, leader, "c", a, true).await.is_some());
+    let asked = Instant::now();
+    assert!(leases.claim(&sim, leader, "c", b, true).await.is_some());
+    let granted = Instant::now();
+    let fenced = leases.fenced.lock().unwrap().get(&a).copied();
+    assert!(
+        fenced.is_some_and(|f| f <= granted),
+        "the owner let go first"
+    );
+    assert!(
+        granted - asked < Duration::from_millis(500),
+        "no lease wait"
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn without_the_lease_check_two_nodes_own_a_client_at_once() {
+    // What the check prevents: the majority gives the id away while the
+    // cut-off owner still holds its lease (and would serve the client).
+    let (ran_out, granted, _) = lease_scenario(3, false, false).await;
+    assert!(
+        granted < ran_out,
+        "without the check the claim should overlap the old lease"
+    );
 }

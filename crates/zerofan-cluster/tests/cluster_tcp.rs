@@ -14,6 +14,9 @@ fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) 
         data_dir: dir.path().join(format!("n{id}")),
         advertise: Some(format!("127.0.0.1:{}", 1880 + id).parse().unwrap()),
         insecure: false,
+        tls: None,
+        lease: zerofan_cluster::DEFAULT_LEASE,
+        advertise_cluster: None,
     }
 }
 
@@ -171,7 +174,7 @@ async fn bad_frames_close_only_their_connection() {
         assert!(matches!(n, Ok(0) | Err(_)), "closed: {n:?}");
     }
     until("both counted", || n1.bad_frames() == 2).await;
-    let s = zerofan_cluster::admin::status(&n1.local_addr().to_string())
+    let s = zerofan_cluster::admin::status(&n1.local_addr().to_string(), None)
         .await
         .unwrap();
     assert_eq!(s.members.len(), 1, "the node still answers");

@@ -144,6 +144,10 @@ pub struct Broker {
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
     claims: super::claims::Claims,
+    /// The cluster node's ownership lease (see `lease`).
+    lease: super::lease::Lease,
+    /// The cluster-wide order of retained changes (see `retain_order`).
+    retain_order: super::retain_order::RetainOrder,
 }
 
 /// What the shell does with a connection's further input.
@@ -192,6 +196,8 @@ impl Broker {
             others: None,
             events: Default::default(),
             claims: Default::default(),
+            lease: Default::default(),
+            retain_order: Default::default(),
         }
     }
 
@@ -345,6 +351,7 @@ impl Broker {
         self.auth_connection_closed(conn);
         self.peers.forget(conn);
         self.claims.forget(conn);
+        self.lease.forget(conn);
         self.conns.remove(&conn);
         self.end_event();
     }
@@ -562,6 +569,12 @@ impl Broker {
             }
         }
         if self.claims.must_claim(conn, &connect) {
+            if self.lease.lost() {
+                // Cut off from the majority: no claim could be granted.
+                self.metrics.claims_refused += 1;
+                self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+                return;
+            }
             // In a cluster, the client id must be this node's first.
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.phase = Phase::AwaitingAuth;
@@ -1025,12 +1038,32 @@ impl Broker {
             _ => return,
         }
         if granted {
+            self.lease.claimed(conn);
             self.handle_connect(now, conn, *connect, true);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
         }
         self.wake(conn);
+        self.end_event();
+    }
+
+    /// In a cluster: this node's id and the wall clock at `now` (Unix ms),
+    /// which order retained changes cluster-wide (see `retain_order`).
+    pub fn set_node_id(&mut self, node: u64, now: Instant, unix_ms: u64) {
+        self.retain_order.set_node(node, now, unix_ms);
+    }
+
+    /// In a cluster: this node's ownership lease ran out (`held` false) or
+    /// was renewed. Losing it drops every connection whose client id was
+    /// claimed (see `lease`); CONNECTs are refused until it is back.
+    pub fn cluster_lease(&mut self, now: Instant, held: bool) {
+        for conn in self.lease.set(held) {
+            self.metrics.clients_fenced += 1;
+            // 0x88 is for CONNACK only; 0x9C sends the client to a node
+            // that can serve it.
+            self.close(now, conn, Some(ReasonCode::USE_ANOTHER_SERVER), false);
+        }
         self.end_event();
     }
 
@@ -2180,12 +2213,15 @@ impl Broker {
             return self.deliver(now, msg, Scope::Everywhere);
         }
         if msg.retain && self.config.retain_available {
+            let stamp = self.retain_order.local(now);
+            self.retain_order.admit(msg.topic.as_str(), stamp);
             if self.peers.any() {
                 let seq = self.peers.stamp();
                 self.ack_fence = Some(seq);
                 self.peers.send_all(|| PeerEvent::Retain {
                     msg: msg.for_peer(),
                     seq,
+                    stamp,
                 });
             }
             if !msg.payload.is_empty() {
@@ -3959,9 +3995,17 @@ impl Broker {
                 };
                 self.deliver(now, Rc::new(msg), scope);
             }
-            PeerEvent::Retain { mut msg, seq } => {
-                msg.arrived_from(from);
-                self.keep_retained(Rc::new(msg));
+            PeerEvent::Retain {
+                mut msg,
+                seq,
+                stamp,
+            } => {
+                // Older than what the topic holds (a change from the other
+                // side of a partition): every node keeps the newer one.
+                if self.retain_order.admit(msg.topic.as_str(), stamp) {
+                    msg.arrived_from(from);
+                    self.keep_retained(Rc::new(msg));
+                }
                 self.durable_seen(from, seq);
             }
             PeerEvent::Consumed { bytes } => {
@@ -4057,7 +4101,8 @@ impl Broker {
         for m in kept {
             sent = true;
             let msg = m.for_peer();
-            self.peers.send(peer, PeerEvent::Retain { msg, seq });
+            let stamp = self.retain_order.stamp_of(msg.topic.as_str());
+            self.peers.send(peer, PeerEvent::Retain { msg, seq, stamp });
         }
         if !sent {
             // Nothing for it to apply: it has seen everything.

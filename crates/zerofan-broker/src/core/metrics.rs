@@ -356,6 +356,13 @@ counters! {
                 "zerofan_cluster_fenced_takeovers_total",
                 "Sessions ended here because another node claimed their client id.",
             )),
+        /// Connections dropped because this node's cluster lease ran out.
+        pub clients_fenced: u64 = CounterDef::NEW
+            .sys("cluster/clients_fenced")
+            .prom(Family::new(
+                "zerofan_cluster_clients_fenced_total",
+                "Connections dropped because this node's cluster lease ran out (no majority heard).",
+            )),
         /// Sessions removed because their expiry interval passed.
         pub sessions_expired: u64 = CounterDef::NEW.sys("sessions/expired").prom(Family::new(
             "zerofan_sessions_expired_total",
@@ -469,6 +476,11 @@ pub struct ShellStats {
     pub cluster_replication_lag: u64,
     /// Client-id claims the cluster's log applied.
     pub cluster_claims: u64,
+    /// Node-to-node connections refused for their TLS handshake (no
+    /// certificate, one from another CA, not TLS).
+    pub cluster_tls_refused: u64,
+    /// Times this node's ownership lease ran out.
+    pub cluster_lease_expiries: u64,
 }
 
 impl ShellStats {
@@ -503,5 +515,7 @@ impl ShellStats {
         self.cluster_leader_changes += o.cluster_leader_changes;
         self.cluster_replication_lag = self.cluster_replication_lag.max(o.cluster_replication_lag);
         self.cluster_claims += o.cluster_claims;
+        self.cluster_tls_refused += o.cluster_tls_refused;
+        self.cluster_lease_expiries += o.cluster_lease_expiries;
     }
 }

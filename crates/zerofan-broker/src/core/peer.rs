@@ -74,6 +74,9 @@ pub enum PeerEvent {
         msg: Message,
         /// The sender's change number, answered with [`PeerEvent::Seen`].
         seq: u64,
+        /// Its place in the cluster-wide order of retained changes: the
+        /// newest wins on every node (see `retain_order`).
+        stamp: super::retain_order::Stamp,
     },
     /// The sender holds the acknowledgement of a QoS 1/2 message it sent
     /// on until the receiver has made durable what it wrote for the

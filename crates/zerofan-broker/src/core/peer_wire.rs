@@ -154,9 +154,11 @@ impl FrameEncoder {
                 self.scratch.put_u8(u8::from(*hold));
                 self.scratch.put_u64(session.0);
             }
-            PeerEvent::Retain { msg, seq } => {
+            PeerEvent::Retain { msg, seq, stamp } => {
                 self.scratch.put_u8(RETAIN);
                 self.scratch.put_u64(*seq);
+                self.scratch.put_u64(stamp.hlc);
+                self.scratch.put_u64(stamp.node);
                 put_message(&mut self.scratch, msg, now)?;
                 payload = Some(msg.payload.clone());
             }
@@ -405,8 +407,12 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         }
         RETAIN => {
             let seq = get_u64(&mut f)?;
+            let stamp = super::retain_order::Stamp {
+                hlc: get_u64(&mut f)?,
+                node: get_u64(&mut f)?,
+            };
             let msg = get_message(f, now)?;
-            PeerEvent::Retain { msg, seq }
+            PeerEvent::Retain { msg, seq, stamp }
         }
         SEEN => {
             let seq = get_u64(&mut f)?;
@@ -616,6 +622,10 @@ mod tests {
             PeerEvent::Retain {
                 msg: message("r", b"", QoS::AtMostOnce, true, Properties::default()),
                 seq: 3,
+                stamp: crate::core::Stamp {
+                    hlc: 9 << 16,
+                    node: 4,
+                },
             },
             PeerEvent::Seen { seq: 11 },
             PeerEvent::Fence { seq: 12 },
@@ -649,10 +659,11 @@ mod tests {
         // 1.5 s left when sent, measured from the receiver's clock.
         assert_eq!(msg.expires_at, Some(later + Duration::from_millis(1500)));
         assert_eq!(format!("{:?}", got[3]), format!("{:?}", sent[3]));
-        let PeerEvent::Retain { msg, seq: 3 } = &got[4] else {
+        let PeerEvent::Retain { msg, seq: 3, stamp } = &got[4] else {
             panic!("{:?}", got[4]);
         };
         assert!(msg.payload.is_empty() && msg.retain);
+        assert_eq!((stamp.hlc, stamp.node), (9 << 16, 4), "the stamp crosses");
         assert_eq!(format!("{:?}", got[5]), format!("{:?}", sent[5]));
     }
 

@@ -56,6 +56,11 @@ pub fn sys_figures(
                 st.cluster_replication_lag.to_string(),
             ),
             ("cluster/claims", st.cluster_claims.to_string()),
+            ("cluster/tls_refused", st.cluster_tls_refused.to_string()),
+            (
+                "cluster/lease_expiries",
+                st.cluster_lease_expiries.to_string(),
+            ),
             (
                 "cluster/forwarded/messages",
                 st.cluster_forwarded_messages.to_string(),

@@ -4,7 +4,7 @@
 //! another node claimed ends its session here — and the links' view of the
 //! node ([`link_setup`]: members, incoming links, dialing).
 
-use super::links::{DialFn, LinkSetup};
+use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use zerofan_cluster::{Cluster, Members, OwnershipLost};
+use zerofan_cluster::{Cluster, Members, NodeStream, OwnershipLost};
 
 /// How long a CONNECT waits for its claim (retried meanwhile while the
 /// cluster has no leader) before it is refused with 0x88.
@@ -92,15 +92,59 @@ pub(super) async fn lost_loop(
     }
 }
 
+/// Drop the connection of a client id the leader is about to give to
+/// another node (a fence: see `zerofan_cluster`'s leases), until the
+/// cluster stops.
+async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost>) {
+    while let Some(f) = fences.recv().await {
+        tracing::debug!(client_id = %f.client_id, new_owner = f.new_owner,
+            "client id about to be claimed by another node");
+        shared
+            .broker
+            .borrow_mut()
+            .client_taken(Instant::now(), &f.client_id);
+        shared.dispatch();
+    }
+}
+
+/// Tell the core when this node's ownership lease runs out or is renewed.
+async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
+    loop {
+        let held = *lease.borrow_and_update();
+        shared
+            .broker
+            .borrow_mut()
+            .cluster_lease(Instant::now(), held);
+        shared.dispatch();
+        if lease.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Start the claim and ownership tasks of shard 0: from now on every
 /// CONNECT with a client id waits for its claim.
 pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
-    shared.broker.borrow_mut().set_claims(true);
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    {
+        let mut b = shared.broker.borrow_mut();
+        b.set_claims(true);
+        b.set_node_id(cluster.node_id(), Instant::now(), unix_ms);
+    }
     let _ = shared.cluster.set(cluster.clone());
     let mut tasks = vec![tokio::task::spawn_local(claim_loop(
         shared.clone(),
         cluster.clone(),
     ))];
+    if let Some(fences) = cluster.take_fences() {
+        tasks.push(tokio::task::spawn_local(fence_loop(shared.clone(), fences)));
+    }
+    tasks.push(tokio::task::spawn_local(lease_loop(
+        shared.clone(),
+        cluster.lease(),
+    )));
     if let Some(lost) = cluster.take_ownership_lost() {
         tasks.push(tokio::task::spawn_local(lost_loop(
             shared.clone(),
@@ -130,15 +174,21 @@ pub(super) fn link_setup(cluster: Arc<Cluster>) -> LinkSetup {
     if let Some(mut links) = cluster.take_links() {
         tokio::spawn(async move {
             while let Some((node, stream)) = links.recv().await {
-                // Accepted on the cluster's runtime: handed over as a plain
-                // socket, registered again where the links run.
-                match stream.into_std() {
-                    Ok(s) => {
-                        if incoming_tx.send((node, s)).await.is_err() {
-                            return;
+                // Accepted on the cluster's runtime: a plain socket is
+                // handed over as such, registered again where the links
+                // run; a TLS one as it is.
+                let link = match stream {
+                    NodeStream::Plain(s) => match s.into_std() {
+                        Ok(s) => IncomingLink::Socket(s),
+                        Err(e) => {
+                            tracing::debug!(node, error = %e, "link not handed over");
+                            continue;
                         }
-                    }
-                    Err(e) => tracing::debug!(node, error = %e, "link not handed over"),
+                    },
+                    tls @ NodeStream::Tls(_) => IncomingLink::Io(Box::new(tls)),
+                };
+                if incoming_tx.send((node, link)).await.is_err() {
+                    return;
                 }
             }
         });
@@ -146,9 +196,11 @@ pub(super) fn link_setup(cluster: Arc<Cluster>) -> LinkSetup {
     let dial: DialFn = Arc::new(move |node| {
         let c = cluster.clone();
         Box::pin(async move {
-            c.dial_link(node)
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))
+            match c.dial_link(node).await {
+                Ok(NodeStream::Plain(s)) => Ok(LinkStream::Tcp(s)),
+                Ok(tls) => Ok(LinkStream::Io(Box::new(tls))),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            }
         })
     });
     LinkSetup {

@@ -39,14 +39,61 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
 /// Opens the link to a node (its hello already exchanged).
 pub type DialFn =
-    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send>> + Send + Sync>;
+    Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = io::Result<LinkStream>> + Send>> + Send + Sync>;
+
+/// What carries a link's bytes when it is not plain TCP (TLS).
+pub trait LinkIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> LinkIo for T {}
+
+/// A link this node dialed.
+pub enum LinkStream {
+    /// Plain TCP: its halves need no lock between them.
+    Tcp(TcpStream),
+    /// Anything else (mutual TLS between cluster nodes).
+    Io(Box<dyn LinkIo>),
+}
+
+impl From<TcpStream> for LinkStream {
+    fn from(s: TcpStream) -> LinkStream {
+        LinkStream::Tcp(s)
+    }
+}
+
+type LinkRd = Box<dyn AsyncRead + Unpin>;
+type LinkWr = Box<dyn AsyncWrite + Unpin>;
+
+impl LinkStream {
+    fn split(self) -> (LinkRd, LinkWr) {
+        match self {
+            LinkStream::Tcp(s) => {
+                let _ = s.set_nodelay(true);
+                let (rd, wr) = s.into_split();
+                (Box::new(rd), Box::new(wr))
+            }
+            LinkStream::Io(s) => {
+                let (rd, wr) = tokio::io::split(s);
+                (Box::new(rd), Box::new(wr))
+            }
+        }
+    }
+}
+
+/// A link another node opened, as the cluster layer hands it over.
+pub enum IncomingLink {
+    /// A plain socket accepted on another runtime: registered again here.
+    Socket(std::net::TcpStream),
+    /// A stream with state that cannot move (TLS): read where it is; its
+    /// socket stays registered with the runtime that accepted it, which
+    /// keeps running.
+    Io(Box<dyn LinkIo>),
+}
 
 /// What the cluster layer gives the broker to link it with the others.
 pub struct LinkSetup {
@@ -55,8 +102,8 @@ pub struct LinkSetup {
     /// Every node, this one included, with its cluster address.
     pub members: watch::Receiver<Vec<(u64, SocketAddr)>>,
     /// Links other nodes opened to this one, with their node id (hello
-    /// done). Plain sockets, so they may come from another runtime.
-    pub incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
+    /// done).
+    pub incoming: mpsc::Receiver<(u64, IncomingLink)>,
     /// Opens this node's link to a node.
     pub dial: DialFn,
     /// A listener whose links start with the dialer's node id (8 bytes,
@@ -430,8 +477,7 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, mut wr) = stream.split();
         let mut buf = BytesMut::new();
         let shake = tokio::time::timeout(
             HANDSHAKE,
@@ -514,8 +560,8 @@ async fn handshake(
     shared: &Shared,
     links: &Links,
     peer: PeerId,
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    rd: &mut LinkRd,
+    wr: &mut LinkWr,
     buf: &mut BytesMut,
 ) -> io::Result<()> {
     write_control(links, wr, &LinkFrame::Hello(links.incarnation)).await?;
@@ -631,7 +677,7 @@ async fn write_queue(
     links: &Links,
     peer: PeerId,
     wake: &Notify,
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    wr: &mut LinkWr,
 ) -> io::Result<()> {
     let mut chunks = VecDeque::new();
     loop {
@@ -704,7 +750,7 @@ async fn read_acks(
     shared: &Shared,
     links: &Links,
     peer: PeerId,
-    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    rd: &mut LinkRd,
     mut buf: BytesMut,
 ) -> io::Result<()> {
     loop {
@@ -726,30 +772,32 @@ async fn read_acks(
 }
 
 /// Take the links other nodes open to this one.
-async fn accept_links(
-    shared: Rc<Shared>,
-    mut incoming: mpsc::Receiver<(u64, std::net::TcpStream)>,
-) {
+async fn accept_links(shared: Rc<Shared>, mut incoming: mpsc::Receiver<(u64, IncomingLink)>) {
     let Some(links) = shared.links.as_ref() else {
         return;
     };
     while let Some((node, stream)) = incoming.recv().await {
-        let stream = match stream
-            .set_nonblocking(true)
-            .and_then(|()| TcpStream::from_std(stream))
-        {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(node, error = %e, "link not accepted");
-                continue;
+        let stream: Box<dyn LinkIo> = match stream {
+            IncomingLink::Socket(s) => {
+                match s
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(s))
+                {
+                    Ok(s) => Box::new(s),
+                    Err(e) => {
+                        tracing::warn!(node, error = %e, "link not accepted");
+                        continue;
+                    }
+                }
             }
+            IncomingLink::Io(s) => s,
         };
         linked(&shared, links, node, stream);
     }
 }
 
 /// Read the link `node` opened.
-fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: TcpStream) {
+fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: Box<dyn LinkIo>) {
     // A node removed (or not yet known) may not route here: it dials
     // again, and is read once the membership has it.
     if !links.expected.borrow().contains(&node) {
@@ -791,13 +839,13 @@ async fn accept_static(shared: Rc<Shared>, listener: std::net::TcpListener) {
         // A hello that does not come in time is no link.
         let hello = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut id)).await;
         if let Ok(Ok(_)) = hello {
-            linked(&shared, links, u64::from_be_bytes(id), s);
+            linked(&shared, links, u64::from_be_bytes(id), Box::new(s));
         }
     }
 }
 
 /// Read `node`'s events into the core until its link closes.
-async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpStream) {
+async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<dyn LinkIo>) {
     let Some(links) = shared.links.as_ref() else {
         return;
     };
@@ -892,7 +940,7 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: TcpS
 async fn answer_hello(
     links: &Links,
     node: u64,
-    stream: &mut TcpStream,
+    stream: &mut Box<dyn LinkIo>,
     buf: &mut BytesMut,
 ) -> io::Result<u64> {
     let LinkFrame::Hello(inc) = read_frame(stream, buf).await? else {
@@ -940,7 +988,7 @@ pub fn static_links(
                 addr.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such node"))?;
             let mut s = TcpStream::connect(addr).await?;
             s.write_all(&me.to_be_bytes()).await?;
-            Ok(s)
+            Ok(LinkStream::Tcp(s))
         })
     });
     (

@@ -292,6 +292,18 @@ pub fn render(s: &Snapshot) -> String {
         st.cluster_claims as f64,
     );
     e.single(
+        "zerofan_cluster_tls_refused_total",
+        Counter,
+        "Node-to-node connections refused: no valid certificate from the cluster CA.",
+        st.cluster_tls_refused as f64,
+    );
+    e.single(
+        "zerofan_cluster_lease_expiries_total",
+        Counter,
+        "Times this node's cluster lease ran out (no majority heard within the lease).",
+        st.cluster_lease_expiries as f64,
+    );
+    e.single(
         "zerofan_cluster_forwarded_messages_total",
         Counter,
         "Messages written to other cluster nodes (one per destination node).",

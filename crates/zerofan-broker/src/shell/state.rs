@@ -127,6 +127,8 @@ impl Shared {
             stats.cluster_replication_lag =
                 c.replication_lag().values().copied().max().unwrap_or(0);
             stats.cluster_claims = c.claims();
+            stats.cluster_tls_refused = c.tls_refused();
+            stats.cluster_lease_expiries = c.lease_expiries();
         }
         stats
     }

@@ -138,3 +138,52 @@ impl H {
         c
     }
 }
+
+#[test]
+fn a_lost_lease_drops_claimed_clients_and_refuses_connects_until_renewed() {
+    let mut h = H::new();
+    h.b.set_claims(true);
+    let mut claimed = Vec::new();
+    for (id, protocol) in [("v5", Protocol::V5), ("v3", Protocol::V311)] {
+        let (c, _) = h.connect_with(id, protocol, true, |_| {});
+        claims(&mut h);
+        h.b.claim_answered(h.now, c, true);
+        h.out(c);
+        claimed.push(c);
+    }
+    // An empty client id gets a fresh one, claimed by nobody: it stays.
+    let (fresh, _) = h.connect_with("", Protocol::V5, true, |_| {});
+    h.out(fresh);
+    h.b.cluster_lease(h.now, true);
+    assert!(!h.out(claimed[0]).closed, "a held lease changes nothing");
+
+    h.b.cluster_lease(h.now, false);
+    let v5 = h.out(claimed[0]);
+    assert_eq!(v5.disconnect(), Some(ReasonCode::USE_ANOTHER_SERVER));
+    assert!(v5.closed);
+    let v3 = h.out(claimed[1]);
+    assert_eq!(v3.disconnect(), None, "3.1.1 has no DISCONNECT to send");
+    assert!(v3.closed);
+    assert!(!h.out(fresh).closed);
+    assert_eq!(h.b.metrics().clients_fenced, 2);
+    // Lost again (no change): nothing more.
+    h.b.cluster_lease(h.now, false);
+    assert_eq!(h.b.metrics().clients_fenced, 2);
+
+    // Refused at once, both protocols, without asking the cluster.
+    for protocol in [Protocol::V5, Protocol::V311] {
+        let (_, out) = h.connect_with("v5", protocol, true, |_| {});
+        assert!(claims(&mut h).is_empty());
+        assert_eq!(
+            out.connack().unwrap().reason,
+            ReasonCode::SERVER_UNAVAILABLE
+        );
+        assert!(out.closed);
+    }
+    // Renewed: CONNECTs claim their client id again.
+    h.b.cluster_lease(h.now, true);
+    let (c, _) = h.connect_with("v5", Protocol::V5, true, |_| {});
+    assert_eq!(claims(&mut h).len(), 1);
+    h.b.claim_answered(h.now, c, true);
+    assert_eq!(h.out(c).connack().unwrap().reason, ReasonCode::SUCCESS);
+}

@@ -390,3 +390,39 @@ fn an_away_node_is_not_waited_for_until_it_is_back() {
     let out = n.subscribe(s, "v", QoS::AtMostOnce);
     assert!(!subacked(&out), "waited for again once back");
 }
+
+#[test]
+fn retained_changes_made_on_both_sides_of_a_partition_converge() {
+    let mut n = Nodes::full_mesh(2);
+    for (i, h) in n.hs.iter_mut().enumerate() {
+        let now = h.now;
+        h.b.set_node_id(i as u64 + 1, now, 1_700_000_000_000);
+    }
+    let (a, b) = (n.client(0, "a"), n.client(1, "b"));
+    n.publish(a, "r/v", "set before", QoS::AtLeastOnce, 1, true);
+    // Cut: what each side writes waits on its link.
+    n.linked[0][1] = false;
+    n.linked[1][0] = false;
+    let ms = Duration::from_millis;
+    // r/t: node 1 writes last; r/u: node 0 does; r/v: node 0 clears last.
+    n.hs[0].advance(ms(5));
+    n.publish(a, "r/t", "node 0 early", QoS::AtLeastOnce, 2, true);
+    n.hs[1].advance(ms(5));
+    n.publish(b, "r/u", "node 1 early", QoS::AtLeastOnce, 1, true);
+    n.hs[1].advance(ms(15));
+    n.publish(b, "r/t", "node 1 late", QoS::AtLeastOnce, 2, true);
+    n.publish(b, "r/v", "node 1 early", QoS::AtLeastOnce, 3, true);
+    n.hs[0].advance(ms(25));
+    n.publish(a, "r/u", "node 0 late", QoS::AtLeastOnce, 3, true);
+    n.publish(a, "r/v", "", QoS::AtLeastOnce, 4, true);
+    // Heal: each side's queued changes reach the other.
+    n.linked[0][1] = true;
+    n.linked[1][0] = true;
+    n.pump();
+    for node in 0..2 {
+        let c = n.client(node, &format!("reader{node}"));
+        let mut got = n.subscribe(c, "r/#", QoS::AtLeastOnce).payloads();
+        got.sort();
+        assert_eq!(got, ["node 0 late", "node 1 late"], "node {node}");
+    }
+}
