@@ -90,6 +90,14 @@ impl Router {
             if let Some(me) = me {
                 for (filter, group) in self.subs.filters() {
                     self.peer_interest(me, &filter, group.as_deref(), true);
+                    // Subscriptions from before (restored from the store
+                    // at start) are announced as new ones are; a peer
+                    // that already knows one takes it again unchanged.
+                    self.announcements.push(Announcement {
+                        filter: filter.as_str().into(),
+                        group,
+                        add: true,
+                    });
                 }
             }
         }

@@ -463,3 +463,33 @@ fn shard_of_is_stable_and_spreads() {
     assert!(per.iter().all(|&n| n > 60), "{per:?}");
     assert_eq!(shard_of(b"anything", 1), 0);
 }
+
+#[test]
+fn subscriptions_a_core_had_before_it_was_peered_are_announced() {
+    // As after a restart: the store restores persistent sessions and their
+    // subscriptions into each core before the shell makes them shards.
+    let cfg = Config {
+        sys_interval: 0,
+        ..Config::default()
+    };
+    let mut far = H::with(cfg.clone());
+    let sub = far.client("restored");
+    far.subscribe(sub, "r/#", opts(QoS::AtLeastOnce));
+    far.out(sub);
+    let mut sh = Shards {
+        hs: vec![H::with(cfg), far],
+        in_flight: Default::default(),
+    };
+    let ids = [PeerId(0), PeerId(1)];
+    for (i, h) in sh.hs.iter_mut().enumerate() {
+        h.b.set_peers(ids[i], &ids);
+    }
+    sh.pump();
+    let publ = sh.client_on(0, "pub");
+    sh.publish(publ, "r/1", "after restart", QoS::AtLeastOnce, 1);
+    let c = Cx {
+        shard: 1,
+        conn: sub,
+    };
+    assert_eq!(sh.out(c).payloads(), vec!["after restart"]);
+}
