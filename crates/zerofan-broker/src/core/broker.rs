@@ -229,6 +229,13 @@ impl Broker {
         self.peers.poll()
     }
 
+    /// Give back a batch [`Broker::poll_peer_transmit`] returned, once its
+    /// receiver has taken the events out: its buffer carries a next batch
+    /// to the same peer, so batches cost no allocation.
+    pub fn reuse_peer_batch(&mut self, batch: PeerBatch) {
+        self.peers.reuse(batch);
+    }
+
     /// Tell the peers of this core's new and withdrawn filters. Returns the
     /// change number to wait for before a SUBACK, if any was announced.
     pub(crate) fn announce(&mut self) -> Option<u64> {

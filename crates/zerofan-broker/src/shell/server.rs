@@ -355,6 +355,9 @@ impl Shard {
             background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
                 shared.clone(),
             )));
+            background.push(tokio::task::spawn_local(super::shards::flush_loop(
+                shared.clone(),
+            )));
         }
         if let Some(setup) = self.links {
             background.extend(super::links::start(&shared, setup));
