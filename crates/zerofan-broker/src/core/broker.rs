@@ -2251,6 +2251,9 @@ impl Broker {
             };
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
+        // The last forward takes the message itself when nothing else
+        // holds it (fan-in: no subscriber here), rather than a copy.
+        let mut last = None;
         for f in routed.forwards.drain(..) {
             if self.peers.congested(f.peer) {
                 if msg.qos == QoS::AtMostOnce {
@@ -2268,14 +2271,30 @@ impl Broker {
                 // peer confirms (see `peer::WINDOW`).
                 self.hold_publisher(&msg);
             }
-            let event = PeerEvent::Publish {
-                msg: msg.for_peer(),
-                direct: f.direct,
-                shares: f.shares,
-            };
-            self.peers.send(f.peer, event);
+            if let Some((peer, direct, shares)) = last.replace((f.peer, f.direct, f.shares)) {
+                let msg = msg.for_peer();
+                self.peers.send(
+                    peer,
+                    PeerEvent::Publish {
+                        msg,
+                        direct,
+                        shares,
+                    },
+                );
+            }
         }
         self.router.recycle(routed);
+        if let Some((peer, direct, shares)) = last {
+            let msg = Rc::try_unwrap(msg).map_or_else(|m| m.for_peer(), Message::into_peer);
+            self.peers.send(
+                peer,
+                PeerEvent::Publish {
+                    msg,
+                    direct,
+                    shares,
+                },
+            );
+        }
         count
     }
 }
