@@ -3783,6 +3783,15 @@ impl Broker {
             Default::default(),
             None,
         );
+        // Published once per change (a bridge's state): every shard keeps
+        // it, so that a later subscription on any of them sees it.
+        if self.peers.any() {
+            let seq = self.peers.stamp();
+            self.peers.send_all(|| PeerEvent::Retain {
+                msg: msg.for_peer(),
+                seq,
+            });
+        }
         self.route_sys(now, Rc::new(msg));
     }
 

@@ -493,3 +493,19 @@ fn subscriptions_a_core_had_before_it_was_peered_are_announced() {
     };
     assert_eq!(sh.out(c).payloads(), vec!["after restart"]);
 }
+
+#[test]
+fn a_retained_message_the_broker_publishes_itself_is_kept_by_every_shard() {
+    // A bridge's state (`$SYS/broker/connection/{name}/state`) is published
+    // once per change, on shard 0: a subscriber on another shard that
+    // subscribes later must still find it.
+    let mut sh = Shards::new(2);
+    let now = sh.hs[0].now;
+    sh.hs[0]
+        .b
+        .publish_own(now, "$SYS/broker/connection/edge/state", "1".into());
+    sh.pump();
+    let late = sh.client_on(1, "late");
+    let out = sh.subscribe(late, "$SYS/broker/connection/+/state", QoS::AtMostOnce);
+    assert_eq!(out.payloads(), vec!["1"]);
+}
