@@ -3,10 +3,15 @@
 # The broker's CPU time (all its threads, from /proc) per message delivered, for one
 # zerofan-bench run of 4 s against a fresh in-memory broker with --threads THREADS, unpinned.
 # Used for the shards section of BENCHMARKS.md.
+# BROKER_ARGS="..." adds broker arguments (e.g. --config FILE); THREADS "-" passes no
+# --threads (for a build before shards).
 set -euo pipefail
 BIN=$1; T=$2; S=$3; shift 3
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-$BIN --memory --listen 127.0.0.1:$PORT --threads $T >/dev/null 2>&1 &
+read -r -a EXTRA <<<"${BROKER_ARGS:-}"
+TARGS=(--threads "$T")
+[ "$T" = - ] && TARGS=()
+$BIN --memory --listen 127.0.0.1:$PORT "${TARGS[@]}" "${EXTRA[@]}" >/dev/null 2>&1 &
 PID=$!
 sleep 0.5
 ticks() { awk '{print $14+$15}' /proc/$PID/stat; }

@@ -158,7 +158,7 @@ export interface StartBrokerOptions {
   sysInterval?: number
   maxQueuedMessages?: number
   maxPacketSize?: number
-  /** Shards (threads), each with its own event loop and core (default 1; 0 = one per core). More than one runs in memory (no dataDir) for now. */
+  /** Shards (threads), each with its own event loop and core (default: one per available core; 1 = the single-thread broker). */
   threads?: number
   /** Broker settings in the zerofan binary's TOML format. */
   configToml?: string

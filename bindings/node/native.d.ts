@@ -96,8 +96,8 @@ export interface BrokerOptions {
   /** Largest packet accepted, bytes. */
   maxPacketSize?: number
   /**
-   * Shards (threads), each with its own event loop (default 1; 0 = one
-   * per core). More than one runs in memory (no `dataDir`) for now.
+   * Shards (threads), each with its own event loop and core (default:
+   * one per available core; 1 = the single-thread broker).
    */
   threads?: number
   /**

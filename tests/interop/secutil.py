@@ -174,13 +174,7 @@ class SecBroker:
         return self.returncode
 
 
-def threads_args(conf_text: str) -> list:
-    """`--threads N` when ZEROFAN_THREADS=N runs the suite with N shards
-    (as conftest.py does), unless the configuration names its own."""
-    n = os.environ.get("ZEROFAN_THREADS")
-    if not n or "threads" in conf_text:
-        return []
-    return ["--threads", n]
+from brokerenv import threads_args  # noqa: E402
 
 
 def start_broker(tmp: Path, toml: str, listeners: int, args=(), conf_name="zerofan.toml",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from brokerenv import threads_args
 from conftest import Broker, free_port, launch_mosquitto, launch_zerofan, zerofan_bin
 from pahoclient import PahoClient, props
 
@@ -36,7 +37,7 @@ def start_zerofan_conf(tmp: Path, text: str, name: str = "zerofan.toml",
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / name
     conf.write_text(text)
-    return launch_zerofan(tmp, [*args, "-c", str(conf)])
+    return launch_zerofan(tmp, [*args, *threads_args(text), "-c", str(conf)])
 
 
 def start_mosquitto_at(tmp: Path, port: int, persist: bool = False) -> Broker:

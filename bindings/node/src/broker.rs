@@ -36,8 +36,8 @@ pub struct BrokerOptions {
     pub max_queued_messages: Option<u32>,
     /// Largest packet accepted, bytes.
     pub max_packet_size: Option<u32>,
-    /// Shards (threads), each with its own event loop (default 1; 0 = one
-    /// per core). More than one runs in memory (no `dataDir`) for now.
+    /// Shards (threads), each with its own event loop and core (default:
+    /// one per available core; 1 = the single-thread broker).
     pub threads: Option<u32>,
     /// Broker settings as TOML (the `zerofan` binary's config file
     /// format); `host`/`port` and the fields above override it.

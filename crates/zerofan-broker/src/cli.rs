@@ -60,8 +60,9 @@ pub struct Args {
     /// messages). [default: ./zerofan-data; `data_dir` in the config file]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Shards (threads) to run, each with its own event loop; 0 = one per
-    /// available core. [default: 1; `threads` in the config file]
+    /// Shards (threads) to run, each with its own event loop; 1 is the
+    /// single-thread broker. [default: 0 = one per available core (one on
+    /// a cluster node); `threads` in the config file]
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// More logging on stderr: -v info, -vv debug, -vvv trace. RUST_LOG
@@ -221,5 +222,41 @@ pub fn main() -> ExitCode {
             eprintln!("zerofan: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn threads_default_to_the_cores_and_to_one_on_a_cluster_node() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let plain = Args::try_parse_from(["zerofan", "--memory"]).unwrap();
+        assert_eq!(plain.config().unwrap().shard_count(), cores);
+        let one = Args::try_parse_from(["zerofan", "--memory", "--threads", "1"]).unwrap();
+        assert_eq!(one.config().unwrap().shard_count(), 1);
+        let dir = std::env::temp_dir().join(format!("zerofan-cli-{}", std::process::id()));
+        let node = Args::try_parse_from([
+            "zerofan",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--node-id",
+            "1",
+            "--cluster-listen",
+            "127.0.0.1:0",
+        ])
+        .unwrap();
+        assert_eq!(node.config().unwrap().shard_count(), 1);
+    }
+
+    #[test]
+    fn help_names_the_threads_default() {
+        let help = Args::command().render_long_help().to_string();
+        let at = help.find("--threads").unwrap();
+        let text: String = help[at..].chars().take(400).collect();
+        assert!(text.contains("one per available core"), "{text}");
+        assert!(!text.contains("default: 1"), "{text}");
     }
 }

@@ -182,8 +182,9 @@ pub struct Config {
     /// Shards: threads, each with its own event loop and its own instance
     /// of the core; a client's session lives on the shard its client id
     /// hashes to, and publishes cross between shards as shared buffers.
-    /// 0 means one per available core. 1 (the default for now) is the
-    /// single-thread broker, with no cross-thread cost. Read at start.
+    /// 0 (the default) means one per available core, and one on a
+    /// cluster node. 1 is the single-thread broker, with no cross-thread
+    /// cost. Read at start.
     pub threads: usize,
     /// Address of the HTTP listener (`metrics` is an older name for it):
     /// `/metrics` (Prometheus), `/healthz`, `/readyz`, the `/api/v1/` API
@@ -265,7 +266,7 @@ impl Default for Config {
             max_retained_messages: 10_000_000,
             max_retained_bytes: 2 << 30,
             listen_backlog: 1024,
-            threads: 1,
+            threads: 0,
             http: None,
             http_tls: None,
             http_tokens_file: None,
@@ -443,9 +444,11 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// How many shards to run: `threads`, or one per available core for 0.
+    /// How many shards to run: `threads`, or for 0 one per available core
+    /// (one on a cluster node, which does not run shards yet).
     pub fn shard_count(&self) -> usize {
         match self.threads {
+            0 if self.cluster.is_some() => 1,
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         }
@@ -622,6 +625,27 @@ mod tests {
         let c = Config::from_toml("", "x").unwrap();
         assert_eq!(c.max_queued_messages, 1000);
         assert_eq!(c.queue_full, QueueFull::DropNew);
+    }
+
+    #[test]
+    fn threads_default_to_one_shard_per_core_and_to_one_on_a_cluster_node() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let c = Config::from_toml("", "x").unwrap();
+        assert_eq!(c.shard_count(), cores);
+        assert_eq!(Config::default().shard_count(), cores);
+        let c = Config::from_toml("threads = 3", "x").unwrap();
+        assert_eq!(c.shard_count(), 3);
+        let c = Config::from_toml("threads = 1", "x").unwrap();
+        assert_eq!(c.shard_count(), 1, "one thread stays one");
+        // A cluster node runs one shard unless told otherwise (and then
+        // the server refuses more than one with a clear error).
+        let mut c = Config {
+            cluster: Some(crate::cluster::ClusterSettings::empty()),
+            ..Config::default()
+        };
+        assert_eq!(c.shard_count(), 1);
+        c.threads = 4;
+        assert_eq!(c.shard_count(), 4);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Running the broker inside another program.
 //!
 //! [`spawn`] starts the broker on a thread of its own, with the runtime the
-//! `zerofan` binary uses (a current-thread tokio runtime and a `LocalSet`:
-//! the broker is single-threaded by design and never touches the caller's
+//! `zerofan` binary uses (a current-thread tokio runtime and a `LocalSet`;
+//! with `threads` other than 1, by default one per available core, the
+//! other shards run on threads of their own; none touches the caller's
 //! threads), and returns once every listener is bound. The
 //! [`BrokerHandle`] it returns gives the bound addresses, the broker's
 //! figures read directly from its core ([`BrokerHandle::stats`]; no client
@@ -154,11 +155,15 @@ pub fn spawn(config: Config) -> io::Result<BrokerHandle> {
 }
 
 /// [`spawn`] as one node of a cluster, linked to the others by `links`
-/// (see [`crate::shell::links`]).
+/// (see [`crate::shell::links`]). A node runs one shard: `threads` 0 (the
+/// default) means 1 here, and more than 1 is refused.
 pub fn spawn_linked(
-    config: Config,
+    mut config: Config,
     links: crate::shell::links::LinkSetup,
 ) -> io::Result<BrokerHandle> {
+    if config.threads == 0 {
+        config.threads = 1;
+    }
     spawn_inner(config, Some(links))
 }
 

@@ -93,6 +93,52 @@ fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
+/// Waits (bounded) until `want` threads named `zerofan-shard*` run.
+fn shard_threads_until(want: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n = threads_named("zerofan-shard");
+        if n == want || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn by_default_one_shard_per_core_and_threads_1_is_one_thread() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let _g = serial();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // `config()` leaves `threads` at its default.
+    let b = embed::spawn(config()).expect("spawn");
+    let mut c = Client::connect(b.local_addrs()[0], "default-shards");
+    c.subscribe("d/#");
+    c.publish("d/x", b"hi", false);
+    assert_eq!(&c.expect_publish().payload[..], b"hi");
+    // Shard 0 runs on the broker thread, the others on threads of theirs.
+    assert_eq!(shard_threads_until(cores - 1), cores - 1);
+    drop(c);
+    b.shutdown().expect("shutdown");
+    assert_eq!(shard_threads_until(0), 0);
+
+    let b = embed::spawn(Config {
+        threads: 1,
+        ..config()
+    })
+    .expect("spawn");
+    let mut c = Client::connect(b.local_addrs()[0], "one-shard");
+    c.subscribe("d/#");
+    c.publish("d/x", b"hi", false);
+    assert_eq!(&c.expect_publish().payload[..], b"hi");
+    assert_eq!(threads_named("zerofan-shard"), 0, "no shard thread");
+    assert_eq!(broker_threads(), 1);
+    drop(c);
+    b.shutdown().expect("shutdown");
+}
+
 #[test]
 fn a_sharded_broker_serves_across_shards_and_counts_them_all() {
     let _g = serial();

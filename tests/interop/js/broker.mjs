@@ -19,6 +19,9 @@ const INTEROP = path.dirname(HERE);
 const REPO = path.resolve(INTEROP, '..', '..');
 export const BROKER = process.env.BROKER || 'zerofan';
 export const WAIT = 10_000;
+// ZEROFAN_THREADS=N: every zerofan here runs N shards unless a test names its
+// own (default 1, said explicitly: the broker's own default is one per core).
+export const THREADS = Number(process.env.ZEROFAN_THREADS || 1);
 
 function zerofanBin() {
   if (process.env.ZEROFAN_BIN) return process.env.ZEROFAN_BIN;
@@ -58,6 +61,7 @@ export async function startBroker(settings = {}) {
   const conf = { sys_interval: 1, ...settings };
   let proc, host, port;
   if (BROKER === 'zerofan') {
+    conf.threads ??= THREADS;
     const bin = zerofanBin();
     if (!existsSync(bin)) throw new Error(`broker binary ${bin} not found`);
     const file = path.join(dir, 'zerofan.toml');

@@ -44,7 +44,9 @@ async function startSecure() {
     `[[listener]]\nbind = "127.0.0.1:0"\nallow_anonymous = false\n${tls}`;
   writeFileSync(f('zerofan.toml'), conf);
   const log = openSync(f('stderr.log'), 'w');
-  proc = spawn(zerofanBin(), ['--memory', '-c', f('zerofan.toml')], { cwd: dir, stdio: ['ignore', 'pipe', log] });
+  // The suite's shards (ZEROFAN_THREADS, default 1), as broker.mjs.
+  const threads = String(process.env.ZEROFAN_THREADS || 1);
+  proc = spawn(zerofanBin(), ['--memory', '--threads', threads, '-c', f('zerofan.toml')], { cwd: dir, stdio: ['ignore', 'pipe', log] });
   closeSync(log);
   ports = await withTimeout(new Promise((resolve, reject) => {
     let buf = '';

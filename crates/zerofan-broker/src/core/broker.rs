@@ -2287,6 +2287,9 @@ impl Broker {
             };
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
+        // The last forward takes the message itself when nothing else
+        // holds it (fan-in: no subscriber here), rather than a copy.
+        let mut last = None;
         for f in routed.forwards.drain(..) {
             if self.peers.congested(f.peer) {
                 if msg.qos == QoS::AtMostOnce {
@@ -2304,14 +2307,30 @@ impl Broker {
                 // peer confirms (see `peer::WINDOW`).
                 self.hold_publisher(&msg);
             }
-            let event = PeerEvent::Publish {
-                msg: msg.for_peer(),
-                direct: f.direct,
-                shares: f.shares,
-            };
-            self.peers.send(f.peer, event);
+            if let Some((peer, direct, shares)) = last.replace((f.peer, f.direct, f.shares)) {
+                let msg = msg.for_peer();
+                self.peers.send(
+                    peer,
+                    PeerEvent::Publish {
+                        msg,
+                        direct,
+                        shares,
+                    },
+                );
+            }
         }
         self.router.recycle(routed);
+        if let Some((peer, direct, shares)) = last {
+            let msg = Rc::try_unwrap(msg).map_or_else(|m| m.for_peer(), Message::into_peer);
+            self.peers.send(
+                peer,
+                PeerEvent::Publish {
+                    msg,
+                    direct,
+                    shares,
+                },
+            );
+        }
         count
     }
 }
@@ -3800,6 +3819,15 @@ impl Broker {
             Default::default(),
             None,
         );
+        // Published once per change (a bridge's state): every shard keeps
+        // it, so that a later subscription on any of them sees it.
+        if self.peers.any() {
+            let seq = self.peers.stamp();
+            self.peers.send_all(|| PeerEvent::Retain {
+                msg: msg.for_peer(),
+                seq,
+            });
+        }
         self.route_sys(now, Rc::new(msg));
     }
 
@@ -4058,6 +4086,13 @@ impl Broker {
     pub fn poll_peer_transmit(&mut self) -> Option<PeerBatch> {
         self.announce();
         self.peers.poll()
+    }
+
+    /// Give back a batch [`Broker::poll_peer_transmit`] returned, once its
+    /// receiver has taken the events out: its buffer carries a next batch
+    /// to the same peer, so batches cost no allocation.
+    pub fn reuse_peer_batch(&mut self, batch: PeerBatch) {
+        self.peers.reuse(batch);
     }
 
     /// Tell the peers of this core's new and withdrawn filters. Returns the

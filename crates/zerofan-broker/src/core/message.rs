@@ -122,6 +122,15 @@ impl Message {
         }
     }
 
+    /// [`Message::for_peer`] without the copy, for the last holder of
+    /// the message: no reference count of its buffers moves.
+    pub fn into_peer(self) -> Message {
+        Message {
+            stored: Default::default(),
+            ..self
+        }
+    }
+
     /// The message was received from peer `from`: a publishing session, if
     /// any, is one of that peer's (unless an earlier peer was named).
     pub fn arrived_from(&mut self, from: super::peer::PeerId) {

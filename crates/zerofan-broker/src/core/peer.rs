@@ -113,6 +113,21 @@ pub enum PeerEvent {
 /// (`deliver::HOLD_SLACK`), and nothing is dropped.
 pub(crate) const WINDOW: u64 = 1024 * 1024;
 
+/// Confirmed bytes a core gathers before it sends [`PeerEvent::Consumed`]:
+/// a confirmation per batch would send a batch back (and wake the sender)
+/// for every batch received. Well under [`WINDOW`], so a sender held for a
+/// full window is always confirmed below it.
+const CONFIRM_AT: u64 = WINDOW / 8;
+
+/// Emptied batches a slot keeps for its next ones (given back by the
+/// shell, see [`Peers::reuse`]), so that a steady stream of batches
+/// allocates none.
+const SPARES: usize = 4;
+
+/// A batch buffer larger than this (in events) is freed, not kept: one
+/// burst must not pin its memory.
+const SPARE_MAX_EVENTS: usize = 4096;
+
 /// The events for one peer, in order, batched per turn of the sender's
 /// event loop.
 #[derive(Debug)]
@@ -144,6 +159,8 @@ pub(crate) struct Peers {
 struct Slot {
     id: PeerId,
     outbox: Vec<PeerEvent>,
+    /// Emptied batch buffers for the next batches (at most [`SPARES`]).
+    spare: Vec<Vec<PeerEvent>>,
     congested: bool,
     /// The last of our changes this peer has applied.
     seen: u64,
@@ -168,6 +185,7 @@ impl Peers {
             .map(|id| Slot {
                 id,
                 outbox: Vec::new(),
+                spare: Vec::new(),
                 congested: false,
                 seen: 0,
                 away: false,
@@ -201,6 +219,7 @@ impl Peers {
             Slot {
                 id: peer,
                 outbox: Vec::new(),
+                spare: Vec::new(),
                 congested: false,
                 seen,
                 away: false,
@@ -447,17 +466,33 @@ impl Peers {
     /// The next peer's batch of events, if any waits.
     pub(crate) fn poll(&mut self) -> Option<PeerBatch> {
         for s in &mut self.slots {
-            if s.consumed > 0 {
-                // After whatever this turn queued for it (a Hold first).
+            // Confirmed with whatever else goes to it this turn (a Hold
+            // first), or alone once it adds up to `CONFIRM_AT`.
+            if s.consumed >= CONFIRM_AT || (s.consumed > 0 && !s.outbox.is_empty()) {
                 let bytes = std::mem::take(&mut s.consumed);
                 s.outbox.push(PeerEvent::Consumed { bytes });
             }
         }
         let s = self.slots.iter_mut().find(|s| !s.outbox.is_empty())?;
+        let next = s.spare.pop().unwrap_or_default();
         Some(PeerBatch {
             to: s.id,
-            events: std::mem::take(&mut s.outbox),
+            events: std::mem::replace(&mut s.outbox, next),
         })
+    }
+
+    /// A batch polled here, emptied by its receiver: its buffer serves a
+    /// next batch to the same peer (kept while few and not too large).
+    pub(crate) fn reuse(&mut self, mut batch: PeerBatch) {
+        batch.events.clear();
+        if batch.events.capacity() > SPARE_MAX_EVENTS {
+            return;
+        }
+        if let Some(s) = self.slot(batch.to) {
+            if s.spare.len() < SPARES {
+                s.spare.push(batch.events);
+            }
+        }
     }
 }
 

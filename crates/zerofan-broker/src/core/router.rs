@@ -68,6 +68,9 @@ pub(crate) struct Announcement {
 pub(crate) struct Router {
     subs: Trie,
     shards: Trie,
+    /// Entries in `shards` of other cores than this one: while there are
+    /// none, a publish here goes nowhere else and `shards` is not walked.
+    remote: usize,
     /// This core's id when it has peers: then subscription changes are
     /// announced and publishes forwarded.
     me: Option<PeerId>,
@@ -87,9 +90,18 @@ impl Router {
             // Peered from now on (a first node joined), or no longer: the
             // route index starts from this core's own interests.
             self.shards = Trie::default();
+            self.remote = 0;
             if let Some(me) = me {
                 for (filter, group) in self.subs.filters() {
                     self.peer_interest(me, &filter, group.as_deref(), true);
+                    // Subscriptions from before (restored from the store
+                    // at start) are announced as new ones are; a peer
+                    // that already knows one takes it again unchanged.
+                    self.announcements.push(Announcement {
+                        filter: filter.as_str().into(),
+                        group,
+                        add: true,
+                    });
                 }
             }
         }
@@ -100,7 +112,9 @@ impl Router {
     pub(crate) fn forget_peer(&mut self, peer: PeerId) {
         let session = SessionId(u64::from(peer.0));
         for (filter, group) in self.shards.filters() {
-            self.shards.remove(&filter, group.as_deref(), session);
+            if self.shards.remove(&filter, group.as_deref(), session) && Some(peer) != self.me {
+                self.remote = self.remote.saturating_sub(1);
+            }
         }
     }
 
@@ -161,9 +175,11 @@ impl Router {
                 options: SubscriptionOptions::default(),
                 id: None,
             };
-            self.shards.insert(filter, group, entry);
-        } else {
-            self.shards.remove(filter, group, session);
+            if self.shards.insert(filter, group, entry) && Some(peer) != self.me {
+                self.remote += 1;
+            }
+        } else if self.shards.remove(filter, group, session) && Some(peer) != self.me {
+            self.remote = self.remote.saturating_sub(1);
         }
     }
 
@@ -213,10 +229,13 @@ impl Router {
             Scope::Everywhere => (true, None),
             Scope::Forwarded { direct, shares } => (direct, Some(shares)),
         };
-        if let (Some(me), Scope::Everywhere) = (self.me, scope) {
+        // With no other core interested in anything, every shared group
+        // with members has them here only: all its turns are ours.
+        let alone = self.remote == 0;
+        if let (Some(me), Scope::Everywhere, false) = (self.me, scope, alone) {
             self.route_peers(topic, me);
         }
-        let peered = self.me.is_some();
+        let peered = self.me.is_some() && !alone;
         let direct = &mut self.direct;
         let shared = &mut self.shared;
         let local_shares = &self.local_shares;

@@ -97,8 +97,10 @@ impl Opened {
     /// One part per shard (as many as `open` was configured for). Shard 0
     /// gets the recovery report; each shard the sessions it owns; every
     /// shard every retained message (each core keeps them all, and only the
-    /// core that sets or clears one writes it).
-    pub fn split(self) -> Vec<ShardStore> {
+    /// core that sets or clears one writes it). The sessions named in
+    /// `on_first` go to shard 0 whatever their hash: the bridges' (a
+    /// bridge runs on shard 0, and its in-memory connection never moves).
+    pub fn split(self, on_first: &[String]) -> Vec<ShardStore> {
         let Opened {
             store,
             recovered,
@@ -129,7 +131,11 @@ impl Opened {
             })
             .collect();
         for s in recovered.sessions {
-            let owner = crate::core::shard_of(s.client_id.as_bytes(), n);
+            let owner = if on_first.contains(&s.client_id) {
+                0
+            } else {
+                crate::core::shard_of(s.client_id.as_bytes(), n)
+            };
             parts[owner].sessions.push(s);
         }
         parts

@@ -160,10 +160,11 @@ impl Server {
         }
         let names = self.local_listeners();
         // One store for every shard (see `persist`).
+        let bridge_ids: Vec<String> = self.config.bridge.iter().map(|b| b.local_id()).collect();
         let mut stores = self
             .persist
             .take()
-            .map(super::persist::Opened::split)
+            .map(|p| p.split(&bridge_ids))
             .unwrap_or_default()
             .into_iter();
         let first_store = stores.next();
@@ -352,6 +353,9 @@ impl Shard {
                 rx,
             )));
             background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
+                shared.clone(),
+            )));
+            background.push(tokio::task::spawn_local(super::shards::flush_loop(
                 shared.clone(),
             )));
         }

@@ -26,6 +26,16 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 /// Envelopes an inbox holds before its senders keep theirs.
 const INBOX: usize = 1024;
 
+/// Emptied batch buffers waiting to go back to their sender, per pair of
+/// shards; more are freed.
+const RETURNS: usize = 4;
+
+/// Emptied batches on their way back to the shard that sent them, so that
+/// a batch buffer is allocated and freed on one thread only (a buffer
+/// freed on another thread costs a lock on its allocator's arena, which
+/// the owner contends for) and is reused.
+type Returns = std::sync::Arc<Vec<std::sync::Mutex<Vec<Vec<PeerEvent>>>>>;
+
 /// Work for another shard (see [`Envelope::Run`]).
 pub(super) type Task = Box<dyn FnOnce(&Rc<Shared>) + Send>;
 
@@ -76,15 +86,22 @@ pub(super) struct Mesh {
     backlog: RefCell<Vec<VecDeque<Envelope>>>,
     /// Wakes the task that empties backlogs.
     pending: tokio::sync::Notify,
+    /// Wakes the task that sends what the core has for its peers
+    /// ([`flush_loop`]); `flush_armed` while it is due.
+    flush: tokio::sync::Notify,
+    flush_armed: std::cell::Cell<bool>,
     /// Every shard's latest figures (by shard), for the totals shard 0
     /// reports. Written by each shard's timer task, a few times a second.
     figures: std::sync::Arc<std::sync::Mutex<Vec<ShardFigures>>>,
+    /// Slot `from * n + to`: batches `from` sent to `to`, emptied by `to`.
+    returns: Returns,
 }
 
 /// Queues for `n` shards: each shard's [`Mesh`] and inbox.
 pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(INBOX)).unzip();
     let figures = std::sync::Arc::new(std::sync::Mutex::new(vec![ShardFigures::default(); n]));
+    let returns: Returns = std::sync::Arc::new((0..n * n).map(|_| Default::default()).collect());
     receivers
         .into_iter()
         .enumerate()
@@ -94,7 +111,10 @@ pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
                 to: senders.clone(),
                 backlog: RefCell::new((0..n).map(|_| VecDeque::new()).collect()),
                 pending: tokio::sync::Notify::new(),
+                flush: tokio::sync::Notify::new(),
+                flush_armed: std::cell::Cell::new(false),
                 figures: figures.clone(),
+                returns: returns.clone(),
             };
             (mesh, rx)
         })
@@ -164,14 +184,45 @@ impl Mesh {
     }
 
     /// Send a batch the core polled. Returns the peer that just became
-    /// congested, if any (the caller tells its core, which it may not
+    /// congested, if any, and an emptied batch of an earlier one for the
+    /// core to reuse (the caller hands both to its core, which it may not
     /// borrow here).
-    pub(super) fn send_batch(&self, batch: PeerBatch) -> Option<PeerId> {
+    pub(super) fn send_batch(&self, batch: PeerBatch) -> (Option<PeerId>, Option<PeerBatch>) {
+        let to = batch.to;
         let env = Envelope::Peer {
             from: PeerId(self.me as u16),
             events: batch.events,
         };
-        self.send(usize::from(batch.to.0), env).then_some(batch.to)
+        let congested = self.send(usize::from(to.0), env).then_some(to);
+        // Never waits: a slot the receiver holds this instant has nothing
+        // for us yet anyway.
+        let back = self
+            .returns
+            .get(self.me * self.count() + usize::from(to.0))
+            .and_then(|slot| slot.try_lock().ok()?.pop())
+            .map(|events| PeerBatch { to, events });
+        (congested, back)
+    }
+
+    /// Give the emptied batch `events` back to `from`, which sent it.
+    fn give_back(&self, from: PeerId, events: Vec<PeerEvent>) {
+        let slot = self
+            .returns
+            .get(usize::from(from.0) * self.count() + self.me);
+        if let Some(mut back) = slot.and_then(|s| s.try_lock().ok()) {
+            if back.len() < RETURNS {
+                back.push(events);
+            }
+        }
+    }
+
+    /// The core has (or may have) events for its peers: have them sent at
+    /// the end of this turn of the event loop, with whatever the other
+    /// tasks ready now add (one batch per peer, not one per read).
+    pub(super) fn flush_soon(&self) {
+        if !self.flush_armed.replace(true) {
+            self.flush.notify_one();
+        }
     }
 
     /// Move a connection to shard `to`.
@@ -246,6 +297,21 @@ pub(super) async fn drain_backlogs(shared: Rc<Shared>) {
     }
 }
 
+/// Send what the core has for its peers, once per turn of the event loop
+/// that produced some (see [`Mesh::flush_soon`]): the tasks ready before
+/// this one have run by then, so their events go in the same batches, and
+/// a peer is woken once per batch.
+pub(super) async fn flush_loop(shared: Rc<Shared>) {
+    let Some(mesh) = shared.mesh.as_ref() else {
+        return;
+    };
+    loop {
+        mesh.flush.notified().await;
+        mesh.flush_armed.set(false);
+        shared.send_to_peers(mesh);
+    }
+}
+
 /// Take what other shards send: peer events for the core, connections
 /// moving in.
 pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelope>) {
@@ -257,10 +323,13 @@ pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelo
         let now = Instant::now();
         for env in got.drain(..) {
             match env {
-                Envelope::Peer { from, events } => {
+                Envelope::Peer { from, mut events } => {
                     let mut broker = shared.broker.borrow_mut();
-                    for e in events {
+                    for e in events.drain(..) {
                         broker.handle_peer(now, from, e);
+                    }
+                    if let Some(mesh) = &shared.mesh {
+                        mesh.give_back(from, events);
                     }
                 }
                 Envelope::Conn(h) => super::conn::moved_in(&shared, h),

@@ -134,14 +134,18 @@ impl Shared {
     }
 
     /// Hand what the core has for other shards to their inboxes.
-    fn send_to_peers(&self, mesh: &super::shards::Mesh) {
+    pub(super) fn send_to_peers(&self, mesh: &super::shards::Mesh) {
         loop {
             let batch = self.broker.borrow_mut().poll_peer_transmit();
             let Some(batch) = batch else {
                 return;
             };
-            if let Some(full) = mesh.send_batch(batch) {
+            let (full, back) = mesh.send_batch(batch);
+            if let Some(full) = full {
                 self.broker.borrow_mut().set_peer_congested(full, true);
+            }
+            if let Some(back) = back {
+                self.broker.borrow_mut().reuse_peer_batch(back);
             }
         }
     }
@@ -153,7 +157,7 @@ impl Shared {
             w.drain(self);
         }
         if let Some(mesh) = &self.mesh {
-            self.send_to_peers(mesh);
+            mesh.flush_soon();
         }
         if let Some(links) = &self.links {
             links.send_from(self);

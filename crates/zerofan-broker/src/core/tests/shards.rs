@@ -463,3 +463,49 @@ fn shard_of_is_stable_and_spreads() {
     assert!(per.iter().all(|&n| n > 60), "{per:?}");
     assert_eq!(shard_of(b"anything", 1), 0);
 }
+
+#[test]
+fn subscriptions_a_core_had_before_it_was_peered_are_announced() {
+    // As after a restart: the store restores persistent sessions and their
+    // subscriptions into each core before the shell makes them shards.
+    let cfg = Config {
+        sys_interval: 0,
+        ..Config::default()
+    };
+    let mut far = H::with(cfg.clone());
+    let sub = far.client("restored");
+    far.subscribe(sub, "r/#", opts(QoS::AtLeastOnce));
+    far.out(sub);
+    let mut sh = Shards {
+        hs: vec![H::with(cfg), far],
+        in_flight: Default::default(),
+    };
+    let ids = [PeerId(0), PeerId(1)];
+    for (i, h) in sh.hs.iter_mut().enumerate() {
+        h.b.set_peers(ids[i], &ids);
+    }
+    sh.pump();
+    let publ = sh.client_on(0, "pub");
+    sh.publish(publ, "r/1", "after restart", QoS::AtLeastOnce, 1);
+    let c = Cx {
+        shard: 1,
+        conn: sub,
+    };
+    assert_eq!(sh.out(c).payloads(), vec!["after restart"]);
+}
+
+#[test]
+fn a_retained_message_the_broker_publishes_itself_is_kept_by_every_shard() {
+    // A bridge's state (`$SYS/broker/connection/{name}/state`) is published
+    // once per change, on shard 0: a subscriber on another shard that
+    // subscribes later must still find it.
+    let mut sh = Shards::new(2);
+    let now = sh.hs[0].now;
+    sh.hs[0]
+        .b
+        .publish_own(now, "$SYS/broker/connection/edge/state", "1".into());
+    sh.pump();
+    let late = sh.client_on(1, "late");
+    let out = sh.subscribe(late, "$SYS/broker/connection/+/state", QoS::AtMostOnce);
+    assert_eq!(out.payloads(), vec!["1"]);
+}
