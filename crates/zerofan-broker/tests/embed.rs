@@ -27,6 +27,16 @@ fn config() -> Config {
     }
 }
 
+/// One shard: a shard thread is named by itself once it runs, and until
+/// then carries the name of the thread that spawned it, so a count of
+/// `zerofan-broker` threads right after spawn would see it too.
+fn one_shard() -> Config {
+    Config {
+        threads: 1,
+        ..config()
+    }
+}
+
 /// Threads of this process named `zerofan-broker` (Linux; elsewhere 0).
 fn broker_threads() -> usize {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
@@ -196,7 +206,7 @@ fn a_sharded_broker_serves_across_shards_and_counts_them_all() {
 fn shutdown_sends_0x8b_and_joins_the_thread() {
     let _g = serial();
     let before = broker_threads();
-    let b = embed::spawn(config()).expect("spawn");
+    let b = embed::spawn(one_shard()).expect("spawn");
     if cfg!(target_os = "linux") {
         assert_eq!(broker_threads(), before + 1, "one thread of its own");
     }
@@ -219,7 +229,7 @@ fn shutdown_sends_0x8b_and_joins_the_thread() {
 fn dropping_the_handle_shuts_down_too() {
     let _g = serial();
     let before = broker_threads();
-    let b = embed::spawn(config()).expect("spawn");
+    let b = embed::spawn(one_shard()).expect("spawn");
     let mut c = Client::connect(b.local_addrs()[0], "c");
     c.ping();
     stats_until(&b, "connected", |s| s.clients_connected == 1);
@@ -269,5 +279,12 @@ fn spawn_fails_on_an_address_in_use_and_leaves_no_thread() {
     })
     .expect_err("address in use");
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    // A shard thread that was starting carries its spawner's name until it
+    // names itself: wait (bounded) for the count to settle.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while broker_threads() != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(broker_threads(), before);
+    assert_eq!(shard_threads_until(0), 0, "no shard thread left");
 }

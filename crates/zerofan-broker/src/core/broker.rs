@@ -3821,11 +3821,14 @@ impl Broker {
         );
         // Published once per change (a bridge's state): every shard keeps
         // it, so that a later subscription on any of them sees it.
+        let stamp = self.retain_order.local(now);
+        self.retain_order.admit(msg.topic.as_str(), stamp);
         if self.peers.any() {
             let seq = self.peers.stamp();
             self.peers.send_all(|| PeerEvent::Retain {
                 msg: msg.for_peer(),
                 seq,
+                stamp,
             });
         }
         self.route_sys(now, Rc::new(msg));
