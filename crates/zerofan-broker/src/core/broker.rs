@@ -74,6 +74,9 @@ pub struct Broker {
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
     pub(crate) claims: super::claims::Claims,
+    /// Persistent sessions copied to other nodes, and their copies of
+    /// theirs (see `replica`).
+    pub(crate) repl: super::replica::Replication,
 }
 
 /// What the shell does with a connection's further input.
@@ -126,6 +129,7 @@ impl Broker {
             others: None,
             events: Default::default(),
             claims: Default::default(),
+            repl: Default::default(),
         }
     }
 
@@ -182,6 +186,8 @@ impl Broker {
                     self.wake(conn);
                 }
             }
+            PeerEvent::Replicate { seq, ops } => self.replica_ops(from, seq, ops),
+            PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
@@ -277,6 +283,8 @@ impl Broker {
             let ready = self.peers.seen(peer, seq);
             self.release_deferred(ready);
         }
+        // A replica (new, restarted, or back) gets the sessions anew.
+        self.send_images(Some(peer), None);
     }
 
     /// This core's last change number: a peer that answers it with
@@ -305,6 +313,7 @@ impl Broker {
             self.wake(conn);
         }
         self.release_deferred(ready);
+        self.replica_answered(peer, None);
         self.end_event();
     }
 
@@ -315,6 +324,7 @@ impl Broker {
     pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
         let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
+        self.replica_answered(peer, None);
         self.end_event();
     }
 
@@ -605,6 +615,7 @@ impl Broker {
         self.auth_connection_closed(conn);
         self.peers.forget(conn);
         self.claims.forget(conn);
+        self.repl.forget(conn);
         self.conns.remove(&conn);
         self.end_event();
     }
@@ -639,7 +650,11 @@ impl Broker {
             _ => return,
         }
         if granted {
+            // An image kept here becomes the session; the replicas get it.
+            self.install_replica(now, &connect);
+            let client = connect.client_id.clone();
             self.handle_connect(now, conn, *connect, true);
+            self.claimed(&client);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);

@@ -103,6 +103,12 @@ impl StoredId {
         self.0.store(id.0.saturating_add(1), Ordering::Relaxed);
     }
 
+    /// Forget the id (it was another node's: the message is written here
+    /// anew).
+    pub fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
     /// A copy holding the same id.
     pub fn copy(&self) -> StoredId {
         StoredId(AtomicU64::new(self.0.load(Ordering::Relaxed)))
@@ -151,6 +157,12 @@ impl Durable {
     /// Hold `out` for `conn` until this event's commit is durable.
     pub(crate) fn hold(&mut self, conn: ConnId, out: Outgoing) {
         self.pending.push((conn, out));
+    }
+
+    /// The acknowledgements of the current event (they wait for the
+    /// replicas first, see `replica`).
+    pub(crate) fn take_pending(&mut self) -> Vec<(ConnId, Outgoing)> {
+        std::mem::take(&mut self.pending)
     }
 
     /// True when a durable log is attached.
@@ -276,7 +288,8 @@ impl Broker {
     /// retained messages to it). `now_unix_ms` is the wall clock at `now`,
     /// used only to convert deadlines to and from the store's UNIX time.
     pub fn set_durable_log(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
-        self.durable.log = Some(log);
+        // Persistent sessions' operations are also recorded for replicas.
+        self.durable.log = Some(self.repl.wrap(log));
         self.durable.anchor = (now, now_unix_ms);
     }
 
@@ -344,6 +357,15 @@ impl Broker {
     /// message) with `Seen` once everything this core wrote so far (for
     /// the peer's earlier messages among it) is durable, in order.
     pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
+        // And once the replicas have what this node replicated so far.
+        if self.replica_holds_seen(from, seq) {
+            return;
+        }
+        self.durable_seen_now(from, seq);
+    }
+
+    /// [`Broker::durable_seen`], replicas answered.
+    pub(crate) fn durable_seen_now(&mut self, from: super::peer::PeerId, seq: u64) {
         if self.durable.on() {
             self.durable.seen_pending.push((from, seq));
         } else {
@@ -354,6 +376,10 @@ impl Broker {
     /// Send the PUBACK / PUBREC of an inbound PUBLISH: at once when nothing
     /// was written for it, else once its commit is durable.
     pub(crate) fn send_publish_ack(&mut self, conn: ConnId, out: Outgoing) {
+        // Behind this connection's acknowledgements that wait for replicas.
+        let Some(out) = self.repl.wait_behind(conn, out) else {
+            return;
+        };
         let d = &mut self.durable;
         if d.dirty || d.held_per_conn.contains_key(&conn) {
             d.pending.push((conn, out));
@@ -366,6 +392,7 @@ impl Broker {
     /// The end of a core event: commit what it staged (once) and hold its
     /// acknowledgements until that commit is durable.
     pub(crate) fn end_event(&mut self) {
+        self.flush_replication();
         // What waited for peers that are all away now goes (see
         // `Broker::set_peer_away`).
         let ready = self.peers.ready();
@@ -469,6 +496,10 @@ impl Broker {
         let Some(msg) = self.stored_msg(&item.msg) else {
             return;
         };
+        if self.repl.wants_message(msg) {
+            self.repl
+                .note_message(msg, to_stored(&item.msg, &self.durable));
+        }
         let mut entry = QueueEntry {
             msg,
             qos: item.qos as u8,
