@@ -138,9 +138,17 @@ impl Broker {
         }
         // What was staged before belongs before the image.
         self.flush_replication();
+        // Only sessions claimed here since start: one restored from this
+        // node's store may have moved to another node meanwhile, and its
+        // image would replace the new owner's.
         let sids: Vec<SessionId> = match only {
             Some(sid) => vec![sid],
-            None => self.sessions.keys().copied().collect(),
+            None => self
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.repl.is_claimed(s.client_id.as_str()))
+                .map(|(sid, _)| *sid)
+                .collect(),
         };
         let mut ops = Vec::new();
         let mut named = HashSet::new();
@@ -372,6 +380,13 @@ impl Broker {
     /// owner's is stale).
     pub(crate) fn claimed(&mut self, client: &zerofan_codec::MqttStr) {
         if let Some(&sid) = self.by_client.get(client) {
+            if self
+                .sessions
+                .get(&sid)
+                .is_some_and(|s| s.stored && s.expiry_interval > 0)
+            {
+                self.repl.claim(client.as_str());
+            }
             self.send_images(None, Some(sid));
         }
     }

@@ -170,6 +170,9 @@ pub(crate) struct Recorder {
     known: HashMap<MsgId, Arc<StoredMessage>>,
     /// Messages already in `ops`.
     sent: HashSet<MsgId>,
+    /// Persistent sessions claimed here since start (see
+    /// `Broker::send_images`); one leaves when the store drops it.
+    claimed: HashSet<Box<str>>,
 }
 
 impl Recorder {
@@ -213,6 +216,7 @@ impl DurableLog for Mirror {
     }
     fn drop_session(&mut self, client_id: &str) -> Result<(), StoreError> {
         self.inner.drop_session(client_id)?;
+        self.rec.borrow_mut().claimed.remove(client_id);
         self.rec.borrow_mut().push(ReplOp::Drop {
             client: client_id.into(),
         });
@@ -397,6 +401,19 @@ impl Replication {
     /// queued again.
     pub(crate) fn note_message(&self, id: MsgId, msg: StoredMessage) {
         self.rec.borrow_mut().known.insert(id, Arc::new(msg));
+    }
+
+    /// `client` was claimed here: its session is this node's to copy.
+    pub(crate) fn claim(&self, client: &str) {
+        let mut r = self.rec.borrow_mut();
+        if r.on && !r.claimed.contains(client) {
+            r.claimed.insert(client.into());
+        }
+    }
+
+    /// Whether `client` was claimed here since start.
+    pub(crate) fn is_claimed(&self, client: &str) -> bool {
+        self.rec.borrow().claimed.contains(client)
     }
 
     /// The recorded operations since the last call.

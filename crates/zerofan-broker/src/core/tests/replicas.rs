@@ -568,3 +568,48 @@ fn a_v311_session_survives_its_owner() {
     got.extend(cl.out(sub).payloads());
     assert_eq!(got, ["v3"]);
 }
+
+/// A node restarted from its store restores a session that may have moved
+/// to another node while it was down: its full image goes to the replicas
+/// only once it is claimed here again, so that a stale copy never replaces
+/// the new owner's image there.
+#[test]
+fn a_restored_session_is_imaged_only_once_claimed_again() {
+    let mut cl = Cluster::new(2, 2);
+    let now = cl.hs[0].now;
+    let restored = zerofan_store::RecoveredSession {
+        client_id: "back".into(),
+        meta: SessionMeta {
+            expiry_interval: 3600,
+            expires_at_ms: Some(5_000_000),
+        },
+        subscriptions: vec![zerofan_store::RecoveredSubscription {
+            filter: "t".into(),
+            options: SubOptions::default(),
+            id: None,
+        }],
+        queue: Vec::new(),
+        inflight: Vec::new(),
+        incoming_qos2: Vec::new(),
+        will: None,
+    };
+    cl.hs[0].b.restore(
+        zerofan_store::Recovered {
+            sessions: vec![restored],
+            ..Default::default()
+        },
+        now,
+    );
+    cl.pump();
+    // The link comes back (new incarnation): node 1 gets node 0's state,
+    // not that session's image.
+    let before = cl.hs[0].b.metrics().replicated_ops;
+    cl.hs[0].b.peer_joined(remote(1));
+    cl.pump();
+    assert_eq!(cl.hs[0].b.metrics().replicated_ops, before);
+    // Claimed here: the replicas get it (Reset, Subscribe).
+    let (_, out) = cl.persistent(0, "back");
+    assert!(present(&out));
+    assert!(cl.hs[0].b.metrics().replicated_ops >= before + 2);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+}
