@@ -512,6 +512,10 @@ pub struct ShellStats {
     pub cluster_replication_lag: u64,
     /// Client-id claims the cluster's log applied.
     pub cluster_claims: u64,
+    /// Images of other nodes' persistent sessions kept here.
+    pub cluster_replica_images: u64,
+    /// Message bytes (topic and payload) those images hold.
+    pub cluster_replica_bytes: u64,
 }
 
 impl ShellStats {
@@ -546,5 +550,7 @@ impl ShellStats {
         self.cluster_leader_changes += o.cluster_leader_changes;
         self.cluster_replication_lag = self.cluster_replication_lag.max(o.cluster_replication_lag);
         self.cluster_claims += o.cluster_claims;
+        self.cluster_replica_images += o.cluster_replica_images;
+        self.cluster_replica_bytes += o.cluster_replica_bytes;
     }
 }

@@ -128,6 +128,11 @@ impl Shared {
                 c.replication_lag().values().copied().max().unwrap_or(0);
             stats.cluster_claims = c.claims();
         }
+        if let Ok(b) = self.broker.try_borrow() {
+            let (images, bytes) = b.replica_images();
+            stats.cluster_replica_images = images as u64;
+            stats.cluster_replica_bytes = bytes as u64;
+        }
         stats
     }
 
