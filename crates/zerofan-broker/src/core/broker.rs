@@ -325,6 +325,10 @@ impl Broker {
         let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
         self.replica_answered(peer, None);
+        if !away {
+            // What it missed may have been dropped from its full queue.
+            self.send_images(Some(peer), None);
+        }
         self.end_event();
     }
 

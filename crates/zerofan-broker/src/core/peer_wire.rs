@@ -102,6 +102,9 @@ pub struct EncodedFrame {
     pub len: usize,
     /// A PUBLISH (droppable when the link's queue overflows), and its QoS.
     pub publish: Option<QoS>,
+    /// Operations for a replica (droppable too: the node gets full images
+    /// again when it is back, see `Broker::set_peer_away`).
+    pub replica: bool,
 }
 
 /// Writes frames; counts what it wrote.
@@ -197,6 +200,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -238,6 +242,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -250,6 +255,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -288,6 +294,7 @@ impl FrameEncoder {
             chunks,
             len: LEN + body,
             publish: None,
+            replica: false,
         })
     }
 
@@ -314,6 +321,7 @@ impl FrameEncoder {
             chunks,
             len: LEN + body,
             publish,
+            replica: false,
         })
     }
 }

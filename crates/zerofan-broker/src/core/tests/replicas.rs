@@ -613,3 +613,35 @@ fn a_restored_session_is_imaged_only_once_claimed_again() {
     assert!(cl.hs[0].b.metrics().replicated_ops >= before + 2);
     assert_eq!(cl.hs[1].b.replica_images().0, 1);
 }
+
+/// A replica that is away is not waited for (counted); what was written
+/// for it meanwhile may be dropped from its full link queue, so when it is
+/// back it gets full images, and can serve the session.
+#[test]
+fn an_away_replica_is_not_waited_for_and_gets_full_images_when_back() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(0, "sub");
+    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    cl.cut(0, 2, true);
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert!(cl.hs[0].b.metrics().replica_waits_skipped > 0);
+    // The link's queue overflowed: what node 0 wrote for node 2 is gone.
+    cl.wires[0][2].clear();
+    cl.cut(0, 2, false);
+    cl.hs[0].b.set_peer_away(remote(2), false);
+    cl.pump();
+    cl.kill(0);
+    let (sub, out) = cl.persistent(2, "sub");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(sub).payloads());
+    assert_eq!(got, ["while-away"]);
+}
