@@ -42,6 +42,9 @@ pub struct Target {
     /// Loopback source addresses to spread connections over (0: let the
     /// kernel pick; see [`crate::sys::source_addr`]).
     pub sources: usize,
+    /// Where subscribers connect, when not to `addr` (another node of a
+    /// cluster).
+    pub sub_addr: Option<SocketAddr>,
 }
 
 impl Target {
@@ -170,7 +173,17 @@ pub async fn run(target: &Target, spec: &FlowSpec) -> CaseResult {
 async fn run_inner(target: &Target, spec: &FlowSpec) -> Result<CaseResult, ConnError> {
     // Subscribers first, all subscribed before anyone publishes.
     let filters = spec.subscribers.iter().map(|s| s.filters.clone()).collect();
-    let subs = connect_many(target, &format!("{}-s", spec.scenario), filters, spec.qos).await?;
+    let sub_target = Target {
+        addr: target.sub_addr.unwrap_or(target.addr),
+        ..target.clone()
+    };
+    let subs = connect_many(
+        &sub_target,
+        &format!("{}-s", spec.scenario),
+        filters,
+        spec.qos,
+    )
+    .await?;
     let none = vec![Vec::new(); spec.publishers.len()];
     let pubs = connect_many(target, &format!("{}-p", spec.scenario), none, spec.qos).await?;
     // Give brokers with an asynchronous router a moment to install the routes.
@@ -744,6 +757,7 @@ mod tests {
     fn target(addr: SocketAddr) -> Target {
         Target {
             addr,
+            sub_addr: None,
             protocol: Protocol::V311,
             run_id: "test".into(),
             handshake_timeout: Duration::from_secs(5),

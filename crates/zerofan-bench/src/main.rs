@@ -101,6 +101,10 @@ struct RunOpts {
     /// Allow a broker that is not on this machine.
     #[arg(long)]
     allow_remote: bool,
+    /// Port the subscribers connect to, when not --port (another node of
+    /// a cluster, same host).
+    #[arg(long)]
+    sub_port: Option<u16>,
     /// Seconds of publishing per case.
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
@@ -282,6 +286,7 @@ async fn run_cmd(name: &str, mut o: RunOpts) -> ExitCode {
         handshake_timeout: Duration::from_secs(10),
         connect_concurrency: o.connect_concurrency.max(1),
         sources: o.sources,
+        sub_addr: o.sub_port.map(|p| std::net::SocketAddr::new(addr.ip(), p)),
     };
     let knobs = scenarios::Knobs {
         duration: Duration::from_secs_f64(o.duration.clamp(0.01, 3600.0)),
