@@ -4,6 +4,8 @@
 #
 #   scripts/bench_replicas.sh [TARGET_DIR] [WINDOW] [SECONDS]
 #
+# REPLICAS=1 runs the cluster without copies (the cost of the hop alone).
+#
 # One zerofan alone, then a 3-node cluster (replicas = 3): zerofan-bench
 # qos1 with persistent sessions (ZEROFAN_BENCH_SESSION_EXPIRY), the
 # publisher on node 1 and the subscriber on node 2 (whose replicas are
@@ -22,6 +24,7 @@ cleanup() {
     rm -rf "$DIR"
 }
 trap cleanup EXIT
+R=${REPLICAS:-3}
 printf 'max_queued_messages = 100000\nfsync = "always"\n' >"$DIR/bench.toml"
 
 run_bench() { # label port [sub_port]
@@ -55,13 +58,14 @@ PIDS=()
 
 # Three nodes.
 for i in 1 2 3; do
-    join=()
-    [ "$i" != 1 ] && join=(--join 127.0.0.1:17101)
-    "$BIN" --node-id $i --cluster-listen 127.0.0.1:1710$i --listen 127.0.0.1:1884$i \
-        --data-dir "$DIR/n$i" --config "$DIR/bench.toml" "${join[@]}" >/dev/null &
+    cp "$DIR/bench.toml" "$DIR/c$i.toml"
+    printf '[cluster]\nnode_id = %s\nlisten = "127.0.0.1:1710%s"\nreplicas = %s\n' $i $i "$R" >>"$DIR/c$i.toml"
+    [ "$i" != 1 ] && printf 'join = "127.0.0.1:17101"\n' >>"$DIR/c$i.toml"
+    "$BIN" --listen 127.0.0.1:1884$i \
+        --data-dir "$DIR/n$i" --config "$DIR/c$i.toml" >/dev/null &
     PIDS+=($!)
     if [ "$i" = 1 ]; then wait_members 127.0.0.1:17101 1; fi
 done
 wait_members 127.0.0.1:17101 3
 sleep 1
-run_bench "3 nodes, replicas 3, publisher on node 1, subscriber on node 2" 18841 18842
+run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node 2" 18841 18842
