@@ -395,3 +395,25 @@ def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
     assert h.problems(list(subs)) == []
     print(f"failover: session served on node 3 {served:.2f} s after kill -9 of its owner")
     assert served < 5.0
+
+
+def test_a_takeover_with_the_old_owner_alive_moves_the_session(nodes, clients):
+    """The same client id connecting to node 2 while node 1, its owner, is
+    alive: node 1's connection gets 0x8E and node 2 serves the session with
+    what was queued for it on node 1 (node 2 held its copy)."""
+    ns = nodes(3)
+    first = _persistent(ns[0], "mover", 5)
+    assert first.subscribe("mv/#", 1) == [1]
+    first.disconnect()
+    p = clients(ns[2])
+    h = History()
+    h.qos["p"] = 1
+    for i in range(50):
+        p.publish("mv/x", payload("p", i), qos=1)
+        h.acked["p"].add(i)
+    moved = _persistent(ns[1], "mover", 5)
+    assert moved.session_present
+    drain(moved, 50, h, "mover")
+    moved.assert_no_message(0.3)
+    moved.close()
+    assert h.problems(["mover"]) == []
