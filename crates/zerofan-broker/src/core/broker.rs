@@ -186,7 +186,7 @@ impl Broker {
                     self.wake(conn);
                 }
             }
-            PeerEvent::Replicate { seq, ops } => self.replica_ops(from, seq, ops),
+            PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
@@ -284,7 +284,9 @@ impl Broker {
             self.release_deferred(ready);
         }
         // A replica (new, restarted, or back) gets the sessions anew.
-        self.send_images(Some(peer), None);
+        if !self.replica_set_changed().contains(&peer) {
+            self.send_images(Some(peer), None);
+        }
     }
 
     /// This core's last change number: a peer that answers it with
@@ -314,6 +316,7 @@ impl Broker {
         }
         self.release_deferred(ready);
         self.replica_answered(peer, None);
+        self.replica_set_changed();
         self.end_event();
     }
 
@@ -325,10 +328,9 @@ impl Broker {
         let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
         self.replica_answered(peer, None);
-        if !away {
-            // What it missed may have been dropped from its full queue.
-            self.send_images(Some(peer), None);
-        }
+        // Back, it gets full images (what it missed may have been dropped
+        // from its full queue); away, another peer may take its place.
+        self.replica_set_changed();
         self.end_event();
     }
 

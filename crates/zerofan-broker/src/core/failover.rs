@@ -42,7 +42,7 @@ impl Broker {
         if ops.is_empty() {
             return;
         }
-        let targets = self.repl.targets(self.peers.ids());
+        let targets = self.repl.current().to_vec();
         if targets.is_empty() {
             return;
         }
@@ -76,6 +76,45 @@ impl Broker {
         }
     }
 
+    /// A peer came, left, went away or is back: the replica set is the
+    /// first `copies - 1` reachable peers. A peer new to it gets full
+    /// images; one that leaves it (still a peer) is told to drop its
+    /// copies, which no longer follow the sessions. Returns the new ones.
+    pub(crate) fn replica_set_changed(&mut self) -> Vec<PeerId> {
+        if !self.repl.on() {
+            return Vec::new();
+        }
+        let peers = &self.peers;
+        let set = self
+            .repl
+            .targets(peers.ids().filter(|p| !peers.is_away(*p)));
+        let old = self.repl.set_current(set.clone());
+        let added: Vec<PeerId> = set.iter().copied().filter(|p| !old.contains(p)).collect();
+        for p in &added {
+            self.send_images(Some(*p), None);
+        }
+        let left: Vec<PeerId> = old
+            .into_iter()
+            .filter(|p| !set.contains(p) && self.peers.ids().any(|q| q == *p))
+            .collect();
+        if !left.is_empty() {
+            let drops: Vec<ReplOp> = self
+                .sessions
+                .values()
+                .filter(|s| s.stored && s.expiry_interval > 0)
+                .map(|s| ReplOp::Drop {
+                    client: s.client_id.as_str().into(),
+                })
+                .collect();
+            if !drops.is_empty() {
+                for p in left {
+                    self.send_replicated(&[p], drops.clone());
+                }
+            }
+        }
+        added
+    }
+
     /// Whether `Seen { seq }` for `from` must wait for the replicas.
     pub(crate) fn replica_holds_seen(&mut self, from: PeerId, seq: u64) -> bool {
         if !self.repl.on() {
@@ -86,9 +125,10 @@ impl Broker {
     }
 
     /// `from`'s operations on its sessions: kept, then answered.
-    pub(crate) fn replica_ops(&mut self, from: PeerId, seq: u64, ops: Vec<ReplOp>) {
+    pub(crate) fn replica_ops(&mut self, now: Instant, from: PeerId, seq: u64, ops: Vec<ReplOp>) {
         let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
-        self.repl.images.apply(from, ops);
+        let now_ms = self.durable.unix_ms(now);
+        self.repl.images.apply(from, ops, now_ms);
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
         self.peers.send(from, PeerEvent::ReplicaAck { seq });
@@ -129,8 +169,9 @@ impl Broker {
         }
         let targets: Vec<PeerId> = self
             .repl
-            .targets(self.peers.ids())
-            .into_iter()
+            .current()
+            .iter()
+            .copied()
             .filter(|p| to.is_none_or(|t| t == *p))
             .collect();
         if targets.is_empty() {

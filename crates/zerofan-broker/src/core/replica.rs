@@ -365,6 +365,8 @@ pub(crate) struct Replication {
     /// Acknowledgements waiting, per connection (its later ones queue
     /// behind them, in order).
     per_conn: HashMap<ConnId, usize>,
+    /// The replica set in force (see `Broker::replica_set_changed`).
+    current: Vec<PeerId>,
     /// What replicas hold for other nodes.
     pub(crate) images: Images,
 }
@@ -424,9 +426,20 @@ impl Replication {
         std::mem::take(&mut r.ops)
     }
 
-    /// The replica set among `peers` (sorted): the first `copies - 1`.
+    /// The replica set among `peers` (sorted, reachable): the first
+    /// `copies - 1`.
     pub(crate) fn targets(&self, peers: impl Iterator<Item = PeerId>) -> Vec<PeerId> {
         peers.take(self.copies.saturating_sub(1)).collect()
+    }
+
+    /// The replica set in force.
+    pub(crate) fn current(&self) -> &[PeerId] {
+        &self.current
+    }
+
+    /// Make `set` the replica set; returns the one before.
+    pub(crate) fn set_current(&mut self, set: Vec<PeerId>) -> Vec<PeerId> {
+        std::mem::replace(&mut self.current, set)
     }
 
     /// A new change number for operations sent to `to`.
@@ -583,6 +596,8 @@ pub(crate) struct Images {
     /// Operations refused: the images were full (or named a message that
     /// was refused).
     pub(crate) refused: u64,
+    /// Images dropped because their session expired.
+    pub(crate) expired: u64,
 }
 
 impl Default for Images {
@@ -595,6 +610,7 @@ impl Default for Images {
             max_bytes: MAX_BYTES,
             applied: 0,
             refused: 0,
+            expired: 0,
         }
     }
 }
@@ -655,12 +671,14 @@ impl Images {
     /// Apply `ops` from `from`. Operations on a session another node owns
     /// now are ignored: `Session` or `Reset` from a new owner starts the
     /// image over.
-    pub(crate) fn apply(&mut self, from: PeerId, ops: Vec<ReplOp>) {
+    /// `now_ms` (UNIX milliseconds) tells which images expired: they
+    /// make room when the images are full.
+    pub(crate) fn apply(&mut self, from: PeerId, ops: Vec<ReplOp>, now_ms: u64) {
         // Messages named in this batch but referenced by no entry go at
         // its end.
         let mut fresh: Vec<MsgId> = Vec::new();
         for op in ops {
-            if self.apply_one(from, op, &mut fresh) {
+            if self.apply_one(from, op, &mut fresh, now_ms) {
                 self.applied += 1;
             } else {
                 self.refused += 1;
@@ -684,7 +702,7 @@ impl Images {
     }
 
     /// False when refused (full, or naming what is not there).
-    fn apply_one(&mut self, from: PeerId, op: ReplOp, fresh: &mut Vec<MsgId>) -> bool {
+    fn apply_one(&mut self, from: PeerId, op: ReplOp, fresh: &mut Vec<MsgId>, now_ms: u64) -> bool {
         let full = matches!(op, ReplOp::Reset { .. });
         match op {
             ReplOp::Session { client, meta } | ReplOp::Reset { client, meta } => {
@@ -697,6 +715,9 @@ impl Images {
                     self.drop_image(&client);
                 }
                 if !self.by_client.contains_key(&*client) {
+                    if self.by_client.len() >= self.max_images {
+                        self.sweep(now_ms);
+                    }
                     if self.by_client.len() >= self.max_images {
                         return false;
                     }
@@ -743,6 +764,9 @@ impl Images {
                     return true;
                 }
                 let size = msg_size(&msg);
+                if self.bytes + size > self.max_bytes {
+                    self.sweep(now_ms);
+                }
                 if self.bytes + size > self.max_bytes {
                     return false;
                 }
@@ -850,6 +874,22 @@ impl Images {
                 true
             }
         }
+    }
+
+    /// Drop the images of sessions that expired (their owner is gone: a
+    /// live owner drops them itself). Returns how many went.
+    pub(crate) fn sweep(&mut self, now_ms: u64) -> usize {
+        let expired: Vec<Box<str>> = self
+            .by_client
+            .iter()
+            .filter(|(_, i)| i.meta.expires_at_ms.is_some_and(|at| at <= now_ms))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in &expired {
+            self.drop_image(c);
+        }
+        self.expired += expired.len() as u64;
+        expired.len()
     }
 
     /// Take the image of `client` (this node now owns it), in the form the

@@ -625,14 +625,22 @@ fn an_away_replica_is_not_waited_for_and_gets_full_images_when_back() {
     cl.pump();
     cl.lose(sub);
     cl.cut(0, 2, true);
-    cl.hs[0].b.set_peer_away(remote(2), true);
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
         p,
         Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
     );
+    assert!(acks(&cl.out(p)).is_empty(), "waits for replica 2");
+    // Down for 2 s: away (the shell says so); not waited for any more.
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    cl.pump();
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
     assert!(cl.hs[0].b.metrics().replica_waits_skipped > 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t", "later", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
     // The link's queue overflowed: what node 0 wrote for node 2 is gone.
     cl.wires[0][2].clear();
     cl.cut(0, 2, false);
@@ -643,5 +651,68 @@ fn an_away_replica_is_not_waited_for_and_gets_full_images_when_back() {
     assert!(present(&out));
     let mut got = out.payloads();
     got.extend(cl.out(sub).payloads());
-    assert_eq!(got, ["while-away"]);
+    assert_eq!(got, ["while-away", "later"]);
+}
+
+/// Images of sessions whose owner died and whose expiry passed make room
+/// when a replica's images are full.
+#[test]
+fn expired_images_make_room_when_full() {
+    let mut cl = Cluster::new(3, 2);
+    cl.hs[1].b.set_replica_limits(1, 1 << 20);
+    let (a, _) = cl.persistent(0, "a");
+    cl.hs[0].subscribe(a.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(a);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    cl.kill(0);
+    // Node 2's session is refused a copy on node 1 while "a" may come back.
+    let (b, _) = cl.connect(2, "b", Protocol::V5, false, 60);
+    cl.lose(b);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    let refused = cl.hs[1].b.metrics().replica_ops_refused;
+    assert!(refused > 0);
+    // "a" (expiry 3600 s) is past its expiry: the next session takes its room.
+    for i in 1..3 {
+        cl.hs[i].now += Duration::from_secs(3601);
+    }
+    let (c, _) = cl.connect(2, "c", Protocol::V5, false, 60);
+    cl.lose(c);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    assert_eq!(cl.hs[1].b.metrics().replica_ops_refused, refused);
+    cl.kill(2);
+    let (_, out) = cl.persistent(1, "c");
+    assert!(present(&out), "the new image was kept");
+}
+
+/// With fewer copies than nodes, the replica set is the first reachable
+/// peers: a replica that goes away is replaced (the new one gets full
+/// images), and when it is back the stand-in drops its copy, which would
+/// no longer follow the session.
+#[test]
+fn an_away_replica_is_replaced_and_the_stand_in_drops_its_copy_after() {
+    let mut cl = Cluster::new(3, 2);
+    let (sub, _) = cl.persistent(0, "sub");
+    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    assert_eq!(cl.hs[2].b.replica_images().0, 0, "two copies: node 0 and 1");
+    cl.cut(0, 1, true);
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    cl.pump();
+    assert_eq!(cl.hs[2].b.replica_images().0, 1, "node 2 stands in");
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.cut(0, 1, false);
+    cl.hs[0].b.set_peer_away(remote(1), false);
+    cl.pump();
+    assert_eq!(cl.hs[2].b.replica_images().0, 0, "the stand-in dropped it");
+    cl.kill(0);
+    let (sub, out) = cl.persistent(1, "sub");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(sub).payloads());
+    assert_eq!(got, ["x"]);
 }
