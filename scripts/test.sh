@@ -121,12 +121,10 @@ if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
     exit $rc
 fi
 
-if [ "$BROKER" = zerofan ] && [ "${ZEROFAN_CI_SHARDED:-0}" = 1 ]; then
+if [ "$BROKER" = zerofan ] && [ "${ZEROFAN_CI_SHARDED:-1}" = 1 ]; then
     # The same suite with every broker sharded (issue 15): about 3 minutes
     # more on the 2-core box (2026-11-25: 176 s with 4 shards, 162 s with 1).
-    # Opt-in (ZEROFAN_CI_SHARDED=1) until a race it found is fixed: a
-    # retained will published on one shard while a subscription on another
-    # is being acknowledged can be missed (see issue 15's note).
+    # ZEROFAN_CI_SHARDED=0 skips it.
     echo "== interop: pytest (paho-mqtt) against $BROKER with 4 shards"
     set +e
     ZEROFAN_THREADS=4 .venv/bin/pytest "$INTEROP" -q "${pending_args[@]}"

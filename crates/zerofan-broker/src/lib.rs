@@ -29,6 +29,7 @@
 //! - [`ratelimit`]: the token-bucket limiter every per-client log line
 //!   goes through.
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod bridge;

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 /// The client configuration for `cfg`, or `None` without TLS. Read at
 /// start and by `--test-config`, so a missing file stops the broker there.
-pub fn client_config(cfg: &BridgeConfig) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+pub(super) fn client_config(
+    cfg: &BridgeConfig,
+) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
     let Some(ca) = &cfg.cafile else {
         return Ok(None);
     };

@@ -1,82 +1,152 @@
-//! The broker state machine: the public entry points the shell calls, and
-//! the bookkeeping they share. Protocol handling lives in the sibling files
-//! (`connect`, `publish`, `subscribe`, `deliver`, `sys`) as further
-//! `impl Broker` blocks.
+//! The broker state machine, and the only `impl Broker`: the entry points
+//! the shell calls and the protocol handlers that touch connections,
+//! sessions, the router and the durable log at once, in sections in the
+//! order of a packet's life. Logic that needs one part of the state lives
+//! with that part's type in the sibling files (`Router`, `Peers`,
+//! `AuthState`, `Durable`, `Session`, ...).
 
+use super::auth::{acl_allows, ConnectionMeta, Refusal, SecurityConfig, THROTTLED_REASON};
+use super::connect::{own_will, random_client_id, PendingTakeover, TAKEOVER_DRAIN};
 use super::connection::{Connection, Phase};
+use super::deliver::{
+    fits, held_remote, high_water, into_delivery, low_water, make_delivery, HOLD_SLACK, QUEUE_KEEP,
+};
+use super::durable::{
+    forget_entries, from_stored, placeholder, sub_options, to_stored, will_message, EventEnd,
+};
+use super::durable::{
+    DurableLog, EntryId, MsgId, QueueEntry, Recovered, SessionMeta, StoreStats, StoredMessage,
+    StoredWill,
+};
 use super::hash::HashMap;
+use super::http_auth::{login_body, AclAction, AuthRequest, HttpAnswer, Lookup};
 use super::ids::{ConnId, SessionId};
-use super::message::Message;
+use super::limits::PublishLimiter;
+use super::message::{copy_str, later, Message};
 use super::metrics::{Metrics, ShellStats};
+use super::observe::{Gauges, ReloadOutcome, ShardFigures, StoreFigures};
 use super::outbox::{Outgoing, Transmit};
 use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
+use super::publish::{ack, topic_levels};
 use super::router::{Router, Scope};
-use super::session::{Queued, Session};
-use super::store::{MemoryStore, Store};
+use super::scram_auth::{made_up, nonce, ScramPending};
+use super::session::{
+    Behind, Inflight, InflightState, PendingWill, PushOutcome, Queued, Session, SubRecord,
+};
+use super::store::{MemoryStore, RetainedStore};
+use super::subscribe::Replay;
+use super::sys::sys_figures;
 use super::timers::{Timer, Timers};
+use super::token::{login_chain, Grant, HttpLink, Stop};
+use super::trie::SubEntry;
 use super::wire::Wire;
-use crate::config::Config;
+use crate::config::{Config, QueueFull};
+use crate::ratelimit::Verdict;
+use bytes::Bytes;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zerofan_auth::scram::{ScramCredentials, ScramHash, ScramServer};
 use zerofan_codec::{
-    DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, QoS, ReasonCode,
+    Ack, ConnAck, Connect, DecodeError, Disconnect, MqttStr, Packet, Properties, Protocol, Publish,
+    QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
 };
 
 /// The whole broker as a deterministic state machine: packets and time go
 /// in, outboxes and wake-ups come out. No sockets, no clock, no async.
+///
+/// # The order in which the shell calls it
+///
+/// Each input below is one core event: it ends inside the call, with one
+/// commit of what it staged in the durable log (its PUBACKs / PUBRECs are
+/// held until that commit is durable, see [`Broker::release_durable`]).
+///
+/// 1. Inputs, each as it happens:
+///    - a socket accepted and set up (TLS, WebSocket, PROXY):
+///      [`Broker::connection_opened_with`] (after the shell's admission);
+///    - each packet framed from a read buffer: [`Broker::protocol`] to
+///      decode it, then [`Broker::handle_publish`] (a PUBLISH, with its
+///      received bytes), [`Broker::handle_packet`] or
+///      [`Broker::handle_decode_error`]; after each, [`Broker::input_state`]
+///      (stop reading at `Held` or `Closed`);
+///    - a connection whose input [`Broker::drain_requested`] has read all
+///      it had: [`Broker::input_drained`];
+///    - the socket closed or failed: [`Broker::connection_lost`];
+///    - [`Broker::poll_timeout`]'s deadline passed (or the shell's tick):
+///      [`Broker::set_shell_stats`] (or, with shards,
+///      [`Broker::set_other_shards`]), then [`Broker::handle_timeout`];
+///    - events from another shard or node: [`Broker::handle_peer`], in the
+///      order that peer polled them;
+///    - the store reported progress: [`Broker::release_durable`];
+///    - answers from outside: [`Broker::auth_answered`],
+///      [`Broker::claim_answered`], [`Broker::client_taken`].
+/// 2. Outputs, after every input above or a batch of them (the shell's
+///    `Shared::dispatch`), in this order:
+///    1. [`Broker::take_events`] (webhooks);
+///    2. [`Broker::poll_peer_transmit`] until `None`, to the other shards
+///       and then to the cluster links ([`Broker::set_peer_congested`]
+///       when a queue towards a peer is full);
+///    3. [`Broker::has_auth_requests`] / [`Broker::has_claims`]: their
+///       tasks then [`Broker::take_auth_requests`] / [`Broker::take_claims`];
+///    4. [`Broker::take_wakeups`]: each connection named is woken, and its
+///       task calls [`Broker::poll_transmit`] and writes the batch, until
+///       the outbox is empty; [`Transmit::Close`]: write, then close (and
+///       [`Broker::connection_lost`]).
+/// 3. Before sleeping: [`Broker::poll_timeout`].
+/// 4. At the end: [`Broker::shutdown`], then the outputs once more.
 pub struct Broker {
-    pub(crate) config: Config,
+    config: Config,
     /// Boxed: a map keeps empty slots (up to half of them right after it
     /// grows), and at ~300 bytes inline those slots cost as much as the
     /// live entries; boxed, a slot is 16 bytes.
-    pub(crate) conns: HashMap<ConnId, Box<Connection>>,
+    conns: HashMap<ConnId, Box<Connection>>,
     /// Boxed for the same reason as `conns`.
-    pub(crate) sessions: HashMap<SessionId, Box<Session>>,
-    pub(crate) by_client: HashMap<MqttStr, SessionId>,
+    sessions: HashMap<SessionId, Box<Session>>,
+    by_client: HashMap<MqttStr, SessionId>,
     /// Where messages go: local subscriptions and the peers' interests.
-    pub(crate) router: Router,
+    router: Router,
     /// The other cores of this broker, and what waits to cross to them.
-    pub(crate) peers: Peers,
-    pub(crate) store: Box<dyn Store>,
-    pub(crate) timers: Timers,
-    pub(crate) metrics: Metrics,
-    pub(crate) shell_stats: ShellStats,
-    pub(crate) started: Instant,
+    peers: Peers,
+    store: Box<dyn RetainedStore>,
+    timers: Timers,
+    metrics: Metrics,
+    shell_stats: ShellStats,
+    started: Instant,
     next_conn: u64,
-    pub(crate) next_session: u64,
+    next_session: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
-    pub(crate) log_limit: crate::ratelimit::LogLimiter,
+    log_limit: crate::ratelimit::LogLimiter,
     /// Where a received PUBLISH's plain header is encoded to compare it
     /// with the packet as received (see `Wire::verified`).
-    pub(crate) wire_scratch: bytes::BytesMut,
+    wire_scratch: bytes::BytesMut,
     /// Authentication, ACL and connection limits (see `auth`).
-    pub(crate) auth: super::auth::AuthState,
+    auth: super::auth::AuthState,
     /// The durable log and the acknowledgements waiting for it (see `durable`).
-    pub(crate) durable: super::durable::Durable,
+    durable: super::durable::Durable,
     /// CONNECTs waiting for the input of the connection they take over,
     /// by new connection (see `Broker::input_drained`). At most one per
     /// connection, each for at most `TAKEOVER_DRAIN`.
-    pub(crate) takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
+    takeovers: HashMap<ConnId, super::connect::PendingTakeover>,
     /// The same, by old connection: whose input is drained for which new one.
-    pub(crate) draining: HashMap<ConnId, ConnId>,
+    draining: HashMap<ConnId, ConnId>,
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
-    pub(crate) ack_fence: Option<u64>,
+    ack_fence: Option<u64>,
     /// The last retained message routed was over the retained quota: its
     /// publisher (MQTT 5) is answered 0x97.
-    pub(crate) retain_refused: bool,
+    retain_refused: bool,
     /// The other shards' figures, for totals (see `Broker::set_other_shards`).
-    pub(crate) others: Option<Box<super::observe::ShardFigures>>,
+    others: Option<Box<super::observe::ShardFigures>>,
     /// Events for webhooks, recorded only when asked for (see `events`).
-    pub(crate) events: super::events::Events,
+    events: super::events::Events,
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
-    pub(crate) claims: super::claims::Claims,
+    claims: super::claims::Claims,
     /// Persistent sessions copied to other nodes, and their copies of
     /// theirs (see `replica`).
-    pub(crate) repl: super::replica::Replication,
+    repl: super::replica::Replication,
 }
 
 /// What the shell does with a connection's further input.
@@ -91,14 +161,10 @@ pub enum InputState {
     Closed,
 }
 
+// Construction, connections and packets in: the inputs of a connection's life.
 impl Broker {
     /// A broker with in-memory storage, starting at `now`.
     pub fn new(config: Config, now: Instant) -> Self {
-        Broker::with_store(config, Box::new(MemoryStore::default()), now)
-    }
-
-    /// A broker over the given store.
-    pub fn with_store(config: Config, store: Box<dyn Store>, now: Instant) -> Self {
         let mut timers = Timers::new(now);
         if config.sys_interval > 0 {
             timers.arm(now, Timer::Sys);
@@ -110,7 +176,7 @@ impl Broker {
             by_client: HashMap::default(),
             router: Router::default(),
             peers: Peers::default(),
-            store,
+            store: Box::new(MemoryStore::default()),
             timers,
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
@@ -133,6 +199,3751 @@ impl Broker {
         }
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A new network connection; it has `connect_timeout` to send CONNECT.
+    pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
+        let id = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.conns.insert(id, Box::new(Connection::new(peer, now)));
+        self.metrics.connections_opened += 1;
+        self.timers.arm(
+            now + Duration::from_secs(self.config.connect_timeout),
+            Timer::ConnectTimeout(id),
+        );
+        id
+    }
+
+    /// A decoded packet from a connection.
+    pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
+        self.dispatch_packet(now, conn, packet, None);
+        self.end_event();
+    }
+
+    /// [`Broker::handle_packet`] for a PUBLISH, with where it lies in its
+    /// read buffer ([`Wire::candidate`]): deliveries that are byte for byte
+    /// that packet are then written from there.
+    pub fn handle_publish(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        packet: Packet,
+        wire: Option<Wire>,
+    ) {
+        self.dispatch_packet(now, conn, packet, wire);
+        self.end_event();
+    }
+
+    fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet, wire: Option<Wire>) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.last_activity = now;
+        let phase = c.phase;
+        let sid = match phase {
+            Phase::Closing => return,
+            Phase::AwaitingTakeover => {
+                // The shell holds this input until the takeover is over; a
+                // packet handed over anyway completes it first, so that the
+                // connection's own packets keep their order.
+                self.complete_takeover(now, conn);
+                match self.conns.get(&conn).map(|c| c.phase) {
+                    Some(Phase::Connected(sid)) => sid,
+                    _ => return,
+                }
+            }
+            Phase::AwaitingAuth => {
+                // Held by the shell until the answer: a packet handed over
+                // anyway cannot be ordered after a login not yet decided.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
+                return;
+            }
+            Phase::AwaitingConnect => {
+                match packet {
+                    Packet::Connect(connect) => self.on_connect(now, conn, *connect),
+                    Packet::Auth(a) if self.scram_waiting(conn) => self.on_scram_auth(now, conn, a),
+                    _ => {
+                        // The first packet must be CONNECT (MQTT-3.1.0-1).
+                        self.metrics.protocol_errors += 1;
+                        self.close(now, conn, None, false);
+                    }
+                }
+                return;
+            }
+            Phase::Connected(_) if self.acl_holds(conn) => {
+                // Held by the shell while a packet waits for ACL answers.
+                self.metrics.protocol_errors += 1;
+                self.close(now, conn, None, false);
+                return;
+            }
+            Phase::Connected(sid) => sid,
+        };
+        match packet {
+            Packet::Publish(p) => self.on_publish(now, conn, sid, p, wire),
+            Packet::PubAck(a) => self.on_puback(conn, sid, a),
+            Packet::PubRec(a) => self.on_pubrec(conn, sid, a),
+            Packet::PubRel(a) => self.on_pubrel(conn, sid, a),
+            Packet::PubComp(a) => self.on_pubcomp(conn, sid, a),
+            Packet::Subscribe(s) => self.on_subscribe(now, conn, sid, s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(now, conn, sid, u),
+            Packet::PingReq => self.send(conn, Packet::PingResp),
+            Packet::Disconnect(d) => self.on_disconnect(now, conn, sid, d),
+            Packet::Connect(_) => self.protocol_error(now, conn, "second CONNECT"),
+            Packet::Auth(a) => self.on_auth_connected(now, conn, a),
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                self.protocol_error(now, conn, "server-to-client packet sent by a client")
+            }
+        }
+    }
+
+    /// A frame that could not be framed or decoded: close that connection
+    /// with the reason the codec chose (MQTT 5) or silently (3.x).
+    pub fn handle_decode_error(&mut self, now: Instant, conn: ConnId, err: DecodeError) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if err.reason == ReasonCode::PROTOCOL_ERROR {
+            self.metrics.protocol_errors += 1;
+        } else {
+            self.metrics.malformed_packets += 1;
+        }
+        let peer = c.peer;
+        self.log_bad_input(now, conn, peer, err.what, err.reason);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        match c.phase {
+            Phase::Closing => {}
+            Phase::AwaitingTakeover | Phase::AwaitingAuth => self.close(now, conn, None, false),
+            Phase::AwaitingConnect => {
+                if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
+                    // Answered in 3.1.1 form (return code 1), which every
+                    // client version can read (MQTT-3.1.2-2).
+                    c.protocol = Protocol::V311;
+                    let ack = zerofan_codec::ConnAck {
+                        session_present: false,
+                        reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+                        properties: Default::default(),
+                    };
+                    self.send(conn, Packet::ConnAck(ack));
+                }
+                self.close(now, conn, None, false);
+            }
+            Phase::Connected(_) => {
+                let reason = disconnect_reason(err.reason);
+                self.close_with(now, conn, reason, Some(err.what), true);
+            }
+        }
+        self.end_event();
+    }
+
+    /// The network connection is gone (EOF, error, or the shell closed it
+    /// after a `Transmit::Close`). Publishes the will when the close was not
+    /// a normal DISCONNECT. Must be called exactly once per connection.
+    pub fn connection_lost(&mut self, now: Instant, conn: ConnId) {
+        self.close(now, conn, None, true);
+        self.auth_connection_closed(conn);
+        self.peers.forget(conn);
+        self.claims.forget(conn);
+        self.repl.forget(conn);
+        self.conns.remove(&conn);
+        self.end_event();
+    }
+
+    /// A connection that has not sent its CONNECT yet leaves this core for
+    /// the shard that owns its client id (which opens it anew): forget it
+    /// without counting it as opened or closed here. Returns its peer
+    /// address; `None` (nothing done) once it has a session.
+    pub fn connection_moved(&mut self, conn: ConnId) -> Option<SocketAddr> {
+        let c = self.conns.get(&conn)?;
+        if c.phase != Phase::AwaitingConnect {
+            return None;
+        }
+        let peer = c.peer;
+        self.auth_connection_closed(conn);
+        self.conns.remove(&conn);
+        self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
+        Some(peer)
+    }
+
+    /// The protocol to decode this connection's packets with.
+    pub fn protocol(&self, conn: ConnId) -> Protocol {
+        self.conns.get(&conn).map_or(Protocol::V311, |c| c.protocol)
+    }
+
+    /// The largest packet to accept from this connection.
+    pub fn max_packet_size(&self, conn: ConnId) -> u32 {
+        let _ = conn; // one limit for all today; per-listener limits later
+        self.config.max_packet_size
+    }
+
+    /// Whether the shell may read this connection's input (one lookup, on
+    /// the path of every packet).
+    pub fn input_state(&self, conn: ConnId) -> InputState {
+        match self.conns.get(&conn).map(|c| c.phase) {
+            None | Some(Phase::Closing) => InputState::Closed,
+            Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
+            Some(Phase::Connected(_)) if self.acl_holds(conn) => InputState::Held,
+            Some(_) => InputState::Open,
+        }
+    }
+
+    /// The connection's CONNECT waits for a takeover: the shell keeps what
+    /// it read and reads no more (cheap when no takeover is pending).
+    pub fn holds_input(&self, conn: ConnId) -> bool {
+        (!self.takeovers.is_empty() || self.auth_waiting() > 0)
+            && (self.acl_holds(conn)
+                || self.conns.get(&conn).is_some_and(|c| {
+                    matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth)
+                }))
+    }
+
+    /// A new connection with this connection's client id waits: the shell
+    /// reads everything its socket holds now, feeds it, and then calls
+    /// [`Broker::input_drained`] (or `connection_lost` at EOF).
+    pub fn drain_requested(&self, conn: ConnId) -> bool {
+        !self.draining.is_empty() && self.draining.contains_key(&conn)
+    }
+
+    /// The connection's socket has nothing more to read now: the takeover
+    /// waiting for it completes (the connection, if still open, is closed as
+    /// taken over, and the new CONNECT handled after what it had sent).
+    pub fn input_drained(&mut self, now: Instant, conn: ConnId) {
+        if let Some(new) = self.draining.get(&conn).copied() {
+            self.complete_takeover(now, new);
+        }
+        self.end_event();
+    }
+
+    /// True once the broker has decided to close the connection (or it is unknown).
+    pub fn is_closing(&self, conn: ConnId) -> bool {
+        !matches!(self.conns.get(&conn), Some(c) if c.phase != Phase::Closing)
+    }
+
+    /// True until the connection's CONNECT is accepted: the shell refuses a
+    /// first packet of any other type at its first byte (MQTT-3.1.0-1)
+    /// instead of waiting for the rest of it.
+    pub fn awaits_connect(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+    }
+
+    /// Whether the shell should not read this connection now: a subscriber
+    /// it publishes to is behind, or a shard it publishes to is full
+    /// (push-back). A wake-up comes when that ends.
+    pub fn held(&self, conn: ConnId) -> bool {
+        self.peers.holds(conn)
+            || self
+                .conns
+                .get(&conn)
+                .and_then(|c| c.held_by)
+                .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
+    }
+}
+
+// CONNECT: login, session attach and takeover, DISCONNECT, detach, wills.
+impl Broker {
+    /// CONNECT on a fresh connection. When its client id's session still
+    /// has an open connection, that connection may have sent more (a
+    /// PUBLISH, a DISCONNECT that cancels its will or ends the session)
+    /// that the shell has not handed over yet: the CONNECT waits until it
+    /// has (`input_drained`, the old connection closing, or
+    /// `TAKEOVER_DRAIN`).
+    pub(crate) fn on_connect(&mut self, now: Instant, conn: ConnId, connect: Connect) {
+        self.handle_connect(now, conn, connect, false);
+    }
+
+    /// The open connection of `client_id`'s session, if any.
+    fn open_connection_of(&self, client_id: &MqttStr) -> Option<ConnId> {
+        if client_id.is_empty() {
+            return None;
+        }
+        let sid = self.by_client.get(client_id)?;
+        self.sessions.get(sid)?.conn
+    }
+
+    fn defer_connect(&mut self, now: Instant, new: ConnId, mut old: ConnId, connect: Connect) {
+        if let Some(earlier) = self.draining.get(&old).copied() {
+            // A CONNECT already waits for this connection: that one
+            // completes now, and this one waits for it instead.
+            self.complete_takeover(now, earlier);
+            match self.open_connection_of(&connect.client_id) {
+                Some(c) => old = c,
+                None => return self.handle_connect(now, new, connect, true),
+            }
+        }
+        let Some(c) = self.conns.get_mut(&new) else {
+            return;
+        };
+        c.phase = Phase::AwaitingTakeover;
+        c.protocol = connect.protocol;
+        self.takeovers.insert(
+            new,
+            PendingTakeover {
+                old,
+                connect: Box::new(connect),
+            },
+        );
+        self.draining.insert(old, new);
+        self.timers.arm(now + TAKEOVER_DRAIN, Timer::Takeover(new));
+        // Its shell task reads what its socket holds, then reports back.
+        self.wake(old);
+    }
+
+    /// Handle the CONNECT that waited for connection `new`'s takeover.
+    pub(crate) fn complete_takeover(&mut self, now: Instant, new: ConnId) {
+        let Some(p) = self.takeovers.remove(&new) else {
+            return;
+        };
+        self.draining.remove(&p.old);
+        match self.conns.get_mut(&new) {
+            Some(c) if c.phase == Phase::AwaitingTakeover => c.phase = Phase::AwaitingConnect,
+            _ => return,
+        }
+        self.handle_connect(now, new, *p.connect, true);
+        // Its held input may be read now.
+        self.wake(new);
+    }
+
+    /// The waiting CONNECT of `new` is dropped (its connection closes).
+    pub(crate) fn cancel_takeover(&mut self, new: ConnId) {
+        if let Some(p) = self.takeovers.remove(&new) {
+            self.draining.remove(&p.old);
+        }
+    }
+
+    /// `waited`: this CONNECT was authenticated and waited for a takeover;
+    /// it is not authenticated (counted) again and does not wait again.
+    pub(super) fn handle_connect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        connect: Connect,
+        waited: bool,
+    ) {
+        let v5 = connect.protocol.is_v5();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.protocol = connect.protocol;
+        }
+
+        if v5 && connect.properties.authentication_method.is_some() && !self.scram_done(conn) {
+            // Enhanced authentication (SCRAM); this CONNECT comes back when
+            // the exchange succeeded (see `scram_auth`).
+            if let Err(code) = self.scram_start(now, conn, Box::new(connect)) {
+                self.refuse(now, conn, code);
+            }
+            return;
+        }
+        if !waited {
+            let login = self.authenticate(
+                now,
+                conn,
+                connect.username.as_deref(),
+                connect.password.as_deref(),
+                &connect.client_id,
+            );
+            match login {
+                Ok(()) => {}
+                Err(Refusal::Code(code)) => {
+                    if self.events.on() {
+                        self.events.auth_failed(
+                            &connect.client_id,
+                            connect.username.as_deref(),
+                            code.0,
+                        );
+                    }
+                    self.refuse(now, conn, code);
+                    return;
+                }
+                Err(Refusal::AskHttp(key, body)) => {
+                    self.wait_for_http(conn, Box::new(connect), key, body);
+                    return;
+                }
+            }
+        }
+        if self.claims.must_claim(conn, &connect) {
+            // In a cluster, the client id must be this node's first.
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.phase = Phase::AwaitingAuth;
+            }
+            self.claims.ask(conn, Box::new(connect));
+            return;
+        }
+        let Connect {
+            protocol,
+            clean_start,
+            keep_alive,
+            properties,
+            client_id,
+            will,
+            username,
+            password,
+            bridge,
+        } = connect;
+        if let Some(w) = &will {
+            if zerofan_codec::topic::validate_topic_name(&w.topic).is_err() {
+                self.refuse(now, conn, ReasonCode::TOPIC_NAME_INVALID);
+                return;
+            }
+            if w.retain && !self.config.retain_available {
+                self.refuse(now, conn, ReasonCode::RETAIN_NOT_SUPPORTED);
+                return;
+            }
+        }
+
+        let mut assigned = None;
+        let client_id = if client_id.is_empty() {
+            if !v5 && !clean_start {
+                // 3.1.1: a zero-byte ClientId needs CleanSession=1 (MQTT-3.1.3-8).
+                self.refuse(now, conn, ReasonCode::CLIENT_IDENTIFIER_NOT_VALID);
+                return;
+            }
+            let id = self.assign_client_id();
+            assigned = Some(id.clone());
+            id
+        } else {
+            // Kept for the session's life: must not pin the CONNECT's buffer.
+            copy_str(&client_id)
+        };
+
+        let mut keep = keep_alive;
+        let mut server_keep_alive = None;
+        let max_ka = self.config.max_keepalive;
+        if v5 && (keep > max_ka || (keep == 0 && max_ka < u16::MAX)) {
+            keep = max_ka;
+            server_keep_alive = Some(max_ka);
+        }
+
+        let requested_expiry = if v5 {
+            properties.session_expiry_interval.unwrap_or(0)
+        } else if clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let expiry = requested_expiry.min(self.config.max_session_expiry);
+
+        if !waited {
+            if let Some(old) = self.open_connection_of(&client_id) {
+                let connect = Connect {
+                    protocol,
+                    clean_start,
+                    keep_alive,
+                    properties,
+                    client_id,
+                    will,
+                    username,
+                    password,
+                    bridge,
+                };
+                self.defer_connect(now, conn, old, connect);
+                return;
+            }
+        }
+        // Takeover: the old connection is closed with 0x8E (MQTT-3.1.4-3).
+        if let Some(old) = self
+            .by_client
+            .get(&client_id)
+            .and_then(|sid| self.sessions.get(sid))
+            .and_then(|s| s.conn)
+        {
+            self.metrics.takeovers += 1;
+            if !clean_start {
+                if let Some(s) = self
+                    .by_client
+                    .get(&client_id)
+                    .and_then(|sid| self.sessions.get_mut(sid))
+                {
+                    s.resuming = true;
+                }
+            }
+            self.close(now, old, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+            if let Some(s) = self
+                .by_client
+                .get(&client_id)
+                .and_then(|sid| self.sessions.get_mut(sid))
+            {
+                s.resuming = false;
+            }
+        }
+
+        let existing = self.by_client.get(&client_id).copied();
+        if clean_start {
+            if let Some(sid) = existing {
+                self.end_session(now, sid);
+            }
+        }
+        let resumed = if clean_start { None } else { existing };
+        let sid = match resumed {
+            Some(sid) => sid,
+            None => {
+                let sid = SessionId(self.next_session);
+                self.next_session += 1;
+                self.sessions
+                    .insert(sid, Box::new(Session::new(client_id.clone(), protocol)));
+                self.by_client.insert(client_id.clone(), sid);
+                sid
+            }
+        };
+        let session_present = resumed.is_some();
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            s.conn = Some(conn);
+            s.protocol = protocol;
+            s.expiry_interval = expiry;
+            s.expires_at = None;
+            // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
+            let cancelled = s.pending_will.take().is_some();
+            self.dur_connected(sid, cancelled);
+        }
+
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.phase = Phase::Connected(sid);
+        c.keep_alive = keep;
+        c.bridge = bridge;
+        if v5 {
+            c.max_packet_out = properties.maximum_packet_size.unwrap_or(u32::MAX);
+            c.send_window = properties
+                .receive_maximum
+                .unwrap_or(u16::MAX)
+                .min(self.config.max_inflight);
+            c.alias_max_out = properties.topic_alias_maximum.unwrap_or(0);
+            c.problem_info = properties.request_problem_information != Some(0);
+        } else {
+            c.send_window = self.config.max_inflight;
+        }
+        c.will = will.map(|w| Box::new(own_will(w)));
+        if let Some(at) = c.keep_alive_deadline() {
+            // The connect timeout armed at open (due by now + connect_timeout)
+            // checks keep alive when it fires; a second entry is needed only
+            // for a deadline before it. One heap entry per connection, not two.
+            if at < now + Duration::from_secs(self.config.connect_timeout) {
+                self.timers.arm(at, Timer::KeepAlive(conn));
+            }
+        }
+        self.metrics.clients_connected_total += 1;
+        if self.events.on() {
+            let user = self
+                .conns
+                .get(&conn)
+                .and_then(|c| c.sec.username.as_deref());
+            self.events.connected(&client_id, user, session_present);
+        }
+        self.auth_attach(conn, sid, client_id.as_str());
+        tracing::debug!(%conn, client_id = %client_id, ?protocol, session_present, "connected");
+
+        let mut props = Properties::default();
+        if v5 {
+            let cfg = &self.config;
+            if cfg.receive_maximum != u16::MAX {
+                props.receive_maximum = Some(cfg.receive_maximum);
+            }
+            if cfg.max_packet_size < 268_435_455 {
+                props.maximum_packet_size = Some(cfg.max_packet_size);
+            }
+            if cfg.topic_alias_maximum > 0 {
+                props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
+            }
+            if !cfg.retain_available {
+                props.retain_available = Some(0);
+            }
+            if expiry != requested_expiry {
+                props.session_expiry_interval = Some(expiry);
+            }
+            props.server_keep_alive = server_keep_alive;
+            props.assigned_client_identifier = assigned;
+            if let Some((m, d)) = self.scram_connack(conn) {
+                props.authentication_method = Some(m);
+                props.authentication_data = Some(d);
+            }
+        }
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present,
+                reason: ReasonCode::SUCCESS,
+                properties: props.into(),
+            }),
+        );
+        if session_present {
+            self.redeliver(conn, sid);
+        }
+        self.wake(conn);
+    }
+
+    /// CONNACK with a failure code, then close.
+    pub(super) fn refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        let mut properties = Properties::default();
+        if let Some(c) = self.conns.get(&conn).filter(|c| c.protocol.is_v5()) {
+            properties.reason_string = c
+                .sec
+                .ext()
+                .refuse_reason
+                .and_then(|r| MqttStr::try_from(r).ok());
+        }
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present: false,
+                reason,
+                properties: properties.into(),
+            }),
+        );
+        self.close(now, conn, None, false);
+    }
+
+    /// A client identifier nobody uses.
+    fn assign_client_id(&mut self) -> MqttStr {
+        loop {
+            let id = MqttStr::try_from(random_client_id()).unwrap_or_default();
+            if !id.is_empty() && !self.by_client.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Resend what was in flight when the last connection dropped, in the
+    /// original order (MQTT-4.4.0-1): PUBREL at once, PUBLISH with DUP as
+    /// the client's Receive Maximum allows (see `fill_batch`).
+    fn redeliver(&mut self, conn: ConnId, sid: SessionId) {
+        let (Some(s), Some(c)) = (self.sessions.get_mut(&sid), self.conns.get_mut(&conn)) else {
+            return;
+        };
+        let mut flying: Vec<(u64, u16, InflightState)> = s
+            .flight()
+            .inflight
+            .iter()
+            .map(|(pid, f)| (f.seq, *pid, f.state))
+            .collect();
+        flying.sort_unstable_by_key(|(seq, _, _)| *seq);
+        if let Some(f) = s.flight_any() {
+            f.resend.clear();
+        }
+        for (_, pid, state) in flying {
+            match state {
+                InflightState::AwaitingAck => s.flight_mut().resend.push_back(pid),
+                InflightState::AwaitingComp => {
+                    c.outbox
+                        .push_back(Outgoing::from_packet(Packet::PubRel(zerofan_codec::Ack {
+                            packet_id: pid,
+                            ..Default::default()
+                        })))
+                }
+            }
+        }
+        self.wake(conn);
+    }
+
+    /// DISCONNECT from the client.
+    pub(crate) fn on_disconnect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        d: Disconnect,
+    ) {
+        if let Some(requested) = d.properties.session_expiry_interval {
+            let current = self.sessions.get(&sid).map_or(0, |s| s.expiry_interval);
+            if current == 0 && requested != 0 {
+                // MQTT-3.14.2-2.
+                self.protocol_error(
+                    now,
+                    conn,
+                    "session expiry set on DISCONNECT after 0 in CONNECT",
+                );
+                return;
+            }
+            let capped = requested.min(self.config.max_session_expiry);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.expiry_interval = capped;
+            }
+        }
+        // A normal DISCONNECT discards the will; 0x04 asks for it (MQTT-3.14.4-3).
+        let with_will = d.reason == ReasonCode::DISCONNECT_WITH_WILL;
+        self.close(now, conn, None, with_will);
+    }
+
+    /// The connection of `sid` is gone: schedule or publish its will, keep
+    /// the session for its expiry interval or end it now.
+    pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Box<Will>, u32)>) {
+        self.caught_up(sid);
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        s.conn = None;
+        let expiry = s.expiry_interval;
+        // A resuming takeover re-attaches the session at once: it is never
+        // offline, and its queue stays whole.
+        let offline = expiry > 0 && !std::mem::take(&mut s.resuming);
+        if offline {
+            // The offline bounds hold from now on, for what is queued too.
+            let cfg = &self.config;
+            let (qos0, other) = s.trim_offline(
+                cfg.max_queued_messages,
+                cfg.max_queued_bytes,
+                cfg.queue_full,
+            );
+            self.metrics.dropped_qos0_queue_full += qos0;
+            self.metrics.dropped_queue_full += other;
+            if other > 0 {
+                self.dur_evicted(sid);
+            }
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if offline {
+            // What waits for an absent client may wait long: small messages
+            // get their own bytes instead of pinning publishers' buffers.
+            self.metrics.compactions += s.compact();
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let shares: Vec<Box<str>> = s
+            .flight()
+            .subscriptions
+            .keys()
+            .filter(|f| f.starts_with("$share/"))
+            .cloned()
+            .collect();
+        for share in shares {
+            self.hand_over_shared(now, sid, &share, true);
+        }
+        if let Some((will, delay)) = will {
+            // The will waits for its delay or the session's end, whichever
+            // comes first (MQTT-3.1.3-9).
+            let delay = delay.min(expiry);
+            if delay == 0 {
+                self.publish_will(now, *will);
+            } else if let Some(at) = later(now, delay) {
+                if let Some(s) = self.sessions.get_mut(&sid) {
+                    s.pending_will = Some(Box::new(PendingWill { will: *will, at }));
+                }
+                self.timers.arm(at, Timer::Will(sid));
+            }
+        }
+        if expiry == 0 {
+            self.end_session(now, sid);
+        } else if let Some(at) = later(now, expiry).filter(|_| expiry != u32::MAX) {
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.expires_at = Some(at);
+            }
+            self.timers.arm(at, Timer::SessionExpiry(sid));
+        }
+        if expiry > 0 {
+            self.dur_detached(sid);
+        }
+    }
+
+    /// Remove a session for good: subscriptions out of the trie, shared
+    /// messages handed to other members, a pending will published.
+    pub(crate) fn end_session(&mut self, now: Instant, sid: SessionId) {
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            // Only reached for clean-start replacement after a takeover, where
+            // the old connection is already closing; make sure it is detached.
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.phase = Phase::Closing;
+            }
+        }
+        let filters: Vec<Box<str>> = self
+            .sessions
+            .get(&sid)
+            .map(|s| s.flight().subscriptions.keys().cloned().collect())
+            .unwrap_or_default();
+        for filter in &filters {
+            if filter.starts_with("$share/") {
+                self.hand_over_shared(now, sid, filter, false);
+            }
+            self.trie_remove(filter, sid);
+        }
+        self.auth_forget(sid);
+        self.caught_up(sid);
+        let Some(mut s) = self.sessions.remove(&sid) else {
+            return;
+        };
+        if self.by_client.get(&s.client_id) == Some(&sid) {
+            self.by_client.remove(&s.client_id);
+        }
+        self.dur_session_ended(s.client_id.as_str(), s.stored);
+        if let Some(w) = s.pending_will.take() {
+            self.publish_will(now, w.will);
+        }
+    }
+
+    /// Publish a will message.
+    pub(crate) fn publish_will(&mut self, now: Instant, will: Will) {
+        self.metrics.wills_published += 1;
+        let mut properties = will.properties;
+        if let Some(p) = properties.get_mut() {
+            p.will_delay_interval = None;
+        }
+        let publish = Publish {
+            dup: false,
+            qos: will.qos,
+            retain: will.retain,
+            topic: will.topic,
+            packet_id: 0,
+            properties,
+            payload: will.payload,
+        };
+        let msg = Rc::new(Message::from_publish(publish, None, now));
+        self.route(now, msg);
+    }
+}
+
+// Client ids in a cluster: a CONNECT waits for its claim.
+impl Broker {
+    /// In a cluster: every CONNECT with a client id waits, once logged in,
+    /// until the shell claimed the id for this node (see
+    /// [`Broker::take_claims`]).
+    pub fn set_claims(&mut self, on: bool) {
+        self.claims.enable(on);
+    }
+
+    /// Client ids to claim through the cluster; answer each with
+    /// [`Broker::claim_answered`].
+    pub fn take_claims(&mut self, out: &mut Vec<super::ClaimRequest>) {
+        self.claims.take_requests(out);
+    }
+
+    /// Whether [`Broker::take_claims`] has something.
+    pub fn has_claims(&self) -> bool {
+        self.claims.has_requests()
+    }
+
+    /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
+    /// when the cluster could not agree (no majority reachable), is refused
+    /// with 0x88 Server unavailable (3.1.1: return code 3).
+    pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
+        let Some(connect) = self.claims.answered(conn, granted) else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
+            _ => return,
+        }
+        if granted {
+            // An image kept here becomes the session; the replicas get it.
+            self.install_replica(now, &connect);
+            let client = connect.client_id.clone();
+            self.handle_connect(now, conn, *connect, true);
+            self.claimed(&client);
+        } else {
+            self.metrics.claims_refused += 1;
+            self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+        }
+        self.wake(conn);
+        self.end_event();
+    }
+
+    /// Another node took `client_id` over (a newer claim): its connection
+    /// here gets DISCONNECT 0x8E and its session here ends.
+    pub fn client_taken(&mut self, now: Instant, client_id: &str) {
+        let Ok(id) = MqttStr::try_from(client_id) else {
+            return;
+        };
+        let Some(&sid) = self.by_client.get(&id) else {
+            return;
+        };
+        self.metrics.fenced_takeovers += 1;
+        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+            self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+        self.end_session(now, sid);
+        self.end_event();
+    }
+}
+
+// Authentication and access control: logins, ACL checks, SCRAM, HTTP answers.
+impl Broker {
+    /// Install authentication and access settings: at start, or on reload
+    /// (new logins use the new password files; connected clients keep their
+    /// login and move to their listener's new ACL, with a fresh cache).
+    pub fn set_security(&mut self, config: SecurityConfig) {
+        self.auth.reconfigure(config);
+        // Connected sessions follow their listener's new ACL (a reload).
+        let attached: Vec<(ConnId, SessionId)> = self
+            .conns
+            .iter()
+            .filter_map(|(id, c)| c.session().map(|sid| (*id, sid)))
+            .collect();
+        for (conn, sid) in attached {
+            let client_id = match self.sessions.get(&sid) {
+                Some(s) => s.client_id.to_string(),
+                None => continue,
+            };
+            self.auth_attach(conn, sid, &client_id);
+        }
+    }
+
+    /// A new network connection with what the shell knows about it: its
+    /// listener and certificate identity. Connection limits are decided
+    /// here (the CONNECT is then refused with their reason code).
+    pub fn connection_opened_with(
+        &mut self,
+        now: Instant,
+        peer: SocketAddr,
+        meta: ConnectionMeta,
+    ) -> ConnId {
+        let total = self.conns.len();
+        let listener = meta.listener;
+        let on_listener = self.auth.open_on(listener);
+        let per_listener_max = self.auth.listener(listener).max_connections;
+        let refuse = if let Some(verdict) =
+            super::admission::verdict(meta.admission, &mut self.metrics.security)
+        {
+            verdict
+        } else if (self.config.max_connections > 0 && total >= self.config.max_connections)
+            || (per_listener_max > 0 && on_listener >= per_listener_max)
+        {
+            self.metrics.security.refused_max_connections += 1;
+            Some(ReasonCode::QUOTA_EXCEEDED)
+        } else if !self
+            .auth
+            .rate_allows(peer.ip(), now, self.config.max_connection_rate)
+        {
+            self.metrics.security.refused_connection_rate += 1;
+            Some(ReasonCode::CONNECTION_RATE_EXCEEDED)
+        } else {
+            None
+        };
+        let id = self.connection_opened(now, peer);
+        self.auth.opened(listener);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.sec.listener = listener;
+            c.sec.identity = meta.identity.map(String::into_boxed_str);
+            c.sec.refuse = refuse;
+        }
+        id
+    }
+
+    /// The overall and listener `listener`'s `max_connections` (0: none),
+    /// for a shell that decides them over several shards.
+    pub fn connection_limits(&self, listener: usize) -> (usize, usize) {
+        let l = self.auth.listener(listener).max_connections;
+        (self.config.max_connections, l)
+    }
+
+    /// Whether `conn` was refused by a limit when it opened (its CONNECT
+    /// is answered where it is, not moved to another shard).
+    pub fn is_refused(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.sec.refuse.is_some())
+    }
+
+    /// The certificate identity `conn` opened with, to open it again on
+    /// another shard.
+    pub fn identity(&self, conn: ConnId) -> Option<String> {
+        let c = self.conns.get(&conn)?;
+        c.sec.identity.as_deref().map(str::to_owned)
+    }
+
+    /// Share one login-failure memory with the other shards' cores (call
+    /// before the first connection; kept across reloads).
+    pub fn share_login_throttle(
+        &mut self,
+        tracker: std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>,
+    ) {
+        self.auth.share_throttle(tracker);
+    }
+
+    /// Bookkeeping when a connection is removed.
+    pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
+        let listener = self.conns.get(&conn).map(|c| c.sec.listener);
+        self.auth.closed(conn, listener);
+    }
+
+    /// Decide a CONNECT (see the module documentation). On success the
+    /// username is kept on the connection.
+    pub(crate) fn authenticate(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        username: Option<&str>,
+        password: Option<&[u8]>,
+        client_id: &str,
+    ) -> Result<(), Refusal> {
+        let answered = self
+            .conns
+            .get_mut(&conn)
+            .and_then(|c| c.sec.extra.as_mut())
+            .and_then(|e| e.http_answer.take());
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
+        };
+        if let Some(code) = c.sec.refuse {
+            return Err(Refusal::Code(code));
+        }
+        let ip = c.peer.ip();
+        let l = self.auth.listener(c.sec.listener);
+        // Who is trying: failures are counted per (address, this name);
+        // an attempt without one is anonymous and never counted.
+        let login_name: Option<&str> = if l.use_identity_as_username {
+            c.sec.identity.as_deref()
+        } else {
+            username
+        };
+        if let Some(name) = login_name {
+            if !self.auth.login_delay(ip, name, now).is_zero() {
+                self.metrics.security.auth_throttled += 1;
+                tracing::debug!(%conn, peer = %ip, user = name, "login throttled");
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sec.ext_mut().refuse_reason = Some(THROTTLED_REASON);
+                }
+                return Err(Refusal::Code(ReasonCode::CONNECTION_RATE_EXCEEDED));
+            }
+        }
+        let l = self.auth.listener(c.sec.listener);
+        let fail_allow = self.auth.http.as_ref().map(|h| h.settings.fail_allow);
+        let link = match (answered, fail_allow) {
+            (_, None) => HttpLink::Off,
+            (Some(a), Some(allow)) => HttpLink::Answer(a, allow),
+            (None, Some(_)) => HttpLink::Ask,
+        };
+        let chain = |link| -> Result<(Option<Box<str>>, Grant), Stop> {
+            if l.use_identity_as_username {
+                return match &c.sec.identity {
+                    Some(cn) => Ok((Some(cn.clone()), Grant::default())),
+                    None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                };
+            }
+            match username {
+                None if l.allow_anonymous => Ok((None, Grant::default())),
+                None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
+                Some(u) => login_chain(l, self.auth.jwt(), link, now, u, password)
+                    .map(|g| (Some(u.into()), g)),
+            }
+        };
+        let scram_user = c.sec.ext().scram_user.clone();
+        let mut decision = match scram_user {
+            // Authenticated by the SCRAM exchange (see `scram_auth`).
+            Some(u) => Ok((Some(u), Grant::default())),
+            None => chain(link),
+        };
+        if decision.as_ref().err() == Some(&Stop::Ask) {
+            let ip_text = ip.to_string();
+            let user = username.unwrap_or("");
+            let pw = password.unwrap_or(&[]);
+            let listener = c.sec.listener;
+            let parts: [&[u8]; 5] = [
+                user.as_bytes(),
+                pw,
+                client_id.as_bytes(),
+                ip_text.as_bytes(),
+                &listener.to_le_bytes(),
+            ];
+            let allow = fail_allow.unwrap_or(false);
+            match self
+                .auth
+                .http
+                .as_ref()
+                .map(|h| (h.lookup(now, &parts), h.has_room()))
+            {
+                Some((Lookup::Hit(a), _)) => {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                    decision = chain(HttpLink::Answer(a, allow));
+                }
+                Some((Lookup::Miss(key), true)) => {
+                    self.metrics.security.auth_http_cache_misses += 1;
+                    let body = login_body(user, pw, client_id, &ip_text, listener);
+                    return Err(Refusal::AskHttp(key, body));
+                }
+                _ => {
+                    self.metrics.security.auth_http_overflow += 1;
+                    decision = chain(HttpLink::Answer(HttpAnswer::Failed, allow));
+                }
+            }
+        }
+        let decision = decision.map_err(|stop| match stop {
+            Stop::Refuse(code) => code,
+            Stop::Ask => ReasonCode::UNSPECIFIED_ERROR,
+        });
+        match decision {
+            Ok((user, grant)) => {
+                if let Some(name) = &user {
+                    self.metrics.security.auth_success += 1;
+                    self.auth.login_succeeded(ip, name);
+                }
+                let (rate, bytes) = (
+                    self.config.max_publish_rate,
+                    self.config.max_publish_bytes_rate,
+                );
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.sec.username = user;
+                    c.sec.publish = PublishLimiter::new(rate, bytes, now);
+                    if grant.acl.is_some() || grant.expires.is_some() || grant.superuser {
+                        let e = c.sec.ext_mut();
+                        e.login_acl = grant.acl;
+                        e.expires = grant.expires;
+                        e.superuser = grant.superuser;
+                    }
+                }
+                if let Some(at) = grant.expires {
+                    self.timers.arm(at, Timer::TokenExpiry(conn));
+                }
+                Ok(())
+            }
+            Err(code) => {
+                let failure = match code {
+                    ReasonCode::BAD_USER_NAME_OR_PASSWORD => {
+                        self.metrics.security.auth_bad_credentials += 1;
+                        true
+                    }
+                    ReasonCode::NOT_AUTHORIZED => {
+                        self.metrics.security.auth_not_authorized += 1;
+                        true
+                    }
+                    // The HTTP service failed (fail = "deny"): not the client's fault.
+                    _ => {
+                        self.metrics.security.auth_http_refused_unavailable += 1;
+                        false
+                    }
+                };
+                if let (Some(name), true) = (login_name, failure) {
+                    self.auth.login_failed(ip, name, now);
+                }
+                let peer = self.conns.get(&conn).map(|c| c.peer);
+                tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
+                Err(Refusal::Code(code))
+            }
+        }
+    }
+
+    /// The connection is attached to session `sid` as `client_id`: put the
+    /// session under its listener's ACL (or take it out of any).
+    pub(crate) fn auth_attach(&mut self, conn: ConnId, sid: SessionId, client_id: &str) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let acl = match c.sec.ext().superuser {
+            true => None,
+            false => c
+                .sec
+                .ext()
+                .login_acl
+                .clone()
+                .or_else(|| self.auth.listener(c.sec.listener).acl.clone()),
+        };
+        match acl {
+            Some(acl) => {
+                let username = c.sec.username.clone();
+                self.auth.set_session_acl(sid, acl, client_id, username);
+            }
+            None => self.auth.forget_session(sid),
+        }
+    }
+
+    /// The CONNECT of `conn` waits for the HTTP service (see
+    /// [`super::http_auth`]); its input is held meanwhile.
+    pub(crate) fn wait_for_http(
+        &mut self,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+        key: [u8; 32],
+        body: Vec<u8>,
+    ) {
+        let (Some(h), Some(c)) = (self.auth.http.as_mut(), self.conns.get_mut(&conn)) else {
+            return;
+        };
+        c.phase = super::connection::Phase::AwaitingAuth;
+        c.protocol = connect.protocol;
+        h.ask(conn, connect, key, body);
+    }
+
+    /// Requests for the HTTP service, for the shell to send.
+    pub fn take_auth_requests(&mut self, out: &mut Vec<AuthRequest>) {
+        if let Some(h) = self.auth.http.as_mut() {
+            h.take_requests(out);
+        }
+    }
+
+    /// Whether [`Broker::take_auth_requests`] has something.
+    pub fn has_auth_requests(&self) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.has_requests())
+    }
+
+    /// CONNECTs waiting for the HTTP service.
+    pub fn auth_waiting(&self) -> usize {
+        self.auth.http.as_ref().map_or(0, |h| h.waiting())
+    }
+
+    /// The HTTP service's answer to request `id`: its CONNECT is handled
+    /// again with it (nothing happens when its connection is gone).
+    pub fn auth_answered(&mut self, now: Instant, id: u64, answer: HttpAnswer) {
+        match answer {
+            HttpAnswer::Failed => self.metrics.security.auth_http_failures += 1,
+            HttpAnswer::TimedOut => self.metrics.security.auth_http_timeouts += 1,
+            _ => {}
+        }
+        if let Some(h) = self.auth.http.as_mut().filter(|h| h.is_acl(id)) {
+            let fail_allow = h.settings.fail_allow;
+            if let Some((conn, Some(packet))) = h.acl_answered(now, id, answer, fail_allow) {
+                // All its answers came: handled now, in order, then the
+                // rest of its input.
+                self.handle_packet(now, conn, packet);
+                self.wake(conn);
+            }
+            self.end_event();
+            return;
+        }
+        let Some((conn, connect)) = self
+            .auth
+            .http
+            .as_mut()
+            .and_then(|h| h.answered(now, id, answer))
+        else {
+            return;
+        };
+        match self.conns.get_mut(&conn) {
+            Some(c) if c.phase == super::connection::Phase::AwaitingAuth => {
+                c.phase = super::connection::Phase::AwaitingConnect;
+                c.sec.ext_mut().http_answer = Some(answer);
+            }
+            _ => return,
+        }
+        self.on_connect(now, conn, *connect);
+        // Its held input may be read now.
+        self.wake(conn);
+        self.end_event();
+    }
+
+    /// The HTTP service's ACL decision on `topic` for `conn` (a lookup:
+    /// a replay's answer, the cache); on a miss the requests are sent, the
+    /// packet from `held` waits and `None` is returned (unless `wait` is
+    /// false: then a miss is a refusal).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn http_acl(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        topic: &str,
+        action: AclAction,
+        wait: bool,
+        held: impl FnOnce() -> Packet,
+    ) -> Option<bool> {
+        let c = self.conns.get(&conn)?;
+        if c.sec.ext().superuser {
+            return Some(true);
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let client = self.sessions.get(&sid)?.client_id.to_string();
+        let h = self.auth.http.as_mut()?;
+        let fail_allow = h.settings.fail_allow;
+        match h.acl_lookup(now, &user, &client, &address, topic, action, true) {
+            Ok((a, cached)) => {
+                if cached {
+                    self.metrics.security.auth_http_cache_hits += 1;
+                }
+                Some(acl_allows(a, fail_allow))
+            }
+            Err(_) if !wait || action == AclAction::Subscribe => Some(false),
+            Err(key) => {
+                self.metrics.security.auth_http_cache_misses += 1;
+                h.ask_acl(conn, key, &user, &client, &address, topic, action);
+                h.hold(conn, held(), 1);
+                None
+            }
+        }
+    }
+
+    /// Before a SUBSCRIBE is handled: when the HTTP service must be asked
+    /// about some of its filters, ask, hold the packet (and the
+    /// connection's input) and return true.
+    pub(crate) fn subscribe_waits(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        sub: &zerofan_codec::Subscribe,
+    ) -> bool {
+        if !self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            return false;
+        }
+        let Some(c) = self.conns.get(&conn) else {
+            return false;
+        };
+        if c.sec.ext().superuser {
+            return false;
+        }
+        let user = c.sec.username.as_deref().unwrap_or("").to_string();
+        let address = c.peer.ip().to_string();
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.to_string()) else {
+            return false;
+        };
+        let Some(h) = self.auth.http.as_mut() else {
+            return false;
+        };
+        let mut asked: Vec<[u8; 32]> = Vec::new();
+        for (filter, _) in &sub.filters {
+            if zerofan_codec::topic::validate_topic_filter(filter).is_err() {
+                continue;
+            }
+            let plain = zerofan_codec::topic::split_shared(filter).map_or(&**filter, |(_, f)| f);
+            let a = AclAction::Subscribe;
+            if let Err(key) = h.acl_lookup(now, &user, &client, &address, plain, a, false) {
+                if !asked.contains(&key) {
+                    h.ask_acl(conn, key, &user, &client, &address, plain, a);
+                    asked.push(key);
+                }
+            }
+        }
+        if asked.is_empty() {
+            return false;
+        }
+        self.metrics.security.auth_http_cache_misses += asked.len() as u64;
+        h.hold(conn, Packet::Subscribe(sub.clone()), asked.len());
+        true
+    }
+
+    /// Whether `conn`'s input is held for ACL answers.
+    pub(crate) fn acl_holds(&self, conn: ConnId) -> bool {
+        self.auth.http.as_ref().is_some_and(|h| h.holds(conn))
+    }
+
+    /// Whether this connection's SCRAM exchange succeeded.
+    pub(crate) fn scram_done(&self, conn: ConnId) -> bool {
+        self.conns
+            .get(&conn)
+            .is_some_and(|c| c.sec.ext().scram_user.is_some())
+    }
+
+    /// Whether the next packet must be a CONNECT: awaiting one, and not in
+    /// a SCRAM exchange (whose AUTH comes before the CONNACK).
+    pub fn next_must_be_connect(&self, conn: ConnId) -> bool {
+        self.awaits_connect(conn) && !self.scram_waiting(conn)
+    }
+
+    /// Whether this connection is in a SCRAM exchange.
+    pub(crate) fn scram_waiting(&self, conn: ConnId) -> bool {
+        self.auth.in_scram(conn)
+    }
+
+    /// The CONNACK's Authentication Method and Data, once.
+    pub(crate) fn scram_connack(&mut self, conn: ConnId) -> Option<(MqttStr, bytes::Bytes)> {
+        self.conns
+            .get_mut(&conn)?
+            .sec
+            .extra
+            .as_mut()?
+            .connack_auth
+            .take()
+    }
+
+    /// A CONNECT with an Authentication Method: start the exchange (AUTH
+    /// 0x18 with the server-first message), or the CONNACK code refusing.
+    pub(crate) fn scram_start(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        connect: Box<zerofan_codec::Connect>,
+    ) -> Result<(), ReasonCode> {
+        let method = connect
+            .properties
+            .authentication_method
+            .clone()
+            .unwrap_or_default();
+        let Some(c) = self.conns.get(&conn) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        // Offered where there is a password file: SCRAM-SHA-512 works with
+        // its `$7$` entries, SCRAM-SHA-256 with its `SCRAM-SHA-256$` ones;
+        // a user without credentials for the method fails at the proof.
+        let offered = ScramHash::from_method(&method)
+            .filter(|_| self.auth.listener(c.sec.listener).passwords.is_some());
+        let Some(hash) = offered else {
+            self.metrics.security.auth_not_authorized += 1;
+            return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
+        };
+        if let Some(code) = c.sec.refuse {
+            return Err(code);
+        }
+        let ip = c.peer.ip();
+        let mut server = ScramServer::new(hash);
+        let data = connect
+            .properties
+            .authentication_data
+            .clone()
+            .unwrap_or_default();
+        let Ok(user) = server.client_first(&data).map(str::to_string) else {
+            self.metrics.security.auth_bad_credentials += 1;
+            return Err(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        };
+        if !self.auth.login_delay(ip, &user, now).is_zero() {
+            self.metrics.security.auth_throttled += 1;
+            return Err(ReasonCode::CONNECTION_RATE_EXCEEDED);
+        }
+        let creds = self
+            .auth
+            .listener(c.sec.listener)
+            .passwords
+            .as_ref()
+            .and_then(|f| f.get(&user))
+            .and_then(ScramCredentials::from_password_hash)
+            .filter(|cr| cr.hash == hash)
+            .unwrap_or_else(|| made_up(hash));
+        let Ok(first) = server.server_first(&creds, &nonce()) else {
+            return Err(ReasonCode::UNSPECIFIED_ERROR);
+        };
+        let props = zerofan_codec::Properties {
+            authentication_method: Some(method.clone()),
+            authentication_data: Some(bytes::Bytes::from(first.into_bytes())),
+            ..Default::default()
+        };
+        self.send(
+            conn,
+            Packet::Auth(zerofan_codec::Auth {
+                reason: ReasonCode::CONTINUE_AUTHENTICATION,
+                properties: props.into(),
+            }),
+        );
+        self.auth.start_scram(
+            conn,
+            ScramPending {
+                server,
+                connect: Some(connect),
+                method,
+            },
+        );
+        self.wake(conn);
+        Ok(())
+    }
+
+    /// The client's AUTH during a SCRAM exchange.
+    pub(crate) fn on_scram_auth(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        let Some(mut p) = self.auth.take_scram(conn) else {
+            return;
+        };
+        let same_method = a.properties.authentication_method.as_deref() == Some(&*p.method);
+        if a.reason != ReasonCode::CONTINUE_AUTHENTICATION || !same_method {
+            // Another method or reason mid-exchange (MQTT-4.12.0-5/-6).
+            self.metrics.protocol_errors += 1;
+            self.scram_refuse(now, conn, ReasonCode::PROTOCOL_ERROR);
+            return;
+        }
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let user = p.server.username().to_string();
+        let ip = self.conns.get(&conn).map(|c| c.peer.ip());
+        match p.server.client_final(&data) {
+            Ok(last) => {
+                let Some(connect) = p.connect else {
+                    return;
+                };
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    let e = c.sec.ext_mut();
+                    e.scram_user = Some(user.into());
+                    e.scram_hash = Some(p.server.hash());
+                    e.connack_auth = Some((p.method, bytes::Bytes::from(last.into_bytes())));
+                }
+                self.on_connect(now, conn, *connect);
+            }
+            Err(e) => {
+                tracing::debug!(%conn, error = %e, "SCRAM exchange failed");
+                self.metrics.security.auth_bad_credentials += 1;
+                if let Some(ip) = ip {
+                    self.auth.login_failed(ip, &user, now);
+                }
+                self.scram_refuse(now, conn, ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+            }
+        }
+    }
+
+    /// AUTH from a connected client: re-authentication of a SCRAM login
+    /// (see `scram_auth`); anything else is a protocol error.
+    pub(crate) fn on_auth_connected(&mut self, now: Instant, conn: ConnId, a: zerofan_codec::Auth) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let Some(user) = c.sec.ext().scram_user.clone() else {
+            return self.protocol_error(now, conn, "AUTH without an authentication method");
+        };
+        let hash = c.sec.ext().scram_hash.unwrap_or(ScramHash::Sha512);
+        let method = hash.method();
+        if a.properties.authentication_method.as_deref() != Some(method) {
+            return self.protocol_error(now, conn, "AUTH with another authentication method");
+        }
+        let (ip, listener) = (c.peer.ip(), c.sec.listener);
+        let data = a.properties.authentication_data.clone().unwrap_or_default();
+        let pending = self.auth.take_scram(conn);
+        let reply = match (a.reason, pending) {
+            (ReasonCode::REAUTHENTICATE, None) => {
+                let mut server = ScramServer::new(hash);
+                let same_user = server.client_first(&data).is_ok_and(|u| *u == *user);
+                let creds = self
+                    .auth
+                    .listener(listener)
+                    .passwords
+                    .as_ref()
+                    .and_then(|f| f.get(&user))
+                    .and_then(ScramCredentials::from_password_hash)
+                    .filter(|cr| cr.hash == hash);
+                match (same_user, creds) {
+                    (true, Some(creds)) => match server.server_first(&creds, &nonce()) {
+                        Ok(first) => {
+                            self.auth.start_scram(
+                                conn,
+                                ScramPending {
+                                    server,
+                                    connect: None,
+                                    method: MqttStr::from_static(method),
+                                },
+                            );
+                            Ok((ReasonCode::CONTINUE_AUTHENTICATION, first))
+                        }
+                        Err(_) => Err(()),
+                    },
+                    _ => Err(()),
+                }
+            }
+            (ReasonCode::CONTINUE_AUTHENTICATION, Some(mut p)) if p.connect.is_none() => p
+                .server
+                .client_final(&data)
+                .map(|last| (ReasonCode::SUCCESS, last))
+                .map_err(|_| ()),
+            _ => {
+                return self.protocol_error(now, conn, "AUTH out of turn");
+            }
+        };
+        match reply {
+            Ok((reason, text)) => {
+                let props = zerofan_codec::Properties {
+                    authentication_method: Some(MqttStr::from_static(method)),
+                    authentication_data: Some(bytes::Bytes::from(text.into_bytes())),
+                    ..Default::default()
+                };
+                self.send(
+                    conn,
+                    Packet::Auth(zerofan_codec::Auth {
+                        reason,
+                        properties: props.into(),
+                    }),
+                );
+                self.wake(conn);
+            }
+            Err(()) => {
+                self.metrics.security.auth_bad_credentials += 1;
+                self.auth.login_failed(ip, &user, now);
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::NOT_AUTHORIZED,
+                    Some("re-authentication failed"),
+                    true,
+                );
+            }
+        }
+    }
+
+    /// CONNACK with a failure code during the exchange, then close.
+    fn scram_refuse(&mut self, now: Instant, conn: ConnId, reason: ReasonCode) {
+        self.send(
+            conn,
+            Packet::ConnAck(zerofan_codec::ConnAck {
+                session_present: false,
+                reason,
+                properties: Default::default(),
+            }),
+        );
+        self.close(now, conn, None, false);
+    }
+
+    /// A login's token may have expired: close its connection.
+    pub(crate) fn on_token_expiry(&mut self, now: Instant, conn: ConnId) {
+        let due = self.conns.get(&conn).is_some_and(|c| {
+            c.session().is_some() && c.sec.ext().expires.is_some_and(|at| at <= now)
+        });
+        if due {
+            self.metrics.security.auth_token_expired += 1;
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::NOT_AUTHORIZED,
+                Some("token expired"),
+                true,
+            );
+        }
+    }
+
+    /// The session is gone for good.
+    pub(crate) fn auth_forget(&mut self, sid: SessionId) {
+        self.auth.forget_session(sid);
+    }
+
+    /// Whether session `sid` may receive `topic`; counts a refusal.
+    #[inline]
+    pub(crate) fn may_deliver(&mut self, sid: SessionId, topic: &str) -> bool {
+        if !self.auth.any_acl() || self.auth.may_read(sid, topic) {
+            return true;
+        }
+        self.metrics.security.acl_denied_delivery += 1;
+        false
+    }
+
+    /// Limits and access control for an inbound PUBLISH (topic alias
+    /// resolved, topic valid). Returns true when the PUBLISH was handled
+    /// here (refused): the caller stops.
+    pub(crate) fn publish_refused(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        p: &Publish,
+    ) -> bool {
+        if p.topic.len() > self.config.max_topic_length {
+            self.metrics.security.refused_topic_too_long += 1;
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::TOPIC_NAME_INVALID,
+                Some("topic name too long"),
+                true,
+            );
+            return true;
+        }
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return true;
+        };
+        if let Some(limiter) = c.sec.publish.as_mut() {
+            if !limiter.allow(now, p.payload.len()) {
+                self.metrics.security.rate_limited_disconnects += 1;
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::MESSAGE_RATE_TOO_HIGH,
+                    Some("message rate too high"),
+                    true,
+                );
+                return true;
+            }
+        }
+        let sys = p.topic.starts_with("$SYS/") || &*p.topic == "$SYS";
+        let allowed = if sys {
+            // `$SYS/` belongs to the broker: refused as mosquitto does,
+            // never routed (a subscriber would take it for a broker figure).
+            false
+        } else if !self.auth.any_acl() {
+            true
+        } else {
+            self.auth.may_write(sid, &p.topic)
+        };
+        let mut allowed = allowed;
+        if allowed && self.auth.http.as_ref().is_some_and(|h| h.checks_acl()) {
+            let held = || Packet::Publish(p.clone());
+            match self.http_acl(now, conn, sid, &p.topic, AclAction::Publish, true, held) {
+                Some(ok) => allowed = ok,
+                None => return true,
+            }
+        }
+        if allowed {
+            return false;
+        }
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        if sys {
+            self.metrics.security.refused_sys_publish += 1;
+            tracing::debug!(%conn, topic = %p.topic, "publish into $SYS refused");
+        } else {
+            self.metrics.security.acl_denied_publish += 1;
+            tracing::debug!(%conn, topic = %p.topic, "publish denied by the ACL");
+        }
+        let reason = if v5 {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode::SUCCESS
+        };
+        let ack = Ack {
+            packet_id: p.packet_id,
+            reason,
+            properties: Default::default(),
+        };
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(conn, Packet::PubAck(ack)),
+            QoS::ExactlyOnce => self.send(conn, Packet::PubRec(ack)),
+        }
+        true
+    }
+
+    /// Limits and access control for one SUBSCRIBE filter (valid, possibly
+    /// `$share/...`): the failure reason code, or `None` when granted.
+    pub(crate) fn subscribe_refused(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        filter: &str,
+        v5: bool,
+    ) -> Option<ReasonCode> {
+        if filter.len() > self.config.max_topic_length {
+            self.metrics.security.refused_topic_too_long += 1;
+            return Some(if v5 {
+                ReasonCode::TOPIC_FILTER_INVALID
+            } else {
+                ReasonCode::UNSPECIFIED_ERROR
+            });
+        }
+        let plain = zerofan_codec::topic::split_shared(filter).map_or(filter, |(_, f)| f);
+        let by_file = self.auth.may_subscribe(sid, plain);
+        let allowed = by_file
+            && (!self.auth.http.as_ref().is_some_and(|h| h.checks_acl())
+                // Decided before (see `subscribe_waits`): a lookup, never a wait.
+                || self
+                    .http_acl(now, conn, sid, plain, AclAction::Subscribe, true, || {
+                        Packet::PingResp
+                    })
+                    .unwrap_or(false));
+        if allowed {
+            return None;
+        }
+        self.metrics.security.acl_denied_subscribe += 1;
+        Some(if v5 {
+            ReasonCode::NOT_AUTHORIZED
+        } else {
+            ReasonCode::UNSPECIFIED_ERROR
+        })
+    }
+}
+
+// PUBLISH in, and the acknowledgement flows in both directions.
+impl Broker {
+    /// PUBLISH from a client.
+    pub(crate) fn on_publish(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        mut p: Publish,
+        wire: Option<Wire>,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if p.retain && !self.config.retain_available {
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::RETAIN_NOT_SUPPORTED,
+                Some("retain not supported"),
+                true,
+            );
+            return;
+        }
+        if let Some(alias) = p.properties.topic_alias {
+            if alias == 0 || alias > self.config.topic_alias_maximum {
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::TOPIC_ALIAS_INVALID,
+                    Some("topic alias out of range"),
+                    true,
+                );
+                return;
+            }
+            if p.topic.is_empty() {
+                match c.aliases.as_ref().and_then(|al| al.incoming.get(&alias)) {
+                    Some(t) => p.topic = t.clone(),
+                    None => {
+                        self.protocol_error(now, conn, "unknown topic alias");
+                        return;
+                    }
+                }
+            } else {
+                // Kept for the connection's life: copied, not a slice pinning
+                // this packet's read buffer.
+                c.aliases_mut().incoming.insert(alias, copy_str(&p.topic));
+            }
+        }
+        if zerofan_codec::topic::validate_topic_name(&p.topic).is_err()
+            || topic_levels(&p.topic) > self.config.max_topic_levels
+        {
+            self.close_with(
+                now,
+                conn,
+                ReasonCode::TOPIC_NAME_INVALID,
+                Some("invalid topic name"),
+                true,
+            );
+            return;
+        }
+        if self.publish_refused(now, conn, sid, &p) {
+            return;
+        }
+        let protocol = self.conns.get(&conn).map(|c| c.protocol);
+        let v5 = protocol.is_some_and(|p| p.is_v5());
+        self.metrics.messages_received += 1;
+        self.metrics.payload_bytes_received += p.payload.len() as u64;
+        self.metrics.messages_received_by_qos[p.qos as usize] += 1;
+        self.metrics.payload_bytes_received_by_qos[p.qos as usize] += p.payload.len() as u64;
+        let pid = p.packet_id;
+        let qos = p.qos;
+
+        if qos == QoS::ExactlyOnce {
+            let Some(s) = self.sessions.get_mut(&sid) else {
+                return;
+            };
+            if s.flight().incoming_qos2.contains(&pid) {
+                // A resent PUBLISH of a message already taken: ack, do not route twice.
+                self.send_publish_ack(
+                    conn,
+                    Outgoing::from_packet(Packet::PubRec(ack(pid, ReasonCode::SUCCESS))),
+                );
+                return;
+            }
+            if s.flight().incoming_qos2.len() >= usize::from(self.config.receive_maximum) {
+                self.close_with(
+                    now,
+                    conn,
+                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                    Some("receive maximum exceeded"),
+                    true,
+                );
+                return;
+            }
+            s.flight_mut().incoming_qos2.insert(pid);
+            self.dur_qos2_received(sid, pid);
+        }
+
+        // (A publish into `$SYS/` was refused by `publish_refused`.)
+        let mut msg = Message::from_publish(p, Some(sid), now);
+        if let (Some(w), Some(protocol)) = (wire, protocol) {
+            msg.attach_wire(w, protocol, &mut self.wire_scratch);
+        }
+        let msg = Rc::new(msg);
+        if self.events.on() {
+            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+            self.events.published(id, &msg);
+        }
+        self.retain_refused = false;
+        let matched = self.route(now, msg);
+        // A retained message that went to the peers: acknowledged once every
+        // shard has it (see `PeerEvent::Seen`).
+        let fence = self.ack_fence.take();
+        let reason = if std::mem::take(&mut self.retain_refused) && v5 {
+            ReasonCode::QUOTA_EXCEEDED
+        } else if matched == 0 && v5 {
+            ReasonCode::NO_MATCHING_SUBSCRIBERS
+        } else {
+            ReasonCode::SUCCESS
+        };
+        // Held until durable when this publish was written (see `durable`).
+        let out = match qos {
+            QoS::AtMostOnce => return,
+            QoS::AtLeastOnce => Outgoing::from_packet(Packet::PubAck(ack(pid, reason))),
+            QoS::ExactlyOnce => Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
+        };
+        match fence {
+            Some(seq) => self.peers.defer(seq, conn, super::peer::Deferred::Ack(out)),
+            None => self.send_publish_ack(conn, out),
+        }
+    }
+
+    /// PUBREL from a client: the QoS 2 message is complete.
+    pub(crate) fn on_pubrel(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        let known = self
+            .sessions
+            .get_mut(&sid)
+            .and_then(|s| s.flight_any())
+            .is_some_and(|f| f.incoming_qos2.remove(&a.packet_id));
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let reason = if known || !v5 {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+        };
+        if known {
+            self.dur_qos2_released(sid, a.packet_id);
+        }
+        // After the release is durable: a restart must not treat the packet
+        // id, free again for the client, as still taken.
+        self.send_publish_ack(
+            conn,
+            Outgoing::from_packet(Packet::PubComp(ack(a.packet_id, reason))),
+        );
+    }
+
+    /// PUBACK from a client: a QoS 1 delivery is done.
+    pub(crate) fn on_puback(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            let done = s.flight().inflight.get(&a.packet_id).is_some_and(|f| {
+                f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
+            });
+            if done {
+                let stored = s
+                    .flight_mut()
+                    .inflight
+                    .remove(&a.packet_id)
+                    .is_some_and(|f| f.item.entry.is_some());
+                // The window has room again.
+                if !s.queue_is_empty() {
+                    self.wake(conn);
+                }
+                if stored {
+                    self.dur_complete(sid, a.packet_id);
+                }
+            }
+        }
+    }
+
+    /// PUBREC from a client: answer PUBREL (or drop the message on an error code).
+    pub(crate) fn on_pubrec(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        match s
+            .flight_any()
+            .and_then(|f| f.inflight.get_mut(&a.packet_id))
+        {
+            Some(f) if f.item.qos == QoS::ExactlyOnce => {
+                let stored = f.item.entry.is_some();
+                if a.reason.is_error() {
+                    s.flight_mut().inflight.remove(&a.packet_id);
+                    if !s.queue_is_empty() {
+                        self.wake(conn);
+                    }
+                    if stored {
+                        self.dur_complete(sid, a.packet_id);
+                    }
+                    return;
+                }
+                f.state = InflightState::AwaitingComp;
+                if stored {
+                    self.dur_pubrec(sid, a.packet_id);
+                }
+                // The payload is no longer needed; keep only the id state.
+                self.send(conn, Packet::PubRel(ack(a.packet_id, ReasonCode::SUCCESS)));
+            }
+            _ => {
+                let reason = if v5 {
+                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+                } else {
+                    ReasonCode::SUCCESS
+                };
+                self.send(conn, Packet::PubRel(ack(a.packet_id, reason)));
+            }
+        }
+    }
+
+    /// PUBCOMP from a client: a QoS 2 delivery is done.
+    pub(crate) fn on_pubcomp(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
+        if let Some(s) = self.sessions.get_mut(&sid) {
+            let done = s
+                .flight()
+                .inflight
+                .get(&a.packet_id)
+                .is_some_and(|f| f.state == InflightState::AwaitingComp);
+            if done {
+                let stored = s
+                    .flight_mut()
+                    .inflight
+                    .remove(&a.packet_id)
+                    .is_some_and(|f| f.item.entry.is_some());
+                if !s.queue_is_empty() {
+                    self.wake(conn);
+                }
+                if stored {
+                    self.dur_complete(sid, a.packet_id);
+                }
+            }
+        }
+    }
+
+    /// The message to keep for long: small ones are copied out of their read
+    /// buffer (counted), large ones are worth the buffer they hold.
+    pub(crate) fn keepable(&mut self, msg: &Rc<Message>) -> Rc<Message> {
+        if msg.worth_compacting() {
+            self.metrics.compactions += 1;
+            Rc::new(msg.compacted())
+        } else {
+            msg.clone()
+        }
+    }
+}
+
+// Routing: the retained store, then local sessions and peers.
+impl Broker {
+    /// Route a message published at this core (by a client, a will,
+    /// `$SYS`): the retained store (here and at every peer), then every
+    /// matching session here and every peer with subscribers. Returns how
+    /// many sessions and peers got it.
+    pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
+        // Over the retained quota: delivered, not kept (see `quota`).
+        if msg.retain
+            && self.config.retain_available
+            && !super::quota::retained_admitted(
+                &self.config,
+                &*self.store,
+                &msg,
+                &mut self.metrics.security,
+            )
+        {
+            self.retain_refused = true;
+            return self.deliver(now, msg, Scope::Everywhere);
+        }
+        if msg.retain && self.config.retain_available {
+            if self.peers.any() {
+                let seq = self.peers.stamp();
+                self.ack_fence = Some(seq);
+                self.peers.send_all(|| PeerEvent::Retain {
+                    msg: msg.for_peer(),
+                    seq,
+                });
+            }
+            if !msg.payload.is_empty() {
+                self.dur_set_retained(&msg);
+            } else {
+                self.dur_clear_retained(msg.topic.as_str());
+            }
+            self.keep_retained(msg.clone());
+        }
+        let durable_fence = self.durable.on() && msg.qos != QoS::AtMostOnce;
+        let forwarded = self.metrics.peer_forwarded;
+        let count = self.deliver(now, msg, Scope::Everywhere);
+        if durable_fence && self.metrics.peer_forwarded != forwarded {
+            // Acknowledged once every peer that may hold it for a
+            // persistent session has it on disk (see `PeerEvent::Fence`).
+            let seq = self.peers.stamp();
+            self.ack_fence = Some(seq);
+            self.peers.send_all(|| PeerEvent::Fence { seq });
+        }
+        count
+    }
+
+    /// Set (or, with an empty payload, clear) a retained message.
+    fn keep_retained(&mut self, msg: Rc<Message>) {
+        if msg.payload.is_empty() {
+            self.store.clear(msg.topic.as_str());
+        } else {
+            let kept = self.keepable(&msg);
+            self.store.set(kept);
+        }
+    }
+
+    /// Queue `msg` for the sessions the router finds in `scope`, and send it
+    /// on to the peers it finds.
+    fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
+        let sessions = &self.sessions;
+        let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+        // A peer's session ids are not ours: No Local is for local publishers.
+        let origin = msg.origin.filter(|_| msg.origin_peer.is_none());
+        let mut routed = self.router.route(
+            msg.topic.as_str(),
+            origin,
+            msg.qos,
+            msg.retain,
+            scope,
+            online,
+        );
+        let mut count = 0;
+        let mut compacted = None;
+        for hit in routed.hits.drain(..) {
+            if !self.may_deliver(hit.session, msg.topic.as_str()) {
+                continue;
+            }
+            count += 1;
+            let item = Queued {
+                msg: msg.clone(),
+                qos: hit.qos,
+                retain: hit.retain,
+                sub_ids: hit.sub_ids,
+                share: hit.share,
+                entry: None,
+                replay: false,
+            };
+            self.enqueue_with(now, hit.session, item, &mut compacted);
+        }
+        for f in routed.forwards.drain(..) {
+            if self.peers.congested(f.peer) {
+                if msg.qos == QoS::AtMostOnce {
+                    self.metrics.dropped_qos0_peer_full += 1;
+                    continue;
+                }
+                // Sent all the same (an acknowledged message is never
+                // dropped); its publisher waits until the peer drains.
+                self.hold_publisher(&msg);
+            }
+            count += 1;
+            self.metrics.peer_forwarded += 1;
+            if self.peers.crossed(f.peer, msg.size() as u64) {
+                // Its window is full: read the publisher again once the
+                // peer confirms (see `peer::WINDOW`).
+                self.hold_publisher(&msg);
+            }
+            let event = PeerEvent::Publish {
+                msg: msg.for_peer(),
+                direct: f.direct,
+                shares: f.shares,
+            };
+            self.peers.send(f.peer, event);
+        }
+        self.router.recycle(routed);
+        count
+    }
+}
+
+// Delivery: session queues, the inflight window, batches for the writer.
+impl Broker {
+    /// Put a message in a session's queue, within its bounds.
+    pub(crate) fn enqueue(&mut self, now: Instant, sid: SessionId, item: Queued) {
+        let mut cache = None;
+        self.enqueue_with(now, sid, item, &mut cache);
+    }
+
+    /// [`Broker::enqueue`] sharing one compacted copy between every absent
+    /// session of the same message.
+    pub(crate) fn enqueue_with(
+        &mut self,
+        now: Instant,
+        sid: SessionId,
+        mut item: Queued,
+        compacted: &mut Option<Rc<Message>>,
+    ) {
+        // Stored before any compaction copy, which then carries the id.
+        self.dur_enqueue(sid, &mut item);
+        let entry = item.entry;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if s.conn.is_none() {
+            if item.qos == QoS::AtMostOnce {
+                // QoS 0 is not kept for absent clients.
+                return;
+            }
+            if item.msg.worth_compacting() {
+                let copy = compacted.get_or_insert_with(|| {
+                    self.metrics.compactions += 1;
+                    Rc::new(item.msg.compacted())
+                });
+                item.msg = copy.clone();
+            }
+        }
+        let cfg = &self.config;
+        let origin = (item.msg.origin_peer, item.msg.origin);
+        let outcome = if s.conn.is_some() {
+            // A slow subscriber keeps no more than its high-water mark.
+            let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
+            let bound = if slow {
+                high_water(cfg)
+            } else if held_remote(s.flight().behind.as_deref(), origin) {
+                cfg.max_online_queued_bytes.saturating_add(HOLD_SLACK)
+            } else {
+                cfg.max_online_queued_bytes
+            };
+            s.push_online(item, bound, cfg.queue_full)
+        } else {
+            s.push(
+                item,
+                cfg.max_queued_messages,
+                cfg.max_queued_bytes,
+                cfg.queue_full,
+            )
+        };
+        let conn = s.conn;
+        if conn.is_some() && s.online_cost() > high_water(cfg) {
+            self.fall_behind(now, sid, origin);
+        }
+        if entry.is_some() {
+            self.dur_evicted(sid);
+            if matches!(outcome, PushOutcome::DroppedNew | PushOutcome::Disconnect) {
+                self.dur_dequeue(sid, entry);
+            }
+        }
+        match outcome {
+            PushOutcome::Queued => {}
+            PushOutcome::DroppedOldQos0 | PushOutcome::DroppedNewQos0 => {
+                self.metrics.dropped_qos0_queue_full += 1
+            }
+            PushOutcome::DroppedOldest | PushOutcome::DroppedNew => {
+                self.metrics.dropped_queue_full += 1
+            }
+            PushOutcome::Disconnect => {
+                self.metrics.dropped_queue_full += 1;
+                self.disconnect_slow(now, conn, "queue full");
+                return;
+            }
+        }
+        if let Some(conn) = conn {
+            self.wake(conn);
+        }
+    }
+
+    /// Queue a retained message replayed for a new subscription of an
+    /// online session: never dropped (see [`Session::push_replay`]), sent
+    /// as the client's window and socket allow.
+    ///
+    /// [`Session::push_replay`]: super::session::Session::push_replay
+    pub(crate) fn enqueue_replay(&mut self, sid: SessionId, mut item: Queued) {
+        self.dur_enqueue(sid, &mut item);
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        s.push_replay(item);
+        if let Some(conn) = s.conn {
+            self.wake(conn);
+        }
+    }
+
+    /// `sid`'s online queue is over its high-water mark: start its slow
+    /// consumer clock, and stop reading the publisher of this message until
+    /// it drains (not the subscriber itself: it could then never drain).
+    fn fall_behind(
+        &mut self,
+        now: Instant,
+        sid: SessionId,
+        origin: (Option<PeerId>, Option<SessionId>),
+    ) {
+        let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
+        let publisher = match origin {
+            (None, Some(o)) => self.sessions.get(&o).and_then(|p| p.conn),
+            _ => None,
+        };
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let own = s.conn;
+        let f = s.flight_mut();
+        if f.behind.is_none() {
+            f.behind = Some(Box::new(Behind {
+                since: now,
+                holding: Vec::new(),
+                holding_remote: Vec::new(),
+                slow: false,
+            }));
+            // A timeout too large for the clock never fires.
+            if let Some(at) = now.checked_add(timeout) {
+                self.timers.arm(at, Timer::SlowConsumer(sid));
+            }
+        }
+        let Some(b) = f.behind.as_deref_mut() else {
+            return;
+        };
+        if b.slow {
+            return;
+        }
+        if let (Some(peer), Some(session)) = origin {
+            // Published at another core: that core holds its publisher.
+            if !b.holding_remote.contains(&(peer, session)) {
+                b.holding_remote.push((peer, session));
+                self.metrics.publisher_throttles += 1;
+                self.peers.send(
+                    peer,
+                    PeerEvent::Hold {
+                        session,
+                        hold: true,
+                    },
+                );
+            }
+            return;
+        }
+        let Some(pc) = publisher.filter(|&pc| Some(pc) != own) else {
+            return;
+        };
+        let Some(c) = self.conns.get_mut(&pc) else {
+            return;
+        };
+        if c.held_by.is_none() {
+            c.held_by = Some(sid);
+            b.holding.push(pc);
+            self.metrics.publisher_throttles += 1;
+        }
+    }
+
+    /// `sid` caught up, went away or was dropped as slow: the publishers it
+    /// held are read again.
+    pub(crate) fn release_publishers(&mut self, sid: SessionId) {
+        let (holding, remote) = match self
+            .sessions
+            .get_mut(&sid)
+            .and_then(|s| s.flight_any())
+            .and_then(|f| f.behind.as_deref_mut())
+        {
+            Some(b) => (
+                std::mem::take(&mut b.holding),
+                std::mem::take(&mut b.holding_remote),
+            ),
+            None => return,
+        };
+        for (peer, session) in remote {
+            self.peers.send(
+                peer,
+                PeerEvent::Hold {
+                    session,
+                    hold: false,
+                },
+            );
+        }
+        for pc in holding {
+            if let Some(c) = self.conns.get_mut(&pc) {
+                if c.held_by == Some(sid) {
+                    c.held_by = None;
+                    self.wake(pc);
+                }
+            }
+        }
+    }
+
+    /// [`Broker::release_publishers`], and the session is no longer behind.
+    pub(crate) fn caught_up(&mut self, sid: SessionId) {
+        self.release_publishers(sid);
+        if let Some(f) = self.sessions.get_mut(&sid).and_then(|s| s.flight_any()) {
+            f.behind = None;
+        }
+    }
+
+    /// The slow consumer timer of `sid` fired.
+    pub(crate) fn on_slow_timer(&mut self, now: Instant, sid: SessionId) {
+        let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let Some(b) = s.flight().behind.as_deref() else {
+            return;
+        };
+        if b.slow {
+            return;
+        }
+        if b.since.checked_add(timeout).is_none_or(|at| at > now) {
+            // Caught up and fell behind again since this timer was armed:
+            // that episode armed a timer of its own.
+            return;
+        }
+        let client = s.client_id.clone();
+        let queued = s.online_cost();
+        let conn = s.conn;
+        self.metrics.slow_subscribers_dropped += 1;
+        self.release_publishers(sid);
+        if let Some(suppressed) = self.log_gate(now, "slow consumer") {
+            tracing::warn!(
+                client = client.as_str(),
+                queued,
+                suppressed,
+                "dropping a slow consumer"
+            );
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if let Some(b) = s.flight_any().and_then(|f| f.behind.as_deref_mut()) {
+            b.slow = true;
+        }
+        if self.config.queue_full == QueueFull::Disconnect {
+            self.disconnect_slow(now, conn, "slow consumer");
+        } else {
+            let dropped = s.drop_qos0();
+            self.metrics.dropped_qos0_queue_full += dropped as u64;
+        }
+    }
+
+    /// `queue_full = "disconnect"`: close a subscriber that cannot keep up
+    /// (0x97), counted.
+    fn disconnect_slow(&mut self, now: Instant, conn: Option<ConnId>, what: &'static str) {
+        if let Some(conn) = conn {
+            self.metrics.slow_consumer_disconnects += 1;
+            self.close_with(now, conn, ReasonCode::QUOTA_EXCEEDED, Some(what), true);
+        }
+    }
+
+    /// The body of [`Broker::poll_transmit`].
+    pub(crate) fn fill_batch(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        out: &mut Vec<Outgoing>,
+        max: usize,
+    ) -> Transmit {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return Transmit::Gone;
+        };
+        c.woken = false;
+        while out.len() < max {
+            match c.outbox.pop_front() {
+                Some(item) => out.push(item),
+                None => break,
+            }
+        }
+        if c.outbox.is_empty() && c.outbox.capacity() > 0 {
+            // An idle connection keeps no outbox capacity (224 bytes after
+            // its CONNACK); a busy one pays one allocation per batch.
+            c.outbox = std::collections::VecDeque::new();
+        }
+        let sid = match c.phase {
+            Phase::Closing => {
+                return if c.outbox.is_empty() {
+                    Transmit::Close
+                } else {
+                    Transmit::Open
+                };
+            }
+            Phase::AwaitingConnect | Phase::AwaitingTakeover | Phase::AwaitingAuth => {
+                return Transmit::Open
+            }
+            Phase::Connected(sid) => sid,
+        };
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return Transmit::Open;
+        };
+        let window = usize::from(c.send_window);
+        while out.len() < max {
+            let Some(&pid) = s.flight().resend.front() else {
+                break;
+            };
+            if s.flight()
+                .inflight
+                .len()
+                .saturating_sub(s.flight().resend.len())
+                >= window
+            {
+                break;
+            }
+            s.flight_mut().resend.pop_front();
+            let Some(f) = s.flight().inflight.get(&pid) else {
+                continue;
+            };
+            if f.state != InflightState::AwaitingAck {
+                continue;
+            }
+            let mut d = make_delivery(c, &f.item, pid, now);
+            d.dup = true;
+            self.metrics.messages_sent += 1;
+            self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
+            out.push(Outgoing::Publish(d));
+        }
+        while out.len() < max {
+            let Some(front) = s.queue_front() else {
+                // A burst is over: give its queue space back.
+                s.release_queue_space(QUEUE_KEEP);
+                break;
+            };
+            let next = if front.qos != QoS::AtMostOnce && s.flight().inflight.len() >= window {
+                // Flow control: never more than the client's Receive Maximum
+                // unacknowledged (MQTT-3.3.4-9). QoS 0 is not counted, so it
+                // may go ahead of the waiting QoS 1/2 messages.
+                s.pop_qos0()
+            } else {
+                s.pop()
+            };
+            let Some(item) = next else {
+                break;
+            };
+            if item.msg.is_expired(now) {
+                self.metrics.dropped_expired += 1;
+                if let Some(e) = item.entry {
+                    let client = s.client_id.as_str();
+                    self.durable
+                        .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
+                }
+                continue;
+            }
+            if c.protocol.is_v5() && !fits(c, &item, now) {
+                // Never send more than the client's Maximum Packet Size; the
+                // message is dropped as if delivered (MQTT-3.1.2-25).
+                self.metrics.dropped_too_large += 1;
+                if let Some(e) = item.entry {
+                    let client = s.client_id.as_str();
+                    self.durable
+                        .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
+                }
+                continue;
+            }
+            let pid = if item.qos == QoS::AtMostOnce {
+                0
+            } else {
+                s.alloc_packet_id()
+            };
+            // A stored QoS 2 delivery goes out only once its `send` record is
+            // durable: a restart then resends it with DUP and the same packet
+            // id (deduplicated by the client), never as a new message.
+            let hold = item.entry.is_some() && item.qos == QoS::ExactlyOnce;
+            if let (Some(e), true) = (item.entry, pid != 0) {
+                let client = s.client_id.as_str();
+                self.durable
+                    .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
+            }
+            let d = if item.qos == QoS::AtMostOnce {
+                // Nothing of it is kept: the delivery takes the message's
+                // reference instead of one more up and down.
+                into_delivery(c, item, now)
+            } else {
+                let d = make_delivery(c, &item, pid, now);
+                let f = s.flight_mut();
+                let seq = f.next_seq;
+                f.next_seq += 1;
+                s.flight_mut().inflight.insert(
+                    pid,
+                    Inflight {
+                        item,
+                        state: InflightState::AwaitingAck,
+                        seq,
+                    },
+                );
+                d
+            };
+            self.metrics.messages_sent += 1;
+            self.metrics.payload_bytes_sent += d.message.payload.len() as u64;
+            self.metrics.messages_sent_by_qos[d.qos as usize] += 1;
+            self.metrics.payload_bytes_sent_by_qos[d.qos as usize] +=
+                d.message.payload.len() as u64;
+            if hold {
+                self.durable.hold(conn, Outgoing::Publish(d));
+            } else {
+                out.push(Outgoing::Publish(d));
+            }
+        }
+        if s.flight().behind.is_some() && s.online_cost() < low_water(&self.config) {
+            self.caught_up(sid);
+        }
+        Transmit::Open
+    }
+
+    /// A shared-subscription member `from` leaves `share` (or just lost its
+    /// connection, `keep_if_alone`): its queued and unacknowledged messages
+    /// of that group go to other members.
+    pub(crate) fn hand_over_shared(
+        &mut self,
+        now: Instant,
+        from: SessionId,
+        share: &str,
+        keep_if_alone: bool,
+    ) {
+        self.dur_release_shared(from, share);
+        let items = match self.sessions.get_mut(&from) {
+            Some(s) => s.take_shared(share),
+            None => return,
+        };
+        for mut item in items {
+            let sessions = &self.sessions;
+            let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+            let pick = self.router.other_member(share, from, online);
+            if pick.is_none() && !keep_if_alone {
+                // No member left here: one at another shard takes it.
+                if let Some(peer) = self.router.peer_member(share) {
+                    self.metrics.peer_forwarded += 1;
+                    let event = PeerEvent::Publish {
+                        msg: item.msg.for_peer(),
+                        direct: false,
+                        shares: vec![share.into()],
+                    };
+                    self.peers.send(peer, event);
+                    continue;
+                }
+            }
+            match pick {
+                Some(e) => {
+                    item.qos = e.options.qos.min(item.msg.qos);
+                    item.sub_ids = e.id.into_iter().collect();
+                    self.enqueue(now, e.session, item);
+                }
+                None if keep_if_alone => {
+                    self.dur_enqueue(from, &mut item);
+                    let entry = item.entry;
+                    if let Some(s) = self.sessions.get_mut(&from) {
+                        let cfg = &self.config;
+                        let outcome = s.push(
+                            item,
+                            cfg.max_queued_messages,
+                            cfg.max_queued_bytes,
+                            cfg.queue_full,
+                        );
+                        if entry.is_some() {
+                            self.dur_evicted(from);
+                            if matches!(outcome, PushOutcome::DroppedNew | PushOutcome::Disconnect)
+                            {
+                                self.dur_dequeue(from, entry);
+                            }
+                        }
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// Remove one of `sid`'s subscriptions from the router.
+    pub(crate) fn trie_remove(&mut self, filter: &str, sid: SessionId) -> bool {
+        self.router.unsubscribe(filter, sid)
+    }
+}
+
+// Transmit: outboxes and wake-ups, what the shell writes.
+impl Broker {
+    /// Move up to `max` items for `conn`'s writer into `out`: control
+    /// packets first, then queued messages as far as the client's window
+    /// allows. Call again after writing them; an empty batch with
+    /// [`Transmit::Open`] means nothing to do until the next wake-up.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        out: &mut Vec<Outgoing>,
+        max: usize,
+    ) -> Transmit {
+        let status = self.fill_batch(now, conn, out, max);
+        self.end_event();
+        status
+    }
+
+    /// Connections whose writer has something new (or must close), since
+    /// the last call. Each appears once.
+    pub fn take_wakeups(&mut self, out: &mut Vec<ConnId>) {
+        out.append(&mut self.wakeups);
+    }
+
+    /// Control packets waiting for the writer; the shell stops reading from
+    /// a client that does not read its answers.
+    pub fn outbox_len(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn).map_or(0, |c| c.outbox.len())
+    }
+
+    /// Queue a control packet for a connection.
+    pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
+        self.send_outgoing(conn, Outgoing::from_packet(packet));
+    }
+
+    /// Queue an item for the writer of `conn`.
+    pub(crate) fn send_outgoing(&mut self, conn: ConnId, out: Outgoing) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.outbox.push_back(out);
+            self.wake(conn);
+        }
+    }
+
+    /// Tell the shell this connection's writer has work.
+    pub(crate) fn wake(&mut self, conn: ConnId) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if !c.woken {
+                c.woken = true;
+                self.wakeups.push(conn);
+            }
+        }
+    }
+}
+
+// Acknowledgements and durability: staging in the log, acks held for a commit, restore.
+impl Broker {
+    /// Attach a durable log (the broker then writes persistent sessions and
+    /// retained messages to it). `now_unix_ms` is the wall clock at `now`,
+    /// used only to convert deadlines to and from the store's UNIX time.
+    pub fn set_durable_log(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
+        // Persistent sessions' operations are also recorded for replicas.
+        self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
+    }
+
+    /// The store's counters (log size, fsyncs, bytes written...), when a
+    /// durable log is attached.
+    pub fn store_stats(&self) -> Option<StoreStats> {
+        self.durable.stats()
+    }
+
+    /// Count what opening the store repaired (a torn or corrupt tail cut
+    /// off: `truncated_bytes` above 0).
+    pub fn note_store_recovery(&mut self, truncated_bytes: u64) {
+        if truncated_bytes > 0 {
+            self.metrics.store_torn_tails += 1;
+            self.metrics.store_truncated_bytes += truncated_bytes;
+        }
+    }
+
+    /// Acknowledgements held until their commit is durable.
+    pub fn held_acks(&self) -> usize {
+        self.durable.held_acks()
+    }
+
+    /// The store made progress: every held acknowledgement whose commit is
+    /// now durable goes to its connection's outbox. Call
+    /// [`Broker::take_wakeups`] afterwards.
+    pub fn release_durable(&mut self) {
+        let Some(durable) = self.durable.durable_lsn() else {
+            return;
+        };
+        while let Some((conn, out)) = self.durable.pop_released_ack(durable) {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.outbox.push_back(out);
+                self.wake(conn);
+            }
+        }
+        while let Some((peer, seq)) = self.durable.pop_released_seen(durable) {
+            self.peers.send(peer, super::peer::PeerEvent::Seen { seq });
+        }
+    }
+
+    /// Answer a peer's change `seq` (a `Fence`, an interest, a retained
+    /// message) with `Seen` once everything this core wrote so far (for
+    /// the peer's earlier messages among it) is durable, in order.
+    pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
+        // And once the replicas have what this node replicated so far.
+        if self.replica_holds_seen(from, seq) {
+            return;
+        }
+        self.durable_seen_now(from, seq);
+    }
+
+    /// [`Broker::durable_seen`], replicas answered.
+    fn durable_seen_now(&mut self, from: super::peer::PeerId, seq: u64) {
+        if !self.durable.hold_seen(from, seq) {
+            self.peers.send(from, super::peer::PeerEvent::Seen { seq });
+        }
+    }
+
+    /// Send the PUBACK / PUBREC of an inbound PUBLISH: at once when nothing
+    /// was written for it, else once its commit is durable.
+    pub(crate) fn send_publish_ack(&mut self, conn: ConnId, out: Outgoing) {
+        // Behind this connection's acknowledgements that wait for replicas.
+        let Some(out) = self.repl.wait_behind(conn, out) else {
+            return;
+        };
+        let Some(out) = self.durable.hold_ack(conn, out) else {
+            return;
+        };
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.outbox.push_back(out);
+            self.wake(conn);
+        }
+    }
+
+    /// The end of a core event: commit what it staged (once) and hold its
+    /// acknowledgements until that commit is durable.
+    pub(crate) fn end_event(&mut self) {
+        self.flush_replication();
+        // What waited for peers that are all away now goes (see
+        // `Broker::set_peer_away`).
+        let ready = self.peers.ready();
+        self.release_deferred(ready);
+        match self.durable.end_event(&mut self.metrics.store_errors) {
+            EventEnd::Idle | EventEnd::Committed => {}
+            EventEnd::SendNow(pending) => {
+                for (conn, out) in pending {
+                    if let Some(c) = self.conns.get_mut(&conn) {
+                        c.outbox.push_back(out);
+                        self.wake(conn);
+                    }
+                }
+            }
+            EventEnd::Release => self.release_durable(),
+        }
+    }
+
+    // ----- staging hooks, called from the protocol handlers ---------------
+
+    /// The stored id of `msg`, writing it if it was not yet.
+    fn stored_msg(&mut self, msg: &Message) -> Option<MsgId> {
+        if let Some(id) = msg.stored().get() {
+            return Some(id);
+        }
+        let stored = to_stored(msg, &self.durable);
+        let id = self
+            .durable
+            .stage(&mut self.metrics.store_errors, |l| l.put_message(&stored))?;
+        msg.stored().set(id);
+        Some(id)
+    }
+
+    /// A retained message was set.
+    pub(crate) fn dur_set_retained(&mut self, msg: &Message) {
+        if !self.durable.on() {
+            return;
+        }
+        if let Some(id) = self.stored_msg(msg) {
+            let topic = msg.topic.as_str();
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.set_retained(topic, id)
+            });
+        }
+    }
+
+    /// A retained message was cleared.
+    pub(crate) fn dur_clear_retained(&mut self, topic: &str) {
+        if self.durable.on() {
+            self.durable
+                .stage(&mut self.metrics.store_errors, |l| l.clear_retained(topic));
+        }
+    }
+
+    /// Give `item` a queue entry in `sid`'s stored queue if the session is
+    /// persistent and the item is QoS 1/2. Returns the client id used.
+    pub(crate) fn dur_enqueue(&mut self, sid: SessionId, item: &mut Queued) {
+        if !self.durable.on() || item.qos == QoS::AtMostOnce || item.entry.is_some() {
+            return;
+        }
+        let Some(client) = self
+            .sessions
+            .get(&sid)
+            .filter(|s| s.expiry_interval > 0)
+            .map(|s| s.client_id.clone())
+        else {
+            return;
+        };
+        let Some(msg) = self.stored_msg(&item.msg) else {
+            return;
+        };
+        if self.repl.wants_message(msg) {
+            self.repl
+                .note_message(msg, to_stored(&item.msg, &self.durable));
+        }
+        let mut entry = QueueEntry {
+            msg,
+            qos: item.qos as u8,
+            retain: item.retain,
+            subscription_ids: item.sub_ids.clone(),
+            share: item.share.as_deref().map(str::to_owned),
+        };
+        let errors = &mut self.metrics.store_errors;
+        let mut id = self
+            .durable
+            .try_stage(|l| l.enqueue(&client, &entry))
+            .and_then(Result::ok);
+        if id.is_none() {
+            // The message id may be stale (a retained message replaced since):
+            // write the message again and retry once.
+            let stored = to_stored(&item.msg, &self.durable);
+            if let Some(m) = self.durable.stage(errors, |l| l.put_message(&stored)) {
+                entry.msg = m;
+                id = self.durable.stage(errors, |l| l.enqueue(&client, &entry));
+            }
+        }
+        item.entry = id;
+    }
+
+    /// Queue entries of `sid` evicted to make room: dequeue them.
+    pub(crate) fn dur_evicted(&mut self, sid: SessionId) {
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if s.flight().evicted.is_empty() {
+            return;
+        }
+        let evicted = s
+            .flight_any()
+            .map(|f| std::mem::take(&mut f.evicted))
+            .unwrap_or_default();
+        let client = s.client_id.clone();
+        for e in evicted {
+            self.durable
+                .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+        }
+    }
+
+    /// A queue entry of `sid` was not queued after all, or left unsent.
+    pub(crate) fn dur_dequeue(&mut self, sid: SessionId, entry: Option<EntryId>) {
+        let Some(e) = entry else { return };
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        self.durable
+            .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+    }
+
+    /// A stored delivery of `sid` ended (PUBACK, PUBCOMP, refused PUBREC,
+    /// handed over).
+    pub(crate) fn dur_complete(&mut self, sid: SessionId, pid: u16) {
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        self.durable
+            .stage(&mut self.metrics.store_errors, |l| l.complete(&client, pid));
+    }
+
+    /// PUBREC for a stored QoS 2 delivery.
+    pub(crate) fn dur_pubrec(&mut self, sid: SessionId, pid: u16) {
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+            return;
+        };
+        self.durable
+            .stage(&mut self.metrics.store_errors, |l| l.pubrec(&client, pid));
+    }
+
+    /// The client id of `sid` if it is persistent and a log is attached.
+    fn persistent_client(&self, sid: SessionId) -> Option<MqttStr> {
+        if !self.durable.on() {
+            return None;
+        }
+        self.sessions
+            .get(&sid)
+            .filter(|s| s.expiry_interval > 0)
+            .map(|s| s.client_id.clone())
+    }
+
+    /// An inbound QoS 2 packet id was taken by `sid`.
+    pub(crate) fn dur_qos2_received(&mut self, sid: SessionId, pid: u16) {
+        if let Some(client) = self.persistent_client(sid) {
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.qos2_received(&client, pid)
+            });
+        }
+    }
+
+    /// PUBREL for an inbound QoS 2 packet id of `sid`.
+    pub(crate) fn dur_qos2_released(&mut self, sid: SessionId, pid: u16) {
+        if let Some(client) = self.persistent_client(sid) {
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.qos2_released(&client, pid)
+            });
+        }
+    }
+
+    /// A connection attached to `sid` (after CONNECT set its expiry): keep
+    /// the session (no deadline while connected) or make sure the store has
+    /// none. `cancelled_will`: a will waiting for its delay was cancelled.
+    pub(crate) fn dur_connected(&mut self, sid: SessionId, cancelled_will: bool) {
+        if !self.durable.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let client = s.client_id.clone();
+        let errors = &mut self.metrics.store_errors;
+        if s.expiry_interval == 0 {
+            // Not persistent (any more): the store keeps nothing of it.
+            if s.stored {
+                s.stored = false;
+                forget_entries(s);
+                self.durable.stage(errors, |l| l.drop_session(&client));
+            }
+            return;
+        }
+        s.stored = true;
+        let meta = SessionMeta {
+            expiry_interval: s.expiry_interval,
+            expires_at_ms: None,
+        };
+        self.durable.stage(errors, |l| l.put_session(&client, meta));
+        if cancelled_will {
+            self.durable.stage(errors, |l| l.clear_will(&client));
+        }
+    }
+
+    /// A persistent session lost its connection: its expiry deadline, and
+    /// its will if it waits for a delay.
+    pub(crate) fn dur_detached(&mut self, sid: SessionId) {
+        if !self.durable.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        if s.expiry_interval == 0 {
+            return;
+        }
+        let client = s.client_id.clone();
+        let meta = SessionMeta {
+            expiry_interval: s.expiry_interval,
+            expires_at_ms: s.expires_at.map(|at| self.durable.unix_ms(at)),
+        };
+        let will = s.pending_will.as_ref().map(|w| {
+            let mut message = to_stored(&will_message(&w.will), &self.durable);
+            message.expires_at_ms = None;
+            StoredWill {
+                message,
+                due_at_ms: self.durable.unix_ms(w.at),
+                message_expiry_interval: w.will.properties.message_expiry_interval,
+            }
+        });
+        let errors = &mut self.metrics.store_errors;
+        self.durable.stage(errors, |l| l.put_session(&client, meta));
+        if let Some(w) = will {
+            self.durable.stage(errors, |l| l.set_will(&client, &w));
+        }
+    }
+
+    /// A will waiting for its delay was published.
+    pub(crate) fn dur_will_published(&mut self, sid: SessionId) {
+        if let Some(client) = self.persistent_client(sid) {
+            self.durable
+                .stage(&mut self.metrics.store_errors, |l| l.clear_will(&client));
+        }
+    }
+
+    /// A session ended (clean start, expiry, not persistent any more);
+    /// `stored`: the store has a record of it.
+    pub(crate) fn dur_session_ended(&mut self, client_id: &str, stored: bool) {
+        if stored && self.durable.on() {
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.drop_session(client_id)
+            });
+        }
+    }
+
+    /// A subscription of `sid` was added or replaced.
+    pub(crate) fn dur_subscribed(&mut self, sid: SessionId, filter: &str, record: SubRecord) {
+        if let Some(client) = self.persistent_client(sid) {
+            let options = sub_options(&record.options);
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.subscribe(&client, filter, options, record.id)
+            });
+        }
+    }
+
+    /// A subscription of `sid` was removed.
+    pub(crate) fn dur_unsubscribed(&mut self, sid: SessionId, filter: &str) {
+        if let Some(client) = self.persistent_client(sid) {
+            self.durable.stage(&mut self.metrics.store_errors, |l| {
+                l.unsubscribe(&client, filter)
+            });
+        }
+    }
+
+    /// Before `share`'s items leave `from` (hand-over): their stored entries
+    /// and inflight deliveries in `from` end; the receiving member stores
+    /// its own (in the same commit).
+    pub(crate) fn dur_release_shared(&mut self, from: SessionId, share: &str) {
+        if !self.durable.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(&from) else {
+            return;
+        };
+        let mut pids = Vec::new();
+        let mut entries = Vec::new();
+        for (pid, f) in &s.flight().inflight {
+            if f.state == InflightState::AwaitingAck
+                && f.item.share.as_deref() == Some(share)
+                && f.item.entry.is_some()
+            {
+                pids.push(*pid);
+            }
+        }
+        for q in s.queue_iter_mut() {
+            if q.share.as_deref() == Some(share) {
+                if let Some(e) = q.entry.take() {
+                    entries.push(e);
+                }
+            }
+        }
+        for f in s.flight.iter_mut().flat_map(|fl| fl.inflight.values_mut()) {
+            if f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share) {
+                f.item.entry = None;
+            }
+        }
+        let client = s.client_id.clone();
+        let errors = &mut self.metrics.store_errors;
+        for pid in pids {
+            self.durable.stage(errors, |l| l.complete(&client, pid));
+        }
+        for e in entries {
+            self.durable.stage(errors, |l| l.dequeue(&client, e));
+        }
+    }
+
+    // ----- recovery ---------------------------------------------------------
+
+    /// Rebuild retained messages and persistent sessions from what the
+    /// store held, then run every deadline that passed while the broker was
+    /// down (expired sessions go, overdue wills are published).
+    pub fn restore(&mut self, recovered: Recovered, now: Instant) {
+        let mut messages: HashMap<u64, Rc<Message>> = HashMap::default();
+        let mut damaged = 0u64;
+        for r in recovered.retained {
+            match self.restored_message(&mut messages, r.msg, &r.message) {
+                Some(m) => self.store.set(m),
+                None => damaged += 1,
+            }
+        }
+        for rs in recovered.sessions {
+            let Ok(client_id) = MqttStr::try_from(rs.client_id.as_str()) else {
+                damaged += 1;
+                continue;
+            };
+            if self.by_client.contains_key(&client_id) {
+                continue;
+            }
+            let sid = SessionId(self.next_session);
+            self.next_session += 1;
+            let protocol = if rs.meta.expiry_interval == u32::MAX {
+                Protocol::V311
+            } else {
+                Protocol::V5
+            };
+            let mut s = Session::new(client_id.clone(), protocol);
+            s.expiry_interval = rs.meta.expiry_interval;
+            s.stored = true;
+            for sub in &rs.subscriptions {
+                let Some(qos) = QoS::from_u8(sub.options.qos) else {
+                    damaged += 1;
+                    continue;
+                };
+                let options = SubscriptionOptions {
+                    qos,
+                    no_local: sub.options.no_local,
+                    retain_as_published: sub.options.retain_as_published,
+                    retain_handling: sub.options.retain_handling,
+                };
+                let entry = SubEntry {
+                    session: sid,
+                    options,
+                    id: sub.id,
+                };
+                self.router.subscribe(&sub.filter, entry);
+                s.flight_mut().subscriptions.insert(
+                    sub.filter.as_str().into(),
+                    SubRecord {
+                        options,
+                        id: sub.id,
+                    },
+                );
+            }
+            for e in &rs.queue {
+                let Some(item) = self.restored_item(&mut messages, e) else {
+                    damaged += 1;
+                    continue;
+                };
+                let _ = s.push(
+                    item,
+                    usize::MAX,
+                    usize::MAX,
+                    crate::config::QueueFull::DropNew,
+                );
+            }
+            for f in &rs.inflight {
+                let (item, state) = match (&f.entry, f.phase) {
+                    (Some(e), zerofan_store::InflightPhase::PublishSent) => {
+                        match self.restored_item(&mut messages, e) {
+                            Some(item) => (item, InflightState::AwaitingAck),
+                            None => {
+                                damaged += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    _ => (placeholder(), InflightState::AwaitingComp),
+                };
+                let fl = s.flight_mut();
+                let seq = fl.next_seq;
+                fl.next_seq += 1;
+                s.flight_mut()
+                    .inflight
+                    .insert(f.packet_id, Inflight { item, state, seq });
+            }
+            if !rs.incoming_qos2.is_empty() {
+                s.flight_mut()
+                    .incoming_qos2
+                    .extend(rs.incoming_qos2.iter().copied());
+            }
+            if let Some(w) = &rs.will {
+                match from_stored(&w.message, &self.durable) {
+                    Some(m) => {
+                        let mut properties = m.properties.into_inner();
+                        properties.message_expiry_interval = w.message_expiry_interval;
+                        let at = self.durable.instant(w.due_at_ms);
+                        s.pending_will = Some(Box::new(PendingWill {
+                            will: Will {
+                                topic: m.topic,
+                                payload: m.payload,
+                                qos: m.qos,
+                                retain: m.retain,
+                                properties: properties.into(),
+                            },
+                            at,
+                        }));
+                        self.timers.arm(at, Timer::Will(sid));
+                    }
+                    None => damaged += 1,
+                }
+            }
+            // No deadline stored: the session was connected when the broker
+            // stopped; its expiry counts from now.
+            let at = match rs.meta.expires_at_ms {
+                Some(ms) => Some(self.durable.instant(ms)),
+                None if s.expiry_interval != u32::MAX => {
+                    let at = super::message::later(now, s.expiry_interval);
+                    if let Some(at) = at {
+                        let meta = SessionMeta {
+                            expiry_interval: s.expiry_interval,
+                            expires_at_ms: Some(self.durable.unix_ms(at)),
+                        };
+                        let client = rs.client_id.as_str();
+                        self.durable.stage(&mut self.metrics.store_errors, |l| {
+                            l.put_session(client, meta)
+                        });
+                    }
+                    at
+                }
+                None => None,
+            };
+            if let Some(at) = at {
+                s.expires_at = Some(at);
+                self.timers.arm(at, Timer::SessionExpiry(sid));
+            }
+            self.sessions.insert(sid, Box::new(s));
+            self.by_client.insert(client_id, sid);
+        }
+        if damaged > 0 {
+            tracing::warn!(
+                damaged,
+                "store records that could not be restored were skipped"
+            );
+        }
+        self.metrics.store_restore_skipped += damaged;
+        self.handle_timeout(now);
+        self.end_event();
+    }
+
+    fn restored_message(
+        &mut self,
+        cache: &mut HashMap<u64, Rc<Message>>,
+        id: MsgId,
+        stored: &StoredMessage,
+    ) -> Option<Rc<Message>> {
+        if let Some(m) = cache.get(&id.0) {
+            return Some(m.clone());
+        }
+        let m = from_stored(stored, &self.durable)?;
+        m.stored().set(id);
+        let m = Rc::new(m);
+        cache.insert(id.0, m.clone());
+        Some(m)
+    }
+
+    fn restored_item(
+        &mut self,
+        cache: &mut HashMap<u64, Rc<Message>>,
+        e: &zerofan_store::RecoveredEntry,
+    ) -> Option<Queued> {
+        let msg = self.restored_message(cache, e.entry.msg, &e.message)?;
+        Some(Queued {
+            msg,
+            qos: QoS::from_u8(e.entry.qos)?,
+            retain: e.entry.retain,
+            sub_ids: e.entry.subscription_ids.clone(),
+            share: e.entry.share.as_deref().map(Arc::from),
+            entry: Some(e.id),
+            replay: false,
+        })
+    }
+}
+
+// SUBSCRIBE and UNSUBSCRIBE, with retained messages.
+impl Broker {
+    /// SUBSCRIBE from a client.
+    pub(crate) fn on_subscribe(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        sub: Subscribe,
+    ) {
+        if self.subscribe_waits(now, conn, sid, &sub) {
+            return;
+        }
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let bridge = self.conns.get(&conn).is_some_and(|c| c.bridge);
+        let sub_id = sub.properties.subscription_identifiers.first().copied();
+        let mut reasons = Vec::with_capacity(sub.filters.len());
+        let mut replay = Replay {
+            now,
+            sub_id,
+            filters: Vec::new(),
+        };
+        for (filter, options) in &sub.filters {
+            let mut options = *options;
+            let valid = zerofan_codec::topic::validate_topic_filter(filter).is_ok()
+                && filter.split('/').count() <= self.config.max_topic_levels + 2;
+            if !valid {
+                reasons.push(if v5 {
+                    ReasonCode::TOPIC_FILTER_INVALID
+                } else {
+                    ReasonCode::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            if let Some(code) = self.subscribe_refused(now, conn, sid, filter, v5) {
+                reasons.push(code);
+                continue;
+            }
+            let (held, is_new) = self.sessions.get(&sid).map_or((0, true), |s| {
+                let subs = &s.flight().subscriptions;
+                (subs.len(), !subs.contains_key(filter.as_str()))
+            });
+            let q = super::quota::subscription_refused(
+                &self.config,
+                held,
+                is_new,
+                v5,
+                &mut self.metrics.security,
+            );
+            if let Some(code) = q {
+                reasons.push(code);
+                continue;
+            }
+            let shared = zerofan_codec::topic::split_shared(filter);
+            if shared.is_some() && options.no_local {
+                // MQTT-3.8.3-4.
+                self.protocol_error(now, conn, "No Local on a shared subscription");
+                return;
+            }
+            if bridge && shared.is_none() {
+                // What mosquitto does for a bridge: none of its own messages
+                // back, and the retain flag as published.
+                options.no_local = true;
+                options.retain_as_published = true;
+            }
+            let record = SubRecord {
+                options,
+                id: sub_id,
+            };
+            let Some(s) = self.sessions.get_mut(&sid) else {
+                return;
+            };
+            let is_new = s
+                .flight_mut()
+                .subscriptions
+                .insert(filter.as_str().into(), record)
+                .is_none();
+            let entry = SubEntry {
+                session: sid,
+                options,
+                id: sub_id,
+            };
+            self.dur_subscribed(sid, filter, record);
+            self.router.subscribe(filter, entry);
+            match shared {
+                Some(_) => {}
+                None => {
+                    // Retained messages: always (0), only for a new
+                    // subscription (1), never (2) (MQTT-3.3.1-9..11). Not for
+                    // shared subscriptions (MQTT-3.8.4-? / 4.8.2).
+                    let wanted = match options.retain_handling {
+                        0 => true,
+                        1 => is_new,
+                        _ => false,
+                    };
+                    if wanted && self.config.retain_available {
+                        replay.filters.push((filter.as_str().into(), options));
+                    }
+                }
+            }
+            reasons.push(ReasonCode(options.qos as u8));
+            if self.events.on() {
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events
+                    .subscription(id, filter, Some(options.qos as u8), false);
+            }
+        }
+        let suback = Packet::SubAck(SubAck {
+            packet_id: sub.packet_id,
+            properties: Default::default(),
+            reasons,
+        });
+        let suback = Outgoing::from_packet(suback);
+        match self.announce() {
+            // A filter new to this shard: the SUBACK (and the retained
+            // messages after it) waits until every shard routes the filter
+            // here, so that a publish after it anywhere arrives.
+            Some(seq) => self
+                .peers
+                .defer(seq, conn, Deferred::SubAck(suback, sid, replay)),
+            None => self.subscribed(conn, sid, suback, replay),
+        }
+    }
+
+    /// Send a SUBACK, then the retained messages the subscription replays.
+    /// They are looked up now, not when the SUBSCRIBE arrived: a SUBACK
+    /// that waited for the other shards has by now applied every retained
+    /// message they routed before they knew of the subscription.
+    pub(crate) fn subscribed(
+        &mut self,
+        conn: ConnId,
+        sid: SessionId,
+        suback: Outgoing,
+        replay: Replay,
+    ) {
+        self.send_outgoing(conn, suback);
+        let mut found = Vec::new();
+        for (filter, options) in &replay.filters {
+            found.clear();
+            self.store.matching(filter, &mut found);
+            for msg in found.drain(..) {
+                if msg.is_expired(replay.now) || !self.may_deliver(sid, msg.topic.as_str()) {
+                    continue;
+                }
+                let item = Queued {
+                    qos: options.qos.min(msg.qos),
+                    msg,
+                    // A retained message sent because of a subscription
+                    // keeps RETAIN=1 (MQTT-3.3.1-8 / 3.3.1-9).
+                    retain: true,
+                    sub_ids: replay.sub_id.into_iter().collect(),
+                    share: None,
+                    entry: None,
+                    replay: true,
+                };
+                self.enqueue_replay(sid, item);
+            }
+        }
+    }
+
+    /// UNSUBSCRIBE from a client.
+    pub(crate) fn on_unsubscribe(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        sid: SessionId,
+        unsub: Unsubscribe,
+    ) {
+        let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
+        let mut reasons = Vec::with_capacity(unsub.filters.len());
+        for filter in &unsub.filters {
+            let existed = self
+                .sessions
+                .get_mut(&sid)
+                .and_then(|s| s.flight_any())
+                .is_some_and(|f| f.subscriptions.remove(filter.as_str()).is_some());
+            if existed {
+                if self.events.on() {
+                    let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                    self.events.subscription(id, filter, None, true);
+                }
+                self.dur_unsubscribed(sid, filter);
+                if filter.starts_with("$share/") {
+                    self.hand_over_shared(now, sid, filter, false);
+                }
+                self.trie_remove(filter, sid);
+            }
+            reasons.push(if existed {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::NO_SUBSCRIPTION_EXISTED
+            });
+        }
+        self.send(
+            conn,
+            Packet::UnsubAck(UnsubAck {
+                packet_id: unsub.packet_id,
+                properties: Default::default(),
+                reasons: if v5 { reasons } else { Vec::new() },
+            }),
+        );
+    }
+}
+
+// Time: keep alive, expiry and other deadlines, shutdown.
+impl Broker {
+    /// When [`Broker::handle_timeout`] next has work.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// Run every deadline that is due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(timer) = self.timers.pop_due(now) {
+            match timer {
+                Timer::ConnectTimeout(conn)
+                    if self.conns.get(&conn).is_some_and(|c| {
+                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
+                    }) =>
+                {
+                    self.metrics.connect_timeouts += 1;
+                    self.close(now, conn, None, false);
+                }
+                // Connected by now: the entry doubles as the first keep-alive
+                // check (see `on_connect`).
+                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    if c.session().is_none() {
+                        continue;
+                    }
+                    if self.held(conn) {
+                        // Not read because of a slow subscriber: its silence
+                        // is ours, so the time held counts as activity.
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            c.last_activity = now;
+                            if let Some(at) = c.keep_alive_deadline() {
+                                self.timers.arm(at, Timer::KeepAlive(conn));
+                            }
+                        }
+                        continue;
+                    }
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    match c.keep_alive_deadline() {
+                        Some(at) if at <= now => {
+                            self.metrics.keep_alive_timeouts += 1;
+                            tracing::debug!(%conn, "keep alive timeout");
+                            self.close(now, conn, Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
+                        }
+                        Some(at) => self.timers.arm(at, Timer::KeepAlive(conn)),
+                        None => {}
+                    }
+                }
+                Timer::Will(sid) => {
+                    let due = self
+                        .sessions
+                        .get(&sid)
+                        .and_then(|s| s.pending_will.as_ref())
+                        .is_some_and(|w| w.at <= now);
+                    if due {
+                        if let Some(w) = self
+                            .sessions
+                            .get_mut(&sid)
+                            .and_then(|s| s.pending_will.take())
+                        {
+                            self.publish_will(now, w.will);
+                            self.dur_will_published(sid);
+                        }
+                    }
+                }
+                Timer::SessionExpiry(sid) => {
+                    let expired = self.sessions.get(&sid).is_some_and(|s| {
+                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
+                    });
+                    if expired {
+                        if self.events.on() {
+                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            self.events.session_expired(id);
+                        }
+                        self.metrics.sessions_expired += 1;
+                        self.end_session(now, sid);
+                    }
+                }
+                Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
+                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
+                Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
+                    self.metrics.takeover_drain_timeouts += 1;
+                    tracing::debug!(%conn, "takeover completed without the old input drained");
+                    self.complete_takeover(now, conn);
+                }
+                Timer::Takeover(_) => {}
+                Timer::Sys => {
+                    self.publish_sys(now);
+                    self.timers.arm(
+                        now + Duration::from_secs(self.config.sys_interval),
+                        Timer::Sys,
+                    );
+                }
+            }
+        }
+        self.end_event();
+    }
+
+    /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
+    /// is closed after its outbox is flushed.
+    pub fn shutdown(&mut self, now: Instant) {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for conn in ids {
+            self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
+        }
+        self.end_event();
+    }
+}
+
+// Time: the $SYS tree.
+impl Broker {
+    /// Publish every `$SYS/` figure now.
+    pub(crate) fn publish_sys(&mut self, now: Instant) {
+        let uptime = now.saturating_duration_since(self.started).as_secs();
+        let mut connected = self
+            .conns
+            .values()
+            .filter(|c| c.session().is_some())
+            .count();
+        let mut sessions = self.sessions.len();
+        let totals;
+        let (m, st) = match &self.others {
+            // Several shards: this one reports for all of them.
+            Some(o) => {
+                let mut all = self.shard_figures();
+                all.add(o);
+                connected += o.gauges.sessions_online;
+                sessions += o.gauges.sessions_online + o.gauges.sessions_offline;
+                totals = all;
+                (&totals.metrics, &totals.shell)
+            }
+            None => (&self.metrics, &self.shell_stats),
+        };
+        let figures = sys_figures(m, st, uptime, connected, sessions, self.store.len());
+        for (name, value) in figures {
+            let Ok(topic) = MqttStr::try_from(format!("$SYS/broker/{name}")) else {
+                continue;
+            };
+            let msg = Message::owned(
+                topic,
+                Bytes::from(value),
+                QoS::AtMostOnce,
+                true,
+                Default::default(),
+                None,
+            );
+            self.route_sys(now, Rc::new(msg));
+        }
+    }
+
+    /// A retained message from the broker itself (a bridge's state or
+    /// figures), routed as a `$SYS/` figure is; a topic that is not a
+    /// valid topic name is ignored.
+    pub fn publish_own(&mut self, now: Instant, topic: &str, payload: Bytes) {
+        let Ok(topic) = MqttStr::try_from(topic) else {
+            return;
+        };
+        let msg = Message::owned(
+            topic,
+            payload,
+            QoS::AtMostOnce,
+            true,
+            Default::default(),
+            None,
+        );
+        self.route_sys(now, Rc::new(msg));
+    }
+
+    /// `$SYS/` messages already own their small bytes: store them as they
+    /// are (no compaction copy), then route a non-retained twin so the store
+    /// is not written twice.
+    fn route_sys(&mut self, now: Instant, msg: Rc<Message>) {
+        self.store.set(msg.clone());
+        let live = Message::owned(
+            msg.topic.clone(),
+            msg.payload.clone(),
+            msg.qos,
+            false,
+            Default::default(),
+            None,
+        );
+        self.route(now, Rc::new(live));
+    }
+}
+
+// Errors and closing: protocol errors, bad input, closing a connection.
+impl Broker {
+    // ----- shared helpers -------------------------------------------------
+
+    /// Warn about bad input through the log rate limit (a hostile client
+    /// must not flood the log), counting what was suppressed; every case at
+    /// debug.
+    fn log_bad_input(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        peer: SocketAddr,
+        what: &str,
+        reason: ReasonCode,
+    ) {
+        tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
+        if let Some(suppressed) = self.log_gate(now, what) {
+            tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
+        }
+    }
+
+    /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
+    pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
+        self.metrics.protocol_errors += 1;
+        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
+            self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
+        }
+        self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
+    }
+
+    /// Close with a reason code and a reason string for MQTT 5 clients that
+    /// asked for problem information.
+    pub(crate) fn close_with(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: ReasonCode,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, Some(reason), what, publish_will);
+    }
+
+    /// Start closing a connection: optional DISCONNECT (MQTT 5 only), the
+    /// session detached, the will published or scheduled if asked.
+    pub(crate) fn close(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        publish_will: bool,
+    ) {
+        self.close_inner(now, conn, reason, None, publish_will);
+    }
+
+    fn close_inner(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: Option<ReasonCode>,
+        what: Option<&'static str>,
+        publish_will: bool,
+    ) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
+        if prev == Phase::Closing {
+            return;
+        }
+        if let (Some(reason), Phase::Connected(_)) = (reason, prev) {
+            if c.protocol.is_v5() {
+                let mut properties = Properties::default();
+                if c.problem_info {
+                    // Always with a reason string: some clients (paho-mqtt)
+                    // read the reason code only when properties follow it.
+                    let text = what.unwrap_or_else(|| reason_text(reason));
+                    properties.reason_string = Some(MqttStr::from_static(text));
+                }
+                let mut packet = Packet::Disconnect(Disconnect {
+                    reason,
+                    properties: properties.into(),
+                });
+                let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
+                    .map_or(true, |len| len > c.max_packet_out as usize);
+                if too_big {
+                    // Never exceed the client's Maximum Packet Size: the
+                    // reason string is the part that may go (MQTT-3.14.2-3).
+                    packet = Packet::Disconnect(Disconnect {
+                        reason,
+                        properties: Default::default(),
+                    });
+                }
+                c.outbox.push_back(Outgoing::from_packet(packet));
+            }
+        }
+        let will = if publish_will {
+            c.will.take().map(|w| {
+                let delay = w.properties.will_delay_interval.unwrap_or(0);
+                (w, delay)
+            })
+        } else {
+            c.will = None;
+            None
+        };
+        self.wake(conn);
+        if let Phase::Connected(sid) = prev {
+            if self.events.on() {
+                let user = self
+                    .conns
+                    .get(&conn)
+                    .and_then(|c| c.sec.username.as_deref());
+                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                self.events.disconnected(id, user, reason.map(|r| r.0));
+            }
+            self.detach(now, sid, will);
+        }
+        if prev == Phase::AwaitingTakeover {
+            self.cancel_takeover(conn);
+        }
+        if !self.draining.is_empty() {
+            // Closed while a CONNECT waited for its input: that CONNECT now
+            // sees the session as this close left it.
+            if let Some(new) = self.draining.get(&conn).copied() {
+                self.complete_takeover(now, new);
+            }
+        }
+    }
+}
+
+// Peers: the other shards and nodes, through the routing seam.
+impl Broker {
     /// Make this core `me` among `all` the cores of one broker (its shards).
     /// Call before the first connection. From then on it tells the others
     /// what it subscribes to, forwards what they subscribe to, and keeps
@@ -352,572 +4163,452 @@ impl Broker {
             self.wake(conn);
         }
     }
+}
 
-    /// Route a message published at this core (by a client, a will,
-    /// `$SYS`): the retained store (here and at every peer), then every
-    /// matching session here and every peer with subscribers. Returns how
-    /// many sessions and peers got it.
-    pub(crate) fn route(&mut self, now: Instant, msg: Rc<Message>) -> usize {
-        // Over the retained quota: delivered, not kept (see `quota`).
-        if msg.retain
-            && self.config.retain_available
-            && !super::quota::retained_admitted(
-                &self.config,
-                &*self.store,
-                &msg,
-                &mut self.metrics.security,
-            )
-        {
-            self.retain_refused = true;
-            return self.deliver(now, msg, Scope::Everywhere);
+// Replicas: persistent sessions copied to other nodes (see `replica`).
+impl Broker {
+    /// Keep `copies` copies of every persistent session (this node's
+    /// included) on the peers (the nodes of a cluster): 1 keeps none
+    /// elsewhere. Needs a durable log.
+    pub fn set_replicas(&mut self, copies: usize) {
+        self.repl.set_copies(copies);
+    }
+
+    /// Bound the images this node keeps for other nodes.
+    pub fn set_replica_limits(&mut self, images: usize, bytes: usize) {
+        self.repl.images.set_limits(images, bytes);
+    }
+
+    /// Images of other nodes' sessions kept here, and their message bytes.
+    pub fn replica_images(&self) -> (usize, usize) {
+        (self.repl.images.len(), self.repl.images.bytes())
+    }
+
+    /// Send what this event staged for persistent sessions to the replica
+    /// set; this event's acknowledgements wait for their answers.
+    pub(crate) fn flush_replication(&mut self) {
+        if !self.repl.on() {
+            return;
         }
-        if msg.retain && self.config.retain_available {
-            if self.peers.any() {
-                let seq = self.peers.stamp();
-                self.ack_fence = Some(seq);
-                self.peers.send_all(|| PeerEvent::Retain {
-                    msg: msg.for_peer(),
-                    seq,
-                });
-            }
-            if !msg.payload.is_empty() {
-                self.dur_set_retained(&msg);
+        let ops = self.repl.take_ops();
+        if ops.is_empty() {
+            return;
+        }
+        let targets = self.repl.current().to_vec();
+        if targets.is_empty() {
+            return;
+        }
+        self.send_replicated(&targets, ops);
+        for (conn, out) in self.durable.take_pending() {
+            self.repl.hold_ack(conn, out);
+        }
+    }
+
+    fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) {
+        let seq = self.repl.stamp(targets);
+        let n = ops.len() as u64;
+        let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
+        let mut ops = Some(ops);
+        for (i, p) in targets.iter().enumerate() {
+            self.metrics.replicated_ops += n;
+            self.metrics.replicated_bytes += bytes as u64;
+            // The last replica gets the operations themselves.
+            let ops = if i + 1 == targets.len() {
+                ops.take()
             } else {
-                self.dur_clear_retained(msg.topic.as_str());
-            }
-            self.keep_retained(msg.clone());
-        }
-        let durable_fence = self.durable.on() && msg.qos != QoS::AtMostOnce;
-        let forwarded = self.metrics.peer_forwarded;
-        let count = self.deliver(now, msg, Scope::Everywhere);
-        if durable_fence && self.metrics.peer_forwarded != forwarded {
-            // Acknowledged once every peer that may hold it for a
-            // persistent session has it on disk (see `PeerEvent::Fence`).
-            let seq = self.peers.stamp();
-            self.ack_fence = Some(seq);
-            self.peers.send_all(|| PeerEvent::Fence { seq });
-        }
-        count
-    }
-
-    /// Set (or, with an empty payload, clear) a retained message.
-    fn keep_retained(&mut self, msg: Rc<Message>) {
-        if msg.payload.is_empty() {
-            self.store.clear(msg.topic.as_str());
-        } else {
-            let kept = self.keepable(&msg);
-            self.store.set(kept);
-        }
-    }
-
-    /// Queue `msg` for the sessions the router finds in `scope`, and send it
-    /// on to the peers it finds.
-    fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
-        let sessions = &self.sessions;
-        let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
-        // A peer's session ids are not ours: No Local is for local publishers.
-        let origin = msg.origin.filter(|_| msg.origin_peer.is_none());
-        let mut routed = self.router.route(
-            msg.topic.as_str(),
-            origin,
-            msg.qos,
-            msg.retain,
-            scope,
-            online,
-        );
-        let mut count = 0;
-        let mut compacted = None;
-        for hit in routed.hits.drain(..) {
-            if !self.may_deliver(hit.session, msg.topic.as_str()) {
-                continue;
-            }
-            count += 1;
-            let item = Queued {
-                msg: msg.clone(),
-                qos: hit.qos,
-                retain: hit.retain,
-                sub_ids: hit.sub_ids,
-                share: hit.share,
-                entry: None,
-                replay: false,
+                ops.clone()
             };
-            self.enqueue_with(now, hit.session, item, &mut compacted);
+            self.peers.send(
+                *p,
+                PeerEvent::Replicate {
+                    seq,
+                    ops: ops.unwrap_or_default(),
+                },
+            );
         }
-        for f in routed.forwards.drain(..) {
-            if self.peers.congested(f.peer) {
-                if msg.qos == QoS::AtMostOnce {
-                    self.metrics.dropped_qos0_peer_full += 1;
-                    continue;
+    }
+
+    /// A peer came, left, went away or is back: the replica set is the
+    /// first `copies - 1` reachable peers. A peer new to it gets full
+    /// images; one that leaves it (still a peer) is told to drop its
+    /// copies, which no longer follow the sessions. Returns the new ones.
+    pub(crate) fn replica_set_changed(&mut self) -> Vec<PeerId> {
+        if !self.repl.on() {
+            return Vec::new();
+        }
+        let peers = &self.peers;
+        let set = self
+            .repl
+            .targets(peers.ids().filter(|p| !peers.is_away(*p)));
+        let old = self.repl.set_current(set.clone());
+        let added: Vec<PeerId> = set.iter().copied().filter(|p| !old.contains(p)).collect();
+        for p in &added {
+            self.send_images(Some(*p), None);
+        }
+        let left: Vec<PeerId> = old
+            .into_iter()
+            .filter(|p| !set.contains(p) && self.peers.ids().any(|q| q == *p))
+            .collect();
+        if !left.is_empty() {
+            let drops: Vec<super::replica::ReplOp> = self
+                .sessions
+                .values()
+                .filter(|s| s.stored && s.expiry_interval > 0)
+                .map(|s| super::replica::ReplOp::Drop {
+                    client: s.client_id.as_str().into(),
+                })
+                .collect();
+            if !drops.is_empty() {
+                for p in left {
+                    self.send_replicated(&[p], drops.clone());
                 }
-                // Sent all the same (an acknowledged message is never
-                // dropped); its publisher waits until the peer drains.
-                self.hold_publisher(&msg);
             }
-            count += 1;
-            self.metrics.peer_forwarded += 1;
-            if self.peers.crossed(f.peer, msg.size() as u64) {
-                // Its window is full: read the publisher again once the
-                // peer confirms (see `peer::WINDOW`).
-                self.hold_publisher(&msg);
-            }
-            let event = PeerEvent::Publish {
-                msg: msg.for_peer(),
-                direct: f.direct,
-                shares: f.shares,
-            };
-            self.peers.send(f.peer, event);
         }
-        self.router.recycle(routed);
-        count
+        added
     }
 
-    /// The settings in force.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// Whether `Seen { seq }` for `from` must wait for the replicas.
+    pub(crate) fn replica_holds_seen(&mut self, from: PeerId, seq: u64) -> bool {
+        if !self.repl.on() {
+            return false;
+        }
+        let peers = &self.peers;
+        self.repl.wait_seen(from, seq, &|p| peers.is_away(p))
     }
 
-    /// A new network connection; it has `connect_timeout` to send CONNECT.
-    pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
-        let id = ConnId(self.next_conn);
-        self.next_conn += 1;
-        self.conns.insert(id, Box::new(Connection::new(peer, now)));
-        self.metrics.connections_opened += 1;
-        self.timers.arm(
-            now + Duration::from_secs(self.config.connect_timeout),
-            Timer::ConnectTimeout(id),
-        );
-        id
-    }
-
-    /// A decoded packet from a connection.
-    pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
-        self.dispatch_packet(now, conn, packet, None);
-        self.end_event();
-    }
-
-    /// [`Broker::handle_packet`] for a PUBLISH, with where it lies in its
-    /// read buffer ([`Wire::candidate`]): deliveries that are byte for byte
-    /// that packet are then written from there.
-    pub fn handle_publish(
+    /// `from`'s operations on its sessions: kept, then answered.
+    pub(crate) fn replica_ops(
         &mut self,
         now: Instant,
-        conn: ConnId,
-        packet: Packet,
-        wire: Option<Wire>,
+        from: PeerId,
+        seq: u64,
+        ops: Vec<super::replica::ReplOp>,
     ) {
-        self.dispatch_packet(now, conn, packet, wire);
-        self.end_event();
+        let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
+        let now_ms = self.durable.unix_ms(now);
+        self.repl.images.apply(from, ops, now_ms);
+        self.metrics.replica_ops_applied += self.repl.images.applied - applied;
+        self.metrics.replica_ops_refused += self.repl.images.refused - refused;
+        self.peers.send(from, PeerEvent::ReplicaAck { seq });
     }
 
-    fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet, wire: Option<Wire>) {
-        let Some(c) = self.conns.get_mut(&conn) else {
+    /// `peer` answered (`Some(seq)`), left (`None`), or is away or back:
+    /// what waited may go.
+    pub(crate) fn replica_answered(&mut self, peer: PeerId, seq: Option<u64>) {
+        let peers = &self.peers;
+        let away = |p| peers.is_away(p);
+        let (ready, without) = match seq {
+            Some(s) => self.repl.answered(peer, s, false, &away),
+            None if !peers.ids().any(|p| p == peer) => self.repl.answered(peer, 0, true, &away),
+            None => self.repl.ready(&away),
+        };
+        self.metrics.replica_waits_skipped += without;
+        if ready.is_empty() {
             return;
-        };
-        c.last_activity = now;
-        let phase = c.phase;
-        let sid = match phase {
-            Phase::Closing => return,
-            Phase::AwaitingTakeover => {
-                // The shell holds this input until the takeover is over; a
-                // packet handed over anyway completes it first, so that the
-                // connection's own packets keep their order.
-                self.complete_takeover(now, conn);
-                match self.conns.get(&conn).map(|c| c.phase) {
-                    Some(Phase::Connected(sid)) => sid,
-                    _ => return,
-                }
-            }
-            Phase::AwaitingAuth => {
-                // Held by the shell until the answer: a packet handed over
-                // anyway cannot be ordered after a login not yet decided.
-                self.metrics.protocol_errors += 1;
-                self.close(now, conn, None, false);
-                return;
-            }
-            Phase::AwaitingConnect => {
-                match packet {
-                    Packet::Connect(connect) => self.on_connect(now, conn, *connect),
-                    Packet::Auth(a) if self.scram_waiting(conn) => self.on_scram_auth(now, conn, a),
-                    _ => {
-                        // The first packet must be CONNECT (MQTT-3.1.0-1).
-                        self.metrics.protocol_errors += 1;
-                        self.close(now, conn, None, false);
-                    }
-                }
-                return;
-            }
-            Phase::Connected(_) if self.acl_holds(conn) => {
-                // Held by the shell while a packet waits for ACL answers.
-                self.metrics.protocol_errors += 1;
-                self.close(now, conn, None, false);
-                return;
-            }
-            Phase::Connected(sid) => sid,
-        };
-        match packet {
-            Packet::Publish(p) => self.on_publish(now, conn, sid, p, wire),
-            Packet::PubAck(a) => self.on_puback(conn, sid, a),
-            Packet::PubRec(a) => self.on_pubrec(conn, sid, a),
-            Packet::PubRel(a) => self.on_pubrel(conn, sid, a),
-            Packet::PubComp(a) => self.on_pubcomp(conn, sid, a),
-            Packet::Subscribe(s) => self.on_subscribe(now, conn, sid, s),
-            Packet::Unsubscribe(u) => self.on_unsubscribe(now, conn, sid, u),
-            Packet::PingReq => self.send(conn, Packet::PingResp),
-            Packet::Disconnect(d) => self.on_disconnect(now, conn, sid, d),
-            Packet::Connect(_) => self.protocol_error(now, conn, "second CONNECT"),
-            Packet::Auth(a) => self.on_auth_connected(now, conn, a),
-            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
-                self.protocol_error(now, conn, "server-to-client packet sent by a client")
+        }
+        for w in ready {
+            match w {
+                // The store first, as any acknowledgement.
+                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
+                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
             }
         }
+        // Their commit may be durable already: the store will not say so
+        // again.
+        self.end_event();
+        self.release_durable();
     }
 
-    /// A frame that could not be framed or decoded: close that connection
-    /// with the reason the codec chose (MQTT 5) or silently (3.x).
-    pub fn handle_decode_error(&mut self, now: Instant, conn: ConnId, err: DecodeError) {
-        let Some(c) = self.conns.get_mut(&conn) else {
+    /// The full images of the persistent sessions here (of `only`, when
+    /// given), for `to` (every replica when `None`).
+    pub(crate) fn send_images(&mut self, to: Option<PeerId>, only: Option<SessionId>) {
+        if !self.repl.on() || !self.durable.on() {
             return;
-        };
-        if err.reason == ReasonCode::PROTOCOL_ERROR {
-            self.metrics.protocol_errors += 1;
-        } else {
-            self.metrics.malformed_packets += 1;
         }
-        let peer = c.peer;
-        self.log_bad_input(now, conn, peer, err.what, err.reason);
-        let Some(c) = self.conns.get_mut(&conn) else {
+        let targets: Vec<PeerId> = self
+            .repl
+            .current()
+            .iter()
+            .copied()
+            .filter(|p| to.is_none_or(|t| t == *p))
+            .collect();
+        if targets.is_empty() {
             return;
+        }
+        // What was staged before belongs before the image.
+        self.flush_replication();
+        // Only sessions claimed here since start: one restored from this
+        // node's store may have moved to another node meanwhile, and its
+        // image would replace the new owner's.
+        let sids: Vec<SessionId> = match only {
+            Some(sid) => vec![sid],
+            None => self
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.repl.is_claimed(s.client_id.as_str()))
+                .map(|(sid, _)| *sid)
+                .collect(),
         };
-        match c.phase {
-            Phase::Closing => {}
-            Phase::AwaitingTakeover | Phase::AwaitingAuth => self.close(now, conn, None, false),
-            Phase::AwaitingConnect => {
-                if err.reason == ReasonCode::UNSUPPORTED_PROTOCOL_VERSION {
-                    // Answered in 3.1.1 form (return code 1), which every
-                    // client version can read (MQTT-3.1.2-2).
-                    c.protocol = Protocol::V311;
-                    let ack = zerofan_codec::ConnAck {
-                        session_present: false,
-                        reason: ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
-                        properties: Default::default(),
-                    };
-                    self.send(conn, Packet::ConnAck(ack));
-                }
-                self.close(now, conn, None, false);
-            }
-            Phase::Connected(_) => {
-                let reason = disconnect_reason(err.reason);
-                self.close_with(now, conn, reason, Some(err.what), true);
-            }
+        let mut ops = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for sid in sids {
+            self.image_ops(sid, &mut ops, &mut named);
         }
-        self.end_event();
-    }
-
-    /// The network connection is gone (EOF, error, or the shell closed it
-    /// after a `Transmit::Close`). Publishes the will when the close was not
-    /// a normal DISCONNECT. Must be called exactly once per connection.
-    pub fn connection_lost(&mut self, now: Instant, conn: ConnId) {
-        self.close(now, conn, None, true);
-        self.auth_connection_closed(conn);
-        self.peers.forget(conn);
-        self.claims.forget(conn);
-        self.repl.forget(conn);
-        self.conns.remove(&conn);
-        self.end_event();
-    }
-
-    /// In a cluster: every CONNECT with a client id waits, once logged in,
-    /// until the shell claimed the id for this node (see
-    /// [`Broker::take_claims`]).
-    pub fn set_claims(&mut self, on: bool) {
-        self.claims.enable(on);
-    }
-
-    /// Client ids to claim through the cluster; answer each with
-    /// [`Broker::claim_answered`].
-    pub fn take_claims(&mut self, out: &mut Vec<super::ClaimRequest>) {
-        self.claims.take_requests(out);
-    }
-
-    /// Whether [`Broker::take_claims`] has something.
-    pub fn has_claims(&self) -> bool {
-        self.claims.has_requests()
-    }
-
-    /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
-    /// when the cluster could not agree (no majority reachable), is refused
-    /// with 0x88 Server unavailable (3.1.1: return code 3).
-    pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
-        let Some(connect) = self.claims.answered(conn, granted) else {
-            return;
-        };
-        match self.conns.get_mut(&conn) {
-            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
-            _ => return,
+        if !ops.is_empty() {
+            self.send_replicated(&targets, ops);
         }
-        if granted {
-            // An image kept here becomes the session; the replicas get it.
-            self.install_replica(now, &connect);
-            let client = connect.client_id.clone();
-            self.handle_connect(now, conn, *connect, true);
-            self.claimed(&client);
-        } else {
-            self.metrics.claims_refused += 1;
-            self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
-        }
-        self.wake(conn);
-        self.end_event();
     }
 
-    /// Another node took `client_id` over (a newer claim): its connection
-    /// here gets DISCONNECT 0x8E and its session here ends.
-    pub fn client_taken(&mut self, now: Instant, client_id: &str) {
-        let Ok(id) = MqttStr::try_from(client_id) else {
-            return;
-        };
-        let Some(&sid) = self.by_client.get(&id) else {
-            return;
-        };
-        self.metrics.fenced_takeovers += 1;
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
-            self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
-        }
-        self.end_session(now, sid);
-        self.end_event();
-    }
-
-    /// A connection that has not sent its CONNECT yet leaves this core for
-    /// the shard that owns its client id (which opens it anew): forget it
-    /// without counting it as opened or closed here. Returns its peer
-    /// address; `None` (nothing done) once it has a session.
-    pub fn connection_moved(&mut self, conn: ConnId) -> Option<SocketAddr> {
-        let c = self.conns.get(&conn)?;
-        if c.phase != Phase::AwaitingConnect {
-            return None;
-        }
-        let peer = c.peer;
-        self.auth_connection_closed(conn);
-        self.conns.remove(&conn);
-        self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
-        Some(peer)
-    }
-
-    /// When [`Broker::handle_timeout`] next has work.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next()
-    }
-
-    /// Run every deadline that is due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(timer) = self.timers.pop_due(now) {
-            match timer {
-                Timer::ConnectTimeout(conn)
-                    if self.conns.get(&conn).is_some_and(|c| {
-                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
-                    }) =>
-                {
-                    self.metrics.connect_timeouts += 1;
-                    self.close(now, conn, None, false);
-                }
-                // Connected by now: the entry doubles as the first keep-alive
-                // check (see `on_connect`).
-                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
-                    let Some(c) = self.conns.get(&conn) else {
-                        continue;
-                    };
-                    if c.session().is_none() {
-                        continue;
-                    }
-                    if self.held(conn) {
-                        // Not read because of a slow subscriber: its silence
-                        // is ours, so the time held counts as activity.
-                        if let Some(c) = self.conns.get_mut(&conn) {
-                            c.last_activity = now;
-                            if let Some(at) = c.keep_alive_deadline() {
-                                self.timers.arm(at, Timer::KeepAlive(conn));
-                            }
-                        }
-                        continue;
-                    }
-                    let Some(c) = self.conns.get(&conn) else {
-                        continue;
-                    };
-                    match c.keep_alive_deadline() {
-                        Some(at) if at <= now => {
-                            self.metrics.keep_alive_timeouts += 1;
-                            tracing::debug!(%conn, "keep alive timeout");
-                            self.close(now, conn, Some(ReasonCode::KEEP_ALIVE_TIMEOUT), true);
-                        }
-                        Some(at) => self.timers.arm(at, Timer::KeepAlive(conn)),
-                        None => {}
-                    }
-                }
-                Timer::Will(sid) => {
-                    let due = self
-                        .sessions
-                        .get(&sid)
-                        .and_then(|s| s.pending_will.as_ref())
-                        .is_some_and(|w| w.at <= now);
-                    if due {
-                        if let Some(w) = self
-                            .sessions
-                            .get_mut(&sid)
-                            .and_then(|s| s.pending_will.take())
-                        {
-                            self.publish_will(now, w.will);
-                            self.dur_will_published(sid);
-                        }
-                    }
-                }
-                Timer::SessionExpiry(sid) => {
-                    let expired = self.sessions.get(&sid).is_some_and(|s| {
-                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
-                    });
-                    if expired {
-                        if self.events.on() {
-                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
-                            self.events.session_expired(id);
-                        }
-                        self.metrics.sessions_expired += 1;
-                        self.end_session(now, sid);
-                    }
-                }
-                Timer::SlowConsumer(sid) => self.on_slow_timer(now, sid),
-                Timer::TokenExpiry(conn) => self.on_token_expiry(now, conn),
-                Timer::Takeover(conn) if self.takeovers.contains_key(&conn) => {
-                    self.metrics.takeover_drain_timeouts += 1;
-                    tracing::debug!(%conn, "takeover completed without the old input drained");
-                    self.complete_takeover(now, conn);
-                }
-                Timer::Takeover(_) => {}
-                Timer::Sys => {
-                    self.publish_sys(now);
-                    self.timers.arm(
-                        now + Duration::from_secs(self.config.sys_interval),
-                        Timer::Sys,
-                    );
-                }
-            }
-        }
-        self.end_event();
-    }
-
-    /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
-    /// is closed after its outbox is flushed.
-    pub fn shutdown(&mut self, now: Instant) {
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
-        for conn in ids {
-            self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
-        }
-        self.end_event();
-    }
-
-    /// Move up to `max` items for `conn`'s writer into `out`: control
-    /// packets first, then queued messages as far as the client's window
-    /// allows. Call again after writing them; an empty batch with
-    /// [`Transmit::Open`] means nothing to do until the next wake-up.
-    pub fn poll_transmit(
+    /// The operations that rebuild `sid` from nothing at a replica.
+    fn image_ops(
         &mut self,
-        now: Instant,
-        conn: ConnId,
-        out: &mut Vec<Outgoing>,
-        max: usize,
-    ) -> Transmit {
-        let status = self.fill_batch(now, conn, out, max);
-        self.end_event();
-        status
-    }
-
-    /// Connections whose writer has something new (or must close), since
-    /// the last call. Each appears once.
-    pub fn take_wakeups(&mut self, out: &mut Vec<ConnId>) {
-        out.append(&mut self.wakeups);
-    }
-
-    /// The protocol to decode this connection's packets with.
-    pub fn protocol(&self, conn: ConnId) -> Protocol {
-        self.conns.get(&conn).map_or(Protocol::V311, |c| c.protocol)
-    }
-
-    /// The largest packet to accept from this connection.
-    pub fn max_packet_size(&self, conn: ConnId) -> u32 {
-        let _ = conn; // one limit for all today; per-listener limits later
-        self.config.max_packet_size
-    }
-
-    /// Whether the shell may read this connection's input (one lookup, on
-    /// the path of every packet).
-    pub fn input_state(&self, conn: ConnId) -> InputState {
-        match self.conns.get(&conn).map(|c| c.phase) {
-            None | Some(Phase::Closing) => InputState::Closed,
-            Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
-            Some(Phase::Connected(_)) if self.acl_holds(conn) => InputState::Held,
-            Some(_) => InputState::Open,
+        sid: SessionId,
+        ops: &mut Vec<super::replica::ReplOp>,
+        named: &mut std::collections::HashSet<MsgId>,
+    ) {
+        let d = &self.durable;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if !s.stored || s.expiry_interval == 0 {
+            return;
+        }
+        let client: Box<str> = s.client_id.as_str().into();
+        ops.push(super::replica::ReplOp::Reset {
+            client: client.clone(),
+            meta: SessionMeta {
+                expiry_interval: s.expiry_interval,
+                expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+            },
+        });
+        for (filter, rec) in s.flight().subscriptions.iter() {
+            ops.push(super::replica::ReplOp::Subscribe {
+                client: client.clone(),
+                filter: filter.clone(),
+                options: sub_options(&rec.options),
+                id: rec.id,
+            });
+        }
+        let mut entry_ops =
+            |q: &super::session::Queued, ops: &mut Vec<super::replica::ReplOp>| -> bool {
+                let (Some(entry), Some(msg)) = (q.entry, q.msg.stored().get()) else {
+                    return false;
+                };
+                if named.insert(msg) {
+                    ops.push(super::replica::ReplOp::Message {
+                        id: msg,
+                        msg: std::sync::Arc::new(to_stored(&q.msg, d)),
+                    });
+                }
+                ops.push(super::replica::ReplOp::Enqueue {
+                    client: client.clone(),
+                    entry,
+                    item: QueueEntry {
+                        msg,
+                        qos: q.qos as u8,
+                        retain: q.retain,
+                        subscription_ids: q.sub_ids.clone(),
+                        share: q.share.as_deref().map(str::to_owned),
+                    },
+                });
+                true
+            };
+        let mut inflight: Vec<_> = s.flight().inflight.iter().collect();
+        inflight.sort_by_key(|(_, f)| f.seq);
+        for (pid, f) in inflight {
+            match f.state {
+                InflightState::AwaitingAck => {
+                    if entry_ops(&f.item, ops) {
+                        if let Some(entry) = f.item.entry {
+                            ops.push(super::replica::ReplOp::Send {
+                                client: client.clone(),
+                                entry,
+                                pid: *pid,
+                            });
+                        }
+                    }
+                }
+                _ => ops.push(super::replica::ReplOp::PubRec {
+                    client: client.clone(),
+                    pid: *pid,
+                }),
+            }
+        }
+        let queued: Vec<super::session::Queued> = s
+            .queue_iter_mut()
+            .filter(|q| q.entry.is_some())
+            .map(|q| q.clone())
+            .collect();
+        for q in &queued {
+            entry_ops(q, ops);
+        }
+        for pid in &s.flight().incoming_qos2 {
+            ops.push(super::replica::ReplOp::Qos2Received {
+                client: client.clone(),
+                pid: *pid,
+            });
+        }
+        if let Some(w) = &s.pending_will {
+            let will = &w.will;
+            let mut message = to_stored(
+                &super::message::Message::owned(
+                    will.topic.clone(),
+                    will.payload.clone(),
+                    will.qos,
+                    will.retain,
+                    will.properties.clone(),
+                    None,
+                ),
+                d,
+            );
+            message.expires_at_ms = None;
+            ops.push(super::replica::ReplOp::SetWill {
+                client: client.clone(),
+                will: Box::new(StoredWill {
+                    message,
+                    due_at_ms: d.unix_ms(w.at),
+                    message_expiry_interval: will.properties.message_expiry_interval,
+                }),
+            });
         }
     }
 
-    /// The connection's CONNECT waits for a takeover: the shell keeps what
-    /// it read and reads no more (cheap when no takeover is pending).
-    pub fn holds_input(&self, conn: ConnId) -> bool {
-        (!self.takeovers.is_empty() || self.auth_waiting() > 0)
-            && (self.acl_holds(conn)
-                || self.conns.get(&conn).is_some_and(|c| {
-                    matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth)
-                }))
-    }
-
-    /// A new connection with this connection's client id waits: the shell
-    /// reads everything its socket holds now, feeds it, and then calls
-    /// [`Broker::input_drained`] (or `connection_lost` at EOF).
-    pub fn drain_requested(&self, conn: ConnId) -> bool {
-        !self.draining.is_empty() && self.draining.contains_key(&conn)
-    }
-
-    /// The connection's socket has nothing more to read now: the takeover
-    /// waiting for it completes (the connection, if still open, is closed as
-    /// taken over, and the new CONNECT handled after what it had sent).
-    pub fn input_drained(&mut self, now: Instant, conn: ConnId) {
-        if let Some(new) = self.draining.get(&conn).copied() {
-            self.complete_takeover(now, new);
+    /// This node was granted `connect`'s client id: an image of its
+    /// session kept here becomes the live session (unless the client
+    /// starts clean, or a session is here already), written to this
+    /// node's store.
+    pub(crate) fn install_replica(&mut self, now: Instant, connect: &zerofan_codec::Connect) {
+        let client = connect.client_id.as_str();
+        if !self.repl.images.has(client) {
+            return;
         }
-        self.end_event();
+        if connect.clean_start || self.by_client.contains_key(&connect.client_id) {
+            self.repl.images.forget(client);
+            return;
+        }
+        let Some(rs) = self.repl.images.take(client) else {
+            return;
+        };
+        let will = rs.will.clone();
+        self.restore(
+            Recovered {
+                sessions: vec![rs],
+                ..Default::default()
+            },
+            now,
+        );
+        let Some(&sid) = self.by_client.get(&connect.client_id) else {
+            return;
+        };
+        self.metrics.replica_installs += 1;
+        self.restage(sid, will);
     }
 
-    /// True once the broker has decided to close the connection (or it is unknown).
-    pub fn is_closing(&self, conn: ConnId) -> bool {
-        !matches!(self.conns.get(&conn), Some(c) if c.phase != Phase::Closing)
+    /// Write an installed session to this node's store: its ids were the
+    /// old owner's.
+    fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
+        let d = &self.durable;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let client = s.client_id.clone();
+        s.stored = true;
+        let meta = SessionMeta {
+            expiry_interval: s.expiry_interval,
+            expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+        };
+        let mut items = Vec::new();
+        while let Some(q) = s.pop() {
+            items.push(q);
+        }
+        let subs: Vec<(Box<str>, SubRecord)> = s
+            .flight()
+            .subscriptions
+            .iter()
+            .map(|(f, r)| (f.clone(), *r))
+            .collect();
+        let mut inflight: Vec<_> = s
+            .flight_any()
+            .map(|f| f.inflight.drain().collect())
+            .unwrap_or_default();
+        inflight.sort_by_key(|(_, f): &(u16, super::session::Inflight)| f.seq);
+        let qos2: Vec<u16> = s.flight().incoming_qos2.iter().copied().collect();
+        for q in &items {
+            q.msg.stored().clear();
+        }
+        for (_, f) in &inflight {
+            f.item.msg.stored().clear();
+        }
+        let errors = &mut self.metrics.store_errors;
+        self.durable.stage(errors, |l| l.put_session(&client, meta));
+        for (filter, rec) in subs {
+            self.dur_subscribed(sid, &filter, rec);
+        }
+        for (pid, mut f) in inflight {
+            f.item.entry = None;
+            self.dur_enqueue(sid, &mut f.item);
+            if let Some(e) = f.item.entry {
+                let errors = &mut self.metrics.store_errors;
+                self.durable.stage(errors, |l| l.send(&client, e, pid));
+                if f.state != InflightState::AwaitingAck {
+                    self.durable.stage(errors, |l| l.pubrec(&client, pid));
+                }
+            }
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.flight_mut().inflight.insert(pid, f);
+            }
+        }
+        for mut q in items {
+            q.entry = None;
+            self.dur_enqueue(sid, &mut q);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                let _ = s.push(q, usize::MAX, usize::MAX, QueueFull::DropNew);
+            }
+        }
+        let errors = &mut self.metrics.store_errors;
+        for pid in qos2 {
+            self.durable
+                .stage(errors, |l| l.qos2_received(&client, pid));
+        }
+        if let Some(w) = will {
+            self.durable.stage(errors, |l| l.set_will(&client, &w));
+        }
     }
 
-    /// True until the connection's CONNECT is accepted: the shell refuses a
-    /// first packet of any other type at its first byte (MQTT-3.1.0-1)
-    /// instead of waiting for the rest of it.
-    pub fn awaits_connect(&self, conn: ConnId) -> bool {
-        self.conns
-            .get(&conn)
-            .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+    /// After a granted claim: the replicas get the session's full image
+    /// from its new owner (a fresh one too: what they kept of another
+    /// owner's is stale).
+    pub(crate) fn claimed(&mut self, client: &zerofan_codec::MqttStr) {
+        if let Some(&sid) = self.by_client.get(client) {
+            if self
+                .sessions
+                .get(&sid)
+                .is_some_and(|s| s.stored && s.expiry_interval > 0)
+            {
+                self.repl.claim(client.as_str());
+            }
+            self.send_images(None, Some(sid));
+        }
     }
+}
 
-    /// Whether the shell should not read this connection now: a subscriber
-    /// it publishes to is behind, or a shard it publishes to is full
-    /// (push-back). A wake-up comes when that ends.
-    pub fn held(&self, conn: ConnId) -> bool {
-        self.peers.holds(conn)
-            || self
-                .conns
-                .get(&conn)
-                .and_then(|c| c.held_by)
-                .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
-    }
-
-    /// Control packets waiting for the writer; the shell stops reading from
-    /// a client that does not read its answers.
-    pub fn outbox_len(&self, conn: ConnId) -> usize {
-        self.conns.get(&conn).map_or(0, |c| c.outbox.len())
-    }
-
+// Observability: counters, gauges, events, admin views and actions.
+impl Broker {
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The counters the shell bumps itself (handshake failures, setup
+    /// timeouts: connections the core never sees).
+    pub(crate) fn metrics_mut(&mut self) -> &mut Metrics {
+        &mut self.metrics
+    }
+
+    /// No CONNECT waits for a takeover, and no connection is drained for one.
+    #[cfg(test)]
+    pub(crate) fn takeovers_idle(&self) -> bool {
+        self.takeovers.is_empty() && self.draining.is_empty()
     }
 
     /// Hand over figures only the shell knows, for `$SYS/`.
@@ -1029,155 +4720,143 @@ impl Broker {
         self.dur_clear_retained(topic);
         self.end_event();
     }
+}
 
-    // ----- shared helpers -------------------------------------------------
+// Observability: figures, shard totals, reloads.
+impl Broker {
+    /// Gauges at this instant: walks every session (cheap at scrape rates;
+    /// never called on the publish path).
+    pub fn gauges(&self) -> Gauges {
+        let mut g = self.shard_gauges();
+        if let Some(o) = &self.others {
+            g.add(&o.gauges);
+        }
+        g
+    }
 
-    /// Warn about bad input through the log rate limit (a hostile client
-    /// must not flood the log), counting what was suppressed; every case at
-    /// debug.
-    fn log_bad_input(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        peer: SocketAddr,
-        what: &str,
-        reason: ReasonCode,
-    ) {
-        tracing::debug!(%conn, %peer, what, reason = reason.0, "bad input");
-        if let Some(suppressed) = self.log_gate(now, what) {
-            tracing::warn!(%conn, %peer, what, reason = reason.0, suppressed, "closing connection after bad input");
+    /// This core's figures, without the other shards'.
+    pub fn shard_figures(&self) -> ShardFigures {
+        ShardFigures {
+            metrics: self.metrics.clone(),
+            gauges: self.shard_gauges(),
+            shell: self.shell_stats.clone(),
+            listeners: Vec::new(),
         }
     }
 
-    /// Queue a control packet for a connection.
-    pub(crate) fn send(&mut self, conn: ConnId, packet: Packet) {
-        self.send_outgoing(conn, Outgoing::from_packet(packet));
+    /// The other shards' latest figures, added to this core's in what it
+    /// reports (`$SYS`, [`Broker::gauges`], [`Broker::total_metrics`]).
+    pub fn set_other_shards(&mut self, others: Option<ShardFigures>) {
+        self.others = others.map(Box::new);
     }
 
-    /// Queue an item for the writer of `conn`.
-    pub(crate) fn send_outgoing(&mut self, conn: ConnId, out: Outgoing) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.outbox.push_back(out);
-            self.wake(conn);
+    /// The other shards' figures, as last set.
+    pub fn other_shards(&self) -> Option<&ShardFigures> {
+        self.others.as_deref()
+    }
+
+    /// The counters of every shard together.
+    pub fn total_metrics(&self) -> super::metrics::Metrics {
+        let mut m = self.metrics.clone();
+        if let Some(o) = &self.others {
+            super::metrics::Counted::add(&mut m, &o.metrics);
         }
+        m
     }
 
-    /// Tell the shell this connection's writer has work.
-    pub(crate) fn wake(&mut self, conn: ConnId) {
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if !c.woken {
-                c.woken = true;
-                self.wakeups.push(conn);
-            }
-        }
-    }
-
-    /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
-    pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
-        self.metrics.protocol_errors += 1;
-        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
-            self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
-        }
-        self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
-    }
-
-    /// Close with a reason code and a reason string for MQTT 5 clients that
-    /// asked for problem information.
-    pub(crate) fn close_with(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: ReasonCode,
-        what: Option<&'static str>,
-        publish_will: bool,
-    ) {
-        self.close_inner(now, conn, Some(reason), what, publish_will);
-    }
-
-    /// Start closing a connection: optional DISCONNECT (MQTT 5 only), the
-    /// session detached, the will published or scheduled if asked.
-    pub(crate) fn close(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: Option<ReasonCode>,
-        publish_will: bool,
-    ) {
-        self.close_inner(now, conn, reason, None, publish_will);
-    }
-
-    fn close_inner(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        reason: Option<ReasonCode>,
-        what: Option<&'static str>,
-        publish_will: bool,
-    ) {
-        let Some(c) = self.conns.get_mut(&conn) else {
-            return;
+    /// This core's gauges, without the other shards'.
+    pub fn shard_gauges(&self) -> Gauges {
+        let mut g = Gauges {
+            connections: self.conns.len(),
+            retained: self.store.len(),
+            log_suppressed: self.log_limit.suppressed_total(),
+            ..Gauges::default()
         };
-        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
-        if prev == Phase::Closing {
-            return;
-        }
-        if let (Some(reason), Phase::Connected(_)) = (reason, prev) {
-            if c.protocol.is_v5() {
-                let mut properties = Properties::default();
-                if c.problem_info {
-                    // Always with a reason string: some clients (paho-mqtt)
-                    // read the reason code only when properties follow it.
-                    let text = what.unwrap_or_else(|| reason_text(reason));
-                    properties.reason_string = Some(MqttStr::from_static(text));
-                }
-                let mut packet = Packet::Disconnect(Disconnect {
-                    reason,
-                    properties: properties.into(),
-                });
-                let too_big = zerofan_codec::encoded_len(&packet, Protocol::V5)
-                    .map_or(true, |len| len > c.max_packet_out as usize);
-                if too_big {
-                    // Never exceed the client's Maximum Packet Size: the
-                    // reason string is the part that may go (MQTT-3.14.2-3).
-                    packet = Packet::Disconnect(Disconnect {
-                        reason,
-                        properties: Default::default(),
-                    });
-                }
-                c.outbox.push_back(Outgoing::from_packet(packet));
+        for s in self.sessions.values() {
+            if s.conn.is_some() {
+                g.sessions_online += 1;
+                g.queued_bytes_online += s.online_cost();
+            } else {
+                g.sessions_offline += 1;
             }
+            g.queued_messages += s.queue_len();
+            g.queued_messages_max = g.queued_messages_max.max(s.queue_len());
+            g.queued_bytes += s.queued_bytes();
+            g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes());
+            g.inflight += s.flight().inflight.len();
+            g.inflight_max = g.inflight_max.max(s.flight().inflight.len());
+            g.subscriptions += s.flight().subscriptions.len();
         }
-        let will = if publish_will {
-            c.will.take().map(|w| {
-                let delay = w.properties.will_delay_interval.unwrap_or(0);
-                (w, delay)
-            })
-        } else {
-            c.will = None;
-            None
+        g
+    }
+
+    /// The store's figures for `/metrics` and `/readyz`.
+    pub fn store_figures(&self) -> StoreFigures {
+        let mut f = StoreFigures {
+            open: true,
+            ..StoreFigures::default()
         };
-        self.wake(conn);
-        if let Phase::Connected(sid) = prev {
-            if self.events.on() {
-                let user = self
-                    .conns
-                    .get(&conn)
-                    .and_then(|c| c.sec.username.as_deref());
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
-                self.events.disconnected(id, user, reason.map(|r| r.0));
-            }
-            self.detach(now, sid, will);
+        if let Some(s) = self.store_stats() {
+            f.durable = true;
+            f.size_bytes = s.log_bytes;
+            f.live_bytes = s.live_bytes;
+            f.records = s.records;
+            f.commits = s.commits;
+            f.fsyncs = s.fsyncs;
+            f.bytes_written = s.bytes_written;
+            f.compactions = s.compactions;
         }
-        if prev == Phase::AwaitingTakeover {
-            self.cancel_takeover(conn);
+        f
+    }
+
+    /// Whether a per-client error of this `kind` may be logged now: the one
+    /// rate limit every such log line goes through. `Some(n)`: log it,
+    /// mentioning the `n` lines of this kind held back since the last one;
+    /// `None`: stay quiet (counted in [`Gauges::log_suppressed`]).
+    pub fn log_gate(&mut self, now: Instant, kind: &str) -> Option<u64> {
+        match self.log_limit.check(now, kind) {
+            Verdict::Log { suppressed } => Some(suppressed),
+            Verdict::Suppress => None,
         }
-        if !self.draining.is_empty() {
-            // Closed while a CONNECT waited for its input: that CONNECT now
-            // sees the session as this close left it.
-            if let Some(new) = self.draining.get(&conn).copied() {
-                self.complete_takeover(now, new);
-            }
+    }
+
+    /// Put a new configuration in force without dropping a connection,
+    /// all or nothing: the configuration is validated, the settings that
+    /// need a restart ([`crate::config::RELOAD_CLASSES`]) are kept at their
+    /// old values,
+    /// then `security` reads the password and ACL files the resulting
+    /// configuration names. Only when all of that succeeded are the limits,
+    /// the password files and the ACLs swapped in, at once; an error
+    /// changes nothing. Sessions online now are put under the new ACL.
+    ///
+    /// Limits apply to what happens from now on: a queue already longer
+    /// than a lowered `max_queued_messages` is not trimmed, it drains.
+    pub fn reload(
+        &mut self,
+        now: Instant,
+        mut new: Config,
+        security: impl FnOnce(&Config) -> Result<Option<SecurityConfig>, String>,
+    ) -> Result<ReloadOutcome, String> {
+        new.validate().map_err(|e| e.to_string())?;
+        // Which settings change now and which keep their value in force is
+        // decided by one table, `crate::config::RELOAD_CLASSES`.
+        let r = self.config.reconcile(&mut new);
+        let out = ReloadOutcome {
+            changed: r.changed,
+            needs_restart: r.needs_restart,
+            kept: r.kept,
+        };
+        // Everything read and checked: from here on nothing can fail.
+        let security = security(&new)?;
+        if self.config.sys_interval == 0 && new.sys_interval > 0 {
+            self.timers.arm(now, super::timers::Timer::Sys);
         }
+        self.config = new;
+        if let Some(security) = security {
+            // Connected sessions move to their listener's new ACL.
+            self.set_security(security);
+        }
+        Ok(out)
     }
 }
 

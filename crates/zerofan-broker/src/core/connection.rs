@@ -11,7 +11,7 @@ use zerofan_codec::{MqttStr, Protocol, Will};
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Waiting for CONNECT until the deadline.
     AwaitingConnect,
     /// CONNECT received for a client id whose session still has an open
@@ -29,7 +29,7 @@ pub enum Phase {
 
 /// A connection's topic aliases (MQTT 5).
 #[derive(Debug, Default)]
-pub struct Aliases {
+pub(crate) struct Aliases {
     /// Aliases we established towards the client.
     pub outgoing: HashMap<MqttStr, u16>,
     /// Aliases the client established.
@@ -38,7 +38,7 @@ pub struct Aliases {
 
 /// One network connection as the core sees it.
 #[derive(Debug)]
-pub struct Connection {
+pub(crate) struct Connection {
     /// Peer address, for logs.
     pub peer: SocketAddr,
     /// Phase.
@@ -81,7 +81,7 @@ pub struct Connection {
 
 impl Connection {
     /// A connection that has not sent CONNECT yet.
-    pub fn new(peer: SocketAddr, now: Instant) -> Self {
+    pub(crate) fn new(peer: SocketAddr, now: Instant) -> Self {
         Connection {
             peer,
             phase: Phase::AwaitingConnect,
@@ -103,7 +103,7 @@ impl Connection {
     }
 
     /// The session, when connected.
-    pub fn session(&self) -> Option<SessionId> {
+    pub(crate) fn session(&self) -> Option<SessionId> {
         match self.phase {
             Phase::Connected(s) => Some(s),
             _ => None,
@@ -111,7 +111,7 @@ impl Connection {
     }
 
     /// When keep alive runs out (1.5 times the interval after the last packet).
-    pub fn keep_alive_deadline(&self) -> Option<Instant> {
+    pub(crate) fn keep_alive_deadline(&self) -> Option<Instant> {
         if self.keep_alive == 0 {
             None
         } else {
@@ -120,7 +120,7 @@ impl Connection {
     }
 
     /// The topic aliases, allocated now if never used.
-    pub fn aliases_mut(&mut self) -> &mut Aliases {
+    pub(crate) fn aliases_mut(&mut self) -> &mut Aliases {
         self.aliases.get_or_insert_with(Box::default)
     }
 }

@@ -9,16 +9,16 @@ use std::hash::BuildHasher;
 use std::sync::OnceLock;
 
 /// A `HashMap` hashed with foldhash.
-pub type HashMap<K, V> = std::collections::HashMap<K, V, Seeded>;
+pub(super) type HashMap<K, V> = std::collections::HashMap<K, V, Seeded>;
 
 /// A `HashSet` hashed with foldhash.
-pub type HashSet<K> = std::collections::HashSet<K, Seeded>;
+pub(super) type HashSet<K> = std::collections::HashSet<K, Seeded>;
 
 /// foldhash seeded once per process. Zero-sized, unlike
 /// `foldhash::fast::RandomState` (8 bytes in every map): each connection and
 /// session holds several maps, and an idle connection's memory is counted.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Seeded;
+pub(crate) struct Seeded;
 
 impl BuildHasher for Seeded {
     type Hasher = foldhash::fast::FoldHasher<'static>;

@@ -1,16 +1,14 @@
-//! What operators look at: gauges computed on demand (sessions, queue
-//! depths, inflight), the durable store's figures, the rate-limited log
-//! gate for per-client errors, and reloading the limits without a restart.
+//! What operators look at, as types: gauges computed on demand (sessions,
+//! queue depths, inflight), the durable store's figures, the shards'
+//! figures, latency histograms and what a reload changed. The `Broker`
+//! methods that compute them, gate per-client error logs and reload the
+//! limits are `broker.rs`'s observability section.
 //!
 //! Nothing here runs on the publish path: gauges walk the sessions when a
 //! scrape asks for them, and the counters stay plain integers in
 //! [`Metrics`](super::Metrics).
 
-use super::auth::SecurityConfig;
-use super::broker::Broker;
-use crate::config::Config;
-use crate::ratelimit::Verdict;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Figures computed from the broker's state at one instant.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -166,147 +164,13 @@ pub struct ReloadOutcome {
     pub kept: Vec<String>,
 }
 
-impl Broker {
-    /// Gauges at this instant: walks every session (cheap at scrape rates;
-    /// never called on the publish path).
-    pub fn gauges(&self) -> Gauges {
-        let mut g = self.shard_gauges();
-        if let Some(o) = &self.others {
-            g.add(&o.gauges);
-        }
-        g
-    }
-
-    /// This core's figures, without the other shards'.
-    pub fn shard_figures(&self) -> ShardFigures {
-        ShardFigures {
-            metrics: self.metrics.clone(),
-            gauges: self.shard_gauges(),
-            shell: self.shell_stats.clone(),
-            listeners: Vec::new(),
-        }
-    }
-
-    /// The other shards' latest figures, added to this core's in what it
-    /// reports (`$SYS`, [`Broker::gauges`], [`Broker::total_metrics`]).
-    pub fn set_other_shards(&mut self, others: Option<ShardFigures>) {
-        self.others = others.map(Box::new);
-    }
-
-    /// The other shards' figures, as last set.
-    pub fn other_shards(&self) -> Option<&ShardFigures> {
-        self.others.as_deref()
-    }
-
-    /// The counters of every shard together.
-    pub fn total_metrics(&self) -> super::metrics::Metrics {
-        let mut m = self.metrics.clone();
-        if let Some(o) = &self.others {
-            super::metrics::Counted::add(&mut m, &o.metrics);
-        }
-        m
-    }
-
-    /// This core's gauges, without the other shards'.
-    pub fn shard_gauges(&self) -> Gauges {
-        let mut g = Gauges {
-            connections: self.conns.len(),
-            retained: self.store.len(),
-            log_suppressed: self.log_limit.suppressed_total(),
-            ..Gauges::default()
-        };
-        for s in self.sessions.values() {
-            if s.conn.is_some() {
-                g.sessions_online += 1;
-                g.queued_bytes_online += s.online_cost();
-            } else {
-                g.sessions_offline += 1;
-            }
-            g.queued_messages += s.queue_len();
-            g.queued_messages_max = g.queued_messages_max.max(s.queue_len());
-            g.queued_bytes += s.queued_bytes();
-            g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes());
-            g.inflight += s.flight().inflight.len();
-            g.inflight_max = g.inflight_max.max(s.flight().inflight.len());
-            g.subscriptions += s.flight().subscriptions.len();
-        }
-        g
-    }
-
-    /// The store's figures for `/metrics` and `/readyz`.
-    pub fn store_figures(&self) -> StoreFigures {
-        let mut f = StoreFigures {
-            open: true,
-            ..StoreFigures::default()
-        };
-        if let Some(s) = self.store_stats() {
-            f.durable = true;
-            f.size_bytes = s.log_bytes;
-            f.live_bytes = s.live_bytes;
-            f.records = s.records;
-            f.commits = s.commits;
-            f.fsyncs = s.fsyncs;
-            f.bytes_written = s.bytes_written;
-            f.compactions = s.compactions;
-        }
-        f
-    }
-
-    /// Whether a per-client error of this `kind` may be logged now: the one
-    /// rate limit every such log line goes through. `Some(n)`: log it,
-    /// mentioning the `n` lines of this kind held back since the last one;
-    /// `None`: stay quiet (counted in [`Gauges::log_suppressed`]).
-    pub fn log_gate(&mut self, now: Instant, kind: &str) -> Option<u64> {
-        match self.log_limit.check(now, kind) {
-            Verdict::Log { suppressed } => Some(suppressed),
-            Verdict::Suppress => None,
-        }
-    }
-
-    /// Put a new configuration in force without dropping a connection,
-    /// all or nothing: the configuration is validated, the settings that
-    /// need a restart ([`crate::config::RELOAD_CLASSES`]) are kept at their
-    /// old values,
-    /// then `security` reads the password and ACL files the resulting
-    /// configuration names. Only when all of that succeeded are the limits,
-    /// the password files and the ACLs swapped in, at once; an error
-    /// changes nothing. Sessions online now are put under the new ACL.
-    ///
-    /// Limits apply to what happens from now on: a queue already longer
-    /// than a lowered `max_queued_messages` is not trimmed, it drains.
-    pub fn reload(
-        &mut self,
-        now: Instant,
-        mut new: Config,
-        security: impl FnOnce(&Config) -> Result<Option<SecurityConfig>, String>,
-    ) -> Result<ReloadOutcome, String> {
-        new.validate().map_err(|e| e.to_string())?;
-        // Which settings change now and which keep their value in force is
-        // decided by one table, `crate::config::RELOAD_CLASSES`.
-        let r = self.config.reconcile(&mut new);
-        let out = ReloadOutcome {
-            changed: r.changed,
-            needs_restart: r.needs_restart,
-            kept: r.kept,
-        };
-        // Everything read and checked: from here on nothing can fail.
-        let security = security(&new)?;
-        if self.config.sys_interval == 0 && new.sys_interval > 0 {
-            self.timers.arm(now, super::timers::Timer::Sys);
-        }
-        self.config = new;
-        if let Some(security) = security {
-            // Connected sessions move to their listener's new ACL.
-            self.set_security(security);
-        }
-        Ok(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::core::Broker;
     use std::net::SocketAddr;
+    use std::time::Instant;
 
     fn broker() -> Broker {
         Broker::new(Config::default(), Instant::now())

@@ -23,7 +23,7 @@ pub(crate) enum Deferred {
     SubAck(
         super::outbox::Outgoing,
         super::ids::SessionId,
-        Vec<super::session::Queued>,
+        super::subscribe::Replay,
     ),
 }
 

@@ -18,7 +18,6 @@ use super::ids::SessionId;
 use super::message::Message;
 use super::peer::PeerEvent;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
@@ -585,14 +584,6 @@ fn end(f: &Bytes) -> Result<(), WireError> {
     } else {
         Err(WireError("trailing bytes in frame"))
     }
-}
-
-/// Every chunk of `frames`, in order, for one vectored write.
-pub fn chunks_of<'a>(frames: impl IntoIterator<Item = &'a EncodedFrame>) -> VecDeque<Bytes> {
-    frames
-        .into_iter()
-        .flat_map(|f| f.chunks.iter().cloned())
-        .collect()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use super::limits::SecurityMetrics;
 use super::message::Message;
-use super::store::{retained_bytes, Store};
+use super::store::{retained_bytes, RetainedStore};
 use crate::config::Config;
 use zerofan_codec::ReasonCode;
 
@@ -38,7 +38,7 @@ pub(crate) fn subscription_refused(
 /// broker's own `$SYS/` messages never come here and do not count.
 pub(crate) fn retained_admitted(
     config: &Config,
-    store: &dyn Store,
+    store: &dyn RetainedStore,
     msg: &Message,
     metrics: &mut SecurityMetrics,
 ) -> bool {

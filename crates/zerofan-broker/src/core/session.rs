@@ -13,7 +13,7 @@ use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
 
 /// A message waiting in a session queue, with its per-subscriber options.
 #[derive(Clone, Debug)]
-pub struct Queued {
+pub(crate) struct Queued {
     /// The shared message.
     pub msg: Rc<Message>,
     /// QoS for this subscriber (already downgraded).
@@ -35,16 +35,16 @@ pub struct Queued {
 
 /// What one queue slot costs besides the message's bytes: counted against
 /// the online bound, so a flood of empty payloads is bounded too.
-pub const SLOT: usize = std::mem::size_of::<Queued>();
+pub(super) const SLOT: usize = std::mem::size_of::<Queued>();
 
 /// What an item costs against the online bound.
-pub fn cost(q: &Queued) -> usize {
+pub(super) fn cost(q: &Queued) -> usize {
     q.msg.size() + SLOT
 }
 
 /// A subscriber whose online queue passed its high-water mark.
 #[derive(Debug)]
-pub struct Behind {
+pub(crate) struct Behind {
     /// When it passed the mark.
     pub since: Instant,
     /// Publisher connections whose reading waits for this subscriber.
@@ -59,7 +59,7 @@ pub struct Behind {
 
 /// Where a QoS 1/2 delivery stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InflightState {
+pub(crate) enum InflightState {
     /// PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2).
     AwaitingAck,
     /// PUBREL sent, waiting for PUBCOMP.
@@ -68,7 +68,7 @@ pub enum InflightState {
 
 /// One QoS 1/2 delivery in flight.
 #[derive(Clone, Debug)]
-pub struct Inflight {
+pub(crate) struct Inflight {
     /// What was sent.
     pub item: Queued,
     /// Progress.
@@ -79,7 +79,7 @@ pub struct Inflight {
 
 /// A subscription as the session remembers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubRecord {
+pub(crate) struct SubRecord {
     /// Options.
     pub options: SubscriptionOptions,
     /// Subscription identifier.
@@ -88,7 +88,7 @@ pub struct SubRecord {
 
 /// A will waiting for its delay (or its session's end).
 #[derive(Clone, Debug)]
-pub struct PendingWill {
+pub(crate) struct PendingWill {
     /// The will from CONNECT.
     pub will: Will,
     /// When it is due.
@@ -97,7 +97,7 @@ pub struct PendingWill {
 
 /// What [`Session::push`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PushOutcome {
+pub(crate) enum PushOutcome {
     /// Queued without loss.
     Queued,
     /// Queued after dropping an older QoS 0 message.
@@ -114,7 +114,7 @@ pub enum PushOutcome {
 
 /// One session.
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     /// The client identifier.
     pub client_id: MqttStr,
     /// The connection currently attached, if any.
@@ -148,7 +148,7 @@ pub struct Session {
 /// boxed apart, so a session that only connects (most devices, most of
 /// the time) pays one pointer for all of it.
 #[derive(Debug, Default)]
-pub struct Flight {
+pub(crate) struct Flight {
     /// Subscriptions by full filter (including `$share/...`); one without
     /// a table of its own (see `submap.rs`).
     pub subscriptions: super::submap::SubMap<SubRecord>,
@@ -184,7 +184,7 @@ fn no_flight() -> &'static Flight {
 
 impl Session {
     /// A fresh session.
-    pub fn new(client_id: MqttStr, protocol: Protocol) -> Self {
+    pub(crate) fn new(client_id: MqttStr, protocol: Protocol) -> Self {
         Session {
             client_id,
             conn: None,
@@ -203,28 +203,28 @@ impl Session {
 
     /// Subscriptions and QoS 1/2 state, empty if never used.
     /// Messages queued, not yet sent.
-    pub fn queue_len(&self) -> usize {
+    pub(crate) fn queue_len(&self) -> usize {
         self.queue.len()
     }
 
-    pub fn queue_is_empty(&self) -> bool {
+    pub(crate) fn queue_is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// Payload bytes queued.
-    pub fn queued_bytes(&self) -> usize {
+    pub(crate) fn queued_bytes(&self) -> usize {
         self.queued_bytes
     }
 
     /// The next message to send.
-    pub fn queue_front(&self) -> Option<&Queued> {
+    pub(crate) fn queue_front(&self) -> Option<&Queued> {
         self.queue.front()
     }
 
     /// The queued items, to update what the counters do not count (the
     /// message's own bytes after compaction, store entries); an item's QoS
     /// and cost must stay as they are.
-    pub fn queue_iter_mut(&mut self) -> impl Iterator<Item = &mut Queued> {
+    pub(crate) fn queue_iter_mut(&mut self) -> impl Iterator<Item = &mut Queued> {
         self.queue.iter_mut()
     }
 
@@ -232,7 +232,7 @@ impl Session {
     /// bytes of its own, so that waiting for an absent client does not pin
     /// publishers' read buffers; the number of copies made. Sizes do not
     /// change, so the counters stay true.
-    pub fn compact(&mut self) -> u64 {
+    pub(crate) fn compact(&mut self) -> u64 {
         let mut copies = 0;
         let inflight = self
             .flight
@@ -250,13 +250,13 @@ impl Session {
 
     /// An empty queue that grew past `keep` slots in a burst gives its
     /// space back.
-    pub fn release_queue_space(&mut self, keep: usize) {
+    pub(crate) fn release_queue_space(&mut self, keep: usize) {
         if self.queue.is_empty() && self.queue.capacity() > keep {
             self.queue = VecDeque::new();
         }
     }
 
-    pub fn flight(&self) -> &Flight {
+    pub(crate) fn flight(&self) -> &Flight {
         match self.flight.as_deref() {
             Some(f) => f,
             None => no_flight(),
@@ -265,18 +265,18 @@ impl Session {
 
     /// Subscriptions and QoS 1/2 state to change, if ever used (for
     /// removals, which need no allocation).
-    pub fn flight_any(&mut self) -> Option<&mut Flight> {
+    pub(crate) fn flight_any(&mut self) -> Option<&mut Flight> {
         self.flight.as_deref_mut()
     }
 
     /// Subscriptions and QoS 1/2 state, allocated now if never used.
-    pub fn flight_mut(&mut self) -> &mut Flight {
+    pub(crate) fn flight_mut(&mut self) -> &mut Flight {
         self.flight.get_or_insert_with(Box::default)
     }
 
     /// A packet id not in flight. The caller guarantees the window is below
     /// 65,535, so one always exists.
-    pub fn alloc_packet_id(&mut self) -> u16 {
+    pub(crate) fn alloc_packet_id(&mut self) -> u16 {
         let f = self.flight_mut();
         loop {
             let pid = f.next_pid.max(1);
@@ -289,7 +289,7 @@ impl Session {
 
     /// Queue a message within the offline bounds (messages and payload
     /// bytes), applying the full-queue policy.
-    pub fn push(
+    pub(crate) fn push(
         &mut self,
         item: Queued,
         max_messages: usize,
@@ -306,7 +306,12 @@ impl Session {
     /// Queue a message for a connected client: bounded by [`cost`] (bytes
     /// and slots, retained replay left out), not by a message count, so a
     /// burst a busy subscriber reads a moment later is kept.
-    pub fn push_online(&mut self, item: Queued, max_cost: usize, policy: QueueFull) -> PushOutcome {
+    pub(crate) fn push_online(
+        &mut self,
+        item: Queued,
+        max_cost: usize,
+        policy: QueueFull,
+    ) -> PushOutcome {
         let c = cost(&item);
         self.push_within(item, policy, true, |s| {
             let load = s.online_cost();
@@ -317,7 +322,7 @@ impl Session {
     /// Queue a retained message replayed for a new subscription. Never
     /// dropped: it is a reference to a message the retained store holds,
     /// so what it adds is bounded by the store.
-    pub fn push_replay(&mut self, mut item: Queued) {
+    pub(crate) fn push_replay(&mut self, mut item: Queued) {
         item.replay = true;
         self.flight_mut().replay_cost += cost(&item);
         self.push_back(item);
@@ -325,7 +330,7 @@ impl Session {
 
     /// What the online bound counts: queued bytes and slots, less the
     /// retained replay.
-    pub fn online_cost(&self) -> usize {
+    pub(crate) fn online_cost(&self) -> usize {
         (self.queued_bytes + self.queue.len() * SLOT).saturating_sub(self.flight().replay_cost)
     }
 
@@ -381,7 +386,7 @@ impl Session {
 
     /// Drop every queued live QoS 0 message (a subscriber dropped as slow);
     /// returns how many.
-    pub fn drop_qos0(&mut self) -> usize {
+    pub(crate) fn drop_qos0(&mut self) -> usize {
         let mut dropped = 0;
         let all = std::mem::take(&mut self.queue);
         let mut kept = VecDeque::with_capacity(all.len());
@@ -401,7 +406,7 @@ impl Session {
     /// connection still has queued: QoS 0 goes first, then QoS 1/2 as the
     /// policy says (`disconnect`: the newest, as `drop_new`). Returns the
     /// QoS 0 and the QoS 1/2 messages dropped.
-    pub fn trim_offline(
+    pub(crate) fn trim_offline(
         &mut self,
         max_messages: usize,
         max_bytes: usize,
@@ -453,7 +458,7 @@ impl Session {
     }
 
     /// Take the next queued message.
-    pub fn pop(&mut self) -> Option<Queued> {
+    pub(crate) fn pop(&mut self) -> Option<Queued> {
         let q = self.queue.pop_front()?;
         self.forget(&q);
         Some(q)
@@ -461,7 +466,7 @@ impl Session {
 
     /// Take the oldest queued QoS 0 message: it needs no inflight slot, so
     /// it may overtake QoS 1/2 messages waiting for the window.
-    pub fn pop_qos0(&mut self) -> Option<Queued> {
+    pub(crate) fn pop_qos0(&mut self) -> Option<Queued> {
         if self.queued_qos0 == 0 {
             return None;
         }
@@ -471,7 +476,7 @@ impl Session {
 
     /// Remove every queued or unacknowledged message that came through the
     /// shared subscription `share`, oldest first, for another member.
-    pub fn take_shared(&mut self, share: &str) -> Vec<Queued> {
+    pub(crate) fn take_shared(&mut self, share: &str) -> Vec<Queued> {
         let mut flying: Vec<&Inflight> = self
             .flight()
             .inflight

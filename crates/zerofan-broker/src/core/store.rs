@@ -163,13 +163,6 @@ impl RetainedStore for MemoryStore {
     }
 }
 
-/// The storage the broker reads back: retained messages. (What else must
-/// survive a restart, sessions and their queues, goes through the durable
-/// log, see `durable`.)
-pub trait Store: RetainedStore {}
-
-impl<T: RetainedStore> Store for T {}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use super::hash::HashMap;
 
 /// Filters to `V`, one of them without a table.
 #[derive(Debug)]
-pub enum SubMap<V> {
+pub(crate) enum SubMap<V> {
     /// Exactly one.
     One(Box<str>, V),
     /// None (an empty map allocates nothing), or two and more.
@@ -22,7 +22,7 @@ impl<V> Default for SubMap<V> {
 
 impl<V> SubMap<V> {
     /// How many filters.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             SubMap::One(..) => 1,
             SubMap::Many(m) => m.len(),
@@ -30,7 +30,7 @@ impl<V> SubMap<V> {
     }
 
     /// Whether `filter` is one of them.
-    pub fn contains_key(&self, filter: &str) -> bool {
+    pub(crate) fn contains_key(&self, filter: &str) -> bool {
         match self {
             SubMap::One(k, _) => **k == *filter,
             SubMap::Many(m) => m.contains_key(filter),
@@ -38,7 +38,7 @@ impl<V> SubMap<V> {
     }
 
     /// Add or replace `filter`'s value; the one it replaced.
-    pub fn insert(&mut self, filter: Box<str>, value: V) -> Option<V> {
+    pub(crate) fn insert(&mut self, filter: Box<str>, value: V) -> Option<V> {
         match self {
             SubMap::One(k, v) if *k == filter => return Some(std::mem::replace(v, value)),
             SubMap::Many(m) if !m.is_empty() => return m.insert(filter, value),
@@ -57,7 +57,7 @@ impl<V> SubMap<V> {
     }
 
     /// Take `filter`'s value out; the last one left is kept inline again.
-    pub fn remove(&mut self, filter: &str) -> Option<V> {
+    pub(crate) fn remove(&mut self, filter: &str) -> Option<V> {
         match self {
             SubMap::One(k, _) if **k == *filter => match std::mem::take(self) {
                 SubMap::One(_, v) => Some(v),
@@ -77,7 +77,7 @@ impl<V> SubMap<V> {
     }
 
     /// Every filter with its value.
-    pub fn iter(&self) -> Box<dyn Iterator<Item = (&Box<str>, &V)> + '_> {
+    pub(crate) fn iter(&self) -> Box<dyn Iterator<Item = (&Box<str>, &V)> + '_> {
         match self {
             SubMap::One(k, v) => Box::new(std::iter::once((k, v))),
             SubMap::Many(m) => Box::new(m.iter()),
@@ -85,7 +85,7 @@ impl<V> SubMap<V> {
     }
 
     /// Every filter.
-    pub fn keys(&self) -> impl Iterator<Item = &Box<str>> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &Box<str>> + '_ {
         self.iter().map(|(k, _)| k)
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// What a deadline is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Timer {
+pub(super) enum Timer {
     /// CONNECT not received in time.
     ConnectTimeout(ConnId),
     /// Keep alive check.
@@ -33,7 +33,7 @@ pub enum Timer {
 /// rather than an `Instant`'s 16): every connection has an entry, so each
 /// one is 24 bytes instead of 32.
 #[derive(Debug)]
-pub struct Timers {
+pub(super) struct Timers {
     base: Instant,
     heap: BinaryHeap<Reverse<(u64, Timer)>>,
 }
@@ -41,7 +41,7 @@ pub struct Timers {
 impl Timers {
     /// No deadlines; `base` is the earliest instant one may name (earlier
     /// ones count as `base`, i.e. due at once).
-    pub fn new(base: Instant) -> Self {
+    pub(super) fn new(base: Instant) -> Self {
         Timers {
             base,
             heap: BinaryHeap::new(),
@@ -49,21 +49,21 @@ impl Timers {
     }
 
     /// Arm a deadline.
-    pub fn arm(&mut self, at: Instant, timer: Timer) {
+    pub(super) fn arm(&mut self, at: Instant, timer: Timer) {
         let nanos = at.saturating_duration_since(self.base).as_nanos();
         self.heap
             .push(Reverse((u64::try_from(nanos).unwrap_or(u64::MAX), timer)));
     }
 
     /// The earliest deadline.
-    pub fn next(&self) -> Option<Instant> {
+    pub(super) fn next(&self) -> Option<Instant> {
         self.heap
             .peek()
             .map(|Reverse((at, _))| self.base + Duration::from_nanos(*at))
     }
 
     /// Take one deadline that is due at `now`.
-    pub fn pop_due(&mut self, now: Instant) -> Option<Timer> {
+    pub(super) fn pop_due(&mut self, now: Instant) -> Option<Timer> {
         let now =
             u64::try_from(now.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
         match self.heap.peek() {

@@ -10,7 +10,7 @@ use zerofan_codec::SubscriptionOptions;
 
 /// One subscription as the router sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubEntry {
+pub(super) struct SubEntry {
     /// The subscribing session.
     pub session: SessionId,
     /// Its options.
@@ -21,7 +21,7 @@ pub struct SubEntry {
 
 /// The members of one `$share/{group}/{filter}`; each message goes to one.
 #[derive(Debug)]
-pub struct SharedGroup {
+pub(super) struct SharedGroup {
     /// Group name.
     pub name: Box<str>,
     /// The full `$share/{group}/{filter}`, as sessions remember it.
@@ -35,7 +35,7 @@ pub struct SharedGroup {
 impl SharedGroup {
     /// Pick the next member round robin, preferring one whose client is
     /// connected so messages do not pile up in an absent member's queue.
-    pub fn pick(&mut self, online: impl Fn(SessionId) -> bool) -> Option<SubEntry> {
+    pub(super) fn pick(&mut self, online: impl Fn(SessionId) -> bool) -> Option<SubEntry> {
         let n = self.members.len();
         if n == 0 {
             return None;
@@ -51,7 +51,7 @@ impl SharedGroup {
 
     /// Pick a member other than `exclude` (one that is leaving), round robin,
     /// preferring connected ones.
-    pub fn pick_other(
+    pub(super) fn pick_other(
         &mut self,
         exclude: SessionId,
         online: impl Fn(SessionId) -> bool,
@@ -72,7 +72,7 @@ impl SharedGroup {
 }
 
 /// A match found while routing.
-pub enum Hit<'a> {
+pub(super) enum Hit<'a> {
     /// An ordinary subscription.
     Direct(&'a SubEntry),
     /// A shared group: the caller picks one member.
@@ -155,14 +155,14 @@ fn levels(s: &str) -> std::slice::Split<'_, u8, fn(&u8) -> bool> {
 
 /// The subscription trie.
 #[derive(Default, Debug)]
-pub struct Trie {
+pub(super) struct Trie {
     root: Node,
 }
 
 impl Trie {
     /// Add or replace `entry.session`'s subscription to `filter` (in `group`
     /// when shared). Returns true when it did not exist before.
-    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
+    pub(super) fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
         let mut node = &mut self.root;
         for level in levels(filter) {
             node = node.child_or_insert(level);
@@ -219,7 +219,7 @@ impl Trie {
     }
 
     /// Remove a subscription; true if it existed. Empty nodes are pruned.
-    pub fn remove(&mut self, filter: &str, group: Option<&str>, session: SessionId) -> bool {
+    pub(super) fn remove(&mut self, filter: &str, group: Option<&str>, session: SessionId) -> bool {
         let levels: Vec<&[u8]> = levels(filter).collect();
         remove_in(&mut self.root, &levels, group, session)
     }
@@ -227,7 +227,7 @@ impl Trie {
     /// How many subscriptions `filter` has (the members of `group` when
     /// shared): a router announces a filter to its peers when this goes
     /// from 0 to 1, and withdraws it when it comes back to 0.
-    pub fn count(&self, filter: &str, group: Option<&str>) -> usize {
+    pub(super) fn count(&self, filter: &str, group: Option<&str>) -> usize {
         let mut node = &self.root;
         for level in levels(filter) {
             match node.child(level) {
@@ -247,7 +247,7 @@ impl Trie {
 
     /// Every filter with its groups, as `(filter, group)`: what a router
     /// tells a peer that joins late.
-    pub fn filters(&self) -> Vec<(String, Option<Box<str>>)> {
+    pub(super) fn filters(&self) -> Vec<(String, Option<Box<str>>)> {
         let mut out = Vec::new();
         let mut path = Vec::new();
         collect(&self.root, &mut path, &mut out);
@@ -255,7 +255,7 @@ impl Trie {
     }
 
     /// The shared group `group` of `filter`, if it exists.
-    pub fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
+    pub(super) fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
         let mut node = &mut self.root;
         for level in levels(filter) {
             node = node.child_mut(level)?;
@@ -265,7 +265,7 @@ impl Trie {
 
     /// Call `f` for every subscription matching `topic`. Wildcards at the
     /// first level do not match topics starting with `$`.
-    pub fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
+    pub(super) fn for_each_match(&mut self, topic: &str, mut f: impl FnMut(Hit<'_>)) {
         let dollar = topic.starts_with('$');
         walk(&mut self.root, levels(topic), dollar, &mut f);
     }

@@ -7,12 +7,12 @@ use zerofan_pool::{Pool, PoolConfig, PooledBuf};
 
 /// Smallest read buffer (the smallest pool class): most packets are small,
 /// and a thousand idle-ish connections must not each touch 16 KiB.
-pub const READ_MIN: usize = 2 * 1024;
+pub(super) const READ_MIN: usize = 2 * 1024;
 /// Largest read buffer a busy connection grows to (the largest pool class).
-pub const READ_MAX: usize = 64 * 1024;
+pub(super) const READ_MAX: usize = 64 * 1024;
 
 /// A connection's read buffer.
-pub type ReadBuf = PooledBuf;
+pub(super) type ReadBuf = PooledBuf;
 
 /// Where read buffers come from.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ const MAX_ANSWER: usize = 64 * 1024;
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Wait for requests (`Shared::dispatch` wakes it) and send each.
-pub async fn auth_loop(shared: Rc<Shared>) {
+pub(super) async fn auth_loop(shared: Rc<Shared>) {
     // One pooled client: keep-alive connections to the service are reused.
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let mut batch = Vec::new();

@@ -130,7 +130,7 @@ async fn setup(
         Ok(Ok(done)) => done,
         Ok(Err(failure)) => {
             let mut b = shared.broker.borrow_mut();
-            let m = &mut b.metrics.security;
+            let m = &mut b.metrics_mut().security;
             match failure {
                 Failure::Proxy(e) => {
                     m.proxy_header_errors += 1;
@@ -148,7 +148,7 @@ async fn setup(
             return;
         }
         Err(_) => {
-            shared.broker.borrow_mut().metrics.connect_timeouts += 1;
+            shared.broker.borrow_mut().metrics_mut().connect_timeouts += 1;
             tracing::debug!(%peer, "connection setup timed out");
             return;
         }

@@ -253,9 +253,11 @@ impl OpsSetup {
     /// Bind the metrics listener of `config` (if any) and catch SIGHUP.
     pub async fn prepare(config: &Config) -> io::Result<OpsSetup> {
         let metrics = match config.http {
-            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}"))
-            })?),
+            // The same backlog as the MQTT listeners: a storm of scrapes or
+            // API calls queues rather than being refused at 128.
+            Some(addr) => Some(super::listener::bind(addr, config.listen_backlog).map_err(
+                |e| io::Error::new(e.kind(), format!("cannot serve metrics on {addr}: {e}")),
+            )?),
             None => None,
         };
         let loopback = config.http.is_some_and(|a| a.ip().is_loopback());

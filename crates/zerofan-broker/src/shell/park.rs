@@ -172,7 +172,7 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
 
 /// The lot's task: starts parked connections whose socket turns readable
 /// or that the core woke. Owns the poller; runs until aborted.
-pub async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
+pub(super) async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
     // Deprecated because a `T` whose `as_raw_fd` changes (or whose fd is
     // closed behind tokio's back) would break tokio's registration; the
     // safe alternatives are `unsafe fn`s, which this crate forbids. A
@@ -257,7 +257,7 @@ fn give_up(shared: &Rc<Shared>) {
 /// Called by the timer task: ask every running plain-TCP connection that
 /// has been quiet for the lot's `after` to park. Quiet is counted in
 /// sweeps; a connection's task resets it whenever it runs.
-pub fn sweep(shared: &Shared, now: Instant, every: Duration) {
+pub(super) fn sweep(shared: &Shared, now: Instant, every: Duration) {
     let lot = &shared.lot;
     if !lot.enabled() {
         return;

@@ -20,13 +20,13 @@ use zerofan_codec::Frame;
 
 /// Control packets waiting in the outbox above which reading pauses: a
 /// client that does not read its acknowledgements is not read either.
-pub const OUTBOX_HIGH: usize = 1024;
+pub(super) const OUTBOX_HIGH: usize = 1024;
 /// Largest buffer allocated in one step for an announced packet size.
 const PREALLOC_MAX: usize = 8 * 1024 * 1024;
 
 /// What a connection's input keeps between reads: a partial packet, if
 /// any, and the adaptive read size.
-pub struct ReadState {
+pub(super) struct ReadState {
     buf: Option<ReadBuf>,
     /// Adapts to the traffic: doubles while reads fill the buffer, halves
     /// while they use less than a quarter of it.
@@ -49,7 +49,7 @@ impl Default for ReadState {
 impl ReadState {
     /// Read once from plain TCP, waiting for readability before a buffer is
     /// taken; `Ready(Ok(n))` once `n` bytes (0: EOF) are in the buffer.
-    pub fn poll_read_tcp(
+    pub(super) fn poll_read_tcp(
         &mut self,
         cx: &mut Context<'_>,
         shared: &Shared,
@@ -92,7 +92,7 @@ impl ReadState {
 
     /// Input moved in from another shard: handed to the core at the next
     /// poll, before anything more is read.
-    pub fn moved_in(shared: &Shared, input: &[u8]) -> ReadState {
+    pub(super) fn moved_in(shared: &Shared, input: &[u8]) -> ReadState {
         let mut buf = shared.buffers.get(input.len().max(READ_MIN));
         buf.put_slice(input);
         ReadState {
@@ -105,7 +105,7 @@ impl ReadState {
     /// With several shards: the shard that owns the client id of the
     /// CONNECT read so far, once it is complete, if not `me` (an empty
     /// client id stays: the broker assigns one here).
-    pub fn connect_owner(
+    pub(super) fn connect_owner(
         &self,
         shared: &Shared,
         id: ConnId,
@@ -135,18 +135,18 @@ impl ReadState {
     }
 
     /// Everything read and not handed over, to move it to another shard.
-    pub fn take_input(&mut self) -> bytes::Bytes {
+    pub(super) fn take_input(&mut self) -> bytes::Bytes {
         self.held = false;
         self.buf.take().map(Buffers::freeze).unwrap_or_default()
     }
 
     /// Nothing half read: no buffer held.
-    pub fn is_idle(&self) -> bool {
+    pub(super) fn is_idle(&self) -> bool {
         self.buf.is_none()
     }
 
     /// Packets were read and not handed over yet (see `feed`).
-    pub fn is_held(&self) -> bool {
+    pub(super) fn is_held(&self) -> bool {
         self.held
     }
 
@@ -154,7 +154,7 @@ impl ReadState {
     /// must see what the old connection's socket holds now, and readiness
     /// lags (a socket just back from the parking lot has none until the
     /// runtime next polls). `WouldBlock` means the socket is really empty.
-    pub fn read_now(&mut self, shared: &Shared, socket: &impl AsFd) -> io::Result<usize> {
+    pub(super) fn read_now(&mut self, shared: &Shared, socket: &impl AsFd) -> io::Result<usize> {
         let b = self.buffer(shared);
         let room = Buffers::spare(b);
         let socket = socket2::SockRef::from(socket);
@@ -181,7 +181,7 @@ impl ReadState {
 
     /// Read once from a TLS / WebSocket stream. The buffer is taken before
     /// waiting: these streams keep buffers of their own anyway.
-    pub fn poll_read_boxed(
+    pub(super) fn poll_read_boxed(
         &mut self,
         cx: &mut Context<'_>,
         shared: &Shared,
@@ -218,7 +218,7 @@ impl ReadState {
     /// Hand every complete packet read so far to the core. True when the
     /// core closes the connection (a protocol error, DISCONNECT, a refusal):
     /// its pending output is flushed, nothing more is read.
-    pub fn feed(&mut self, shared: &Shared, id: ConnId) -> bool {
+    pub(super) fn feed(&mut self, shared: &Shared, id: ConnId) -> bool {
         self.held = false;
         let Some(b) = self.buf.as_mut() else {
             return false;

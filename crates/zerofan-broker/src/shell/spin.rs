@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// Spin for `window` after each connection activity, sleep otherwise.
-pub async fn spin_loop(shared: Rc<Shared>, window: Duration) {
+pub(super) async fn spin_loop(shared: Rc<Shared>, window: Duration) {
     loop {
         // Asleep until a connection's task runs.
         std::future::poll_fn(|cx| {

@@ -186,7 +186,7 @@ fn end_run(run: &mut Option<Run>, scratch: &mut BytesMut, chunks: &mut VecDeque<
 /// is then registered), handling partial writes; adds the bytes written to
 /// `written` either way. The iovec array lives only inside this call, so it
 /// never becomes part of a (per-connection, long-lived) future.
-pub fn poll_write_chunks<W: AsyncWrite + Unpin + ?Sized>(
+pub(super) fn poll_write_chunks<W: AsyncWrite + Unpin + ?Sized>(
     cx: &mut Context<'_>,
     wr: &mut W,
     chunks: &mut VecDeque<Bytes>,

@@ -288,7 +288,7 @@ fn a_packet_on_the_waiting_connection_completes_the_takeover_first() {
 #[test]
 fn takeover_bookkeeping_is_empty_once_every_takeover_is_over() {
     let mut h = H::new();
-    let idle = |h: &H| h.b.takeovers.is_empty() && h.b.draining.is_empty();
+    let idle = |h: &H| h.b.takeovers_idle();
     // Drained, deadline, the new one lost, the old one timing out, shutdown.
     let old = h.client("a");
     let (new, _) = h.connect_with("a", Protocol::V5, true, |_| {});

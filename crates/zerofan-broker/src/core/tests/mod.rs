@@ -47,7 +47,7 @@ pub(super) struct Out {
 }
 
 impl Out {
-    pub fn publishes(&self) -> Vec<&Publish> {
+    pub(super) fn publishes(&self) -> Vec<&Publish> {
         self.packets
             .iter()
             .filter_map(|p| match p {
@@ -57,21 +57,21 @@ impl Out {
             .collect()
     }
 
-    pub fn payloads(&self) -> Vec<String> {
+    pub(super) fn payloads(&self) -> Vec<String> {
         self.publishes()
             .iter()
             .map(|p| String::from_utf8_lossy(&p.payload).into_owned())
             .collect()
     }
 
-    pub fn disconnect(&self) -> Option<ReasonCode> {
+    pub(super) fn disconnect(&self) -> Option<ReasonCode> {
         self.packets.iter().find_map(|p| match p {
             Packet::Disconnect(d) => Some(d.reason),
             _ => None,
         })
     }
 
-    pub fn connack(&self) -> Option<&zerofan_codec::ConnAck> {
+    pub(super) fn connack(&self) -> Option<&zerofan_codec::ConnAck> {
         self.packets.iter().find_map(|p| match p {
             Packet::ConnAck(c) => Some(c),
             _ => None,
@@ -135,7 +135,7 @@ pub(super) fn ack(pid: u16) -> Ack {
 }
 
 impl H {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         let cfg = Config {
             sys_interval: 0,
             ..Config::default()
@@ -143,7 +143,7 @@ impl H {
         H::with(cfg)
     }
 
-    pub fn with(cfg: Config) -> Self {
+    pub(super) fn with(cfg: Config) -> Self {
         let now = Instant::now();
         H {
             b: Broker::new(cfg, now),
@@ -151,7 +151,7 @@ impl H {
         }
     }
 
-    pub fn open(&mut self) -> ConnId {
+    pub(super) fn open(&mut self) -> ConnId {
         self.b
             .connection_opened(self.now, "127.0.0.1:5000".parse().unwrap())
     }
@@ -159,7 +159,7 @@ impl H {
     /// A packet from `c`. A PUBLISH goes in as the shell hands it over:
     /// decoded from its encoding in a read buffer, with where it lies there
     /// (`Wire::candidate`), so deliveries may be sent as received.
-    pub fn send(&mut self, c: ConnId, p: Packet) {
+    pub(super) fn send(&mut self, c: ConnId, p: Packet) {
         if let Packet::Publish(_) = &p {
             let protocol = self.b.protocol(c);
             let mut buf = BytesMut::new();
@@ -176,7 +176,7 @@ impl H {
     }
 
     /// Open, CONNECT (edited by `f`), and return the connection and CONNACK.
-    pub fn connect_with(
+    pub(super) fn connect_with(
         &mut self,
         id: &str,
         protocol: Protocol,
@@ -192,17 +192,17 @@ impl H {
     }
 
     /// A v5 client with a clean start and session expiry 0.
-    pub fn client(&mut self, id: &str) -> ConnId {
+    pub(super) fn client(&mut self, id: &str) -> ConnId {
         let (c, out) = self.connect_with(id, Protocol::V5, true, |_| {});
         assert_eq!(out.connack().unwrap().reason, ReasonCode::SUCCESS);
         c
     }
 
-    pub fn subscribe(&mut self, c: ConnId, filter: &str, o: SubscriptionOptions) -> Out {
+    pub(super) fn subscribe(&mut self, c: ConnId, filter: &str, o: SubscriptionOptions) -> Out {
         self.subscribe_id(c, filter, o, None)
     }
 
-    pub fn subscribe_id(
+    pub(super) fn subscribe_id(
         &mut self,
         c: ConnId,
         filter: &str,
@@ -222,17 +222,17 @@ impl H {
         self.out(c)
     }
 
-    pub fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.now += d;
         self.b.handle_timeout(self.now);
     }
 
-    pub fn secs(&mut self, n: u64) {
+    pub(super) fn secs(&mut self, n: u64) {
         self.advance(Duration::from_secs(n));
     }
 
     /// Drain everything the writer would send, round-tripped through the codec.
-    pub fn out(&mut self, c: ConnId) -> Out {
+    pub(super) fn out(&mut self, c: ConnId) -> Out {
         let protocol = self.b.protocol(c);
         let mut packets = Vec::new();
         let mut closed = false;

@@ -416,6 +416,28 @@ fn a_suback_waits_until_every_shard_routes_the_filter() {
 }
 
 #[test]
+fn a_deferred_suback_replays_what_another_shard_retained_meanwhile() {
+    let mut sh = Shards::new(2);
+    let sub = sh.client_on(1, "sub");
+    let out = sh.hs[1].subscribe(sub.conn, "race/#", opts(QoS::AtLeastOnce));
+    assert!(out.packets.is_empty(), "SUBACK waits for shard 0");
+    // Shard 0 does not know of the subscription yet: the retained message
+    // reaches shard 1 only as its retained copy, not as a live delivery.
+    let publ = sh.client_on(0, "pub");
+    let mut p = publish("race/x", "kept", QoS::AtMostOnce, 0);
+    p.retain = true;
+    sh.hs[0].send(publ.conn, Packet::Publish(p));
+    sh.pump();
+    let out = sh.out(sub);
+    assert!(
+        matches!(out.packets.first(), Some(Packet::SubAck(_))),
+        "{:?}",
+        out.packets
+    );
+    assert_eq!(out.payloads(), ["kept"], "the retained message is replayed");
+}
+
+#[test]
 fn a_retained_publish_is_acknowledged_once_every_shard_has_it() {
     let mut sh = Shards::new(2);
     let publ = sh.client_on(0, "pub");
