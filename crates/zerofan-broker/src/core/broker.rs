@@ -4141,7 +4141,10 @@ impl Broker {
         self.replica_answered(peer, None);
         // Back, it gets full images (what it missed may have been dropped
         // from its full queue); away, another peer may take its place.
-        self.replica_set_changed();
+        let added = self.replica_set_changed();
+        if !away && !added.contains(&peer) && self.repl.current().contains(&peer) {
+            self.send_images(Some(peer), None);
+        }
         self.end_event();
     }
 
@@ -4229,17 +4232,23 @@ impl Broker {
     }
 
     /// A peer came, left, went away or is back: the replica set is the
-    /// first `copies - 1` reachable peers. A peer new to it gets full
+    /// first `copies - 1` peers, reachable ones first (an away one is
+    /// replaced only by a reachable one). A peer new to it gets full
     /// images; one that leaves it (still a peer) is told to drop its
     /// copies, which no longer follow the sessions. Returns the new ones.
     pub(crate) fn replica_set_changed(&mut self) -> Vec<PeerId> {
         if !self.repl.on() {
             return Vec::new();
         }
+        // Reachable peers first; an away one stays while nobody can take
+        // its place (its copy keeps following in its link's queue).
         let peers = &self.peers;
-        let set = self
-            .repl
-            .targets(peers.ids().filter(|p| !peers.is_away(*p)));
+        let set = self.repl.targets(
+            peers
+                .ids()
+                .filter(|p| !peers.is_away(*p))
+                .chain(peers.ids().filter(|p| peers.is_away(*p))),
+        );
         let old = self.repl.set_current(set.clone());
         let added: Vec<PeerId> = set.iter().copied().filter(|p| !old.contains(p)).collect();
         for p in &added {
