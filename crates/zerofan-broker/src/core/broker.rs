@@ -1057,6 +1057,9 @@ impl Broker {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
         self.end_session(now, sid);
+        // The session moved, it did not end: the replicas keep their copy
+        // (the new owner's full image replaces it).
+        self.repl.unrecord(client_id);
         self.end_event();
     }
 }

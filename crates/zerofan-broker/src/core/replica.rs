@@ -149,6 +149,27 @@ pub enum ReplOp {
 }
 
 impl ReplOp {
+    /// The session it is about (none for a message).
+    pub(crate) fn client(&self) -> Option<&str> {
+        match self {
+            ReplOp::Message { .. } => None,
+            ReplOp::Session { client, .. }
+            | ReplOp::Reset { client, .. }
+            | ReplOp::Drop { client }
+            | ReplOp::Subscribe { client, .. }
+            | ReplOp::Unsubscribe { client, .. }
+            | ReplOp::Enqueue { client, .. }
+            | ReplOp::Dequeue { client, .. }
+            | ReplOp::Send { client, .. }
+            | ReplOp::PubRec { client, .. }
+            | ReplOp::Complete { client, .. }
+            | ReplOp::Qos2Received { client, .. }
+            | ReplOp::Qos2Released { client, .. }
+            | ReplOp::SetWill { client, .. }
+            | ReplOp::ClearWill { client } => Some(client),
+        }
+    }
+
     /// Bytes it stands for (for the figures).
     pub(crate) fn size(&self) -> usize {
         match self {
@@ -416,6 +437,15 @@ impl Replication {
     /// Whether `client` was claimed here since start.
     pub(crate) fn is_claimed(&self, client: &str) -> bool {
         self.rec.borrow().claimed.contains(client)
+    }
+
+    /// Forget what was recorded for `client` since the last call (its
+    /// session moved to another node: the copies must stay).
+    pub(crate) fn unrecord(&self, client: &str) {
+        self.rec
+            .borrow_mut()
+            .ops
+            .retain(|op| op.client() != Some(client));
     }
 
     /// The recorded operations since the last call.

@@ -478,12 +478,23 @@ fn a_takeover_moves_the_session_to_the_new_owner() {
     );
     assert_eq!(acks(&cl.out(publ)), [(1, "puback")]);
 
-    let (sub, out) = cl.persistent(1, "sub");
-    // The shell tells the old owner of the newer claim.
+    // The CONNECT on node 1 waits for its claim; the old owner may hear of
+    // the newer claim (and end its session) before node 1 has its answer.
+    let (conn, out) = cl.hs[1].connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600)
+    });
+    assert!(out.connack().is_none());
+    let mut asked = Vec::new();
+    cl.hs[1].b.take_claims(&mut asked);
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken(now, "sub");
     cl.pump();
-    assert!(present(&out));
+    let now = cl.hs[1].now;
+    cl.hs[1].b.claim_answered(now, conn, true);
+    cl.pump();
+    let sub = Cx { node: 1, conn };
+    let out = cl.out(sub);
+    assert!(present(&out), "the old owner's end dropped the copy");
     let mut got = out.payloads();
     got.extend(cl.out(sub).payloads());
     assert_eq!(got, ["a"]);
