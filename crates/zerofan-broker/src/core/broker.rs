@@ -4097,7 +4097,9 @@ impl Broker {
             let ready = self.peers.seen(peer, seq);
             self.release_deferred(ready);
         }
-        // A replica (new, restarted, or back) gets the sessions anew.
+        // A replica (new, restarted, or back) gets the sessions anew; what
+        // was sent to its former self is never answered.
+        self.replica_forget(peer);
         if !self.replica_set_changed().contains(&peer) {
             self.send_images(Some(peer), None);
         }
@@ -4277,6 +4279,24 @@ impl Broker {
             }
         }
         added
+    }
+
+    /// `peer` starts over (its link's queue was dropped): nothing sent to
+    /// it before will be answered, so nothing waits for it.
+    fn replica_forget(&mut self, peer: PeerId) {
+        let peers = &self.peers;
+        let (ready, _) = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
+        if ready.is_empty() {
+            return;
+        }
+        for w in ready {
+            match w {
+                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
+                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
+            }
+        }
+        self.end_event();
+        self.release_durable();
     }
 
     /// Whether `Seen { seq }` for `from` must wait for the replicas.

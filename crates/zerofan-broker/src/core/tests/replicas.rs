@@ -754,3 +754,29 @@ fn a_clean_takeover_drops_the_old_copies() {
     let (_, out) = cl.persistent(2, "x");
     assert!(!present(&out), "a session that ended came back");
 }
+
+/// A replica that restarts (a new incarnation: what was queued for its
+/// former self is dropped, `peer_joined` runs again) never answers what
+/// was sent before: nothing may keep waiting for it.
+#[test]
+fn a_restarted_replica_is_not_waited_for_what_it_never_got() {
+    let mut cl = Cluster::new(3, 3);
+    cl.cut(0, 1, true);
+    // A clean claim on node 0 tells its replicas to drop copies of "c":
+    // node 1 does not get it.
+    let _c = cl.connect(0, "c", Protocol::V5, true, 0);
+    // Node 2 subscribes: node 0 answers once its replicas answered.
+    let s = cl.connect(2, "s", Protocol::V5, true, 0).0;
+    let out = cl.hs[2].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let mut got = out.packets;
+    got.extend(cl.out(s).packets);
+    assert!(got.is_empty(), "SUBACK before node 0 answered");
+    // Node 1 restarted: node 0's link starts over, its queue dropped.
+    cl.wires[0][1].clear();
+    cl.cut(0, 1, false);
+    cl.hs[0].b.peer_joined(remote(1));
+    cl.pump();
+    let got = cl.out(s).packets;
+    assert!(matches!(got[..], [Packet::SubAck(_)]), "{got:?}");
+}
