@@ -4618,21 +4618,8 @@ impl Broker {
                 .is_some_and(|s| s.stored && s.expiry_interval > 0)
             {
                 self.repl.claim(client.as_str());
-                self.send_images(None, Some(sid));
-            } else if self.repl.on() && !self.repl.current().is_empty() {
-                // Not persistent here: copies another owner left are stale
-                // (a later resume must not find them). Taken over, dropped.
-                let c: Box<str> = client.as_str().into();
-                let ops = vec![
-                    super::replica::ReplOp::Reset {
-                        client: c.clone(),
-                        meta: SessionMeta::default(),
-                    },
-                    super::replica::ReplOp::Drop { client: c },
-                ];
-                let targets = self.repl.current().to_vec();
-                self.send_replicated(&targets, ops);
             }
+            self.send_images(None, Some(sid));
         }
     }
 }
