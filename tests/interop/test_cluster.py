@@ -24,6 +24,8 @@ import pytest
 from cluster_check import History, payload
 from conftest import Broker, free_port, launch_zerofan, zerofan_bin
 from pahoclient import PahoClient
+from pahoclient import props
+from paho.mqtt.packettypes import PacketTypes
 
 pytestmark = pytest.mark.zerofan_only
 
@@ -719,3 +721,72 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
             if n.broker is not None and n.broker.terminate() != 0:
                 errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
         assert not errors, "\n".join(errors)
+
+
+def _persistent(node: Node, cid: str, version: int) -> PahoClient:
+    if version == 5:
+        return PahoClient(node.broker, client_id=cid, clean=False,
+                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
+    return PahoClient(node.broker, client_id=cid, version=311, clean=False)
+
+
+def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
+    """A persistent MQTT 5 subscriber and a 3.1.1 clean-session-0 one live
+    on node 1 and go offline; node 2 publishes N QoS 1 and N QoS 2
+    messages, all acknowledged (each only once the replicas have it);
+    node 1 is killed (-9); both reconnect to node 3 and find their session
+    there with every acknowledged message, QoS 2 ones exactly once."""
+    ns = nodes(3)
+    subs = {"s5": 5, "s3": 311}
+    for name, version in subs.items():
+        c = _persistent(ns[0], name, version)
+        assert c.subscribe("p/#", 2) == [2]
+        c.disconnect()
+    p = clients(ns[1])
+    h = History()
+    n = 100
+    h.qos.update({"q1": 1, "q2": 2})
+    sent = []
+    for i in range(n):
+        sent.append(("q1", i, p.publish("p/1", payload("q1", i), qos=1, wait=False)))
+        sent.append(("q2", i, p.publish("p/2", payload("q2", i), qos=2, wait=False)))
+    for who, i, info in sent:
+        info.wait_for_publish(WAIT)
+        assert info.is_published(), (who, i)
+        h.acked[who].add(i)
+    killed = time.monotonic()
+    ns[0].kill()
+    served = None
+    for name, version in subs.items():
+        c = _persistent(ns[2], name, version)
+        if served is None:
+            served = time.monotonic() - killed
+        assert c.session_present, f"{name}: session not present on node 3"
+        drain(c, 2 * n, h, name)
+        c.assert_no_message(0.3)
+        c.close()
+    assert h.problems(list(subs)) == []
+    print(f"failover: session served on node 3 {served:.2f} s after kill -9 of its owner")
+    assert served < 5.0
+
+
+def test_a_takeover_with_the_old_owner_alive_moves_the_session(nodes, clients):
+    """The same client id connecting to node 2 while node 1, its owner, is
+    alive: node 1's connection gets 0x8E and node 2 serves the session with
+    what was queued for it on node 1 (node 2 held its copy)."""
+    ns = nodes(3)
+    first = _persistent(ns[0], "mover", 5)
+    assert first.subscribe("mv/#", 1) == [1]
+    first.disconnect()
+    p = clients(ns[2])
+    h = History()
+    h.qos["p"] = 1
+    for i in range(50):
+        p.publish("mv/x", payload("p", i), qos=1)
+        h.acked["p"].add(i)
+    moved = _persistent(ns[1], "mover", 5)
+    assert moved.session_present
+    drain(moved, 50, h, "mover")
+    moved.assert_no_message(0.3)
+    moved.close()
+    assert h.problems(["mover"]) == []

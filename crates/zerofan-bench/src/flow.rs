@@ -751,6 +751,7 @@ mod tests {
     fn target(addr: SocketAddr) -> Target {
         Target {
             addr,
+            sub_addr: None,
             protocol: Protocol::V311,
             run_id: "test".into(),
             handshake_timeout: Duration::from_secs(5),
@@ -758,7 +759,6 @@ mod tests {
             // Spread over two source addresses: binding before connect is
             // on the path these tests drive.
             sources: 2,
-            sub_addr: None,
         }
     }
 

@@ -148,6 +148,9 @@ pub struct Broker {
     lease: super::lease::Lease,
     /// The cluster-wide order of retained changes (see `retain_order`).
     retain_order: super::retain_order::RetainOrder,
+    /// Persistent sessions copied to other nodes, and their copies of
+    /// theirs (see `replica`).
+    repl: super::replica::Replication,
 }
 
 /// What the shell does with a connection's further input.
@@ -198,6 +201,7 @@ impl Broker {
             claims: Default::default(),
             lease: Default::default(),
             retain_order: Default::default(),
+            repl: Default::default(),
         }
     }
 
@@ -352,6 +356,7 @@ impl Broker {
         self.peers.forget(conn);
         self.claims.forget(conn);
         self.lease.forget(conn);
+        self.repl.forget(conn);
         self.conns.remove(&conn);
         self.end_event();
     }
@@ -1039,7 +1044,11 @@ impl Broker {
         }
         if granted {
             self.lease.claimed(conn);
+            // An image kept here becomes the session; the replicas get it.
+            self.install_replica(now, &connect);
+            let client = connect.client_id.clone();
             self.handle_connect(now, conn, *connect, true);
+            self.claimed(&client);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
@@ -1081,6 +1090,9 @@ impl Broker {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
         self.end_session(now, sid);
+        // The session moved, it did not end: the replicas keep their copy
+        // (the new owner's full image replaces it).
+        self.repl.unrecord(client_id);
         self.end_event();
     }
 }
@@ -2878,7 +2890,8 @@ impl Broker {
     /// retained messages to it). `now_unix_ms` is the wall clock at `now`,
     /// used only to convert deadlines to and from the store's UNIX time.
     pub fn set_durable_log(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
-        self.durable.attach(log, now, now_unix_ms);
+        // Persistent sessions' operations are also recorded for replicas.
+        self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
     }
 
     /// The store's counters (log size, fsyncs, bytes written...), when a
@@ -2923,6 +2936,15 @@ impl Broker {
     /// message) with `Seen` once everything this core wrote so far (for
     /// the peer's earlier messages among it) is durable, in order.
     pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
+        // And once the replicas have what this node replicated so far.
+        if self.replica_holds_seen(from, seq) {
+            return;
+        }
+        self.durable_seen_now(from, seq);
+    }
+
+    /// [`Broker::durable_seen`], replicas answered.
+    fn durable_seen_now(&mut self, from: super::peer::PeerId, seq: u64) {
         if !self.durable.hold_seen(from, seq) {
             self.peers.send(from, super::peer::PeerEvent::Seen { seq });
         }
@@ -2931,6 +2953,10 @@ impl Broker {
     /// Send the PUBACK / PUBREC of an inbound PUBLISH: at once when nothing
     /// was written for it, else once its commit is durable.
     pub(crate) fn send_publish_ack(&mut self, conn: ConnId, out: Outgoing) {
+        // Behind this connection's acknowledgements that wait for replicas.
+        let Some(out) = self.repl.wait_behind(conn, out) else {
+            return;
+        };
         let Some(out) = self.durable.hold_ack(conn, out) else {
             return;
         };
@@ -2943,6 +2969,7 @@ impl Broker {
     /// The end of a core event: commit what it staged (once) and hold its
     /// acknowledgements until that commit is durable.
     pub(crate) fn end_event(&mut self) {
+        self.flush_replication();
         // What waited for peers that are all away now goes (see
         // `Broker::set_peer_away`).
         let ready = self.peers.ready();
@@ -3014,6 +3041,10 @@ impl Broker {
         let Some(msg) = self.stored_msg(&item.msg) else {
             return;
         };
+        if self.repl.wants_message(msg) {
+            self.repl
+                .note_message(msg, to_stored(&item.msg, &self.durable));
+        }
         let mut entry = QueueEntry {
             msg,
             qos: item.qos as u8,
@@ -4044,6 +4075,8 @@ impl Broker {
                     self.wake(conn);
                 }
             }
+            PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
+            PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
@@ -4147,6 +4180,12 @@ impl Broker {
             let ready = self.peers.seen(peer, seq);
             self.release_deferred(ready);
         }
+        // A replica (new, restarted, or back) gets the sessions anew; what
+        // was sent to its former self is never answered.
+        self.replica_forget(peer);
+        if !self.replica_set_changed().contains(&peer) {
+            self.send_images(Some(peer), None);
+        }
     }
 
     /// This core's last change number: a peer that answers it with
@@ -4175,6 +4214,8 @@ impl Broker {
             self.wake(conn);
         }
         self.release_deferred(ready);
+        self.replica_answered(peer, None);
+        self.replica_set_changed();
         self.end_event();
     }
 
@@ -4185,6 +4226,13 @@ impl Broker {
     pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
         let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
+        self.replica_answered(peer, None);
+        // Back, it gets full images (what it missed may have been dropped
+        // from its full queue); away, another peer may take its place.
+        let added = self.replica_set_changed();
+        if !away && !added.contains(&peer) && self.repl.current().contains(&peer) {
+            self.send_images(Some(peer), None);
+        }
         self.end_event();
     }
 
@@ -4204,6 +4252,457 @@ impl Broker {
     pub fn set_peer_congested(&mut self, peer: PeerId, congested: bool) {
         for conn in self.peers.set_congested(peer, congested) {
             self.wake(conn);
+        }
+    }
+}
+
+// Replicas: persistent sessions copied to other nodes (see `replica`).
+impl Broker {
+    /// Keep `copies` copies of every persistent session (this node's
+    /// included) on the peers (the nodes of a cluster): 1 keeps none
+    /// elsewhere. Needs a durable log.
+    pub fn set_replicas(&mut self, copies: usize) {
+        self.repl.set_copies(copies);
+    }
+
+    /// Bound the images this node keeps for other nodes.
+    pub fn set_replica_limits(&mut self, images: usize, bytes: usize) {
+        self.repl.images.set_limits(images, bytes);
+    }
+
+    /// Images of other nodes' sessions kept here, and their message bytes.
+    pub fn replica_images(&self) -> (usize, usize) {
+        (self.repl.images.len(), self.repl.images.bytes())
+    }
+
+    /// Send what this event staged for persistent sessions to the replica
+    /// set; this event's acknowledgements wait for their answers.
+    pub(crate) fn flush_replication(&mut self) {
+        if !self.repl.on() {
+            return;
+        }
+        let ops = self.repl.take_ops();
+        if ops.is_empty() {
+            return;
+        }
+        let targets = self.repl.current().to_vec();
+        if targets.is_empty() {
+            return;
+        }
+        self.send_replicated(&targets, ops);
+        for (conn, out) in self.durable.take_pending() {
+            self.repl.hold_ack(conn, out);
+        }
+    }
+
+    fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) {
+        let seq = self.repl.stamp(targets);
+        let n = ops.len() as u64;
+        let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
+        let mut ops = Some(ops);
+        for (i, p) in targets.iter().enumerate() {
+            self.metrics.replicated_ops += n;
+            self.metrics.replicated_bytes += bytes as u64;
+            // The last replica gets the operations themselves.
+            let ops = if i + 1 == targets.len() {
+                ops.take()
+            } else {
+                ops.clone()
+            };
+            self.peers.send(
+                *p,
+                PeerEvent::Replicate {
+                    seq,
+                    ops: ops.unwrap_or_default(),
+                },
+            );
+        }
+    }
+
+    /// A peer came, left, went away or is back: the replica set is the
+    /// first `copies - 1` peers, reachable ones first (an away one is
+    /// replaced only by a reachable one). A peer new to it gets full
+    /// images; one that leaves it (still a peer) is told to drop its
+    /// copies, which no longer follow the sessions. Returns the new ones.
+    pub(crate) fn replica_set_changed(&mut self) -> Vec<PeerId> {
+        if !self.repl.on() {
+            return Vec::new();
+        }
+        // Reachable peers first; an away one stays while nobody can take
+        // its place (its copy keeps following in its link's queue).
+        let peers = &self.peers;
+        let set = self.repl.targets(
+            peers
+                .ids()
+                .filter(|p| !peers.is_away(*p))
+                .chain(peers.ids().filter(|p| peers.is_away(*p))),
+        );
+        let old = self.repl.set_current(set.clone());
+        let added: Vec<PeerId> = set.iter().copied().filter(|p| !old.contains(p)).collect();
+        for p in &added {
+            self.send_images(Some(*p), None);
+        }
+        let left: Vec<PeerId> = old
+            .into_iter()
+            .filter(|p| !set.contains(p) && self.peers.ids().any(|q| q == *p))
+            .collect();
+        if !left.is_empty() {
+            let drops: Vec<super::replica::ReplOp> = self
+                .sessions
+                .values()
+                .filter(|s| s.stored && s.expiry_interval > 0)
+                .map(|s| super::replica::ReplOp::Drop {
+                    client: s.client_id.as_str().into(),
+                })
+                .collect();
+            if !drops.is_empty() {
+                for p in left {
+                    self.send_replicated(&[p], drops.clone());
+                }
+            }
+        }
+        added
+    }
+
+    /// `peer` starts over (its link's queue was dropped): nothing sent to
+    /// it before will be answered, so nothing waits for it.
+    fn replica_forget(&mut self, peer: PeerId) {
+        let peers = &self.peers;
+        let (ready, _) = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
+        if ready.is_empty() {
+            return;
+        }
+        for w in ready {
+            match w {
+                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
+                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
+            }
+        }
+        self.end_event();
+        self.release_durable();
+    }
+
+    /// Whether `Seen { seq }` for `from` must wait for the replicas.
+    pub(crate) fn replica_holds_seen(&mut self, from: PeerId, seq: u64) -> bool {
+        if !self.repl.on() {
+            return false;
+        }
+        let peers = &self.peers;
+        self.repl.wait_seen(from, seq, &|p| peers.is_away(p))
+    }
+
+    /// `from`'s operations on its sessions: kept, then answered.
+    pub(crate) fn replica_ops(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        seq: u64,
+        ops: Vec<super::replica::ReplOp>,
+    ) {
+        let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
+        let now_ms = self.durable.unix_ms(now);
+        self.repl.images.apply(from, ops, now_ms);
+        self.metrics.replica_ops_applied += self.repl.images.applied - applied;
+        self.metrics.replica_ops_refused += self.repl.images.refused - refused;
+        self.peers.send(from, PeerEvent::ReplicaAck { seq });
+    }
+
+    /// `peer` answered (`Some(seq)`), left (`None`), or is away or back:
+    /// what waited may go.
+    pub(crate) fn replica_answered(&mut self, peer: PeerId, seq: Option<u64>) {
+        let peers = &self.peers;
+        let away = |p| peers.is_away(p);
+        let (ready, without) = match seq {
+            Some(s) => self.repl.answered(peer, s, false, &away),
+            None if !peers.ids().any(|p| p == peer) => self.repl.answered(peer, 0, true, &away),
+            None => self.repl.ready(&away),
+        };
+        self.metrics.replica_waits_skipped += without;
+        if ready.is_empty() {
+            return;
+        }
+        for w in ready {
+            match w {
+                // The store first, as any acknowledgement.
+                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
+                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
+            }
+        }
+        // Their commit may be durable already: the store will not say so
+        // again.
+        self.end_event();
+        self.release_durable();
+    }
+
+    /// The full images of the persistent sessions here (of `only`, when
+    /// given), for `to` (every replica when `None`).
+    pub(crate) fn send_images(&mut self, to: Option<PeerId>, only: Option<SessionId>) {
+        if !self.repl.on() || !self.durable.on() {
+            return;
+        }
+        let targets: Vec<PeerId> = self
+            .repl
+            .current()
+            .iter()
+            .copied()
+            .filter(|p| to.is_none_or(|t| t == *p))
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        // What was staged before belongs before the image.
+        self.flush_replication();
+        // Only sessions claimed here since start: one restored from this
+        // node's store may have moved to another node meanwhile, and its
+        // image would replace the new owner's.
+        let sids: Vec<SessionId> = match only {
+            Some(sid) => vec![sid],
+            None => self
+                .sessions
+                .iter()
+                .filter(|(_, s)| self.repl.is_claimed(s.client_id.as_str()))
+                .map(|(sid, _)| *sid)
+                .collect(),
+        };
+        let mut ops = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for sid in sids {
+            self.image_ops(sid, &mut ops, &mut named);
+        }
+        if !ops.is_empty() {
+            self.send_replicated(&targets, ops);
+        }
+    }
+
+    /// The operations that rebuild `sid` from nothing at a replica.
+    fn image_ops(
+        &mut self,
+        sid: SessionId,
+        ops: &mut Vec<super::replica::ReplOp>,
+        named: &mut std::collections::HashSet<MsgId>,
+    ) {
+        let d = &self.durable;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        if !s.stored || s.expiry_interval == 0 {
+            return;
+        }
+        let client: Box<str> = s.client_id.as_str().into();
+        ops.push(super::replica::ReplOp::Reset {
+            client: client.clone(),
+            meta: SessionMeta {
+                expiry_interval: s.expiry_interval,
+                expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+            },
+        });
+        for (filter, rec) in s.flight().subscriptions.iter() {
+            ops.push(super::replica::ReplOp::Subscribe {
+                client: client.clone(),
+                filter: filter.clone(),
+                options: sub_options(&rec.options),
+                id: rec.id,
+            });
+        }
+        let mut entry_ops =
+            |q: &super::session::Queued, ops: &mut Vec<super::replica::ReplOp>| -> bool {
+                let (Some(entry), Some(msg)) = (q.entry, q.msg.stored().get()) else {
+                    return false;
+                };
+                if named.insert(msg) {
+                    ops.push(super::replica::ReplOp::Message {
+                        id: msg,
+                        msg: std::sync::Arc::new(to_stored(&q.msg, d)),
+                    });
+                }
+                ops.push(super::replica::ReplOp::Enqueue {
+                    client: client.clone(),
+                    entry,
+                    item: QueueEntry {
+                        msg,
+                        qos: q.qos as u8,
+                        retain: q.retain,
+                        subscription_ids: q.sub_ids.clone(),
+                        share: q.share.as_deref().map(str::to_owned),
+                    },
+                });
+                true
+            };
+        let mut inflight: Vec<_> = s.flight().inflight.iter().collect();
+        inflight.sort_by_key(|(_, f)| f.seq);
+        for (pid, f) in inflight {
+            match f.state {
+                InflightState::AwaitingAck => {
+                    if entry_ops(&f.item, ops) {
+                        if let Some(entry) = f.item.entry {
+                            ops.push(super::replica::ReplOp::Send {
+                                client: client.clone(),
+                                entry,
+                                pid: *pid,
+                            });
+                        }
+                    }
+                }
+                _ => ops.push(super::replica::ReplOp::PubRec {
+                    client: client.clone(),
+                    pid: *pid,
+                }),
+            }
+        }
+        let queued: Vec<super::session::Queued> = s
+            .queue_iter_mut()
+            .filter(|q| q.entry.is_some())
+            .map(|q| q.clone())
+            .collect();
+        for q in &queued {
+            entry_ops(q, ops);
+        }
+        for pid in &s.flight().incoming_qos2 {
+            ops.push(super::replica::ReplOp::Qos2Received {
+                client: client.clone(),
+                pid: *pid,
+            });
+        }
+        if let Some(w) = &s.pending_will {
+            let will = &w.will;
+            let mut message = to_stored(
+                &super::message::Message::owned(
+                    will.topic.clone(),
+                    will.payload.clone(),
+                    will.qos,
+                    will.retain,
+                    will.properties.clone(),
+                    None,
+                ),
+                d,
+            );
+            message.expires_at_ms = None;
+            ops.push(super::replica::ReplOp::SetWill {
+                client: client.clone(),
+                will: Box::new(StoredWill {
+                    message,
+                    due_at_ms: d.unix_ms(w.at),
+                    message_expiry_interval: will.properties.message_expiry_interval,
+                }),
+            });
+        }
+    }
+
+    /// This node was granted `connect`'s client id: an image of its
+    /// session kept here becomes the live session (unless the client
+    /// starts clean, or a session is here already), written to this
+    /// node's store.
+    pub(crate) fn install_replica(&mut self, now: Instant, connect: &zerofan_codec::Connect) {
+        let client = connect.client_id.as_str();
+        if !self.repl.images.has(client) {
+            return;
+        }
+        if connect.clean_start || self.by_client.contains_key(&connect.client_id) {
+            self.repl.images.forget(client);
+            return;
+        }
+        let Some(rs) = self.repl.images.take(client) else {
+            return;
+        };
+        let will = rs.will.clone();
+        self.restore(
+            Recovered {
+                sessions: vec![rs],
+                ..Default::default()
+            },
+            now,
+        );
+        let Some(&sid) = self.by_client.get(&connect.client_id) else {
+            return;
+        };
+        self.metrics.replica_installs += 1;
+        self.restage(sid, will);
+    }
+
+    /// Write an installed session to this node's store: its ids were the
+    /// old owner's.
+    fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
+        let d = &self.durable;
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let client = s.client_id.clone();
+        s.stored = true;
+        let meta = SessionMeta {
+            expiry_interval: s.expiry_interval,
+            expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+        };
+        let mut items = Vec::new();
+        while let Some(q) = s.pop() {
+            items.push(q);
+        }
+        let subs: Vec<(Box<str>, SubRecord)> = s
+            .flight()
+            .subscriptions
+            .iter()
+            .map(|(f, r)| (f.clone(), *r))
+            .collect();
+        let mut inflight: Vec<_> = s
+            .flight_any()
+            .map(|f| f.inflight.drain().collect())
+            .unwrap_or_default();
+        inflight.sort_by_key(|(_, f): &(u16, super::session::Inflight)| f.seq);
+        let qos2: Vec<u16> = s.flight().incoming_qos2.iter().copied().collect();
+        for q in &items {
+            q.msg.stored().clear();
+        }
+        for (_, f) in &inflight {
+            f.item.msg.stored().clear();
+        }
+        let errors = &mut self.metrics.store_errors;
+        self.durable.stage(errors, |l| l.put_session(&client, meta));
+        for (filter, rec) in subs {
+            self.dur_subscribed(sid, &filter, rec);
+        }
+        for (pid, mut f) in inflight {
+            f.item.entry = None;
+            self.dur_enqueue(sid, &mut f.item);
+            if let Some(e) = f.item.entry {
+                let errors = &mut self.metrics.store_errors;
+                self.durable.stage(errors, |l| l.send(&client, e, pid));
+                if f.state != InflightState::AwaitingAck {
+                    self.durable.stage(errors, |l| l.pubrec(&client, pid));
+                }
+            }
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                s.flight_mut().inflight.insert(pid, f);
+            }
+        }
+        for mut q in items {
+            q.entry = None;
+            self.dur_enqueue(sid, &mut q);
+            if let Some(s) = self.sessions.get_mut(&sid) {
+                let _ = s.push(q, usize::MAX, usize::MAX, QueueFull::DropNew);
+            }
+        }
+        let errors = &mut self.metrics.store_errors;
+        for pid in qos2 {
+            self.durable
+                .stage(errors, |l| l.qos2_received(&client, pid));
+        }
+        if let Some(w) = will {
+            self.durable.stage(errors, |l| l.set_will(&client, &w));
+        }
+    }
+
+    /// After a granted claim: the replicas get the session's full image
+    /// from its new owner (a fresh one too: what they kept of another
+    /// owner's is stale).
+    pub(crate) fn claimed(&mut self, client: &zerofan_codec::MqttStr) {
+        if let Some(&sid) = self.by_client.get(client) {
+            if self
+                .sessions
+                .get(&sid)
+                .is_some_and(|s| s.stored && s.expiry_interval > 0)
+            {
+                self.repl.claim(client.as_str());
+            }
+            self.send_images(None, Some(sid));
         }
     }
 }

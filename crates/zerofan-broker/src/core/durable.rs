@@ -104,6 +104,12 @@ impl StoredId {
         self.0.store(id.0.saturating_add(1), Ordering::Relaxed);
     }
 
+    /// Forget the id (it was another node's: the message is written here
+    /// anew).
+    pub fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
     /// A copy holding the same id.
     pub fn copy(&self) -> StoredId {
         StoredId(AtomicU64::new(self.0.load(Ordering::Relaxed)))
@@ -152,6 +158,12 @@ impl Durable {
     /// Hold `out` for `conn` until this event's commit is durable.
     pub(crate) fn hold(&mut self, conn: ConnId, out: Outgoing) {
         self.pending.push((conn, out));
+    }
+
+    /// The acknowledgements of the current event (they wait for the
+    /// replicas first, see `replica`).
+    pub(crate) fn take_pending(&mut self) -> Vec<(ConnId, Outgoing)> {
+        std::mem::take(&mut self.pending)
     }
 
     /// True when a durable log is attached.

@@ -363,6 +363,49 @@ counters! {
                 "zerofan_cluster_clients_fenced_total",
                 "Connections dropped because this node's cluster lease ran out (no majority heard).",
             )),
+        /// Operations on persistent sessions sent to replicas (one per
+        /// replica).
+        pub replicated_ops: u64 = CounterDef::NEW
+            .sys("cluster/replicated_ops")
+            .prom(Family::new(
+                "zerofan_cluster_replicated_ops_total",
+                "Operations on persistent sessions sent to replicas (one per replica).",
+            )),
+        /// Message bytes in those operations.
+        pub replicated_bytes: u64 = CounterDef::NEW
+            .sys("cluster/replicated_bytes")
+            .prom(Family::new(
+                "zerofan_cluster_replicated_bytes_total",
+                "Message bytes (topic and payload) sent to replicas.",
+            )),
+        /// Other nodes' operations kept here as a replica.
+        pub replica_ops_applied: u64 = CounterDef::NEW
+            .sys("cluster/replica_ops_applied")
+            .prom(Family::new(
+                "zerofan_cluster_replica_ops_applied_total",
+                "Other nodes' session operations kept here as a replica.",
+            )),
+        /// Other nodes' operations refused: the replica images were full.
+        pub replica_ops_refused: u64 = CounterDef::NEW
+            .sys("cluster/replica_ops_refused")
+            .prom(Family::new(
+                "zerofan_cluster_replica_ops_refused_total",
+                "Other nodes' session operations refused: replica images full.",
+            )),
+        /// Sessions installed from a replica image (failover).
+        pub replica_installs: u64 = CounterDef::NEW
+            .sys("cluster/replica_installs")
+            .prom(Family::new(
+                "zerofan_cluster_replica_installs_total",
+                "Sessions taken over from a replica image kept here.",
+            )),
+        /// Acknowledgements that went without an away replica's answer.
+        pub replica_waits_skipped: u64 = CounterDef::NEW
+            .sys("cluster/replica_waits_skipped")
+            .prom(Family::new(
+                "zerofan_cluster_replica_waits_skipped_total",
+                "Acknowledgements that did not wait for a replica that was away.",
+            )),
         /// Sessions removed because their expiry interval passed.
         pub sessions_expired: u64 = CounterDef::NEW.sys("sessions/expired").prom(Family::new(
             "zerofan_sessions_expired_total",
@@ -481,6 +524,10 @@ pub struct ShellStats {
     pub cluster_tls_refused: u64,
     /// Times this node's ownership lease ran out.
     pub cluster_lease_expiries: u64,
+    /// Images of other nodes' persistent sessions kept here.
+    pub cluster_replica_images: u64,
+    /// Message bytes (topic and payload) those images hold.
+    pub cluster_replica_bytes: u64,
 }
 
 impl ShellStats {
@@ -517,5 +564,7 @@ impl ShellStats {
         self.cluster_claims += o.cluster_claims;
         self.cluster_tls_refused += o.cluster_tls_refused;
         self.cluster_lease_expiries += o.cluster_lease_expiries;
+        self.cluster_replica_images += o.cluster_replica_images;
+        self.cluster_replica_bytes += o.cluster_replica_bytes;
     }
 }

@@ -103,6 +103,8 @@ mod peer;
 pub mod peer_wire;
 mod publish;
 mod quota;
+mod replica;
+mod replica_wire;
 mod retain_order;
 mod router;
 mod scram_auth;
@@ -133,6 +135,7 @@ pub use observe::{
 };
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
+pub use replica::ReplOp;
 pub use retain_order::Stamp;
 pub use token::JwtAuth;
 pub use wire::Wire;

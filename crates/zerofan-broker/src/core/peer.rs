@@ -102,6 +102,20 @@ pub enum PeerEvent {
         /// Bytes handled since the last `Consumed`.
         bytes: u64,
     },
+    /// Operations on persistent sessions the sender owns, for the
+    /// receiver's copies (see `replica`); answered with
+    /// [`PeerEvent::ReplicaAck`].
+    Replicate {
+        /// The sender's replication change number.
+        seq: u64,
+        /// The operations, oldest first.
+        ops: Vec<super::replica::ReplOp>,
+    },
+    /// The receiver keeps the sender's [`PeerEvent::Replicate`]s up to `seq`.
+    ReplicaAck {
+        /// The last change kept.
+        seq: u64,
+    },
 }
 
 /// Bytes of publishes (topic and payload) a core crosses to one peer
@@ -325,6 +339,20 @@ impl Peers {
     fn slot(&mut self, peer: PeerId) -> Option<&mut Slot> {
         let i = self.slots.binary_search_by_key(&peer, |s| s.id).ok()?;
         self.slots.get_mut(i)
+    }
+
+    /// Every peer, in `PeerId` order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = PeerId> + '_ {
+        self.slots.iter().map(|s| s.id)
+    }
+
+    /// Whether `peer` is away (see [`Peers::set_away`]).
+    pub(crate) fn is_away(&self, peer: PeerId) -> bool {
+        self.slots
+            .binary_search_by_key(&peer, |s| s.id)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .is_some_and(|s| s.away)
     }
 
     /// Queue `event` for `peer`.

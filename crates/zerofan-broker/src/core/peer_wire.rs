@@ -44,6 +44,8 @@ const START: u8 = 11;
 const ACK: u8 = 12;
 const FENCE: u8 = 13;
 const CONSUMED: u8 = 14;
+const REPLICATE: u8 = 15;
+const REPLICA_ACK: u8 = 16;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -99,6 +101,9 @@ pub struct EncodedFrame {
     pub len: usize,
     /// A PUBLISH (droppable when the link's queue overflows), and its QoS.
     pub publish: Option<QoS>,
+    /// Operations for a replica (droppable too: the node gets full images
+    /// again when it is back, see `Broker::set_peer_away`).
+    pub replica: bool,
 }
 
 /// Writes frames; counts what it wrote.
@@ -174,6 +179,15 @@ impl FrameEncoder {
                 self.scratch.put_u8(CONSUMED);
                 self.scratch.put_u64(*bytes);
             }
+            PeerEvent::Replicate { seq, ops } => {
+                self.scratch.put_u8(REPLICATE);
+                self.scratch.put_u64(*seq);
+                return self.finish_parts(start, ops);
+            }
+            PeerEvent::ReplicaAck { seq } => {
+                self.scratch.put_u8(REPLICA_ACK);
+                self.scratch.put_u64(*seq);
+            }
         }
         self.finish(start, payload, publish)
     }
@@ -187,6 +201,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -228,6 +243,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -240,6 +256,7 @@ impl FrameEncoder {
             chunks: Vec::new(),
             len: 0,
             publish: None,
+            replica: false,
         })
     }
 
@@ -248,6 +265,38 @@ impl FrameEncoder {
         self.scratch.put_u32(0);
         self.scratch.put_u8(VERSION);
         start
+    }
+
+    /// A `Replicate` frame: its head, then the operations' chunks (one
+    /// per payload, not copied).
+    fn finish_parts(
+        &mut self,
+        start: usize,
+        ops: &[super::replica::ReplOp],
+    ) -> Result<EncodedFrame, WireError> {
+        let mut parts = Vec::new();
+        if let Err(e) = super::replica_wire::encode(ops, &mut parts) {
+            self.scratch.truncate(start);
+            return Err(e);
+        }
+        let extra: usize = parts.iter().map(Bytes::len).sum();
+        let body = self.scratch.len() - start - LEN + extra;
+        if body > MAX_FRAME {
+            self.scratch.truncate(start);
+            return Err(WireError("frame too large"));
+        }
+        let len = u32::try_from(body).map_err(|_| WireError("frame too large"))?;
+        self.scratch[start..start + LEN].copy_from_slice(&len.to_be_bytes());
+        let mut chunks = vec![self.scratch.split().freeze()];
+        chunks.extend(parts);
+        self.frames += 1;
+        self.bytes += (LEN + body) as u64;
+        Ok(EncodedFrame {
+            chunks,
+            len: LEN + body,
+            publish: None,
+            replica: false,
+        })
     }
 
     fn finish(
@@ -273,6 +322,7 @@ impl FrameEncoder {
             chunks,
             len: LEN + body,
             publish,
+            replica: false,
         })
     }
 }
@@ -428,6 +478,17 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             let bytes = get_u64(&mut f)?;
             end(&f)?;
             PeerEvent::Consumed { bytes }
+        }
+        REPLICATE => {
+            let seq = get_u64(&mut f)?;
+            let ops = super::replica_wire::decode(&mut f)?;
+            end(&f)?;
+            PeerEvent::Replicate { seq, ops }
+        }
+        REPLICA_ACK => {
+            let seq = get_u64(&mut f)?;
+            end(&f)?;
+            PeerEvent::ReplicaAck { seq }
         }
         SYNC => {
             end(&f)?;

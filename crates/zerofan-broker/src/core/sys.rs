@@ -62,6 +62,14 @@ pub fn sys_figures(
                 st.cluster_lease_expiries.to_string(),
             ),
             (
+                "cluster/replica_images",
+                st.cluster_replica_images.to_string(),
+            ),
+            (
+                "cluster/replica_bytes",
+                st.cluster_replica_bytes.to_string(),
+            ),
+            (
                 "cluster/forwarded/messages",
                 st.cluster_forwarded_messages.to_string(),
             ),

@@ -295,7 +295,7 @@ impl Links {
                     let sent = q.sent;
                     q.frames.retain(|f| {
                         i += 1;
-                        i <= sent || f.publish.is_none()
+                        i <= sent || (f.publish.is_none() && !f.replica)
                     });
                     bump(
                         &self.stats.dropped_messages,

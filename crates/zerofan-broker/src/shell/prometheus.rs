@@ -304,6 +304,18 @@ pub fn render(s: &Snapshot) -> String {
         st.cluster_lease_expiries as f64,
     );
     e.single(
+        "zerofan_cluster_replica_images",
+        Gauge,
+        "Images of other nodes' persistent sessions kept here (replicas).",
+        st.cluster_replica_images as f64,
+    );
+    e.single(
+        "zerofan_cluster_replica_bytes",
+        Gauge,
+        "Message bytes (topic and payload) held by those images.",
+        st.cluster_replica_bytes as f64,
+    );
+    e.single(
         "zerofan_cluster_forwarded_messages_total",
         Counter,
         "Messages written to other cluster nodes (one per destination node).",
@@ -762,6 +774,24 @@ mod tests {
         assert_eq!(s.metrics.dropped_total(), 5);
         assert_eq!(s.metrics.security.refusals_total(), 12);
         assert!(sys.contains(&("messages/dropped", "5".to_string())));
+    }
+
+    /// What a node keeps for others' persistent sessions shows in both.
+    #[test]
+    fn replica_figures_are_on_the_page_and_in_sys() {
+        let mut s = Snapshot::default();
+        s.shell.cluster_members = 3;
+        s.shell.cluster_replica_images = 4;
+        s.shell.cluster_replica_bytes = 1234;
+        let text = render(&s);
+        assert!(
+            text.contains("zerofan_cluster_replica_images 4\n"),
+            "{text}"
+        );
+        assert!(text.contains("zerofan_cluster_replica_bytes 1234\n"));
+        let sys = crate::core::sys_figures(&s.metrics, &s.shell, 0, 0, 0, 0);
+        assert!(sys.contains(&("cluster/replica_images", "4".to_string())));
+        assert!(sys.contains(&("cluster/replica_bytes", "1234".to_string())));
     }
 
     #[test]

@@ -294,7 +294,10 @@ impl Shard {
             (None, Some(_)) => self.config.webhook.clone(),
             _ => Vec::new(),
         };
+        // Persistent sessions are copied to `[cluster] replicas` nodes.
+        let copies = self.config.cluster.as_ref().map_or(1, |c| c.replicas);
         let mut broker = Broker::new(self.config, Instant::now());
+        broker.set_replicas(copies);
         broker.set_security(self.security);
         if let Some(t) = self.throttle {
             broker.share_login_throttle(t);

@@ -130,6 +130,11 @@ impl Shared {
             stats.cluster_tls_refused = c.tls_refused();
             stats.cluster_lease_expiries = c.lease_expiries();
         }
+        if let Ok(b) = self.broker.try_borrow() {
+            let (images, bytes) = b.replica_images();
+            stats.cluster_replica_images = images as u64;
+            stats.cluster_replica_bytes = bytes as u64;
+        }
         stats
     }
 

@@ -13,6 +13,7 @@ mod http_auth;
 mod nodes;
 mod qos;
 mod quota;
+mod replicas;
 mod retained;
 mod scram;
 mod security;

@@ -1,0 +1,975 @@
+//! Persistent sessions copied to other nodes, so that losing the owner
+//! node loses nothing it acknowledged.
+//!
+//! - The owner: every durable operation the core stages for a persistent
+//!   session (see [`DurableLog`]) is recorded on its way to the store
+//!   ([`Mirror`]) and sent, once per core event, to the replica set as one
+//!   `PeerEvent::Replicate`. Acknowledgements that event produced (and
+//!   every `Seen` this node answers) wait until the replicas answered
+//!   `ReplicaAck` ([`Replication`]); a replica that is away is not waited
+//!   for (counted).
+//! - A replica: keeps what the owners sent as images ([`Images`]): per
+//!   client id its subscriptions, queue, inflight, inbound QoS 2 ids and
+//!   will, each message once however many entries reference it. Bounded
+//!   in images and bytes; what does not fit is refused and counted.
+//! - Failover: the node granted a client id installs its image as the
+//!   live session (`Images::take` gives it in the store's recovery form).
+//!
+//! Clean sessions write nothing to the store, so they cost nothing here.
+
+use super::ids::ConnId;
+use super::outbox::Outgoing;
+use super::peer::PeerId;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use zerofan_store::{
+    EntryId, InflightPhase, Lsn, MsgId, QueueEntry, RecoveredEntry, RecoveredInflight,
+    RecoveredSession, RecoveredSubscription, SessionMeta, StoreError, StoreStats, StoredMessage,
+    StoredWill, SubOptions,
+};
+
+use super::durable::DurableLog;
+
+/// One durable operation of a persistent session, as an owner sends it to
+/// its replicas. Entry and message ids are the owner's.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReplOp {
+    /// The session exists (or its expiry changed).
+    Session {
+        /// Client id.
+        client: Box<str>,
+        /// Expiry.
+        meta: SessionMeta,
+    },
+    /// A full image of the session follows: forget what was known of it.
+    Reset {
+        /// Client id.
+        client: Box<str>,
+        /// Expiry.
+        meta: SessionMeta,
+    },
+    /// The session ended.
+    Drop {
+        /// Client id.
+        client: Box<str>,
+    },
+    /// A subscription was added or replaced.
+    Subscribe {
+        /// Client id.
+        client: Box<str>,
+        /// Topic filter.
+        filter: Box<str>,
+        /// Options.
+        options: SubOptions,
+        /// Subscription identifier.
+        id: Option<u32>,
+    },
+    /// A subscription was removed.
+    Unsubscribe {
+        /// Client id.
+        client: Box<str>,
+        /// Topic filter.
+        filter: Box<str>,
+    },
+    /// A message that queue entries after it reference: sent once per
+    /// replica and event, however many sessions queue it.
+    Message {
+        /// The owner's id of it.
+        id: MsgId,
+        /// The message (its payload shared, not copied).
+        msg: Arc<StoredMessage>,
+    },
+    /// A queue entry was appended.
+    Enqueue {
+        /// Client id.
+        client: Box<str>,
+        /// The owner's id of the entry.
+        entry: EntryId,
+        /// The entry.
+        item: QueueEntry,
+    },
+    /// A queue entry was removed unsent.
+    Dequeue {
+        /// Client id.
+        client: Box<str>,
+        /// The entry.
+        entry: EntryId,
+    },
+    /// A queue entry went out with `pid`.
+    Send {
+        /// Client id.
+        client: Box<str>,
+        /// The entry.
+        entry: EntryId,
+        /// Its packet id.
+        pid: u16,
+    },
+    /// PUBREC arrived for outbound `pid`.
+    PubRec {
+        /// Client id.
+        client: Box<str>,
+        /// Packet id.
+        pid: u16,
+    },
+    /// Outbound `pid` is finished.
+    Complete {
+        /// Client id.
+        client: Box<str>,
+        /// Packet id.
+        pid: u16,
+    },
+    /// Inbound QoS 2 `pid` was taken (PUBREC sent).
+    Qos2Received {
+        /// Client id.
+        client: Box<str>,
+        /// Packet id.
+        pid: u16,
+    },
+    /// PUBREL arrived for inbound `pid`.
+    Qos2Released {
+        /// Client id.
+        client: Box<str>,
+        /// Packet id.
+        pid: u16,
+    },
+    /// A will waits for its delay.
+    SetWill {
+        /// Client id.
+        client: Box<str>,
+        /// The will.
+        will: Box<StoredWill>,
+    },
+    /// The will was published or cancelled.
+    ClearWill {
+        /// Client id.
+        client: Box<str>,
+    },
+}
+
+impl ReplOp {
+    /// The session it is about (none for a message).
+    pub(crate) fn client(&self) -> Option<&str> {
+        match self {
+            ReplOp::Message { .. } => None,
+            ReplOp::Session { client, .. }
+            | ReplOp::Reset { client, .. }
+            | ReplOp::Drop { client }
+            | ReplOp::Subscribe { client, .. }
+            | ReplOp::Unsubscribe { client, .. }
+            | ReplOp::Enqueue { client, .. }
+            | ReplOp::Dequeue { client, .. }
+            | ReplOp::Send { client, .. }
+            | ReplOp::PubRec { client, .. }
+            | ReplOp::Complete { client, .. }
+            | ReplOp::Qos2Received { client, .. }
+            | ReplOp::Qos2Released { client, .. }
+            | ReplOp::SetWill { client, .. }
+            | ReplOp::ClearWill { client } => Some(client),
+        }
+    }
+
+    /// Bytes it stands for (for the figures).
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            ReplOp::Message { msg, .. } => msg.topic.len() + msg.payload.len() + 32,
+            _ => 32,
+        }
+    }
+}
+
+// ----- the owner: recording what the store is told ------------------------
+
+/// What the mirrored log recorded since the last flush.
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    on: bool,
+    ops: Vec<ReplOp>,
+    /// Messages written (or named by the core) since the last flush, to
+    /// send before the first entry that references them.
+    known: HashMap<MsgId, Arc<StoredMessage>>,
+    /// Messages already in `ops`.
+    sent: HashSet<MsgId>,
+    /// Persistent sessions claimed here since start (see
+    /// `Broker::send_images`); one leaves when the store drops it.
+    claimed: HashSet<Box<str>>,
+}
+
+impl Recorder {
+    fn push(&mut self, op: ReplOp) {
+        if self.on {
+            self.ops.push(op);
+        }
+    }
+}
+
+/// The durable log with every session operation also recorded for the
+/// replicas. Retained messages are not recorded: every node keeps them
+/// already (`PeerEvent::Retain`).
+pub(crate) struct Mirror {
+    inner: Box<dyn DurableLog>,
+    rec: Rc<RefCell<Recorder>>,
+}
+
+impl DurableLog for Mirror {
+    fn put_message(&mut self, msg: &StoredMessage) -> Result<MsgId, StoreError> {
+        let id = self.inner.put_message(msg)?;
+        let mut r = self.rec.borrow_mut();
+        if r.on {
+            r.known.insert(id, Arc::new(msg.clone()));
+        }
+        Ok(id)
+    }
+    fn set_retained(&mut self, topic: &str, msg: MsgId) -> Result<(), StoreError> {
+        self.inner.set_retained(topic, msg)
+    }
+    fn clear_retained(&mut self, topic: &str) -> Result<(), StoreError> {
+        self.inner.clear_retained(topic)
+    }
+    fn put_session(&mut self, client_id: &str, meta: SessionMeta) -> Result<(), StoreError> {
+        self.inner.put_session(client_id, meta)?;
+        self.rec.borrow_mut().push(ReplOp::Session {
+            client: client_id.into(),
+            meta,
+        });
+        Ok(())
+    }
+    fn drop_session(&mut self, client_id: &str) -> Result<(), StoreError> {
+        self.inner.drop_session(client_id)?;
+        self.rec.borrow_mut().claimed.remove(client_id);
+        self.rec.borrow_mut().push(ReplOp::Drop {
+            client: client_id.into(),
+        });
+        Ok(())
+    }
+    fn subscribe(
+        &mut self,
+        client_id: &str,
+        filter: &str,
+        options: SubOptions,
+        id: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.inner.subscribe(client_id, filter, options, id)?;
+        self.rec.borrow_mut().push(ReplOp::Subscribe {
+            client: client_id.into(),
+            filter: filter.into(),
+            options,
+            id,
+        });
+        Ok(())
+    }
+    fn unsubscribe(&mut self, client_id: &str, filter: &str) -> Result<(), StoreError> {
+        self.inner.unsubscribe(client_id, filter)?;
+        self.rec.borrow_mut().push(ReplOp::Unsubscribe {
+            client: client_id.into(),
+            filter: filter.into(),
+        });
+        Ok(())
+    }
+    fn enqueue(&mut self, client_id: &str, entry: &QueueEntry) -> Result<EntryId, StoreError> {
+        let id = self.inner.enqueue(client_id, entry)?;
+        let mut r = self.rec.borrow_mut();
+        if r.on {
+            if !r.sent.contains(&entry.msg) {
+                if let Some(msg) = r.known.get(&entry.msg).cloned() {
+                    r.sent.insert(entry.msg);
+                    r.ops.push(ReplOp::Message { id: entry.msg, msg });
+                }
+            }
+            r.ops.push(ReplOp::Enqueue {
+                client: client_id.into(),
+                entry: id,
+                item: entry.clone(),
+            });
+        }
+        Ok(id)
+    }
+    fn dequeue(&mut self, client_id: &str, entry: EntryId) -> Result<(), StoreError> {
+        self.inner.dequeue(client_id, entry)?;
+        self.rec.borrow_mut().push(ReplOp::Dequeue {
+            client: client_id.into(),
+            entry,
+        });
+        Ok(())
+    }
+    fn send(&mut self, client_id: &str, entry: EntryId, packet_id: u16) -> Result<(), StoreError> {
+        self.inner.send(client_id, entry, packet_id)?;
+        self.rec.borrow_mut().push(ReplOp::Send {
+            client: client_id.into(),
+            entry,
+            pid: packet_id,
+        });
+        Ok(())
+    }
+    fn pubrec(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.inner.pubrec(client_id, packet_id)?;
+        self.rec.borrow_mut().push(ReplOp::PubRec {
+            client: client_id.into(),
+            pid: packet_id,
+        });
+        Ok(())
+    }
+    fn complete(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.inner.complete(client_id, packet_id)?;
+        self.rec.borrow_mut().push(ReplOp::Complete {
+            client: client_id.into(),
+            pid: packet_id,
+        });
+        Ok(())
+    }
+    fn qos2_received(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.inner.qos2_received(client_id, packet_id)?;
+        self.rec.borrow_mut().push(ReplOp::Qos2Received {
+            client: client_id.into(),
+            pid: packet_id,
+        });
+        Ok(())
+    }
+    fn qos2_released(&mut self, client_id: &str, packet_id: u16) -> Result<(), StoreError> {
+        self.inner.qos2_released(client_id, packet_id)?;
+        self.rec.borrow_mut().push(ReplOp::Qos2Released {
+            client: client_id.into(),
+            pid: packet_id,
+        });
+        Ok(())
+    }
+    fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError> {
+        self.inner.set_will(client_id, will)?;
+        self.rec.borrow_mut().push(ReplOp::SetWill {
+            client: client_id.into(),
+            will: Box::new(will.clone()),
+        });
+        Ok(())
+    }
+    fn clear_will(&mut self, client_id: &str) -> Result<(), StoreError> {
+        self.inner.clear_will(client_id)?;
+        self.rec.borrow_mut().push(ReplOp::ClearWill {
+            client: client_id.into(),
+        });
+        Ok(())
+    }
+    fn commit(&mut self) -> Result<Lsn, StoreError> {
+        self.inner.commit()
+    }
+    fn durable_lsn(&self) -> Lsn {
+        self.inner.durable_lsn()
+    }
+    fn stats(&self) -> Option<StoreStats> {
+        self.inner.stats()
+    }
+}
+
+/// What waits for the replicas.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    /// A PUBACK / PUBREC.
+    Ack(ConnId, Outgoing),
+    /// A peer's `Seen` answer.
+    Seen(PeerId, u64),
+}
+
+/// The owner's side: the replica count, what was sent to whom, and what
+/// waits for their answers.
+#[derive(Debug, Default)]
+pub(crate) struct Replication {
+    /// Copies kept of a persistent session, this node's included (0 or 1:
+    /// none elsewhere).
+    copies: usize,
+    rec: Rc<RefCell<Recorder>>,
+    /// The last change number sent.
+    seq: u64,
+    /// Per replica: the last change sent, the last answered.
+    sent: BTreeMap<PeerId, (u64, u64)>,
+    /// Output waiting for the replicas to have change `.0`.
+    waiting: VecDeque<(u64, Waiter)>,
+    /// Acknowledgements waiting, per connection (its later ones queue
+    /// behind them, in order).
+    per_conn: HashMap<ConnId, usize>,
+    /// The replica set in force (see `Broker::replica_set_changed`).
+    current: Vec<PeerId>,
+    /// What replicas hold for other nodes.
+    pub(crate) images: Images,
+}
+
+impl Replication {
+    /// Keep `copies` copies of each persistent session (this node's
+    /// included).
+    pub(crate) fn set_copies(&mut self, copies: usize) {
+        self.copies = copies;
+        self.rec.borrow_mut().on = copies > 1;
+    }
+
+    /// Whether persistent sessions are copied at all.
+    pub(crate) fn on(&self) -> bool {
+        self.copies > 1
+    }
+
+    /// `log`, with its session operations also recorded here.
+    pub(crate) fn wrap(&self, log: Box<dyn DurableLog>) -> Box<dyn DurableLog> {
+        Box::new(Mirror {
+            inner: log,
+            rec: self.rec.clone(),
+        })
+    }
+
+    /// Whether the message `id` must still be named (with
+    /// [`Replication::note_message`]) before an entry references it.
+    pub(crate) fn wants_message(&self, id: MsgId) -> bool {
+        let r = self.rec.borrow();
+        r.on && !r.known.contains_key(&id) && !r.sent.contains(&id)
+    }
+
+    /// The message `id` (written in an earlier event) is about to be
+    /// queued again.
+    pub(crate) fn note_message(&self, id: MsgId, msg: StoredMessage) {
+        self.rec.borrow_mut().known.insert(id, Arc::new(msg));
+    }
+
+    /// `client` was claimed here: its session is this node's to copy.
+    pub(crate) fn claim(&self, client: &str) {
+        let mut r = self.rec.borrow_mut();
+        if r.on && !r.claimed.contains(client) {
+            r.claimed.insert(client.into());
+        }
+    }
+
+    /// Whether `client` was claimed here since start.
+    pub(crate) fn is_claimed(&self, client: &str) -> bool {
+        self.rec.borrow().claimed.contains(client)
+    }
+
+    /// Forget what was recorded for `client` since the last call (its
+    /// session moved to another node: the copies must stay).
+    pub(crate) fn unrecord(&self, client: &str) {
+        self.rec
+            .borrow_mut()
+            .ops
+            .retain(|op| op.client() != Some(client));
+    }
+
+    /// The recorded operations since the last call.
+    pub(crate) fn take_ops(&mut self) -> Vec<ReplOp> {
+        let mut r = self.rec.borrow_mut();
+        r.known.clear();
+        r.sent.clear();
+        std::mem::take(&mut r.ops)
+    }
+
+    /// The replica set among `peers` (sorted, reachable): the first
+    /// `copies - 1`.
+    pub(crate) fn targets(&self, peers: impl Iterator<Item = PeerId>) -> Vec<PeerId> {
+        peers.take(self.copies.saturating_sub(1)).collect()
+    }
+
+    /// The replica set in force.
+    pub(crate) fn current(&self) -> &[PeerId] {
+        &self.current
+    }
+
+    /// Make `set` the replica set; returns the one before.
+    pub(crate) fn set_current(&mut self, set: Vec<PeerId>) -> Vec<PeerId> {
+        std::mem::replace(&mut self.current, set)
+    }
+
+    /// A new change number for operations sent to `to`.
+    pub(crate) fn stamp(&mut self, to: &[PeerId]) -> u64 {
+        self.seq += 1;
+        for p in to {
+            self.sent.entry(*p).or_insert((0, 0)).0 = self.seq;
+        }
+        self.seq
+    }
+
+    /// Whether something sent is not answered yet by a replica that is
+    /// not away, or something waits.
+    fn outstanding(&self, away: &dyn Fn(PeerId) -> bool) -> bool {
+        !self.waiting.is_empty()
+            || self
+                .sent
+                .iter()
+                .any(|(p, (sent, acked))| sent > acked && !away(*p))
+    }
+
+    /// Hold a peer's `Seen` answer until the replicas have every change
+    /// sent so far (true), if any is unanswered.
+    pub(crate) fn wait_seen(
+        &mut self,
+        peer: PeerId,
+        seq: u64,
+        away: &dyn Fn(PeerId) -> bool,
+    ) -> bool {
+        if !self.outstanding(away) {
+            return false;
+        }
+        self.waiting.push_back((self.seq, Waiter::Seen(peer, seq)));
+        true
+    }
+
+    /// Hold an acknowledgement until the replicas have every change sent
+    /// so far.
+    pub(crate) fn hold_ack(&mut self, conn: ConnId, out: Outgoing) {
+        *self.per_conn.entry(conn).or_insert(0) += 1;
+        self.waiting.push_back((self.seq, Waiter::Ack(conn, out)));
+    }
+
+    /// `out` for `conn`, unless earlier acknowledgements of `conn` wait:
+    /// then it waits behind them.
+    pub(crate) fn wait_behind(&mut self, conn: ConnId, out: Outgoing) -> Option<Outgoing> {
+        if self.per_conn.is_empty() || !self.per_conn.contains_key(&conn) {
+            return Some(out);
+        }
+        self.hold_ack(conn, out);
+        None
+    }
+
+    /// `peer` answered change `seq`, or is gone (`seq == u64::MAX` with
+    /// `forget`). Returns what may go, in order, and how many of them went
+    /// without an away replica's answer.
+    pub(crate) fn answered(
+        &mut self,
+        peer: PeerId,
+        seq: u64,
+        forget: bool,
+        away: &dyn Fn(PeerId) -> bool,
+    ) -> (Vec<Waiter>, u64) {
+        if forget {
+            self.sent.remove(&peer);
+        } else if let Some(s) = self.sent.get_mut(&peer) {
+            s.1 = s.1.max(seq);
+        }
+        self.ready(away)
+    }
+
+    /// What waits no more.
+    pub(crate) fn ready(&mut self, away: &dyn Fn(PeerId) -> bool) -> (Vec<Waiter>, u64) {
+        let mut out = Vec::new();
+        let mut without = 0;
+        while let Some(&(seq, _)) = self.waiting.front() {
+            let mut skipped = false;
+            let done = self.sent.iter().all(|(p, (sent, acked))| {
+                if *acked >= seq || *sent < seq {
+                    true
+                } else if away(*p) {
+                    skipped = true;
+                    true
+                } else {
+                    false
+                }
+            });
+            if !done {
+                break;
+            }
+            let Some((_, w)) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Waiter::Ack(c, _) = &w {
+                if let Some(n) = self.per_conn.get_mut(c) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_conn.remove(c);
+                    }
+                }
+            }
+            without += u64::from(skipped);
+            out.push(w);
+        }
+        (out, without)
+    }
+
+    /// Forget `conn` (it closed): its acknowledgements are not sent.
+    pub(crate) fn forget(&mut self, conn: ConnId) {
+        if self.per_conn.remove(&conn).is_some() {
+            self.waiting
+                .retain(|(_, w)| !matches!(w, Waiter::Ack(c, _) if *c == conn));
+        }
+    }
+}
+
+// ----- the replica: images of other nodes' sessions -----------------------
+
+/// Most images a node keeps for other nodes.
+pub(crate) const MAX_IMAGES: usize = 100_000;
+/// Most message bytes (topic and payload) those images may hold.
+pub(crate) const MAX_BYTES: usize = 256 << 20;
+
+/// An outbound delivery in flight: packet id, phase, and what was sent
+/// (none once PUBREC arrived).
+type InflightCopy = (u16, InflightPhase, Option<(EntryId, QueueEntry)>);
+
+/// One session as a replica knows it.
+#[derive(Debug, Default)]
+struct Image {
+    owner: Option<PeerId>,
+    meta: SessionMeta,
+    subs: BTreeMap<Box<str>, (SubOptions, Option<u32>)>,
+    /// By the owner's entry id (ascending: queue order).
+    queue: BTreeMap<EntryId, QueueEntry>,
+    /// By send order: (packet id, phase, entry).
+    inflight: Vec<InflightCopy>,
+    qos2: BTreeSet<u16>,
+    will: Option<Box<StoredWill>>,
+}
+
+/// What a replica holds of other nodes' sessions. Each message is kept
+/// once per owner, counted by the entries that reference it.
+#[derive(Debug)]
+pub(crate) struct Images {
+    by_client: HashMap<Box<str>, Image>,
+    messages: HashMap<(PeerId, MsgId), (Arc<StoredMessage>, usize)>,
+    /// Message bytes held (topic and payload).
+    bytes: usize,
+    max_images: usize,
+    max_bytes: usize,
+    /// Operations applied.
+    pub(crate) applied: u64,
+    /// Operations refused: the images were full (or named a message that
+    /// was refused).
+    pub(crate) refused: u64,
+    /// Images dropped because their session expired.
+    pub(crate) expired: u64,
+}
+
+impl Default for Images {
+    fn default() -> Self {
+        Images {
+            by_client: HashMap::new(),
+            messages: HashMap::new(),
+            bytes: 0,
+            max_images: MAX_IMAGES,
+            max_bytes: MAX_BYTES,
+            applied: 0,
+            refused: 0,
+            expired: 0,
+        }
+    }
+}
+
+fn msg_size(m: &StoredMessage) -> usize {
+    m.topic.len() + m.payload.len()
+}
+
+impl Images {
+    /// Bound what is kept.
+    pub(crate) fn set_limits(&mut self, images: usize, bytes: usize) {
+        self.max_images = images;
+        self.max_bytes = bytes;
+    }
+
+    /// Images held.
+    pub(crate) fn len(&self) -> usize {
+        self.by_client.len()
+    }
+
+    /// Message bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether an image of `client` is held.
+    pub(crate) fn has(&self, client: &str) -> bool {
+        self.by_client.contains_key(client)
+    }
+
+    fn unref(&mut self, owner: PeerId, msg: MsgId) {
+        let key = (owner, msg);
+        if let Some(m) = self.messages.get_mut(&key) {
+            m.1 = m.1.saturating_sub(1);
+            if m.1 == 0 {
+                if let Some((m, _)) = self.messages.remove(&key) {
+                    self.bytes -= msg_size(&m);
+                }
+            }
+        }
+    }
+
+    fn drop_image(&mut self, client: &str) {
+        let Some(img) = self.by_client.remove(client) else {
+            return;
+        };
+        let Some(owner) = img.owner else { return };
+        for e in img.queue.values() {
+            self.unref(owner, e.msg);
+        }
+        for (_, _, e) in &img.inflight {
+            if let Some((_, e)) = e {
+                self.unref(owner, e.msg);
+            }
+        }
+    }
+
+    /// Apply `ops` from `from`. Operations on a session another node owns
+    /// now are ignored: `Session` or `Reset` from a new owner starts the
+    /// image over.
+    /// `now_ms` (UNIX milliseconds) tells which images expired: they
+    /// make room when the images are full.
+    pub(crate) fn apply(&mut self, from: PeerId, ops: Vec<ReplOp>, now_ms: u64) {
+        // Messages named in this batch but referenced by no entry go at
+        // its end.
+        let mut fresh: Vec<MsgId> = Vec::new();
+        for op in ops {
+            if self.apply_one(from, op, &mut fresh, now_ms) {
+                self.applied += 1;
+            } else {
+                self.refused += 1;
+            }
+        }
+        for id in fresh {
+            let key = (from, id);
+            if self.messages.get(&key).is_some_and(|m| m.1 == 0) {
+                if let Some((m, _)) = self.messages.remove(&key) {
+                    self.bytes -= msg_size(&m);
+                }
+            }
+        }
+    }
+
+    /// The image of `client` owned by `from`, if any.
+    fn owned(&mut self, from: PeerId, client: &str) -> Option<&mut Image> {
+        self.by_client
+            .get_mut(client)
+            .filter(|i| i.owner == Some(from))
+    }
+
+    /// False when refused (full, or naming what is not there).
+    fn apply_one(&mut self, from: PeerId, op: ReplOp, fresh: &mut Vec<MsgId>, now_ms: u64) -> bool {
+        let full = matches!(op, ReplOp::Reset { .. });
+        match op {
+            ReplOp::Session { client, meta } | ReplOp::Reset { client, meta } => {
+                // A new owner, or a full image of the same one: start over.
+                let over = matches!(
+                    self.by_client.get(&*client),
+                    Some(i) if full || i.owner != Some(from)
+                );
+                if over {
+                    self.drop_image(&client);
+                }
+                if !self.by_client.contains_key(&*client) {
+                    if self.by_client.len() >= self.max_images {
+                        self.sweep(now_ms);
+                    }
+                    if self.by_client.len() >= self.max_images {
+                        return false;
+                    }
+                    self.by_client.insert(
+                        client.clone(),
+                        Image {
+                            owner: Some(from),
+                            ..Image::default()
+                        },
+                    );
+                }
+                if let Some(i) = self.by_client.get_mut(&*client) {
+                    i.meta = meta;
+                }
+                true
+            }
+            ReplOp::Drop { client } => {
+                if self.owned(from, &client).is_some() {
+                    self.drop_image(&client);
+                }
+                true
+            }
+            ReplOp::Subscribe {
+                client,
+                filter,
+                options,
+                id,
+            } => match self.owned(from, &client) {
+                Some(i) => {
+                    i.subs.insert(filter, (options, id));
+                    true
+                }
+                None => false,
+            },
+            ReplOp::Unsubscribe { client, filter } => {
+                if let Some(i) = self.owned(from, &client) {
+                    i.subs.remove(&filter);
+                }
+                true
+            }
+            ReplOp::Message { id, msg } => {
+                let key = (from, id);
+                if self.messages.contains_key(&key) {
+                    return true;
+                }
+                let size = msg_size(&msg);
+                if self.bytes + size > self.max_bytes {
+                    self.sweep(now_ms);
+                }
+                if self.bytes + size > self.max_bytes {
+                    return false;
+                }
+                self.bytes += size;
+                self.messages.insert(key, (msg, 0));
+                fresh.push(id);
+                true
+            }
+            ReplOp::Enqueue {
+                client,
+                entry,
+                item,
+            } => {
+                let key = (from, item.msg);
+                let Some(m) = self.messages.get_mut(&key) else {
+                    return false;
+                };
+                let Some(i) = self
+                    .by_client
+                    .get_mut(&*client)
+                    .filter(|i| i.owner == Some(from))
+                else {
+                    return false;
+                };
+                m.1 += 1;
+                i.queue.insert(entry, item);
+                true
+            }
+            ReplOp::Dequeue { client, entry } => {
+                let msg = self
+                    .owned(from, &client)
+                    .and_then(|i| i.queue.remove(&entry))
+                    .map(|e| e.msg);
+                if let Some(m) = msg {
+                    self.unref(from, m);
+                }
+                true
+            }
+            ReplOp::Send { client, entry, pid } => {
+                let Some(i) = self.owned(from, &client) else {
+                    return false;
+                };
+                let Some(e) = i.queue.remove(&entry) else {
+                    return false;
+                };
+                i.inflight.retain(|f| f.0 != pid);
+                i.inflight
+                    .push((pid, InflightPhase::PublishSent, Some((entry, e))));
+                true
+            }
+            ReplOp::PubRec { client, pid } => {
+                let Some(i) = self.owned(from, &client) else {
+                    return false;
+                };
+                let mut gone = None;
+                match i.inflight.iter_mut().find(|f| f.0 == pid) {
+                    Some(f) => {
+                        f.1 = InflightPhase::PubrecReceived;
+                        gone = f.2.take().map(|(_, e)| e.msg);
+                    }
+                    // A full image names a delivery past PUBREC this way.
+                    None => i.inflight.push((pid, InflightPhase::PubrecReceived, None)),
+                }
+                if let Some(m) = gone {
+                    self.unref(from, m);
+                }
+                true
+            }
+            ReplOp::Complete { client, pid } => {
+                let mut gone = None;
+                if let Some(i) = self.owned(from, &client) {
+                    if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
+                        gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                    }
+                }
+                if let Some(m) = gone {
+                    self.unref(from, m);
+                }
+                true
+            }
+            ReplOp::Qos2Received { client, pid } => match self.owned(from, &client) {
+                Some(i) => {
+                    i.qos2.insert(pid);
+                    true
+                }
+                None => false,
+            },
+            ReplOp::Qos2Released { client, pid } => {
+                if let Some(i) = self.owned(from, &client) {
+                    i.qos2.remove(&pid);
+                }
+                true
+            }
+            ReplOp::SetWill { client, will } => match self.owned(from, &client) {
+                Some(i) => {
+                    i.will = Some(will);
+                    true
+                }
+                None => false,
+            },
+            ReplOp::ClearWill { client } => {
+                if let Some(i) = self.owned(from, &client) {
+                    i.will = None;
+                }
+                true
+            }
+        }
+    }
+
+    /// Drop the images of sessions that expired (their owner is gone: a
+    /// live owner drops them itself). Returns how many went.
+    pub(crate) fn sweep(&mut self, now_ms: u64) -> usize {
+        let expired: Vec<Box<str>> = self
+            .by_client
+            .iter()
+            .filter(|(_, i)| i.meta.expires_at_ms.is_some_and(|at| at <= now_ms))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in &expired {
+            self.drop_image(c);
+        }
+        self.expired += expired.len() as u64;
+        expired.len()
+    }
+
+    /// Take the image of `client` (this node now owns it), in the form the
+    /// store's recovery gives, with the old owner's ids.
+    pub(crate) fn take(&mut self, client: &str) -> Option<RecoveredSession> {
+        let img = self.by_client.get(client)?;
+        let owner = img.owner?;
+        let entry = |id: EntryId, e: &QueueEntry| {
+            let message = self.messages.get(&(owner, e.msg))?.0.clone();
+            Some(RecoveredEntry {
+                id,
+                entry: e.clone(),
+                message,
+            })
+        };
+        let rs = RecoveredSession {
+            client_id: client.to_owned(),
+            meta: img.meta,
+            subscriptions: img
+                .subs
+                .iter()
+                .map(|(f, (options, id))| RecoveredSubscription {
+                    filter: f.to_string(),
+                    options: *options,
+                    id: *id,
+                })
+                .collect(),
+            queue: img
+                .queue
+                .iter()
+                .filter_map(|(id, e)| entry(*id, e))
+                .collect(),
+            inflight: img
+                .inflight
+                .iter()
+                .map(|(pid, phase, e)| RecoveredInflight {
+                    packet_id: *pid,
+                    phase: *phase,
+                    entry: e.as_ref().and_then(|(id, e)| entry(*id, e)),
+                })
+                .collect(),
+            incoming_qos2: img.qos2.iter().copied().collect(),
+            will: img.will.as_deref().cloned(),
+        };
+        self.drop_image(client);
+        Some(rs)
+    }
+
+    /// Forget the image of `client` (a clean start took its id).
+    pub(crate) fn forget(&mut self, client: &str) {
+        self.drop_image(client);
+    }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Replicated persistent QoS 1 against single-node persistent QoS 1
+# (BENCHMARKS.md, "Cluster: replicated persistent sessions").
+#
+#   scripts/bench_replicas.sh [TARGET_DIR] [WINDOW] [SECONDS]
+#
+# REPLICAS=1 runs the cluster without copies (the cost of the hop alone).
+#
+# One zerofan alone, then a 3-node cluster (replicas = 3): zerofan-bench
+# qos1 with persistent sessions (ZEROFAN_BENCH_SESSION_EXPIRY), the
+# publisher on node 1 and the subscriber on node 2 (whose replicas are
+# nodes 1 and 3). Same config for both: fsync = "always".
+set -euo pipefail
+T=${1:-target}
+W=${2:-1024}
+S=${3:-5}
+BIN=$T/release/zerofan
+BENCH=$T/release/zerofan-bench
+DIR=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$DIR"
+}
+trap cleanup EXIT
+R=${REPLICAS:-3}
+printf 'max_queued_messages = 100000\nfsync = "always"\n' >"$DIR/bench.toml"
+
+run_bench() { # label port [sub_port]
+    local extra=()
+    [ -n "${3:-}" ] && extra=(--sub-port "$3")
+    echo "== $1 (window $W, ${S}s)"
+    ZEROFAN_BENCH_SESSION_EXPIRY=300 "$BENCH" qos1 --port "$2" --protocol 5 \
+        --duration "$S" --window "$W" "${extra[@]}"
+}
+
+wait_members() { # cluster addr, count
+    for _ in $(seq 1 100); do
+        if "$BIN" cluster status --connect "$1" --json 2>/dev/null |
+            python3 -c 'import json,sys; s=json.load(sys.stdin); m=s["members"]; sys.exit(0 if len(m)=='"$2"' and all(x["healthy"] for x in m) else 1)'; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "cluster did not form" >&2
+    return 1
+}
+
+# Single node.
+"$BIN" --listen 127.0.0.1:18830 --data-dir "$DIR/single" --config "$DIR/bench.toml" >/dev/null &
+PIDS+=($!)
+sleep 1
+run_bench "single node, persistent" 18830
+kill "${PIDS[0]}"
+wait "${PIDS[0]}" 2>/dev/null || true
+PIDS=()
+
+# Three nodes.
+for i in 1 2 3; do
+    cp "$DIR/bench.toml" "$DIR/c$i.toml"
+    printf '[cluster]\nnode_id = %s\nlisten = "127.0.0.1:1710%s"\nreplicas = %s\n' $i $i "$R" >>"$DIR/c$i.toml"
+    [ "$i" != 1 ] && printf 'join = "127.0.0.1:17101"\n' >>"$DIR/c$i.toml"
+    "$BIN" --listen 127.0.0.1:1884$i \
+        --data-dir "$DIR/n$i" --config "$DIR/c$i.toml" >/dev/null &
+    PIDS+=($!)
+    if [ "$i" = 1 ]; then wait_members 127.0.0.1:17101 1; fi
+done
+wait_members 127.0.0.1:17101 3
+sleep 1
+run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node 2" 18841 18842
