@@ -13,7 +13,7 @@ use crate::types::{
     RecoveredRetained, RecoveredSession, RecoveredSubscription, SessionMeta, StoredMessage,
     StoredWill,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Where one record lies in the log.
@@ -81,6 +81,9 @@ pub(crate) struct Model {
     /// Messages whose reference count fell to (or started at) zero since the
     /// last [`Model::sweep`].
     maybe_dead: Vec<u64>,
+    /// Messages a writer sharing this store put and has not committed yet
+    /// (see [`Model::pin`]): not swept, whoever commits.
+    pinned: HashSet<u64>,
     /// Highest ids seen, so new ones are never reused while the log holds them.
     pub max_msg: u64,
     pub max_entry: u64,
@@ -134,10 +137,25 @@ impl Model {
     /// commit.
     pub fn sweep(&mut self) {
         for id in std::mem::take(&mut self.maybe_dead) {
-            if self.msgs.get(&id).is_some_and(|m| m.refs == 0) {
+            if self.pinned.contains(&id) {
+                self.maybe_dead.push(id);
+            } else if self.msgs.get(&id).is_some_and(|m| m.refs == 0) {
                 self.msgs.remove(&id);
             }
         }
+    }
+
+    /// Keep message `id` through other writers' commits until
+    /// [`Model::unpin`]: with several writers staging into one store, one
+    /// writer's commit is not a boundary of another's, whose reference to
+    /// the message may still be coming.
+    pub fn pin(&mut self, id: u64) {
+        self.pinned.insert(id);
+    }
+
+    /// Message `id` may go at the next commit if nothing references it.
+    pub fn unpin(&mut self, id: u64) {
+        self.pinned.remove(&id);
     }
 
     /// Apply one record found at `span`. Never panics; returns false when the

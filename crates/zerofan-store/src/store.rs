@@ -236,6 +236,20 @@ impl Store {
         Ok(MsgId(id))
     }
 
+    /// Keep message `id` (unreferenced yet) through commits until
+    /// [`Store::unpin_message`]. For writers that share one store: another
+    /// writer's [`Store::commit`] forgets unreferenced messages, and this
+    /// writer's reference to `id` may come after it.
+    pub fn pin_message(&mut self, id: MsgId) {
+        self.model.pin(id.0);
+    }
+
+    /// Message `id` may be forgotten at the next commit if nothing
+    /// references it by then.
+    pub fn unpin_message(&mut self, id: MsgId) {
+        self.model.unpin(id.0);
+    }
+
     /// Make `msg` the retained message of `topic` (replacing any other).
     pub fn set_retained(&mut self, topic: &str, msg: MsgId) -> Result<(), StoreError> {
         if !self.model.has_msg(msg.0) {

@@ -160,7 +160,10 @@ pub fn attach(broker: &mut Broker, part: ShardStore) -> Arc<Notify> {
     let truncated = part.recovered.report.truncated_bytes;
     let log: Box<dyn DurableLog> = match part.log {
         ShardLog::Own(store) => store,
-        ShardLog::Shared(store) => Box::new(SharedStore(store)),
+        ShardLog::Shared(store) => Box::new(SharedStore {
+            store,
+            pinned: Vec::new(),
+        }),
     };
     broker.set_durable_log(log, now, unix_ms);
     broker.note_store_recovery(truncated);
@@ -171,7 +174,14 @@ pub fn attach(broker: &mut Broker, part: ShardStore) -> Arc<Notify> {
 /// The store as one of several shards sees it. Each call holds the lock
 /// for one record; the commit hands the batch to the writer thread, which
 /// covers every shard's commits since its last fsync with the next one.
-struct SharedStore(Arc<Mutex<Store>>);
+struct SharedStore {
+    store: Arc<Mutex<Store>>,
+    /// Messages this shard put since its last commit: pinned in the store
+    /// until then, because another shard's commit in between would forget
+    /// a message this shard has not referenced yet (its queue entry comes
+    /// in a later call), and the entry would then be refused.
+    pinned: Vec<MsgId>,
+}
 
 impl SharedStore {
     fn with<T>(
@@ -181,14 +191,20 @@ impl SharedStore {
         // A shard that panicked while holding the lock left the store as
         // the records it wrote say; the log's own checks cover a torn
         // batch, so the others go on writing.
-        let mut store = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut store)
     }
 }
 
 impl DurableLog for SharedStore {
     fn put_message(&mut self, msg: &StoredMessage) -> Result<MsgId, StoreError> {
-        self.with(|s| s.put_message(msg))
+        let id = self.with(|s| {
+            let id = s.put_message(msg)?;
+            s.pin_message(id);
+            Ok(id)
+        })?;
+        self.pinned.push(id);
+        Ok(id)
     }
     fn set_retained(&mut self, topic: &str, msg: MsgId) -> Result<(), StoreError> {
         self.with(|s| s.set_retained(topic, msg))
@@ -242,16 +258,23 @@ impl DurableLog for SharedStore {
         self.with(|s| s.clear_will(client_id))
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
-        self.with(|s| s.commit())
+        let pinned = std::mem::take(&mut self.pinned);
+        self.with(|s| {
+            // This shard's references are all staged by now.
+            for id in pinned {
+                s.unpin_message(id);
+            }
+            s.commit()
+        })
     }
     fn durable_lsn(&self) -> Lsn {
-        match self.0.lock() {
+        match self.store.lock() {
             Ok(s) => s.durable_lsn(),
             Err(p) => p.into_inner().durable_lsn(),
         }
     }
     fn stats(&self) -> Option<StoreStats> {
-        match self.0.lock() {
+        match self.store.lock() {
             Ok(s) => Some(s.stats()),
             Err(p) => Some(p.into_inner().stats()),
         }
@@ -331,5 +354,67 @@ impl DurableLog for Store {
     }
     fn stats(&self) -> Option<StoreStats> {
         Some(Store::stats(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zerofan_store::{Options, QueueEntry, SessionMeta};
+
+    fn meta() -> SessionMeta {
+        SessionMeta {
+            expiry_interval: 3600,
+            expires_at_ms: None,
+        }
+    }
+
+    /// Two shards write to one store: shard 1 puts a message, shard 2
+    /// commits before shard 1 has staged the queue entry that references
+    /// it. The entry must still be taken and survive a restart (the commit
+    /// in between used to forget the unreferenced message, so the entry was
+    /// refused and an acknowledged message was lost).
+    #[test]
+    fn another_shards_commit_does_not_forget_a_message_not_referenced_yet() {
+        let dir = std::env::temp_dir().join(format!("zerofan-pin-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (store, _) = Store::open(&dir, Options::default()).expect("open");
+        let store = Arc::new(Mutex::new(store));
+        let mut one = SharedStore {
+            store: store.clone(),
+            pinned: Vec::new(),
+        };
+        let mut two = SharedStore {
+            store: store.clone(),
+            pinned: Vec::new(),
+        };
+        one.put_session("sub-one", meta()).expect("session");
+        one.commit().expect("commit");
+        two.put_session("sub-two", meta()).expect("session");
+        let msg = StoredMessage {
+            topic: bytes::Bytes::from_static(b"t"),
+            payload: bytes::Bytes::from_static(b"kept"),
+            qos: 1,
+            ..Default::default()
+        };
+        let id = one.put_message(&msg).expect("message");
+        two.commit().expect("the other shard commits in between");
+        let entry = QueueEntry {
+            msg: id,
+            qos: 1,
+            ..Default::default()
+        };
+        one.enqueue("sub-one", &entry).expect("the entry is taken");
+        one.commit().expect("commit");
+        // The last handle closes the store.
+        drop((one, two, store));
+        let (_, recovered) = Store::open(&dir, Options::default()).expect("reopen");
+        let s = recovered
+            .sessions
+            .iter()
+            .find(|s| s.client_id == "sub-one")
+            .expect("session back");
+        assert_eq!(s.queue.len(), 1, "the queued message survives");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
