@@ -151,7 +151,9 @@ pub struct Config {
     /// connection activity before it sleeps: the next packet of a
     /// conversation is then read without waking an idle CPU (half the
     /// ping-pong latency), at the cost of up to this much CPU time after
-    /// each burst. 0 turns it off; nothing is spent while idle. Read at
+    /// each burst. 0 turns it off; nothing is spent while idle. With
+    /// several shards it applies only while there are more cores than
+    /// shards (a spinning shard would take a busy sibling's CPU). Read at
     /// start, not on reload.
     pub busy_poll_us: u64,
     /// Milliseconds without traffic after which a plain-TCP connection is

@@ -379,7 +379,8 @@ impl Shard {
             )));
         }
         let busy_poll = shared.broker.borrow().config().busy_poll_us;
-        if busy_poll > 0 {
+        let shards = shared.mesh.as_ref().map_or(1, |m| m.count());
+        if busy_poll > 0 && super::spin::may_spin(shards) {
             background.push(tokio::task::spawn_local(super::spin::spin_loop(
                 shared.clone(),
                 Duration::from_micros(busy_poll),
