@@ -2107,24 +2107,33 @@ impl Broker {
 
     /// PUBACK from a client: a QoS 1 delivery is done.
     pub(crate) fn on_puback(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
-        if let Some(s) = self.sessions.get_mut(&sid) {
-            let done = s.flight().inflight.get(&a.packet_id).is_some_and(|f| {
+        let done = self.sessions.get(&sid).is_some_and(|s| {
+            s.flight().inflight.get(&a.packet_id).is_some_and(|f| {
                 f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
-            });
-            if done {
-                let stored = s
-                    .flight_mut()
-                    .inflight
-                    .remove(&a.packet_id)
-                    .is_some_and(|f| f.item.entry.is_some());
-                // The window has room again.
-                if !s.queue_is_empty() {
-                    self.wake(conn);
-                }
-                if stored {
-                    self.dur_complete(sid, a.packet_id);
-                }
-            }
+            })
+        });
+        if done {
+            self.finish_delivery(conn, sid, a.packet_id);
+        }
+    }
+
+    /// A delivery left the inflight window (acknowledged, or refused with an
+    /// error code): its slot is free for the queue, and a stored one is
+    /// done in the log.
+    fn finish_delivery(&mut self, conn: ConnId, sid: SessionId, packet_id: u16) {
+        let Some(s) = self.sessions.get_mut(&sid) else {
+            return;
+        };
+        let stored = s
+            .flight_mut()
+            .inflight
+            .remove(&packet_id)
+            .is_some_and(|f| f.item.entry.is_some());
+        if !s.queue_is_empty() {
+            self.wake(conn);
+        }
+        if stored {
+            self.dur_complete(sid, packet_id);
         }
     }
 
@@ -2139,17 +2148,11 @@ impl Broker {
             .and_then(|f| f.inflight.get_mut(&a.packet_id))
         {
             Some(f) if f.item.qos == QoS::ExactlyOnce => {
-                let stored = f.item.entry.is_some();
                 if a.reason.is_error() {
-                    s.flight_mut().inflight.remove(&a.packet_id);
-                    if !s.queue_is_empty() {
-                        self.wake(conn);
-                    }
-                    if stored {
-                        self.dur_complete(sid, a.packet_id);
-                    }
+                    self.finish_delivery(conn, sid, a.packet_id);
                     return;
                 }
+                let stored = f.item.entry.is_some();
                 f.state = InflightState::AwaitingComp;
                 if stored {
                     self.dur_pubrec(sid, a.packet_id);
@@ -2170,25 +2173,14 @@ impl Broker {
 
     /// PUBCOMP from a client: a QoS 2 delivery is done.
     pub(crate) fn on_pubcomp(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
-        if let Some(s) = self.sessions.get_mut(&sid) {
-            let done = s
-                .flight()
+        let done = self.sessions.get(&sid).is_some_and(|s| {
+            s.flight()
                 .inflight
                 .get(&a.packet_id)
-                .is_some_and(|f| f.state == InflightState::AwaitingComp);
-            if done {
-                let stored = s
-                    .flight_mut()
-                    .inflight
-                    .remove(&a.packet_id)
-                    .is_some_and(|f| f.item.entry.is_some());
-                if !s.queue_is_empty() {
-                    self.wake(conn);
-                }
-                if stored {
-                    self.dur_complete(sid, a.packet_id);
-                }
-            }
+                .is_some_and(|f| f.state == InflightState::AwaitingComp)
+        });
+        if done {
+            self.finish_delivery(conn, sid, a.packet_id);
         }
     }
 
