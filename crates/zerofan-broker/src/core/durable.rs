@@ -296,6 +296,12 @@ impl Durable {
     /// The end of a core event: commit what it staged (once) and hold its
     /// acknowledgements until that commit is durable. A failed commit is
     /// counted in `errors`.
+    /// Nothing staged or waiting: [`Durable::end_event`] would be `Idle`.
+    #[inline]
+    pub(crate) fn idle(&self) -> bool {
+        !self.dirty && self.pending.is_empty() && self.seen_pending.is_empty()
+    }
+
     pub(crate) fn end_event(&mut self, errors: &mut u64) -> EventEnd {
         if !self.dirty && self.pending.is_empty() && self.seen_pending.is_empty() {
             return EventEnd::Idle;

@@ -282,6 +282,12 @@ impl Peers {
     }
 
     /// With no peers left, nothing waits.
+    /// Whether anything waits for peers' answers (see [`Peers::ready`]).
+    #[inline]
+    pub(crate) fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
     /// What waits no more: every peer that is not away has seen its
     /// change (or no such peer is left).
     pub(crate) fn ready(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
