@@ -155,23 +155,22 @@ class Publisher:
             return set(self.acked), self.sent
 
 
-def drain(sub: PahoClient, quiet: float = 2.0, limit: float = 60.0,
-          want: set | None = None) -> list:
+def drain(sub: PahoClient, quiet: float = 2.0, limit: float = 240.0,
+          stall: float = 20.0, want: set | None = None) -> list:
     """Every message that arrives until none came for `quiet` seconds, and
-    (with `want`) not before every payload of `want` came or `limit` passed:
-    on a loaded machine a subscriber's QoS 2 messages (surfaced by paho at
-    PUBREL, a round trip later) can trail its QoS 1 messages by more than
-    `quiet`."""
+    (with `want`) not before every payload of `want` came, nothing came for
+    `stall` seconds, or `limit` passed. On a loaded machine a subscriber's
+    QoS 2 messages (surfaced by paho at PUBREL, a round trip later, and each
+    window sent after a durable send record) can trail its QoS 1 messages by
+    a minute while still flowing; a lost message shows as a stall."""
     got = []
     missing = set(want or ())
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        wait = quiet if not missing else min(quiet * 5, max(end - time.monotonic(), 0.01))
+        wait = quiet if not missing else min(stall, max(end - time.monotonic(), 0.01))
         try:
             m = sub.messages.get(timeout=wait)
         except Exception:
-            if missing and time.monotonic() < end:
-                continue
             break
         got.append(m)
         missing.discard(m.payload)
