@@ -467,6 +467,11 @@ impl Peers {
         self.held_for.retain(|&(_, c)| c != conn);
     }
 
+    /// Every peer that is not away has applied every change so far.
+    pub(crate) fn caught_up(&self) -> bool {
+        self.slots.iter().all(|s| s.away || s.seen >= self.seq)
+    }
+
     /// The last change number handed out.
     pub(crate) fn last_seq(&self) -> u64 {
         self.seq
