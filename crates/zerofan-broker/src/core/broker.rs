@@ -4195,6 +4195,12 @@ impl Broker {
         self.peers.caught_up()
     }
 
+    /// Whether output for `conn` (a SUBACK, a retained PUBLISH's
+    /// acknowledgement) waits until every peer has seen a change.
+    pub fn awaits_peers(&self, conn: ConnId) -> bool {
+        self.peers.owes(conn)
+    }
+
     /// This core's last change number: a peer that answers it with
     /// [`PeerEvent::Seen`] has applied every change (the shell asks again
     /// after a link broke, when answers may have been lost with it).

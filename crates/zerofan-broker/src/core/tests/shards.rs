@@ -541,3 +541,22 @@ fn a_core_is_caught_up_once_every_shard_applied_what_it_restored() {
     assert!(sh.hs[1].b.peers_caught_up());
     assert!(sh.hs[0].b.peers_caught_up());
 }
+
+#[test]
+fn a_connection_awaits_its_peers_until_its_deferred_suback_goes() {
+    // The shell does not park a connection meanwhile: its quick park is
+    // for after the SUBACK.
+    let mut sh = Shards::new(2);
+    let sub = sh.client_on(1, "sub");
+    let idle = sh.client_on(1, "idle");
+    let out = sh.hs[1].subscribe(sub.conn, "w/#", opts(QoS::AtLeastOnce));
+    assert!(out.packets.is_empty(), "SUBACK waits for shard 0");
+    assert!(sh.hs[1].b.awaits_peers(sub.conn));
+    assert!(!sh.hs[1].b.awaits_peers(idle.conn));
+    sh.pump();
+    assert!(matches!(
+        sh.out(sub).packets.as_slice(),
+        [Packet::SubAck(_)]
+    ));
+    assert!(!sh.hs[1].b.awaits_peers(sub.conn));
+}
