@@ -151,7 +151,14 @@ impl std::fmt::Debug for BrokerHandle {
 /// files, a store that cannot be opened. Blocks the calling thread for that
 /// long; from async code, call it in `spawn_blocking`.
 pub fn spawn(config: Config) -> io::Result<BrokerHandle> {
-    spawn_inner(config, None)
+    spawn_inner(config, None, None)
+}
+
+/// Test-only: [`spawn`], each shard applying what the other shards send
+/// it only `delay` after it starts (see `Server::delay_peer_start`).
+#[doc(hidden)]
+pub fn spawn_with_slow_peers(config: Config, delay: Duration) -> io::Result<BrokerHandle> {
+    spawn_inner(config, None, Some(delay))
 }
 
 /// [`spawn`] as one node of a cluster, linked to the others by `links`
@@ -164,12 +171,13 @@ pub fn spawn_linked(
     if config.threads == 0 {
         config.threads = 1;
     }
-    spawn_inner(config, Some(links))
+    spawn_inner(config, Some(links), None)
 }
 
 fn spawn_inner(
     config: Config,
     links: Option<crate::shell::links::LinkSetup>,
+    peer_delay: Option<Duration>,
 ) -> io::Result<BrokerHandle> {
     let (bound_tx, bound_rx) = std_mpsc::channel::<io::Result<Vec<(SocketAddr, String)>>>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -178,7 +186,11 @@ fn spawn_inner(
     let published = latest.clone();
     let thread = std::thread::Builder::new()
         .name("zerofan-broker".into())
-        .spawn(move || run(config, links, bound_tx, stop_rx, req_rx, published))?;
+        .spawn(move || {
+            run(
+                config, links, peer_delay, bound_tx, stop_rx, req_rx, published,
+            )
+        })?;
     match bound_rx.recv() {
         Ok(Ok(listeners)) => Ok(BrokerHandle {
             listeners,
@@ -203,6 +215,7 @@ fn spawn_inner(
 fn run(
     config: Config,
     links: Option<crate::shell::links::LinkSetup>,
+    peer_delay: Option<Duration>,
     bound: std_mpsc::Sender<io::Result<Vec<(SocketAddr, String)>>>,
     stop: oneshot::Receiver<()>,
     requests: mpsc::UnboundedReceiver<std_mpsc::Sender<BrokerStats>>,
@@ -222,6 +235,9 @@ fn run(
         };
         if let Some(l) = links {
             server.set_links(l);
+        }
+        if let Some(d) = peer_delay {
+            server.delay_peer_start(d);
         }
         server.set_monitor(move |snap| monitor(snap, requests, latest));
         let _ = bound.send(Ok(server.local_listeners()));

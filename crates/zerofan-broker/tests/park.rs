@@ -30,13 +30,25 @@ fn broker() -> (std::sync::MutexGuard<'static, ()>, BrokerHandle) {
     (guard, embed::spawn(config).unwrap())
 }
 
+/// A client id from `name` whose session lives on shard 0 (of `shards`):
+/// `stats()` reads that shard's figures as they are, another shard's as
+/// of its last tick (up to 250 ms old), and the counts asserted on must
+/// be current.
+fn on_shard_0(name: &str, shards: usize) -> String {
+    (0..1000)
+        .map(|i| format!("{name}-{i}"))
+        .find(|id| zerofan_broker::core::shard_of(id.as_bytes(), shards) == 0)
+        .expect("an id on shard 0 within 1000 tries")
+}
+
 #[test]
 fn parked_subscribers_get_deliveries_and_parked_publishers_are_read() {
     let (_g, b) = broker();
     let addr = b.local_addrs()[0];
-    let mut sub = Client::connect(addr, "sub");
+    let shards = Config::default().shard_count();
+    let mut sub = Client::connect(addr, &on_shard_0("sub", shards));
     sub.subscribe("t/#");
-    let mut publ = Client::connect(addr, "pub");
+    let mut publ = Client::connect(addr, &on_shard_0("pub", shards));
     // Both quiet: the subscriber parks at the next sweep, the publisher at
     // once after its CONNACK.
     stats_until(&b, "both parked", |s| s.connections_parked == 2);
@@ -123,22 +135,31 @@ fn shutdown_tells_parked_clients() {
 
 #[test]
 fn a_device_parks_again_right_after_its_first_exchange() {
+    device_parks_after_connack_and_suback(1);
+}
+
+#[test]
+fn a_device_parks_again_after_a_suback_that_waited_for_other_shards() {
+    // With several shards the SUBACK waits until every shard routes the
+    // filter: the connection must not spend its quick park while it waits,
+    // or once the SUBACK is out it keeps its task for `park_after_ms`.
+    device_parks_after_connack_and_suback(4);
+}
+
+fn device_parks_after_connack_and_suback(threads: usize) {
     // The sweep would take a minute: only the quick parks can happen here.
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let config = Config {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         sys_interval: 0,
         park_after_ms: 60_000,
-        // One shard: with several, the SUBACK waits for the other shards,
-        // the quiet connection parks before it goes out, and it is not
-        // parked again after it (not done yet).
-        threads: 1,
+        threads,
         ..Config::default()
     };
     let b = embed::spawn(config).unwrap();
     let addr = b.local_addrs()[0];
     // CONNECT, CONNACK: parked at once (its SUBSCRIBE is not sent yet).
-    let mut dev = Client::connect(addr, "device");
+    let mut dev = Client::connect(addr, &on_shard_0("device", threads));
     stats_until(&b, "parked after CONNACK", |s| s.connections_parked == 1);
     // Its SUBSCRIBE wakes it; once answered and quiet it parks again,
     // rather than hold a task for `park_after_ms` (in a storm, a whole

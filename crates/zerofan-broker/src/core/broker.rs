@@ -4193,6 +4193,19 @@ impl Broker {
         }
     }
 
+    /// Every peer has applied what this core announced so far (at start,
+    /// the subscriptions it restored from the store). Ask after
+    /// [`Broker::poll_peer_transmit`] gave out what was pending.
+    pub fn peers_caught_up(&self) -> bool {
+        self.peers.caught_up()
+    }
+
+    /// Whether output for `conn` (a SUBACK, a retained PUBLISH's
+    /// acknowledgement) waits until every peer has seen a change.
+    pub fn awaits_peers(&self, conn: ConnId) -> bool {
+        self.peers.owes(conn)
+    }
+
     /// This core's last change number: a peer that answers it with
     /// [`PeerEvent::Seen`] has applied every change (the shell asks again
     /// after a link broke, when answers may have been lost with it).

@@ -528,6 +528,10 @@ pub struct ShellStats {
     pub cluster_replica_images: u64,
     /// Message bytes (topic and payload) those images hold.
     pub cluster_replica_bytes: u64,
+    /// Shards whose listeners began to serve before every shard had applied
+    /// the subscriptions the others restored from the store (they waited
+    /// the most they do, 5 s).
+    pub shard_start_timeouts: u64,
 }
 
 impl ShellStats {
@@ -566,5 +570,6 @@ impl ShellStats {
         self.cluster_lease_expiries += o.cluster_lease_expiries;
         self.cluster_replica_images += o.cluster_replica_images;
         self.cluster_replica_bytes += o.cluster_replica_bytes;
+        self.shard_start_timeouts += o.shard_start_timeouts;
     }
 }

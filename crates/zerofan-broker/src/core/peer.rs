@@ -473,6 +473,16 @@ impl Peers {
         self.held_for.retain(|&(_, c)| c != conn);
     }
 
+    /// Every peer that is not away has applied every change so far.
+    pub(crate) fn caught_up(&self) -> bool {
+        self.slots.iter().all(|s| s.away || s.seen >= self.seq)
+    }
+
+    /// Whether output for `conn` waits until every peer has seen a change.
+    pub(crate) fn owes(&self, conn: super::ids::ConnId) -> bool {
+        !self.deferred.is_empty() && self.deferred.iter().any(|d| d.1 == conn)
+    }
+
     /// The last change number handed out.
     pub(crate) fn last_seq(&self) -> u64 {
         self.seq

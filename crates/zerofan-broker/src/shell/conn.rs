@@ -392,9 +392,13 @@ impl Conn {
             && self.input.is_idle()
             && shared.lot.enabled()
             && {
-                // Neither before CONNECT nor while it waits for a takeover.
+                // Neither before CONNECT nor while it waits for a takeover,
+                // nor for other shards before its SUBACK: its quick park
+                // would be spent before the reply it is quiet for.
                 let broker = shared.broker.borrow();
-                !broker.awaits_connect(self.id) && !broker.holds_input(self.id)
+                !broker.awaits_connect(self.id)
+                    && !broker.holds_input(self.id)
+                    && !broker.awaits_peers(self.id)
             }
     }
 

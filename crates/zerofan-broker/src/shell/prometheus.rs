@@ -567,6 +567,12 @@ pub fn render(s: &Snapshot) -> String {
         "Times a quiet connection was parked.",
         st.connection_parks as f64,
     );
+    e.single(
+        "zerofan_shard_start_timeouts_total",
+        Counter,
+        "Shards that served before every shard applied the others' restored subscriptions.",
+        st.shard_start_timeouts as f64,
+    );
 
     // Operations.
     e.single(

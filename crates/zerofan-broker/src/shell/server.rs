@@ -47,6 +47,8 @@ pub struct Server {
     cluster: Option<std::sync::Arc<zerofan_cluster::Cluster>>,
     /// Links to the other nodes of a cluster (see `set_links`).
     links: Option<super::links::LinkSetup>,
+    /// Test-only (see `delay_peer_start`).
+    peer_delay: Option<Duration>,
 }
 
 impl Server {
@@ -83,6 +85,7 @@ impl Server {
             bridges,
             cluster,
             links: None,
+            peer_delay: None,
         })
     }
 
@@ -122,6 +125,14 @@ impl Server {
     /// names (see [`super::links`]).
     pub fn set_links(&mut self, links: super::links::LinkSetup) {
         self.links = Some(links);
+    }
+
+    /// Test-only: each shard (of several) applies what the other shards
+    /// send it only `delay` after it starts, as a slow shard at start-up
+    /// would. Tests use it to show what a listener may serve meanwhile.
+    #[doc(hidden)]
+    pub fn delay_peer_start(&mut self, delay: Duration) {
+        self.peer_delay = Some(delay);
     }
 
     /// Each bound address with its kind (`mqtt`, `mqtt+tls`,
@@ -210,6 +221,7 @@ impl Server {
                 cluster: None,
                 limits: limits.clone(),
                 throttle: throttle.clone(),
+                peer_delay: self.peer_delay,
             };
             let mut stop = stop_rx.clone();
             let thread = std::thread::Builder::new()
@@ -241,6 +253,7 @@ impl Server {
             cluster: self.cluster,
             limits,
             throttle,
+            peer_delay: self.peer_delay,
         };
         let result = shard.run(Some(self.ops), self.monitor, shutdown).await;
         let _ = stop_tx.send(true);
@@ -277,6 +290,8 @@ struct Shard {
     limits: Option<std::sync::Arc<super::limits::Limits>>,
     /// The login throttle's memory, shared by every shard's core.
     throttle: Option<std::sync::Arc<std::sync::Mutex<zerofan_auth::FailureTracker>>>,
+    /// Test-only (see [`Server::delay_peer_start`]).
+    peer_delay: Option<Duration>,
 }
 
 impl Shard {
@@ -346,6 +361,10 @@ impl Shard {
                 if let Some(links) = s.links.as_ref() {
                     links.ready().await;
                 }
+                // A shard, once every shard routes what the others restored.
+                if let Some(mesh) = s.mesh.as_ref() {
+                    mesh.started().await;
+                }
                 accept.await
             }));
         }
@@ -354,6 +373,7 @@ impl Shard {
             background.push(tokio::task::spawn_local(super::shards::inbox_loop(
                 shared.clone(),
                 rx,
+                self.peer_delay,
             )));
             background.push(tokio::task::spawn_local(super::shards::drain_backlogs(
                 shared.clone(),

@@ -30,6 +30,12 @@ const INBOX: usize = 1024;
 /// shards; more are freed.
 const RETURNS: usize = 4;
 
+/// Longest a shard's listeners wait at start for every shard to have
+/// applied what the others restored (see [`Mesh::started`]); past it they
+/// serve anyway, logged and counted. Applying takes milliseconds: only a
+/// shard that does not run at all holds the others that long.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Emptied batches on their way back to the shard that sent them, so that
 /// a batch buffer is allocated and freed on one thread only (a buffer
 /// freed on another thread costs a lock on its allocator's arena, which
@@ -95,6 +101,15 @@ pub(super) struct Mesh {
     figures: std::sync::Arc<std::sync::Mutex<Vec<ShardFigures>>>,
     /// Slot `from * n + to`: batches `from` sent to `to`, emptied by `to`.
     returns: Returns,
+    /// Shards some other shard has not yet applied the announcements of
+    /// (the subscriptions they restored from the store).
+    starting: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+    /// This shard is counted out of `starting`.
+    started_here: std::cell::Cell<bool>,
+    /// This shard's listeners serve (see [`Mesh::started`]).
+    serving: std::cell::Cell<bool>,
+    /// Times they began to serve after `START_WAIT` instead.
+    start_timeouts: std::cell::Cell<u64>,
 }
 
 /// Queues for `n` shards: each shard's [`Mesh`] and inbox.
@@ -102,6 +117,7 @@ pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel(INBOX)).unzip();
     let figures = std::sync::Arc::new(std::sync::Mutex::new(vec![ShardFigures::default(); n]));
     let returns: Returns = std::sync::Arc::new((0..n * n).map(|_| Default::default()).collect());
+    let starting = std::sync::Arc::new(tokio::sync::watch::Sender::new(n));
     receivers
         .into_iter()
         .enumerate()
@@ -115,6 +131,10 @@ pub(super) fn wire(n: usize) -> Vec<(Mesh, mpsc::Receiver<Envelope>)> {
                 flush_armed: std::cell::Cell::new(false),
                 figures: figures.clone(),
                 returns: returns.clone(),
+                starting: starting.clone(),
+                started_here: std::cell::Cell::new(false),
+                serving: std::cell::Cell::new(false),
+                start_timeouts: std::cell::Cell::new(0),
             };
             (mesh, rx)
         })
@@ -225,6 +245,42 @@ impl Mesh {
         }
     }
 
+    /// Count this shard as started once every other shard has applied
+    /// what its core announced (first, the subscriptions it restored).
+    fn note_caught_up(&self, shared: &Shared) {
+        if self.started_here.get() || !shared.broker.borrow().peers_caught_up() {
+            return;
+        }
+        self.started_here.set(true);
+        self.starting.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Wait until every shard routes what every other restored, or
+    /// `START_WAIT`. Before, a QoS 1 message published here could miss a
+    /// persistent session restored on another shard, and be acknowledged
+    /// though nobody queued it.
+    pub(super) async fn started(&self) {
+        if self.serving.get() {
+            return;
+        }
+        let mut rx = self.starting.subscribe();
+        let waited = tokio::time::timeout(START_WAIT, rx.wait_for(|n| *n == 0)).await;
+        // Once per shard, not per listener.
+        if !self.serving.replace(true) && waited.is_err() {
+            self.start_timeouts.set(self.start_timeouts.get() + 1);
+            tracing::warn!(
+                shard = self.me,
+                wait_ms = START_WAIT.as_millis() as u64,
+                "serving before every shard applied the others' restored subscriptions"
+            );
+        }
+    }
+
+    /// Times this shard's listeners began to serve after `START_WAIT`.
+    pub(super) fn start_timeouts(&self) -> u64 {
+        self.start_timeouts.get()
+    }
+
     /// Move a connection to shard `to`.
     pub(super) fn hand_off(&self, to: usize, h: Handoff) {
         // A full inbox keeps it in the backlog; the connection is not read
@@ -313,8 +369,21 @@ pub(super) async fn flush_loop(shared: Rc<Shared>) {
 }
 
 /// Take what other shards send: peer events for the core, connections
-/// moving in.
-pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelope>) {
+/// moving in. `delay`: test-only (see `Server::delay_peer_start`).
+pub(super) async fn inbox_loop(
+    shared: Rc<Shared>,
+    mut rx: mpsc::Receiver<Envelope>,
+    delay: Option<std::time::Duration>,
+) {
+    if let Some(mesh) = &shared.mesh {
+        // What the core restored from the store goes out first; the
+        // listeners wait until every shard has applied it.
+        shared.send_to_peers(mesh);
+        mesh.note_caught_up(&shared);
+    }
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
     let mut got = Vec::with_capacity(64);
     loop {
         if rx.recv_many(&mut got, 64).await == 0 {
@@ -343,6 +412,9 @@ pub(super) async fn inbox_loop(shared: Rc<Shared>, mut rx: mpsc::Receiver<Envelo
             }
         }
         shared.dispatch();
+        if let Some(mesh) = &shared.mesh {
+            mesh.note_caught_up(&shared);
+        }
     }
 }
 

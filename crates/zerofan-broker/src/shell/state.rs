@@ -121,6 +121,9 @@ impl Shared {
         if let Some(links) = &self.links {
             links.stats_into(&mut stats);
         }
+        if let Some(mesh) = &self.mesh {
+            stats.shard_start_timeouts = mesh.start_timeouts();
+        }
         if let Some(c) = self.cluster.get() {
             stats.cluster_members = c.member_count() as u64;
             stats.cluster_leader_changes = c.leader_changes();
