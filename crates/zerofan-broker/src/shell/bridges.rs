@@ -51,7 +51,16 @@ pub(super) fn start_one(
             .publish_own(Instant::now(), topic, payload);
         s.dispatch();
     });
-    tokio::task::spawn_local(crate::bridge::run(p.config, local, remote, notify, stats))
+    let s = shared.clone();
+    let run = crate::bridge::run(p.config, local, remote, notify, stats);
+    tokio::task::spawn_local(async move {
+        // Like a listener: what the bridge brings in must reach the
+        // sessions other shards restored (see `Mesh::started`).
+        if let Some(mesh) = s.mesh.as_ref() {
+            mesh.started().await;
+        }
+        run.await
+    })
 }
 
 /// `$SYS/broker/bridge/NAME/...` every `sys_interval` seconds.
