@@ -730,11 +730,12 @@ def _persistent(node: Node, cid: str, version: int, connect: bool = True) -> Pah
     return PahoClient(node.broker, client_id=cid, version=311, clean=False, connect=connect)
 
 
-def _persistent_served(node: Node, cid: str, version: int) -> PahoClient:
+def _persistent_served(node: Node, cid: str, version: int,
+                       timeout: float = WAIT) -> PahoClient:
     """`_persistent` once `node` serves it: while the cluster fails over (a
     new leader, the dead owner's lease running out) a CONNECT is refused
     with 0x88 (3.1.1: return code 3), as a client would retry (bounded)."""
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + timeout
     while True:
         c = _persistent(node, cid, version, connect=False)
         _, rc, _ = c.connect(expect_rc=None)
@@ -806,3 +807,40 @@ def test_a_takeover_with_the_old_owner_alive_moves_the_session(nodes, clients):
     moved.assert_no_message(0.3)
     moved.close()
     assert h.problems(["mover"]) == []
+
+
+def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients):
+    """Two nodes lost at once: persistent MQTT 5 and 3.1.1 subscribers live
+    on node 1 (their replicas are nodes 2 and 3) and go offline; node 3
+    publishes N QoS 1 and N QoS 2 messages, all acknowledged; node 1 is
+    killed (-9) and node 2 is killed (-9) and restarted from its data dir.
+    Both reconnect to node 2 and find their session there, read back from
+    node 2's disk, with every acknowledged message, QoS 2 ones once."""
+    ns = nodes(3)
+    subs = {"d5": 5, "d3": 311}
+    for name, version in subs.items():
+        c = _persistent(ns[0], name, version)
+        assert c.subscribe("d/#", 2) == [2]
+        c.disconnect()
+    p = clients(ns[2])
+    h = History()
+    n = 50
+    h.qos.update({"q1": 1, "q2": 2})
+    sent = []
+    for i in range(n):
+        sent.append(("q1", i, p.publish("d/1", payload("q1", i), qos=1, wait=False)))
+        sent.append(("q2", i, p.publish("d/2", payload("q2", i), qos=2, wait=False)))
+    for who, i, info in sent:
+        info.wait_for_publish(WAIT)
+        assert info.is_published(), (who, i)
+        h.acked[who].add(i)
+    ns[0].kill()
+    ns[1].kill()
+    ns[1].start()
+    for name, version in subs.items():
+        c = _persistent_served(ns[1], name, version, timeout=3 * WAIT)
+        assert c.session_present, f"{name}: session not present on the restarted node 2"
+        drain(c, 2 * n, h, name)
+        c.assert_no_message(0.3)
+        c.close()
+    assert h.problems(list(subs)) == []

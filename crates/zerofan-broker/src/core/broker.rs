@@ -2925,6 +2925,10 @@ impl Broker {
         while let Some((peer, seq)) = self.durable.pop_released_seen(durable) {
             self.peers.send(peer, super::peer::PeerEvent::Seen { seq });
         }
+        while let Some((peer, seq)) = self.durable.pop_released_replica_ack(durable) {
+            self.peers
+                .send(peer, super::peer::PeerEvent::ReplicaAck { seq });
+        }
     }
 
     /// Answer a peer's change `seq` (a `Fence`, an interest, a retained
@@ -3300,7 +3304,12 @@ impl Broker {
     /// Rebuild retained messages and persistent sessions from what the
     /// store held, then run every deadline that passed while the broker was
     /// down (expired sessions go, overdue wills are published).
-    pub fn restore(&mut self, recovered: Recovered, now: Instant) {
+    pub fn restore(&mut self, mut recovered: Recovered, now: Instant) {
+        // A replica's copies of other nodes' sessions are not sessions here.
+        self.metrics.store_errors += self
+            .repl
+            .images
+            .restore(&mut recovered.sessions, &mut self.durable);
         let mut messages: HashMap<u64, Rc<Message>> = HashMap::default();
         let mut damaged = 0u64;
         for r in recovered.retained {
@@ -4262,6 +4271,11 @@ impl Broker {
         for conn in self.peers.release_held_by(peer) {
             self.wake(conn);
         }
+        // Its answers to our replicated changes may be lost the same way:
+        // an empty change, answered on its new link, covers them.
+        if self.repl.unanswered(peer) {
+            self.send_replicated(&[peer], Vec::new());
+        }
     }
 
     /// The shell's queue towards `peer` is full (or has room again). While
@@ -4313,7 +4327,7 @@ impl Broker {
         }
     }
 
-    fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) {
+    fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) -> u64 {
         let seq = self.repl.stamp(targets);
         let n = ops.len() as u64;
         let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
@@ -4335,6 +4349,7 @@ impl Broker {
                 },
             );
         }
+        seq
     }
 
     /// A peer came, left, went away or is back: the replica set is the
@@ -4419,10 +4434,16 @@ impl Broker {
     ) {
         let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
         let now_ms = self.durable.unix_ms(now);
-        self.repl.images.apply(from, ops, now_ms);
+        // On this node's disk before the answer (held for the commit).
+        self.metrics.store_errors +=
+            self.repl
+                .images
+                .apply_durable(from, ops, now_ms, &mut self.durable);
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
-        self.peers.send(from, PeerEvent::ReplicaAck { seq });
+        if !self.durable.hold_replica_ack(from, seq) {
+            self.peers.send(from, PeerEvent::ReplicaAck { seq });
+        }
     }
 
     /// `peer` answered (`Some(seq)`), left (`None`), or is away or back:
@@ -4483,6 +4504,11 @@ impl Broker {
                 .collect(),
         };
         let mut ops = Vec::new();
+        if only.is_none() {
+            // Clean takeovers' drops first (see `replica::Drops`).
+            let seq = self.repl.next_seq();
+            self.repl.drops.resend(seq, &mut ops);
+        }
         let mut named = std::collections::HashSet::new();
         for sid in sids {
             self.image_ops(sid, &mut ops, &mut named);
@@ -4615,11 +4641,15 @@ impl Broker {
         if !self.repl.images.has(client) {
             return;
         }
+        let mut disk = super::replica::Disk::new(&mut self.durable);
         if connect.clean_start || self.by_client.contains_key(&connect.client_id) {
-            self.repl.images.forget(client);
+            self.repl.images.forget(client, &mut disk);
+            self.metrics.store_errors += disk.errors;
             return;
         }
-        let Some(rs) = self.repl.images.take(client) else {
+        let rs = self.repl.images.take(client, &mut disk);
+        self.metrics.store_errors += disk.errors;
+        let Some(rs) = rs else {
             return;
         };
         let will = rs.will.clone();
@@ -4719,6 +4749,13 @@ impl Broker {
                 .is_some_and(|s| s.stored && s.expiry_interval > 0)
             {
                 self.repl.claim(client.as_str());
+            } else if self.repl.on() && !self.repl.current().is_empty() {
+                // A clean session ends the one it replaces: copies another
+                // owner left must not be resumed later.
+                let ops = self.repl.drops.push(client.as_str(), self.repl.next_seq());
+                self.metrics.replica_drops_forgotten = self.repl.drops.forgotten;
+                let targets = self.repl.current().to_vec();
+                self.send_replicated(&targets, ops);
             }
             self.send_images(None, Some(sid));
         }

@@ -138,6 +138,16 @@ pub(crate) struct Durable {
     seen_held: VecDeque<(Lsn, PeerId, u64)>,
     /// The LSN of the last commit.
     last_commit: Lsn,
+    /// `ReplicaAck`s of the current event and those waiting for their LSN
+    /// (a replica answers once what it holds is on its disk).
+    replica_acks: PeerAnswers,
+}
+
+/// Answers to peers held for a commit, as `seen_*` are.
+#[derive(Default)]
+struct PeerAnswers {
+    pending: Vec<(PeerId, u64)>,
+    held: VecDeque<(Lsn, PeerId, u64)>,
 }
 
 impl Durable {
@@ -152,7 +162,35 @@ impl Durable {
             seen_pending: Vec::new(),
             seen_held: VecDeque::new(),
             last_commit: 0,
+            replica_acks: PeerAnswers::default(),
         }
+    }
+
+    /// The log itself, for staging many records at once (marked dirty).
+    pub(crate) fn log_mut(&mut self) -> Option<&mut dyn DurableLog> {
+        let log = self.log.as_mut()?;
+        self.dirty = true;
+        Some(log.as_mut())
+    }
+
+    /// Hold the `ReplicaAck` of peer `from`'s change `seq` for this event's
+    /// commit. False without a log: answer at once.
+    pub(crate) fn hold_replica_ack(&mut self, from: PeerId, seq: u64) -> bool {
+        if self.on() {
+            self.replica_acks.pending.push((from, seq));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The oldest held `ReplicaAck`, if its commit is at or below `durable`.
+    pub(crate) fn pop_released_replica_ack(&mut self, durable: Lsn) -> Option<(PeerId, u64)> {
+        if self.replica_acks.held.front()?.0 > durable {
+            return None;
+        }
+        let (_, peer, seq) = self.replica_acks.held.pop_front()?;
+        Some((peer, seq))
     }
 
     /// Hold `out` for `conn` until this event's commit is durable.
@@ -303,7 +341,11 @@ impl Durable {
     }
 
     pub(crate) fn end_event(&mut self, errors: &mut u64) -> EventEnd {
-        if !self.dirty && self.pending.is_empty() && self.seen_pending.is_empty() {
+        if !self.dirty
+            && self.pending.is_empty()
+            && self.seen_pending.is_empty()
+            && self.replica_acks.pending.is_empty()
+        {
             return EventEnd::Idle;
         }
         let Some(log) = self.log.as_mut() else {
@@ -315,6 +357,9 @@ impl Durable {
             let lsn = self.last_commit;
             for (peer, seq) in self.seen_pending.drain(..) {
                 self.seen_held.push_back((lsn, peer, seq));
+            }
+            for (peer, seq) in self.replica_acks.pending.drain(..) {
+                self.replica_acks.held.push_back((lsn, peer, seq));
             }
             return EventEnd::Release;
         }
@@ -329,12 +374,16 @@ impl Durable {
                 for (peer, seq) in self.seen_pending.drain(..) {
                     self.seen_held.push_back((lsn, peer, seq));
                 }
+                for (peer, seq) in self.replica_acks.pending.drain(..) {
+                    self.replica_acks.held.push_back((lsn, peer, seq));
+                }
             }
             Err(e) => {
                 // Nothing more can be made durable: the acknowledgements are
                 // never sent (the publishers will resend after a restart).
                 *errors += 1;
                 self.pending.clear();
+                self.replica_acks.pending.clear();
                 tracing::error!(error = %e, "store commit failed; holding acknowledgements");
             }
         }

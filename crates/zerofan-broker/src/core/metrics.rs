@@ -392,6 +392,14 @@ counters! {
                 "zerofan_cluster_replica_ops_refused_total",
                 "Other nodes' session operations refused: replica images full.",
             )),
+        /// Clean takeovers' drops forgotten before every replica answered
+        /// them (more than 10,000 unanswered).
+        pub replica_drops_forgotten: u64 = CounterDef::NEW
+            .sys("cluster/replica_drops_forgotten")
+            .prom(Family::new(
+                "zerofan_cluster_replica_drops_forgotten_total",
+                "Clean takeovers' drops forgotten before every replica answered them.",
+            )),
         /// Sessions installed from a replica image (failover).
         pub replica_installs: u64 = CounterDef::NEW
             .sys("cluster/replica_installs")

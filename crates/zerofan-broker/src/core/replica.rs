@@ -15,6 +15,9 @@
 //! - Failover: the node granted a client id installs its image as the
 //!   live session (`Images::take` gives it in the store's recovery form).
 //!
+//! - On disk: a replica writes what it holds to its own store before it
+//!   answers (see `disk`), each message once, and reads it back at start.
+//!
 //! Clean sessions write nothing to the store, so they cost nothing here.
 
 use super::ids::ConnId;
@@ -31,6 +34,9 @@ use zerofan_store::{
 };
 
 use super::durable::DurableLog;
+
+mod disk;
+pub(crate) use disk::{Disk, Drops};
 
 /// One durable operation of a persistent session, as an owner sends it to
 /// its replicas. Entry and message ids are the owner's.
@@ -198,7 +204,8 @@ pub(crate) struct Recorder {
 
 impl Recorder {
     fn push(&mut self, op: ReplOp) {
-        if self.on {
+        // A replica's own copies go to its store, not to its replicas.
+        if self.on && !op.client().is_some_and(disk::is_copy) {
             self.ops.push(op);
         }
     }
@@ -270,7 +277,7 @@ impl DurableLog for Mirror {
     fn enqueue(&mut self, client_id: &str, entry: &QueueEntry) -> Result<EntryId, StoreError> {
         let id = self.inner.enqueue(client_id, entry)?;
         let mut r = self.rec.borrow_mut();
-        if r.on {
+        if r.on && !disk::is_copy(client_id) {
             if !r.sent.contains(&entry.msg) {
                 if let Some(msg) = r.known.get(&entry.msg).cloned() {
                     r.sent.insert(entry.msg);
@@ -390,6 +397,8 @@ pub(crate) struct Replication {
     current: Vec<PeerId>,
     /// What replicas hold for other nodes.
     pub(crate) images: Images,
+    /// Clean takeovers' drops not yet answered by every replica.
+    pub(crate) drops: Drops,
 }
 
 impl Replication {
@@ -472,6 +481,18 @@ impl Replication {
         std::mem::replace(&mut self.current, set)
     }
 
+    /// The change number the next [`Replication::stamp`] gives.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq + 1
+    }
+
+    /// Whether something sent to `peer` is not answered yet.
+    pub(crate) fn unanswered(&self, peer: PeerId) -> bool {
+        self.sent
+            .get(&peer)
+            .is_some_and(|(sent, acked)| sent > acked)
+    }
+
     /// A new change number for operations sent to `to`.
     pub(crate) fn stamp(&mut self, to: &[PeerId]) -> u64 {
         self.seq += 1;
@@ -537,6 +558,9 @@ impl Replication {
             self.sent.remove(&peer);
         } else if let Some(s) = self.sent.get_mut(&peer) {
             s.1 = s.1.max(seq);
+            let sent = &self.sent;
+            self.drops
+                .settle(|d| sent.values().all(|(sent, acked)| *acked >= d || *sent < d));
         }
         self.ready(away)
     }
@@ -609,6 +633,8 @@ struct Image {
     inflight: Vec<InflightCopy>,
     qos2: BTreeSet<u16>,
     will: Option<Box<StoredWill>>,
+    /// The owner's queue entry id -> this node's store's.
+    local: HashMap<EntryId, EntryId>,
 }
 
 /// What a replica holds of other nodes' sessions. Each message is kept
@@ -617,6 +643,8 @@ struct Image {
 pub(crate) struct Images {
     by_client: HashMap<Box<str>, Image>,
     messages: HashMap<(PeerId, MsgId), (Arc<StoredMessage>, usize)>,
+    /// The id in this node's store of each message written there.
+    local_msg: HashMap<(PeerId, MsgId), MsgId>,
     /// Message bytes held (topic and payload).
     bytes: usize,
     max_images: usize,
@@ -635,6 +663,7 @@ impl Default for Images {
         Images {
             by_client: HashMap::new(),
             messages: HashMap::new(),
+            local_msg: HashMap::new(),
             bytes: 0,
             max_images: MAX_IMAGES,
             max_bytes: MAX_BYTES,
@@ -676,17 +705,25 @@ impl Images {
         if let Some(m) = self.messages.get_mut(&key) {
             m.1 = m.1.saturating_sub(1);
             if m.1 == 0 {
-                if let Some((m, _)) = self.messages.remove(&key) {
-                    self.bytes -= msg_size(&m);
-                }
+                self.forget_message(key);
             }
         }
     }
 
-    fn drop_image(&mut self, client: &str) {
+    /// Nothing references the message: the store forgets it at its next
+    /// commit too.
+    fn forget_message(&mut self, key: (PeerId, MsgId)) {
+        if let Some((m, _)) = self.messages.remove(&key) {
+            self.bytes -= msg_size(&m);
+        }
+        self.local_msg.remove(&key);
+    }
+
+    fn drop_image(&mut self, client: &str, disk: &mut Disk<'_>) {
         let Some(img) = self.by_client.remove(client) else {
             return;
         };
+        disk.drop_session(client);
         let Some(owner) = img.owner else { return };
         for e in img.queue.values() {
             self.unref(owner, e.msg);
@@ -703,12 +740,18 @@ impl Images {
     /// image over.
     /// `now_ms` (UNIX milliseconds) tells which images expired: they
     /// make room when the images are full.
-    pub(crate) fn apply(&mut self, from: PeerId, ops: Vec<ReplOp>, now_ms: u64) {
+    pub(crate) fn apply(
+        &mut self,
+        from: PeerId,
+        ops: Vec<ReplOp>,
+        now_ms: u64,
+        disk: &mut Disk<'_>,
+    ) {
         // Messages named in this batch but referenced by no entry go at
         // its end.
         let mut fresh: Vec<MsgId> = Vec::new();
         for op in ops {
-            if self.apply_one(from, op, &mut fresh, now_ms) {
+            if self.apply_one(from, op, &mut fresh, now_ms, disk) {
                 self.applied += 1;
             } else {
                 self.refused += 1;
@@ -717,9 +760,7 @@ impl Images {
         for id in fresh {
             let key = (from, id);
             if self.messages.get(&key).is_some_and(|m| m.1 == 0) {
-                if let Some((m, _)) = self.messages.remove(&key) {
-                    self.bytes -= msg_size(&m);
-                }
+                self.forget_message(key);
             }
         }
     }
@@ -732,7 +773,14 @@ impl Images {
     }
 
     /// False when refused (full, or naming what is not there).
-    fn apply_one(&mut self, from: PeerId, op: ReplOp, fresh: &mut Vec<MsgId>, now_ms: u64) -> bool {
+    fn apply_one(
+        &mut self,
+        from: PeerId,
+        op: ReplOp,
+        fresh: &mut Vec<MsgId>,
+        now_ms: u64,
+        disk: &mut Disk<'_>,
+    ) -> bool {
         let full = matches!(op, ReplOp::Reset { .. });
         match op {
             ReplOp::Session { client, meta } | ReplOp::Reset { client, meta } => {
@@ -742,11 +790,11 @@ impl Images {
                     Some(i) if full || i.owner != Some(from)
                 );
                 if over {
-                    self.drop_image(&client);
+                    self.drop_image(&client, disk);
                 }
                 if !self.by_client.contains_key(&*client) {
                     if self.by_client.len() >= self.max_images {
-                        self.sweep(now_ms);
+                        self.sweep(now_ms, disk);
                     }
                     if self.by_client.len() >= self.max_images {
                         return false;
@@ -762,11 +810,18 @@ impl Images {
                 if let Some(i) = self.by_client.get_mut(&*client) {
                     i.meta = meta;
                 }
+                disk.put_session(&client, meta);
                 true
             }
             ReplOp::Drop { client } => {
-                if self.owned(from, &client).is_some() {
-                    self.drop_image(&client);
+                // A copy read back from disk has no owner yet: anyone's
+                // drop ends it (see `disk::RESTORED`).
+                let restored = self
+                    .by_client
+                    .get(&*client)
+                    .is_some_and(|i| i.owner == Some(disk::RESTORED));
+                if restored || self.owned(from, &client).is_some() {
+                    self.drop_image(&client, disk);
                 }
                 true
             }
@@ -777,6 +832,7 @@ impl Images {
                 id,
             } => match self.owned(from, &client) {
                 Some(i) => {
+                    disk.subscribe(&client, &filter, options, id);
                     i.subs.insert(filter, (options, id));
                     true
                 }
@@ -784,7 +840,9 @@ impl Images {
             },
             ReplOp::Unsubscribe { client, filter } => {
                 if let Some(i) = self.owned(from, &client) {
-                    i.subs.remove(&filter);
+                    if i.subs.remove(&filter).is_some() {
+                        disk.unsubscribe(&client, &filter);
+                    }
                 }
                 true
             }
@@ -795,7 +853,7 @@ impl Images {
                 }
                 let size = msg_size(&msg);
                 if self.bytes + size > self.max_bytes {
-                    self.sweep(now_ms);
+                    self.sweep(now_ms, disk);
                 }
                 if self.bytes + size > self.max_bytes {
                     return false;
@@ -811,25 +869,33 @@ impl Images {
                 item,
             } => {
                 let key = (from, item.msg);
-                let Some(m) = self.messages.get_mut(&key) else {
-                    return false;
-                };
-                let Some(i) = self
+                let owned = self
                     .by_client
-                    .get_mut(&*client)
-                    .filter(|i| i.owner == Some(from))
-                else {
+                    .get(&*client)
+                    .is_some_and(|i| i.owner == Some(from));
+                if !owned || !self.messages.contains_key(&key) {
                     return false;
-                };
-                m.1 += 1;
-                i.queue.insert(entry, item);
+                }
+                let local = self.enqueue_on_disk(key, &client, &item, disk);
+                if let Some(m) = self.messages.get_mut(&key) {
+                    m.1 += 1;
+                }
+                if let Some(i) = self.by_client.get_mut(&*client) {
+                    if let Some(l) = local {
+                        i.local.insert(entry, l);
+                    }
+                    i.queue.insert(entry, item);
+                }
                 true
             }
             ReplOp::Dequeue { client, entry } => {
-                let msg = self
-                    .owned(from, &client)
-                    .and_then(|i| i.queue.remove(&entry))
-                    .map(|e| e.msg);
+                let mut msg = None;
+                if let Some(i) = self.owned(from, &client) {
+                    msg = i.queue.remove(&entry).map(|e| e.msg);
+                    if let Some(l) = i.local.remove(&entry) {
+                        disk.dequeue(&client, l);
+                    }
+                }
                 if let Some(m) = msg {
                     self.unref(from, m);
                 }
@@ -842,9 +908,19 @@ impl Images {
                 let Some(e) = i.queue.remove(&entry) else {
                     return false;
                 };
-                i.inflight.retain(|f| f.0 != pid);
+                let mut gone = None;
+                if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
+                    gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                    disk.complete(&client, pid);
+                }
+                if let Some(l) = i.local.remove(&entry) {
+                    disk.send(&client, l, pid);
+                }
                 i.inflight
                     .push((pid, InflightPhase::PublishSent, Some((entry, e))));
+                if let Some(m) = gone {
+                    self.unref(from, m);
+                }
                 true
             }
             ReplOp::PubRec { client, pid } => {
@@ -856,9 +932,13 @@ impl Images {
                     Some(f) => {
                         f.1 = InflightPhase::PubrecReceived;
                         gone = f.2.take().map(|(_, e)| e.msg);
+                        disk.pubrec(&client, pid);
                     }
                     // A full image names a delivery past PUBREC this way.
-                    None => i.inflight.push((pid, InflightPhase::PubrecReceived, None)),
+                    None => {
+                        i.inflight.push((pid, InflightPhase::PubrecReceived, None));
+                        disk.past_pubrec(&client, pid);
+                    }
                 }
                 if let Some(m) = gone {
                     self.unref(from, m);
@@ -870,6 +950,7 @@ impl Images {
                 if let Some(i) = self.owned(from, &client) {
                     if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
                         gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                        disk.complete(&client, pid);
                     }
                 }
                 if let Some(m) = gone {
@@ -879,19 +960,24 @@ impl Images {
             }
             ReplOp::Qos2Received { client, pid } => match self.owned(from, &client) {
                 Some(i) => {
-                    i.qos2.insert(pid);
+                    if i.qos2.insert(pid) {
+                        disk.qos2_received(&client, pid);
+                    }
                     true
                 }
                 None => false,
             },
             ReplOp::Qos2Released { client, pid } => {
                 if let Some(i) = self.owned(from, &client) {
-                    i.qos2.remove(&pid);
+                    if i.qos2.remove(&pid) {
+                        disk.qos2_released(&client, pid);
+                    }
                 }
                 true
             }
             ReplOp::SetWill { client, will } => match self.owned(from, &client) {
                 Some(i) => {
+                    disk.set_will(&client, &will);
                     i.will = Some(will);
                     true
                 }
@@ -899,7 +985,9 @@ impl Images {
             },
             ReplOp::ClearWill { client } => {
                 if let Some(i) = self.owned(from, &client) {
-                    i.will = None;
+                    if i.will.take().is_some() {
+                        disk.clear_will(&client);
+                    }
                 }
                 true
             }
@@ -908,7 +996,7 @@ impl Images {
 
     /// Drop the images of sessions that expired (their owner is gone: a
     /// live owner drops them itself). Returns how many went.
-    pub(crate) fn sweep(&mut self, now_ms: u64) -> usize {
+    pub(crate) fn sweep(&mut self, now_ms: u64, disk: &mut Disk<'_>) -> usize {
         let expired: Vec<Box<str>> = self
             .by_client
             .iter()
@@ -916,7 +1004,7 @@ impl Images {
             .map(|(c, _)| c.clone())
             .collect();
         for c in &expired {
-            self.drop_image(c);
+            self.drop_image(c, disk);
         }
         self.expired += expired.len() as u64;
         expired.len()
@@ -924,7 +1012,7 @@ impl Images {
 
     /// Take the image of `client` (this node now owns it), in the form the
     /// store's recovery gives, with the old owner's ids.
-    pub(crate) fn take(&mut self, client: &str) -> Option<RecoveredSession> {
+    pub(crate) fn take(&mut self, client: &str, disk: &mut Disk<'_>) -> Option<RecoveredSession> {
         let img = self.by_client.get(client)?;
         let owner = img.owner?;
         let entry = |id: EntryId, e: &QueueEntry| {
@@ -964,12 +1052,12 @@ impl Images {
             incoming_qos2: img.qos2.iter().copied().collect(),
             will: img.will.as_deref().cloned(),
         };
-        self.drop_image(client);
+        self.drop_image(client, disk);
         Some(rs)
     }
 
     /// Forget the image of `client` (a clean start took its id).
-    pub(crate) fn forget(&mut self, client: &str) {
-        self.drop_image(client);
+    pub(crate) fn forget(&mut self, client: &str, disk: &mut Disk<'_>) {
+        self.drop_image(client, disk);
     }
 }

@@ -546,16 +546,23 @@ fn replicas_are_bounded_and_clean_sessions_are_not_copied() {
     assert!(cl.hs[1].b.metrics().replica_ops_refused > refused);
     assert!(cl.hs[1].b.replica_images().1 <= 10);
 
-    // Clean sessions: nothing replicated.
+    // Clean sessions: nothing replicated per message (a claim only tells
+    // the replicas to drop any copy of that client id: 2 operations).
     let mut cl = Cluster::new(2, 2);
     let (s, _) = cl.connect(0, "s", Protocol::V5, true, 0);
     cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
     cl.pump();
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(p, Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1)));
-    assert_eq!(cl.out(s).payloads(), ["x"]);
-    assert_eq!(cl.hs[0].b.metrics().replicated_ops, 0);
-    assert_eq!(cl.hs[1].b.metrics().replicated_ops, 0);
+    let before = [0, 1].map(|i| cl.hs[i].b.metrics().replicated_ops);
+    assert_eq!(before, [2, 2]);
+    for i in 0..20 {
+        cl.send(
+            p,
+            Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1 + i)),
+        );
+    }
+    assert_eq!(cl.out(s).payloads().len(), 20);
+    assert_eq!([0, 1].map(|i| cl.hs[i].b.metrics().replicated_ops), before);
 }
 
 /// A 3.1.1 session with clean session 0 is persistent too.
@@ -754,4 +761,324 @@ fn a_restarted_replica_is_not_waited_for_what_it_never_got() {
     cl.pump();
     let got = cl.out(s).packets;
     assert!(matches!(got[..], [Packet::SubAck(_)]), "{got:?}");
+}
+
+/// The real store, durable at each commit (the shell waits on the
+/// writer's notifier instead), so that a node can restart from its dir.
+struct OnDisk(zerofan_store::Store);
+
+impl DurableLog for OnDisk {
+    fn put_message(&mut self, m: &StoredMessage) -> Result<MsgId, StoreError> {
+        self.0.put_message(m)
+    }
+    fn set_retained(&mut self, t: &str, m: MsgId) -> Result<(), StoreError> {
+        self.0.set_retained(t, m)
+    }
+    fn clear_retained(&mut self, t: &str) -> Result<(), StoreError> {
+        self.0.clear_retained(t)
+    }
+    fn put_session(&mut self, c: &str, meta: SessionMeta) -> Result<(), StoreError> {
+        self.0.put_session(c, meta)
+    }
+    fn drop_session(&mut self, c: &str) -> Result<(), StoreError> {
+        self.0.drop_session(c)
+    }
+    fn subscribe(
+        &mut self,
+        c: &str,
+        f: &str,
+        o: SubOptions,
+        id: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.0.subscribe(c, f, o, id)
+    }
+    fn unsubscribe(&mut self, c: &str, f: &str) -> Result<(), StoreError> {
+        self.0.unsubscribe(c, f)
+    }
+    fn enqueue(&mut self, c: &str, e: &QueueEntry) -> Result<EntryId, StoreError> {
+        self.0.enqueue(c, e)
+    }
+    fn dequeue(&mut self, c: &str, e: EntryId) -> Result<(), StoreError> {
+        self.0.dequeue(c, e)
+    }
+    fn send(&mut self, c: &str, e: EntryId, pid: u16) -> Result<(), StoreError> {
+        self.0.send(c, e, pid)
+    }
+    fn pubrec(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.pubrec(c, pid)
+    }
+    fn complete(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.complete(c, pid)
+    }
+    fn qos2_received(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.qos2_received(c, pid)
+    }
+    fn qos2_released(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.qos2_released(c, pid)
+    }
+    fn set_will(&mut self, c: &str, w: &StoredWill) -> Result<(), StoreError> {
+        self.0.set_will(c, w)
+    }
+    fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
+        self.0.clear_will(c)
+    }
+    fn commit(&mut self) -> Result<Lsn, StoreError> {
+        let lsn = self.0.commit()?;
+        self.0.wait_durable(lsn)?;
+        Ok(lsn)
+    }
+    fn durable_lsn(&self) -> Lsn {
+        self.0.durable_lsn()
+    }
+}
+
+/// A fresh store dir for `name`, removed when dropped.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("zerofan-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Cluster {
+    /// Start `node` over on the store in `dir` (a kill -9 and a restart:
+    /// what its links held is gone; the others see a new incarnation).
+    fn restart_on(&mut self, node: usize, dir: &Dir) {
+        let (store, recovered) =
+            zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+        let mut h = H::with(Config {
+            sys_interval: 0,
+            ..Config::default()
+        });
+        h.b.set_peers(PeerId(0), &[PeerId(0)]);
+        let now = h.now;
+        h.b.set_durable_log(Box::new(OnDisk(store)), now, 1_000_000);
+        // Every test that restarts a node keeps 3 copies.
+        h.b.set_replicas(3);
+        h.b.set_claims(true);
+        h.b.restore(recovered, now);
+        // The old process and its store go first (one writer per dir).
+        let old = std::mem::replace(&mut self.hs[node], h);
+        drop(old);
+        for i in 0..self.hs.len() {
+            self.wires[node][i].clear();
+            self.wires[i][node].clear();
+        }
+        self.dead[node] = false;
+        for i in 0..self.hs.len() {
+            if i == node {
+                continue;
+            }
+            self.hs[node].b.add_peer(remote(i));
+            if self.dead[i] {
+                self.hs[node].b.set_peer_away(remote(i), true);
+            } else if self.linked[node][i] {
+                self.hs[i].b.peer_joined(remote(node));
+                self.hs[i].b.set_peer_away(remote(node), false);
+            }
+        }
+        self.pump();
+    }
+
+    /// Put `node` on a real store in `dir` (before anything was written).
+    fn on_disk(&mut self, node: usize, dir: &Dir) {
+        let (store, _) =
+            zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+        let now = self.hs[node].now;
+        self.hs[node]
+            .b
+            .set_durable_log(Box::new(OnDisk(store)), now, 1_000_000);
+    }
+}
+
+/// The owner of a persistent session dies and a replica restarts: the
+/// replica reads its copy back from its disk, so the client finds its
+/// session there with every acknowledged message, each once (with copies
+/// in memory only, the restart lost them).
+#[test]
+fn a_restarted_replica_reads_its_copies_back_from_disk() {
+    let dir = Dir::new("replica-restore");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    let (sub, _) = cl.persistent(0, "sub");
+    let o = SubscriptionOptions {
+        qos: QoS::ExactlyOnce,
+        ..opts(QoS::ExactlyOnce)
+    };
+    cl.hs[0].subscribe(sub.conn, "t/#", o);
+    cl.pump();
+    // One delivery in flight (QoS 1, unacknowledged) before going offline.
+    let (publ, _) = cl.connect(1, "pub1", Protocol::V5, true, 0);
+    cl.send(
+        publ,
+        Packet::Publish(publish("t/a", "inflight", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(cl.out(sub).payloads(), ["inflight"]);
+    cl.lose(sub);
+    let mut expect = vec!["inflight".to_string()];
+    for i in 0..6u16 {
+        let qos = if i % 2 == 0 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::ExactlyOnce
+        };
+        let payload = format!("m{i}");
+        cl.send(publ, Packet::Publish(publish("t/b", &payload, qos, 10 + i)));
+        if qos == QoS::ExactlyOnce {
+            cl.send(publ, Packet::PubRel(ack(10 + i)));
+        }
+        expect.push(payload);
+    }
+    // A persistent publisher on node 0 with an inbound QoS 2 id taken.
+    let (pub0, _) = cl.persistent(0, "pub0");
+    cl.send(
+        pub0,
+        Packet::Publish(publish("t/c", "once", QoS::ExactlyOnce, 7)),
+    );
+    assert_eq!(acks(&cl.out(pub0)), [(7, "pubrec")]);
+    expect.push("once".into());
+    assert!(acks(&cl.out(publ)).len() >= 9, "every publish acknowledged");
+    let installs = cl.hs[2].b.metrics().replica_installs;
+
+    // The owner dies, and node 2 restarts from its dir.
+    cl.kill(0);
+    cl.kill(2);
+    cl.restart_on(2, &dir);
+    assert_eq!(cl.hs[2].b.replica_images().0, 2, "copies read back");
+
+    // pub0 resends its QoS 2 PUBLISH on node 2: known, not routed again.
+    let (pub0, out) = cl.persistent(2, "pub0");
+    assert!(present(&out), "pub0: session not present after restart");
+    let mut p = publish("t/c", "once", QoS::ExactlyOnce, 7);
+    p.dup = true;
+    cl.send(pub0, Packet::Publish(p));
+    cl.send(pub0, Packet::PubRel(ack(7)));
+    assert_eq!(acks(&cl.out(pub0)), [(7, "pubrec"), (7, "pubcomp")]);
+
+    let (sub, out) = cl.persistent(2, "sub");
+    assert!(present(&out), "sub: session not present after restart");
+    assert_eq!(cl.hs[2].b.metrics().replica_installs, installs + 2);
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    let mut all = out.packets;
+    all.extend(cl.out(sub).packets);
+    for _ in 0..20 {
+        let mut pending = Vec::new();
+        for p in all.drain(..).filter_map(|p| match p {
+            Packet::Publish(p) => Some(p),
+            _ => None,
+        }) {
+            *counts
+                .entry(String::from_utf8_lossy(&p.payload).into_owned())
+                .or_default() += 1;
+            pending.push((p.packet_id, p.qos));
+        }
+        if pending.is_empty() {
+            break;
+        }
+        for (pid, qos) in pending {
+            match qos {
+                QoS::ExactlyOnce => {
+                    cl.send(sub, Packet::PubRec(ack(pid)));
+                    cl.send(sub, Packet::PubComp(ack(pid)));
+                }
+                _ => cl.send(sub, Packet::PubAck(ack(pid))),
+            }
+        }
+        all = cl.out(sub).packets;
+    }
+    for e in &expect {
+        assert_eq!(counts.get(e), Some(&1), "{e}: {counts:?}");
+    }
+    assert_eq!(counts.len(), expect.len(), "{counts:?}");
+}
+
+/// A clean session taking a client id over ends the persistent session it
+/// replaces: the copies on every replica go, so a later failover cannot
+/// bring it back.
+#[test]
+fn a_clean_takeover_drops_the_old_copies() {
+    let mut cl = Cluster::new(3, 3);
+    let (x, _) = cl.persistent(0, "x");
+    cl.hs[0].subscribe(x.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x);
+    assert_eq!(cl.hs[2].b.replica_images().0, 1);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    let (clean, out) = cl.connect(1, "x", Protocol::V5, true, 0);
+    assert!(!present(&out));
+    assert_eq!(cl.hs[2].b.replica_images().0, 0);
+    cl.lose(clean);
+    cl.kill(1);
+    let (_, out) = cl.persistent(2, "x");
+    assert!(!present(&out), "a session that ended came back");
+}
+
+/// The same while a replica is down: the drop waits in the link's queue,
+/// which its restart drops; the replica reads the old copy back from its
+/// disk, and gets the drop again when its link is up.
+#[test]
+fn a_clean_takeover_drops_the_copy_a_restarted_replica_read_back() {
+    let dir = Dir::new("replica-drop");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    let (x, _) = cl.persistent(0, "x");
+    cl.hs[0].subscribe(x.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x);
+    assert_eq!(cl.hs[2].b.replica_images().0, 1);
+    cl.kill(2);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    let (clean, out) = cl.connect(1, "x", Protocol::V5, true, 0);
+    assert!(!present(&out));
+    cl.lose(clean);
+    cl.restart_on(2, &dir);
+    assert_eq!(
+        cl.hs[2].b.replica_images().0,
+        0,
+        "the copy read back was not dropped"
+    );
+    cl.kill(0);
+    cl.kill(1);
+    let (_, out) = cl.persistent(2, "x");
+    assert!(!present(&out), "a session that ended came back");
+}
+
+/// A replica's answer lost with its link's queue (the link started over,
+/// as when the sender restarted and the replica's link to it came up after
+/// it had answered): nothing may wait for it forever. The replica's new
+/// link (`peer_reset` at the owner) is asked again.
+#[test]
+fn an_answer_lost_with_a_link_queue_is_asked_again() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(2, "sub");
+    cl.hs[2].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    // Node 0's answers to node 2 pile up in its queue, then the queue goes.
+    cl.linked[0][2] = false;
+    cl.send(p, Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1)));
+    assert!(
+        acks(&cl.out(p)).is_empty(),
+        "acknowledged before node 0 answered"
+    );
+    cl.wires[0][2].clear();
+    cl.linked[0][2] = true;
+    cl.hs[0].b.peer_joined(remote(2));
+    cl.pump();
+    // Node 2 hears node 0's new link start (`Sync`).
+    cl.hs[2].b.peer_reset(remote(0));
+    cl.pump();
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
 }

@@ -1,0 +1,317 @@
+//! A replica's copies on its own disk, so that an owner's acknowledgement
+//! means "on disk on the replicas" and a replica that restarts still has
+//! them.
+//!
+//! Each copy is a session of this node's store under a name no client id
+//! can take (`\0r` + client id: MQTT forbids U+0000), written with the
+//! same records as the node's own sessions. A message is written once per
+//! owner and referenced by every copy that queues it (the store keeps it
+//! while something references it). The replica answers `ReplicaAck` once
+//! the commit that holds the batch is durable (`Durable::hold_replica_ack`).
+//!
+//! At start the copies are read back as images owned by [`RESTORED`]: the
+//! node numbering of the run that wrote them is gone. A live owner replaces
+//! them with a full image when its link comes up; otherwise they wait for a
+//! failover (`Images::take`), their expiry, or anyone's drop.
+
+use super::{Image, Images, ReplOp};
+use crate::core::durable::{Durable, DurableLog};
+use crate::core::peer::PeerId;
+use std::collections::VecDeque;
+use zerofan_store::{
+    EntryId, MsgId, QueueEntry, RecoveredSession, SessionMeta, StoreError, StoredMessage,
+    StoredWill, SubOptions,
+};
+
+/// What a copy's name starts with in the store.
+const TAG: &str = "\u{0}r";
+
+/// The owner of a copy read back from disk, until a live owner sends a
+/// full image.
+pub(crate) const RESTORED: PeerId = PeerId(u16::MAX);
+
+/// Whether a store session name is a replica's copy.
+pub(crate) fn is_copy(name: &str) -> bool {
+    name.starts_with(TAG)
+}
+
+fn name(client: &str) -> String {
+    let mut n = String::with_capacity(TAG.len() + client.len());
+    n.push_str(TAG);
+    n.push_str(client);
+    n
+}
+
+/// The node's store as the images write to it (none with `--memory`).
+/// Failures are counted, not fatal: the copy in memory goes on.
+pub(crate) struct Disk<'a> {
+    log: Option<&'a mut dyn DurableLog>,
+    /// Store operations that failed.
+    pub(crate) errors: u64,
+}
+
+impl<'a> Disk<'a> {
+    pub(crate) fn new(durable: &'a mut Durable) -> Self {
+        Disk {
+            log: durable.log_mut(),
+            errors: 0,
+        }
+    }
+
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn DurableLog) -> Result<T, StoreError>,
+    ) -> Option<T> {
+        let log = self.log.as_deref_mut()?;
+        match f(log) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.errors += 1;
+                if self.errors == 1 {
+                    tracing::warn!(error = %e, "replica copy not written");
+                }
+                None
+            }
+        }
+    }
+
+    pub(super) fn put_session(&mut self, client: &str, meta: SessionMeta) {
+        self.run(|l| l.put_session(&name(client), meta));
+    }
+    pub(super) fn drop_session(&mut self, client: &str) {
+        self.run(|l| l.drop_session(&name(client)));
+    }
+    pub(super) fn subscribe(&mut self, client: &str, f: &str, o: SubOptions, id: Option<u32>) {
+        self.run(|l| l.subscribe(&name(client), f, o, id));
+    }
+    pub(super) fn unsubscribe(&mut self, client: &str, filter: &str) {
+        self.run(|l| l.unsubscribe(&name(client), filter));
+    }
+    pub(super) fn dequeue(&mut self, client: &str, entry: EntryId) {
+        self.run(|l| l.dequeue(&name(client), entry));
+    }
+    pub(super) fn send(&mut self, client: &str, entry: EntryId, pid: u16) {
+        self.run(|l| l.send(&name(client), entry, pid));
+    }
+    pub(super) fn pubrec(&mut self, client: &str, pid: u16) {
+        self.run(|l| l.pubrec(&name(client), pid));
+    }
+    /// A delivery past PUBREC named by a full image: the store keeps such
+    /// a packet id only as an inflight entry, so it gets an empty one.
+    pub(super) fn past_pubrec(&mut self, client: &str, pid: u16) {
+        let n = name(client);
+        let empty = StoredMessage {
+            qos: 2,
+            ..StoredMessage::default()
+        };
+        self.run(|l| {
+            let msg = l.put_message(&empty)?;
+            let entry = QueueEntry {
+                msg,
+                qos: 2,
+                ..QueueEntry::default()
+            };
+            let e = l.enqueue(&n, &entry)?;
+            l.send(&n, e, pid)?;
+            l.pubrec(&n, pid)
+        });
+    }
+    pub(super) fn complete(&mut self, client: &str, pid: u16) {
+        self.run(|l| l.complete(&name(client), pid));
+    }
+    pub(super) fn qos2_received(&mut self, client: &str, pid: u16) {
+        self.run(|l| l.qos2_received(&name(client), pid));
+    }
+    pub(super) fn qos2_released(&mut self, client: &str, pid: u16) {
+        self.run(|l| l.qos2_released(&name(client), pid));
+    }
+    pub(super) fn set_will(&mut self, client: &str, will: &StoredWill) {
+        self.run(|l| l.set_will(&name(client), will));
+    }
+    pub(super) fn clear_will(&mut self, client: &str) {
+        self.run(|l| l.clear_will(&name(client)));
+    }
+}
+
+fn msg_size(m: &StoredMessage) -> usize {
+    m.topic.len() + m.payload.len()
+}
+
+impl Images {
+    /// Apply `from`'s batch and write it to this node's store (the
+    /// caller holds the answer for the commit). Returns the store
+    /// failures.
+    pub(crate) fn apply_durable(
+        &mut self,
+        from: PeerId,
+        ops: Vec<ReplOp>,
+        now_ms: u64,
+        durable: &mut Durable,
+    ) -> u64 {
+        let mut disk = Disk::new(durable);
+        self.apply(from, ops, now_ms, &mut disk);
+        disk.errors
+    }
+
+    /// Write the entry's message (once per owner) and the entry; returns
+    /// the store's id of the entry.
+    pub(super) fn enqueue_on_disk(
+        &mut self,
+        key: (PeerId, MsgId),
+        client: &str,
+        item: &QueueEntry,
+        disk: &mut Disk<'_>,
+    ) -> Option<EntryId> {
+        disk.log.as_ref()?;
+        let msg = match self.local_msg.get(&key) {
+            Some(m) => *m,
+            None => {
+                let body = self.messages.get(&key)?.0.clone();
+                let m = disk.run(|l| l.put_message(&body))?;
+                self.local_msg.insert(key, m);
+                m
+            }
+        };
+        let entry = QueueEntry {
+            msg,
+            ..item.clone()
+        };
+        disk.run(|l| l.enqueue(&name(client), &entry))
+    }
+
+    /// Take the copies out of what the store read back (`sessions` keeps
+    /// the node's own) and hold them again, within the bounds: what does
+    /// not fit is refused (counted) and dropped from the store.
+    pub(crate) fn restore(
+        &mut self,
+        sessions: &mut Vec<RecoveredSession>,
+        durable: &mut Durable,
+    ) -> u64 {
+        if !sessions.iter().any(|s| is_copy(&s.client_id)) {
+            return 0;
+        }
+        let mut disk = Disk::new(durable);
+        let (copies, own): (Vec<_>, Vec<_>) = std::mem::take(sessions)
+            .into_iter()
+            .partition(|s| is_copy(&s.client_id));
+        *sessions = own;
+        for rs in copies {
+            let Some(client) = rs.client_id.strip_prefix(TAG) else {
+                continue;
+            };
+            let client: Box<str> = client.into();
+            let owner = RESTORED;
+            let mut fresh = 0usize;
+            let mut seen = std::collections::HashSet::new();
+            let entries = rs
+                .queue
+                .iter()
+                .chain(rs.inflight.iter().filter_map(|f| f.entry.as_ref()));
+            for e in entries {
+                let key = (owner, e.entry.msg);
+                if !self.messages.contains_key(&key) && seen.insert(key) {
+                    fresh += msg_size(&e.message);
+                }
+            }
+            if self.by_client.contains_key(&client)
+                || self.by_client.len() >= self.max_images
+                || self.bytes + fresh > self.max_bytes
+            {
+                self.refused += 1;
+                disk.drop_session(&client);
+                continue;
+            }
+            let mut img = Image {
+                owner: Some(owner),
+                meta: rs.meta,
+                subs: rs
+                    .subscriptions
+                    .into_iter()
+                    .map(|s| (s.filter.into_boxed_str(), (s.options, s.id)))
+                    .collect(),
+                qos2: rs.incoming_qos2.into_iter().collect(),
+                will: rs.will.map(Box::new),
+                ..Image::default()
+            };
+            let mut hold = |id: MsgId, m: &std::sync::Arc<StoredMessage>| {
+                let key = (owner, id);
+                let held = self.messages.entry(key).or_insert_with(|| {
+                    self.bytes += msg_size(m);
+                    (m.clone(), 0)
+                });
+                held.1 += 1;
+                self.local_msg.insert(key, id);
+            };
+            for e in rs.queue {
+                hold(e.entry.msg, &e.message);
+                img.local.insert(e.id, e.id);
+                img.queue.insert(e.id, e.entry);
+            }
+            for f in rs.inflight {
+                let entry = f.entry.map(|e| {
+                    hold(e.entry.msg, &e.message);
+                    (e.id, e.entry)
+                });
+                img.inflight.push((f.packet_id, f.phase, entry));
+            }
+            self.by_client.insert(client, img);
+        }
+        disk.errors
+    }
+}
+
+/// Most clean takeovers whose drops are remembered until every replica
+/// answered them.
+const MAX_DROPS: usize = 10_000;
+
+/// Clean takeovers' drops (a clean session took a client id whose copies
+/// the replicas may hold) not yet answered by every replica. A replica
+/// that restarts loses what waited in its link's queue, and would read the
+/// copy back from its disk: it gets these again, before any image.
+#[derive(Debug, Default)]
+pub(crate) struct Drops {
+    /// Client id and the change number that last carried its drop.
+    list: VecDeque<(Box<str>, u64)>,
+    /// Drops forgotten unanswered because the list was full.
+    pub(crate) forgotten: u64,
+}
+
+impl Drops {
+    /// The operations that end any copy of `client` at a replica, whoever
+    /// owned it: a `Reset` makes the sender the owner, `Drop` ends it.
+    fn ops(client: &str, out: &mut Vec<ReplOp>) {
+        out.push(ReplOp::Reset {
+            client: client.into(),
+            meta: SessionMeta::default(),
+        });
+        out.push(ReplOp::Drop {
+            client: client.into(),
+        });
+    }
+
+    /// Remember `client`'s drop, sent as change `seq`; its operations.
+    pub(crate) fn push(&mut self, client: &str, seq: u64) -> Vec<ReplOp> {
+        self.list.retain(|(c, _)| &**c != client);
+        if self.list.len() >= MAX_DROPS {
+            self.list.pop_front();
+            self.forgotten += 1;
+        }
+        self.list.push_back((client.into(), seq));
+        let mut ops = Vec::new();
+        Drops::ops(client, &mut ops);
+        ops
+    }
+
+    /// Every drop not yet answered, to be sent as change `seq`.
+    pub(crate) fn resend(&mut self, seq: u64, out: &mut Vec<ReplOp>) {
+        for (c, s) in &mut self.list {
+            *s = seq;
+            Drops::ops(c, out);
+        }
+    }
+
+    /// Forget the drops that `answered(seq)` says every replica has.
+    pub(crate) fn settle(&mut self, answered: impl Fn(u64) -> bool) {
+        self.list.retain(|(_, s)| !answered(*s));
+    }
+}
