@@ -337,15 +337,14 @@ impl Durable {
     /// Nothing staged or waiting: [`Durable::end_event`] would be `Idle`.
     #[inline]
     pub(crate) fn idle(&self) -> bool {
-        !self.dirty && self.pending.is_empty() && self.seen_pending.is_empty()
-    }
-
-    pub(crate) fn end_event(&mut self, errors: &mut u64) -> EventEnd {
-        if !self.dirty
+        !self.dirty
             && self.pending.is_empty()
             && self.seen_pending.is_empty()
             && self.replica_acks.pending.is_empty()
-        {
+    }
+
+    pub(crate) fn end_event(&mut self, errors: &mut u64) -> EventEnd {
+        if self.idle() {
             return EventEnd::Idle;
         }
         let Some(log) = self.log.as_mut() else {
