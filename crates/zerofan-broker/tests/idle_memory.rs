@@ -50,7 +50,7 @@ fn idle_connections_are_cheap() {
     // connections). A connection that does not park (+512), a held read
     // buffer (2 KiB), outbox capacity kept after the CONNACK, or a core
     // struct grown past its allocation size class fails this. 456 bytes
-    // at 2026-11-25 (about 424 before): a Session holds its subscriptions
+    // at 2026-11-25, ab9a8d5 (420 at 1cbdbf5): a Session holds its subscriptions
     // itself (32 bytes, `core/submap.rs`), so that a device's one
     // subscription no longer costs a 184-byte `Flight`.
     assert!(per < 480, "an idle connection keeps {per} heap bytes");

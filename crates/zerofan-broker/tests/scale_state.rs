@@ -165,7 +165,7 @@ fn ten_thousand_connections_cost_little_and_keep_alive_fires() {
     // boxed and that list sized for one: 1,119). Measured again at b439fcc
     // plus one: 487 bytes (743 before), now that the session's one
     // subscription and the `{i}` node's one child are kept without a map
-    // (`core/submap.rs`, `core/children.rs`). At 2026-11-25 on connmem:
+    // (`core/submap.rs`, `core/children.rs`). At 2026-11-25 (ab9a8d5):
     // 581 bytes per connection (564 before: the session keeps its
     // subscriptions, 32 bytes, while `by_client` keys are 16-byte
     // `Box<str>`s, `core/clients.rs`) and 231 per first subscription (487
@@ -271,10 +271,11 @@ fn device_subscriptions_on_two_shards_cost_little() {
     }
     let per_sub = (live() - before) / N as i64;
     println!("core heap per device subscription, two shards: {per_sub} bytes");
-    // Measured 2026-11-25 on connmem: 433 bytes, the subscription here
+    // Measured 2026-11-25 at ab9a8d5: 433 bytes, the subscription here
     // (231, as above) and the interest in the other core's route index
     // (a trie path); 634 while each core also kept its own plain filters
-    // in that index, a second path next to its subscription (`router.rs`).
+    // in that index, a second path next to its subscription (`router.rs`),
+    // and 1,018 at 1cbdbf5 (96-byte trie nodes, `Flight` per subscriber).
     // Bound: the measured figure plus a quarter.
     assert!(
         per_sub < 540,
@@ -349,7 +350,7 @@ fn two_hundred_thousand_subscriptions_cost_little() {
     // new level, its key and map slot, a subscriber list of one; shared
     // groups a 64-byte group with its name and full filter). 397 bytes
     // once a node's single child needs no map (`core/children.rs`). 339
-    // at 2026-11-25 on connmem (64-byte trie nodes, no `Flight` for
+    // at 2026-11-25 (ab9a8d5) (64-byte trie nodes, no `Flight` for
     // subscriptions). Bound: the measured figure plus a quarter, so a
     // doubled cost fails.
     assert!(per_sub < 425, "a subscription costs {per_sub} heap bytes");
