@@ -78,8 +78,7 @@ pub(crate) fn view(
     let conn = s.conn.and_then(|c| conns.get(&c));
     let flight = s.flight();
     let mut subscriptions: Vec<SubView> = if subs {
-        flight
-            .subscriptions
+        s.subscriptions
             .iter()
             .map(|(filter, r)| SubView {
                 filter: filter.to_string(),
@@ -103,7 +102,7 @@ pub(crate) fn view(
         expiry_interval: s.expiry_interval,
         queued: s.queue_len(),
         inflight: flight.inflight.len(),
-        subscription_count: flight.subscriptions.len(),
+        subscription_count: s.subscriptions.len(),
         subscriptions,
     }
 }
@@ -204,7 +203,7 @@ pub(crate) fn views(
 
 /// The session of `client_id`, if any.
 pub(crate) fn session_of(
-    by_client: &HashMap<MqttStr, SessionId>,
+    by_client: &super::clients::ClientIds,
     client_id: &str,
 ) -> Option<SessionId> {
     let key = MqttStr::try_from(client_id).ok()?;

@@ -103,7 +103,7 @@ pub struct Broker {
     conns: HashMap<ConnId, Box<Connection>>,
     /// Boxed for the same reason as `conns`.
     sessions: HashMap<SessionId, Box<Session>>,
-    by_client: HashMap<MqttStr, SessionId>,
+    by_client: super::clients::ClientIds,
     /// Where messages go: local subscriptions and the peers' interests.
     router: Router,
     /// The other cores of this broker, and what waits to cross to them.
@@ -177,7 +177,7 @@ impl Broker {
             config,
             conns: HashMap::default(),
             sessions: HashMap::default(),
-            by_client: HashMap::default(),
+            by_client: Default::default(),
             router: Router::default(),
             peers: Peers::default(),
             store: Box::new(MemoryStore::default()),
@@ -922,7 +922,6 @@ impl Broker {
             return;
         };
         let shares: Vec<Box<str>> = s
-            .flight()
             .subscriptions
             .keys()
             .filter(|f| f.starts_with("$share/"))
@@ -970,7 +969,7 @@ impl Broker {
         let filters: Vec<Box<str>> = self
             .sessions
             .get(&sid)
-            .map(|s| s.flight().subscriptions.keys().cloned().collect())
+            .map(|s| s.subscriptions.keys().cloned().collect())
             .unwrap_or_default();
         for filter in &filters {
             if filter.starts_with("$share/") {
@@ -3353,7 +3352,7 @@ impl Broker {
                     id: sub.id,
                 };
                 self.router.subscribe(&sub.filter, entry);
-                s.flight_mut().subscriptions.insert(
+                s.subscriptions.insert(
                     sub.filter.as_str().into(),
                     SubRecord {
                         options,
@@ -3530,7 +3529,7 @@ impl Broker {
                 continue;
             }
             let (held, is_new) = self.sessions.get(&sid).map_or((0, true), |s| {
-                let subs = &s.flight().subscriptions;
+                let subs = &s.subscriptions;
                 (subs.len(), !subs.contains_key(filter.as_str()))
             });
             let q = super::quota::subscription_refused(
@@ -3564,7 +3563,6 @@ impl Broker {
                 return;
             };
             let is_new = s
-                .flight_mut()
                 .subscriptions
                 .insert(filter.as_str().into(), record)
                 .is_none();
@@ -3665,8 +3663,7 @@ impl Broker {
             let existed = self
                 .sessions
                 .get_mut(&sid)
-                .and_then(|s| s.flight_any())
-                .is_some_and(|f| f.subscriptions.remove(filter.as_str()).is_some());
+                .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
             if existed {
                 if self.events.on() {
                     let id = self.sessions.get(&sid).map(|s| &s.client_id);
@@ -4540,7 +4537,7 @@ impl Broker {
                 expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
             },
         });
-        for (filter, rec) in s.flight().subscriptions.iter() {
+        for (filter, rec) in s.subscriptions.iter() {
             ops.push(super::replica::ReplOp::Subscribe {
                 client: client.clone(),
                 filter: filter.clone(),
@@ -4685,7 +4682,6 @@ impl Broker {
             items.push(q);
         }
         let subs: Vec<(Box<str>, SubRecord)> = s
-            .flight()
             .subscriptions
             .iter()
             .map(|(f, r)| (f.clone(), *r))
@@ -4955,7 +4951,7 @@ impl Broker {
             g.queued_bytes_max = g.queued_bytes_max.max(s.queued_bytes());
             g.inflight += s.flight().inflight.len();
             g.inflight_max = g.inflight_max.max(s.flight().inflight.len());
-            g.subscriptions += s.flight().subscriptions.len();
+            g.subscriptions += s.subscriptions.len();
         }
         g
     }

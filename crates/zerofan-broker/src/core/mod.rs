@@ -32,6 +32,7 @@
 //! - `session`: one session's subscriptions, queue, inflight window and QoS
 //!   2 state.
 //! - `ids`: [`ConnId`] / [`SessionId`], never reused.
+//! - `clients`: sessions by client id.
 //! - `timers`: the core's deadlines in one min-heap.
 //! - `outbox`: [`Outgoing`] / [`Delivery`] / [`Transmit`], what the shell
 //!   writes; a delivery references the shared [`Message`], never a copy.
@@ -85,6 +86,7 @@ pub mod auth;
 mod broker;
 mod children;
 mod claims;
+mod clients;
 mod connect;
 mod connection;
 mod deliver;

@@ -1,8 +1,8 @@
 //! Routing: which local sessions, and which peers, a message goes to.
 //!
 //! Two tries. `subs` holds this core's own subscriptions, by session.
-//! `shards` holds, for each filter, which cores (this one included, when it
-//! has peers) have subscribers on it, by [`PeerId`]: the read-mostly route
+//! `shards` holds, for each filter, which other cores (and this one, for
+//! shared groups) have subscribers on it, by [`PeerId`]: the read-mostly route
 //! index that says where a publish must cross to. It changes only when a
 //! filter gets its first subscriber or loses its last one on some core,
 //! which each core announces to the others ([`PeerEvent::Interest`]).
@@ -168,6 +168,13 @@ impl Router {
         group: Option<&str>,
         add: bool,
     ) {
+        // This core's own plain filters are not kept here: `route_peers`
+        // skips them and `subs` has them. Kept, they were a second trie
+        // path per subscription on every shard (its shared groups stay:
+        // their round robin over cores counts this one).
+        if group.is_none() && Some(peer) == self.me {
+            return;
+        }
         let session = SessionId(u64::from(peer.0));
         if add {
             let entry = SubEntry {

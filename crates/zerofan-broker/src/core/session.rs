@@ -140,18 +140,20 @@ pub(crate) struct Session {
     /// the session is re-attached at once, so `detach` leaves its queue
     /// as it is (no offline trim, no compaction copies).
     pub resuming: bool,
-    /// Subscriptions and QoS 1/2 state, allocated on first use.
+    /// Subscriptions by full filter (including `$share/...`); one without
+    /// a table of its own (see `submap.rs`). Here rather than in `Flight`:
+    /// a device that subscribes once and then idles would otherwise pay
+    /// for the whole `Flight` (184 bytes) to hold 32.
+    pub subscriptions: super::submap::SubMap<SubRecord>,
+    /// QoS 1/2 state, allocated on first use.
     pub flight: Option<Box<Flight>>,
 }
 
-/// What a session holds once it subscribes or exchanges QoS 1/2 messages:
-/// boxed apart, so a session that only connects (most devices, most of
+/// What a session holds once it exchanges QoS 1/2 messages: boxed apart,
+/// so a session that only connects and subscribes (most devices, most of
 /// the time) pays one pointer for all of it.
 #[derive(Debug, Default)]
 pub(crate) struct Flight {
-    /// Subscriptions by full filter (including `$share/...`); one without
-    /// a table of its own (see `submap.rs`).
-    pub subscriptions: super::submap::SubMap<SubRecord>,
     /// QoS 1/2 deliveries in flight by packet id.
     pub inflight: HashMap<u16, Inflight>,
     /// In-flight PUBLISHes to resend (DUP) after a resume, oldest first,
@@ -197,6 +199,7 @@ impl Session {
             pending_will: None,
             stored: false,
             resuming: false,
+            subscriptions: Default::default(),
             flight: None,
         }
     }

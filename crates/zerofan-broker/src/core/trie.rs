@@ -79,6 +79,23 @@ pub(super) enum Hit<'a> {
     Shared(&'a mut SharedGroup),
 }
 
+/// What few nodes have: `+` and `#` children and shared groups. Boxed
+/// together apart from the node (see `Node::rare`).
+#[derive(Default, Debug)]
+struct Rare {
+    /// The `+` child.
+    plus: Option<Box<Node>>,
+    /// The `#` child.
+    hash: Option<Box<Node>>,
+    shared: Vec<SharedGroup>,
+}
+
+impl Rare {
+    fn is_empty(&self) -> bool {
+        self.plus.is_none() && self.hash.is_none() && self.shared.is_empty()
+    }
+}
+
 #[derive(Default, Debug)]
 struct Node {
     /// Children by literal level (never `+` or `#`). Boxed: a map's
@@ -88,29 +105,49 @@ struct Node {
     /// subscription in the trie, ~330 boxed). A single child is kept
     /// without a map (see `children.rs`).
     children: Children<Node>,
-    /// The `+` child.
-    plus: Option<Box<Node>>,
-    /// The `#` child.
-    hash: Option<Box<Node>>,
     /// Ordered by session (see `Trie::insert`).
     subs: Vec<SubEntry>,
-    shared: Vec<SharedGroup>,
+    /// `+`, `#` and shared groups, allocated on first use and dropped when
+    /// empty: a device fleet's nodes have none, and inline they made every
+    /// node 96 bytes instead of 64 (two nodes per `devices/{id}/cmd`).
+    rare: Option<Box<Rare>>,
 }
 
 impl Node {
     fn is_empty(&self) -> bool {
-        self.children.is_empty()
-            && self.plus.is_none()
-            && self.hash.is_none()
-            && self.subs.is_empty()
-            && self.shared.is_empty()
+        self.children.is_empty() && self.subs.is_empty() && self.rare.is_none()
+    }
+
+    fn plus_mut(&mut self) -> Option<&mut Node> {
+        self.rare.as_deref_mut()?.plus.as_deref_mut()
+    }
+
+    fn hash_mut(&mut self) -> Option<&mut Node> {
+        self.rare.as_deref_mut()?.hash.as_deref_mut()
+    }
+
+    fn shared(&self) -> &[SharedGroup] {
+        self.rare.as_deref().map_or(&[], |r| &r.shared)
+    }
+
+    /// The rare part, allocated now if missing.
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Drop the rare part once nothing is left in it, so that
+    /// `is_empty` stays true to the node and the trie prunes it.
+    fn tidy(&mut self) {
+        if self.rare.as_deref().is_some_and(Rare::is_empty) {
+            self.rare = None;
+        }
     }
 
     /// The child for `level`, if any.
     fn child(&self, level: &[u8]) -> Option<&Node> {
         match level {
-            b"+" => self.plus.as_deref(),
-            b"#" => self.hash.as_deref(),
+            b"+" => self.rare.as_deref()?.plus.as_deref(),
+            b"#" => self.rare.as_deref()?.hash.as_deref(),
             _ => self.children.get(level),
         }
     }
@@ -118,8 +155,8 @@ impl Node {
     /// The child for `level`, if any.
     fn child_mut(&mut self, level: &[u8]) -> Option<&mut Node> {
         match level {
-            b"+" => self.plus.as_deref_mut(),
-            b"#" => self.hash.as_deref_mut(),
+            b"+" => self.plus_mut(),
+            b"#" => self.hash_mut(),
             _ => self.children.get_mut(level),
         }
     }
@@ -127,8 +164,8 @@ impl Node {
     /// The child for `level`, created when missing.
     fn child_or_insert(&mut self, level: &[u8]) -> &mut Node {
         match level {
-            b"+" => self.plus.get_or_insert_with(Default::default),
-            b"#" => self.hash.get_or_insert_with(Default::default),
+            b"+" => self.rare_mut().plus.get_or_insert_with(Default::default),
+            b"#" => self.rare_mut().hash.get_or_insert_with(Default::default),
             _ => self.children.get_or_insert(level),
         }
     }
@@ -136,8 +173,16 @@ impl Node {
     /// Drop the child for `level` (it became empty).
     fn remove_child(&mut self, level: &[u8]) {
         match level {
-            b"+" => self.plus = None,
-            b"#" => self.hash = None,
+            b"+" | b"#" => {
+                if let Some(r) = self.rare.as_deref_mut() {
+                    *(if level == b"+" {
+                        &mut r.plus
+                    } else {
+                        &mut r.hash
+                    }) = None;
+                }
+                self.tidy();
+            }
             _ => {
                 self.children.remove(level);
             }
@@ -191,19 +236,20 @@ impl Trie {
                 };
             }
             Some(g) => {
-                let pos = match node.shared.iter().position(|s| &*s.name == g) {
+                let shared = &mut node.rare_mut().shared;
+                let pos = match shared.iter().position(|s| &*s.name == g) {
                     Some(p) => p,
                     None => {
-                        node.shared.push(SharedGroup {
+                        shared.push(SharedGroup {
                             name: g.into(),
                             key: format!("$share/{g}/{filter}").into(),
                             members: Vec::new(),
                             next: 0,
                         });
-                        node.shared.len() - 1
+                        shared.len() - 1
                     }
                 };
-                &mut node.shared[pos].members
+                &mut shared[pos].members
             }
         };
         match list.iter_mut().find(|e| e.session == entry.session) {
@@ -238,7 +284,7 @@ impl Trie {
         match group {
             None => node.subs.len(),
             Some(g) => node
-                .shared
+                .shared()
                 .iter()
                 .find(|s| &*s.name == g)
                 .map_or(0, |s| s.members.len()),
@@ -260,7 +306,11 @@ impl Trie {
         for level in levels(filter) {
             node = node.child_mut(level)?;
         }
-        node.shared.iter_mut().find(|g| &*g.name == group)
+        node.rare
+            .as_deref_mut()?
+            .shared
+            .iter_mut()
+            .find(|g| &*g.name == group)
     }
 
     /// Call `f` for every subscription matching `topic`. Wildcards at the
@@ -277,13 +327,13 @@ fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<B
     if !node.subs.is_empty() {
         out.push((filter(), None));
     }
-    for g in &node.shared {
+    for g in node.shared() {
         out.push((filter(), Some(g.name.clone())));
     }
     let named = node.children.iter().map(|(k, v)| (k.to_vec(), v));
     let wild = [
-        (b"+".to_vec(), node.plus.as_deref()),
-        (b"#".to_vec(), node.hash.as_deref()),
+        (b"+".to_vec(), node.child(b"+")),
+        (b"#".to_vec(), node.child(b"#")),
     ]
     .into_iter()
     .filter_map(|(k, v)| v.map(|v| (k, v)));
@@ -298,8 +348,10 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
     for e in &node.subs {
         f(Hit::Direct(e));
     }
-    for g in &mut node.shared {
-        f(Hit::Shared(g));
+    if let Some(r) = node.rare.as_deref_mut() {
+        for g in &mut r.shared {
+            f(Hit::Shared(g));
+        }
     }
 }
 
@@ -315,7 +367,7 @@ fn walk<'t>(
 ) {
     if !dollar {
         // `a/#` matches `a` itself as well as everything below it.
-        if let Some(hash) = node.hash.as_deref_mut() {
+        if let Some(hash) = node.hash_mut() {
             emit(hash, f);
         }
     }
@@ -326,7 +378,7 @@ fn walk<'t>(
                 walk(child, levels.clone(), false, f);
             }
             if !dollar {
-                if let Some(plus) = node.plus.as_deref_mut() {
+                if let Some(plus) = node.plus_mut() {
                     walk(plus, levels, false, f);
                 }
             }
@@ -343,16 +395,20 @@ fn remove_in(node: &mut Node, levels: &[&[u8]], group: Option<&str>, session: Se
                 before != node.subs.len()
             }
             Some(g) => {
-                let Some(pos) = node.shared.iter().position(|s| &*s.name == g) else {
+                let Some(rare) = node.rare.as_deref_mut() else {
                     return false;
                 };
-                let members = &mut node.shared[pos].members;
+                let Some(pos) = rare.shared.iter().position(|s| &*s.name == g) else {
+                    return false;
+                };
+                let members = &mut rare.shared[pos].members;
                 let before = members.len();
                 members.retain(|e| e.session != session);
                 let removed = before != members.len();
                 if members.is_empty() {
-                    node.shared.remove(pos);
+                    rare.shared.remove(pos);
                 }
+                node.tidy();
                 removed
             }
         },
@@ -423,6 +479,23 @@ mod tests {
         assert!(t.remove("a/b/c", None, SessionId(1)));
         assert!(!t.remove("a/b/c", None, SessionId(1)));
         assert!(t.root.is_empty());
+        // Wildcards and shared groups too, down to the rare parts.
+        t.insert("a/+/#", None, entry(1));
+        t.insert("a/+", Some("g"), entry(2));
+        t.insert("#", Some("g"), entry(3));
+        assert_eq!(matched(&mut t, "a/b"), vec![1, 1002, 1003]);
+        assert!(t.remove("a/+/#", None, SessionId(1)));
+        assert!(t.remove("a/+", Some("g"), SessionId(2)));
+        assert!(!t.remove("a/+", Some("g"), SessionId(2)));
+        assert!(t.remove("#", Some("g"), SessionId(3)));
+        assert!(t.root.is_empty() && t.root.rare.is_none());
+    }
+
+    #[test]
+    fn a_node_is_64_bytes() {
+        // Two per device filter (`devices/{id}/cmd`): 96 with `+`, `#`
+        // and the shared groups inline.
+        assert_eq!(std::mem::size_of::<Node>(), 64);
     }
 
     #[test]
