@@ -151,6 +151,8 @@ pub struct Broker {
     /// Persistent sessions copied to other nodes, and their copies of
     /// theirs (see `replica`).
     repl: super::replica::Replication,
+    /// A node leaving the cluster sends its clients elsewhere (see `drain`).
+    drain: super::drain::Drain,
 }
 
 /// What the shell does with a connection's further input.
@@ -202,6 +204,7 @@ impl Broker {
             lease: Default::default(),
             retain_order: Default::default(),
             repl: Default::default(),
+            drain: Default::default(),
         }
     }
 
@@ -572,6 +575,10 @@ impl Broker {
                     return;
                 }
             }
+        }
+        if self.drain.active() {
+            self.refuse_draining(now, conn);
+            return;
         }
         if self.claims.must_claim(conn, &connect) {
             if self.lease.lost() {
@@ -1086,6 +1093,9 @@ impl Broker {
             return;
         };
         self.metrics.fenced_takeovers += 1;
+        if self.drain.active() {
+            self.drain.moved += 1;
+        }
         if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
@@ -1094,6 +1104,61 @@ impl Broker {
         // (the new owner's full image replaces it).
         self.repl.unrecord(client_id);
         self.end_event();
+    }
+}
+
+// A cluster node being removed: its clients go elsewhere (see `drain`).
+impl Broker {
+    /// Send every client to `reference` (the MQTT address of the node
+    /// holding this node's session copies; `None`: no node can be named)
+    /// and refuse CONNECTs from now on. Returns the connections told.
+    pub fn drain(&mut self, now: Instant, reference: Option<&str>) -> u64 {
+        self.drain.start(reference);
+        let reason = self.drain.reason();
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Connected(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        let told = conns.len() as u64;
+        for conn in conns {
+            // As a takeover: a will waits for its delay, and the session
+            // (with a pending will) moves to the node the client goes to.
+            self.close(now, conn, Some(reason), true);
+        }
+        self.drain.told += told;
+        self.end_event();
+        told
+    }
+
+    /// Sessions still here (each waits for its client to connect to
+    /// another node), and sessions taken over since the drain began.
+    pub fn drain_progress(&self) -> (usize, u64) {
+        (self.sessions.len(), self.drain.moved)
+    }
+
+    /// Connections told to move since the drain began.
+    pub fn drain_told(&self) -> u64 {
+        self.drain.told
+    }
+
+    fn refuse_draining(&mut self, now: Instant, conn: ConnId) {
+        let reason = self.drain.reason();
+        let mut properties = Properties::default();
+        if self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5()) {
+            self.drain.refer(reason, &mut properties);
+        }
+        self.drain.told += 1;
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present: false,
+                reason,
+                properties: properties.into(),
+            }),
+        );
+        self.close(now, conn, None, false);
     }
 }
 
@@ -3961,6 +4026,7 @@ impl Broker {
                     let text = what.unwrap_or_else(|| reason_text(reason));
                     properties.reason_string = Some(MqttStr::from_static(text));
                 }
+                self.drain.refer(reason, &mut properties);
                 let mut packet = Packet::Disconnect(Disconnect {
                     reason,
                     properties: properties.into(),
@@ -4995,6 +5061,8 @@ fn reason_text(reason: ReasonCode) -> &'static str {
         ReasonCode::PROTOCOL_ERROR => "protocol error",
         ReasonCode::MALFORMED_PACKET => "malformed packet",
         ReasonCode::PACKET_TOO_LARGE => "packet too large",
+        ReasonCode::SERVER_MOVED => "server moved: connect to the server reference",
+        ReasonCode::USE_ANOTHER_SERVER => "use another server",
         _ => "disconnected by the server",
     }
 }
