@@ -980,6 +980,10 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     sent_at: dict = {}
     followers = [Follower("s5", 5, ns[1], everyone, h), Follower("s3", 311, ns[1], everyone, h),
                  Follower("k3", 5, ns[2], everyone, h)]
+    # Offline all along on node 2: handed to node 1 by the remove.
+    off = _persistent(ns[1], "off5", 5)
+    assert off.subscribe("rm/q1", 1) == [1]
+    off.disconnect()
     threads = [threading.Thread(target=f.run, daemon=True) for f in followers]
     pubs = [("q1", 1, ns[0]), ("q2", 2, ns[2]), ("p2", 1, ns[1]), ("r2", 2, ns[0])]
     threads += [threading.Thread(target=_publisher, daemon=True,
@@ -1002,7 +1006,9 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
         r = cluster_cli("remove", "--connect", ns[0].cluster_addr, "2", "--drain-timeout", "20",
                         timeout=60)
         took = time.monotonic() - removed
+        removed_by = time.monotonic()
         assert r.returncode == 0, r.stderr
+        assert "1 sessions without a client" in r.stdout, r.stdout
         assert f"sent to node 1 (127.0.0.1:{ns[0].mqtt_port})" in r.stdout, r.stdout
         assert "node 2 removed" in r.stdout, r.stdout
         st = wait_status(ns[0], voters_with_leader(3), "node 2 gone")
@@ -1065,4 +1071,23 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     assert h.owner_problems() == []
     for f in followers:
         f.c.close()
+    # The offline session is on node 1 with what was published while it
+    # was on node 2 and since: all but what was sent while it was handed
+    # over (its fence on node 2 until node 1 served it).
+    off = _persistent(ns[0], "off5", 5)
+    assert off.session_present
+    n = len(h.acked["q1"])
+    got = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < n and time.monotonic() < deadline:
+        try:
+            got.append(off.messages.get(timeout=1.0).payload)
+        except Exception:
+            break
+    h.received["off5"] = got
+    handed = History(qos={"q1": 1}, received=h.received)
+    handed.acked["q1"] = {i for i in h.acked["q1"]
+                          if not removed - 0.5 <= sent_at["q1"][i] <= removed_by + 0.5}
+    assert handed.problems(["off5"]) == []
+    off.close()
     n4.broker.terminate()

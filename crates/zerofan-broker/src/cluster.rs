@@ -315,9 +315,9 @@ fn print_removed(r: &zerofan_cluster::RemoveReport) {
             );
             if d.sessions_left > 0 {
                 println!(
-                    "{} sessions not moved by the deadline: their clients find them on a \
-                     node holding a copy when they connect there",
-                    d.sessions_left
+                    "{} sessions without a client: {} client ids handed to {to}, which \
+                     serves them from its copies",
+                    d.sessions_left, r.sessions_handed
                 );
             }
         }

@@ -69,6 +69,11 @@ pub(crate) enum Request {
         reference: Option<String>,
         drain_ms: u64,
     },
+    /// Sent by the leader to the node it just gave these client ids (the
+    /// sessions of a node being removed): serve them from its copies.
+    Adopt {
+        client_ids: Vec<String>,
+    },
     Join {
         node_id: u64,
         node: NodeInfo,

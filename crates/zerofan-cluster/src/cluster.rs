@@ -184,6 +184,9 @@ struct Inner {
     /// Orders to drain, for the broker (see `drain`); none until the
     /// broker asks for them.
     drains_tx: Mutex<Option<mpsc::Sender<DrainOrder>>>,
+    /// Client ids this node was given from a node being removed, for the
+    /// broker to serve from its copies.
+    adopts_tx: Mutex<Option<mpsc::Sender<String>>>,
 }
 
 /// A running cluster node. Dropping it stops the listener; call
@@ -279,6 +282,7 @@ impl Cluster {
             links_tx,
             members_tx,
             drains_tx: Mutex::new(None),
+            adopts_tx: Mutex::new(None),
         });
         let tasks = vec![
             tokio::spawn(accept_loop(inner.clone(), listener)),
@@ -404,6 +408,20 @@ impl Cluster {
         let (drains_tx, drains_rx) = mpsc::channel(1);
         *tx = Some(drains_tx);
         Some(drains_rx)
+    }
+
+    /// Client ids given to this node from a node being removed (see
+    /// `drain`): the broker serves each from its copy. Only the first call
+    /// gets the receiver; when full, the rest are refused and their
+    /// clients find the copies when they connect.
+    pub fn take_adopts(&self) -> Option<mpsc::Receiver<String>> {
+        let mut tx = self.inner.adopts_tx.lock().ok()?;
+        if tx.is_some() {
+            return None;
+        }
+        let (adopts_tx, adopts_rx) = mpsc::channel(LOST_QUEUE);
+        *tx = Some(adopts_tx);
+        Some(adopts_rx)
     }
 
     /// Open a link to member `node_id`: its cluster listener, `Link` hello
@@ -605,6 +623,7 @@ impl Inner {
                 admin::Request::Removed
                     | admin::Request::Fence { .. }
                     | admin::Request::Drain { .. }
+                    | admin::Request::Adopt { .. }
             ) =>
             {
                 self.as_leader(req).await
@@ -735,6 +754,15 @@ impl Inner {
             admin::Request::Remove { node_id, drain_ms } => {
                 let drain = Duration::from_millis(drain_ms).min(crate::drain::MAX_DRAIN);
                 self.remove_node(node_id, drain).await
+            }
+            admin::Request::Adopt { client_ids } => {
+                let n = client_ids.len();
+                let taken = self.adopt_here(client_ids);
+                if taken == n {
+                    Reply::Done
+                } else {
+                    Reply::Error(format!("{} of {n} client ids not taken", n - taken))
+                }
             }
             admin::Request::Drain {
                 reference,
@@ -907,6 +935,9 @@ impl Inner {
                     sessions_left = r.sessions_left,
                     "node drained"
                 );
+                if let Some(t) = report.target {
+                    report.sessions_handed = self.hand_over(node_id, t).await;
+                }
                 report.drain = Some(r);
             }
             Err(e) => {
@@ -917,6 +948,76 @@ impl Inner {
             }
         }
         report
+    }
+
+    /// The client ids `node_id` still owns after its drain go to `target`
+    /// (each fenced on `node_id` and claimed for `target` as a takeover
+    /// would), which is then told to serve them from its copies. Returns
+    /// how many it took.
+    async fn hand_over(&self, node_id: u64, target: u64) -> u64 {
+        let ids: Vec<String> = {
+            let sm = self.sm.lock();
+            sm.owners
+                .iter()
+                .filter(|(_, (owner, _))| *owner == node_id)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        let mut claimed = Vec::new();
+        for id in ids {
+            if self.let_go(&id, target).await.is_err() {
+                continue;
+            }
+            let cmd = Command::Claim {
+                client_id: id.clone(),
+                node: target,
+            };
+            if let Ok(r) = self.raft.client_write(cmd).await {
+                if matches!(r.data, SmReply::Claimed { owner, .. } if owner == target) {
+                    claimed.push(id);
+                }
+            }
+        }
+        let addr = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&target)
+            .map(|n| n.cluster_addr.clone());
+        let mut taken = 0;
+        for batch in claimed.chunks(crate::drain::ADOPT_BATCH) {
+            if target == self.id {
+                taken += self.adopt_here(batch.to_vec()) as u64;
+                continue;
+            }
+            let Some(addr) = &addr else { break };
+            let env = Envelope {
+                req: admin::Request::Adopt {
+                    client_ids: batch.to_vec(),
+                },
+                forwarded: true,
+            };
+            match admin::call(addr, self.id, &env, self.tls.as_ref()).await {
+                Ok(Reply::Done) => taken += batch.len() as u64,
+                other => tracing::info!(target, ?other, "sessions not all handed over"),
+            }
+        }
+        taken
+    }
+
+    /// Client ids given to this node: for the broker to serve.
+    fn adopt_here(&self, ids: Vec<String>) -> usize {
+        let Ok(tx) = self.adopts_tx.lock() else {
+            return 0;
+        };
+        let Some(tx) = tx.as_ref() else {
+            return 0;
+        };
+        ids.into_iter()
+            .take_while(|id| tx.try_send(id.clone()).is_ok())
+            .count()
     }
 
     /// This node is about to be removed: the broker drains it.

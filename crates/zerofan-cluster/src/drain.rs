@@ -15,6 +15,8 @@ use tokio::sync::oneshot;
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(30);
 /// The longest drain a command may ask for.
 pub const MAX_DRAIN: Duration = Duration::from_secs(600);
+/// Client ids named in one `Adopt` request (well inside an admin frame).
+pub(crate) const ADOPT_BATCH: usize = 256;
 
 /// The broker's order to drain, with where to send the answer.
 #[derive(Debug)]
@@ -51,6 +53,9 @@ pub struct RemoveReport {
     pub reference: Option<String>,
     /// What the drain did; `None` when the node was not drained.
     pub drain: Option<DrainReport>,
+    /// Sessions left on the node (their clients did not connect elsewhere)
+    /// that the leader gave to `target`, which serves them from its copies.
+    pub sessions_handed: u64,
     /// Why the node was not drained, when it was not.
     pub note: Option<String>,
 }

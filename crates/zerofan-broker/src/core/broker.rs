@@ -4685,6 +4685,36 @@ impl Broker {
         self.restage(sid, will);
     }
 
+    /// This node was given `client_id` without a CONNECT (its old owner is
+    /// being removed, see `drain`): an image kept here becomes the live
+    /// session, offline, and goes on collecting its messages. False when
+    /// there is no image, or a session is here already.
+    pub fn adopt_replica(&mut self, now: Instant, client_id: &str) -> bool {
+        let Ok(id) = MqttStr::try_from(client_id) else {
+            return false;
+        };
+        if self.by_client.contains_key(&id) {
+            return false;
+        }
+        let Some(rs) = self.repl.images.take(client_id) else {
+            return false;
+        };
+        let will = rs.will.clone();
+        let recovered = Recovered {
+            sessions: vec![rs],
+            ..Default::default()
+        };
+        self.restore(recovered, now);
+        let Some(&sid) = self.by_client.get(&id) else {
+            return false;
+        };
+        self.metrics.replica_installs += 1;
+        self.restage(sid, will);
+        self.claimed(&id);
+        self.end_event();
+        true
+    }
+
     /// Write an installed session to this node's store: its ids were the
     /// old owner's.
     fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {

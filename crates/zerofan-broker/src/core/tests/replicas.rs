@@ -823,3 +823,42 @@ fn a_drained_node_hands_its_sessions_over() {
     assert_eq!(rels, 1, "the QoS 2 delivery goes on past PUBREC");
     assert_eq!(out.payloads(), ["q1", "queued"], "each once, in order");
 }
+
+/// A session without a client on a node being removed is handed over: the
+/// node given its client id serves it from its copy at once, offline, and
+/// it goes on collecting messages until its client connects there.
+#[test]
+fn an_offline_session_is_adopted_from_its_copy() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(0, "off");
+    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    let (publ, _) = cl.connect(2, "pub", Protocol::V5, true, 0);
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "a", QoS::AtLeastOnce, 1)),
+    );
+    let now = cl.hs[0].now;
+    assert_eq!(cl.hs[0].b.drain(now, Some("127.0.0.1:1884")), 0);
+    // The leader fences node 0, claims the id for node 1, tells node 1.
+    cl.hs[0].b.client_taken(now, "off");
+    cl.pump();
+    let now = cl.hs[1].now;
+    assert!(cl.hs[1].b.adopt_replica(now, "off"));
+    assert!(!cl.hs[1].b.adopt_replica(now, "off"), "once");
+    assert!(!cl.hs[1].b.adopt_replica(now, "nobody"), "no copy, nothing");
+    cl.pump();
+    assert_eq!(cl.hs[1].b.queued_messages("off"), Some(1));
+    // Still subscribed, now on node 1.
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "b", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(cl.hs[1].b.queued_messages("off"), Some(2));
+    let (back, out) = cl.persistent(1, "off");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    assert_eq!(got, ["a", "b"]);
+}
