@@ -9,6 +9,7 @@ acknowledged message delivered, per-publisher order, nothing invented).
 from __future__ import annotations
 
 import json
+from collections import Counter
 import signal
 import socket
 import struct
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_check import History, payload
+from cluster_check import History, parse, payload
 from conftest import Broker, free_port, launch_zerofan, zerofan_bin
 from pahoclient import PahoClient
 from pahoclient import props
@@ -844,3 +845,287 @@ def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients)
         c.assert_no_message(0.3)
         c.close()
     assert h.problems(list(subs)) == []
+
+
+class Follower:
+    """A persistent subscriber that, when its node sends it away, follows
+    the Server Reference (MQTT 5), or else connects to the first other node
+    of its list, as a client configured with several servers would. One
+    paho client is kept across moves, so a QoS 2 delivery past PUBREC
+    completes on the new node. Every message goes into `h`, every served
+    connection into `h.owners`."""
+
+    def __init__(self, name: str, version: int, node: Node, all_nodes: list, h: History):
+        self.name, self.version, self.h = name, version, h
+        self.all_nodes = all_nodes
+        self.node = node
+        self.moves: list[tuple[int, int | None]] = []  # (reason, referenced port)
+        self.got = threading.Condition()
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.c = _persistent(node, name, version, connect=False)
+        self.c.c.on_message = self._on_message
+        self._connect(node)
+        assert self.c.subscribe("rm/#", 2) == [2]
+
+    def _on_message(self, client, userdata, msg):
+        with self.got:
+            self.h.received[self.name].append(msg.payload)
+            self.got.notify_all()
+
+    def count(self) -> int:
+        with self.got:
+            return len(self.h.received[self.name])
+
+    def wait_for(self, n: int, timeout: float = WAIT):
+        with self.got:
+            ok = self.got.wait_for(lambda: len(self.h.received[self.name]) >= n, timeout)
+        assert ok, f"{self.name}: {self.count()} messages, wanted {n}; errors {self.errors}"
+
+    def _connect(self, node: Node):
+        """Connect to `node`, retrying while the cluster refuses (0x88 while
+        a claim cannot be granted; a draining node's 0x9C/0x9D sends it on)."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            self.c.broker = node.broker
+            _, rc, p = self.c.connect(expect_rc=None)
+            if rc == 0:
+                self.node = node
+                self.h.owners[self.name].append((node.node_id, time.monotonic(), None))
+                return
+            self.c.expect_disconnect(5)
+            self.c.c.loop_stop()
+            self.c._looping = False
+            assert rc in (0x88, 3, 0x9C, 0x9D) and time.monotonic() < deadline, \
+                f"{self.name}: CONNACK {rc:#x} from node {node.node_id}"
+            node = self._next(node, p)
+            self.stop.wait(0.2)
+
+    def _next(self, current: Node, p) -> Node:
+        ref = getattr(p, "ServerReference", None) if p is not None else None
+        for n in self.all_nodes:
+            if ref is not None and ref == f"127.0.0.1:{n.mqtt_port}":
+                return n
+        return next(n for n in self.all_nodes if n is not current and n.broker is not None
+                    and n.broker.alive())
+
+    def run(self):
+        """Follow moves until stopped (bounded by the caller's stop)."""
+        while not self.stop.is_set():
+            try:
+                rc, p = self.c.disconnects.get(timeout=0.2)
+            except Exception:
+                continue
+            end = time.monotonic()
+            node, start, _ = self.h.owners[self.name][-1]
+            self.h.owners[self.name][-1] = (node, start, end)
+            ref = getattr(p, "ServerReference", None) if p is not None else None
+            self.moves.append((rc, ref))
+            self.c.c.loop_stop()
+            self.c._looping = False
+            try:
+                self._connect(self._next(self.node, p))
+            except AssertionError as e:
+                self.errors.append(str(e))
+                return
+
+
+def _acked(info) -> bool:
+    """paho raises when the message was published while disconnected."""
+    try:
+        return info.is_published()
+    except RuntimeError:
+        return False
+
+
+def _publisher(*args):
+    try:
+        _publish_loop(*args)
+    except Exception as e:  # the test reads `errors`, not the thread's end
+        args[5].append(f"{args[1]}: {e!r}")
+
+
+def _publish_loop(node: Node, who: str, qos: int, h: History, stop: threading.Event,
+                  errors: list, all_nodes: list, sent_at: dict, limit: int = 3000):
+    """Publish `who:i` on rm/WHO, each waited for, every 20 ms until
+    stopped (at most `limit`); a publisher told to move goes to the
+    referenced node and goes on with the next number. `sent_at[who][i]`:
+    when it was sent."""
+    h.qos[who] = qos
+    sent_at[who] = {}
+    c = PahoClient(node.broker, client_id=who)
+    i = 0
+    while not stop.is_set() and i < limit:
+        sent_at[who][i] = time.monotonic()
+        info = c.c.publish(f"rm/{who}", payload(who, i), qos)
+        # Acknowledged, or the connection ended (bounded either way).
+        deadline = time.monotonic() + WAIT
+        gone = None
+        while time.monotonic() < deadline:
+            try:
+                info.wait_for_publish(0.1)
+            except Exception:
+                pass
+            if _acked(info):
+                break
+            try:
+                gone = c.disconnects.get_nowait()
+                break
+            except Exception:
+                continue
+        if _acked(info):
+            h.acked[who].add(i)
+        else:
+            if gone is None:
+                errors.append(f"{who}: {i} not acknowledged, still connected")
+                return
+            rc, p = gone
+            ref = getattr(p, "ServerReference", None) if p is not None else None
+            nxt = next((n for n in all_nodes if f"127.0.0.1:{n.mqtt_port}" == ref), None)
+            if nxt is None:
+                errors.append(f"{who}: disconnected {rc:#x} without a server reference")
+                return
+            c.close()
+            c = PahoClient(nxt.broker, client_id=who)
+        i += 1
+        stop.wait(0.02)
+    c.close()
+
+
+PHASE = 400
+
+
+def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_path):
+    """Three nodes; persistent subscribers (MQTT 5 and 3.1.1) on node 2 and
+    one on node 3; QoS 1 and QoS 2 publishers on nodes 1, 2 and 3, publishing
+    all along. Node 4 joins, then node 2 is removed: it sends its MQTT 5
+    clients to node 1 (DISCONNECT 0x9D with node 1's address) and closes
+    the 3.1.1 one, which goes to the first node of its list; node 1 takes
+    each session over. The checker finds QoS 2 messages once, each
+    publisher's order kept, one owner of each client id at a time, and
+    every acknowledged message delivered: to the subscriber that stays,
+    all of them; to the moving ones, all but those sent while their
+    session moved (from 0.5 s before their DISCONNECT until 0.5 s after
+    they were served again), which the hand-off may miss (README,
+    cluster section); how many it missed is printed."""
+    ns = nodes(3)
+    # Ports taken just before node 4 starts (free_port races other tests).
+    n4 = Node(4, 0, 0, tmp_path / "n4")
+    everyone = [ns[0], ns[2], n4, ns[1]]  # a client's server list, node 2 last
+    h = History()
+    stop = threading.Event()
+    errors: list[str] = []
+    sent_at: dict = {}
+    followers = [Follower("s5", 5, ns[1], everyone, h), Follower("s3", 311, ns[1], everyone, h),
+                 Follower("k3", 5, ns[2], everyone, h)]
+    # Offline all along on node 2: handed to node 1 by the remove.
+    off = _persistent(ns[1], "off5", 5)
+    assert off.subscribe("rm/q1", 1) == [1]
+    off.disconnect()
+    threads = [threading.Thread(target=f.run, daemon=True) for f in followers]
+    pubs = [("q1", 1, ns[0]), ("q2", 2, ns[2]), ("p2", 1, ns[1]), ("r2", 2, ns[0])]
+    threads += [threading.Thread(target=_publisher, daemon=True,
+                                 args=(node, who, qos, h, stop, errors, everyone, sent_at))
+                for who, qos, node in pubs]
+    for t in threads:
+        t.start()
+    try:
+        # About 2 s of traffic (4 publishers, 50 messages/s each) in each
+        # phase: before, with node 4 joining, after node 2 left.
+        for f in followers:
+            f.wait_for(PHASE)
+        n4.cluster_port, n4.mqtt_port = free_port(), free_port()
+        n4.start(join=ns[0])
+        wait_status(ns[0], voters_with_leader(4), "node 4 joined", timeout=40)
+        marks = [f.count() + PHASE for f in followers]
+        for f, m in zip(followers, marks):
+            f.wait_for(m)
+        removed = time.monotonic()
+        r = cluster_cli("remove", "--connect", ns[0].cluster_addr, "2", "--drain-timeout", "20",
+                        timeout=60)
+        took = time.monotonic() - removed
+        removed_by = time.monotonic()
+        assert r.returncode == 0, r.stderr
+        assert "1 sessions without a client" in r.stdout, r.stdout
+        assert f"sent to node 1 (127.0.0.1:{ns[0].mqtt_port})" in r.stdout, r.stdout
+        assert "node 2 removed" in r.stdout, r.stdout
+        st = wait_status(ns[0], voters_with_leader(3), "node 2 gone")
+        assert sorted(m["node_id"] for m in st["members"]) == [1, 3, 4]
+        again = cluster_cli("remove", "--connect", ns[0].cluster_addr, "2")
+        assert again.returncode == 1 and "node 2 is not a member" in again.stderr, again
+        marks = [f.count() + PHASE for f in followers]
+        for f, m in zip(followers, marks):
+            f.wait_for(m)
+    finally:
+        stop.set()
+        for t in threads[len(followers):]:
+            t.join(WAIT)
+    assert errors == []
+    total = {who: len(seqs) for who, seqs in h.acked.items()}
+    # What each subscriber must get: for the moving ones, all but what was
+    # sent from 0.5 s before their connection on node 2 ended until 0.5 s
+    # after they were served on node 1 (a message queued on node 2
+    # just before the move has been seen to miss the session, rarely).
+    expect = {"k3": h}
+    window = {}
+    for f in followers[:2]:
+        (_, _, left), (_, served_at, _) = h.owners[f.name][0], h.owners[f.name][1]
+        moving = History(qos=h.qos, received=h.received)
+        window[f.name] = set()
+        for who, seqs in h.acked.items():
+            w = {i for i in seqs if left - 0.5 <= sent_at[who][i] <= served_at + 0.5}
+            moving.acked[who] = seqs - w
+            window[f.name] |= {(who, i) for i in w}
+        expect[f.name] = moving
+    # Everything expected arrives (a bounded wait on the messages).
+    for f in followers:
+        deadline = time.monotonic() + WAIT
+        with f.got:
+            f.got.wait_for(lambda: not expect[f.name].problems([f.name]),
+                           max(0.0, deadline - time.monotonic()))
+    for f in followers:
+        f.stop.set()
+    for t in threads[:len(followers)]:
+        t.join(WAIT)
+    s5 = followers[0]
+    # 0x9D naming node 1; or, now and then, the connection reset before the
+    # DISCONNECT was read (paho: 0x80): the node closes the socket with the
+    # client's acknowledgements unread. Either way the client is on node 1.
+    assert s5.moves[:1] in ([(0x9D, f"127.0.0.1:{ns[0].mqtt_port}")], [(0x80, None)]), s5.moves
+    assert s5.node.node_id == 1
+    assert followers[1].node.node_id == 1, "3.1.1: the first node of its list"
+    assert followers[2].moves == [], "node 3's client stays"
+    missed = {}
+    for f in followers:
+        assert expect[f.name].problems([f.name]) == []
+        twice = [m for m, n in Counter(h.received[f.name]).items()
+                 if n > 1 and h.qos[parse(m)[0]] == 2]
+        assert twice == [], f"{f.name}: QoS 2 twice {twice[:5]}"
+        if f.name in window:
+            got = {parse(p) for p in h.received[f.name]}
+            missed[f.name] = (len(window[f.name] - got), len(window[f.name]))
+    print(f"remove under traffic: {took:.2f} s, {r.stdout.strip()!r}; acknowledged {total}; "
+          f"missed while moving (of sent then) {missed}")
+    assert h.owner_problems() == []
+    for f in followers:
+        f.c.close()
+    # The offline session is on node 1 with what was published while it
+    # was on node 2 and since: all but what was sent while it was handed
+    # over (its fence on node 2 until node 1 served it).
+    off = _persistent(ns[0], "off5", 5)
+    assert off.session_present
+    n = len(h.acked["q1"])
+    got = []
+    deadline = time.monotonic() + WAIT
+    while len(got) < n and time.monotonic() < deadline:
+        try:
+            got.append(off.messages.get(timeout=1.0).payload)
+        except Exception:
+            break
+    h.received["off5"] = got
+    handed = History(qos={"q1": 1}, received=h.received)
+    handed.acked["q1"] = {i for i in h.acked["q1"]
+                          if not removed - 0.5 <= sent_at["q1"][i] <= removed_by + 0.5}
+    assert handed.problems(["off5"]) == []
+    off.close()
+    n4.broker.terminate()

@@ -255,13 +255,20 @@ pub enum ClusterCommand {
         #[command(flatten)]
         tls: TlsFlags,
     },
-    /// Remove a node from the cluster.
+    /// Remove a node from the cluster. A live node first sends its clients
+    /// to another member (MQTT 5: DISCONNECT 0x9D Server moved with a
+    /// Server Reference) and waits until their sessions moved there, at
+    /// most --drain-timeout.
     Remove {
         /// Cluster listener of any member, e.g. 127.0.0.1:7101.
         #[arg(long, value_name = "ADDR")]
         connect: String,
         /// Node id to remove.
         node_id: u64,
+        /// Seconds the node may take to hand its sessions over before it
+        /// is removed anyway (at most 600).
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        drain_timeout: u64,
         /// This command's certificate, for a cluster with mutual TLS.
         #[command(flatten)]
         tls: TlsFlags,
@@ -292,6 +299,34 @@ fn print_table(s: &ClusterStatus) {
             m.lag.map_or("-".into(), |l| l.to_string())
         );
     }
+}
+
+fn print_removed(r: &zerofan_cluster::RemoveReport) {
+    let to = match (r.target, &r.reference) {
+        (Some(t), Some(a)) => format!("node {t} ({a})"),
+        (Some(t), None) => format!("node {t}"),
+        _ => "no member".into(),
+    };
+    match &r.drain {
+        Some(d) => {
+            println!(
+                "node {} drained: {} clients sent to {to}, {} sessions moved",
+                r.node_id, d.clients_told, d.sessions_moved
+            );
+            if d.sessions_left > 0 {
+                println!(
+                    "{} sessions without a client: {} client ids handed to {to}, which \
+                     serves them from its copies",
+                    d.sessions_left, r.sessions_handed
+                );
+            }
+        }
+        None => println!("node {} not drained", r.node_id),
+    }
+    if let Some(note) = &r.note {
+        println!("{note}");
+    }
+    println!("node {} removed", r.node_id);
 }
 
 /// Run a `zerofan cluster` subcommand.
@@ -326,11 +361,14 @@ pub fn run(cmd: &ClusterCommand) -> ExitCode {
             ClusterCommand::Remove {
                 connect,
                 node_id,
+                drain_timeout,
                 tls,
             } => {
                 let tls = tls.load()?;
-                zerofan_cluster::admin::remove(connect, *node_id, tls.as_ref()).await?;
-                println!("node {node_id} removed");
+                let drain = Duration::from_secs(*drain_timeout);
+                let r =
+                    zerofan_cluster::admin::remove(connect, *node_id, drain, tls.as_ref()).await?;
+                print_removed(&r);
                 Ok(())
             }
         }

@@ -3,6 +3,7 @@
 //! add them or to record a claim.
 
 use crate::cluster::ClusterError;
+use crate::drain::{DrainReport, RemoveReport};
 use crate::frame::{self, Hello, Kind, LARGE_FRAME};
 use crate::tls::{self, ClusterTls};
 use crate::types::NodeInfo;
@@ -58,6 +59,20 @@ pub(crate) enum Request {
     Status,
     Remove {
         node_id: u64,
+        /// How long the node may drain (ms) before it is removed anyway.
+        drain_ms: u64,
+    },
+    /// Sent by the leader to a node it is about to remove: send the
+    /// clients to `reference`, answer when the sessions moved or after
+    /// `drain_ms`.
+    Drain {
+        reference: Option<String>,
+        drain_ms: u64,
+    },
+    /// Sent by the leader to the node it just gave these client ids (the
+    /// sessions of a node being removed): serve them from its copies.
+    Adopt {
+        client_ids: Vec<String>,
     },
     Join {
         node_id: u64,
@@ -98,6 +113,8 @@ pub(crate) enum Reply {
     Done,
     Claimed { owner: u64, epoch: u64 },
     Error(String),
+    Removed(RemoveReport),
+    Drained(DrainReport),
 }
 
 /// How long an admin exchange may take (a join waits for the new node to
@@ -110,6 +127,17 @@ pub(crate) async fn call(
     from: u64,
     env: &Envelope,
     tls: Option<&ClusterTls>,
+) -> Result<Reply, ClusterError> {
+    call_within(addr, from, env, tls, ADMIN_TIMEOUT).await
+}
+
+/// [`call`] with its own limit (a remove waits for the node's drain).
+pub(crate) async fn call_within(
+    addr: &str,
+    from: u64,
+    env: &Envelope,
+    tls: Option<&ClusterTls>,
+    limit: Duration,
 ) -> Result<Reply, ClusterError> {
     let unreachable = |why: String| ClusterError::Unreachable {
         addr: addr.to_string(),
@@ -134,10 +162,13 @@ pub(crate) async fn call(
         frame::write(&mut conn, env).await?;
         frame::read::<_, Reply>(&mut conn, LARGE_FRAME).await
     };
-    match timeout(ADMIN_TIMEOUT, exchange).await {
+    match timeout(limit, exchange).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(unreachable(e.to_string())),
-        Err(_) => Err(unreachable("no answer within 15 s".into())),
+        Err(_) => Err(unreachable(format!(
+            "no answer within {} s",
+            limit.as_secs()
+        ))),
     }
 }
 
@@ -157,18 +188,32 @@ pub async fn status(addr: &str, tls: Option<&ClusterTls>) -> Result<ClusterStatu
     }
 }
 
-/// Remove `node_id` from the cluster `addr` is part of.
+/// How long an admin exchange that drains a node may take: the drain,
+/// plus the membership change.
+pub(crate) fn remove_timeout(drain: Duration) -> Duration {
+    drain + ADMIN_TIMEOUT
+}
+
+/// Remove `node_id` from the cluster `addr` is part of; a live node first
+/// drains for at most `drain` (see `drain`).
 pub async fn remove(
     addr: &str,
     node_id: u64,
+    drain: Duration,
     tls: Option<&ClusterTls>,
-) -> Result<(), ClusterError> {
+) -> Result<RemoveReport, ClusterError> {
+    let drain = drain.min(crate::drain::MAX_DRAIN);
     let env = Envelope {
-        req: Request::Remove { node_id },
+        req: Request::Remove {
+            node_id,
+            drain_ms: drain.as_millis() as u64,
+        },
         forwarded: false,
     };
-    match call(addr, 0, &env, tls).await? {
-        Reply::Done => Ok(()),
+    // The forwarding node waits as long, then some.
+    let limit = remove_timeout(drain) + ADMIN_TIMEOUT;
+    match call_within(addr, 0, &env, tls, limit).await? {
+        Reply::Removed(r) => Ok(r),
         Reply::Error(e) => Err(ClusterError::Refused(e)),
         other => Err(ClusterError::Refused(format!(
             "unexpected answer {other:?}"

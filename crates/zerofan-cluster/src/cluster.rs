@@ -3,6 +3,7 @@
 
 use crate::admin::{self, ClusterStatus, Envelope, MemberStatus, Reply};
 use crate::disk::{Disk, FsDisk};
+use crate::drain::{DrainOrder, DrainReport, RemoveReport};
 use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
 use crate::lease::{self, Grants, Holder};
 use crate::log_store::LogStore;
@@ -180,6 +181,12 @@ struct Inner {
     fences_tx: mpsc::Sender<OwnershipLost>,
     links_tx: mpsc::Sender<(u64, NodeStream)>,
     members_tx: watch::Sender<Members>,
+    /// Orders to drain, for the broker (see `drain`); none until the
+    /// broker asks for them.
+    drains_tx: Mutex<Option<mpsc::Sender<DrainOrder>>>,
+    /// Client ids this node was given from a node being removed, for the
+    /// broker to serve from its copies.
+    adopts_tx: Mutex<Option<mpsc::Sender<String>>>,
 }
 
 /// A running cluster node. Dropping it stops the listener; call
@@ -274,6 +281,8 @@ impl Cluster {
             fences_tx,
             links_tx,
             members_tx,
+            drains_tx: Mutex::new(None),
+            adopts_tx: Mutex::new(None),
         });
         let tasks = vec![
             tokio::spawn(accept_loop(inner.clone(), listener)),
@@ -387,6 +396,34 @@ impl Cluster {
         self.fences_rx.lock().ok()?.take()
     }
 
+    /// Orders to drain this node before it is removed (see `drain`): the
+    /// broker sends its clients elsewhere and answers. Only the first call
+    /// gets the receiver; without one, the node is removed undrained.
+    pub fn take_drains(&self) -> Option<mpsc::Receiver<DrainOrder>> {
+        let mut tx = self.inner.drains_tx.lock().ok()?;
+        if tx.is_some() {
+            return None;
+        }
+        // One drain at a time: a second is refused while one runs.
+        let (drains_tx, drains_rx) = mpsc::channel(1);
+        *tx = Some(drains_tx);
+        Some(drains_rx)
+    }
+
+    /// Client ids given to this node from a node being removed (see
+    /// `drain`): the broker serves each from its copy. Only the first call
+    /// gets the receiver; when full, the rest are refused and their
+    /// clients find the copies when they connect.
+    pub fn take_adopts(&self) -> Option<mpsc::Receiver<String>> {
+        let mut tx = self.inner.adopts_tx.lock().ok()?;
+        if tx.is_some() {
+            return None;
+        }
+        let (adopts_tx, adopts_rx) = mpsc::channel(LOST_QUEUE);
+        *tx = Some(adopts_tx);
+        Some(adopts_rx)
+    }
+
     /// Open a link to member `node_id`: its cluster listener, `Link` hello
     /// sent; what follows is the caller's.
     pub async fn dial_link(&self, node_id: u64) -> Result<NodeStream, ClusterError> {
@@ -466,14 +503,15 @@ impl Cluster {
         }
     }
 
-    /// Remove `node_id` from the cluster; it is told to stop its Raft node.
+    /// Remove `node_id` from the cluster, after it drained (see `drain`);
+    /// it is told to stop its Raft node.
     pub async fn remove(&self, node_id: u64) -> Result<(), ClusterError> {
-        match self
-            .inner
-            .on_leader(admin::Request::Remove { node_id }, false)
-            .await
-        {
-            Reply::Done => Ok(()),
+        let req = admin::Request::Remove {
+            node_id,
+            drain_ms: crate::drain::DEFAULT_DRAIN.as_millis() as u64,
+        };
+        match self.inner.on_leader(req, false).await {
+            Reply::Removed(_) => Ok(()),
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
@@ -580,7 +618,14 @@ impl Inner {
     async fn on_leader(&self, req: admin::Request, forwarded: bool) -> Reply {
         match self.leader_info() {
             Some((leader, _)) if leader == self.id => self.as_leader(req).await,
-            _ if matches!(req, admin::Request::Removed | admin::Request::Fence { .. }) => {
+            _ if matches!(
+                req,
+                admin::Request::Removed
+                    | admin::Request::Fence { .. }
+                    | admin::Request::Drain { .. }
+                    | admin::Request::Adopt { .. }
+            ) =>
+            {
                 self.as_leader(req).await
             }
             Some((leader, node)) if !forwarded => {
@@ -599,7 +644,11 @@ impl Inner {
                         | admin::Request::Claim { .. }
                         | admin::Request::Release { .. }
                 );
-                let answer = if quick {
+                let answer = if let admin::Request::Remove { drain_ms, .. } = req {
+                    let limit = admin::remove_timeout(Duration::from_millis(drain_ms));
+                    admin::call_within(&node.cluster_addr, self.id, &env, self.tls.as_ref(), limit)
+                        .await
+                } else if quick {
                     match timeout(
                         FORWARD_TIMEOUT,
                         admin::call(&node.cluster_addr, self.id, &env, self.tls.as_ref()),
@@ -702,7 +751,29 @@ impl Inner {
                 }
             }
             admin::Request::Join { node_id, node } => self.add_node(node_id, node).await,
-            admin::Request::Remove { node_id } => self.remove_node(node_id).await,
+            admin::Request::Remove { node_id, drain_ms } => {
+                let drain = Duration::from_millis(drain_ms).min(crate::drain::MAX_DRAIN);
+                self.remove_node(node_id, drain).await
+            }
+            admin::Request::Adopt { client_ids } => {
+                let n = client_ids.len();
+                let taken = self.adopt_here(client_ids);
+                if taken == n {
+                    Reply::Done
+                } else {
+                    Reply::Error(format!("{} of {n} client ids not taken", n - taken))
+                }
+            }
+            admin::Request::Drain {
+                reference,
+                drain_ms,
+            } => {
+                let drain = Duration::from_millis(drain_ms).min(crate::drain::MAX_DRAIN);
+                match self.drain_here(reference, drain).await {
+                    Ok(r) => Reply::Drained(r),
+                    Err(e) => Reply::Error(e),
+                }
+            }
             admin::Request::Removed => {
                 if !self.removed.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -752,7 +823,7 @@ impl Inner {
         }
     }
 
-    async fn remove_node(&self, node_id: u64) -> Reply {
+    async fn remove_node(&self, node_id: u64, drain: Duration) -> Reply {
         let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let Some(node) = membership.get_node(&node_id).cloned() else {
@@ -769,6 +840,17 @@ impl Inner {
         } else {
             ChangeMembers::RemoveNodes(BTreeSet::from([node_id]))
         };
+        // Without a quorum the change could not commit: say so before the
+        // node's clients are sent away.
+        if !lease::confirm(&self.raft, FORWARD_TIMEOUT).await {
+            return Reply::Error(format!(
+                "no quorum: leader {} could not confirm its leadership with a majority; \
+                 node {node_id} was not removed",
+                self.id
+            ));
+        }
+        let mut report = self.drain_node(node_id, &node, drain).await;
+        report.node_id = node_id;
         if let Err(e) = self.raft.change_membership(change, false).await {
             return write_error(e);
         }
@@ -787,7 +869,184 @@ impl Inner {
                 tracing::info!(node_id, %e, "removed node not told");
             }
         });
-        Reply::Done
+        Reply::Removed(report)
+    }
+
+    /// Before `node_id` is removed: its clients go to the lowest-id other
+    /// member heard from lately (it holds copies of the node's sessions,
+    /// see the broker's replica sets), and the node answers once they
+    /// moved or `drain` is over. A node not heard from lately is removed
+    /// undrained, as is one that does not answer.
+    async fn drain_node(&self, node_id: u64, node: &NodeInfo, drain: Duration) -> RemoveReport {
+        let m = self.raft.metrics().borrow().clone();
+        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
+        let now = Instant::now();
+        let alive = |id: u64| {
+            id == self.id
+                || heard
+                    .get(&id)
+                    .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
+        };
+        let target = m
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, n)| **id != node_id && alive(**id) && n.mqtt_addr.is_some())
+            .map(|(id, n)| (*id, n.mqtt_addr.clone()))
+            .next();
+        let mut report = RemoveReport {
+            target: target.as_ref().map(|t| t.0),
+            reference: target.and_then(|t| t.1),
+            ..Default::default()
+        };
+        if !alive(node_id) {
+            report.note = Some(format!(
+                "node {node_id} was not heard from lately: removed without draining; \
+                 its sessions are served from their copies"
+            ));
+            return report;
+        }
+        let drained = if node_id == self.id {
+            self.drain_here(report.reference.clone(), drain).await
+        } else {
+            let env = Envelope {
+                req: admin::Request::Drain {
+                    reference: report.reference.clone(),
+                    drain_ms: drain.as_millis() as u64,
+                },
+                forwarded: true,
+            };
+            let limit = drain + FORWARD_TIMEOUT * 5;
+            match admin::call_within(&node.cluster_addr, self.id, &env, self.tls.as_ref(), limit)
+                .await
+            {
+                Ok(Reply::Drained(r)) => Ok(r),
+                Ok(Reply::Error(e)) => Err(e),
+                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        match drained {
+            Ok(r) => {
+                tracing::info!(
+                    node_id,
+                    clients_told = r.clients_told,
+                    sessions_moved = r.sessions_moved,
+                    sessions_left = r.sessions_left,
+                    "node drained"
+                );
+                if let Some(t) = report.target {
+                    report.sessions_handed = self.hand_over(node_id, t).await;
+                }
+                report.drain = Some(r);
+            }
+            Err(e) => {
+                tracing::warn!(node_id, error = %e, "node did not drain; removing it anyway");
+                report.note = Some(format!(
+                    "node {node_id} did not drain ({e}); removed anyway"
+                ));
+            }
+        }
+        report
+    }
+
+    /// The client ids `node_id` still owns after its drain go to `target`
+    /// (each fenced on `node_id` and claimed for `target` as a takeover
+    /// would), which is then told to serve them from its copies. Returns
+    /// how many it took.
+    async fn hand_over(&self, node_id: u64, target: u64) -> u64 {
+        let ids: Vec<String> = {
+            let sm = self.sm.lock();
+            sm.owners
+                .iter()
+                .filter(|(_, (owner, _))| *owner == node_id)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        let mut claimed = Vec::new();
+        for id in ids {
+            if self.let_go(&id, target).await.is_err() {
+                continue;
+            }
+            let cmd = Command::Claim {
+                client_id: id.clone(),
+                node: target,
+            };
+            if let Ok(r) = self.raft.client_write(cmd).await {
+                if matches!(r.data, SmReply::Claimed { owner, .. } if owner == target) {
+                    claimed.push(id);
+                }
+            }
+        }
+        let addr = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&target)
+            .map(|n| n.cluster_addr.clone());
+        let mut taken = 0;
+        for batch in claimed.chunks(crate::drain::ADOPT_BATCH) {
+            if target == self.id {
+                taken += self.adopt_here(batch.to_vec()) as u64;
+                continue;
+            }
+            let Some(addr) = &addr else { break };
+            let env = Envelope {
+                req: admin::Request::Adopt {
+                    client_ids: batch.to_vec(),
+                },
+                forwarded: true,
+            };
+            match admin::call(addr, self.id, &env, self.tls.as_ref()).await {
+                Ok(Reply::Done) => taken += batch.len() as u64,
+                other => tracing::info!(target, ?other, "sessions not all handed over"),
+            }
+        }
+        taken
+    }
+
+    /// Client ids given to this node: for the broker to serve.
+    fn adopt_here(&self, ids: Vec<String>) -> usize {
+        let Ok(tx) = self.adopts_tx.lock() else {
+            return 0;
+        };
+        let Some(tx) = tx.as_ref() else {
+            return 0;
+        };
+        ids.into_iter()
+            .take_while(|id| tx.try_send(id.clone()).is_ok())
+            .count()
+    }
+
+    /// This node is about to be removed: the broker drains it.
+    async fn drain_here(
+        &self,
+        reference: Option<String>,
+        drain: Duration,
+    ) -> Result<DrainReport, String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let order = DrainOrder {
+            reference,
+            deadline: drain,
+            reply,
+        };
+        let sent = self
+            .drains_tx
+            .lock()
+            .map_err(|_| "drain channel poisoned".to_string())?
+            .as_ref()
+            .map(|tx| tx.try_send(order));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err("a drain is already running here, or nothing drains this node".into());
+        }
+        // The broker answers at its deadline; a little more for the reply.
+        match timeout(drain + FORWARD_TIMEOUT, answer).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(_)) => Err("the broker stopped before it drained".into()),
+            Err(_) => Err(format!("not drained within {} s", drain.as_secs())),
+        }
     }
 
     fn local_status(&self) -> ClusterStatus {

@@ -12,6 +12,7 @@
 //!   stops serving its clients before another node may take them over.
 //! - `tls`: mutual TLS for every node-to-node connection, when configured.
 //! - [`admin`]: the requests `zerofan cluster status|remove` send.
+//! - `drain`: a live node being removed sends its clients elsewhere first.
 //!
 //! openraft's types stay inside this crate: the broker sees only the types
 //! re-exported here.
@@ -22,6 +23,7 @@
 pub mod admin;
 mod cluster;
 mod disk;
+mod drain;
 mod frame;
 mod lease;
 mod log_store;
@@ -35,6 +37,7 @@ mod sim;
 
 pub use admin::{ClusterStatus, MemberStatus};
 pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members};
+pub use drain::{DrainOrder, DrainReport, RemoveReport, DEFAULT_DRAIN, MAX_DRAIN};
 pub use lease::{grant_after, DEFAULT_LEASE, MIN_LEASE};
 pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};
 pub use tls::{ClusterTls, NodeStream};

@@ -151,6 +151,8 @@ pub struct Broker {
     /// Persistent sessions copied to other nodes, and their copies of
     /// theirs (see `replica`).
     repl: super::replica::Replication,
+    /// A node leaving the cluster sends its clients elsewhere (see `drain`).
+    drain: super::drain::Drain,
 }
 
 /// What the shell does with a connection's further input.
@@ -202,6 +204,7 @@ impl Broker {
             lease: Default::default(),
             retain_order: Default::default(),
             repl: Default::default(),
+            drain: Default::default(),
         }
     }
 
@@ -574,6 +577,10 @@ impl Broker {
                     return;
                 }
             }
+        }
+        if self.drain.active() {
+            self.refuse_draining(now, conn);
+            return;
         }
         if self.claims.must_claim(conn, &connect) {
             if self.lease.lost() {
@@ -1087,6 +1094,9 @@ impl Broker {
             return;
         };
         self.metrics.fenced_takeovers += 1;
+        if self.drain.active() {
+            self.drain.moved += 1;
+        }
         if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
@@ -1095,6 +1105,61 @@ impl Broker {
         // (the new owner's full image replaces it).
         self.repl.unrecord(client_id);
         self.end_event();
+    }
+}
+
+// A cluster node being removed: its clients go elsewhere (see `drain`).
+impl Broker {
+    /// Send every client to `reference` (the MQTT address of the node
+    /// holding this node's session copies; `None`: no node can be named)
+    /// and refuse CONNECTs from now on. Returns the connections told.
+    pub fn drain(&mut self, now: Instant, reference: Option<&str>) -> u64 {
+        self.drain.start(reference);
+        let reason = self.drain.reason();
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Connected(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        let told = conns.len() as u64;
+        for conn in conns {
+            // As a takeover: a will waits for its delay, and the session
+            // (with a pending will) moves to the node the client goes to.
+            self.close(now, conn, Some(reason), true);
+        }
+        self.drain.told += told;
+        self.end_event();
+        told
+    }
+
+    /// Sessions still here (each waits for its client to connect to
+    /// another node), and sessions taken over since the drain began.
+    pub fn drain_progress(&self) -> (usize, u64) {
+        (self.sessions.len(), self.drain.moved)
+    }
+
+    /// Connections told to move since the drain began.
+    pub fn drain_told(&self) -> u64 {
+        self.drain.told
+    }
+
+    fn refuse_draining(&mut self, now: Instant, conn: ConnId) {
+        let reason = self.drain.reason();
+        let mut properties = Properties::default();
+        if self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5()) {
+            self.drain.refer(reason, &mut properties);
+        }
+        self.drain.told += 1;
+        self.send(
+            conn,
+            Packet::ConnAck(ConnAck {
+                session_present: false,
+                reason,
+                properties: properties.into(),
+            }),
+        );
+        self.close(now, conn, None, false);
     }
 }
 
@@ -3972,6 +4037,7 @@ impl Broker {
                     let text = what.unwrap_or_else(|| reason_text(reason));
                     properties.reason_string = Some(MqttStr::from_static(text));
                 }
+                self.drain.refer(reason, &mut properties);
                 let mut packet = Packet::Disconnect(Disconnect {
                     reason,
                     properties: properties.into(),
@@ -4664,6 +4730,39 @@ impl Broker {
         self.restage(sid, will);
     }
 
+    /// This node was given `client_id` without a CONNECT (its old owner is
+    /// being removed, see `drain`): an image kept here becomes the live
+    /// session, offline, and goes on collecting its messages. False when
+    /// there is no image, or a session is here already.
+    pub fn adopt_replica(&mut self, now: Instant, client_id: &str) -> bool {
+        let Ok(id) = MqttStr::try_from(client_id) else {
+            return false;
+        };
+        if self.by_client.contains_key(&id) {
+            return false;
+        }
+        let mut disk = super::replica::Disk::new(&mut self.durable);
+        let rs = self.repl.images.take(client_id, &mut disk);
+        self.metrics.store_errors += disk.errors;
+        let Some(rs) = rs else {
+            return false;
+        };
+        let will = rs.will.clone();
+        let recovered = Recovered {
+            sessions: vec![rs],
+            ..Default::default()
+        };
+        self.restore(recovered, now);
+        let Some(&sid) = self.by_client.get(&id) else {
+            return false;
+        };
+        self.metrics.replica_installs += 1;
+        self.restage(sid, will);
+        self.claimed(&id);
+        self.end_event();
+        true
+    }
+
     /// Write an installed session to this node's store: its ids were the
     /// old owner's.
     fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
@@ -5046,6 +5145,8 @@ fn reason_text(reason: ReasonCode) -> &'static str {
         ReasonCode::PROTOCOL_ERROR => "protocol error",
         ReasonCode::MALFORMED_PACKET => "malformed packet",
         ReasonCode::PACKET_TOO_LARGE => "packet too large",
+        ReasonCode::SERVER_MOVED => "server moved: connect to the server reference",
+        ReasonCode::USE_ANOTHER_SERVER => "use another server",
         _ => "disconnected by the server",
     }
 }

@@ -71,6 +71,7 @@
 //! Durability and cluster:
 //! - [`durable`]: `Durable`, the durable log, staging and held acks.
 //! - `claims`: client ids a cluster must grant before a CONNECT goes on.
+//! - `drain`: a node being removed sends its clients to another node.
 //!
 //! Observability:
 //! - `metrics`: [`Metrics`], every counter, declared once with its `$SYS/`
@@ -90,6 +91,7 @@ mod clients;
 mod connect;
 mod connection;
 mod deliver;
+mod drain;
 pub mod durable;
 pub mod events;
 mod hash;

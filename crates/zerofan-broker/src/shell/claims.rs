@@ -138,6 +138,14 @@ pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandl
         shared.clone(),
         cluster.clone(),
     ))];
+    if let Some(drains) = cluster.take_drains() {
+        let drain = super::drain::drain_loop(shared.clone(), drains);
+        tasks.push(tokio::task::spawn_local(drain));
+    }
+    if let Some(ids) = cluster.take_adopts() {
+        let adopt = super::drain::adopt_loop(shared.clone(), ids);
+        tasks.push(tokio::task::spawn_local(adopt));
+    }
     if let Some(fences) = cluster.take_fences() {
         tasks.push(tokio::task::spawn_local(fence_loop(shared.clone(), fences)));
     }

@@ -10,6 +10,7 @@ mod bridges;
 mod buffers;
 mod claims;
 mod conn;
+mod drain;
 pub mod http;
 mod http_auth;
 mod limits;

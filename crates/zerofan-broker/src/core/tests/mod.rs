@@ -8,6 +8,7 @@ mod backpressure;
 mod claims;
 mod connect;
 mod delivery;
+mod drain;
 mod durable;
 mod http_auth;
 mod nodes;

@@ -1082,3 +1082,110 @@ fn an_answer_lost_with_a_link_queue_is_asked_again() {
     cl.pump();
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
 }
+
+/// A node being removed drains: its MQTT 5 client gets DISCONNECT 0x9D
+/// naming another node, connects there, and that node's claim takes the
+/// session over with a QoS 1 delivery in flight, a QoS 2 one past PUBREC
+/// and a queued one, each once.
+#[test]
+fn a_drained_node_hands_its_sessions_over() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(0, "sub");
+    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::ExactlyOnce));
+    cl.pump();
+    let (publ, _) = cl.connect(1, "pub", Protocol::V5, true, 0);
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "q2", QoS::ExactlyOnce, 1)),
+    );
+    cl.send(publ, Packet::PubRel(ack(1)));
+    let p = cl.out(sub).publishes()[0].clone();
+    assert_eq!(&p.payload[..], b"q2");
+    cl.send(sub, Packet::PubRec(ack(p.packet_id)));
+    assert!(matches!(cl.out(sub).packets[..], [Packet::PubRel(_)]));
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "q1", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(cl.out(sub).payloads(), ["q1"], "left unacknowledged");
+
+    let now = cl.hs[0].now;
+    assert_eq!(cl.hs[0].b.drain(now, Some("127.0.0.1:1884")), 1);
+    cl.pump();
+    let out = cl.hs[0].out(sub.conn);
+    assert_eq!(out.disconnect(), Some(ReasonCode::SERVER_MOVED));
+    let named = out.packets.iter().find_map(|p| match p {
+        Packet::Disconnect(d) => d.properties.server_reference.clone(),
+        _ => None,
+    });
+    assert_eq!(named.as_deref(), Some("127.0.0.1:1884"));
+    // Queued while the client moves.
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "queued", QoS::AtLeastOnce, 3)),
+    );
+    assert!(acks(&cl.out(publ)).ends_with(&[(2, "puback"), (3, "puback")]));
+
+    let (conn, _) = cl.hs[1].connect_with("sub", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600)
+    });
+    let mut asked = Vec::new();
+    cl.hs[1].b.take_claims(&mut asked);
+    assert_eq!(asked.len(), 1);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "sub");
+    cl.pump();
+    assert_eq!(cl.hs[0].b.drain_progress(), (0, 1), "nothing left behind");
+    let now = cl.hs[1].now;
+    cl.hs[1].b.claim_answered(now, conn, true);
+    cl.pump();
+    let moved = Cx { node: 1, conn };
+    let out = cl.out(moved);
+    assert!(present(&out));
+    let rels = out
+        .packets
+        .iter()
+        .filter(|p| matches!(p, Packet::PubRel(_)))
+        .count();
+    assert_eq!(rels, 1, "the QoS 2 delivery goes on past PUBREC");
+    assert_eq!(out.payloads(), ["q1", "queued"], "each once, in order");
+}
+
+/// A session without a client on a node being removed is handed over: the
+/// node given its client id serves it from its copy at once, offline, and
+/// it goes on collecting messages until its client connects there.
+#[test]
+fn an_offline_session_is_adopted_from_its_copy() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(0, "off");
+    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    let (publ, _) = cl.connect(2, "pub", Protocol::V5, true, 0);
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "a", QoS::AtLeastOnce, 1)),
+    );
+    let now = cl.hs[0].now;
+    assert_eq!(cl.hs[0].b.drain(now, Some("127.0.0.1:1884")), 0);
+    // The leader fences node 0, claims the id for node 1, tells node 1.
+    cl.hs[0].b.client_taken(now, "off");
+    cl.pump();
+    let now = cl.hs[1].now;
+    assert!(cl.hs[1].b.adopt_replica(now, "off"));
+    assert!(!cl.hs[1].b.adopt_replica(now, "off"), "once");
+    assert!(!cl.hs[1].b.adopt_replica(now, "nobody"), "no copy, nothing");
+    cl.pump();
+    assert_eq!(cl.hs[1].b.queued_messages("off"), Some(1));
+    // Still subscribed, now on node 1.
+    cl.send(
+        publ,
+        Packet::Publish(publish("t", "b", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(cl.hs[1].b.queued_messages("off"), Some(2));
+    let (back, out) = cl.persistent(1, "off");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    assert_eq!(got, ["a", "b"]);
+}
