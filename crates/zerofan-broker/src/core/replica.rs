@@ -605,8 +605,10 @@ struct Image {
     subs: BTreeMap<Box<str>, (SubOptions, Option<u32>)>,
     /// By the owner's entry id (ascending: queue order).
     queue: BTreeMap<EntryId, QueueEntry>,
-    /// By send order: (packet id, phase, entry).
-    inflight: Vec<InflightCopy>,
+    /// By send order: (packet id, phase, entry). A deque: deliveries
+    /// complete mostly oldest first, and removing the front of a `Vec` of a
+    /// full window moved the rest for each one.
+    inflight: VecDeque<InflightCopy>,
     qos2: BTreeSet<u16>,
     will: Option<Box<StoredWill>>,
 }
@@ -844,7 +846,7 @@ impl Images {
                 };
                 i.inflight.retain(|f| f.0 != pid);
                 i.inflight
-                    .push((pid, InflightPhase::PublishSent, Some((entry, e))));
+                    .push_back((pid, InflightPhase::PublishSent, Some((entry, e))));
                 true
             }
             ReplOp::PubRec { client, pid } => {
@@ -858,7 +860,9 @@ impl Images {
                         gone = f.2.take().map(|(_, e)| e.msg);
                     }
                     // A full image names a delivery past PUBREC this way.
-                    None => i.inflight.push((pid, InflightPhase::PubrecReceived, None)),
+                    None => i
+                        .inflight
+                        .push_back((pid, InflightPhase::PubrecReceived, None)),
                 }
                 if let Some(m) = gone {
                     self.unref(from, m);
@@ -869,7 +873,7 @@ impl Images {
                 let mut gone = None;
                 if let Some(i) = self.owned(from, &client) {
                     if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
-                        gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                        gone = i.inflight.remove(pos).and_then(|f| f.2).map(|(_, e)| e.msg);
                     }
                 }
                 if let Some(m) = gone {
