@@ -410,7 +410,7 @@ mod tests {
         assert!(e.contains("cluster.replicas"), "{e}");
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nlease_ms = 500\n");
         assert!(e.contains("cluster.lease_ms"), "{e}");
-        assert_eq!(s.lease_ms, 3000, "a 3 s lease unless told");
+        assert_eq!(s.lease_ms, 2500, "a 2.5 s lease unless told");
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
         assert!(e.contains("unknown field"), "{e}");
 

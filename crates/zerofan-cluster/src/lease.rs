@@ -2,8 +2,11 @@
 //! partition.
 //!
 //! A node serves the client ids it owns only while it holds a lease. It
-//! renews the lease every `lease / 4`: it notes its own clock at `t_s`, then
-//! asks the leader, which answers only once fresh heartbeats, sent after
+//! renews the lease every `lease / 8`, and at once when it learns of a new
+//! leader (a leader's death must not cost the survivors their leases: the
+//! election takes up to 1.2 s, see `raft_config`): it notes its own clock
+//! at `t_s`, then asks the leader, which answers only once fresh
+//! heartbeats, sent after
 //! the request arrived, were acknowledged by a quorum (openraft's
 //! `get_read_log_id`). The lease then runs until `t_s + lease` on the
 //! node's clock. A node that cannot renew (cut off from the majority, or
@@ -31,6 +34,9 @@
 //!   `grant_after·(1−ρ)` of real time. `grant_after = lease·9/8 + 100 ms`
 //!   covers ρ up to 5% (real clocks are within 0.01%); the 100 ms is for
 //!   the broker to act on the expiry.
+//! - A claim due within [`CLAIM_HOLD`] waits on the leader and is checked
+//!   again when due (same leader, same term), then committed: only ever
+//!   later than the wait, never earlier.
 //!
 //! Merely having heard from the owner recently is not enough: it may be cut
 //! off the moment after, before it learns of the claim, and serve on
@@ -46,11 +52,19 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::{timeout, Instant};
 
-/// The default lease.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
-/// Shortest lease accepted: well above Raft's election timeout, so a leader
-/// change does not make every node drop its clients.
+/// The default lease. A client id of a dead node is taken over
+/// `grant_after` (2.9 s) after the election that follows its death (0.9–1.2 s
+/// when it led), so under 5 s; the survivors renew within an election and
+/// a renewal period (1.5 s at most), a second of room for a loaded machine.
+pub const DEFAULT_LEASE: Duration = Duration::from_millis(2500);
+/// Shortest lease accepted. Below about 1.5 s, the death of a leader makes
+/// every node drop its clients before a new leader renews their leases.
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// How long a leader holds a claim whose takeover is due this soon, rather
+/// than refusing it (the claimant would retry): it is answered the moment
+/// the old owner's lease must have run out. Well within the 2 s a
+/// forwarded claim waits for its answer.
+pub(crate) const CLAIM_HOLD: Duration = Duration::from_secs(1);
 /// How long a leader waits for the owner to answer a `Fence` before it
 /// falls back on the owner's lease.
 pub(crate) const FENCE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -63,6 +77,12 @@ pub fn grant_after(lease: Duration) -> Duration {
 
 /// How often a node renews its lease.
 pub(crate) fn renew_every(lease: Duration) -> Duration {
+    lease / 8
+}
+
+/// How long one renewal may take: longer than the period, so that a slow
+/// quorum on a loaded machine still renews (the next one starts late).
+pub(crate) fn renew_within(lease: Duration) -> Duration {
     lease / 4
 }
 

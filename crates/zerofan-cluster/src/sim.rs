@@ -661,7 +661,7 @@ async fn lease_scenario(seed: u64, owner_leads: bool, check: bool) -> (Instant, 
     } else {
         *all.iter().find(|&&i| i != leader).unwrap()
     };
-    let lease = Duration::from_secs(3);
+    let lease = lease::DEFAULT_LEASE;
     let leases = Leases::start(&sim, lease, owner);
     *sim.net.faults.lock().unwrap() = Faults {
         drop_pct: 0,

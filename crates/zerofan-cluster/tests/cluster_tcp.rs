@@ -180,3 +180,63 @@ async fn bad_frames_close_only_their_connection() {
     assert_eq!(s.members.len(), 1, "the node still answers");
     n1.shutdown().await;
 }
+
+/// Failover (issue #16): the leader, which owns a client id, dies; a
+/// survivor's claim of that id is granted under 5 s after the death (an
+/// election, then the wait for the dead node's lease), and the survivors
+/// keep their own leases meanwhile (a new leader renews them in time). The
+/// claim is retried every 500 ms, as the broker's backoff does at most:
+/// the leader answers when the takeover is due rather than refusing.
+#[tokio::test]
+async fn a_dead_leaders_client_id_moves_within_five_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    let seed = Some(n1.local_addr());
+    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
+    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
+    let mut members = n3.members();
+    timeout(
+        Duration::from_secs(20),
+        members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
+    )
+    .await
+    .expect("3 voters seen by node 3")
+    .unwrap();
+    assert_eq!(n1.claim("dev").await.unwrap(), (1, 1));
+    assert_eq!(n3.members().borrow().leader, Some(1));
+    // Let every node renew a few times, so the death comes mid-lease.
+    sleep(zerofan_cluster::DEFAULT_LEASE / 2).await;
+    assert!([&n1, &n2, &n3].iter().all(|n| *n.lease().borrow()));
+
+    n1.shutdown().await;
+    drop(n1);
+    let died = Instant::now();
+    let mut m3 = n3.members();
+    let elected = tokio::spawn(async move {
+        let _ = m3.wait_for(|m| m.leader.is_some_and(|l| l != 1)).await;
+        died.elapsed()
+    });
+    let mut tries = 0;
+    let granted = loop {
+        tries += 1;
+        assert!(tries < 40, "not granted within 20 s");
+        match n3.claim("dev").await {
+            Ok((3, _)) => break died.elapsed(),
+            Ok(other) => panic!("claimed for {other:?}"),
+            Err(_) => sleep(Duration::from_millis(500)).await,
+        }
+    };
+    let elected = elected.await.unwrap();
+    eprintln!("failover: leader elected after {elected:?}, client id moved after {granted:?}");
+    assert!(
+        granted < Duration::from_secs(5),
+        "client id moved {granted:?} after its owner died"
+    );
+    assert_eq!(
+        n2.lease_expiries() + n3.lease_expiries(),
+        0,
+        "survivors kept their leases"
+    );
+    n2.shutdown().await;
+    n3.shutdown().await;
+}

@@ -274,7 +274,8 @@ impl FrameEncoder {
         start: usize,
         ops: &[super::replica::ReplOp],
     ) -> Result<EncodedFrame, WireError> {
-        let mut parts = Vec::new();
+        // A header and a payload per message at most, and the rest.
+        let mut parts = Vec::with_capacity(ops.len() * 2 + 1);
         if let Err(e) = super::replica_wire::encode(ops, &mut parts) {
             self.scratch.truncate(start);
             return Err(e);

@@ -629,8 +629,10 @@ struct Image {
     subs: BTreeMap<Box<str>, (SubOptions, Option<u32>)>,
     /// By the owner's entry id (ascending: queue order).
     queue: BTreeMap<EntryId, QueueEntry>,
-    /// By send order: (packet id, phase, entry).
-    inflight: Vec<InflightCopy>,
+    /// By send order: (packet id, phase, entry). A deque: deliveries
+    /// complete mostly oldest first, and removing the front of a `Vec` of a
+    /// full window moved the rest for each one.
+    inflight: VecDeque<InflightCopy>,
     qos2: BTreeSet<u16>,
     will: Option<Box<StoredWill>>,
     /// The owner's queue entry id -> this node's store's.
@@ -910,14 +912,14 @@ impl Images {
                 };
                 let mut gone = None;
                 if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
-                    gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                    gone = i.inflight.remove(pos).and_then(|f| f.2).map(|(_, e)| e.msg);
                     disk.complete(&client, pid);
                 }
                 if let Some(l) = i.local.remove(&entry) {
                     disk.send(&client, l, pid);
                 }
                 i.inflight
-                    .push((pid, InflightPhase::PublishSent, Some((entry, e))));
+                    .push_back((pid, InflightPhase::PublishSent, Some((entry, e))));
                 if let Some(m) = gone {
                     self.unref(from, m);
                 }
@@ -936,7 +938,8 @@ impl Images {
                     }
                     // A full image names a delivery past PUBREC this way.
                     None => {
-                        i.inflight.push((pid, InflightPhase::PubrecReceived, None));
+                        i.inflight
+                            .push_back((pid, InflightPhase::PubrecReceived, None));
                         disk.past_pubrec(&client, pid);
                     }
                 }
@@ -949,7 +952,7 @@ impl Images {
                 let mut gone = None;
                 if let Some(i) = self.owned(from, &client) {
                     if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
-                        gone = i.inflight.remove(pos).2.map(|(_, e)| e.msg);
+                        gone = i.inflight.remove(pos).and_then(|f| f.2).map(|(_, e)| e.msg);
                         disk.complete(&client, pid);
                     }
                 }

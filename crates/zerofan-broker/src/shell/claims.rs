@@ -109,12 +109,19 @@ async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost
 
 /// Tell the core when this node's ownership lease runs out or is renewed.
 async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
+    let mut was = true;
     loop {
         let held = *lease.borrow_and_update();
         shared
             .broker
             .borrow_mut()
             .cluster_lease(Instant::now(), held);
+        if held && !was {
+            if let Some(links) = shared.links.as_ref() {
+                links.rejoined();
+            }
+        }
+        was = held;
         shared.dispatch();
         if lease.changed().await.is_err() {
             return;

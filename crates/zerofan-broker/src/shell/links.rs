@@ -175,6 +175,8 @@ struct Queue {
     peer_incarnation: Option<u64>,
     congested: bool,
     wake: Rc<Notify>,
+    /// Dial now (see [`Links::redial`]).
+    redial: Rc<Notify>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -330,6 +332,29 @@ impl Links {
         }
     }
 
+    /// `node` is most likely reachable again (it linked to us): if our
+    /// link to it is down, dial it now rather than after the backoff, and
+    /// wait for it again (not away) meanwhile, so that a SUBACK made from
+    /// now on waits until it has the subscription; it is away again once
+    /// its link has been down [`AWAY_AFTER`] anew.
+    pub(super) fn redial(&self, node: u64) {
+        for q in self.queues.borrow().values() {
+            if q.node == node {
+                q.redial.notify_one();
+            }
+        }
+    }
+
+    /// This node is back in touch with a majority (its cluster lease was
+    /// renewed after it ran out): it serves clients again, and its links,
+    /// cut with the rest, may still wait out their backoff. Every node is
+    /// dialed now and waited for again (see [`Links::redial`]).
+    pub(super) fn rejoined(&self) {
+        for q in self.queues.borrow().values() {
+            q.redial.notify_one();
+        }
+    }
+
     /// Figures for `/metrics`.
     pub(super) fn stats_into(&self, st: &mut crate::core::ShellStats) {
         let s = &self.stats;
@@ -418,6 +443,7 @@ async fn follow_members(
                 continue;
             };
             let wake = Rc::new(Notify::new());
+            let redial = Rc::new(Notify::new());
             links.queues.borrow_mut().insert(
                 peer,
                 Queue {
@@ -429,6 +455,7 @@ async fn follow_members(
                     peer_incarnation: None,
                     congested: false,
                     wake: wake.clone(),
+                    redial: redial.clone(),
                     writer: None,
                 },
             );
@@ -438,7 +465,7 @@ async fn follow_members(
                 shared.clone(),
                 node,
                 peer,
-                wake,
+                (wake, redial),
                 dial.clone(),
             ));
             if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
@@ -456,7 +483,13 @@ async fn follow_members(
 }
 
 /// Keep the link to `node` up and write its queue.
-async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify>, dial: DialFn) {
+async fn write_link(
+    shared: Rc<Shared>,
+    node: u64,
+    peer: PeerId,
+    (wake, redial): (Rc<Notify>, Rc<Notify>),
+    dial: DialFn,
+) {
     let Some(links) = shared.links.as_ref() else {
         return;
     };
@@ -472,8 +505,7 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
                 bump(&links.stats.dial_failures, 1);
                 tracing::debug!(node, error = %e, "cannot reach node");
                 away.check(&shared, node, peer);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = away.pause(&shared, peer, &redial, backoff).await;
                 continue;
             }
         };
@@ -489,15 +521,13 @@ async fn write_link(shared: Rc<Shared>, node: u64, peer: PeerId, wake: Rc<Notify
             Ok(Err(e)) => {
                 tracing::debug!(node, error = %e, "link handshake failed");
                 away.check(&shared, node, peer);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = away.pause(&shared, peer, &redial, backoff).await;
                 continue;
             }
             Err(_) => {
                 tracing::debug!(node, "link handshake timed out");
                 away.check(&shared, node, peer);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = away.pause(&shared, peer, &redial, backoff).await;
                 continue;
             }
         }
@@ -537,6 +567,26 @@ impl Away {
             tracing::info!(node, "node unreachable: not waited for");
             shared.broker.borrow_mut().set_peer_away(peer, true);
             shared.dispatch();
+        }
+    }
+
+    /// Wait `backoff` before the next dial; returns the one after it. Cut
+    /// short by [`Links::redial`]: then the node is waited for again until
+    /// its link has been down [`AWAY_AFTER`] from now.
+    async fn pause(
+        &mut self,
+        shared: &Shared,
+        peer: PeerId,
+        redial: &Notify,
+        backoff: Duration,
+    ) -> Duration {
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => (backoff * 2).min(BACKOFF_MAX),
+            _ = redial.notified() => {
+                self.back(shared, peer);
+                self.since = Some(Instant::now());
+                BACKOFF_MIN
+            }
         }
     }
 
@@ -808,6 +858,8 @@ fn linked(shared: &Rc<Shared>, links: &Links, node: u64, stream: Box<dyn LinkIo>
     let Some(peer) = links.peer_of(node) else {
         return;
     };
+    // It reached us: our link to it may come back without waiting.
+    links.redial(node);
     let task = tokio::task::spawn_local(read_link(shared.clone(), node, peer, stream));
     // The newest link from a node replaces an older one.
     if let Some(old) = links.readers.borrow_mut().insert(node, task) {
@@ -1063,6 +1115,7 @@ mod tests {
                 peer_incarnation: None,
                 congested: false,
                 wake: Rc::new(Notify::new()),
+                redial: Rc::new(Notify::new()),
                 writer: None,
             },
         );
@@ -1090,6 +1143,34 @@ mod tests {
         let q = links.queues.borrow();
         let q = q.get(&PeerId(1)).unwrap();
         (q.frames.len(), q.bytes, q.congested)
+    }
+
+    /// A node linked to us, or this node rejoined the majority: the
+    /// writer to it stops waiting out its backoff, and the node is waited
+    /// for again until its link has been down `AWAY_AFTER` anew.
+    #[tokio::test]
+    async fn a_redial_cuts_the_backoff_short_and_waits_for_the_node_again() {
+        let (shared, _) = linked();
+        let links = shared.links.as_ref().unwrap();
+        let redial = links.queues.borrow()[&PeerId(1)].redial.clone();
+        let mut away = Away {
+            since: Instant::now().checked_sub(AWAY_AFTER),
+            marked: false,
+        };
+        away.check(&shared, 2, PeerId(1));
+        assert!(away.marked, "down for AWAY_AFTER: away");
+        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MIN).await;
+        assert_eq!(next, BACKOFF_MIN * 2, "no redial: the backoff ran out");
+        assert!(away.marked);
+        links.redial(2);
+        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX).await;
+        assert_eq!(next, BACKOFF_MIN, "cut short");
+        assert!(!away.marked, "waited for again");
+        away.check(&shared, 2, PeerId(1));
+        assert!(!away.marked, "away again only AWAY_AFTER later");
+        links.rejoined();
+        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX).await;
+        assert_eq!(next, BACKOFF_MIN, "every node is dialed at once");
     }
 
     #[test]

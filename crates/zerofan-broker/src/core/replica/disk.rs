@@ -252,7 +252,7 @@ impl Images {
                     hold(e.entry.msg, &e.message);
                     (e.id, e.entry)
                 });
-                img.inflight.push((f.packet_id, f.phase, entry));
+                img.inflight.push_back((f.packet_id, f.phase, entry));
             }
             self.by_client.insert(client, img);
         }
