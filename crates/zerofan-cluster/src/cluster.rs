@@ -992,14 +992,7 @@ impl Inner {
                 }
             }
         }
-        let addr = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&target)
-            .map(|n| n.cluster_addr.clone());
+        let addr = self.member_addr(target);
         let mut taken = 0;
         for batch in claimed.chunks(crate::drain::ADOPT_BATCH) {
             if target == self.id {
@@ -1297,6 +1290,17 @@ async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
 }
 
 impl Inner {
+    /// Member `node`'s cluster address, as the membership has it.
+    fn member_addr(&self, node: u64) -> Option<String> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&node)
+            .map(|n| n.cluster_addr.clone())
+    }
+
     fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
         self.grants.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1317,14 +1321,7 @@ impl Inner {
             Ok(()) => return Ok(()),
             Err(wait) => wait,
         };
-        let addr = self
-            .raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&owner)
-            .map(|n| n.cluster_addr.clone());
+        let addr = self.member_addr(owner);
         let Some(addr) = addr else {
             return Err(wait);
         };

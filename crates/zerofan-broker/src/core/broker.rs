@@ -809,6 +809,17 @@ impl Broker {
                 .refuse_reason
                 .and_then(|r| MqttStr::try_from(r).ok());
         }
+        self.refuse_with(now, conn, reason, properties);
+    }
+
+    /// CONNACK with a failure code and `properties`, then close.
+    fn refuse_with(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        reason: ReasonCode,
+        properties: Properties,
+    ) {
         self.send(
             conn,
             Packet::ConnAck(ConnAck {
@@ -1151,15 +1162,7 @@ impl Broker {
             self.drain.refer(reason, &mut properties);
         }
         self.drain.told += 1;
-        self.send(
-            conn,
-            Packet::ConnAck(ConnAck {
-                session_present: false,
-                reason,
-                properties: properties.into(),
-            }),
-        );
-        self.close(now, conn, None, false);
+        self.refuse_with(now, conn, reason, properties);
     }
 }
 
