@@ -340,7 +340,7 @@ impl Links {
     pub(super) fn redial(&self, node: u64) {
         for q in self.queues.borrow().values() {
             if q.node == node {
-                q.redial.notify_one();
+                q.redial.notify_waiters();
             }
         }
     }
@@ -351,7 +351,7 @@ impl Links {
     /// dialed now and waited for again (see [`Links::redial`]).
     pub(super) fn rejoined(&self) {
         for q in self.queues.borrow().values() {
-            q.redial.notify_one();
+            q.redial.notify_waiters();
         }
     }
 
@@ -1162,14 +1162,34 @@ mod tests {
         let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MIN).await;
         assert_eq!(next, BACKOFF_MIN * 2, "no redial: the backoff ran out");
         assert!(away.marked);
+        // A redial reaches a writer that waits out its backoff; none is
+        // stored for later (a stale one would make a node that is really
+        // away be waited for again at its next failed dial).
         links.redial(2);
-        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX).await;
+        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MIN).await;
+        assert_eq!(
+            next,
+            BACKOFF_MIN * 2,
+            "a redial nobody waited for is not kept"
+        );
+        let (next, ()) = tokio::join!(
+            away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX),
+            async {
+                tokio::task::yield_now().await;
+                links.redial(2);
+            }
+        );
         assert_eq!(next, BACKOFF_MIN, "cut short");
         assert!(!away.marked, "waited for again");
         away.check(&shared, 2, PeerId(1));
         assert!(!away.marked, "away again only AWAY_AFTER later");
-        links.rejoined();
-        let next = away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX).await;
+        let (next, ()) = tokio::join!(
+            away.pause(&shared, PeerId(1), &redial, BACKOFF_MAX),
+            async {
+                tokio::task::yield_now().await;
+                links.rejoined();
+            }
+        );
         assert_eq!(next, BACKOFF_MIN, "every node is dialed at once");
     }
 
