@@ -123,12 +123,10 @@ if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then
     exit $rc
 fi
 
-if [ "$BROKER" = zerofan ] && [ "${ZEROFAN_CI_SHARDED:-0}" = 1 ]; then
-    # The same suite with every broker sharded (issue 15): about 3 minutes
-    # more on the 2-core box (2026-11-25: 176 s with 4 shards, 162 s with 1).
-    # Opt-in (ZEROFAN_CI_SHARDED=1) for now: its first runs in CI each found
-    # a test that assumed one shard (fixed), so it runs by default once it
-    # has passed repeatedly.
+if [ "$BROKER" = zerofan ] && [ "${ZEROFAN_CI_SHARDED:-1}" = 1 ]; then
+    # The same suite with every broker sharded (issue 15): about 4 minutes
+    # more on the 2-core box (2026-11-25: 222-232 s with 4 shards).
+    # ZEROFAN_CI_SHARDED=0 skips it.
     echo "== interop: pytest (paho-mqtt) against $BROKER with 4 shards"
     set +e
     ZEROFAN_THREADS=4 .venv/bin/pytest "$INTEROP" -q "${pending_args[@]}"
