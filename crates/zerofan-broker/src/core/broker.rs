@@ -4468,6 +4468,12 @@ impl Broker {
     fn replica_forget(&mut self, peer: PeerId) {
         let peers = &self.peers;
         let (ready, _) = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
+        self.release_replica_waiters(ready);
+    }
+
+    /// What no longer waits for replicas goes on, through the store as any
+    /// acknowledgement does.
+    fn release_replica_waiters(&mut self, ready: Vec<super::replica::Waiter>) {
         if ready.is_empty() {
             return;
         }
@@ -4477,6 +4483,8 @@ impl Broker {
                 super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
             }
         }
+        // Their commit may be durable already: the store will not say so
+        // again.
         self.end_event();
         self.release_durable();
     }
@@ -4523,20 +4531,7 @@ impl Broker {
             None => self.repl.ready(&away),
         };
         self.metrics.replica_waits_skipped += without;
-        if ready.is_empty() {
-            return;
-        }
-        for w in ready {
-            match w {
-                // The store first, as any acknowledgement.
-                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
-                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
-            }
-        }
-        // Their commit may be durable already: the store will not say so
-        // again.
-        self.end_event();
-        self.release_durable();
+        self.release_replica_waiters(ready);
     }
 
     /// The full images of the persistent sessions here (of `only`, when
