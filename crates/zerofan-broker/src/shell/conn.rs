@@ -360,13 +360,14 @@ impl Conn {
             Transport::Parked => None,
         };
         if let Some(stream) = stream {
+            self.counted.limit_moves();
             let h = super::shards::Handoff {
                 stream,
                 peer,
                 listener,
                 identity,
                 input,
-                transit: super::limits::Transit::start(shared, listener),
+                transit: super::limits::Transit::carry(shared, listener),
             };
             mesh.hand_off(owner, h);
         }

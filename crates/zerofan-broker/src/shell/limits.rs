@@ -6,8 +6,8 @@
 //!
 //! A connection is counted from its accept until its task lets go of it
 //! (parked ones stay counted, as on their listener). One that moves to its
-//! owner shard is counted once more while in transit, so that the count
-//! never dips below the connections open.
+//! owner shard carries its count on the way ([`Transit`]), so that the
+//! count neither dips below the connections open nor counts one twice.
 
 use super::state::Shared;
 use crate::core::{limits::ConnectionRate, Admission, Broker, ConnectionMeta};
@@ -107,8 +107,8 @@ pub(super) fn closed(shared: &Shared, listener: usize) {
     }
 }
 
-/// Holds one count for a connection between two shards; uncounts when
-/// dropped (after the destination counted it, or if it never arrives).
+/// Holds a connection's count between two shards; uncounts when dropped
+/// (after the destination counted it, or if it never arrives).
 #[derive(Debug)]
 pub(super) struct Transit {
     limits: Arc<Limits>,
@@ -116,10 +116,10 @@ pub(super) struct Transit {
 }
 
 impl Transit {
-    /// A count for a connection on `listener` leaving this shard.
-    pub(super) fn start(shared: &Shared, listener: usize) -> Option<Transit> {
+    /// The count of a connection on `listener` leaving this shard, whose
+    /// task no longer holds it (`ListenerGuard::limit_moves`).
+    pub(super) fn carry(shared: &Shared, listener: usize) -> Option<Transit> {
         let limits = shared.limits.clone()?;
-        limits.count(listener);
         Some(Transit { limits, listener })
     }
 }

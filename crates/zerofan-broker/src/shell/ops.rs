@@ -82,6 +82,7 @@ impl Ops {
         ListenerGuard {
             shared: shared.clone(),
             index,
+            limit_moved: false,
         }
     }
 
@@ -176,6 +177,9 @@ impl Ops {
 pub struct ListenerGuard {
     shared: Rc<Shared>,
     index: usize,
+    /// The connection left for another shard with its place in the
+    /// process-wide limits (see [`Self::limit_moves`]).
+    limit_moved: bool,
 }
 
 impl ListenerGuard {
@@ -204,7 +208,16 @@ impl ListenerGuard {
         ListenerGuard {
             shared: shared.clone(),
             index: index as usize,
+            limit_moved: false,
         }
+    }
+
+    /// The connection moves to another shard, which takes over its place
+    /// in the process-wide limits: this guard no longer uncounts it there.
+    /// Counting it again on the way would let a client see the limit
+    /// reached one connection early, until this shard's task ends.
+    pub(super) fn limit_moves(&mut self) {
+        self.limit_moved = true;
     }
 }
 
@@ -218,7 +231,7 @@ impl std::fmt::Debug for ListenerGuard {
 
 impl Drop for ListenerGuard {
     fn drop(&mut self) {
-        if self.index != usize::MAX {
+        if self.index != usize::MAX && !self.limit_moved {
             super::limits::closed(&self.shared, self.index);
         }
         if let Some(l) = self.shared.ops.listeners.borrow_mut().get_mut(self.index) {
