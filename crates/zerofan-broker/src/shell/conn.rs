@@ -192,9 +192,7 @@ impl Future for Conn {
         let this = self.get_mut();
         let shared = this.counted.shared().clone();
         if let Some(h) = shared.conns.borrow_mut().get_mut(&this.id) {
-            if !h.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                h.waker = Some(cx.waker().clone());
-            }
+            h.set_waker(cx.waker());
             h.quiet = 0;
             if std::mem::take(&mut h.park) {
                 this.park = true;

@@ -88,9 +88,7 @@ impl Future for LocalConn {
         let this = self.get_mut();
         let shared = this.counted.shared().clone();
         if let Some(h) = shared.conns.borrow_mut().get_mut(&this.id) {
-            if !h.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                h.waker = Some(cx.waker().clone());
-            }
+            h.set_waker(cx.waker());
         }
         shared.current.set(Some(this.id));
         let r = this.drive(&shared, cx);

@@ -32,6 +32,13 @@ pub struct ConnHandle {
 impl ConnHandle {
     /// `listener` of a connection that never parks.
     pub const NEVER_PARKS: u16 = u16::MAX;
+
+    /// Keep the waker of the task polling now (cloned only when it changed).
+    pub(super) fn set_waker(&mut self, waker: &Waker) {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.waker = Some(waker.clone());
+        }
+    }
 }
 
 /// Shared by every task of one broker.
