@@ -376,6 +376,12 @@ impl Durable {
                 for (peer, seq) in self.replica_acks.pending.drain(..) {
                     self.replica_acks.held.push_back((lsn, peer, seq));
                 }
+                // Nothing was staged after all (a replica's empty change):
+                // `lsn` is the last commit, maybe durable already, and then
+                // the store has no progress left to report.
+                if lsn <= log.durable_lsn() {
+                    return EventEnd::Release;
+                }
             }
             Err(e) => {
                 // Nothing more can be made durable: the acknowledgements are

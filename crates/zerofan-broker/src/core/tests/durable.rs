@@ -588,3 +588,43 @@ fn an_ack_waits_for_the_store_of_the_shard_that_queued_it() {
     pump(&mut cores);
     assert_eq!(acks(&cores[0].0.out(publ)), ["puback"]);
 }
+
+/// A peer's replicated change that writes nothing (the empty change a
+/// peer sends to ask for answers lost with a link) is answered at once
+/// when everything committed so far is durable: the store, which has
+/// nothing new to write, will not report progress again.
+#[test]
+fn an_empty_replicated_change_is_answered_without_a_new_commit() {
+    use crate::core::peer::PeerEvent;
+    let (mut cores, ids) = peered();
+    // Something committed and durable before.
+    let sub = persistent(&mut cores[1].0, "sub");
+    cores[1].0.subscribe(sub, "t", opts(QoS::AtLeastOnce));
+    pump(&mut cores);
+    let lsn = cores[1].1.lsn.get();
+    assert!(lsn > 0, "the subscription was committed");
+    cores[1].1.durable.set(lsn);
+    cores[1].0.b.release_durable();
+    pump(&mut cores);
+
+    let now = cores[1].0.now;
+    cores[1].0.b.handle_peer(
+        now,
+        ids[0],
+        PeerEvent::Replicate {
+            seq: 7,
+            ops: Vec::new(),
+        },
+    );
+    let mut answered = false;
+    while let Some(batch) = cores[1].0.b.poll_peer_transmit() {
+        answered |= batch
+            .events
+            .iter()
+            .any(|e| matches!(e, PeerEvent::ReplicaAck { seq: 7 }));
+    }
+    assert!(
+        answered,
+        "the answer waits for a store report that never comes"
+    );
+}
