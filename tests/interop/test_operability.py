@@ -139,6 +139,9 @@ def test_metrics_move_during_traffic(broker_factory, client_factory):
 def test_health_endpoints(broker_factory):
     b, base = start(broker_factory)
     assert http(base, "/healthz")[0] == 200
+    # Ready once the listeners serve: with several shards, a moment after
+    # the listening line (every shard has the others' restored sessions).
+    assert wait_for(lambda: http(base, "/readyz")[0] == 200, "/readyz 200")
     status, _, body = http(base, "/readyz")
     assert (status, body) == (200, b"ready\n")
     status, headers, body = http(base, "/metrics", method="HEAD")

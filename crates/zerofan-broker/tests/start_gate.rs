@@ -120,3 +120,49 @@ fn a_shard_that_never_catches_up_holds_the_listeners_only_so_long() {
         s.snapshot.shell.shard_start_timeouts == SHARDS as u64
     });
 }
+
+/// The HTTP status line of `GET path` on `addr`.
+fn http_status(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn readyz_says_ready_only_once_the_listeners_serve() {
+    let dir = Scratch::new("start-gate-readyz");
+    keepers(&dir);
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http_addr = http.local_addr().unwrap();
+    drop(http);
+    let b = embed::spawn_with_slow_peers(
+        Config {
+            http: Some(http_addr),
+            ..config(&dir)
+        },
+        Duration::from_millis(2500),
+    )
+    .unwrap();
+    // The gate is closed for about 2.5 s: an orchestrator must not send
+    // clients yet.
+    let status = http_status(http_addr, "/readyz");
+    assert!(status.contains(" 503 "), "while closed: {status}");
+    // Served: ready (every shard opens its gate at the same moment, give
+    // or take a turn of its loop).
+    let mut c = Client::connect(b.local_addrs()[0], "");
+    c.ping();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = http_status(http_addr, "/readyz");
+        if status.contains(" 200 ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "once serving: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    b.shutdown().unwrap();
+}

@@ -241,6 +241,11 @@ impl Links {
         }
     }
 
+    /// Whether the listeners serve (see [`Links::ready`]).
+    pub(super) fn is_ready(&self) -> bool {
+        self.ready.get()
+    }
+
     fn check_ready(&self) {
         if self.ready.get() {
             return;

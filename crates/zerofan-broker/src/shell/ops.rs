@@ -96,11 +96,16 @@ impl Ops {
             .log_gate(Instant::now(), kind)
     }
 
-    /// Whether `/readyz` says ready.
+    /// Whether `/readyz` says ready: started, store open, not shutting
+    /// down, and the listeners serve.
     pub fn is_ready(shared: &Shared) -> bool {
         shared.ops.ready.get()
             && !shared.ops.shutting_down.get()
             && shared.broker.borrow().store_figures().open
+            // Not before the listeners serve (see `Mesh::started`,
+            // `Links::ready`): until then connections wait in the backlog.
+            && shared.mesh.as_ref().is_none_or(|m| m.serving())
+            && shared.links.as_ref().is_none_or(|l| l.is_ready())
     }
 
     /// Gather a `/metrics` page's figures (one short borrow of the core).

@@ -276,6 +276,11 @@ impl Mesh {
         }
     }
 
+    /// Whether this shard's listeners serve (see [`Mesh::started`]).
+    pub(super) fn serving(&self) -> bool {
+        self.serving.get()
+    }
+
     /// Times this shard's listeners began to serve after `START_WAIT`.
     pub(super) fn start_timeouts(&self) -> u64 {
         self.start_timeouts.get()
