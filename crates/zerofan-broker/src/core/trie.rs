@@ -386,8 +386,33 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
 /// Walk without allocating: `levels` is the topic's levels, cloned
 /// (cheaply) at each branch. A topic name never contains `+` or `#` (the
 /// codec refuses them), so a level is looked up among the literal children
-/// only.
+/// only. Nodes without `+`, `#` or groups (most: a device's own topic) are
+/// descended in a loop; only the others branch.
 fn walk<'t>(
+    mut node: &mut Node,
+    mut levels: impl Iterator<Item = &'t [u8]> + Clone,
+    dollar: bool,
+    f: &mut impl FnMut(Hit<'_>),
+) {
+    if node.rare.is_some() {
+        return branch(node, levels, dollar, f);
+    }
+    loop {
+        let Some(level) = levels.next() else {
+            return emit(node, f);
+        };
+        let Some(child) = node.children.get_mut(level) else {
+            return;
+        };
+        node = child;
+        if node.rare.is_some() {
+            return branch(node, levels, false, f);
+        }
+    }
+}
+
+/// [`walk`] at a node with `+`, `#` or groups.
+fn branch<'t>(
     node: &mut Node,
     mut levels: impl Iterator<Item = &'t [u8]> + Clone,
     dollar: bool,
@@ -537,6 +562,29 @@ mod tests {
             let std: Vec<&[u8]> = s.as_bytes().split(|b| *b == b'/').collect();
             assert_eq!(ours, std, "{s:?}");
         }
+    }
+
+    #[test]
+    fn literal_paths_meet_wildcards_below_and_above() {
+        // The loop over plain nodes hands over to the branching walk
+        // wherever a node has `+`, `#` or a group, at any depth.
+        let mut t = Trie::default();
+        t.insert("a/b/c/d", None, entry(1));
+        t.insert("a/b/+/d", None, entry(2));
+        t.insert("a/b/c/#", None, entry(3));
+        t.insert("a/b/c/d", Some("g"), entry(4));
+        t.insert("x/y", None, entry(5));
+        assert_eq!(matched(&mut t, "a/b/c/d"), vec![1, 2, 3, 1004]);
+        assert_eq!(matched(&mut t, "a/b/c"), vec![3]);
+        assert_eq!(matched(&mut t, "a/b/z/d"), vec![2]);
+        assert_eq!(matched(&mut t, "a/b"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x/y"), vec![5]);
+        assert_eq!(matched(&mut t, "x/y/z"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x//y"), Vec::<u64>::new());
+        t.insert("x//y", None, entry(6));
+        assert_eq!(matched(&mut t, "x//y"), vec![6]);
+        assert_eq!(matched(&mut t, "/"), Vec::<u64>::new());
     }
 
     #[test]
