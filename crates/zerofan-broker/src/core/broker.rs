@@ -2344,7 +2344,7 @@ impl Broker {
         );
         let mut count = 0;
         let mut compacted = None;
-        for hit in routed.hits.drain(..) {
+        for hit in routed.by_ref() {
             if !self.may_deliver(hit.session, msg.topic.as_str()) {
                 continue;
             }

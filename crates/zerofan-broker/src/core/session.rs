@@ -5,6 +5,7 @@ use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::message::Message;
 use crate::config::QueueFull;
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -179,9 +180,18 @@ pub(crate) struct Flight {
 /// broker's one thread), which cannot be shared between threads.
 fn no_flight() -> &'static Flight {
     thread_local! {
-        static NO_FLIGHT: &'static Flight = Box::leak(Box::default());
+        // `const`, made on first use below: a lazily initialised
+        // thread-local checks its state on every read, and this is read
+        // a few times per delivery to a session without QoS 1/2 state.
+        static NO_FLIGHT: Cell<Option<&'static Flight>> = const { Cell::new(None) };
     }
-    NO_FLIGHT.with(|f| *f)
+    NO_FLIGHT.with(|c| {
+        c.get().unwrap_or_else(|| {
+            let f: &'static Flight = Box::leak(Box::default());
+            c.set(Some(f));
+            f
+        })
+    })
 }
 
 impl Session {
@@ -334,7 +344,8 @@ impl Session {
     /// What the online bound counts: queued bytes and slots, less the
     /// retained replay.
     pub(crate) fn online_cost(&self) -> usize {
-        (self.queued_bytes + self.queue.len() * SLOT).saturating_sub(self.flight().replay_cost)
+        let replay = self.flight.as_deref().map_or(0, |f| f.replay_cost);
+        (self.queued_bytes + self.queue.len() * SLOT).saturating_sub(replay)
     }
 
     fn push_within(

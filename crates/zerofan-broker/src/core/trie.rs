@@ -191,11 +191,39 @@ impl Node {
 }
 
 /// A topic or filter's levels.
-fn levels(s: &str) -> std::slice::Split<'_, u8, fn(&u8) -> bool> {
-    fn slash(b: &u8) -> bool {
-        *b == b'/'
+fn levels(s: &str) -> Levels<'_> {
+    Levels {
+        rest: Some(s.as_bytes()),
     }
-    s.as_bytes().split(slash as fn(&u8) -> bool)
+}
+
+/// The levels of a topic or filter, split at `/` as `split` would (an
+/// empty string is one empty level). A loop the compiler inlines: `split`
+/// with a `fn` pointer called it for every byte of every routed topic.
+#[derive(Clone)]
+struct Levels<'a> {
+    /// What follows the last `/` seen; `None` once the last level is out.
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> Iterator for Levels<'a> {
+    type Item = &'a [u8];
+
+    #[inline]
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        match rest.iter().position(|&b| b == b'/') {
+            Some(i) => {
+                let (level, tail) = rest.split_at(i);
+                self.rest = tail.get(1..);
+                Some(level)
+            }
+            None => {
+                self.rest = None;
+                Some(rest)
+            }
+        }
+    }
 }
 
 /// The subscription trie.
@@ -358,8 +386,33 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
 /// Walk without allocating: `levels` is the topic's levels, cloned
 /// (cheaply) at each branch. A topic name never contains `+` or `#` (the
 /// codec refuses them), so a level is looked up among the literal children
-/// only.
+/// only. Nodes without `+`, `#` or groups (most: a device's own topic) are
+/// descended in a loop; only the others branch.
 fn walk<'t>(
+    mut node: &mut Node,
+    mut levels: impl Iterator<Item = &'t [u8]> + Clone,
+    dollar: bool,
+    f: &mut impl FnMut(Hit<'_>),
+) {
+    if node.rare.is_some() {
+        return branch(node, levels, dollar, f);
+    }
+    loop {
+        let Some(level) = levels.next() else {
+            return emit(node, f);
+        };
+        let Some(child) = node.children.get_mut(level) else {
+            return;
+        };
+        node = child;
+        if node.rare.is_some() {
+            return branch(node, levels, false, f);
+        }
+    }
+}
+
+/// [`walk`] at a node with `+`, `#` or groups.
+fn branch<'t>(
     node: &mut Node,
     mut levels: impl Iterator<Item = &'t [u8]> + Clone,
     dollar: bool,
@@ -489,6 +542,49 @@ mod tests {
         assert!(!t.remove("a/+", Some("g"), SessionId(2)));
         assert!(t.remove("#", Some("g"), SessionId(3)));
         assert!(t.root.is_empty() && t.root.rare.is_none());
+    }
+
+    #[test]
+    fn levels_split_as_split_does() {
+        for s in [
+            "",
+            "/",
+            "a",
+            "a/b",
+            "/a",
+            "a/",
+            "a//b",
+            "//",
+            "$SYS/x/+/#",
+            "ab/c/de",
+        ] {
+            let ours: Vec<&[u8]> = levels(s).collect();
+            let std: Vec<&[u8]> = s.as_bytes().split(|b| *b == b'/').collect();
+            assert_eq!(ours, std, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn literal_paths_meet_wildcards_below_and_above() {
+        // The loop over plain nodes hands over to the branching walk
+        // wherever a node has `+`, `#` or a group, at any depth.
+        let mut t = Trie::default();
+        t.insert("a/b/c/d", None, entry(1));
+        t.insert("a/b/+/d", None, entry(2));
+        t.insert("a/b/c/#", None, entry(3));
+        t.insert("a/b/c/d", Some("g"), entry(4));
+        t.insert("x/y", None, entry(5));
+        assert_eq!(matched(&mut t, "a/b/c/d"), vec![1, 2, 3, 1004]);
+        assert_eq!(matched(&mut t, "a/b/c"), vec![3]);
+        assert_eq!(matched(&mut t, "a/b/z/d"), vec![2]);
+        assert_eq!(matched(&mut t, "a/b"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x/y"), vec![5]);
+        assert_eq!(matched(&mut t, "x/y/z"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "x//y"), Vec::<u64>::new());
+        t.insert("x//y", None, entry(6));
+        assert_eq!(matched(&mut t, "x//y"), vec![6]);
+        assert_eq!(matched(&mut t, "/"), Vec::<u64>::new());
     }
 
     #[test]
