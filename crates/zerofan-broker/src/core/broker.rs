@@ -2145,7 +2145,7 @@ impl Broker {
             QoS::ExactlyOnce => Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
         };
         match fence {
-            Some(seq) => self.peers.defer(seq, conn, super::peer::Deferred::Ack(out)),
+            Some(seq) => self.defer_for_peers(seq, conn, super::peer::Deferred::Ack(out)),
             None => self.send_publish_ack(conn, out),
         }
     }
@@ -3674,9 +3674,7 @@ impl Broker {
             // A filter new to this shard: the SUBACK (and the retained
             // messages after it) waits until every shard routes the filter
             // here, so that a publish after it anywhere arrives.
-            Some(seq) => self
-                .peers
-                .defer(seq, conn, Deferred::SubAck(suback, sid, replay)),
+            Some(seq) => self.defer_for_peers(seq, conn, Deferred::SubAck(suback, sid, replay)),
             None => self.subscribed(conn, sid, suback, replay),
         }
     }
@@ -4187,8 +4185,18 @@ impl Broker {
         }
     }
 
+    /// `out` for `conn` once every peer has seen change `seq`; a connection
+    /// with too many such outputs is not read meanwhile (counted).
+    fn defer_for_peers(&mut self, seq: u64, conn: ConnId, out: Deferred) {
+        if self.peers.defer(seq, conn, out) {
+            self.metrics.peer_deferred_holds += 1;
+        }
+    }
+
     pub(crate) fn release_deferred(&mut self, ready: Vec<(ConnId, Deferred)>) {
         for (conn, out) in ready {
+            // Read again if it was held for having too many waiting.
+            self.wake(conn);
             match out {
                 // It may still wait for the store.
                 Deferred::Ack(out) => self.send_publish_ack(conn, out),

@@ -312,6 +312,15 @@ counters! {
                 "zerofan_shard_publisher_throttles_total",
                 "Times a publisher's input was held because a shard it publishes to was full.",
             )),
+        /// Times a connection stopped being read because it had
+        /// `peer::DEFERRED_PER_CONN` outputs (SUBACKs, acknowledgements)
+        /// waiting for the other shards or nodes.
+        pub peer_deferred_holds: u64 = CounterDef::NEW
+            .sys("shards/deferred_holds")
+            .prom(Family::new(
+                "zerofan_shard_deferred_holds_total",
+                "Times a connection's input was held because too many of its SUBACKs or acknowledgements waited for other shards or nodes.",
+            )),
         /// Malformed packets received.
         pub malformed_packets: u64 = CounterDef::NEW
             .sys("errors/malformed")

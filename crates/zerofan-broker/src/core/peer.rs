@@ -138,6 +138,12 @@ const CONFIRM_AT: u64 = WINDOW / 8;
 /// allocates none.
 const SPARES: usize = 4;
 
+/// Outputs (SUBACKs, acknowledgements of retained messages) one connection
+/// may have waiting for the peers to see a change; at this many its input
+/// is held (see [`Peers::holds`]) until some go. A client that pipelines
+/// SUBSCRIBEs while a peer is slow cannot grow the queue without bound.
+pub(crate) const DEFERRED_PER_CONN: u32 = 256;
+
 /// A batch buffer larger than this (in events) is freed, not kept: one
 /// burst must not pin its memory.
 const SPARE_MAX_EVENTS: usize = 4096;
@@ -167,6 +173,8 @@ pub(crate) struct Peers {
     seq: u64,
     /// Output waiting until every peer has seen a change: (change, to).
     deferred: std::collections::VecDeque<(u64, super::ids::ConnId, Deferred)>,
+    /// How many of `deferred` each connection has (entries of none absent).
+    owed: super::hash::HashMap<super::ids::ConnId, u32>,
 }
 
 #[derive(Debug)]
@@ -217,6 +225,7 @@ impl Peers {
             held_for: Vec::new(),
             seq: 0,
             deferred: Default::default(),
+            owed: Default::default(),
         }
     }
 
@@ -304,10 +313,21 @@ impl Peers {
         let mut ready = Vec::new();
         while self.deferred.front().is_some_and(|d| d.0 <= all) {
             if let Some((_, conn, out)) = self.deferred.pop_front() {
+                self.paid(conn);
                 ready.push((conn, out));
             }
         }
         ready
+    }
+
+    /// One of `conn`'s deferred outputs went.
+    fn paid(&mut self, conn: super::ids::ConnId) {
+        if let Some(n) = self.owed.get_mut(&conn) {
+            *n -= 1;
+            if *n == 0 {
+                self.owed.remove(&conn);
+            }
+        }
     }
 
     /// `peer` is unreachable (`away`), or back: while away, what waits
@@ -328,6 +348,7 @@ impl Peers {
     }
 
     fn seen_by_all(&mut self) -> Vec<(super::ids::ConnId, Deferred)> {
+        self.owed.clear();
         self.deferred.drain(..).map(|(_, c, d)| (c, d)).collect()
     }
 
@@ -447,11 +468,16 @@ impl Peers {
         }
     }
 
-    /// Whether `conn` is held for a congested peer, or for a subscriber
-    /// behind at a peer.
+    /// Whether `conn` is held for a congested peer, for a subscriber
+    /// behind at a peer, or for too many outputs waiting for the peers.
     pub(crate) fn holds(&self, conn: super::ids::ConnId) -> bool {
         (!self.holding.is_empty() && self.holding.contains(&conn))
             || (!self.held_for.is_empty() && self.held_for.iter().any(|&(_, c)| c == conn))
+            || (!self.owed.is_empty()
+                && self
+                    .owed
+                    .get(&conn)
+                    .is_some_and(|&n| n >= DEFERRED_PER_CONN))
     }
 
     /// `peer` holds (or releases) `conn`. True when `conn` is free again.
@@ -480,7 +506,7 @@ impl Peers {
 
     /// Whether output for `conn` waits until every peer has seen a change.
     pub(crate) fn owes(&self, conn: super::ids::ConnId) -> bool {
-        !self.deferred.is_empty() && self.deferred.iter().any(|d| d.1 == conn)
+        !self.owed.is_empty() && self.owed.contains_key(&conn)
     }
 
     /// The last change number handed out.
@@ -494,9 +520,14 @@ impl Peers {
         self.seq
     }
 
-    /// Send `out` to `conn` once every peer has seen change `seq`.
-    pub(crate) fn defer(&mut self, seq: u64, conn: super::ids::ConnId, out: Deferred) {
+    /// Send `out` to `conn` once every peer has seen change `seq`. True
+    /// when `conn` now has [`DEFERRED_PER_CONN`] waiting: its input is
+    /// held until one goes.
+    pub(crate) fn defer(&mut self, seq: u64, conn: super::ids::ConnId, out: Deferred) -> bool {
         self.deferred.push_back((seq, conn, out));
+        let n = self.owed.entry(conn).or_insert(0);
+        *n += 1;
+        *n == DEFERRED_PER_CONN
     }
 
     /// `peer` has seen our changes up to `seq`: what may go now.

@@ -560,3 +560,35 @@ fn a_connection_awaits_its_peers_until_its_deferred_suback_goes() {
     ));
     assert!(!sh.hs[1].b.awaits_peers(sub.conn));
 }
+
+/// A client that pipelines SUBSCRIBEs of new filters while the other
+/// shards have not answered cannot grow the queue of SUBACKs waiting for
+/// them without bound: at `DEFERRED_PER_CONN` its input is held (counted
+/// once), and read again once they go.
+#[test]
+fn too_many_subacks_waiting_for_the_peers_hold_the_connection() {
+    use crate::core::peer::DEFERRED_PER_CONN;
+    let mut sh = Shards::new(2);
+    let sub = sh.client_on(1, "sub");
+    let n = DEFERRED_PER_CONN as usize;
+    for i in 0..n - 1 {
+        let out = sh.hs[1].subscribe(sub.conn, &format!("f/{i}"), opts(QoS::AtMostOnce));
+        assert!(
+            out.packets.is_empty(),
+            "SUBACK {i} before the other shard knew"
+        );
+    }
+    assert!(!sh.hs[1].b.held(sub.conn), "held below the bound");
+    sh.hs[1].subscribe(sub.conn, "f/last", opts(QoS::AtMostOnce));
+    assert!(sh.hs[1].b.held(sub.conn), "not held at the bound");
+    assert_eq!(sh.hs[1].b.metrics().peer_deferred_holds, 1);
+    sh.pump();
+    assert!(!sh.hs[1].b.held(sub.conn), "still held once answered");
+    let subacks = sh
+        .out(sub)
+        .packets
+        .iter()
+        .filter(|p| matches!(p, Packet::SubAck(_)))
+        .count();
+    assert_eq!(subacks, n, "every SUBACK went");
+}
