@@ -410,3 +410,67 @@ def test_mosquitto_edge_bridges_in_with_try_private(tmp_path, procs, clients):
     late.subscribe("t/kept", 1)
     x = late.expect_message(WAIT)
     assert (x.payload, x.retain) == (b"k", 1)
+
+
+def start_mosquitto_tls(tmp: Path, plain: int, tls: int, certs) -> Broker:
+    """mosquitto with a plain listener (for the test's clients) and a TLS
+    one that wants a client certificate from `certs.ca` (the bridge's)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    lines = ["per_listener_settings false", "allow_anonymous true", "log_dest stdout",
+             "log_type error", "log_type warning", "log_type notice",
+             f"listener {plain} 127.0.0.1", f"listener {tls} 127.0.0.1",
+             f"cafile {certs.ca}", f"certfile {certs.server}", f"keyfile {certs.server_key}",
+             "require_certificate true"]
+    if os.geteuid() == 0:
+        # It reads the keys as user `mosquitto` otherwise, who cannot reach
+        # pytest's private temporary directory.
+        lines.append("user root")
+    return launch_mosquitto(tmp, plain, lines)
+
+
+def test_bridge_over_mutual_tls(tmp_path, procs, clients):
+    """`cafile` verifies mosquitto's certificate, `certfile`/`keyfile` are
+    the bridge's own (mosquitto requires one): messages cross both ways."""
+    from secutil import make_certs
+    certs = make_certs(tmp_path / "certs")
+    plain, tls = free_port(), free_port()
+    m = start_mosquitto_tls(tmp_path / "m", plain, tls, certs)
+    procs.append(m)
+    extra = (f'cafile = "{certs.ca}"\ncertfile = "{certs.alice}"\n'
+             f'keyfile = "{certs.alice_key}"\n')
+    z = start_zerofan_conf(tmp_path / "z", bridge_toml(
+        "sec", tls, [("up/#", "out", 1), ("down/#", "in", 1)], extra=extra))
+    procs.append(z)
+    wait_bridge_up(clients, z, "sec")
+    on_m = clients(m, version=4)
+    on_m.subscribe("up/#", 1)
+    on_z = clients(z)
+    on_z.subscribe("down/#", 1)
+    clients(z).publish("up/1", b"to mosquitto", qos=1)
+    clients(m, version=4).publish("down/1", b"to zerofan", qos=1)
+    assert on_m.expect_message().payload == b"to mosquitto"
+    assert on_z.expect_message().payload == b"to zerofan"
+
+
+def test_bridge_refuses_a_certificate_its_cafile_did_not_sign(tmp_path, procs, clients):
+    """A `cafile` that did not sign mosquitto's certificate: the bridge never
+    connects, and says why."""
+    from secutil import make_certs
+    certs = make_certs(tmp_path / "certs")
+    other = make_certs(tmp_path / "other")
+    plain, tls = free_port(), free_port()
+    m = start_mosquitto_tls(tmp_path / "m", plain, tls, certs)
+    procs.append(m)
+    extra = (f'cafile = "{other.ca}"\ncertfile = "{certs.alice}"\n'
+             f'keyfile = "{certs.alice_key}"\n')
+    z = start_zerofan_conf(tmp_path / "z", bridge_toml(
+        "sec", tls, [("up/#", "out", 1)], extra=extra))
+    procs.append(z)
+    deadline = time.monotonic() + WAIT
+    while "bridge connect failed" not in z.log():
+        assert time.monotonic() < deadline, "no failed connect logged"
+        time.sleep(0.05)  # polling a log file: there is no event to wait for
+    line = next(x for x in z.log().splitlines() if "bridge connect failed" in x)
+    assert "certificate" in line.lower(), line
+    # mosquitto never had it as a client.
+    assert " as sec " not in m.log(), m.log()

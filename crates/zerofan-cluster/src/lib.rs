@@ -40,4 +40,4 @@ pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members};
 pub use drain::{DrainOrder, DrainReport, RemoveReport, DEFAULT_DRAIN, MAX_DRAIN};
 pub use lease::{grant_after, DEFAULT_LEASE, MIN_LEASE};
 pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};
-pub use tls::{ClusterTls, NodeStream};
+pub use tls::{certs as pem_certs, AnyName, ClusterTls, NodeStream};

@@ -1,10 +1,9 @@
 //! TLS towards the remote broker: `bridge_cafile`, `bridge_certfile` /
-//! `bridge_keyfile`, `bridge_insecure`.
+//! `bridge_keyfile`, `bridge_insecure` (whose verifier, and the PEM
+//! reading, the cluster's node-to-node TLS shares).
 
 use super::config::BridgeConfig;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::CertificateDer;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -34,7 +33,7 @@ pub(super) fn client_config(
                 .map_err(|e| format!("{who}: {e}"))?;
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyName(inner)))
+            .with_custom_certificate_verifier(Arc::new(zerofan_cluster::AnyName::new(inner)))
     } else {
         builder.with_root_certificates(roots)
     };
@@ -57,58 +56,5 @@ pub(super) fn client_config(
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let certs: Result<Vec<_>, _> = rustls_pemfile::certs(&mut &text[..]).collect();
-    let certs = certs.map_err(|e| format!("{}: bad PEM: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{}: no certificate in it", path.display()));
-    }
-    Ok(certs)
-}
-
-/// `bridge_insecure`: the chain is verified as usual, but the name in the
-/// certificate need not match the address.
-#[derive(Debug)]
-struct AnyName(Arc<rustls::client::WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
+    zerofan_cluster::pem_certs(&path.display().to_string(), &text)
 }
