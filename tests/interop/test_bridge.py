@@ -428,19 +428,27 @@ def start_mosquitto_tls(tmp: Path, plain: int, tls: int, certs) -> Broker:
     return launch_mosquitto(tmp, plain, lines)
 
 
-def test_bridge_over_mutual_tls(tmp_path, procs, clients):
-    """`cafile` verifies mosquitto's certificate, `certfile`/`keyfile` are
-    the bridge's own (mosquitto requires one): messages cross both ways."""
+def tls_bridge(tmp_path: Path, procs, trust_other_ca: bool) -> tuple[Broker, Broker]:
+    """mosquitto with a TLS listener, and a zerofan bridged to it with the
+    client certificate `alice`; its `cafile` is the CA that signed
+    mosquitto's certificate, or with `trust_other_ca` another one."""
     from secutil import make_certs
     certs = make_certs(tmp_path / "certs")
+    ca = make_certs(tmp_path / "other").ca if trust_other_ca else certs.ca
     plain, tls = free_port(), free_port()
     m = start_mosquitto_tls(tmp_path / "m", plain, tls, certs)
     procs.append(m)
-    extra = (f'cafile = "{certs.ca}"\ncertfile = "{certs.alice}"\n'
-             f'keyfile = "{certs.alice_key}"\n')
+    extra = f'cafile = "{ca}"\ncertfile = "{certs.alice}"\nkeyfile = "{certs.alice_key}"\n'
     z = start_zerofan_conf(tmp_path / "z", bridge_toml(
         "sec", tls, [("up/#", "out", 1), ("down/#", "in", 1)], extra=extra))
     procs.append(z)
+    return m, z
+
+
+def test_bridge_over_mutual_tls(tmp_path, procs, clients):
+    """`cafile` verifies mosquitto's certificate, `certfile`/`keyfile` are
+    the bridge's own (mosquitto requires one): messages cross both ways."""
+    m, z = tls_bridge(tmp_path, procs, trust_other_ca=False)
     wait_bridge_up(clients, z, "sec")
     on_m = clients(m, version=4)
     on_m.subscribe("up/#", 1)
@@ -455,17 +463,7 @@ def test_bridge_over_mutual_tls(tmp_path, procs, clients):
 def test_bridge_refuses_a_certificate_its_cafile_did_not_sign(tmp_path, procs, clients):
     """A `cafile` that did not sign mosquitto's certificate: the bridge never
     connects, and says why."""
-    from secutil import make_certs
-    certs = make_certs(tmp_path / "certs")
-    other = make_certs(tmp_path / "other")
-    plain, tls = free_port(), free_port()
-    m = start_mosquitto_tls(tmp_path / "m", plain, tls, certs)
-    procs.append(m)
-    extra = (f'cafile = "{other.ca}"\ncertfile = "{certs.alice}"\n'
-             f'keyfile = "{certs.alice_key}"\n')
-    z = start_zerofan_conf(tmp_path / "z", bridge_toml(
-        "sec", tls, [("up/#", "out", 1)], extra=extra))
-    procs.append(z)
+    m, z = tls_bridge(tmp_path, procs, trust_other_ca=True)
     deadline = time.monotonic() + WAIT
     while "bridge connect failed" not in z.log():
         assert time.monotonic() < deadline, "no failed connect logged"
