@@ -2448,10 +2448,10 @@ impl Broker {
         let origin = (item.msg.origin_peer, item.msg.origin);
         let outcome = if s.conn.is_some() {
             // A slow subscriber keeps no more than its high-water mark.
-            let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
-            let bound = if slow {
+            let behind = s.behind();
+            let bound = if behind.is_some_and(|b| b.slow) {
                 high_water(cfg)
-            } else if held_remote(s.flight().behind.as_deref(), origin) {
+            } else if held_remote(behind, origin) {
                 cfg.max_online_queued_bytes.saturating_add(HOLD_SLACK)
             } else {
                 cfg.max_online_queued_bytes
