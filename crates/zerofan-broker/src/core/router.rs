@@ -58,6 +58,8 @@ pub(crate) struct Routed {
     /// yielded.
     direct: Vec<SubEntry>,
     next: usize,
+    /// Some session is in `direct` more than once: hits are merged.
+    overlap: bool,
     /// The picked member of each shared group, last first.
     shared: Vec<(SubEntry, Arc<str>)>,
     qos: QoS,
@@ -70,22 +72,29 @@ impl Iterator for Routed {
 
     #[inline]
     fn next(&mut self) -> Option<LocalHit> {
-        // A slice walk and locals, the hit built once at the end: indexing
-        // `direct` by the `next` field checked bounds on every step, and a
-        // hit filled in place was copied out whole (~25 instructions per
-        // delivery).
-        let rest = self.direct.get(self.next..).unwrap_or_default();
-        if let Some(first) = rest.first() {
+        // Built from locals once at the end (a hit filled in place was
+        // copied out whole), and merging only when some session matched
+        // more than once (rare): otherwise each match is a hit of its own.
+        if let Some(first) = self.direct.get(self.next) {
+            self.next += 1;
             let session = first.session;
-            let (mut qos, mut retain, mut sub_ids) = (QoS::AtMostOnce, false, Vec::new());
-            let mut merged = 0;
-            for e in rest.iter().take_while(|e| e.session == session) {
-                qos = qos.max(e.options.qos.min(self.qos));
-                retain |= e.options.retain_as_published && self.retain;
-                sub_ids.extend(e.id);
-                merged += 1;
+            let mut qos = first.options.qos.min(self.qos);
+            let mut retain = first.options.retain_as_published && self.retain;
+            let mut sub_ids = match first.id {
+                Some(id) => vec![id],
+                None => Vec::new(),
+            };
+            if self.overlap {
+                for e in self.direct.get(self.next..).unwrap_or_default() {
+                    if e.session != session {
+                        break;
+                    }
+                    qos = qos.max(e.options.qos.min(self.qos));
+                    retain |= e.options.retain_as_published && self.retain;
+                    sub_ids.extend(e.id);
+                    self.next += 1;
+                }
             }
-            self.next += merged;
             return Some(LocalHit {
                 session,
                 qos,
@@ -317,7 +326,10 @@ impl Router {
         // Sorted to merge a session's overlapping subscriptions. A trie node
         // keeps its subscriptions ordered by session, so the matches of a
         // single filter need no sorting, and checking costs less.
-        if !direct.is_sorted_by_key(|e| e.session) {
+        // Strictly increasing (the usual case) also says that no session
+        // needs merging.
+        let overlap = !direct.is_sorted_by(|a, b| a.session < b.session);
+        if overlap && !direct.is_sorted_by_key(|e| e.session) {
             direct.sort_unstable_by_key(|e| e.session);
         }
         // Popped from the end: yielded in the order found.
@@ -326,6 +338,7 @@ impl Router {
         Routed {
             direct: std::mem::take(direct),
             next: 0,
+            overlap,
             shared: std::mem::take(shared),
             qos,
             retain,
