@@ -513,6 +513,45 @@ mod tests {
     }
 
     #[test]
+    fn matches_merged_only_for_a_session_met_twice() {
+        let q0 = QoS::AtMostOnce;
+        let q1 = QoS::AtLeastOnce;
+        let mut r = Router::default();
+        // Session 1 twice, already in order (no sort): merged; session 2
+        // after it yielded on its own.
+        r.subscribe("x/y", entry(1, q0, Some(3)));
+        r.subscribe("x/+", entry(1, q1, Some(4)));
+        r.subscribe("x/+", entry(2, q0, None));
+        assert_eq!(
+            route(&mut r, "x/y", None, Scope::Everywhere),
+            (
+                vec![
+                    (1, q1, false, vec![3, 4], None),
+                    (2, q0, false, vec![], None)
+                ],
+                vec![]
+            )
+        );
+        // Each session once: one hit per match, the last one included.
+        assert_eq!(
+            route(&mut r, "x/z", None, Scope::Everywhere),
+            (
+                vec![(1, q1, false, vec![4], None), (2, q0, false, vec![], None)],
+                vec![]
+            )
+        );
+        // A session met twice as the last match.
+        r.subscribe("#", entry(2, q1, Some(5)));
+        assert_eq!(
+            route(&mut r, "x/z", None, Scope::Everywhere),
+            (
+                vec![(1, q1, false, vec![4], None), (2, q1, false, vec![5], None)],
+                vec![]
+            )
+        );
+    }
+
+    #[test]
     fn peers_with_matching_subscribers_get_it_once() {
         let mut r = Router::default();
         r.set_peered(Some(PeerId(0)));
