@@ -2448,10 +2448,10 @@ impl Broker {
         let origin = (item.msg.origin_peer, item.msg.origin);
         let outcome = if s.conn.is_some() {
             // A slow subscriber keeps no more than its high-water mark.
-            let slow = s.flight().behind.as_ref().is_some_and(|b| b.slow);
-            let bound = if slow {
+            let behind = s.behind();
+            let bound = if behind.is_some_and(|b| b.slow) {
                 high_water(cfg)
-            } else if held_remote(s.flight().behind.as_deref(), origin) {
+            } else if held_remote(behind, origin) {
                 cfg.max_online_queued_bytes.saturating_add(HOLD_SLACK)
             } else {
                 cfg.max_online_queued_bytes
@@ -2772,20 +2772,23 @@ impl Broker {
                 }
                 continue;
             }
-            let pid = if item.qos == QoS::AtMostOnce {
-                0
+            // QoS 0 (never stored) has no packet id and nothing to stage or
+            // hold: tested once, not three times per delivery.
+            let (pid, hold) = if item.qos == QoS::AtMostOnce {
+                (0, false)
             } else {
-                s.alloc_packet_id()
+                let pid = s.alloc_packet_id();
+                // A stored QoS 2 delivery goes out only once its `send`
+                // record is durable: a restart then resends it with DUP and
+                // the same packet id (deduplicated by the client), never as
+                // a new message.
+                if let Some(e) = item.entry {
+                    let client = s.client_id.as_str();
+                    self.durable
+                        .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
+                }
+                (pid, item.entry.is_some() && item.qos == QoS::ExactlyOnce)
             };
-            // A stored QoS 2 delivery goes out only once its `send` record is
-            // durable: a restart then resends it with DUP and the same packet
-            // id (deduplicated by the client), never as a new message.
-            let hold = item.entry.is_some() && item.qos == QoS::ExactlyOnce;
-            if let (Some(e), true) = (item.entry, pid != 0) {
-                let client = s.client_id.as_str();
-                self.durable
-                    .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
-            }
             let d = if item.qos == QoS::AtMostOnce {
                 // Nothing of it is kept: the delivery takes the message's
                 // reference instead of one more up and down.

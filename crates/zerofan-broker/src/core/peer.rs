@@ -470,6 +470,7 @@ impl Peers {
 
     /// Whether `conn` is held for a congested peer, for a subscriber
     /// behind at a peer, or for too many outputs waiting for the peers.
+    #[inline]
     pub(crate) fn holds(&self, conn: super::ids::ConnId) -> bool {
         (!self.holding.is_empty() && self.holding.contains(&conn))
             || (!self.held_for.is_empty() && self.held_for.iter().any(|&(_, c)| c == conn))

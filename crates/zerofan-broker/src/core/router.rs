@@ -58,6 +58,8 @@ pub(crate) struct Routed {
     /// yielded.
     direct: Vec<SubEntry>,
     next: usize,
+    /// Some session is in `direct` more than once: hits are merged.
+    overlap: bool,
     /// The picked member of each shared group, last first.
     shared: Vec<(SubEntry, Arc<str>)>,
     qos: QoS,
@@ -70,25 +72,36 @@ impl Iterator for Routed {
 
     #[inline]
     fn next(&mut self) -> Option<LocalHit> {
+        // Built from locals once at the end (a hit filled in place was
+        // copied out whole), and merging only when some session matched
+        // more than once (rare): otherwise each match is a hit of its own.
         if let Some(first) = self.direct.get(self.next) {
+            self.next += 1;
             let session = first.session;
-            let mut hit = LocalHit {
-                session,
-                qos: QoS::AtMostOnce,
-                retain: false,
-                sub_ids: Vec::new(),
-                share: None,
+            let mut qos = first.options.qos.min(self.qos);
+            let mut retain = first.options.retain_as_published && self.retain;
+            let mut sub_ids = match first.id {
+                Some(id) => vec![id],
+                None => Vec::new(),
             };
-            while let Some(e) = self.direct.get(self.next) {
-                if e.session != session {
-                    break;
+            if self.overlap {
+                for e in self.direct.get(self.next..).unwrap_or_default() {
+                    if e.session != session {
+                        break;
+                    }
+                    qos = qos.max(e.options.qos.min(self.qos));
+                    retain |= e.options.retain_as_published && self.retain;
+                    sub_ids.extend(e.id);
+                    self.next += 1;
                 }
-                hit.qos = hit.qos.max(e.options.qos.min(self.qos));
-                hit.retain |= e.options.retain_as_published && self.retain;
-                hit.sub_ids.extend(e.id);
-                self.next += 1;
             }
-            return Some(hit);
+            return Some(LocalHit {
+                session,
+                qos,
+                retain,
+                sub_ids,
+                share: None,
+            });
         }
         let (e, key) = self.shared.pop()?;
         Some(LocalHit {
@@ -313,7 +326,10 @@ impl Router {
         // Sorted to merge a session's overlapping subscriptions. A trie node
         // keeps its subscriptions ordered by session, so the matches of a
         // single filter need no sorting, and checking costs less.
-        if !direct.is_sorted_by_key(|e| e.session) {
+        // Strictly increasing (the usual case) also says that no session
+        // needs merging.
+        let overlap = !direct.is_sorted_by(|a, b| a.session < b.session);
+        if overlap && !direct.is_sorted_by_key(|e| e.session) {
             direct.sort_unstable_by_key(|e| e.session);
         }
         // Popped from the end: yielded in the order found.
@@ -322,6 +338,7 @@ impl Router {
         Routed {
             direct: std::mem::take(direct),
             next: 0,
+            overlap,
             shared: std::mem::take(shared),
             qos,
             retain,
@@ -492,6 +509,45 @@ mod tests {
         assert_eq!(
             route(&mut r, "x", None, Scope::Everywhere),
             (vec![(5, q0, false, vec![], None)], vec![])
+        );
+    }
+
+    #[test]
+    fn matches_merged_only_for_a_session_met_twice() {
+        let q0 = QoS::AtMostOnce;
+        let q1 = QoS::AtLeastOnce;
+        let mut r = Router::default();
+        // Session 1 twice, already in order (no sort): merged; session 2
+        // after it yielded on its own.
+        r.subscribe("x/y", entry(1, q0, Some(3)));
+        r.subscribe("x/+", entry(1, q1, Some(4)));
+        r.subscribe("x/+", entry(2, q0, None));
+        assert_eq!(
+            route(&mut r, "x/y", None, Scope::Everywhere),
+            (
+                vec![
+                    (1, q1, false, vec![3, 4], None),
+                    (2, q0, false, vec![], None)
+                ],
+                vec![]
+            )
+        );
+        // Each session once: one hit per match, the last one included.
+        assert_eq!(
+            route(&mut r, "x/z", None, Scope::Everywhere),
+            (
+                vec![(1, q1, false, vec![4], None), (2, q0, false, vec![], None)],
+                vec![]
+            )
+        );
+        // A session met twice as the last match.
+        r.subscribe("#", entry(2, q1, Some(5)));
+        assert_eq!(
+            route(&mut r, "x/z", None, Scope::Everywhere),
+            (
+                vec![(1, q1, false, vec![4], None), (2, q1, false, vec![5], None)],
+                vec![]
+            )
         );
     }
 

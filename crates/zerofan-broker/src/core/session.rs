@@ -276,6 +276,13 @@ impl Session {
         }
     }
 
+    /// Whether (and how) the session is behind; read on every delivery,
+    /// so without the empty `Flight` stand-in of [`Session::flight`].
+    #[inline]
+    pub(crate) fn behind(&self) -> Option<&Behind> {
+        self.flight.as_deref().and_then(|f| f.behind.as_deref())
+    }
+
     /// Subscriptions and QoS 1/2 state to change, if ever used (for
     /// removals, which need no allocation).
     pub(crate) fn flight_any(&mut self) -> Option<&mut Flight> {
