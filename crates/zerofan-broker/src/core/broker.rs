@@ -4515,6 +4515,7 @@ impl Broker {
                 .apply_durable(from, ops, now_ms, &mut self.durable);
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
+        self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
         if !self.durable.hold_replica_ack(from, seq) {
             self.peers.send(from, PeerEvent::ReplicaAck { seq });
         }
