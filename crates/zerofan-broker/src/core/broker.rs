@@ -3045,6 +3045,9 @@ impl Broker {
     }
 
     fn end_event_slow(&mut self) {
+        if self.repl.defer_end() {
+            return;
+        }
         self.flush_replication();
         // What waited for peers that are all away now goes (see
         // `Broker::set_peer_away`).
@@ -4101,6 +4104,19 @@ impl Broker {
     pub fn set_peers(&mut self, me: PeerId, all: &[PeerId]) {
         self.peers = Peers::new(me, all.iter().copied());
         self.router.set_peered(self.peers.me());
+    }
+
+    /// The events of one link read follow (with replicas kept, they end
+    /// as one event at [`Broker::end_peer_read`]).
+    pub fn begin_peer_read(&mut self) {
+        self.repl.open_read();
+    }
+
+    /// The link read's events ended.
+    pub fn end_peer_read(&mut self) {
+        if self.repl.close_read() {
+            self.end_event_slow();
+        }
     }
 
     /// An event from peer `from`, in the order `from` polled it.

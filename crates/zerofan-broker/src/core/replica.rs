@@ -37,6 +37,7 @@ use super::durable::DurableLog;
 
 mod batch;
 mod disk;
+mod read;
 mod window;
 pub(crate) use disk::{Disk, Drops};
 
@@ -401,6 +402,8 @@ pub(crate) struct Replication {
     pub(crate) images: Images,
     /// Clean takeovers' drops not yet answered by every replica.
     pub(crate) drops: Drops,
+    /// A link read is open; an event's end waited for it (see `read`).
+    read: (bool, bool),
 }
 
 impl Replication {

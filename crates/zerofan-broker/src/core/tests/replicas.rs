@@ -1272,6 +1272,7 @@ impl<L: DurableLog> DurableLog for Counted<L> {
         self.0.clear_will(c)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
+        self.count("commit");
         self.0.commit()
     }
     fn durable_lsn(&self) -> Lsn {
@@ -1523,4 +1524,42 @@ fn a_restarted_replica_reads_back_what_its_batches_left() {
     let mut disk = Disk::new(&mut d);
     let rs = back.take("c", &mut disk).expect("copy read back");
     assert_eq!(shape(&rs), expect);
+}
+
+/// The batches of one link read are applied as one core event: one commit
+/// on the replica for all of them (each was its own commit before), and
+/// each batch still answered.
+#[test]
+fn a_link_reads_batches_commit_once() {
+    let mut cl = Cluster::new(3, 3);
+    let counts = Counts::default();
+    let now = cl.hs[1].now;
+    cl.hs[1].b.set_durable_log(
+        Box::new(Counted(Log::default(), counts.clone())),
+        now,
+        1_000_000,
+    );
+    let batch = |seq: u64, entry: u64| crate::core::PeerEvent::Replicate {
+        seq,
+        ops: vec![
+            session_op(),
+            op_message(entry, "m", 1),
+            op_enqueue(entry, entry, 1),
+        ],
+    };
+    let b = &mut cl.hs[1].b;
+    b.begin_peer_read();
+    b.handle_peer(now, remote(0), batch(1_000, 1));
+    b.handle_peer(now, remote(0), batch(1_001, 2));
+    assert_eq!(
+        counts.borrow().get("commit"),
+        None,
+        "nothing before the read ends"
+    );
+    b.end_peer_read();
+    assert_eq!(counts.borrow().get("commit"), Some(&1));
+    assert_eq!(counts.borrow().get("enqueue"), Some(&2));
+    // Outside a read, each event ends (and commits) on its own.
+    b.handle_peer(now, remote(0), batch(1_002, 3));
+    assert_eq!(counts.borrow().get("commit"), Some(&2));
 }
