@@ -27,6 +27,18 @@ trap cleanup EXIT
 R=${REPLICAS:-3}
 printf 'max_queued_messages = 100000\nfsync = "always"\n' >"$DIR/bench.toml"
 
+# Free ports, all taken at once (so they differ) and let go just before
+# the brokers bind them, so that runs beside others do not collide.
+read -r PS P1 P2 P3 C1 C2 C3 <<<"$(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(7)]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))
+')"
+MQTT=("" "$P1" "$P2" "$P3")
+LINK=("" "$C1" "$C2" "$C3")
+
 run_bench() { # label port [sub_port]
     local extra=()
     [ -n "${3:-}" ] && extra=(--sub-port "$3")
@@ -48,10 +60,10 @@ wait_members() { # cluster addr, count
 }
 
 # Single node.
-"$BIN" --listen 127.0.0.1:18830 --data-dir "$DIR/single" --config "$DIR/bench.toml" >/dev/null &
+"$BIN" --listen "127.0.0.1:$PS" --data-dir "$DIR/single" --config "$DIR/bench.toml" >/dev/null &
 PIDS+=($!)
 sleep 1
-run_bench "single node, persistent" 18830
+run_bench "single node, persistent" "$PS"
 kill "${PIDS[0]}"
 wait "${PIDS[0]}" 2>/dev/null || true
 PIDS=()
@@ -59,13 +71,13 @@ PIDS=()
 # Three nodes.
 for i in 1 2 3; do
     cp "$DIR/bench.toml" "$DIR/c$i.toml"
-    printf '[cluster]\nnode_id = %s\nlisten = "127.0.0.1:1710%s"\nreplicas = %s\n' $i $i "$R" >>"$DIR/c$i.toml"
-    [ "$i" != 1 ] && printf 'join = "127.0.0.1:17101"\n' >>"$DIR/c$i.toml"
-    "$BIN" --listen 127.0.0.1:1884$i \
+    printf '[cluster]\nnode_id = %s\nlisten = "127.0.0.1:%s"\nreplicas = %s\n' $i "${LINK[$i]}" "$R" >>"$DIR/c$i.toml"
+    [ "$i" != 1 ] && printf 'join = "127.0.0.1:%s"\n' "$C1" >>"$DIR/c$i.toml"
+    "$BIN" --listen "127.0.0.1:${MQTT[$i]}" \
         --data-dir "$DIR/n$i" --config "$DIR/c$i.toml" >/dev/null &
     PIDS+=($!)
-    if [ "$i" = 1 ]; then wait_members 127.0.0.1:17101 1; fi
+    if [ "$i" = 1 ]; then wait_members "127.0.0.1:$C1" 1; fi
 done
-wait_members 127.0.0.1:17101 3
+wait_members "127.0.0.1:$C1" 3
 sleep 1
-run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node 2" 18841 18842
+run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node 2" "$P1" "$P2"

@@ -3048,6 +3048,9 @@ impl Broker {
     }
 
     fn end_event_slow(&mut self) {
+        if self.repl.defer_end() {
+            return;
+        }
         self.flush_replication();
         // What waited for peers that are all away now goes (see
         // `Broker::set_peer_away`).
@@ -4104,6 +4107,19 @@ impl Broker {
         self.router.set_peered(self.peers.me());
     }
 
+    /// The events of one link read follow (with replicas kept, they end
+    /// as one event at [`Broker::end_peer_read`]).
+    pub fn begin_peer_read(&mut self) {
+        self.repl.open_read();
+    }
+
+    /// The link read's events ended.
+    pub fn end_peer_read(&mut self) {
+        if self.repl.close_read() {
+            self.end_event_slow();
+        }
+    }
+
     /// An event from peer `from`, in the order `from` polled it.
     pub fn handle_peer(&mut self, now: Instant, from: PeerId, event: PeerEvent) {
         match event {
@@ -4526,6 +4542,7 @@ impl Broker {
                 .apply_durable(from, ops, now_ms, &mut self.durable);
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
+        self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
         if !self.durable.hold_replica_ack(from, seq) {
             self.peers.send(from, PeerEvent::ReplicaAck { seq });
         }

@@ -401,6 +401,14 @@ counters! {
                 "zerofan_cluster_replica_ops_refused_total",
                 "Other nodes' session operations refused: replica images full.",
             )),
+        /// Queue entries a replica never wrote to its store: the batch
+        /// that brought them also ended them.
+        pub replica_entries_unwritten: u64 = CounterDef::NEW
+            .sys("cluster/replica_entries_unwritten")
+            .prom(Family::new(
+                "zerofan_cluster_replica_entries_unwritten_total",
+                "Queue entries a replica kept off its store: ended in the batch that brought them.",
+            )),
         /// Clean takeovers' drops forgotten before every replica answered
         /// them (more than 10,000 unanswered).
         pub replica_drops_forgotten: u64 = CounterDef::NEW

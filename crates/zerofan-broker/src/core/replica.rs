@@ -35,7 +35,10 @@ use zerofan_store::{
 
 use super::durable::DurableLog;
 
+mod batch;
 mod disk;
+mod read;
+mod window;
 pub(crate) use disk::{Disk, Drops};
 
 /// One durable operation of a persistent session, as an owner sends it to
@@ -399,6 +402,8 @@ pub(crate) struct Replication {
     pub(crate) images: Images,
     /// Clean takeovers' drops not yet answered by every replica.
     pub(crate) drops: Drops,
+    /// A link read is open; an event's end waited for it (see `read`).
+    read: (bool, bool),
 }
 
 impl Replication {
@@ -629,14 +634,18 @@ struct Image {
     subs: BTreeMap<Box<str>, (SubOptions, Option<u32>)>,
     /// By the owner's entry id (ascending: queue order).
     queue: BTreeMap<EntryId, QueueEntry>,
-    /// By send order: (packet id, phase, entry). A deque: deliveries
-    /// complete mostly oldest first, and removing the front of a `Vec` of a
-    /// full window moved the rest for each one.
-    inflight: VecDeque<InflightCopy>,
+    /// By send order: (packet id, phase, entry), found by packet id
+    /// without a scan (see `window`).
+    inflight: window::Window,
     qos2: BTreeSet<u16>,
     will: Option<Box<StoredWill>>,
     /// The owner's queue entry id -> this node's store's.
     local: HashMap<EntryId, EntryId>,
+    /// Entries of the batch being applied left out of the store (see
+    /// `batch`).
+    quiet: Vec<EntryId>,
+    /// Packet ids out without a store record (see `batch`).
+    unwritten: HashSet<u16>,
 }
 
 /// What a replica holds of other nodes' sessions. Each message is kept
@@ -658,6 +667,8 @@ pub(crate) struct Images {
     pub(crate) refused: u64,
     /// Images dropped because their session expired.
     pub(crate) expired: u64,
+    /// Entries left out of the store since the last `take_unwritten`.
+    unwritten: u64,
 }
 
 impl Default for Images {
@@ -672,6 +683,7 @@ impl Default for Images {
             applied: 0,
             refused: 0,
             expired: 0,
+            unwritten: 0,
         }
     }
 }
@@ -730,7 +742,7 @@ impl Images {
         for e in img.queue.values() {
             self.unref(owner, e.msg);
         }
-        for (_, _, e) in &img.inflight {
+        for (_, _, e) in img.inflight.iter() {
             if let Some((_, e)) = e {
                 self.unref(owner, e.msg);
             }
@@ -752,12 +764,27 @@ impl Images {
         // Messages named in this batch but referenced by no entry go at
         // its end.
         let mut fresh: Vec<MsgId> = Vec::new();
-        for op in ops {
-            if self.apply_one(from, op, &mut fresh, now_ms, disk) {
+        let quiet = if disk.on() {
+            batch::ends_within(&ops)
+        } else {
+            Vec::new()
+        };
+        let mut left_out: HashSet<Box<str>> = HashSet::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            let q = quiet.get(n).copied().unwrap_or(false);
+            if q {
+                if let Some(c) = op.client().filter(|c| !left_out.contains(*c)) {
+                    left_out.insert(c.into());
+                }
+            }
+            if self.apply_one(from, op, &mut fresh, now_ms, q, disk) {
                 self.applied += 1;
             } else {
                 self.refused += 1;
             }
+        }
+        if !left_out.is_empty() {
+            self.write_left_out(from, left_out, disk);
         }
         for id in fresh {
             let key = (from, id);
@@ -781,6 +808,7 @@ impl Images {
         op: ReplOp,
         fresh: &mut Vec<MsgId>,
         now_ms: u64,
+        quiet: bool,
         disk: &mut Disk<'_>,
     ) -> bool {
         let full = matches!(op, ReplOp::Reset { .. });
@@ -878,13 +906,22 @@ impl Images {
                 if !owned || !self.messages.contains_key(&key) {
                     return false;
                 }
-                let local = self.enqueue_on_disk(key, &client, &item, disk);
+                // Ended within this batch: no record (see `batch`).
+                let local = if quiet {
+                    None
+                } else {
+                    self.enqueue_on_disk(key, &client, &item, disk)
+                };
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.1 += 1;
                 }
                 if let Some(i) = self.by_client.get_mut(&*client) {
                     if let Some(l) = local {
                         i.local.insert(entry, l);
+                    }
+                    if quiet {
+                        i.quiet.push(entry);
+                        self.unwritten += 1;
                     }
                     i.queue.insert(entry, item);
                 }
@@ -911,12 +948,16 @@ impl Images {
                     return false;
                 };
                 let mut gone = None;
-                if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
-                    gone = i.inflight.remove(pos).and_then(|f| f.2).map(|(_, e)| e.msg);
-                    disk.complete(&client, pid);
+                if let Some(f) = i.inflight.remove(pid) {
+                    gone = f.2.map(|(_, e)| e.msg);
+                    if !i.is_unwritten(pid, true) {
+                        disk.complete(&client, pid);
+                    }
                 }
-                if let Some(l) = i.local.remove(&entry) {
-                    disk.send(&client, l, pid);
+                match i.local.remove(&entry) {
+                    Some(l) => disk.send(&client, l, pid),
+                    None if disk.on() => i.sent_unwritten(pid),
+                    None => {}
                 }
                 i.inflight
                     .push_back((pid, InflightPhase::PublishSent, Some((entry, e))));
@@ -930,11 +971,13 @@ impl Images {
                     return false;
                 };
                 let mut gone = None;
-                match i.inflight.iter_mut().find(|f| f.0 == pid) {
+                match i.inflight.get_mut(pid) {
                     Some(f) => {
                         f.1 = InflightPhase::PubrecReceived;
                         gone = f.2.take().map(|(_, e)| e.msg);
-                        disk.pubrec(&client, pid);
+                        if !i.unwritten.contains(&pid) {
+                            disk.pubrec(&client, pid);
+                        }
                     }
                     // A full image names a delivery past PUBREC this way.
                     None => {
@@ -951,9 +994,11 @@ impl Images {
             ReplOp::Complete { client, pid } => {
                 let mut gone = None;
                 if let Some(i) = self.owned(from, &client) {
-                    if let Some(pos) = i.inflight.iter().position(|f| f.0 == pid) {
-                        gone = i.inflight.remove(pos).and_then(|f| f.2).map(|(_, e)| e.msg);
-                        disk.complete(&client, pid);
+                    if let Some(f) = i.inflight.remove(pid) {
+                        gone = f.2.map(|(_, e)| e.msg);
+                        if !i.is_unwritten(pid, true) {
+                            disk.complete(&client, pid);
+                        }
                     }
                 }
                 if let Some(m) = gone {

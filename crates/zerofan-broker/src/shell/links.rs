@@ -923,6 +923,7 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
     loop {
         // What the handshake read past its own frames comes first.
         let now = Instant::now();
+        shared.broker.borrow_mut().begin_peer_read();
         let failed = loop {
             let frame = dec.decode(&mut buf, now);
             if let Ok(Some(_)) = frame {
@@ -958,6 +959,7 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
                 Err(e) => break Some(e),
             }
         };
+        shared.broker.borrow_mut().end_peer_read();
         bump(&links.stats.received_frames, dec.frames);
         dec.frames = 0;
         if let Some((_, applied)) = links.applied.borrow_mut().get_mut(&node) {

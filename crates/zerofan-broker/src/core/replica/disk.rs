@@ -58,6 +58,11 @@ impl<'a> Disk<'a> {
         }
     }
 
+    /// Whether a store is written.
+    pub(super) fn on(&self) -> bool {
+        self.log.is_some()
+    }
+
     fn run<T>(
         &mut self,
         f: impl FnOnce(&mut dyn DurableLog) -> Result<T, StoreError>,

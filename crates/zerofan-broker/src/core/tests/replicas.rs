@@ -1189,3 +1189,377 @@ fn an_offline_session_is_adopted_from_its_copy() {
     got.extend(cl.out(back).payloads());
     assert_eq!(got, ["a", "b"]);
 }
+
+// ----- what a replica writes of one batch ----------------------------------
+
+use crate::core::durable::Durable;
+use crate::core::replica::{Disk, Images, ReplOp};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use zerofan_store::{InflightPhase, RecoveredSession};
+
+/// Store records by kind, over another log.
+struct Counted<L>(L, Rc<RefCell<HashMap<&'static str, usize>>>);
+
+impl<L> Counted<L> {
+    fn count(&self, kind: &'static str) {
+        *self.1.borrow_mut().entry(kind).or_default() += 1;
+    }
+}
+
+impl<L: DurableLog> DurableLog for Counted<L> {
+    fn put_message(&mut self, m: &StoredMessage) -> Result<MsgId, StoreError> {
+        self.count("message");
+        self.0.put_message(m)
+    }
+    fn set_retained(&mut self, t: &str, m: MsgId) -> Result<(), StoreError> {
+        self.0.set_retained(t, m)
+    }
+    fn clear_retained(&mut self, t: &str) -> Result<(), StoreError> {
+        self.0.clear_retained(t)
+    }
+    fn put_session(&mut self, c: &str, meta: SessionMeta) -> Result<(), StoreError> {
+        self.count("session");
+        self.0.put_session(c, meta)
+    }
+    fn drop_session(&mut self, c: &str) -> Result<(), StoreError> {
+        self.count("drop");
+        self.0.drop_session(c)
+    }
+    fn subscribe(
+        &mut self,
+        c: &str,
+        f: &str,
+        o: SubOptions,
+        id: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.0.subscribe(c, f, o, id)
+    }
+    fn unsubscribe(&mut self, c: &str, f: &str) -> Result<(), StoreError> {
+        self.0.unsubscribe(c, f)
+    }
+    fn enqueue(&mut self, c: &str, e: &QueueEntry) -> Result<EntryId, StoreError> {
+        self.count("enqueue");
+        self.0.enqueue(c, e)
+    }
+    fn dequeue(&mut self, c: &str, e: EntryId) -> Result<(), StoreError> {
+        self.count("dequeue");
+        self.0.dequeue(c, e)
+    }
+    fn send(&mut self, c: &str, e: EntryId, pid: u16) -> Result<(), StoreError> {
+        self.count("send");
+        self.0.send(c, e, pid)
+    }
+    fn pubrec(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.count("pubrec");
+        self.0.pubrec(c, pid)
+    }
+    fn complete(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.count("complete");
+        self.0.complete(c, pid)
+    }
+    fn qos2_received(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.qos2_received(c, pid)
+    }
+    fn qos2_released(&mut self, c: &str, pid: u16) -> Result<(), StoreError> {
+        self.0.qos2_released(c, pid)
+    }
+    fn set_will(&mut self, c: &str, w: &StoredWill) -> Result<(), StoreError> {
+        self.0.set_will(c, w)
+    }
+    fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
+        self.0.clear_will(c)
+    }
+    fn commit(&mut self) -> Result<Lsn, StoreError> {
+        self.count("commit");
+        self.0.commit()
+    }
+    fn durable_lsn(&self) -> Lsn {
+        self.0.durable_lsn()
+    }
+}
+
+type Counts = Rc<RefCell<HashMap<&'static str, usize>>>;
+
+fn counted(log: impl DurableLog + 'static) -> (Durable, Counts) {
+    let counts = Counts::default();
+    let now = Instant::now();
+    let mut d = Durable::memory(now);
+    d.attach(Box::new(Counted(log, counts.clone())), now, 1_000_000);
+    (d, counts)
+}
+
+const OWNER: PeerId = PeerId(1);
+
+fn op_message(id: u64, payload: &str, qos: u8) -> ReplOp {
+    ReplOp::Message {
+        id: MsgId(id),
+        msg: Arc::new(StoredMessage {
+            topic: bytes::Bytes::from_static(b"t"),
+            payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
+            qos,
+            ..StoredMessage::default()
+        }),
+    }
+}
+
+fn op_enqueue(entry: u64, msg: u64, qos: u8) -> ReplOp {
+    ReplOp::Enqueue {
+        client: "c".into(),
+        entry: EntryId(entry),
+        item: QueueEntry {
+            msg: MsgId(msg),
+            qos,
+            ..QueueEntry::default()
+        },
+    }
+}
+
+fn op_send(entry: u64, pid: u16) -> ReplOp {
+    ReplOp::Send {
+        client: "c".into(),
+        entry: EntryId(entry),
+        pid,
+    }
+}
+
+fn op_complete(pid: u16) -> ReplOp {
+    ReplOp::Complete {
+        client: "c".into(),
+        pid,
+    }
+}
+
+/// One batch of every kind of life an entry can have within it: ended
+/// (sent and completed; dequeued; QoS 2 through PUBCOMP), still out (QoS 1
+/// sent; QoS 2 past PUBREC), still queued.
+fn mixed_batch() -> Vec<ReplOp> {
+    vec![
+        // Whole life in the batch: QoS 1 sent and acknowledged.
+        op_message(1, "done", 1),
+        op_enqueue(10, 1, 1),
+        op_send(10, 1),
+        op_complete(1),
+        // Out at the end.
+        op_message(2, "out", 1),
+        op_enqueue(11, 2, 1),
+        op_send(11, 2),
+        // Queued at the end.
+        op_message(3, "queued", 1),
+        op_enqueue(12, 3, 1),
+        // Dropped unsent.
+        op_message(4, "dropped", 1),
+        op_enqueue(13, 4, 1),
+        ReplOp::Dequeue {
+            client: "c".into(),
+            entry: EntryId(13),
+        },
+        // QoS 2 through PUBCOMP.
+        op_message(5, "q2done", 2),
+        op_enqueue(14, 5, 2),
+        op_send(14, 3),
+        ReplOp::PubRec {
+            client: "c".into(),
+            pid: 3,
+        },
+        op_complete(3),
+        // QoS 2 past PUBREC at the end.
+        op_message(6, "q2rec", 2),
+        op_enqueue(15, 6, 2),
+        op_send(15, 4),
+        ReplOp::PubRec {
+            client: "c".into(),
+            pid: 4,
+        },
+        // A message two entries share, one of them ended.
+        op_message(7, "shared", 1),
+        op_enqueue(16, 7, 1),
+        op_enqueue(17, 7, 1),
+        op_send(16, 5),
+        op_complete(5),
+    ]
+}
+
+fn session_op() -> ReplOp {
+    ReplOp::Session {
+        client: "c".into(),
+        meta: SessionMeta {
+            expiry_interval: 3600,
+            ..SessionMeta::default()
+        },
+    }
+}
+
+/// What a session holds, without the ids (a restarted replica's are its
+/// store's): queue payloads in order, inflight (pid, phase, payload).
+type Shape = (Vec<String>, Vec<(u16, InflightPhase, Option<String>)>);
+
+fn shape(rs: &RecoveredSession) -> Shape {
+    let text = |p: &bytes::Bytes| String::from_utf8_lossy(p).into_owned();
+    (
+        rs.queue.iter().map(|e| text(&e.message.payload)).collect(),
+        rs.inflight
+            .iter()
+            .map(|f| {
+                (
+                    f.packet_id,
+                    f.phase,
+                    f.entry.as_ref().map(|e| text(&e.message.payload)),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// A replica writes only what is live at the end of a batch: an entry
+/// enqueued, sent and completed (or dequeued) in the same batch costs no
+/// store record, and its message none. Before, every operation was one
+/// record: 7 messages, 8 enqueues, 5 sends, 3 completes, 1 dequeue.
+#[test]
+fn a_batch_writes_only_what_is_live_at_its_end() {
+    let (mut d, counts) = counted(Log::default());
+    let mut images = Images::default();
+    images.apply_durable(OWNER, vec![session_op()], 0, &mut d);
+    counts.borrow_mut().clear();
+    images.apply_durable(OWNER, mixed_batch(), 0, &mut d);
+    let got = counts.borrow().clone();
+    let n = |k| got.get(k).copied().unwrap_or(0);
+    // Live: "out" (enqueue+send), "queued" (enqueue), "q2rec" (enqueue,
+    // send, pubrec), "shared" (enqueue, its message once).
+    assert_eq!(n("message"), 4, "{got:?}");
+    assert_eq!(n("enqueue"), 4, "{got:?}");
+    assert_eq!(n("send"), 2, "{got:?}");
+    assert_eq!(n("pubrec"), 1, "{got:?}");
+    assert_eq!(n("complete"), 0, "{got:?}");
+    assert_eq!(n("dequeue"), 0, "{got:?}");
+    // "done", "dropped", "q2done" and the first "shared" entry.
+    assert_eq!(images.take_unwritten(), 4);
+
+    // A later batch completes what was written: its record goes out.
+    counts.borrow_mut().clear();
+    images.apply_durable(OWNER, vec![op_complete(2)], 0, &mut d);
+    assert_eq!(counts.borrow().get("complete"), Some(&1));
+
+    // The image in memory went through every step.
+    let mut disk = Disk::new(&mut d);
+    let rs = images.take("c", &mut disk).expect("image");
+    assert_eq!(
+        shape(&rs),
+        (
+            vec!["queued".into(), "shared".into()],
+            vec![(4, InflightPhase::PubrecReceived, None)],
+        )
+    );
+}
+
+/// A batch that renews the session (here `Session`) in it is written as
+/// before: nothing is left out for a session started over mid-batch.
+#[test]
+fn a_batch_that_renews_the_session_writes_everything() {
+    let (mut d, counts) = counted(Log::default());
+    let mut images = Images::default();
+    let mut ops = vec![session_op()];
+    ops.extend(mixed_batch());
+    images.apply_durable(OWNER, ops, 0, &mut d);
+    let got = counts.borrow().clone();
+    assert_eq!(got.get("enqueue"), Some(&8), "{got:?}");
+    assert_eq!(got.get("complete"), Some(&3), "{got:?}");
+}
+
+/// A batch whose entry this replica refuses (its message never came): the
+/// Complete that follows ends what is out under that packet id here ("out",
+/// written earlier), which must leave the store too.
+fn refused_batch() -> Vec<ReplOp> {
+    vec![
+        op_enqueue(20, 9, 1),
+        op_send(20, 2),
+        op_complete(2),
+        op_message(8, "kept", 1),
+        op_enqueue(21, 8, 1),
+        op_send(21, 7),
+    ]
+}
+
+/// On the real store: a replica restarted after such batches reads back
+/// exactly the session it held (same queue, same inflight and phases),
+/// also when a batch refused part of what it was sent.
+#[test]
+fn a_restarted_replica_reads_back_what_its_batches_left() {
+    let dir = Dir::new("replica-batch");
+    let open = || zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+    let (store, _) = open();
+    let (mut d, _) = counted(OnDisk(store));
+    let mut images = Images::default();
+    images.apply_durable(OWNER, vec![session_op()], 0, &mut d);
+    images.apply_durable(OWNER, mixed_batch(), 0, &mut d);
+    images.apply_durable(OWNER, refused_batch(), 0, &mut d);
+    d.log_mut().expect("log").commit().expect("commit");
+    let expect = {
+        let (mut mem, _) = counted(Log::default());
+        let mut again = Images::default();
+        again.apply_durable(OWNER, vec![session_op()], 0, &mut mem);
+        again.apply_durable(OWNER, mixed_batch(), 0, &mut mem);
+        again.apply_durable(OWNER, refused_batch(), 0, &mut mem);
+        let mut disk = Disk::new(&mut mem);
+        shape(&again.take("c", &mut disk).expect("image"))
+    };
+    assert_eq!(
+        expect,
+        (
+            vec!["queued".into(), "shared".into()],
+            vec![
+                (4, InflightPhase::PubrecReceived, None),
+                (7, InflightPhase::PublishSent, Some("kept".into())),
+            ],
+        )
+    );
+    drop(d);
+    drop(images);
+
+    let (store, mut recovered) = open();
+    let (mut d, _) = counted(OnDisk(store));
+    let mut back = Images::default();
+    assert_eq!(back.restore(&mut recovered.sessions, &mut d), 0);
+    let mut disk = Disk::new(&mut d);
+    let rs = back.take("c", &mut disk).expect("copy read back");
+    assert_eq!(shape(&rs), expect);
+}
+
+/// The batches of one link read are applied as one core event: one commit
+/// on the replica for all of them (each was its own commit before), and
+/// each batch still answered.
+#[test]
+fn a_link_reads_batches_commit_once() {
+    let mut cl = Cluster::new(3, 3);
+    let counts = Counts::default();
+    let now = cl.hs[1].now;
+    cl.hs[1].b.set_durable_log(
+        Box::new(Counted(Log::default(), counts.clone())),
+        now,
+        1_000_000,
+    );
+    let batch = |seq: u64, entry: u64| crate::core::PeerEvent::Replicate {
+        seq,
+        ops: vec![
+            session_op(),
+            op_message(entry, "m", 1),
+            op_enqueue(entry, entry, 1),
+        ],
+    };
+    let b = &mut cl.hs[1].b;
+    b.begin_peer_read();
+    b.handle_peer(now, remote(0), batch(1_000, 1));
+    b.handle_peer(now, remote(0), batch(1_001, 2));
+    assert_eq!(
+        counts.borrow().get("commit"),
+        None,
+        "nothing before the read ends"
+    );
+    b.end_peer_read();
+    assert_eq!(counts.borrow().get("commit"), Some(&1));
+    assert_eq!(counts.borrow().get("enqueue"), Some(&2));
+    // Outside a read, each event ends (and commits) on its own.
+    b.handle_peer(now, remote(0), batch(1_002, 3));
+    assert_eq!(counts.borrow().get("commit"), Some(&2));
+}
