@@ -7,7 +7,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{stats_until, Client, Scratch};
+use common::{http_get, stats_until, Client, Scratch};
 use std::time::{Duration, Instant};
 use zerofan_broker::config::Config;
 use zerofan_broker::embed;
@@ -121,14 +121,9 @@ fn a_shard_that_never_catches_up_holds_the_listeners_only_so_long() {
     });
 }
 
-/// The HTTP status line of `GET path` on `addr`.
+/// The status line of the reply to `GET path` on `addr`.
 fn http_status(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
+    let reply = http_get(addr, path);
     reply.lines().next().unwrap_or_default().to_string()
 }
 

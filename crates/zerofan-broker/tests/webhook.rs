@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Client, Scratch};
+use common::{http_get, Client, Scratch};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -137,19 +137,6 @@ fn serve(s: TcpStream, tx: Sender<(Value, String)>) {
             }
         }
     }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }
 
 fn publish_qos1(c: &mut Client, topic: &str, id: u16) {

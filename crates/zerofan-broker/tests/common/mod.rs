@@ -30,6 +30,22 @@ pub fn stats_until(
     }
 }
 
+/// The whole reply to `GET path` (HTTP/1.1, `Connection: close`) from
+/// the broker's HTTP listener at `addr`; at most 20 s.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 /// A clean-start CONNECT without keep alive, will or credentials.
 pub fn connect_packet(protocol: Protocol, id: &str) -> Connect {
     Connect {
