@@ -950,7 +950,7 @@ impl Images {
                 let mut gone = None;
                 if let Some(f) = i.inflight.remove(pid) {
                     gone = f.2.map(|(_, e)| e.msg);
-                    if !i.is_unwritten(pid, true) {
+                    if !i.end_unwritten(pid) {
                         disk.complete(&client, pid);
                     }
                 }
@@ -996,7 +996,7 @@ impl Images {
                 if let Some(i) = self.owned(from, &client) {
                     if let Some(f) = i.inflight.remove(pid) {
                         gone = f.2.map(|(_, e)| e.msg);
-                        if !i.is_unwritten(pid, true) {
+                        if !i.end_unwritten(pid) {
                             disk.complete(&client, pid);
                         }
                     }

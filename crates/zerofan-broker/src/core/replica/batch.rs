@@ -79,14 +79,10 @@ impl Image {
         self.unwritten.insert(pid);
     }
 
-    /// Whether `pid` is out without a store record (then it has none to
-    /// complete); forgets it when `done`.
-    pub(super) fn is_unwritten(&mut self, pid: u16, done: bool) -> bool {
-        if done {
-            self.unwritten.remove(&pid)
-        } else {
-            self.unwritten.contains(&pid)
-        }
+    /// The delivery out as `pid` ended: whether it went out without a
+    /// store record (then it has none to complete).
+    pub(super) fn end_unwritten(&mut self, pid: u16) -> bool {
+        self.unwritten.remove(&pid)
     }
 }
 
