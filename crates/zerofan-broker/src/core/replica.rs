@@ -402,8 +402,8 @@ pub(crate) struct Replication {
     pub(crate) images: Images,
     /// Clean takeovers' drops not yet answered by every replica.
     pub(crate) drops: Drops,
-    /// A link read is open; an event's end waited for it (see `read`).
-    read: (bool, bool),
+    /// The link read in progress, if any (see `read`).
+    read: read::LinkRead,
 }
 
 impl Replication {

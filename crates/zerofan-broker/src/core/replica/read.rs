@@ -6,24 +6,29 @@
 
 use super::Replication;
 
+/// Whether a link read is open, and whether an event's end waited for it.
+#[derive(Debug, Default)]
+pub(super) struct LinkRead {
+    open: bool,
+    end_waits: bool,
+}
+
 impl Replication {
     /// A link read starts: events end with it.
     pub(crate) fn open_read(&mut self) {
-        self.read.0 = self.on();
+        self.read.open = self.on();
     }
 
     /// Whether an event's end waits for the read's (noted).
     pub(crate) fn defer_end(&mut self) -> bool {
-        if self.read.0 {
-            self.read.1 = true;
+        if self.read.open {
+            self.read.end_waits = true;
         }
-        self.read.0
+        self.read.open
     }
 
     /// The read ended: whether an event's end waited for it.
     pub(crate) fn close_read(&mut self) -> bool {
-        let pending = self.read.1;
-        self.read = (false, false);
-        pending
+        std::mem::take(&mut self.read).end_waits
     }
 }
