@@ -74,7 +74,20 @@ class Node:
 
     def start(self, join: "Node | None" = None) -> "Node":
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.broker = launch_zerofan(self.tmp, self.args(join))
+        for attempt in range(3):
+            try:
+                self.broker = launch_zerofan(self.tmp, self.args(join))
+                return self
+            except pytest.fail.Exception as e:
+                # `free_port` hands out a port nobody holds at that moment;
+                # the nodes' own outgoing connections, from the same
+                # ephemeral range, may take it before this node binds it.
+                # Only the MQTT port is picked again: the cluster port may
+                # already be known to others (a proxy's target, a join).
+                taken = f"cannot listen on 127.0.0.1:{self.mqtt_port}: Address already in use"
+                if attempt == 2 or taken not in str(e):
+                    raise
+                self.mqtt_port = free_port()
         return self
 
     def kill(self):
