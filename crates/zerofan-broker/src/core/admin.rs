@@ -204,10 +204,11 @@ pub(crate) fn views(
 /// The session of `client_id`, if any.
 pub(crate) fn session_of(
     by_client: &super::clients::ClientIds,
+    sessions: &super::clients::Sessions,
     client_id: &str,
 ) -> Option<SessionId> {
     let key = MqttStr::try_from(client_id).ok()?;
-    by_client.get(&key).copied()
+    by_client.get(sessions, &key)
 }
 
 /// Check an API publish's topic and flags against the settings in force.

@@ -475,8 +475,8 @@ impl Broker {
         if client_id.is_empty() {
             return None;
         }
-        let sid = self.by_client.get(client_id)?;
-        self.sessions.get(sid)?.conn
+        let sid = self.by_client.get(&self.sessions, client_id)?;
+        self.sessions.get(&sid)?.conn
     }
 
     fn defer_connect(&mut self, now: Instant, new: ConnId, mut old: ConnId, connect: Connect) {
@@ -670,16 +670,16 @@ impl Broker {
         // Takeover: the old connection is closed with 0x8E (MQTT-3.1.4-3).
         if let Some(old) = self
             .by_client
-            .get(&client_id)
-            .and_then(|sid| self.sessions.get(sid))
+            .get(&self.sessions, &client_id)
+            .and_then(|sid| self.sessions.get(&sid))
             .and_then(|s| s.conn)
         {
             self.metrics.takeovers += 1;
             if !clean_start {
                 if let Some(s) = self
                     .by_client
-                    .get(&client_id)
-                    .and_then(|sid| self.sessions.get_mut(sid))
+                    .get(&self.sessions, &client_id)
+                    .and_then(|sid| self.sessions.get_mut(&sid))
                 {
                     s.resuming = true;
                 }
@@ -687,14 +687,14 @@ impl Broker {
             self.close(now, old, Some(ReasonCode::SESSION_TAKEN_OVER), true);
             if let Some(s) = self
                 .by_client
-                .get(&client_id)
-                .and_then(|sid| self.sessions.get_mut(sid))
+                .get(&self.sessions, &client_id)
+                .and_then(|sid| self.sessions.get_mut(&sid))
             {
                 s.resuming = false;
             }
         }
 
-        let existing = self.by_client.get(&client_id).copied();
+        let existing = self.by_client.get(&self.sessions, &client_id);
         if clean_start {
             if let Some(sid) = existing {
                 self.end_session(now, sid);
@@ -708,7 +708,7 @@ impl Broker {
                 self.next_session += 1;
                 self.sessions
                     .insert(sid, Box::new(Session::new(client_id.clone(), protocol)));
-                self.by_client.insert(client_id.clone(), sid);
+                self.by_client.insert(&self.sessions, &client_id, sid);
                 sid
             }
         };
@@ -835,7 +835,7 @@ impl Broker {
     fn assign_client_id(&mut self) -> MqttStr {
         loop {
             let id = MqttStr::try_from(random_client_id()).unwrap_or_default();
-            if !id.is_empty() && !self.by_client.contains_key(&id) {
+            if !id.is_empty() && !self.by_client.contains_key(&self.sessions, &id) {
                 return id;
             }
         }
@@ -1000,9 +1000,7 @@ impl Broker {
         let Some(mut s) = self.sessions.remove(&sid) else {
             return;
         };
-        if self.by_client.get(&s.client_id) == Some(&sid) {
-            self.by_client.remove(&s.client_id);
-        }
+        self.by_client.remove(&s.client_id, sid);
         self.dur_session_ended(s.client_id.as_str(), s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
@@ -1101,7 +1099,7 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
-        let Some(&sid) = self.by_client.get(&id) else {
+        let Some(sid) = self.by_client.get(&self.sessions, &id) else {
             return;
         };
         self.metrics.fenced_takeovers += 1;
@@ -3396,7 +3394,7 @@ impl Broker {
                 damaged += 1;
                 continue;
             };
-            if self.by_client.contains_key(&client_id) {
+            if self.by_client.contains_key(&self.sessions, &client_id) {
                 continue;
             }
             let sid = SessionId(self.next_session);
@@ -3517,7 +3515,7 @@ impl Broker {
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
             self.sessions.insert(sid, Box::new(s));
-            self.by_client.insert(client_id, sid);
+            self.by_client.insert(&self.sessions, &client_id, sid);
         }
         if damaged > 0 {
             tracing::warn!(
@@ -4731,7 +4729,11 @@ impl Broker {
             return;
         }
         let mut disk = super::replica::Disk::new(&mut self.durable);
-        if connect.clean_start || self.by_client.contains_key(&connect.client_id) {
+        if connect.clean_start
+            || self
+                .by_client
+                .contains_key(&self.sessions, &connect.client_id)
+        {
             self.repl.images.forget(client, &mut disk);
             self.metrics.store_errors += disk.errors;
             return;
@@ -4749,7 +4751,7 @@ impl Broker {
             },
             now,
         );
-        let Some(&sid) = self.by_client.get(&connect.client_id) else {
+        let Some(sid) = self.by_client.get(&self.sessions, &connect.client_id) else {
             return;
         };
         self.metrics.replica_installs += 1;
@@ -4764,7 +4766,7 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return false;
         };
-        if self.by_client.contains_key(&id) {
+        if self.by_client.contains_key(&self.sessions, &id) {
             return false;
         }
         let mut disk = super::replica::Disk::new(&mut self.durable);
@@ -4779,7 +4781,7 @@ impl Broker {
             ..Default::default()
         };
         self.restore(recovered, now);
-        let Some(&sid) = self.by_client.get(&id) else {
+        let Some(sid) = self.by_client.get(&self.sessions, &id) else {
             return false;
         };
         self.metrics.replica_installs += 1;
@@ -4863,7 +4865,7 @@ impl Broker {
     /// from its new owner (a fresh one too: what they kept of another
     /// owner's is stale).
     pub(crate) fn claimed(&mut self, client: &zerofan_codec::MqttStr) {
-        if let Some(&sid) = self.by_client.get(client) {
+        if let Some(sid) = self.by_client.get(&self.sessions, client) {
             if self
                 .sessions
                 .get(&sid)
@@ -4923,15 +4925,15 @@ impl Broker {
     /// Messages queued (not yet sent) for `client_id`'s session.
     pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.queue_len())
+        let sid = self.by_client.get(&self.sessions, &key)?;
+        self.sessions.get(&sid).map(|s| s.queue_len())
     }
 
     /// Messages in flight (sent, not acknowledged) to `client_id`.
     pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&key)?;
-        self.sessions.get(sid).map(|s| s.flight().inflight.len())
+        let sid = self.by_client.get(&self.sessions, &key)?;
+        self.sessions.get(&sid).map(|s| s.flight().inflight.len())
     }
 
     /// Retained messages stored.
@@ -4961,7 +4963,7 @@ impl Broker {
 
     /// `client_id`'s session with its subscriptions.
     pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
-        let sid = super::admin::session_of(&self.by_client, client_id)?;
+        let sid = super::admin::session_of(&self.by_client, &self.sessions, client_id)?;
         let s = self.sessions.get(&sid)?;
         Some(super::admin::view(s, &self.conns, true))
     }
@@ -4974,7 +4976,7 @@ impl Broker {
     /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
     /// `discard` ends its session too. False when there is no such session.
     pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
-        let Some(sid) = super::admin::session_of(&self.by_client, client_id) else {
+        let Some(sid) = super::admin::session_of(&self.by_client, &self.sessions, client_id) else {
             return false;
         };
         if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
