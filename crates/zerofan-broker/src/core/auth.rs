@@ -118,8 +118,6 @@ pub struct ConnectionMeta {
 pub struct ConnSecurity {
     /// Listener index.
     pub listener: usize,
-    /// Certificate CN.
-    pub identity: Option<Box<str>>,
     /// A limit decided at open: refuse CONNECT with this code.
     pub refuse: Option<ReasonCode>,
     /// The authenticated username.
@@ -134,6 +132,8 @@ pub struct ConnSecurity {
 /// The rarely used part of [`ConnSecurity`].
 #[derive(Debug, Default)]
 pub struct ConnExtra {
+    /// Certificate CN (only TLS listeners with client certificates).
+    pub identity: Option<Box<str>>,
     /// Reason string for the refusing CONNACK (MQTT 5).
     pub refuse_reason: Option<&'static str>,
     /// The login's own ACL (a token's ACL claim), replacing the listener's.
@@ -153,6 +153,7 @@ pub struct ConnExtra {
 }
 
 static NO_EXTRA: ConnExtra = ConnExtra {
+    identity: None,
     refuse_reason: None,
     login_acl: None,
     expires: None,

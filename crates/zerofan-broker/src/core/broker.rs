@@ -113,7 +113,7 @@ pub struct Broker {
     metrics: Metrics,
     shell_stats: ShellStats,
     started: Instant,
-    next_conn: u64,
+    next_conn: ConnId,
     next_session: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
@@ -187,7 +187,7 @@ impl Broker {
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
             started: now,
-            next_conn: 1,
+            next_conn: ConnId::FIRST,
             next_session: 1,
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
@@ -215,8 +215,8 @@ impl Broker {
 
     /// A new network connection; it has `connect_timeout` to send CONNECT.
     pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
-        let id = ConnId(self.next_conn);
-        self.next_conn += 1;
+        let id = self.next_conn;
+        self.next_conn = id.next();
         self.conns.insert(id, Box::new(Connection::new(peer, now)));
         self.metrics.connections_opened += 1;
         self.timers.arm(
@@ -1221,7 +1221,9 @@ impl Broker {
         self.auth.opened(listener);
         if let Some(c) = self.conns.get_mut(&id) {
             c.sec.listener = listener;
-            c.sec.identity = meta.identity.map(String::into_boxed_str);
+            if let Some(cn) = meta.identity {
+                c.sec.ext_mut().identity = Some(cn.into_boxed_str());
+            }
             c.sec.refuse = refuse;
         }
         id
@@ -1246,7 +1248,7 @@ impl Broker {
     /// another shard.
     pub fn identity(&self, conn: ConnId) -> Option<String> {
         let c = self.conns.get(&conn)?;
-        c.sec.identity.as_deref().map(str::to_owned)
+        c.sec.ext().identity.as_deref().map(str::to_owned)
     }
 
     /// Share one login-failure memory with the other shards' cores (call
@@ -1290,7 +1292,7 @@ impl Broker {
         // Who is trying: failures are counted per (address, this name);
         // an attempt without one is anonymous and never counted.
         let login_name: Option<&str> = if l.use_identity_as_username {
-            c.sec.identity.as_deref()
+            c.sec.ext().identity.as_deref()
         } else {
             username
         };
@@ -1313,7 +1315,7 @@ impl Broker {
         };
         let chain = |link| -> Result<(Option<Box<str>>, Grant), Stop> {
             if l.use_identity_as_username {
-                return match &c.sec.identity {
+                return match &c.sec.ext().identity {
                     Some(cn) => Ok((Some(cn.clone()), Grant::default())),
                     None => Err(Stop::Refuse(ReasonCode::NOT_AUTHORIZED)),
                 };

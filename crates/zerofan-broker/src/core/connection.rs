@@ -124,3 +124,16 @@ impl Connection {
         self.aliases.get_or_insert_with(Box::default)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every connection and its session are one allocation each, made in a
+    /// size class of the allocator (jemalloc's: ..., 128, 160, 192, 224):
+    /// a field that pushes either over its class costs 32 bytes per
+    /// connection (`tests/idle_memory.rs` counts the total).
+    #[test]
+    fn a_connection_and_its_session_fit_their_size_classes() {
+        assert!(std::mem::size_of::<super::Connection>() <= 192);
+        assert!(std::mem::size_of::<super::super::session::Session>() <= 160);
+    }
+}

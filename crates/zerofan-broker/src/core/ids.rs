@@ -2,10 +2,33 @@
 //! shell call can never hit the wrong connection or session.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
 /// One network connection, from `connection_opened` to `connection_lost`.
+/// Never zero, so that `Option<ConnId>` (a session's connection) takes 8
+/// bytes, not 16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId(pub u64);
+pub struct ConnId(NonZeroU64);
+
+impl ConnId {
+    /// The id numbered `raw` (what [`ConnId::raw`] gave); none for zero.
+    pub fn from_raw(raw: u64) -> Option<ConnId> {
+        NonZeroU64::new(raw).map(ConnId)
+    }
+
+    /// The id as a number (a poller's token), never zero.
+    pub fn raw(self) -> u64 {
+        self.0.get()
+    }
+
+    /// The core's first id.
+    pub(crate) const FIRST: ConnId = ConnId(NonZeroU64::MIN);
+
+    /// The id handed out after this one.
+    pub(crate) fn next(self) -> ConnId {
+        ConnId(self.0.saturating_add(1))
+    }
+}
 
 /// One session (which outlives connections).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

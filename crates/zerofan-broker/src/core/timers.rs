@@ -85,19 +85,25 @@ mod tests {
         t.arm(t0 + Duration::from_secs(2), Timer::Sys);
         t.arm(
             t0 + Duration::from_millis(1500),
-            Timer::KeepAlive(ConnId(7)),
+            Timer::KeepAlive(ConnId::from_raw(7).unwrap()),
         );
         // Before `base`: due at once.
         t.arm(
             t0 - Duration::from_secs(1),
-            Timer::ConnectTimeout(ConnId(1)),
+            Timer::ConnectTimeout(ConnId::from_raw(1).unwrap()),
         );
         assert_eq!(t.next(), Some(t0));
-        assert_eq!(t.pop_due(t0), Some(Timer::ConnectTimeout(ConnId(1))));
+        assert_eq!(
+            t.pop_due(t0),
+            Some(Timer::ConnectTimeout(ConnId::from_raw(1).unwrap()))
+        );
         assert_eq!(t.pop_due(t0 + Duration::from_secs(1)), None);
         assert_eq!(t.next(), Some(t0 + Duration::from_millis(1500)));
         let late = t0 + Duration::from_secs(3);
-        assert_eq!(t.pop_due(late), Some(Timer::KeepAlive(ConnId(7))));
+        assert_eq!(
+            t.pop_due(late),
+            Some(Timer::KeepAlive(ConnId::from_raw(7).unwrap()))
+        );
         assert_eq!(t.pop_due(late), Some(Timer::Sys));
         assert_eq!(t.pop_due(late), None);
     }

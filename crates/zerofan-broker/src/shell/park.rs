@@ -99,7 +99,7 @@ impl Lot {
         let fd = stream.as_raw_fd();
         r.register(
             &mut mio::unix::SourceFd(&fd),
-            mio::Token(id.0 as usize),
+            mio::Token(id.raw() as usize),
             mio::Interest::READABLE,
         )
     }
@@ -207,7 +207,12 @@ pub(super) async fn lot_loop(shared: Rc<Shared>, poll: mio::Poll) {
                     // readiness if one arrived since this guard).
                     guard.clear_ready();
                 }
-                ids.extend(events.iter().map(|e| (ConnId(e.token().0 as u64), true)));
+                ids.extend(
+                    events
+                        .iter()
+                        .filter_map(|e| ConnId::from_raw(e.token().0 as u64))
+                        .map(|id| (id, true)),
+                );
             }
             Poll::Ready(Err(e)) => {
                 tracing::warn!(error = %e, "the poller of parked connections failed");
@@ -295,12 +300,18 @@ mod tests {
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (ours, _) = l.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
-        shared.lot.register(ConnId(id), &ours).unwrap();
+        shared
+            .lot
+            .register(ConnId::from_raw(id).unwrap(), &ours)
+            .unwrap();
         let handle = ConnHandle {
             parked: Some(ours),
             ..ConnHandle::default()
         };
-        shared.conns.borrow_mut().insert(ConnId(id), handle);
+        shared
+            .conns
+            .borrow_mut()
+            .insert(ConnId::from_raw(id).unwrap(), handle);
         shared.lot.parked_one();
         client
     }
@@ -309,7 +320,7 @@ mod tests {
         shared
             .conns
             .borrow()
-            .get(&ConnId(id))
+            .get(&ConnId::from_raw(id).unwrap())
             .is_some_and(|h| h.parked.is_some())
     }
 
