@@ -294,24 +294,23 @@ mod tests {
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
 
+    /// The test's connection `n` (from 0; ids start at 1).
+    fn conn_id(n: u64) -> ConnId {
+        ConnId::from_raw(n + 1).unwrap()
+    }
+
     /// A connection parked under `id`: the broker's end of a loopback pair
     /// in the lot, and the client's end.
     fn park_one(shared: &Shared, l: &TcpListener, id: u64) -> TcpStream {
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (ours, _) = l.accept().unwrap();
         ours.set_nonblocking(true).unwrap();
-        shared
-            .lot
-            .register(ConnId::from_raw(id).unwrap(), &ours)
-            .unwrap();
+        shared.lot.register(conn_id(id), &ours).unwrap();
         let handle = ConnHandle {
             parked: Some(ours),
             ..ConnHandle::default()
         };
-        shared
-            .conns
-            .borrow_mut()
-            .insert(ConnId::from_raw(id).unwrap(), handle);
+        shared.conns.borrow_mut().insert(conn_id(id), handle);
         shared.lot.parked_one();
         client
     }
@@ -320,7 +319,7 @@ mod tests {
         shared
             .conns
             .borrow()
-            .get(&ConnId::from_raw(id).unwrap())
+            .get(&conn_id(id))
             .is_some_and(|h| h.parked.is_some())
     }
 
