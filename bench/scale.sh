@@ -26,6 +26,7 @@
 #   DURATION=3           seconds of each throughput run
 #   PORT=                listen port (default: a free one)
 #   ZEROFAN_BIN=         zerofan binary (default: release build in the target dir)
+#   ZEROFAN_ARGS=        more zerofan arguments, e.g. "--threads 1"
 #   OUT=                 results directory (default bench/.cache/scale/STAMP)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ CACHE=$ROOT/bench/.cache
 BROKERS=${BROKERS:-"zerofan mosquitto rumqttd"}
 SCENARIOS=${SCENARIOS:-"connections subscriptions retained storm resume"}
 CLIENTS=${CLIENTS:-19000}
+ZEROFAN_ARGS=${ZEROFAN_ARGS:-}
 SESSIONS=${SESSIONS:-100000}
 SUBSCRIPTIONS=${SUBSCRIPTIONS:-1000000}
 RETAINED=${RETAINED:-1000000}
@@ -109,9 +111,9 @@ start_broker() {
         rumqttd) "$RUMQTTD" -c "$CONF/rumqttd.toml" >>"$logf" 2>&1 & ;;
         zerofan)
             if [ -n "$data" ]; then
-                "$ZEROFAN" --listen "127.0.0.1:$PORT" --data-dir "$data" >>"$logf" 2>&1 &
+                "$ZEROFAN" --listen "127.0.0.1:$PORT" --data-dir "$data" $ZEROFAN_ARGS >>"$logf" 2>&1 &
             else
-                "$ZEROFAN" --listen "127.0.0.1:$PORT" --memory >>"$logf" 2>&1 &
+                "$ZEROFAN" --listen "127.0.0.1:$PORT" --memory $ZEROFAN_ARGS >>"$logf" 2>&1 &
             fi ;;
     esac
     BROKER_PID=$!
