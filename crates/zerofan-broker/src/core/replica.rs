@@ -40,6 +40,7 @@ mod disk;
 mod read;
 mod window;
 pub(crate) use disk::{Disk, Drops};
+pub(crate) use read::joins_read;
 
 /// One durable operation of a persistent session, as an owner sends it to
 /// its replicas. Entry and message ids are the owner's.
