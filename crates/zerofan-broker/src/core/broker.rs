@@ -4464,6 +4464,7 @@ impl Broker {
         let mut ops = Some(ops);
         for (i, p) in targets.iter().enumerate() {
             self.metrics.replicated_ops += n;
+            self.metrics.replicated_batches += 1;
             self.metrics.replicated_bytes += bytes as u64;
             // The last replica gets the operations themselves.
             let ops = if i + 1 == targets.len() {

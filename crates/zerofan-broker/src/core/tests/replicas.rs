@@ -1614,6 +1614,7 @@ fn a_client_reads_publishes_are_one_batch() {
     let (sub, publ, counts) = cl.read_setup();
     assert_eq!(cl.replicates(0), [0, 0, 0]);
     let commits = counts.borrow().get("commit").copied().unwrap_or(0);
+    let batches = cl.hs[0].b.metrics().replicated_batches;
     cl.cut(0, 2, true);
     let h = &mut cl.hs[0];
     h.b.begin_client_read();
@@ -1624,6 +1625,7 @@ fn a_client_reads_publishes_are_one_batch() {
     h.b.end_client_read();
     assert_eq!(cl.replicates(0), [0, 1, 1], "one batch to each replica");
     assert_eq!(counts.borrow().get("commit"), Some(&(commits + 1)));
+    assert_eq!(cl.hs[0].b.metrics().replicated_batches, batches + 2);
     cl.pump();
     assert!(
         acks(&cl.hs[0].out(publ.conn)).is_empty(),
