@@ -228,6 +228,9 @@ impl Broker {
 
     /// A decoded packet from a connection.
     pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
+        if self.repl.reading() {
+            self.client_read_gate(conn, Some(&packet));
+        }
         self.dispatch_packet(now, conn, packet, None);
         self.end_event();
     }
@@ -242,6 +245,9 @@ impl Broker {
         packet: Packet,
         wire: Option<Wire>,
     ) {
+        if self.repl.reading() {
+            self.client_read_gate(conn, Some(&packet));
+        }
         self.dispatch_packet(now, conn, packet, wire);
         self.end_event();
     }
@@ -312,6 +318,9 @@ impl Broker {
     /// A frame that could not be framed or decoded: close that connection
     /// with the reason the codec chose (MQTT 5) or silently (3.x).
     pub fn handle_decode_error(&mut self, now: Instant, conn: ConnId, err: DecodeError) {
+        if self.repl.reading() {
+            self.client_read_gate(conn, None);
+        }
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -4120,6 +4129,34 @@ impl Broker {
         }
     }
 
+    /// The packets of one client read follow (with replicas kept, its
+    /// PUBLISHes and acknowledgements end as one event at
+    /// [`Broker::end_client_read`]: one batch to the replicas, one commit).
+    pub fn begin_client_read(&mut self) {
+        self.repl.open_read();
+    }
+
+    /// The client read's packets ended.
+    pub fn end_client_read(&mut self) {
+        self.end_peer_read();
+    }
+
+    /// Before a packet of an open client read (`None`: one that could not
+    /// be decoded): one that may change the connection or its session, or
+    /// of a connection not (or no longer plainly) connected, ends the
+    /// read's event first; the rest of the read goes per packet.
+    fn client_read_gate(&mut self, conn: ConnId, packet: Option<&Packet>) {
+        let joins = packet.is_some_and(super::replica::joins_read)
+            && matches!(
+                self.conns.get(&conn).map(|c| c.phase),
+                Some(Phase::Connected(_))
+            )
+            && !self.acl_holds(conn);
+        if !joins {
+            self.end_peer_read();
+        }
+    }
+
     /// An event from peer `from`, in the order `from` polled it.
     pub fn handle_peer(&mut self, now: Instant, from: PeerId, event: PeerEvent) {
         match event {
@@ -4427,6 +4464,7 @@ impl Broker {
         let mut ops = Some(ops);
         for (i, p) in targets.iter().enumerate() {
             self.metrics.replicated_ops += n;
+            self.metrics.replicated_batches += 1;
             self.metrics.replicated_bytes += bytes as u64;
             // The last replica gets the operations themselves.
             let ops = if i + 1 == targets.len() {

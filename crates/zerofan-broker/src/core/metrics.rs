@@ -387,6 +387,15 @@ counters! {
                 "zerofan_cluster_replicated_bytes_total",
                 "Message bytes (topic and payload) sent to replicas.",
             )),
+        /// Batches of those operations sent to replicas (one per replica):
+        /// each is answered once, and a replica commits at most once per
+        /// link read however many it brings.
+        pub replicated_batches: u64 = CounterDef::NEW
+            .sys("cluster/replicated_batches")
+            .prom(Family::new(
+                "zerofan_cluster_replicated_batches_total",
+                "Batches of session operations sent to replicas (one per replica).",
+            )),
         /// Other nodes' operations kept here as a replica.
         pub replica_ops_applied: u64 = CounterDef::NEW
             .sys("cluster/replica_ops_applied")

@@ -20,11 +20,12 @@
 //!
 //! Clean sessions write nothing to the store, so they cost nothing here.
 
+use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::outbox::Outgoing;
 use super::peer::PeerId;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use zerofan_store::{
@@ -40,6 +41,7 @@ mod disk;
 mod read;
 mod window;
 pub(crate) use disk::{Disk, Drops};
+pub(crate) use read::joins_read;
 
 /// One durable operation of a persistent session, as an owner sends it to
 /// its replicas. Entry and message ids are the owner's.
@@ -674,9 +676,9 @@ pub(crate) struct Images {
 impl Default for Images {
     fn default() -> Self {
         Images {
-            by_client: HashMap::new(),
-            messages: HashMap::new(),
-            local_msg: HashMap::new(),
+            by_client: HashMap::default(),
+            messages: HashMap::default(),
+            local_msg: HashMap::default(),
             bytes: 0,
             max_images: MAX_IMAGES,
             max_bytes: MAX_BYTES,
@@ -769,7 +771,7 @@ impl Images {
         } else {
             Vec::new()
         };
-        let mut left_out: HashSet<Box<str>> = HashSet::new();
+        let mut left_out: HashSet<Box<str>> = HashSet::default();
         for (n, op) in ops.into_iter().enumerate() {
             let q = quiet.get(n).copied().unwrap_or(false);
             if q {

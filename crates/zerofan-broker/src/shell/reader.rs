@@ -268,6 +268,10 @@ impl ReadState {
         // One clock read per buffer, not per packet: the packets of one read
         // arrived together.
         let now = Instant::now();
+        // With replicas kept, the packets of this read end as one core
+        // event (one batch to the replicas, one commit); every way out of
+        // the loop below reaches the end of the read.
+        shared.broker.borrow_mut().begin_client_read();
         let end = loop {
             match zerofan_codec::frame(&bytes[off..], max) {
                 Frame::Complete(len) => {
@@ -324,6 +328,7 @@ impl ReadState {
                 }
             }
         };
+        shared.broker.borrow_mut().end_client_read();
         shared.dispatch();
         end
     }

@@ -14,8 +14,8 @@
 //! differ from what the owner's operations foretell).
 
 use super::{Image, Images, ReplOp};
+use crate::core::hash::{HashMap, HashSet};
 use crate::core::peer::PeerId;
-use std::collections::{HashMap, HashSet};
 use zerofan_store::{EntryId, InflightPhase};
 
 /// For each operation of `ops`: true for an `Enqueue` whose entry the same
@@ -25,10 +25,10 @@ use zerofan_store::{EntryId, InflightPhase};
 pub(super) fn ends_within(ops: &[ReplOp]) -> Vec<bool> {
     let mut quiet = vec![false; ops.len()];
     // Entries enqueued in this batch and not yet sent: where.
-    let mut queued: HashMap<(&str, EntryId), usize> = HashMap::new();
+    let mut queued: HashMap<(&str, EntryId), usize> = HashMap::default();
     // Packet ids out with such an entry: where it was enqueued.
-    let mut sent: HashMap<(&str, u16), usize> = HashMap::new();
-    let mut renewed: HashSet<&str> = HashSet::new();
+    let mut sent: HashMap<(&str, u16), usize> = HashMap::default();
+    let mut renewed: HashSet<&str> = HashSet::default();
     let mut any = false;
     for (i, op) in ops.iter().enumerate() {
         match op {

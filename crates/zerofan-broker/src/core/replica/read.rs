@@ -3,10 +3,18 @@
 //! to it, and a replica commits once for every batch a read brought (each
 //! peer event was its own batch and its own commit: two commits per
 //! message on every replica).
+//!
+//! The same for a client read on the owner: its PUBLISHes and
+//! acknowledgements go to the replicas as one batch, one commit, their
+//! PUBACKs all waiting for it (each packet was its own batch and commit).
+//! A packet that may change the connection or its session (CONNECT,
+//! SUBSCRIBE, DISCONNECT, ...) ends the read's event before it is handled,
+//! and the rest of the read goes per packet, as before.
 
 use super::Replication;
+use zerofan_codec::Packet;
 
-/// Whether a link read is open, and whether an event's end waited for it.
+/// Whether a read is open, and whether an event's end waited for it.
 #[derive(Debug, Default)]
 pub(super) struct LinkRead {
     open: bool,
@@ -17,6 +25,12 @@ impl Replication {
     /// A link read starts: events end with it.
     pub(crate) fn open_read(&mut self) {
         self.read.open = self.on();
+    }
+
+    /// Whether a read is open (its events end with it).
+    #[inline]
+    pub(crate) fn reading(&self) -> bool {
+        self.read.open
     }
 
     /// Whether an event's end waits for the read's (noted).
@@ -31,4 +45,19 @@ impl Replication {
     pub(crate) fn close_read(&mut self) -> bool {
         std::mem::take(&mut self.read).end_waits
     }
+}
+
+/// Whether a client's packet may end with its read's event: the data path
+/// only (publishes, their acknowledgements, pings), nothing that changes
+/// the connection or the session.
+pub(crate) fn joins_read(p: &Packet) -> bool {
+    matches!(
+        p,
+        Packet::Publish(_)
+            | Packet::PubAck(_)
+            | Packet::PubRec(_)
+            | Packet::PubRel(_)
+            | Packet::PubComp(_)
+            | Packet::PingReq
+    )
 }

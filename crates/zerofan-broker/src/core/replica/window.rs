@@ -6,7 +6,8 @@
 //! CPU at 1,024 in flight. Here both are a map lookup.
 
 use super::InflightCopy;
-use std::collections::{BTreeMap, HashMap};
+use crate::core::hash::HashMap;
+use std::collections::BTreeMap;
 
 /// Deliveries out, oldest first, each packet id at most once.
 #[derive(Debug, Default)]

@@ -1563,3 +1563,138 @@ fn a_link_reads_batches_commit_once() {
     b.handle_peer(now, remote(0), batch(1_002, 3));
     assert_eq!(counts.borrow().get("commit"), Some(&2));
 }
+
+impl Cluster {
+    /// What `node` sends now, on its way as `pump` sends it; returns how
+    /// many `Replicate` batches went to each node.
+    fn replicates(&mut self, node: usize) -> Vec<usize> {
+        let mut n = vec![0; self.hs.len()];
+        let now = self.hs[node].now;
+        self.hs[node].b.release_durable();
+        while let Some(batch) = self.hs[node].b.poll_peer_transmit() {
+            let to = node_of(batch.to);
+            for e in &batch.events {
+                if matches!(e, crate::core::PeerEvent::Replicate { .. }) {
+                    n[to] += 1;
+                }
+                let f = self.enc.encode(e, now).unwrap();
+                for c in &f.chunks {
+                    self.wires[node][to].extend_from_slice(c);
+                }
+            }
+        }
+        n
+    }
+
+    /// A persistent subscriber to `t/#` at QoS 1 and a persistent
+    /// publisher, both on node 0, whose store counts what it is told.
+    fn read_setup(&mut self) -> (Cx, Cx, Counts) {
+        let counts = Counts::default();
+        let now = self.hs[0].now;
+        self.hs[0].b.set_durable_log(
+            Box::new(Counted(Log::default(), counts.clone())),
+            now,
+            1_000_000,
+        );
+        let (sub, _) = self.persistent(0, "sub");
+        self.hs[0].subscribe(sub.conn, "t/#", opts(QoS::AtLeastOnce));
+        self.pump();
+        let (publ, _) = self.persistent(0, "pub");
+        self.pump();
+        (sub, publ, counts)
+    }
+}
+
+/// The PUBLISHes of one client read go to each replica as one batch, are
+/// committed once, and are acknowledged only once every replica answered,
+/// in order (each was its own batch and commit before).
+#[test]
+fn a_client_reads_publishes_are_one_batch() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, publ, counts) = cl.read_setup();
+    assert_eq!(cl.replicates(0), [0, 0, 0]);
+    let commits = counts.borrow().get("commit").copied().unwrap_or(0);
+    let batches = cl.hs[0].b.metrics().replicated_batches;
+    cl.cut(0, 2, true);
+    let h = &mut cl.hs[0];
+    h.b.begin_client_read();
+    for pid in 1..=3 {
+        let p = publish("t/a", &format!("m{pid}"), QoS::AtLeastOnce, pid);
+        h.send(publ.conn, Packet::Publish(p));
+    }
+    h.b.end_client_read();
+    assert_eq!(cl.replicates(0), [0, 1, 1], "one batch to each replica");
+    assert_eq!(counts.borrow().get("commit"), Some(&(commits + 1)));
+    assert_eq!(cl.hs[0].b.metrics().replicated_batches, batches + 2);
+    cl.pump();
+    assert!(
+        acks(&cl.hs[0].out(publ.conn)).is_empty(),
+        "acknowledged before replica 2 answered"
+    );
+    cl.cut(0, 2, false);
+    assert_eq!(
+        acks(&cl.out(publ)),
+        [(1, "puback"), (2, "puback"), (3, "puback")]
+    );
+    // The subscriber's PUBACKs of one read: one batch too.
+    let got = cl.out(sub);
+    assert_eq!(got.payloads(), ["m1", "m2", "m3"]);
+    let pids: Vec<u16> = got.publishes().iter().map(|p| p.packet_id).collect();
+    assert_eq!(cl.replicates(0), [0, 0, 0]);
+    let h = &mut cl.hs[0];
+    h.b.begin_client_read();
+    for pid in pids {
+        h.send(sub.conn, Packet::PubAck(ack(pid)));
+    }
+    h.b.end_client_read();
+    assert_eq!(cl.replicates(0), [0, 1, 1], "one batch of completions");
+}
+
+/// A packet that may change the connection or its session (SUBSCRIBE,
+/// UNSUBSCRIBE, DISCONNECT, one that cannot be decoded) ends the read's
+/// batch before it is handled, as if the read had ended there.
+#[test]
+fn a_read_ends_its_batch_before_a_session_changing_packet() {
+    let subscribe = Packet::Subscribe(Subscribe {
+        packet_id: 9,
+        properties: Default::default(),
+        filters: vec![(s("u/#"), opts(QoS::AtLeastOnce))],
+    });
+    let unsubscribe = Packet::Unsubscribe(zerofan_codec::Unsubscribe {
+        packet_id: 9,
+        properties: Default::default(),
+        filters: vec![s("t/#")],
+    });
+    for (what, next) in [
+        ("subscribe", Some(subscribe)),
+        ("unsubscribe", Some(unsubscribe)),
+        ("disconnect", Some(disconnect(ReasonCode::SUCCESS))),
+        ("decode error", None),
+    ] {
+        let mut cl = Cluster::new(3, 3);
+        let (_, publ, _) = cl.read_setup();
+        let h = &mut cl.hs[0];
+        h.b.begin_client_read();
+        let p = publish("t/a", "m", QoS::AtLeastOnce, 1);
+        h.send(publ.conn, Packet::Publish(p));
+        match next {
+            Some(p) => h.send(publ.conn, p),
+            None => {
+                let e = zerofan_codec::DecodeError::new(ReasonCode::MALFORMED_PACKET, "bad");
+                let now = h.now;
+                h.b.handle_decode_error(now, publ.conn, e);
+            }
+        }
+        // The PUBLISH's batch went before the packet was handled.
+        let before_end = cl.replicates(0);
+        assert!(
+            before_end[1] >= 1 && before_end[2] >= 1,
+            "{what}: {before_end:?}"
+        );
+        cl.hs[0].b.end_client_read();
+        cl.pump();
+        if what.ends_with("subscribe") {
+            assert_eq!(acks(&cl.out(publ)), [(1, "puback")], "{what}");
+        }
+    }
+}
