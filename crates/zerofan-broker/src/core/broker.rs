@@ -4301,6 +4301,7 @@ impl Broker {
         if !self.replica_set_changed().contains(&peer) {
             self.send_images(Some(peer), None);
         }
+        self.forget_outside(peer);
     }
 
     /// Every peer has applied what this core announced so far (at start,
@@ -4486,6 +4487,16 @@ impl Broker {
             self.send_replicated(&[p], vec![super::replica::ReplOp::ForgetOwner]);
         }
         added
+    }
+
+    /// `peer` (new, restarted or back) is not in the replica set: the
+    /// `ForgetOwner` it was sent when it left may have gone with its
+    /// link's queue, and its copies would stay (a restarted one's read
+    /// back from disk have no owner yet, and wait for a drop or expiry).
+    fn forget_outside(&mut self, peer: PeerId) {
+        if self.repl.on() && !self.repl.current().contains(&peer) {
+            self.send_replicated(&[peer], vec![super::replica::ReplOp::ForgetOwner]);
+        }
     }
 
     /// `peer` starts over (its link's queue was dropped): nothing sent to

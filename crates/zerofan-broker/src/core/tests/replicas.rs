@@ -869,6 +869,36 @@ fn a_node_that_leaves_the_replica_set_forgets_the_owners_copies() {
     assert_eq!(cl.out(k).payloads(), ["x"]);
 }
 
+/// The same when what was queued for the node that left is dropped (its
+/// link started over): it is told again when its link is back, while it
+/// is still outside the set.
+#[test]
+fn a_node_outside_the_replica_set_is_told_again_when_its_link_is_back() {
+    let mut cl = Cluster::new(3, 2);
+    let (a, _) = cl.persistent(0, "a");
+    cl.lose(a);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "a");
+    let (a2, _) = cl.persistent(2, "a");
+    cl.lose(a2);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    cl.cut(0, 1, true);
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    cl.pump();
+    // The link's queue goes; the link comes back (the shell syncs it
+    // anew) before node 1 is marked reachable again.
+    cl.wires[0][1].clear();
+    cl.linked[0][1] = true;
+    cl.linked[1][0] = true;
+    cl.hs[0].b.peer_joined(remote(1));
+    cl.pump();
+    assert_eq!(
+        cl.hs[1].b.replica_images().0,
+        0,
+        "node 1 kept the copy of a session that moved away"
+    );
+}
+
 /// A replica that restarts (a new incarnation: what was queued for its
 /// former self is dropped, `peer_joined` runs again) never answers what
 /// was sent before: nothing may keep waiting for it.
