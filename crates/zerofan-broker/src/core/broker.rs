@@ -1061,6 +1061,12 @@ impl Broker {
     /// when the cluster could not agree (no majority reachable), is refused
     /// with 0x88 Server unavailable (3.1.1: return code 3).
     pub fn claim_answered(&mut self, now: Instant, conn: ConnId, granted: bool) {
+        self.claim_answered_at(now, conn, granted, 0);
+    }
+
+    /// [`Broker::claim_answered`], with the epoch of the granted claim (0:
+    /// not known), which fences this node's replicated changes of it.
+    pub fn claim_answered_at(&mut self, now: Instant, conn: ConnId, granted: bool, epoch: u64) {
         let Some(connect) = self.claims.answered(conn, granted) else {
             return;
         };
@@ -1070,6 +1076,7 @@ impl Broker {
         }
         if granted {
             self.lease.claimed(conn);
+            self.replica_epoch(connect.client_id.as_str(), epoch);
             // An image kept here becomes the session; the replicas get it.
             self.install_replica(now, &connect);
             let client = connect.client_id.clone();
@@ -4211,6 +4218,7 @@ impl Broker {
             }
             PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
+            PeerEvent::ReplicaStale { clients } => self.replica_stale(now, clients),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
@@ -4330,6 +4338,7 @@ impl Broker {
         if !self.replica_set_changed().contains(&peer) {
             self.send_images(Some(peer), None);
         }
+        self.forget_outside(peer);
     }
 
     /// Every peer has applied what this core announced so far (at start,
@@ -4510,22 +4519,22 @@ impl Broker {
             .into_iter()
             .filter(|p| !set.contains(p) && self.peers.ids().any(|q| q == *p))
             .collect();
-        if !left.is_empty() {
-            let drops: Vec<super::replica::ReplOp> = self
-                .sessions
-                .values()
-                .filter(|s| s.stored && s.expiry_interval > 0)
-                .map(|s| super::replica::ReplOp::Drop {
-                    client: s.client_id.as_str().into(),
-                })
-                .collect();
-            if !drops.is_empty() {
-                for p in left {
-                    self.send_replicated(&[p], drops.clone());
-                }
-            }
+        // All of this node's copies there, those of sessions that moved
+        // away too (one operation, however many sessions).
+        for p in left {
+            self.send_replicated(&[p], vec![super::replica::ReplOp::ForgetOwner]);
         }
         added
+    }
+
+    /// `peer` (new, restarted or back) is not in the replica set: the
+    /// `ForgetOwner` it was sent when it left may have gone with its
+    /// link's queue, and its copies would stay (a restarted one's read
+    /// back from disk have no owner yet, and wait for a drop or expiry).
+    fn forget_outside(&mut self, peer: PeerId) {
+        if self.repl.on() && !self.repl.current().contains(&peer) {
+            self.send_replicated(&[peer], vec![super::replica::ReplOp::ForgetOwner]);
+        }
     }
 
     /// `peer` starts over (its link's queue was dropped): nothing sent to
@@ -4572,6 +4581,10 @@ impl Broker {
         ops: Vec<super::replica::ReplOp>,
     ) {
         let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
+        let (stale, forgotten) = (
+            self.repl.images.fence.stale,
+            self.repl.images.fence.forgotten,
+        );
         let now_ms = self.durable.unix_ms(now);
         // On this node's disk before the answer (held for the commit).
         self.metrics.store_errors +=
@@ -4581,6 +4594,16 @@ impl Broker {
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
         self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
+        let fence = &mut self.repl.images.fence;
+        self.metrics.replica_stale_ops += fence.stale - stale;
+        self.metrics.replica_epochs_forgotten += fence.forgotten - forgotten;
+        // Answered all the same (the sender must not wait forever), but
+        // told first: its session ends there before this answer releases
+        // any acknowledgement made on the strength of ignored changes.
+        let clients = fence.take_notices();
+        if !clients.is_empty() {
+            self.peers.send(from, PeerEvent::ReplicaStale { clients });
+        }
         if !self.durable.hold_replica_ack(from, seq) {
             self.peers.send(from, PeerEvent::ReplicaAck { seq });
         }
@@ -4660,6 +4683,7 @@ impl Broker {
             return;
         }
         let client: Box<str> = s.client_id.as_str().into();
+        ops.extend(self.repl.epoch_op(&client));
         ops.push(super::replica::ReplOp::Reset {
             client: client.clone(),
             meta: SessionMeta {
@@ -4803,18 +4827,32 @@ impl Broker {
     /// session, offline, and goes on collecting its messages. False when
     /// there is no image, or a session is here already.
     pub fn adopt_replica(&mut self, now: Instant, client_id: &str) -> bool {
+        self.adopt_replica_at(now, client_id, 0)
+    }
+
+    /// [`Broker::adopt_replica`], with the epoch of the claim that gave
+    /// `client_id` here (0: not applied here yet).
+    pub fn adopt_replica_at(&mut self, now: Instant, client_id: &str, epoch: u64) -> bool {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return false;
         };
         if self.by_client.contains_key(&self.sessions, &id) {
             return false;
         }
+        // Not known yet: the claim is at least the one after the copy's.
+        let known = self.repl.images.fence.known(client_id);
+        let epoch = if epoch == 0 && known > 0 {
+            known + 1
+        } else {
+            epoch
+        };
         let mut disk = super::replica::Disk::new(&mut self.durable);
         let rs = self.repl.images.take(client_id, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
             return false;
         };
+        self.replica_epoch(client_id, epoch);
         let will = rs.will.clone();
         let recovered = Recovered {
             sessions: vec![rs],
@@ -4915,12 +4953,50 @@ impl Broker {
             } else if self.repl.on() && !self.repl.current().is_empty() {
                 // A clean session ends the one it replaces: copies another
                 // owner left must not be resumed later.
-                let ops = self.repl.drops.push(client.as_str(), self.repl.next_seq());
+                let epoch = self.repl.epoch(client.as_str()).unwrap_or(0);
+                let ops = self
+                    .repl
+                    .drops
+                    .push(client.as_str(), self.repl.next_seq(), epoch);
                 self.metrics.replica_drops_forgotten = self.repl.drops.forgotten;
                 let targets = self.repl.current().to_vec();
                 self.send_replicated(&targets, ops);
             }
             self.send_images(None, Some(sid));
+        }
+        self.repl.keep_epoch_if_claimed(client.as_str());
+    }
+
+    /// `client` was granted to this node under the claim of `epoch`: its
+    /// changes carry it, and older owners' changes of it are stale here.
+    fn replica_epoch(&mut self, client: &str, epoch: u64) {
+        if epoch > 0 && self.repl.on() {
+            self.repl.set_epoch(client, epoch);
+            self.repl.images.claimed(client, epoch);
+        }
+    }
+
+    /// A replica ignored this node's changes of `clients` under the claims
+    /// named: another node owns them now, and this one had not heard. Each
+    /// session still held under that claim ends as a takeover does
+    /// (DISCONNECT 0x8E), and its acknowledgements waiting for the
+    /// replicas never go.
+    fn replica_stale(&mut self, now: Instant, clients: Vec<(Box<str>, u64)>) {
+        for (client, epoch) in clients {
+            // Claimed here again since: that claim is newer.
+            if self.repl.epoch(&client) != Some(epoch) {
+                continue;
+            }
+            self.metrics.replica_stale_sessions += 1;
+            let conn = MqttStr::try_from(&*client)
+                .ok()
+                .and_then(|id| self.by_client.get(&self.sessions, &id))
+                .and_then(|sid| self.sessions.get(&sid))
+                .and_then(|s| s.conn);
+            if let Some(conn) = conn {
+                self.repl.forget(conn);
+            }
+            self.client_taken(now, &client);
         }
     }
 }

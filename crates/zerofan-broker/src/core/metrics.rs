@@ -410,6 +410,30 @@ counters! {
                 "zerofan_cluster_replica_ops_refused_total",
                 "Other nodes' session operations refused: replica images full.",
             )),
+        /// Other nodes' operations ignored: made under an older claim of
+        /// their client id than one seen here (a stale owner's).
+        pub replica_stale_ops: u64 = CounterDef::NEW
+            .sys("cluster/replica_stale_ops")
+            .prom(Family::new(
+                "zerofan_cluster_replica_stale_ops_total",
+                "Other nodes' session operations ignored: made under an older claim (stale owner).",
+            )),
+        /// Sessions here ended because a replica reported their changes
+        /// stale (another node claimed them; this node had not heard).
+        pub replica_stale_sessions: u64 = CounterDef::NEW
+            .sys("cluster/replica_stale_sessions")
+            .prom(Family::new(
+                "zerofan_cluster_replica_stale_sessions_total",
+                "Sessions ended here because a replica reported their changes stale.",
+            )),
+        /// Client ids whose newest epoch a replica forgot: its table was
+        /// full (only ids with no copy there).
+        pub replica_epochs_forgotten: u64 = CounterDef::NEW
+            .sys("cluster/replica_epochs_forgotten")
+            .prom(Family::new(
+                "zerofan_cluster_replica_epochs_forgotten_total",
+                "Client ids whose newest claim epoch a replica forgot: its table was full.",
+            )),
         /// Queue entries a replica never wrote to its store: the batch
         /// that brought them also ended them.
         pub replica_entries_unwritten: u64 = CounterDef::NEW

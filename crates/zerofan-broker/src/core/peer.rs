@@ -116,6 +116,14 @@ pub enum PeerEvent {
         /// The last change kept.
         seq: u64,
     },
+    /// The receiver ignored the sender's changes of these client ids,
+    /// made under these (older) claim epochs: another node owns them now.
+    /// Sent before the `ReplicaAck` of the same batch (see
+    /// `replica::fence`).
+    ReplicaStale {
+        /// Client id and the epoch its ignored changes named.
+        clients: Vec<(Box<str>, u64)>,
+    },
 }
 
 /// Bytes of publishes (topic and payload) a core crosses to one peer

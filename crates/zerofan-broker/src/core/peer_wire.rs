@@ -46,6 +46,7 @@ const FENCE: u8 = 13;
 const CONSUMED: u8 = 14;
 const REPLICATE: u8 = 15;
 const REPLICA_ACK: u8 = 16;
+const REPLICA_STALE: u8 = 17;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -187,6 +188,10 @@ impl FrameEncoder {
             PeerEvent::ReplicaAck { seq } => {
                 self.scratch.put_u8(REPLICA_ACK);
                 self.scratch.put_u64(*seq);
+            }
+            PeerEvent::ReplicaStale { clients } => {
+                self.scratch.put_u8(REPLICA_STALE);
+                super::replica_wire::encode_stale(clients, &mut self.scratch)?;
             }
         }
         self.finish(start, payload, publish)
@@ -490,6 +495,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             let seq = get_u64(&mut f)?;
             end(&f)?;
             PeerEvent::ReplicaAck { seq }
+        }
+        REPLICA_STALE => {
+            let clients = super::replica_wire::decode_stale(&mut f)?;
+            end(&f)?;
+            PeerEvent::ReplicaStale { clients }
         }
         SYNC => {
             end(&f)?;

@@ -38,9 +38,11 @@ use super::durable::DurableLog;
 
 mod batch;
 mod disk;
+mod fence;
 mod read;
 mod window;
 pub(crate) use disk::{Disk, Drops};
+pub(crate) use fence::Fence;
 pub(crate) use read::joins_read;
 
 /// One durable operation of a persistent session, as an owner sends it to
@@ -145,6 +147,18 @@ pub enum ReplOp {
         /// Packet id.
         pid: u16,
     },
+    /// The changes of `client` that follow in this batch are made under
+    /// the claim of `epoch` (see `fence`). Nodes of one build talk to each
+    /// other: a plain operation of its own, not a versioned field.
+    Epoch {
+        /// Client id.
+        client: Box<str>,
+        /// The sender's claim epoch.
+        epoch: u64,
+    },
+    /// The receiver left the sender's replica set: forget every copy of
+    /// the sender's sessions (one operation, however many there are).
+    ForgetOwner,
     /// A will waits for its delay.
     SetWill {
         /// Client id.
@@ -163,8 +177,9 @@ impl ReplOp {
     /// The session it is about (none for a message).
     pub(crate) fn client(&self) -> Option<&str> {
         match self {
-            ReplOp::Message { .. } => None,
+            ReplOp::Message { .. } | ReplOp::ForgetOwner => None,
             ReplOp::Session { client, .. }
+            | ReplOp::Epoch { client, .. }
             | ReplOp::Reset { client, .. }
             | ReplOp::Drop { client }
             | ReplOp::Subscribe { client, .. }
@@ -205,12 +220,17 @@ pub(crate) struct Recorder {
     /// Persistent sessions claimed here since start (see
     /// `Broker::send_images`); one leaves when the store drops it.
     claimed: HashSet<Box<str>>,
+    /// The claim epoch of each client id owned here (see `fence`).
+    epochs: fence::Epochs,
 }
 
 impl Recorder {
     fn push(&mut self, op: ReplOp) {
         // A replica's own copies go to its store, not to its replicas.
         if self.on && !op.client().is_some_and(disk::is_copy) {
+            if let Some(c) = op.client() {
+                self.epochs.stamp(c, &mut self.ops);
+            }
             self.ops.push(op);
         }
     }
@@ -249,10 +269,13 @@ impl DurableLog for Mirror {
     }
     fn drop_session(&mut self, client_id: &str) -> Result<(), StoreError> {
         self.inner.drop_session(client_id)?;
-        self.rec.borrow_mut().claimed.remove(client_id);
-        self.rec.borrow_mut().push(ReplOp::Drop {
+        let mut r = self.rec.borrow_mut();
+        r.claimed.remove(client_id);
+        r.push(ReplOp::Drop {
             client: client_id.into(),
         });
+        // Named in this batch already: the epoch may go with the session.
+        r.epochs.end(client_id);
         Ok(())
     }
     fn subscribe(
@@ -289,7 +312,7 @@ impl DurableLog for Mirror {
                     r.ops.push(ReplOp::Message { id: entry.msg, msg });
                 }
             }
-            r.ops.push(ReplOp::Enqueue {
+            r.push(ReplOp::Enqueue {
                 client: client_id.into(),
                 entry: id,
                 item: entry.clone(),
@@ -458,10 +481,41 @@ impl Replication {
     /// Forget what was recorded for `client` since the last call (its
     /// session moved to another node: the copies must stay).
     pub(crate) fn unrecord(&self, client: &str) {
-        self.rec
-            .borrow_mut()
-            .ops
-            .retain(|op| op.client() != Some(client));
+        let mut r = self.rec.borrow_mut();
+        r.ops.retain(|op| op.client() != Some(client));
+        // Not owned here any more: nothing goes out under its old claim.
+        r.epochs.end(client);
+    }
+
+    /// `client` was granted to this node under the claim of `epoch` (0:
+    /// not known): its changes carry it from now on.
+    pub(crate) fn set_epoch(&self, client: &str, epoch: u64) {
+        let mut r = self.rec.borrow_mut();
+        if r.on && epoch > 0 {
+            r.epochs.set(client, epoch);
+        }
+    }
+
+    /// The epoch `client` is owned under here, if known.
+    pub(crate) fn epoch(&self, client: &str) -> Option<u64> {
+        self.rec.borrow().epochs.get(client)
+    }
+
+    /// Forget `client`'s epoch unless its session is copied from here
+    /// (claimed): a clean session leaves nothing to fence.
+    pub(crate) fn keep_epoch_if_claimed(&self, client: &str) {
+        let mut r = self.rec.borrow_mut();
+        if !r.claimed.contains(client) {
+            r.epochs.end(client);
+        }
+    }
+
+    /// `client`'s epoch as an operation to put before its changes, if known.
+    pub(crate) fn epoch_op(&self, client: &str) -> Option<ReplOp> {
+        Some(ReplOp::Epoch {
+            client: client.into(),
+            epoch: self.epoch(client)?,
+        })
     }
 
     /// The recorded operations since the last call.
@@ -469,6 +523,7 @@ impl Replication {
         let mut r = self.rec.borrow_mut();
         r.known.clear();
         r.sent.clear();
+        r.epochs.batch_taken();
         std::mem::take(&mut r.ops)
     }
 
@@ -671,6 +726,8 @@ pub(crate) struct Images {
     pub(crate) expired: u64,
     /// Entries left out of the store since the last `take_unwritten`.
     unwritten: u64,
+    /// The newest claim epoch seen per client id.
+    pub(crate) fence: Fence,
 }
 
 impl Default for Images {
@@ -686,6 +743,7 @@ impl Default for Images {
             refused: 0,
             expired: 0,
             unwritten: 0,
+            fence: Fence::default(),
         }
     }
 }
@@ -699,6 +757,7 @@ impl Images {
     pub(crate) fn set_limits(&mut self, images: usize, bytes: usize) {
         self.max_images = images;
         self.max_bytes = bytes;
+        self.fence.set_limit(images);
     }
 
     /// Images held.
@@ -772,7 +831,26 @@ impl Images {
             Vec::new()
         };
         let mut left_out: HashSet<Box<str>> = HashSet::default();
+        // The epochs this batch names (see `fence`).
+        let mut epochs: HashMap<Box<str>, u64> = HashMap::default();
         for (n, op) in ops.into_iter().enumerate() {
+            let op = match op {
+                ReplOp::Epoch { client, epoch } => {
+                    epochs.insert(client, epoch);
+                    continue;
+                }
+                ReplOp::ForgetOwner => {
+                    self.forget_owner(from, disk);
+                    continue;
+                }
+                op => op,
+            };
+            if let Some(c) = op.client() {
+                let epoch = epochs.get(c).copied().unwrap_or(0);
+                if !self.fenced(from, c, epoch, disk) {
+                    continue;
+                }
+            }
             let q = quiet.get(n).copied().unwrap_or(false);
             if q {
                 if let Some(c) = op.client().filter(|c| !left_out.contains(*c)) {
@@ -794,6 +872,41 @@ impl Images {
                 self.forget_message(key);
             }
         }
+    }
+
+    /// Whether a change of `client` at `epoch` from `from` may apply
+    /// (false: stale, counted); drops an older owner's image first.
+    fn fenced(&mut self, from: PeerId, client: &str, epoch: u64, disk: &mut Disk<'_>) -> bool {
+        let owner = self.by_client.get(client).map(|i| i.owner == Some(from));
+        let by_client = &self.by_client;
+        let (verdict, drop) = self
+            .fence
+            .judge(client, epoch, owner, &|c| by_client.contains_key(c));
+        if drop {
+            self.drop_image(client, disk);
+        }
+        verdict == fence::Verdict::Apply
+    }
+
+    /// Every image `from` owns goes: this node left its replica set.
+    fn forget_owner(&mut self, from: PeerId, disk: &mut Disk<'_>) {
+        let gone: Vec<Box<str>> = self
+            .by_client
+            .iter()
+            .filter(|(_, i)| i.owner == Some(from))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in &gone {
+            self.drop_image(c, disk);
+        }
+    }
+
+    /// This node was granted `client` at `epoch`: older owners' changes
+    /// of it are stale from now on.
+    pub(crate) fn claimed(&mut self, client: &str, epoch: u64) {
+        let by_client = &self.by_client;
+        self.fence
+            .claimed(client, epoch, &|c| by_client.contains_key(c));
     }
 
     /// The image of `client` owned by `from`, if any.
@@ -1033,6 +1146,8 @@ impl Images {
                 }
                 None => false,
             },
+            // Taken out in `apply`.
+            ReplOp::Epoch { .. } | ReplOp::ForgetOwner => true,
             ReplOp::ClearWill { client } => {
                 if let Some(i) = self.owned(from, &client) {
                     if i.will.take().is_some() {

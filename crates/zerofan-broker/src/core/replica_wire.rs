@@ -27,6 +27,11 @@ const QOS2_RECEIVED: u8 = 12;
 const QOS2_RELEASED: u8 = 13;
 const SET_WILL: u8 = 14;
 const CLEAR_WILL: u8 = 15;
+/// Added with ownership epochs (see `replica::fence`); an older build
+/// refuses the frame ("unknown replica operation") rather than apply
+/// unfenced changes.
+const EPOCH: u8 = 16;
+const FORGET_OWNER: u8 = 17;
 /// Room reserved per operation: an enqueue of a 23-byte client id, or a
 /// message's header with a short topic, fits.
 const OP_HEAD: usize = 64;
@@ -151,6 +156,12 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
                 buf.put_u8(CLEAR_WILL);
                 put_str(&mut buf, client)?;
             }
+            ReplOp::Epoch { client, epoch } => {
+                buf.put_u8(EPOCH);
+                put_str(&mut buf, client)?;
+                buf.put_u64(*epoch);
+            }
+            ReplOp::ForgetOwner => buf.put_u8(FORGET_OWNER),
         }
     }
     if !buf.is_empty() {
@@ -221,6 +232,34 @@ fn put_opt_u64(buf: &mut BytesMut, v: Option<u64>) {
         }
         None => buf.put_u8(0),
     }
+}
+
+/// The client ids (and epochs) of a `ReplicaStale` frame.
+pub(crate) fn encode_stale(
+    clients: &[(Box<str>, u64)],
+    buf: &mut BytesMut,
+) -> Result<(), WireError> {
+    let n = u32::try_from(clients.len()).map_err(|_| WireError("too many client ids"))?;
+    buf.put_u32(n);
+    for (c, e) in clients {
+        put_str(buf, c)?;
+        buf.put_u64(*e);
+    }
+    Ok(())
+}
+
+/// Decode what [`encode_stale`] wrote (the rest of `f`).
+pub(crate) fn decode_stale(f: &mut Bytes) -> Result<Vec<(Box<str>, u64)>, WireError> {
+    let n = get_u32(f)?;
+    // Each takes at least 10 bytes: a count past that is a lie.
+    if usize::try_from(n).unwrap_or(usize::MAX) > f.remaining() / 10 + 1 {
+        return Err(WireError("bad client id count"));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        out.push((get_str(f)?, get_u64(f)?));
+    }
+    Ok(out)
 }
 
 /// Decode the operations of a `Replicate` frame (the rest of `f`).
@@ -319,6 +358,11 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
                     _ => ReplOp::Qos2Released { client, pid },
                 }
             }
+            EPOCH => ReplOp::Epoch {
+                client: get_str(f)?,
+                epoch: get_u64(f)?,
+            },
+            FORGET_OWNER => ReplOp::ForgetOwner,
             SET_WILL => {
                 let client = get_str(f)?;
                 let due_at_ms = get_u64(f)?;
@@ -537,6 +581,11 @@ mod tests {
                 }),
             },
             ReplOp::ClearWill { client: c.clone() },
+            ReplOp::Epoch {
+                client: c.clone(),
+                epoch: u64::MAX - 1,
+            },
+            ReplOp::ForgetOwner,
             ReplOp::Drop { client: c },
         ]
     }
@@ -580,6 +629,20 @@ mod tests {
             FrameDecoder::default().decode(&mut buf, now),
             Ok(Some(LinkFrame::Event(PeerEvent::ReplicaAck { seq: 7 })))
         ));
+        let clients: Vec<(Box<str>, u64)> = vec![("a".into(), 3), ("b".into(), u64::MAX)];
+        let stale = PeerEvent::ReplicaStale {
+            clients: clients.clone(),
+        };
+        let f = FrameEncoder::default().encode(&stale, now).unwrap();
+        let mut buf = BytesMut::new();
+        for c in &f.chunks {
+            buf.extend_from_slice(c);
+        }
+        let got = FrameDecoder::default().decode(&mut buf, now).unwrap();
+        let Some(LinkFrame::Event(PeerEvent::ReplicaStale { clients: back })) = got else {
+            panic!("not a ReplicaStale frame");
+        };
+        assert_eq!(back, clients);
     }
 
     #[test]

@@ -34,32 +34,36 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
             };
             let (s, c) = (shared.clone(), cluster.clone());
             tokio::task::spawn_local(async move {
-                let granted = claim(&c, &req.client_id).await;
+                let epoch = claim(&c, &req.client_id).await;
                 drop(slot);
-                s.broker
-                    .borrow_mut()
-                    .claim_answered(Instant::now(), req.conn, granted);
+                s.broker.borrow_mut().claim_answered_at(
+                    Instant::now(),
+                    req.conn,
+                    epoch.is_some(),
+                    epoch.unwrap_or(0),
+                );
                 s.dispatch();
             });
         }
     }
 }
 
-/// Whether this node now owns `client_id`. A claim that fails for want of
-/// a leader is tried again until [`CLAIM_TIMEOUT`].
-async fn claim(cluster: &Cluster, client_id: &str) -> bool {
+/// The epoch under which this node now owns `client_id`, if it does. A
+/// claim that fails for want of a leader is tried again until
+/// [`CLAIM_TIMEOUT`].
+async fn claim(cluster: &Cluster, client_id: &str) -> Option<u64> {
     let deadline = tokio::time::Instant::now() + CLAIM_TIMEOUT;
     let mut pause = Duration::from_millis(20);
     loop {
         match tokio::time::timeout_at(deadline, cluster.claim(client_id)).await {
-            Ok(Ok((owner, _epoch))) => return owner == cluster.node_id(),
+            Ok(Ok((owner, epoch))) => return (owner == cluster.node_id()).then_some(epoch),
             Ok(Err(e)) => {
                 tracing::debug!(client_id, error = %e, "claim failed; retrying");
             }
-            Err(_) => return false,
+            Err(_) => return None,
         }
         if tokio::time::Instant::now() + pause >= deadline {
-            return false;
+            return None;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(500));

@@ -62,10 +62,17 @@ pub(super) async fn drain_loop(shared: Rc<Shared>, mut orders: mpsc::Receiver<Dr
 /// removed, each from its copy here.
 pub(super) async fn adopt_loop(shared: Rc<Shared>, mut ids: mpsc::Receiver<String>) {
     while let Some(id) = ids.recv().await {
+        // The claim that gave it here, once applied here (it fences the
+        // session's replicated changes; see `core::replica`).
+        let epoch = shared
+            .cluster
+            .get()
+            .and_then(|c| c.owner(&id).filter(|(o, _)| *o == c.node_id()))
+            .map_or(0, |(_, e)| e);
         let adopted = shared
             .broker
             .borrow_mut()
-            .adopt_replica(Instant::now(), &id);
+            .adopt_replica_at(Instant::now(), &id, epoch);
         tracing::debug!(client_id = %id, adopted, "client id handed over");
         shared.dispatch();
     }

@@ -275,8 +275,10 @@ const MAX_DROPS: usize = 10_000;
 /// copy back from its disk: it gets these again, before any image.
 #[derive(Debug, Default)]
 pub(crate) struct Drops {
-    /// Client id and the change number that last carried its drop.
-    list: VecDeque<(Box<str>, u64)>,
+    /// Client id, the change number that last carried its drop, and the
+    /// epoch of the clean claim (0: not known), which fences it as any
+    /// change (see `fence`).
+    list: VecDeque<(Box<str>, u64, u64)>,
     /// Drops forgotten unanswered because the list was full.
     pub(crate) forgotten: u64,
 }
@@ -284,7 +286,13 @@ pub(crate) struct Drops {
 impl Drops {
     /// The operations that end any copy of `client` at a replica, whoever
     /// owned it: a `Reset` makes the sender the owner, `Drop` ends it.
-    fn ops(client: &str, out: &mut Vec<ReplOp>) {
+    fn ops(client: &str, epoch: u64, out: &mut Vec<ReplOp>) {
+        if epoch > 0 {
+            out.push(ReplOp::Epoch {
+                client: client.into(),
+                epoch,
+            });
+        }
         out.push(ReplOp::Reset {
             client: client.into(),
             meta: SessionMeta::default(),
@@ -295,28 +303,28 @@ impl Drops {
     }
 
     /// Remember `client`'s drop, sent as change `seq`; its operations.
-    pub(crate) fn push(&mut self, client: &str, seq: u64) -> Vec<ReplOp> {
-        self.list.retain(|(c, _)| &**c != client);
+    pub(crate) fn push(&mut self, client: &str, seq: u64, epoch: u64) -> Vec<ReplOp> {
+        self.list.retain(|(c, _, _)| &**c != client);
         if self.list.len() >= MAX_DROPS {
             self.list.pop_front();
             self.forgotten += 1;
         }
-        self.list.push_back((client.into(), seq));
+        self.list.push_back((client.into(), seq, epoch));
         let mut ops = Vec::new();
-        Drops::ops(client, &mut ops);
+        Drops::ops(client, epoch, &mut ops);
         ops
     }
 
     /// Every drop not yet answered, to be sent as change `seq`.
     pub(crate) fn resend(&mut self, seq: u64, out: &mut Vec<ReplOp>) {
-        for (c, s) in &mut self.list {
+        for (c, s, e) in &mut self.list {
             *s = seq;
-            Drops::ops(c, out);
+            Drops::ops(c, *e, out);
         }
     }
 
     /// Forget the drops that `answered(seq)` says every replica has.
     pub(crate) fn settle(&mut self, answered: impl Fn(u64) -> bool) {
-        self.list.retain(|(_, s)| !answered(*s));
+        self.list.retain(|(_, s, _)| !answered(*s));
     }
 }

@@ -105,6 +105,8 @@ struct Cluster {
     linked: Vec<Vec<bool>>,
     wires: Vec<Vec<BytesMut>>,
     dead: Vec<bool>,
+    /// The epoch the next claim is granted with (0: not known).
+    epoch: u64,
     enc: FrameEncoder,
     dec: FrameDecoder,
 }
@@ -139,6 +141,7 @@ impl Cluster {
                 .map(|_| (0..n).map(|_| BytesMut::new()).collect())
                 .collect(),
             dead: vec![false; n],
+            epoch: 0,
             enc: FrameEncoder::default(),
             dec: FrameDecoder::default(),
         };
@@ -236,7 +239,9 @@ impl Cluster {
         self.hs[node].b.take_claims(&mut asked);
         assert_eq!(asked.len(), 1);
         let now = self.hs[node].now;
-        self.hs[node].b.claim_answered(now, conn, true);
+        self.hs[node]
+            .b
+            .claim_answered_at(now, conn, true, self.epoch);
         self.pump();
         let cx = Cx { node, conn };
         (cx, self.out(cx))
@@ -244,6 +249,14 @@ impl Cluster {
 
     fn persistent(&mut self, node: usize, id: &str) -> (Cx, Out) {
         self.connect(node, id, Protocol::V5, false, 3600)
+    }
+
+    /// A persistent session whose claim has `epoch`.
+    fn persistent_at(&mut self, node: usize, id: &str, epoch: u64) -> (Cx, Out) {
+        self.epoch = epoch;
+        let r = self.persistent(node, id);
+        self.epoch = 0;
+        r
     }
 
     fn send(&mut self, c: Cx, p: Packet) {
@@ -734,6 +747,158 @@ fn an_away_replica_is_replaced_and_the_stand_in_drops_its_copy_after() {
     got.extend(cl.out(sub).payloads());
     assert_eq!(got, ["x"]);
 }
+/// A node that lost a client id without hearing of it (cut off, paused,
+/// slow) goes on sending changes of its session under its old claim: the
+/// replicas ignore them (the new owner's copy stands) and count them, and
+/// tell it, so that it ends the session as a takeover rather than
+/// acknowledge its client's publish on the strength of changes nobody
+/// kept.
+#[test]
+fn a_stale_owners_changes_are_ignored_and_its_client_not_acknowledged() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    // Node 1 takes "x" over under epoch 2 (from its copy); node 0 has not
+    // heard, and its connection goes on.
+    let (x1, out) = cl.persistent_at(1, "x", 2);
+    assert!(present(&out));
+    cl.hs[1].subscribe(x1.conn, "t/1", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let stale = |cl: &Cluster| cl.hs[2].b.metrics().replica_stale_ops;
+    let before = stale(&cl);
+    // An inbound QoS 2 id is a change of x's session, made under epoch 1.
+    cl.send(
+        x0,
+        Packet::Publish(publish("u", "late", QoS::ExactlyOnce, 7)),
+    );
+    let out = cl.out(x0);
+    assert_eq!(acks(&out), [], "acknowledged on ignored changes");
+    assert_eq!(out.disconnect(), Some(ReasonCode::SESSION_TAKEN_OVER));
+    assert!(stale(&cl) > before, "stale changes not counted");
+    assert_eq!(cl.hs[0].b.metrics().replica_stale_sessions, 1);
+    // The copies are node 1's: it dies, and node 2 serves x from its copy
+    // with node 1's subscription, without node 0's inbound id.
+    cl.lose(x1);
+    cl.kill(1);
+    let (x2, out) = cl.persistent_at(2, "x", 3);
+    assert!(present(&out));
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/1", "one", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(cl.out(x2).payloads(), ["one"]);
+    cl.send(
+        x2,
+        Packet::Publish(publish("u", "again", QoS::ExactlyOnce, 7)),
+    );
+    assert_eq!(acks(&cl.out(x2)), [(7, "pubrec")]);
+}
+
+/// The same when the stale owner's client goes away: the expiry it writes
+/// (a `Session` change, which from a new owner starts an image over) must
+/// not replace the new owner's copy.
+#[test]
+fn a_stale_owners_session_end_leaves_the_new_owners_copy() {
+    let mut cl = Cluster::new(3, 3);
+    let (y0, _) = cl.persistent_at(0, "y", 1);
+    cl.hs[0].subscribe(y0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (y1, _) = cl.persistent_at(1, "y", 2);
+    cl.hs[1].subscribe(y1.conn, "t/1", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(y1);
+    cl.lose(y0);
+    assert_eq!(cl.hs[0].b.metrics().replica_stale_sessions, 1);
+    cl.kill(1);
+    let (y2, out) = cl.persistent_at(2, "y", 3);
+    assert!(present(&out));
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/1", "one", QoS::AtLeastOnce, 1)),
+    );
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "zero", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(cl.out(y2).payloads(), ["one", "zero"]);
+}
+
+/// A node that leaves an owner's replica set forgets every copy of that
+/// owner's sessions (one operation), those of sessions that moved away
+/// since too: it would keep them for ever, and might serve them stale.
+#[test]
+fn a_node_that_leaves_the_replica_set_forgets_the_owners_copies() {
+    let mut cl = Cluster::new(3, 2);
+    // Node 0's replica set is node 1.
+    let (a, _) = cl.persistent(0, "a");
+    cl.lose(a);
+    let (k, _) = cl.persistent(0, "k");
+    cl.hs[0].subscribe(k.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(k);
+    assert_eq!(cl.hs[1].b.replica_images().0, 2);
+    // "a" moves to node 2 (whose replica set is node 0).
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "a");
+    let (a2, _) = cl.persistent(2, "a");
+    cl.lose(a2);
+    assert_eq!(cl.hs[1].b.replica_images().0, 2, "node 0's copy of a stays");
+    // Node 1 is away for node 0: node 2 stands in; node 1 leaves the set.
+    cl.cut(0, 1, true);
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    cl.pump();
+    cl.cut(0, 1, false);
+    assert_eq!(
+        cl.hs[1].b.replica_images().0,
+        0,
+        "the node that left kept node 0's copies"
+    );
+    // Back in the set: full images again, and the stand-in forgets.
+    cl.hs[0].b.set_peer_away(remote(1), false);
+    cl.pump();
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    assert_eq!(cl.hs[2].b.replica_images().0, 0);
+    cl.kill(0);
+    let (k, out) = cl.persistent(1, "k");
+    assert!(present(&out));
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1)));
+    assert_eq!(cl.out(k).payloads(), ["x"]);
+}
+
+/// The same when what was queued for the node that left is dropped (its
+/// link started over): it is told again when its link is back, while it
+/// is still outside the set.
+#[test]
+fn a_node_outside_the_replica_set_is_told_again_when_its_link_is_back() {
+    let mut cl = Cluster::new(3, 2);
+    let (a, _) = cl.persistent(0, "a");
+    cl.lose(a);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "a");
+    let (a2, _) = cl.persistent(2, "a");
+    cl.lose(a2);
+    assert_eq!(cl.hs[1].b.replica_images().0, 1);
+    cl.cut(0, 1, true);
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    cl.pump();
+    // The link's queue goes; the link comes back (the shell syncs it
+    // anew) before node 1 is marked reachable again.
+    cl.wires[0][1].clear();
+    cl.linked[0][1] = true;
+    cl.linked[1][0] = true;
+    cl.hs[0].b.peer_joined(remote(1));
+    cl.pump();
+    assert_eq!(
+        cl.hs[1].b.replica_images().0,
+        0,
+        "node 1 kept the copy of a session that moved away"
+    );
+}
+
 /// A replica that restarts (a new incarnation: what was queued for its
 /// former self is dropped, `peer_joined` runs again) never answers what
 /// was sent before: nothing may keep waiting for it.
