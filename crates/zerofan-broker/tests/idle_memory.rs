@@ -57,5 +57,7 @@ fn idle_connections_are_cheap() {
     // (`core/clients.rs`), `Connection` 208 -> 192 bytes (the certificate
     // identity among the rare parts) and `Session` 168 -> 160 (a session's
     // `Option<ConnId>` is 8 bytes): each a smaller allocator size class.
-    assert!(per < 450, "an idle connection keeps {per} heap bytes");
+    // 405 bytes once the session takes the CONNECT's client id without a
+    // clone (a clone gave its bytes a 24-byte shared header).
+    assert!(per < 425, "an idle connection keeps {per} heap bytes");
 }

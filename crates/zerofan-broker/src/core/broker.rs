@@ -715,9 +715,13 @@ impl Broker {
             None => {
                 let sid = SessionId(self.next_session);
                 self.next_session += 1;
+                // Moved, not cloned: a clone of the id would give its bytes a
+                // shared header (a second allocation) for the session's life.
                 self.sessions
-                    .insert(sid, Box::new(Session::new(client_id.clone(), protocol)));
-                self.by_client.insert(&self.sessions, &client_id, sid);
+                    .insert(sid, Box::new(Session::new(client_id, protocol)));
+                if let Some(s) = self.sessions.get(&sid) {
+                    self.by_client.insert(&self.sessions, &s.client_id, sid);
+                }
                 sid
             }
         };
@@ -759,15 +763,16 @@ impl Broker {
             }
         }
         self.metrics.clients_connected_total += 1;
-        if self.events.on() {
+        if let Some(s) = self.sessions.get(&sid).filter(|_| self.events.on()) {
             let user = self
                 .conns
                 .get(&conn)
                 .and_then(|c| c.sec.username.as_deref());
-            self.events.connected(&client_id, user, session_present);
+            self.events.connected(&s.client_id, user, session_present);
         }
-        self.auth_attach(conn, sid, client_id.as_str());
-        tracing::debug!(%conn, client_id = %client_id, ?protocol, session_present, "connected");
+        self.auth_attach(conn, sid);
+        let client_id = self.sessions.get(&sid).map_or("", |s| s.client_id.as_str());
+        tracing::debug!(%conn, client_id, ?protocol, session_present, "connected");
 
         let mut props = Properties::default();
         if v5 {
@@ -1194,11 +1199,7 @@ impl Broker {
             .filter_map(|(id, c)| c.session().map(|sid| (*id, sid)))
             .collect();
         for (conn, sid) in attached {
-            let client_id = match self.sessions.get(&sid) {
-                Some(s) => s.client_id.to_string(),
-                None => continue,
-            };
-            self.auth_attach(conn, sid, &client_id);
+            self.auth_attach(conn, sid);
         }
     }
 
@@ -1440,8 +1441,8 @@ impl Broker {
 
     /// The connection is attached to session `sid` as `client_id`: put the
     /// session under its listener's ACL (or take it out of any).
-    pub(crate) fn auth_attach(&mut self, conn: ConnId, sid: SessionId, client_id: &str) {
-        let Some(c) = self.conns.get(&conn) else {
+    pub(crate) fn auth_attach(&mut self, conn: ConnId, sid: SessionId) {
+        let (Some(c), Some(s)) = (self.conns.get(&conn), self.sessions.get(&sid)) else {
             return;
         };
         let acl = match c.sec.ext().superuser {
@@ -1456,7 +1457,8 @@ impl Broker {
         match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
-                self.auth.set_session_acl(sid, acl, client_id, username);
+                self.auth
+                    .set_session_acl(sid, acl, s.client_id.as_str(), username);
             }
             None => self.auth.forget_session(sid),
         }
