@@ -24,6 +24,7 @@ import pytest
 
 from cluster_check import History, parse, payload
 from conftest import Broker, free_port, launch_zerofan, zerofan_bin
+import mqttraw
 from pahoclient import PahoClient
 from pahoclient import props
 from paho.mqtt.packettypes import PacketTypes
@@ -134,9 +135,10 @@ def voters_with_leader(n: int):
 def nodes(tmp_path):
     made: list[Node] = []
 
-    def make(n: int) -> list[Node]:
+    def make(n: int, first_extra: list[str] | None = None) -> list[Node]:
         for i in range(1, n + 1):
             made.append(Node(i, free_port(), free_port(), tmp_path / f"n{i}"))
+        made[0].extra = first_extra or []
         made[0].start()
         wait_status(made[0], voters_with_leader(1), "node 1 alone")
         for node in made[1:]:
@@ -1133,41 +1135,18 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     n4.broker.terminate()
 
 
-def _mqtt(kind: int, body: bytes) -> bytes:
-    """One MQTT packet: fixed header byte, remaining length, body."""
-    n, head = len(body), bytearray([kind])
-    while True:
-        b, n = n % 128, n // 128
-        head.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(head) + body
-
-
-def _mqtt_str(s: bytes) -> bytes:
-    return struct.pack(">H", len(s)) + s
-
-
-def test_one_client_read_is_one_batch_to_the_replicas(tmp_path):
+def test_one_client_read_is_one_batch_to_the_replicas(nodes):
     """200 QoS 1 PUBLISHes for an offline persistent session, written in
     one send: the owner sends its replicas a batch per socket read, not
     one per PUBLISH (400 before), and the PUBACKs come back in order, each
     once the replicas have it."""
     http = free_port()
-    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
-    ns[0].extra = ["--http", f"127.0.0.1:{http}"]
-    pub = None
-    try:
-        ns[0].start()
-        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
-        for n in ns[1:]:
-            n.start(join=ns[0])
-        wait_status(ns[0], voters_with_leader(3), "3 members")
-        sub = _persistent(ns[0], "batched-sub", 5)
-        assert sub.subscribe("b/#", 1) == [1]
-        sub.disconnect()
-        pub = socket.create_connection(("127.0.0.1", ns[0].mqtt_port), timeout=WAIT)
-        connect = _mqtt_str(b"MQTT") + bytes([4, 0x02]) + struct.pack(">H", 60)
-        pub.sendall(_mqtt(0x10, connect + _mqtt_str(b"batched-pub")))
+    ns = nodes(3, first_extra=["--http", f"127.0.0.1:{http}"])
+    sub = _persistent(ns[0], "batched-sub", 5)
+    assert sub.subscribe("b/#", 1) == [1]
+    sub.disconnect()
+    with socket.create_connection(("127.0.0.1", ns[0].mqtt_port), timeout=WAIT) as pub:
+        pub.sendall(mqttraw.connect("batched-pub", version=4))
         got = b""
         deadline = time.monotonic() + WAIT
         while len(got) < 4 and time.monotonic() < deadline:
@@ -1176,7 +1155,7 @@ def test_one_client_read_is_one_batch_to_the_replicas(tmp_path):
         before = metric(http, "zerofan_cluster_replicated_batches_total")
         n = 200
         burst = b"".join(
-            _mqtt(0x32, _mqtt_str(b"b/x") + struct.pack(">H", pid) + b"m%03d" % pid)
+            mqttraw.publish("b/x", b"m%03d" % pid, qos=1, packet_id=pid, version=4)
             for pid in range(1, n + 1))
         pub.sendall(burst)
         acks = b""
@@ -1189,11 +1168,3 @@ def test_one_client_read_is_one_batch_to_the_replicas(tmp_path):
         print(f"{batches:.0f} batches to the replicas for {n} PUBLISHes")
         # Two replicas; a few reads at most for 3 KB on loopback.
         assert 2 <= batches <= 40, batches
-    finally:
-        if pub is not None:
-            pub.close()
-        errors = []
-        for n in ns:
-            if n.broker is not None and n.broker.terminate() != 0:
-                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
-        assert not errors, "\n".join(errors)
