@@ -44,6 +44,7 @@ use crate::config::{Config, QueueFull};
 use crate::ratelimit::Verdict;
 use bytes::Bytes;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -2878,7 +2879,7 @@ impl Broker {
             match pick {
                 Some(e) => {
                     item.qos = e.options.qos.min(item.msg.qos);
-                    item.sub_ids = e.id.into_iter().collect();
+                    item.sub_ids = e.id.map(NonZeroU32::get).into_iter().collect();
                     self.enqueue(now, e.session, item);
                 }
                 None if keep_if_alone => {
@@ -3441,7 +3442,7 @@ impl Broker {
                 let entry = SubEntry {
                     session: sid,
                     options,
-                    id: sub.id,
+                    id: sub.id.and_then(NonZeroU32::new),
                 };
                 self.router.subscribe(&sub.filter, entry);
                 s.subscriptions.insert(
@@ -3661,7 +3662,9 @@ impl Broker {
             let entry = SubEntry {
                 session: sid,
                 options,
-                id: sub_id,
+                // The codec refuses an identifier of 0 (a protocol error):
+                // none is lost by keeping it as non-zero.
+                id: sub_id.and_then(NonZeroU32::new),
             };
             self.dur_subscribed(sid, filter, record);
             self.router.subscribe(filter, entry);

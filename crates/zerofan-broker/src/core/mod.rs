@@ -116,6 +116,7 @@ mod session;
 pub mod store;
 mod submap;
 mod subscribe;
+mod subscribers;
 mod sys;
 pub use sys::sys_figures;
 mod timers;

@@ -15,6 +15,7 @@
 use super::ids::SessionId;
 use super::peer::PeerId;
 use super::trie::{Hit, SubEntry, Trie};
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use zerofan_codec::{QoS, SubscriptionOptions};
 
@@ -81,7 +82,7 @@ impl Iterator for Routed {
             let mut qos = first.options.qos.min(self.qos);
             let mut retain = first.options.retain_as_published && self.retain;
             let mut sub_ids = match first.id {
-                Some(id) => vec![id],
+                Some(id) => vec![id.get()],
                 None => Vec::new(),
             };
             if self.overlap {
@@ -91,7 +92,7 @@ impl Iterator for Routed {
                     }
                     qos = qos.max(e.options.qos.min(self.qos));
                     retain |= e.options.retain_as_published && self.retain;
-                    sub_ids.extend(e.id);
+                    sub_ids.extend(e.id.map(NonZeroU32::get));
                     self.next += 1;
                 }
             }
@@ -108,7 +109,7 @@ impl Iterator for Routed {
             session: e.session,
             qos: e.options.qos.min(self.qos),
             retain: e.options.retain_as_published && self.retain,
-            sub_ids: e.id.into_iter().collect(),
+            sub_ids: e.id.map(NonZeroU32::get).into_iter().collect(),
             share: Some(key),
         })
     }
@@ -422,7 +423,7 @@ mod tests {
                 qos,
                 ..SubscriptionOptions::default()
             },
-            id,
+            id: id.and_then(NonZeroU32::new),
         }
     }
 

@@ -5,6 +5,8 @@
 
 use super::children::Children;
 use super::ids::SessionId;
+use super::subscribers::Subscribers;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use zerofan_codec::SubscriptionOptions;
 
@@ -16,7 +18,7 @@ pub(super) struct SubEntry {
     /// Its options.
     pub options: SubscriptionOptions,
     /// Its subscription identifier (MQTT 5).
-    pub id: Option<u32>,
+    pub id: Option<NonZeroU32>,
 }
 
 /// The members of one `$share/{group}/{filter}`; each message goes to one.
@@ -105,8 +107,8 @@ struct Node {
     /// subscription in the trie, ~330 boxed). A single child is kept
     /// without a map (see `children.rs`).
     children: Children<Node>,
-    /// Ordered by session (see `Trie::insert`).
-    subs: Vec<SubEntry>,
+    /// Ordered by session (see `Trie::insert`); one kept inline.
+    subs: Subscribers,
     /// `+`, `#` and shared groups, allocated on first use and dropped when
     /// empty: a device fleet's nodes have none, and inline they made every
     /// node 96 bytes instead of 64 (two nodes per `devices/{id}/cmd`).
@@ -245,23 +247,7 @@ impl Trie {
                 // Kept ordered by session: routing merges a session's
                 // overlapping subscriptions by sorting its matches, and one
                 // node's are then in order already.
-                return match node
-                    .subs
-                    .binary_search_by_key(&entry.session, |e| e.session)
-                {
-                    Ok(i) => {
-                        node.subs[i] = entry;
-                        false
-                    }
-                    Err(i) => {
-                        // Most filters have one subscriber (a device's own
-                        // topic): room for one, not the four a Vec's first
-                        // growth reserves (72 bytes more each).
-                        node.subs.reserve_exact(1);
-                        node.subs.insert(i, entry);
-                        true
-                    }
-                };
+                return node.subs.upsert(entry);
             }
             Some(g) => {
                 let shared = &mut node.rare_mut().shared;
@@ -373,7 +359,7 @@ fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<B
 }
 
 fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
-    for e in &node.subs {
+    for e in node.subs.as_slice() {
         f(Hit::Direct(e));
     }
     if let Some(r) = node.rare.as_deref_mut() {
@@ -442,11 +428,7 @@ fn branch<'t>(
 fn remove_in(node: &mut Node, levels: &[&[u8]], group: Option<&str>, session: SessionId) -> bool {
     match levels.split_first() {
         None => match group {
-            None => {
-                let before = node.subs.len();
-                node.subs.retain(|e| e.session != session);
-                before != node.subs.len()
-            }
+            None => node.subs.remove(session),
             Some(g) => {
                 let Some(rare) = node.rare.as_deref_mut() else {
                     return false;
