@@ -74,6 +74,11 @@ impl Claims {
         Some(connect)
     }
 
+    /// The client id `conn`'s claim is for, while it waits.
+    pub(crate) fn client_of(&self, conn: ConnId) -> Option<&str> {
+        self.waiting.get(&conn).map(|c| c.client_id.as_str())
+    }
+
     /// `conn` closed: forget what it waited for.
     pub(crate) fn forget(&mut self, conn: ConnId) {
         self.waiting.remove(&conn);
