@@ -1104,7 +1104,7 @@ impl Broker {
         // Refused rather than served: an old session given silently loses
         // or repeats what the client saw acknowledged since; a clean one
         // says so (session present 0). No other node's copy is asked for.
-        let client: Option<Box<str>> = self.claims.client_of(conn).map(Into::into);
+        let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
         if let (true, Some(prev), Some(client)) = (granted, prev, client) {
             let mut disk = super::replica::Disk::new(&mut self.durable);
             if self.repl.images.refuse_stale(&client, &prev, &mut disk) {

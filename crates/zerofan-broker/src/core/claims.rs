@@ -74,9 +74,13 @@ impl Claims {
         Some(connect)
     }
 
-    /// The client id `conn`'s claim is for, while it waits.
-    pub(crate) fn client_of(&self, conn: ConnId) -> Option<&str> {
-        self.waiting.get(&conn).map(|c| c.client_id.as_str())
+    /// The client id `conn`'s claim is for, while it waits, unless its
+    /// CONNECT starts clean (a copy here goes anyway).
+    pub(crate) fn resumes(&self, conn: ConnId) -> Option<&str> {
+        self.waiting
+            .get(&conn)
+            .filter(|c| !c.clean_start)
+            .map(|c| c.client_id.as_str())
     }
 
     /// `conn` closed: forget what it waited for.
