@@ -111,7 +111,12 @@ pub(crate) struct Envelope {
 pub(crate) enum Reply {
     Status(Box<ClusterStatus>),
     Done,
-    Claimed { owner: u64, epoch: u64 },
+    Claimed {
+        owner: u64,
+        epoch: u64,
+        #[serde(default)]
+        previous: Option<(u64, u64)>,
+    },
     Error(String),
     Removed(RemoveReport),
     Drained(DrainReport),

@@ -459,16 +459,33 @@ impl Cluster {
     /// An error (no leader yet, leader changed mid-write) leaves the claim
     /// unknown: retry; a claim that did commit only raises the epoch.
     pub async fn claim(&self, client_id: &str) -> Result<(u64, u64), ClusterError> {
+        self.claim_from(client_id)
+            .await
+            .map(|(owner, epoch, _)| (owner, epoch))
+    }
+
+    /// [`Cluster::claim`], with the owner before it that is not this node
+    /// and that owner's epoch, as the log's table had them when the claim
+    /// applied (`None`: no owner there).
+    #[allow(clippy::type_complexity)]
+    pub async fn claim_from(
+        &self,
+        client_id: &str,
+    ) -> Result<(u64, u64, Option<(u64, u64)>), ClusterError> {
         let req = admin::Request::Claim {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
         };
         let sent = Instant::now();
         match self.inner.on_leader(req, false).await {
-            Reply::Claimed { owner, epoch } => {
+            Reply::Claimed {
+                owner,
+                epoch,
+                previous,
+            } => {
                 // Committed by a quorum after `sent`: as good as a renewal.
                 self.inner.renewed(sent);
-                Ok((owner, epoch))
+                Ok((owner, epoch, previous))
             }
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
@@ -711,9 +728,17 @@ impl Inner {
                 };
                 match self.raft.client_write(cmd).await {
                     Ok(r) => match r.data {
-                        SmReply::Claimed { owner, epoch } => {
+                        SmReply::Claimed {
+                            owner,
+                            epoch,
+                            previous,
+                        } => {
                             self.grants().answered(node_id, Instant::now());
-                            Reply::Claimed { owner, epoch }
+                            Reply::Claimed {
+                                owner,
+                                epoch,
+                                previous,
+                            }
                         }
                         SmReply::Refused(why) => Reply::Error(why),
                         SmReply::None => Reply::Error("claim answered nothing".into()),

@@ -309,7 +309,7 @@ impl Sim {
         };
         match timeout(Duration::from_secs(2), raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {
-                Reply::Claimed { owner, epoch } => {
+                Reply::Claimed { owner, epoch, .. } => {
                     assert_eq!(owner, via);
                     self.acked
                         .entry(client.into())
@@ -493,7 +493,14 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(r.data, Reply::Claimed { owner: 1, epoch: 2 });
+    assert_eq!(
+        r.data,
+        Reply::Claimed {
+            owner: 1,
+            epoch: 2,
+            previous: None
+        }
+    );
     let after = node.log.last_index();
     node.raft.shutdown().await.unwrap();
     drop(node);
@@ -633,7 +640,7 @@ impl Leases {
         };
         match timeout(Duration::from_secs(2), node.raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {
-                Reply::Claimed { owner, epoch } => {
+                Reply::Claimed { owner, epoch, .. } => {
                     self.grants[&leader]
                         .lock()
                         .unwrap()

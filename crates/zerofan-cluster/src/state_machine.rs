@@ -44,6 +44,12 @@ pub struct SmData {
     pub(crate) owners: BTreeMap<String, (u64, u64)>,
     /// Epoch of a released client id, so a later claim still rises above it.
     pub(crate) released: BTreeMap<String, u64>,
+    /// Client id -> the owner before the current one (another node) and
+    /// its epoch: a claim's answer names it, so the claimant can tell
+    /// whether a copy of the session it holds is the newest. Keys are a
+    /// subset of `owners`'.
+    #[serde(default)]
+    pub(crate) previous: BTreeMap<String, (u64, u64)>,
     pub(crate) claims: u64,
     pub(crate) fenced_takeovers: u64,
     pub(crate) refused: u64,
@@ -98,6 +104,20 @@ impl SmShared {
                     .unwrap_or(0);
                 let epoch = base + 1;
                 data.released.remove(&client_id);
+                // The claimant's own earlier claims (retries that
+                // committed, clients that left before the answer) wrote
+                // nothing another node could hold: name the owner before.
+                let previous = match prev {
+                    Some((old, _)) if old == node => data.previous.get(&client_id).copied(),
+                    Some(p) => {
+                        data.previous.insert(client_id.clone(), p);
+                        Some(p)
+                    }
+                    None => {
+                        data.previous.remove(&client_id);
+                        None
+                    }
+                };
                 data.owners.insert(client_id.clone(), (node, epoch));
                 data.claims += 1;
                 if let Some((old, _)) = prev {
@@ -115,12 +135,17 @@ impl SmShared {
                         }
                     }
                 }
-                Reply::Claimed { owner: node, epoch }
+                Reply::Claimed {
+                    owner: node,
+                    epoch,
+                    previous,
+                }
             }
             Command::Release { client_id, epoch } => {
                 if let Some(&(_, held)) = data.owners.get(&client_id) {
                     if held == epoch {
                         data.owners.remove(&client_id);
+                        data.previous.remove(&client_id);
                         // Bounded by MAX_CLIENT_IDS as the owners table is.
                         if data.released.len() < MAX_CLIENT_IDS {
                             data.released.insert(client_id, epoch);
@@ -291,5 +316,50 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(sm: &SmShared, data: &mut SmData, node: u64) -> Reply {
+        let cmd = Command::Claim {
+            client_id: "c".into(),
+            node,
+        };
+        sm.apply_command(data, cmd)
+    }
+
+    fn claimed(epoch: u64, owner: u64, previous: Option<(u64, u64)>) -> Reply {
+        Reply::Claimed {
+            owner,
+            epoch,
+            previous,
+        }
+    }
+
+    /// A claim names the owner before it that is not the claimant: a retry
+    /// that committed twice, or a claim whose client left, does not hide
+    /// the node whose copies the claimant may hold.
+    #[test]
+    fn a_claim_names_the_previous_other_owner() {
+        let (tx, _rx) = mpsc::channel(8);
+        let sm = SmShared::new(9, tx);
+        let mut d = SmData::default();
+        assert_eq!(claim(&sm, &mut d, 1), claimed(1, 1, None));
+        assert_eq!(claim(&sm, &mut d, 2), claimed(2, 2, Some((1, 1))));
+        assert_eq!(claim(&sm, &mut d, 2), claimed(3, 2, Some((1, 1))));
+        assert_eq!(claim(&sm, &mut d, 3), claimed(4, 3, Some((2, 3))));
+        assert_eq!(claim(&sm, &mut d, 3), claimed(5, 3, Some((2, 3))));
+        assert_eq!(claim(&sm, &mut d, 2), claimed(6, 2, Some((3, 5))));
+        // Released: no owner before the next claim.
+        let release = Command::Release {
+            client_id: "c".into(),
+            epoch: 6,
+        };
+        sm.apply_command(&mut d, release);
+        assert!(d.previous.is_empty());
+        assert_eq!(claim(&sm, &mut d, 1), claimed(7, 1, None));
     }
 }

@@ -46,6 +46,10 @@ pub enum Reply {
         owner: u64,
         /// Epoch, strictly rising per client id.
         epoch: u64,
+        /// The owner before it that is not the claimant, and that owner's
+        /// epoch (`None`: none in the table).
+        #[serde(default)]
+        previous: Option<(u64, u64)>,
     },
     /// The claim was refused (the table of client ids is full).
     Refused(String),

@@ -1096,6 +1096,33 @@ impl Broker {
         self.end_event();
     }
 
+    /// [`Broker::claim_answered_at`], with the owner before this claim as
+    /// the cluster's log had it (see `replica/previous.rs`): an image kept
+    /// here that this owner did not write under that epoch is stale.
+    pub fn claim_answered_from(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        granted: bool,
+        epoch: u64,
+        prev: Option<super::PreviousOwner>,
+    ) {
+        // Refused rather than served: an old session given silently loses
+        // or repeats what the client saw acknowledged since; a clean one
+        // says so (session present 0). No other node's copy is asked for.
+        let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
+        if let (true, Some(prev), Some(client)) = (granted, prev, client) {
+            let mut disk = super::replica::Disk::new(&mut self.durable);
+            if self.repl.images.refuse_stale(&client, &prev, &mut disk) {
+                self.metrics.stale_copies_refused += 1;
+                tracing::warn!(client_id = %client, prev_epoch = prev.epoch,
+                    "session copy here is older than the previous owner's: starting clean");
+            }
+            self.metrics.store_errors += disk.errors;
+        }
+        self.claim_answered_at(now, conn, granted, epoch);
+    }
+
     /// In a cluster: this node's id and the wall clock at `now` (Unix ms),
     /// which order retained changes cluster-wide (see `retain_order`).
     pub fn set_node_id(&mut self, node: u64, now: Instant, unix_ms: u64) {

@@ -74,6 +74,15 @@ impl Claims {
         Some(connect)
     }
 
+    /// The client id `conn`'s claim is for, while it waits, unless its
+    /// CONNECT starts clean (a copy here goes anyway).
+    pub(crate) fn resumes(&self, conn: ConnId) -> Option<&str> {
+        self.waiting
+            .get(&conn)
+            .filter(|c| !c.clean_start)
+            .map(|c| c.client_id.as_str())
+    }
+
     /// `conn` closed: forget what it waited for.
     pub(crate) fn forget(&mut self, conn: ConnId) {
         self.waiting.remove(&conn);

@@ -426,6 +426,15 @@ counters! {
                 "zerofan_cluster_replica_stale_sessions_total",
                 "Sessions ended here because a replica reported their changes stale.",
             )),
+        /// Copies kept here not served to a claim: the previous owner (as
+        /// the cluster's log had it) had not written them, so they were
+        /// stale; the client got a clean session.
+        pub stale_copies_refused: u64 = CounterDef::NEW
+            .sys("cluster/stale_copies_refused")
+            .prom(Family::new(
+                "zerofan_cluster_stale_copies_refused_total",
+                "Session copies not served to a claim: older than the previous owner's.",
+            )),
         /// Client ids whose newest epoch a replica forgot: its table was
         /// full (only ids with no copy there).
         pub replica_epochs_forgotten: u64 = CounterDef::NEW

@@ -140,6 +140,7 @@ pub use observe::{
 };
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
+pub use replica::PreviousOwner;
 pub use replica::ReplOp;
 pub use retain_order::Stamp;
 pub use token::JwtAuth;

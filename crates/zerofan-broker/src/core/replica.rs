@@ -39,10 +39,12 @@ use super::durable::DurableLog;
 mod batch;
 mod disk;
 mod fence;
+mod previous;
 mod read;
 mod window;
 pub(crate) use disk::{Disk, Drops};
 pub(crate) use fence::Fence;
+pub use previous::PreviousOwner;
 pub(crate) use read::joins_read;
 
 /// One durable operation of a persistent session, as an owner sends it to

@@ -6,6 +6,7 @@
 
 use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
+use crate::core::PreviousOwner;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -34,13 +35,19 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
             };
             let (s, c) = (shared.clone(), cluster.clone());
             tokio::task::spawn_local(async move {
-                let epoch = claim(&c, &req.client_id).await;
+                let got = claim(&c, &req.client_id).await;
                 drop(slot);
-                s.broker.borrow_mut().claim_answered_at(
+                // A node never linked to has no peer id, and no copy here.
+                let prev = got.and_then(|(_, p)| p).map(|(node, epoch)| PreviousOwner {
+                    peer: s.links.as_ref().and_then(|l| l.known_peer(node)),
+                    epoch,
+                });
+                s.broker.borrow_mut().claim_answered_from(
                     Instant::now(),
                     req.conn,
-                    epoch.is_some(),
-                    epoch.unwrap_or(0),
+                    got.is_some(),
+                    got.map_or(0, |(e, _)| e),
+                    prev,
                 );
                 s.dispatch();
             });
@@ -48,15 +55,17 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
     }
 }
 
-/// The epoch under which this node now owns `client_id`, if it does. A
-/// claim that fails for want of a leader is tried again until
-/// [`CLAIM_TIMEOUT`].
-async fn claim(cluster: &Cluster, client_id: &str) -> Option<u64> {
+/// The epoch under which this node now owns `client_id`, if it does, and
+/// the owner before it (node, epoch). A claim that fails for want of a
+/// leader is tried again until [`CLAIM_TIMEOUT`].
+async fn claim(cluster: &Cluster, client_id: &str) -> Option<(u64, Option<(u64, u64)>)> {
     let deadline = tokio::time::Instant::now() + CLAIM_TIMEOUT;
     let mut pause = Duration::from_millis(20);
     loop {
-        match tokio::time::timeout_at(deadline, cluster.claim(client_id)).await {
-            Ok(Ok((owner, epoch))) => return (owner == cluster.node_id()).then_some(epoch),
+        match tokio::time::timeout_at(deadline, cluster.claim_from(client_id)).await {
+            Ok(Ok((owner, epoch, prev))) => {
+                return (owner == cluster.node_id()).then_some((epoch, prev))
+            }
             Ok(Err(e)) => {
                 tracing::debug!(client_id, error = %e, "claim failed; retrying");
             }

@@ -269,6 +269,11 @@ impl Links {
         Some(p)
     }
 
+    /// The peer id of `node` if it has one (no new one given).
+    pub(super) fn known_peer(&self, node: u64) -> Option<PeerId> {
+        self.ids.borrow().get(&node).copied()
+    }
+
     /// Encode what the core has for other nodes into their queues (from
     /// `Shared::dispatch`).
     pub(super) fn send_from(&self, shared: &Shared) {

@@ -10,7 +10,7 @@ use crate::core::durable::{
     StoredWill, SubOptions,
 };
 use crate::core::peer_wire::{FrameDecoder, FrameEncoder, LinkFrame};
-use crate::core::{ClaimRequest, PeerId};
+use crate::core::{ClaimRequest, PeerId, PreviousOwner};
 use std::collections::HashMap;
 
 /// A store that keeps nothing but counts, and is durable at each commit.
@@ -107,6 +107,8 @@ struct Cluster {
     dead: Vec<bool>,
     /// The epoch the next claim is granted with (0: not known).
     epoch: u64,
+    /// The owner before the next claim, as the log would name it.
+    prev: Option<PreviousOwner>,
     enc: FrameEncoder,
     dec: FrameDecoder,
 }
@@ -142,6 +144,7 @@ impl Cluster {
                 .collect(),
             dead: vec![false; n],
             epoch: 0,
+            prev: None,
             enc: FrameEncoder::default(),
             dec: FrameDecoder::default(),
         };
@@ -241,7 +244,7 @@ impl Cluster {
         let now = self.hs[node].now;
         self.hs[node]
             .b
-            .claim_answered_at(now, conn, true, self.epoch);
+            .claim_answered_from(now, conn, true, self.epoch, self.prev);
         self.pump();
         let cx = Cx { node, conn };
         (cx, self.out(cx))
@@ -257,6 +260,32 @@ impl Cluster {
         let r = self.persistent(node, id);
         self.epoch = 0;
         r
+    }
+
+    /// A persistent session claimed under `epoch` from `prev` (node) at
+    /// `prev_epoch`.
+    fn persistent_after(
+        &mut self,
+        node: usize,
+        id: &str,
+        epoch: u64,
+        prev: usize,
+        prev_epoch: u64,
+    ) -> (Cx, Out) {
+        self.prev = Some(PreviousOwner {
+            peer: Some(remote(prev)),
+            epoch: prev_epoch,
+        });
+        let r = self.persistent_at(node, id, epoch);
+        self.prev = None;
+        r
+    }
+
+    /// `a` and `b` cut from each other and marked away (or back).
+    fn away(&mut self, a: usize, b: usize, away: bool) {
+        self.hs[a].b.set_peer_away(remote(b), away);
+        self.hs[b].b.set_peer_away(remote(a), away);
+        self.cut(a, b, away);
     }
 
     fn send(&mut self, c: Cx, p: Packet) {
@@ -1862,4 +1891,65 @@ fn a_read_ends_its_batch_before_a_session_changing_packet() {
             assert_eq!(acks(&cl.out(publ)), [(1, "puback")], "{what}");
         }
     }
+}
+
+/// Node 2 was away while node 1 owned "x" (epoch 2) and wrote copies it
+/// never got; node 1 dies. Node 2's copy is node 0's (epoch 1): the claim
+/// must not serve it, or the client would find node 0's session (its
+/// subscription, not node 1's) as if it were current.
+#[test]
+fn a_claim_does_not_serve_a_copy_older_than_the_previous_owners() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.away(0, 2, true);
+    cl.away(1, 2, true);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    cl.pump();
+    let (x1, out) = cl.persistent_after(1, "x", 2, 0, 1);
+    assert!(present(&out), "node 1's copy is node 0's, current");
+    cl.hs[1].subscribe(x1.conn, "t/1", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x1);
+    cl.kill(1);
+    cl.away(0, 2, false);
+    let (x2, out) = cl.persistent_after(2, "x", 3, 1, 2);
+    assert!(!present(&out), "served a copy older than node 1's");
+    assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 1);
+    assert_eq!(cl.hs[2].b.metrics().replica_installs, 0);
+    // Node 0's subscription did not come back with it.
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "old", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert!(cl.out(x2).payloads().is_empty());
+}
+
+/// The copy the previous owner wrote under its epoch is served, even when
+/// the claim's epoch is not the next one (a retry that committed twice).
+#[test]
+fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "queued", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.kill(0);
+    let (x2, out) = cl.persistent_after(2, "x", 3, 0, 1);
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(x2).payloads());
+    assert_eq!(got, ["queued"]);
+    assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 0);
+    assert_eq!(cl.hs[2].b.metrics().replica_installs, 1);
 }
