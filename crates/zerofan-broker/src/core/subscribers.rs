@@ -91,15 +91,6 @@ impl Subscribers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zerofan_codec::SubscriptionOptions;
-
-    fn entry(s: u64) -> SubEntry {
-        SubEntry {
-            session: SessionId(s),
-            options: SubscriptionOptions::default(),
-            id: None,
-        }
-    }
 
     fn sessions(s: &Subscribers) -> Vec<u64> {
         s.as_slice().iter().map(|e| e.session.0).collect()
@@ -110,11 +101,11 @@ mod tests {
         assert_eq!(std::mem::size_of::<Subscribers>(), 24);
         let mut s = Subscribers::default();
         assert!(s.is_empty());
-        assert!(s.upsert(entry(5)));
+        assert!(s.upsert(SubEntry::plain(5)));
         assert!(matches!(s, Subscribers::One(_)));
-        assert!(!s.upsert(entry(5)));
-        assert!(s.upsert(entry(2)));
-        assert!(s.upsert(entry(9)));
+        assert!(!s.upsert(SubEntry::plain(5)));
+        assert!(s.upsert(SubEntry::plain(2)));
+        assert!(s.upsert(SubEntry::plain(9)));
         assert_eq!(sessions(&s), [2, 5, 9]);
         assert!(!s.remove(SessionId(7)));
         assert!(s.remove(SessionId(5)));

@@ -460,17 +460,21 @@ fn remove_in(node: &mut Node, levels: &[&[u8]], group: Option<&str>, session: Se
     }
 }
 
+/// A plain subscription of `session` (default options, no identifier).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(s: u64) -> SubEntry {
+impl SubEntry {
+    pub(super) fn plain(session: u64) -> SubEntry {
         SubEntry {
-            session: SessionId(s),
+            session: SessionId(session),
             options: SubscriptionOptions::default(),
             id: None,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn matched(t: &mut Trie, topic: &str) -> Vec<u64> {
         let mut out = Vec::new();
@@ -485,11 +489,11 @@ mod tests {
     #[test]
     fn wildcards() {
         let mut t = Trie::default();
-        t.insert("a/b", None, entry(1));
-        t.insert("a/+", None, entry(2));
-        t.insert("a/#", None, entry(3));
-        t.insert("#", None, entry(4));
-        t.insert("+/+/c", None, entry(5));
+        t.insert("a/b", None, SubEntry::plain(1));
+        t.insert("a/+", None, SubEntry::plain(2));
+        t.insert("a/#", None, SubEntry::plain(3));
+        t.insert("#", None, SubEntry::plain(4));
+        t.insert("+/+/c", None, SubEntry::plain(5));
         assert_eq!(matched(&mut t, "a/b"), vec![1, 2, 3, 4]);
         assert_eq!(matched(&mut t, "a"), vec![3, 4]);
         assert_eq!(matched(&mut t, "a/x/c"), vec![3, 4, 5]);
@@ -499,9 +503,9 @@ mod tests {
     #[test]
     fn dollar_topics_skip_first_level_wildcards() {
         let mut t = Trie::default();
-        t.insert("#", None, entry(1));
-        t.insert("+/x", None, entry(2));
-        t.insert("$SYS/#", None, entry(3));
+        t.insert("#", None, SubEntry::plain(1));
+        t.insert("+/x", None, SubEntry::plain(2));
+        t.insert("$SYS/#", None, SubEntry::plain(3));
         assert_eq!(matched(&mut t, "$SYS/x"), vec![3]);
         assert_eq!(matched(&mut t, "s/x"), vec![1, 2]);
     }
@@ -509,15 +513,15 @@ mod tests {
     #[test]
     fn remove_prunes() {
         let mut t = Trie::default();
-        assert!(t.insert("a/b/c", None, entry(1)));
-        assert!(!t.insert("a/b/c", None, entry(1)));
+        assert!(t.insert("a/b/c", None, SubEntry::plain(1)));
+        assert!(!t.insert("a/b/c", None, SubEntry::plain(1)));
         assert!(t.remove("a/b/c", None, SessionId(1)));
         assert!(!t.remove("a/b/c", None, SessionId(1)));
         assert!(t.root.is_empty());
         // Wildcards and shared groups too, down to the rare parts.
-        t.insert("a/+/#", None, entry(1));
-        t.insert("a/+", Some("g"), entry(2));
-        t.insert("#", Some("g"), entry(3));
+        t.insert("a/+/#", None, SubEntry::plain(1));
+        t.insert("a/+", Some("g"), SubEntry::plain(2));
+        t.insert("#", Some("g"), SubEntry::plain(3));
         assert_eq!(matched(&mut t, "a/b"), vec![1, 1002, 1003]);
         assert!(t.remove("a/+/#", None, SessionId(1)));
         assert!(t.remove("a/+", Some("g"), SessionId(2)));
@@ -551,11 +555,11 @@ mod tests {
         // The loop over plain nodes hands over to the branching walk
         // wherever a node has `+`, `#` or a group, at any depth.
         let mut t = Trie::default();
-        t.insert("a/b/c/d", None, entry(1));
-        t.insert("a/b/+/d", None, entry(2));
-        t.insert("a/b/c/#", None, entry(3));
-        t.insert("a/b/c/d", Some("g"), entry(4));
-        t.insert("x/y", None, entry(5));
+        t.insert("a/b/c/d", None, SubEntry::plain(1));
+        t.insert("a/b/+/d", None, SubEntry::plain(2));
+        t.insert("a/b/c/#", None, SubEntry::plain(3));
+        t.insert("a/b/c/d", Some("g"), SubEntry::plain(4));
+        t.insert("x/y", None, SubEntry::plain(5));
         assert_eq!(matched(&mut t, "a/b/c/d"), vec![1, 2, 3, 1004]);
         assert_eq!(matched(&mut t, "a/b/c"), vec![3]);
         assert_eq!(matched(&mut t, "a/b/z/d"), vec![2]);
@@ -564,7 +568,7 @@ mod tests {
         assert_eq!(matched(&mut t, "x/y/z"), Vec::<u64>::new());
         assert_eq!(matched(&mut t, "x"), Vec::<u64>::new());
         assert_eq!(matched(&mut t, "x//y"), Vec::<u64>::new());
-        t.insert("x//y", None, entry(6));
+        t.insert("x//y", None, SubEntry::plain(6));
         assert_eq!(matched(&mut t, "x//y"), vec![6]);
         assert_eq!(matched(&mut t, "/"), Vec::<u64>::new());
     }
@@ -579,10 +583,10 @@ mod tests {
     #[test]
     fn counts_and_filters() {
         let mut t = Trie::default();
-        t.insert("a/+", None, entry(1));
-        t.insert("a/+", None, entry(2));
-        t.insert("a/+", Some("g"), entry(3));
-        t.insert("#", None, entry(4));
+        t.insert("a/+", None, SubEntry::plain(1));
+        t.insert("a/+", None, SubEntry::plain(2));
+        t.insert("a/+", Some("g"), SubEntry::plain(3));
+        t.insert("#", None, SubEntry::plain(4));
         assert_eq!(t.count("a/+", None), 2);
         assert_eq!(t.count("a/+", Some("g")), 1);
         assert_eq!(t.count("a/b", None), 0);
@@ -602,9 +606,9 @@ mod tests {
     #[test]
     fn shared_round_robin_prefers_online() {
         let mut t = Trie::default();
-        t.insert("s", Some("g"), entry(1));
-        t.insert("s", Some("g"), entry(2));
-        t.insert("s", Some("g"), entry(3));
+        t.insert("s", Some("g"), SubEntry::plain(1));
+        t.insert("s", Some("g"), SubEntry::plain(2));
+        t.insert("s", Some("g"), SubEntry::plain(3));
         let mut got = Vec::new();
         for _ in 0..6 {
             t.for_each_match("s", |h| {
