@@ -5022,9 +5022,7 @@ impl Broker {
             self.metrics.replica_stale_sessions += 1;
             let conn = MqttStr::try_from(&*client)
                 .ok()
-                .and_then(|id| self.by_client.get(&self.sessions, &id))
-                .and_then(|sid| self.sessions.get(&sid))
-                .and_then(|s| s.conn);
+                .and_then(|id| self.open_connection_of(&id));
             if let Some(conn) = conn {
                 self.repl.forget(conn);
             }
