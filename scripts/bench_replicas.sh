@@ -50,7 +50,13 @@ run_bench() { # label port [sub_port]
 wait_members() { # cluster addr, count
     for _ in $(seq 1 100); do
         if "$BIN" cluster status --connect "$1" --json 2>/dev/null |
-            python3 -c 'import json,sys; s=json.load(sys.stdin); m=s["members"]; sys.exit(0 if len(m)=='"$2"' and all(x["healthy"] for x in m) else 1)'; then
+            python3 -c '
+import json, sys
+try:  # no answer yet while the cluster forms: try again
+    m = json.load(sys.stdin)["members"]
+except (ValueError, KeyError):
+    sys.exit(1)
+sys.exit(0 if len(m) == '"$2"' and all(x["healthy"] for x in m) else 1)'; then
             return 0
         fi
         sleep 0.2
