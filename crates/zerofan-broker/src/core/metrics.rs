@@ -337,6 +337,15 @@ counters! {
         pub connect_timeouts: u64 = CounterDef::NEW
             .sys("errors/connect_timeouts")
             .prom_as(CONNECTION_ERRORS, "reason", "connect_timeout"),
+        /// Connections closed at once after their FIN, not read on for a
+        /// moment, because as many sockets lingered already (see
+        /// `shell/linger.rs`).
+        pub lingers_skipped: u64 = CounterDef::NEW
+            .sys("clients/lingers_skipped")
+            .prom(Family::new(
+                "zerofan_connection_lingers_skipped_total",
+                "Closed connections not read on after their FIN because too many sockets lingered already.",
+            )),
         /// Sessions taken over by a new connection with the same client id.
         pub takeovers: u64 = CounterDef::NEW.sys("sessions/takeovers").prom(Family::new(
             "zerofan_session_takeovers_total",

@@ -473,6 +473,9 @@ impl Conn {
                         Transport::Boxed(s) => Pin::new(s).poll_shutdown(cx),
                         Transport::Parked => Poll::Ready(Ok(())),
                     });
+                    if let Transport::Tcp(s) = std::mem::replace(&mut self.io, Transport::Parked) {
+                        super::linger::start(shared, s);
+                    }
                     self.forget(shared);
                     return Poll::Ready(());
                 }

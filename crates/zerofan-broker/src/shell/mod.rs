@@ -14,6 +14,7 @@ mod drain;
 pub mod http;
 mod http_auth;
 mod limits;
+mod linger;
 pub mod links;
 pub mod listener;
 mod local_conn;
