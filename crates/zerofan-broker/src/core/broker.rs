@@ -368,6 +368,7 @@ impl Broker {
         self.auth_connection_closed(conn);
         self.peers.forget(conn);
         self.claims.forget(conn);
+        self.metrics.claims_left_forgotten = self.claims.left_forgotten;
         self.lease.forget(conn);
         self.repl.forget(conn);
         self.conns.remove(&conn);
@@ -1073,12 +1074,34 @@ impl Broker {
     /// [`Broker::claim_answered`], with the epoch of the granted claim (0:
     /// not known), which fences this node's replicated changes of it.
     pub fn claim_answered_at(&mut self, now: Instant, conn: ConnId, granted: bool, epoch: u64) {
+        self.answer_claim(now, conn, granted, epoch, None);
+    }
+
+    fn answer_claim(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        granted: bool,
+        epoch: u64,
+        prev: Option<super::PreviousOwner>,
+    ) {
         let Some(connect) = self.claims.answered(conn, granted) else {
+            if let Some(client) = self.claims.left(conn) {
+                if granted {
+                    self.serve_left(now, &client, epoch, prev);
+                }
+            }
             return;
         };
         match self.conns.get_mut(&conn) {
             Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
-            _ => return,
+            // Closed while it waited (a timeout, a takeover of its own).
+            _ => {
+                if granted {
+                    self.serve_left(now, connect.client_id.as_str(), epoch, prev);
+                }
+                return;
+            }
         }
         if granted {
             self.lease.claimed(conn);
@@ -1107,20 +1130,61 @@ impl Broker {
         epoch: u64,
         prev: Option<super::PreviousOwner>,
     ) {
-        // Refused rather than served: an old session given silently loses
-        // or repeats what the client saw acknowledged since; a clean one
-        // says so (session present 0). No other node's copy is asked for.
         let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
         if let (true, Some(prev), Some(client)) = (granted, prev, client) {
-            let mut disk = super::replica::Disk::new(&mut self.durable);
-            if self.repl.images.refuse_stale(&client, &prev, &mut disk) {
-                self.metrics.stale_copies_refused += 1;
-                tracing::warn!(client_id = %client, prev_epoch = prev.epoch,
-                    "session copy here is older than the previous owner's: starting clean");
-            }
-            self.metrics.store_errors += disk.errors;
+            self.refuse_stale_copy(&client, &prev);
         }
-        self.claim_answered_at(now, conn, granted, epoch);
+        self.answer_claim(now, conn, granted, epoch, prev);
+    }
+
+    /// Drop the copy of `client` kept here unless `prev` wrote it under
+    /// its epoch. Refused rather than served: an old session given
+    /// silently loses or repeats what the client saw acknowledged since; a
+    /// clean one says so (session present 0). No other node's copy is
+    /// asked for.
+    fn refuse_stale_copy(&mut self, client: &str, prev: &super::PreviousOwner) {
+        let mut disk = super::replica::Disk::new(&mut self.durable);
+        if self.repl.images.refuse_stale(client, prev, &mut disk) {
+            self.metrics.stale_copies_refused += 1;
+            tracing::warn!(client_id = %client, prev_epoch = prev.epoch,
+                "session copy here is older than the previous owner's: starting clean");
+        }
+        self.metrics.store_errors += disk.errors;
+    }
+
+    /// `client` was granted here, but its client left before the answer.
+    /// The claim moved the id all the same (its old owner ended the
+    /// session), so the copy kept here, if current, becomes the session,
+    /// offline, as a drained node's do (see [`Broker::adopt_replica_at`]):
+    /// the next claim, on any node, finds this node's copy under this
+    /// epoch rather than none (the copies before it would look stale).
+    /// A CONNECT that never completed leaves its session as it was, so a
+    /// clean-start one is served the same way.
+    fn serve_left(
+        &mut self,
+        now: Instant,
+        client: &str,
+        epoch: u64,
+        prev: Option<super::PreviousOwner>,
+    ) {
+        self.metrics.claims_left += 1;
+        if let Some(prev) = prev {
+            self.refuse_stale_copy(client, &prev);
+        }
+        self.replica_epoch(client, epoch);
+        let Ok(id) = MqttStr::try_from(client) else {
+            self.end_event();
+            return;
+        };
+        if self.by_client.contains_key(&self.sessions, &id) {
+            // Served here already: its replicas learn this claim's epoch,
+            // which the next claim will name.
+            self.claimed(&id);
+            self.end_event();
+        } else if !self.adopt_replica_at(now, client, epoch) {
+            // No copy here; what the stale check dropped is committed.
+            self.end_event();
+        }
     }
 
     /// In a cluster: this node's id and the wall clock at `now` (Unix ms),

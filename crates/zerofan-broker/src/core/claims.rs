@@ -14,8 +14,13 @@
 //! [`Broker::client_taken`]: super::Broker::client_taken
 
 use super::ids::ConnId;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use zerofan_codec::Connect;
+
+/// Most claims remembered after their client left, awaiting the answer.
+/// The shell answers every claim within its timeout and has at most a few
+/// hundred in flight, so this is reached only if answers stop coming.
+const MAX_LEFT: usize = 4096;
 
 /// A client id the shell must claim for a waiting connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +40,13 @@ pub(crate) struct Claims {
     waiting: HashMap<ConnId, Box<Connect>>,
     /// Claimed, its CONNECT going on (checked once, then forgotten).
     granted: HashSet<ConnId>,
+    /// Claims whose client left before the answer, with their client id:
+    /// a granted one still moved the id here (the old owner ended its
+    /// session), so the session must go on here (see
+    /// `Broker::claim_answered_at`). Oldest first, at most [`MAX_LEFT`].
+    left: VecDeque<(ConnId, Box<str>)>,
+    /// Claims of clients that left, forgotten unanswered (`left` full).
+    pub(crate) left_forgotten: u64,
 }
 
 impl Claims {
@@ -83,9 +95,24 @@ impl Claims {
             .map(|c| c.client_id.as_str())
     }
 
-    /// `conn` closed: forget what it waited for.
+    /// `conn` closed: forget what it waited for; a claim still unanswered
+    /// is remembered with its client id until it is (see [`Claims::left`]).
     pub(crate) fn forget(&mut self, conn: ConnId) {
-        self.waiting.remove(&conn);
+        if let Some(connect) = self.waiting.remove(&conn) {
+            if self.left.len() >= MAX_LEFT {
+                self.left.pop_front();
+                self.left_forgotten += 1;
+            }
+            self.left
+                .push_back((conn, connect.client_id.as_str().into()));
+        }
         self.granted.remove(&conn);
+    }
+
+    /// The client id of `conn`'s claim, answered now, if its client left
+    /// before the answer.
+    pub(crate) fn left(&mut self, conn: ConnId) -> Option<Box<str>> {
+        let at = self.left.iter().position(|(c, _)| *c == conn)?;
+        self.left.remove(at).map(|(_, client)| client)
     }
 }

@@ -367,6 +367,21 @@ counters! {
                 "zerofan_cluster_claims_refused_total",
                 "CONNECTs refused because the cluster could not give this node their client id.",
             )),
+        /// Claims granted here after their client left (before the answer):
+        /// the copy kept here, if any, was served as an offline session.
+        pub claims_left: u64 = CounterDef::NEW
+            .sys("cluster/claims_left")
+            .prom(Family::new(
+                "zerofan_cluster_claims_left_total",
+                "Client ids granted here after their client left before the answer (its copy here served offline).",
+            )),
+        /// Unanswered claims of clients that left, forgotten (too many).
+        pub claims_left_forgotten: u64 = CounterDef::NEW
+            .sys("cluster/claims_left_forgotten")
+            .prom(Family::new(
+                "zerofan_cluster_claims_left_forgotten_total",
+                "Unanswered claims of clients that left, forgotten because too many waited.",
+            )),
         /// Sessions here ended because another node claimed their client id.
         pub fenced_takeovers: u64 = CounterDef::NEW
             .sys("cluster/fenced_takeovers")

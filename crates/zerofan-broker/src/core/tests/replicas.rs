@@ -1953,3 +1953,116 @@ fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
     assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 0);
     assert_eq!(cl.hs[2].b.metrics().replica_installs, 1);
 }
+
+/// A persistent CONNECT at `node` whose client leaves before the claim's
+/// answer; the claim is then granted under `epoch` from `prev` at
+/// `prev_epoch`.
+fn claim_after_leaving(
+    cl: &mut Cluster,
+    node: usize,
+    id: &str,
+    clean: bool,
+    epoch: u64,
+    prev: usize,
+    prev_epoch: u64,
+) -> ConnId {
+    let (conn, out) = cl.hs[node].connect_with(id, Protocol::V5, clean, |c| {
+        c.properties.session_expiry_interval = Some(3600);
+    });
+    assert!(out.connack().is_none(), "CONNACK before the claim");
+    let mut asked: Vec<ClaimRequest> = Vec::new();
+    cl.hs[node].b.take_claims(&mut asked);
+    assert_eq!(asked.len(), 1);
+    cl.lose(Cx { node, conn });
+    let now = cl.hs[node].now;
+    let prev = Some(PreviousOwner {
+        peer: Some(remote(prev)),
+        epoch: prev_epoch,
+    });
+    cl.hs[node]
+        .b
+        .claim_answered_from(now, conn, true, epoch, prev);
+    cl.pump();
+    conn
+}
+
+/// A client moves its session from node 0 towards node 1 but leaves before
+/// node 1's claim is answered. The claim moved the id all the same (node 0
+/// ended the session), so node 1 serves its copy, offline, and writes it
+/// to the replicas under its epoch. The client then connects to node 2,
+/// whose claim names node 1 as the previous owner: it finds the session
+/// with what was queued before and since. Before, node 1 served nothing
+/// and node 2 refused its copy (node 0's) as stale: a clean session, the
+/// queued messages lost.
+#[test]
+fn a_claim_granted_after_its_client_left_serves_the_copy_there() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/x", "before", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    // Node 0 is told the id moves (the fence before the claim applies).
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    cl.pump();
+    let _ = claim_after_leaving(&mut cl, 1, "x", false, 2, 0, 1);
+    assert_eq!(cl.hs[1].b.metrics().claims_left, 1);
+    assert_eq!(cl.hs[1].b.metrics().replica_installs, 1);
+    assert_eq!(cl.hs[1].b.queued_messages("x"), Some(1), "served offline");
+    cl.send(
+        p,
+        Packet::Publish(publish("t/x", "since", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    assert_eq!(cl.hs[1].b.queued_messages("x"), Some(2));
+    let (x2, out) = cl.persistent_after(2, "x", 3, 1, 2);
+    assert!(present(&out), "node 2's copy is node 1's, under its epoch");
+    assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 0);
+    let mut got = out.payloads();
+    got.extend(cl.out(x2).payloads());
+    assert_eq!(got, ["before", "since"]);
+}
+
+/// The same with a clean-start CONNECT: it never completed, so it did not
+/// end the session, which goes on at the node granted the id.
+#[test]
+fn a_clean_start_claim_whose_client_left_leaves_the_session_as_it_was() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    cl.pump();
+    let _ = claim_after_leaving(&mut cl, 1, "x", true, 2, 0, 1);
+    assert_eq!(cl.hs[1].b.metrics().replica_installs, 1);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/x", "kept", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert_eq!(cl.hs[1].b.queued_messages("x"), Some(1));
+}
+
+/// Granted after the client left, at a node with no copy and no session:
+/// nothing to serve, nothing kept waiting.
+#[test]
+fn a_claim_granted_after_its_client_left_with_no_copy_serves_nothing() {
+    let mut cl = Cluster::new(3, 1);
+    let conn = claim_after_leaving(&mut cl, 1, "y", false, 1, 0, 0);
+    assert_eq!(cl.hs[1].b.metrics().claims_left, 1);
+    assert_eq!(cl.hs[1].b.metrics().replica_installs, 0);
+    assert_eq!(cl.hs[1].b.session_count(), 0);
+    // Answered once: a second answer finds nothing.
+    let now = cl.hs[1].now;
+    cl.hs[1].b.claim_answered_at(now, conn, true, 2);
+    assert_eq!(cl.hs[1].b.metrics().claims_left, 1);
+}
