@@ -386,6 +386,11 @@ impl DurableLog for Mirror {
         });
         Ok(())
     }
+    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+        // Not recorded: only a replica's copies store an epoch, and owners
+        // name theirs with `ReplOp::Epoch`.
+        self.inner.set_epoch(client_id, epoch)
+    }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.inner.commit()
     }
@@ -1218,6 +1223,8 @@ impl Images {
                 .collect(),
             incoming_qos2: img.qos2.iter().copied().collect(),
             will: img.will.as_deref().cloned(),
+            // The session's own store keeps none (see `disk`).
+            epoch: 0,
         };
         self.drop_image(client, disk);
         Some(rs)

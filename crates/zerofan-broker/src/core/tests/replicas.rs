@@ -82,6 +82,9 @@ impl DurableLog for Log {
     fn clear_will(&mut self, _: &str) -> Result<(), StoreError> {
         Ok(())
     }
+    fn set_epoch(&mut self, _: &str, _: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.lsn += 1;
         Ok(self.lsn)
@@ -652,6 +655,7 @@ fn a_restored_session_is_imaged_only_once_claimed_again() {
         inflight: Vec::new(),
         incoming_qos2: Vec::new(),
         will: None,
+        epoch: 0,
     };
     cl.hs[0].b.restore(
         zerofan_store::Recovered {
@@ -1015,6 +1019,9 @@ impl DurableLog for OnDisk {
     }
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
+    }
+    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
+        self.0.set_epoch(c, epoch)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         let lsn = self.0.commit()?;
@@ -1464,6 +1471,10 @@ impl<L: DurableLog> DurableLog for Counted<L> {
     }
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
+    }
+    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
+        self.count("epoch");
+        self.0.set_epoch(c, epoch)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.count("commit");
