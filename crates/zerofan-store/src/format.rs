@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! data dir/
-//!   MANIFEST            "zerofan-store format=1 generation=7\n" (replaced atomically)
+//!   MANIFEST            "zerofan-store format=2 generation=7\n" (replaced atomically)
 //!   log-000007.zlog     the live log; older generations are deleted
 //!
 //! log    = header frame*
@@ -29,12 +29,19 @@ use crate::types::{MessageProperties, StoredMessage, SubOptions};
 use bytes::Bytes;
 use std::borrow::Cow;
 
-/// The format this build writes and the newest it reads.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The format this build writes and the newest it reads. Version 2 added
+/// the `Epoch` record; the layout is otherwise version 1's, which this
+/// build still reads (and marks as 2 when it opens it). The version rose
+/// because a version-1 decoder takes an unknown record kind for a damaged
+/// tail and cuts the log there: an older build must refuse a newer store
+/// rather than silently drop everything after the first new record.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// First bytes of every log file.
 pub(crate) const MAGIC: &[u8; 8] = b"ZFSTORE\0";
 /// Size of the log header.
 pub(crate) const HEADER_LEN: u64 = 32;
+/// Where the format version lies in the log header.
+pub(crate) const HEADER_VERSION_AT: u64 = 8;
 /// Bit 31 of a frame's length field: the last frame of a commit.
 pub(crate) const COMMIT_END: u32 = 1 << 31;
 /// Size of a frame's length and checksum.
@@ -126,6 +133,7 @@ mod kind {
     pub const QOS2_DONE: u8 = 14;
     pub const WILL: u8 = 15;
     pub const CLEAR_WILL: u8 = 16;
+    pub const EPOCH: u8 = 17;
 }
 
 /// One record: a change to the stored state. Sessions are named by a small
@@ -151,6 +159,7 @@ mod kind {
 /// | 14 | `Qos2Done` | key u32, packet id u16 |
 /// | 15 | `Will` | key u32, due ms u64, has expiry u8, [expiry u32], msg |
 /// | 16 | `ClearWill` | key u32 |
+/// | 17 | `Epoch` | key u32, epoch u64 (format 2) |
 ///
 /// Message fields: flags u8 (bits 0-1 qos, 2 retain, 3 has expiry, 4 payload
 /// format indicator, 5 content type, 6 response topic, 7 correlation data),
@@ -230,6 +239,10 @@ pub(crate) enum Record<'a> {
     },
     ClearWill {
         key: u32,
+    },
+    Epoch {
+        key: u32,
+        epoch: u64,
     },
 }
 
@@ -429,6 +442,11 @@ fn encode_body(rec: &Record<'_>, b: &mut Vec<u8>) -> Result<(), &'static str> {
         Record::ClearWill { key } => {
             b.push(kind::CLEAR_WILL);
             put_u32(b, *key);
+        }
+        Record::Epoch { key, epoch } => {
+            b.push(kind::EPOCH);
+            put_u32(b, *key);
+            put_u64(b, *epoch);
         }
     }
     Ok(())
@@ -690,6 +708,10 @@ pub(crate) fn decode(body: &[u8]) -> Result<Record<'_>, Bad> {
             }
         }
         kind::CLEAR_WILL => Record::ClearWill { key: r.u32()? },
+        kind::EPOCH => Record::Epoch {
+            key: r.u32()?,
+            epoch: r.u64()?,
+        },
         _ => return Err("unknown record kind"),
     };
     r.end()?;
@@ -811,7 +833,7 @@ mod tests {
             let len = (rng(&mut s) % 64) as usize;
             let mut body: Vec<u8> = (0..len).map(|_| rng(&mut s) as u8).collect();
             if let Some(k) = body.first_mut() {
-                *k %= 18; // mostly real kinds
+                *k %= 19; // mostly real kinds
             }
             let _ = decode(&body);
             let _ = materialize_message(&body);
@@ -879,6 +901,10 @@ mod tests {
                 msg: MsgBody::Msg(&m),
             },
             Record::ClearWill { key: 1 },
+            Record::Epoch {
+                key: 1,
+                epoch: u64::MAX - 3,
+            },
         ];
         for rec in &recs {
             let mut buf = Vec::new();

@@ -2,9 +2,9 @@
 //!
 //! It keeps retained messages and persistent sessions (expiry, subscriptions,
 //! the offline queue, outbound QoS 1/2 inflight state with packet ids,
-//! inbound QoS 2 packet ids awaiting PUBREL, wills waiting out their delay)
-//! in one append-only log of checksummed records, with a payload written
-//! once however many queues reference it.
+//! inbound QoS 2 packet ids awaiting PUBREL, wills waiting out their delay,
+//! the caller's epoch number) in one append-only log of checksummed
+//! records, with a payload written once however many queues reference it.
 //!
 //! The parts:
 //!

@@ -51,6 +51,8 @@ pub(crate) struct SessionSlot {
     inflight: HashMap<u16, InflightSlot>,
     qos2: HashMap<u16, Span>,
     will: Option<Span>,
+    /// The newest `Epoch` record of the session.
+    epoch: Option<Span>,
 }
 
 impl SessionSlot {
@@ -215,6 +217,7 @@ impl Model {
                             inflight: HashMap::new(),
                             qos2: HashMap::new(),
                             will: None,
+                            epoch: None,
                         },
                     );
                 }
@@ -360,6 +363,15 @@ impl Model {
                     self.sub(old);
                 }
             }
+            Record::Epoch { key, .. } => {
+                let Some(s) = self.sessions.get_mut(&key) else {
+                    return false;
+                };
+                if let Some(old) = s.epoch.replace(span) {
+                    self.sub(old);
+                }
+                self.add(span);
+            }
         }
         true
     }
@@ -396,6 +408,9 @@ impl Model {
         if let Some(w) = s.will {
             self.sub(w);
         }
+        if let Some(e) = s.epoch {
+            self.sub(e);
+        }
         true
     }
 
@@ -404,7 +419,7 @@ impl Model {
     /// will be in the new log and returns (ranges, new log length).
     ///
     /// Order: messages (so every later record finds its message), then each
-    /// session with its subscriptions, queue, inflight (each `Enqueue` right
+    /// session with its epoch, subscriptions, queue, inflight (each `Enqueue` right
     /// before its `Send`), inbound QoS 2 ids and will, then retained slots.
     pub fn plan_compaction(&mut self, header: u64) -> (Vec<(u64, u64)>, u64) {
         self.sweep();
@@ -427,6 +442,9 @@ impl Model {
         sessions.sort_by_key(|(k, _)| **k);
         for (_, s) in sessions {
             place(&mut s.meta);
+            if let Some(e) = s.epoch.as_mut() {
+                place(e);
+            }
             for span in s.subs.values_mut() {
                 place(span);
             }
@@ -529,6 +547,14 @@ impl Model {
                     continue;
                 }
             };
+            let epoch = match s.epoch.map(body) {
+                None => 0,
+                Some(Some(Record::Epoch { epoch, .. })) => epoch,
+                Some(_) => {
+                    bad += 1;
+                    0
+                }
+            };
             let mut subscriptions = Vec::new();
             for span in s.subs.values() {
                 match body(*span) {
@@ -606,6 +632,7 @@ impl Model {
                 inflight,
                 incoming_qos2,
                 will,
+                epoch,
             });
         }
         let mut retained = Vec::new();

@@ -12,7 +12,7 @@ use crate::types::{
 use crate::writer::{self, Chunk, Shared, Writer};
 use std::borrow::Cow;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -75,7 +75,8 @@ impl Store {
     /// A torn or corrupt tail is cut back to the last valid record, logged
     /// once and reported in [`RecoveryReport::truncated_bytes`]; that is never
     /// an error. A directory written by a newer format version is refused
-    /// ([`StoreError::NewerFormat`]).
+    /// ([`StoreError::NewerFormat`]); one of an older version is read and
+    /// marked as this version's (so the older build refuses it from then).
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<(Store, Recovered), StoreError> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
@@ -84,6 +85,7 @@ impl Store {
             reason,
         };
         let manifest_path = dir.join(format::MANIFEST);
+        let mut manifest_version = format::FORMAT_VERSION;
         let generation = match std::fs::read(&manifest_path) {
             Ok(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
@@ -96,6 +98,7 @@ impl Store {
                         supported: format::FORMAT_VERSION,
                     });
                 }
+                manifest_version = version;
                 generation.ok_or_else(|| bad("MANIFEST has no generation".into()))?
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -150,6 +153,11 @@ impl Store {
         report.live_messages = model.live_messages() as u64;
         report.log_bytes = pos as u64;
         drop(data);
+        if manifest_version < format::FORMAT_VERSION || version < format::FORMAT_VERSION {
+            upgrade(&dir, &path, generation)?;
+            tracing::info!(dir = %dir.display(), from = manifest_version.min(version),
+                to = format::FORMAT_VERSION, "zerofan store: marked as the newer format");
+        }
 
         let file = OpenOptions::new()
             .append(true)
@@ -483,6 +491,15 @@ impl Store {
         self.stage(&Record::ClearWill { key })
     }
 
+    /// Record a number that goes with the session, such as the ownership
+    /// epoch it is held under in a cluster. It replaces the one recorded
+    /// before, goes when the session does, and comes back as
+    /// [`crate::RecoveredSession::epoch`].
+    pub fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+        let key = self.key(client_id)?;
+        self.stage(&Record::Epoch { key, epoch })
+    }
+
     /// Hand everything staged since the last commit to the writer thread, as
     /// one unit, and return its LSN. Never blocks on I/O. With nothing staged
     /// it returns the previous LSN (so "wait until durable" still works).
@@ -718,6 +735,23 @@ fn replay(
     }
     model.sweep();
     (valid_end, why_cut)
+}
+
+/// Mark a store of an older format (whose layout this build reads as it
+/// is) as this build's, before anything of this format is written to it:
+/// an older build then refuses it ([`StoreError::NewerFormat`]) instead of
+/// taking the first newer record for a damaged tail and cutting the log
+/// there. The log header first, then the manifest: either one refuses.
+fn upgrade(dir: &Path, path: &Path, generation: u64) -> Result<(), StoreError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    f.seek(SeekFrom::Start(format::HEADER_VERSION_AT))
+        .and_then(|_| f.write_all(&format::FORMAT_VERSION.to_le_bytes()))
+        .and_then(|()| f.sync_all())
+        .map_err(|e| StoreError::io(path, e))?;
+    writer::write_manifest(dir, generation).map_err(|e| StoreError::io(dir, e))
 }
 
 /// Delete what an interrupted compaction or manifest switch left behind:

@@ -279,6 +279,8 @@ pub struct RecoveredSession {
     pub incoming_qos2: Vec<u16>,
     /// The will waiting out its delay, if any.
     pub will: Option<StoredWill>,
+    /// The epoch last recorded with [`crate::Store::set_epoch`] (0: none).
+    pub epoch: u64,
 }
 
 /// One subscription after a restart.

@@ -87,7 +87,11 @@ fn build_everything(store: &mut Store) -> StoredMessage {
     store.put_session("gone", meta(10)).unwrap();
     store.put_session("c1", meta(60)).unwrap();
     store.put_session("c2", meta(5)).unwrap();
+    // Epochs: the newest is kept; one goes with its session.
+    store.set_epoch("gone", 5).unwrap();
+    store.set_epoch("c1", 3).unwrap();
     store.commit().unwrap();
+    store.set_epoch("c1", 7).unwrap();
     store.drop_session("gone").unwrap();
     store
         .put_session(
@@ -191,6 +195,8 @@ fn check_everything(r: &Recovered, full: &StoredMessage) {
     let names: Vec<&str> = r.sessions.iter().map(|s| s.client_id.as_str()).collect();
     assert_eq!(names, ["c1", "c2"]);
     let c1 = &r.sessions[0];
+    assert_eq!(c1.epoch, 7);
+    assert_eq!(r.sessions[1].epoch, 0);
     assert_eq!(
         c1.meta,
         SessionMeta {
@@ -302,6 +308,10 @@ fn contract_violations_are_errors_and_stage_nothing() {
     let m = store.put_message(&msg("t", b"x")).unwrap();
     assert!(matches!(
         store.enqueue("nobody", &entry(m)),
+        Err(StoreError::UnknownSession(_))
+    ));
+    assert!(matches!(
+        store.set_epoch("nobody", 1),
         Err(StoreError::UnknownSession(_))
     ));
     store.put_session("c", meta(1)).unwrap();
@@ -582,14 +592,14 @@ fn newer_format_is_refused_with_a_clear_message() {
     store.close().unwrap();
     let manifest = dir.path().join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    assert!(text.contains("format=1"), "{text}");
-    std::fs::write(&manifest, text.replace("format=1", "format=7")).unwrap();
+    assert!(text.contains("format=2"), "{text}");
+    std::fs::write(&manifest, text.replace("format=2", "format=7")).unwrap();
     let err = Store::open(dir.path(), manual()).unwrap_err();
     assert!(matches!(
         err,
         StoreError::NewerFormat {
             found: 7,
-            supported: 1,
+            supported: 2,
             ..
         }
     ));
@@ -612,6 +622,93 @@ fn newer_format_is_refused_with_a_clear_message() {
         matches!(err, StoreError::NewerFormat { found: 9, .. }),
         "{err}"
     );
+}
+
+/// The log of a store whose format version is set back to 1 (whose layout
+/// is version 2's without `Epoch` records).
+fn as_version_1(dir: &Path) {
+    let manifest = dir.join("MANIFEST");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("format=2", "format=1")).unwrap();
+    let file = log_file(dir);
+    let mut data = std::fs::read(&file).unwrap();
+    assert_eq!(data[8..12], 2u32.to_le_bytes());
+    data[8..12].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&file, &data).unwrap();
+}
+
+#[test]
+fn a_version_1_store_is_read_and_marked_as_version_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = Store::open(dir.path(), manual()).unwrap();
+    store.put_session("c", meta(60)).unwrap();
+    let m = store.put_message(&msg("t", b"x")).unwrap();
+    store.enqueue("c", &entry(m)).unwrap();
+    store.close().unwrap();
+    as_version_1(dir.path());
+
+    let (mut store, rec) = reopen(dir.path());
+    assert_eq!(rec.report.truncated_bytes, 0);
+    assert_eq!(rec.sessions.len(), 1);
+    assert_eq!(rec.sessions[0].queue.len(), 1);
+    assert_eq!(rec.sessions[0].epoch, 0);
+    // Marked as version 2 before anything of version 2 is written: a
+    // version-1 build refuses it rather than cut the log at an `Epoch`.
+    let text = std::fs::read_to_string(dir.path().join("MANIFEST")).unwrap();
+    assert!(text.contains("format=2"), "{text}");
+    let data = std::fs::read(log_file(dir.path())).unwrap();
+    assert_eq!(data[8..12], 2u32.to_le_bytes());
+    store.set_epoch("c", 4).unwrap();
+    store.close().unwrap();
+    let (_, rec) = reopen(dir.path());
+    assert_eq!(rec.sessions[0].epoch, 4);
+    assert_eq!(rec.sessions[0].queue.len(), 1);
+}
+
+#[test]
+fn an_epoch_is_kept_newest_only_and_goes_with_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = Store::open(dir.path(), manual()).unwrap();
+    store.put_session("kept", meta(60)).unwrap();
+    store.put_session("dropped", meta(60)).unwrap();
+    store.put_session("none", meta(60)).unwrap();
+    for e in 1..=50 {
+        store.set_epoch("kept", e).unwrap();
+        store.set_epoch("dropped", e).unwrap();
+        store.commit().unwrap();
+    }
+    // An expiry update keeps the epoch; a drop ends it, and the same name
+    // starts again without one.
+    store.put_session("kept", meta(30)).unwrap();
+    store.drop_session("dropped").unwrap();
+    store.put_session("dropped", meta(60)).unwrap();
+    store.close().unwrap();
+    let epochs = |r: &Recovered| -> Vec<(String, u64)> {
+        r.sessions
+            .iter()
+            .map(|s| (s.client_id.clone(), s.epoch))
+            .collect()
+    };
+    let want = [
+        ("kept".to_string(), 50),
+        ("none".to_string(), 0),
+        // A new session (a new key: listed last).
+        ("dropped".to_string(), 0),
+    ];
+    let (mut store, rec) = reopen(dir.path());
+    assert_eq!(epochs(&rec), want);
+    assert_eq!(rec.report.ignored_records, 0);
+    // Compaction keeps the newest epoch only: one record of it.
+    let before = store.stats().live_bytes;
+    let lsn = store.compact().unwrap();
+    store.wait_compacted().unwrap();
+    store.wait_durable(lsn).unwrap();
+    store.close().unwrap();
+    let (_, rec) = reopen(dir.path());
+    assert_eq!(epochs(&rec), want);
+    // Three sessions and one epoch.
+    assert_eq!(rec.report.records, 4);
+    assert_eq!(rec.report.log_bytes - 32, before);
 }
 
 #[test]

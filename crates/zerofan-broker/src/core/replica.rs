@@ -386,6 +386,11 @@ impl DurableLog for Mirror {
         });
         Ok(())
     }
+    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+        // Not recorded: only a replica's copies store an epoch, and owners
+        // name theirs with `ReplOp::Epoch`.
+        self.inner.set_epoch(client_id, epoch)
+    }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.inner.commit()
     }
@@ -705,6 +710,10 @@ struct Image {
     quiet: Vec<EntryId>,
     /// Packet ids out without a store record (see `batch`).
     unwritten: HashSet<u16>,
+    /// The newest claim epoch known for the client id when the copy was
+    /// last written, stored with it (0: none known): read back at start,
+    /// it fences the copy and judges it at a claim (see `previous`).
+    epoch: u64,
 }
 
 /// What a replica holds of other nodes' sessions. Each message is kept
@@ -879,15 +888,34 @@ impl Images {
     /// Whether a change of `client` at `epoch` from `from` may apply
     /// (false: stale, counted); drops an older owner's image first.
     fn fenced(&mut self, from: PeerId, client: &str, epoch: u64, disk: &mut Disk<'_>) -> bool {
-        let owner = self.by_client.get(client).map(|i| i.owner == Some(from));
+        let held = self
+            .by_client
+            .get(client)
+            .map(|i| (i.owner == Some(from), i.epoch));
         let by_client = &self.by_client;
-        let (verdict, drop) = self
-            .fence
-            .judge(client, epoch, owner, &|c| by_client.contains_key(c));
+        let (verdict, drop) = self.fence.judge(client, epoch, held.map(|h| h.0), &|c| {
+            by_client.contains_key(c)
+        });
         if drop {
             self.drop_image(client, disk);
+        } else if verdict == fence::Verdict::Apply && held.is_some_and(|h| epoch > h.1) {
+            // The owner's newer claim: its copy here now stands under it.
+            self.keep_epoch(client, disk);
         }
         verdict == fence::Verdict::Apply
+    }
+
+    /// Store the epoch known for `client` with its copy when it is newer
+    /// than the one stored, in the commit of the changes it fences, so a
+    /// restart reads it back (see `disk`).
+    fn keep_epoch(&mut self, client: &str, disk: &mut Disk<'_>) {
+        let known = self.fence.known(client);
+        if let Some(img) = self.by_client.get_mut(client) {
+            if known > img.epoch {
+                img.epoch = known;
+                disk.set_epoch(client, known);
+            }
+        }
     }
 
     /// Every image `from` owns goes: this node left its replica set.
@@ -904,7 +932,9 @@ impl Images {
     }
 
     /// This node was granted `client` at `epoch`: older owners' changes
-    /// of it are stale from now on.
+    /// of it are stale from now on. A copy held here is not stored with
+    /// the epoch: the same event takes it or forgets it
+    /// (`Broker::install_replica`).
     pub(crate) fn claimed(&mut self, client: &str, epoch: u64) {
         let by_client = &self.by_client;
         self.fence
@@ -958,6 +988,8 @@ impl Images {
                     i.meta = meta;
                 }
                 disk.put_session(&client, meta);
+                // A copy started (over) under a known claim stores it.
+                self.keep_epoch(&client, disk);
                 true
             }
             ReplOp::Drop { client } => {
@@ -1218,6 +1250,8 @@ impl Images {
                 .collect(),
             incoming_qos2: img.qos2.iter().copied().collect(),
             will: img.will.as_deref().cloned(),
+            // The session's own store keeps none (see `disk`).
+            epoch: 0,
         };
         self.drop_image(client, disk);
         Some(rs)

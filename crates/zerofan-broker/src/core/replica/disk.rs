@@ -9,10 +9,18 @@
 //! while something references it). The replica answers `ReplicaAck` once
 //! the commit that holds the batch is durable (`Durable::hold_replica_ack`).
 //!
+//! Each copy also stores the newest claim epoch known for its client id
+//! (`Store::set_epoch`, written when it rises, in the same commit as the
+//! changes it fences).
+//!
 //! At start the copies are read back as images owned by [`RESTORED`]: the
-//! node numbering of the run that wrote them is gone. A live owner replaces
-//! them with a full image when its link comes up; otherwise they wait for a
-//! failover (`Images::take`), their expiry, or anyone's drop.
+//! node numbering of the run that wrote them is gone. Their epochs are read
+//! back into the fence (`fence`), so a change under an older claim is
+//! still stale, and kept on the image, so a claim judges the copy against
+//! the previous owner's epoch (`previous`). A live owner replaces them
+//! with a full image when its link comes up; otherwise they wait for a
+//! failover (`Images::take`), their expiry, or a drop at their epoch or a
+//! newer one (anyone's, for a copy stored without an epoch).
 
 use super::{Image, Images, ReplOp};
 use crate::core::durable::{Durable, DurableLog};
@@ -136,6 +144,9 @@ impl<'a> Disk<'a> {
     pub(super) fn clear_will(&mut self, client: &str) {
         self.run(|l| l.clear_will(&name(client)));
     }
+    pub(super) fn set_epoch(&mut self, client: &str, epoch: u64) {
+        self.run(|l| l.set_epoch(&name(client), epoch));
+    }
 }
 
 fn msg_size(m: &StoredMessage) -> usize {
@@ -228,6 +239,7 @@ impl Images {
             }
             let mut img = Image {
                 owner: Some(owner),
+                epoch: rs.epoch,
                 meta: rs.meta,
                 subs: rs
                     .subscriptions
@@ -259,7 +271,12 @@ impl Images {
                 });
                 img.inflight.push_back((f.packet_id, f.phase, entry));
             }
-            self.by_client.insert(client, img);
+            let epoch = img.epoch;
+            self.by_client.insert(client.clone(), img);
+            // Older claims' changes stay stale across the restart.
+            let by_client = &self.by_client;
+            self.fence
+                .read_back(&client, epoch, &|c| by_client.contains_key(c));
         }
         disk.errors
     }

@@ -15,6 +15,11 @@
 //! store and not claimed since, or a core without a cluster log (tests).
 //! Such changes apply as before epochs existed, except over a copy another
 //! node wrote under a known epoch.
+//!
+//! The epoch known for a client id with a copy here is stored with the
+//! copy and read back at start (`disk`): a copy read back has no live
+//! owner yet, so only changes at its epoch or newer apply to it (epoch 0
+//! too, when it was stored without one).
 
 use super::ReplOp;
 use std::collections::{HashMap, HashSet};
@@ -157,6 +162,11 @@ impl Fence {
         if epoch > self.known(client) {
             self.raise(client, epoch, has_image);
         }
+    }
+
+    /// A copy of `client` read back from disk was stored under `epoch`.
+    pub(super) fn read_back(&mut self, client: &str, epoch: u64, has_image: &dyn Fn(&str) -> bool) {
+        self.claimed(client, epoch, has_image);
     }
 
     fn raise(&mut self, client: &str, epoch: u64, has_image: &dyn Fn(&str) -> bool) {

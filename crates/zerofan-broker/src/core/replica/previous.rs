@@ -38,9 +38,13 @@ impl Images {
         };
         let known = self.fence.known(client);
         let current = match img.owner {
-            // Read back from disk, whose epochs are not stored: judged as
-            // before epochs (the same holds for an image with no owner).
-            None | Some(disk::RESTORED) => true,
+            // Read back from disk: the node that wrote it is not known,
+            // the epoch it was stored under is. None stored (written
+            // before epochs were, or under no known claim): judged as
+            // before epochs.
+            Some(disk::RESTORED) => img.epoch == 0 || img.epoch == prev.epoch,
+            // No owner: as before epochs.
+            None => true,
             // Epoch 0: its owner never named one (a session it restored
             // from its own store, not claimed since).
             Some(owner) => prev.peer == Some(owner) && (known == prev.epoch || known == 0),

@@ -119,6 +119,10 @@ impl DurableLog for Fake {
         self.log(format!("clear_will {client_id}"));
         Ok(())
     }
+    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+        self.log(format!("set_epoch {client_id} {epoch}"));
+        Ok(())
+    }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         if self.staged {
             self.staged = false;
@@ -455,6 +459,7 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
                 ],
                 incoming_qos2: vec![4],
                 will: None,
+                epoch: 0,
             },
             RecoveredSession {
                 client_id: "expired".into(),
@@ -467,6 +472,7 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
                 inflight: Vec::new(),
                 incoming_qos2: Vec::new(),
                 will: None,
+                epoch: 0,
             },
         ],
         report: Default::default(),

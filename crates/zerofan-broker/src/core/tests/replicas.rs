@@ -82,6 +82,9 @@ impl DurableLog for Log {
     fn clear_will(&mut self, _: &str) -> Result<(), StoreError> {
         Ok(())
     }
+    fn set_epoch(&mut self, _: &str, _: u64) -> Result<(), StoreError> {
+        Ok(())
+    }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.lsn += 1;
         Ok(self.lsn)
@@ -652,6 +655,7 @@ fn a_restored_session_is_imaged_only_once_claimed_again() {
         inflight: Vec::new(),
         incoming_qos2: Vec::new(),
         will: None,
+        epoch: 0,
     };
     cl.hs[0].b.restore(
         zerofan_store::Recovered {
@@ -1015,6 +1019,9 @@ impl DurableLog for OnDisk {
     }
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
+    }
+    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
+        self.0.set_epoch(c, epoch)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         let lsn = self.0.commit()?;
@@ -1464,6 +1471,10 @@ impl<L: DurableLog> DurableLog for Counted<L> {
     }
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
+    }
+    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
+        self.count("epoch");
+        self.0.set_epoch(c, epoch)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.count("commit");
@@ -2065,4 +2076,191 @@ fn a_claim_granted_after_its_client_left_with_no_copy_serves_nothing() {
     let now = cl.hs[1].now;
     cl.hs[1].b.claim_answered_at(now, conn, true, 2);
     assert_eq!(cl.hs[1].b.metrics().claims_left, 1);
+}
+
+// ----- epochs a replica stores with its copies ------------------------------
+
+/// Node 2 stores node 0's copy of "x" (epoch 1) and goes down; node 1
+/// takes "x" over (epoch 2), writes copies node 2 never gets, and dies.
+/// Node 2 restarts and reads node 0's copy back: a claim naming node 1 at
+/// epoch 2 must not serve it (with no epoch stored, it was served as
+/// current: node 0's subscription came back, node 1's did not).
+#[test]
+fn a_restarted_replica_does_not_serve_a_copy_older_than_the_previous_owners() {
+    let dir = Dir::new("replica-epoch-stale");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    cl.kill(2);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken(now, "x");
+    cl.pump();
+    let (x1, out) = cl.persistent_after(1, "x", 2, 0, 1);
+    assert!(present(&out), "node 1's copy is node 0's, current");
+    cl.hs[1].subscribe(x1.conn, "t/1", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x1);
+    cl.kill(1);
+    cl.restart_on(2, &dir);
+    assert_eq!(cl.hs[2].b.replica_images().0, 1, "copy read back");
+    let (x2, out) = cl.persistent_after(2, "x", 3, 1, 2);
+    assert!(!present(&out), "served a copy older than node 1's");
+    assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 1);
+    assert_eq!(cl.hs[2].b.metrics().replica_installs, 0);
+    assert_eq!(cl.hs[2].b.replica_images().0, 0);
+    // The client starts clean: node 0's subscription did not come back.
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "old", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert!(cl.out(x2).payloads().is_empty());
+}
+
+/// The same copy read back, claimed with its own owner and epoch as the
+/// previous ones: it is current and served, queued messages included.
+#[test]
+fn a_restarted_replica_serves_the_copy_stored_under_the_previous_owners_epoch() {
+    let dir = Dir::new("replica-epoch-current");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "queued", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.kill(0);
+    cl.kill(2);
+    cl.restart_on(2, &dir);
+    let (x2, out) = cl.persistent_after(2, "x", 3, 0, 1);
+    assert!(present(&out), "the copy stored under epoch 1 was refused");
+    let mut got = out.payloads();
+    got.extend(cl.out(x2).payloads());
+    assert_eq!(got, ["queued"]);
+    assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 0);
+    assert_eq!(cl.hs[2].b.metrics().replica_installs, 1);
+}
+
+/// Node 1 takes "x" over (epoch 2) while node 0's client stays connected
+/// (epoch 1, not told). Node 2 stores node 1's copy, and restarts while
+/// node 1 is down: node 0's changes (its full image when the link comes
+/// up) are still older than the copy read back, so they are ignored and
+/// reported, and the copy stays node 1's (with no epoch stored, node 0's
+/// image replaced it).
+#[test]
+fn a_restarted_replica_still_refuses_an_older_owners_changes() {
+    let dir = Dir::new("replica-epoch-fence");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (x1, out) = cl.persistent_at(1, "x", 2);
+    assert!(present(&out));
+    cl.hs[1].subscribe(x1.conn, "t/1", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x1);
+    cl.kill(1);
+    cl.kill(2);
+    cl.restart_on(2, &dir);
+    // A change of node 0's under epoch 1 after the restart.
+    cl.send(
+        x0,
+        Packet::Publish(publish("u", "late", QoS::ExactlyOnce, 7)),
+    );
+    let out = cl.out(x0);
+    assert_eq!(acks(&out), [], "acknowledged on ignored changes");
+    assert_eq!(out.disconnect(), Some(ReasonCode::SESSION_TAKEN_OVER));
+    assert!(cl.hs[2].b.metrics().replica_stale_ops > 0, "not counted");
+    assert_eq!(cl.hs[0].b.metrics().replica_stale_sessions, 1);
+    // Node 2 serves node 1's copy: with node 1's subscription (and node
+    // 0's, which node 1 took over), without node 0's inbound QoS 2 id.
+    let (x2, out) = cl.persistent_after(2, "x", 3, 1, 2);
+    assert!(present(&out));
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/1", "one", QoS::AtLeastOnce, 1)),
+    );
+    cl.send(
+        p,
+        Packet::Publish(publish("t/0", "zero", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(cl.out(x2).payloads(), ["one", "zero"]);
+    cl.send(
+        x2,
+        Packet::Publish(publish("u", "again", QoS::ExactlyOnce, 7)),
+    );
+    assert_eq!(acks(&cl.out(x2)), [(7, "pubrec")]);
+}
+
+/// A copy stores the epoch it is written under once, and again only when
+/// the owner's claim rises (in the batch of the changes it fences), and a
+/// restart reads it back into the fence.
+#[test]
+fn a_copy_stores_its_epoch_when_it_rises_and_reads_it_back() {
+    let dir = Dir::new("replica-epoch-writes");
+    let open = || zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+    let epoch = |e| ReplOp::Epoch {
+        client: "c".into(),
+        epoch: e,
+    };
+    let (store, _) = open();
+    let (mut d, counts) = counted(OnDisk(store));
+    let written = |counts: &Counts| {
+        let n = counts.borrow().get("epoch").copied().unwrap_or(0);
+        counts.borrow_mut().clear();
+        n
+    };
+    let mut images = Images::default();
+    images.apply_durable(OWNER, vec![epoch(3), session_op()], 0, &mut d);
+    assert_eq!(written(&counts), 1, "a copy started under a claim");
+    let ops = vec![epoch(3), op_message(1, "a", 1), op_enqueue(10, 1, 1)];
+    images.apply_durable(OWNER, ops, 0, &mut d);
+    assert_eq!(written(&counts), 0, "the same claim again");
+    let ops = vec![epoch(5), op_message(2, "b", 1), op_enqueue(11, 2, 1)];
+    images.apply_durable(OWNER, ops, 0, &mut d);
+    assert_eq!(written(&counts), 1, "the owner's newer claim");
+    d.log_mut().expect("log").commit().expect("commit");
+    drop(d);
+    drop(images);
+
+    let (store, mut recovered) = open();
+    let stored: Vec<(&str, u64)> = recovered
+        .sessions
+        .iter()
+        .map(|s| (s.client_id.as_str(), s.epoch))
+        .collect();
+    assert_eq!(stored, [("\u{0}rc", 5)]);
+    let (mut d, _) = counted(OnDisk(store));
+    let mut back = Images::default();
+    assert_eq!(back.restore(&mut recovered.sessions, &mut d), 0);
+    assert_eq!(back.fence.known("c"), 5);
+    // Read back, the copy has no owner: a change under an older claim,
+    // or under none, leaves it; one under its own claim applies.
+    back.apply_durable(
+        OWNER,
+        vec![epoch(4), ReplOp::Drop { client: "c".into() }],
+        0,
+        &mut d,
+    );
+    back.apply_durable(OWNER, vec![ReplOp::Drop { client: "c".into() }], 0, &mut d);
+    assert!(back.has("c"));
+    assert_eq!(back.fence.stale, 2);
+    back.apply_durable(
+        OWNER,
+        vec![epoch(5), ReplOp::Drop { client: "c".into() }],
+        0,
+        &mut d,
+    );
+    assert!(!back.has("c"));
 }
