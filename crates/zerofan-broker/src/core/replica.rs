@@ -888,10 +888,16 @@ impl Images {
     /// Whether a change of `client` at `epoch` from `from` may apply
     /// (false: stale, counted); drops an older owner's image first.
     fn fenced(&mut self, from: PeerId, client: &str, epoch: u64, disk: &mut Disk<'_>) -> bool {
-        let held = self
-            .by_client
-            .get(client)
-            .map(|i| (i.owner == Some(from), i.epoch));
+        // A change naming no epoch over a copy read back from disk is
+        // judged as its owner's: an owner restarted from its own store
+        // names none until its client claims the id again, and refusing
+        // it would leave that copy behind while the owner, answered all
+        // the same (it cannot be told which claim it missed), acknowledges
+        // what the copy lacks. So it applies, as before epochs were stored.
+        let held = self.by_client.get(client).map(|i| {
+            let owns = i.owner == Some(from) || (epoch == 0 && i.owner == Some(disk::RESTORED));
+            (owns, i.epoch)
+        });
         let by_client = &self.by_client;
         let (verdict, drop) = self.fence.judge(client, epoch, held.map(|h| h.0), &|c| {
             by_client.contains_key(c)

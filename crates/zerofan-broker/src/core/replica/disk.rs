@@ -19,8 +19,8 @@
 //! still stale, and kept on the image, so a claim judges the copy against
 //! the previous owner's epoch (`previous`). A live owner replaces them
 //! with a full image when its link comes up; otherwise they wait for a
-//! failover (`Images::take`), their expiry, or a drop at their epoch or a
-//! newer one (anyone's, for a copy stored without an epoch).
+//! failover (`Images::take`), their expiry, or a drop at their epoch, a
+//! newer one, or none (an owner restarted from its own store names none).
 
 use super::{Image, Images, ReplOp};
 use crate::core::durable::{Durable, DurableLog};

@@ -18,8 +18,9 @@
 //!
 //! The epoch known for a client id with a copy here is stored with the
 //! copy and read back at start (`disk`): a copy read back has no live
-//! owner yet, so only changes at its epoch or newer apply to it (epoch 0
-//! too, when it was stored without one).
+//! owner yet, so changes under an older claim stay stale; changes naming
+//! no epoch apply to it, as its owner's (an owner restarted from its own
+//! store names none until its client claims the id again).
 
 use super::ReplOp;
 use std::collections::{HashMap, HashSet};
