@@ -814,6 +814,46 @@ def test_a_takeover_with_the_old_owner_alive_moves_the_session(nodes, clients):
     assert h.problems(["mover"]) == []
 
 
+def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients):
+    """A persistent subscriber lives on node 2 and goes offline with QoS 1
+    messages queued. Its client id sends a CONNECT to node 1 and closes the
+    socket before node 1's claim is answered: the claim moves the id all
+    the same (node 2 ends the session), so node 1 serves its copy, offline.
+    The client then connects to node 3 and finds the session with every
+    message acknowledged before and since. (Before, node 1 served nothing
+    and node 3 refused its copy, node 2's, as older than node 1's claim:
+    a clean session, the queued messages lost.)"""
+    http = free_port()
+    ns = nodes(3, first_extra=["--http", f"127.0.0.1:{http}"])
+    sub = _persistent(ns[1], "left", 5)
+    assert sub.subscribe("lf/#", 1) == [1]
+    sub.disconnect()
+    p = clients(ns[2])
+    h = History()
+    h.qos["p"] = 1
+    n = 20
+    for i in range(n):
+        p.publish("lf/x", payload("p", i), qos=1)
+        h.acked["p"].add(i)
+    with socket.create_connection(("127.0.0.1", ns[0].mqtt_port), timeout=WAIT) as raw:
+        raw.sendall(mqttraw.connect("left", version=5, clean=False,
+                                    props={mqttraw.SESSION_EXPIRY: 3600}))
+    # No event reaches a test from inside the node: a bounded poll.
+    deadline = time.monotonic() + WAIT
+    while metric(http, "zerofan_cluster_claims_left_total") < 1:
+        assert time.monotonic() < deadline, "node 1's claim was never answered"
+        time.sleep(0.05)
+    for i in range(n, 2 * n):
+        p.publish("lf/x", payload("p", i), qos=1)
+        h.acked["p"].add(i)
+    back = _persistent_served(ns[2], "left", 5)
+    assert back.session_present, "the session did not survive the abandoned CONNECT"
+    drain(back, 2 * n, h, "left")
+    back.assert_no_message(0.3)
+    back.close()
+    assert h.problems(["left"]) == []
+
+
 def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients):
     """Two nodes lost at once: persistent MQTT 5 and 3.1.1 subscribers live
     on node 1 (their replicas are nodes 2 and 3) and go offline; node 3
