@@ -45,6 +45,8 @@ class Node:
     certs: object = None
     cert_name: str = ""
     extra: list = field(default_factory=list)
+    # `--http` port (its /metrics), when the test asked for one.
+    http_port: int = 0
 
     def tls_flags(self) -> list[str]:
         """The CLI's flags for this node's cluster (its `cli` certificate)."""
@@ -135,10 +137,14 @@ def voters_with_leader(n: int):
 def nodes(tmp_path):
     made: list[Node] = []
 
-    def make(n: int, first_extra: list[str] | None = None) -> list[Node]:
+    def make(n: int, first_extra: list[str] | None = None, http: bool = False) -> list[Node]:
         for i in range(1, n + 1):
             made.append(Node(i, free_port(), free_port(), tmp_path / f"n{i}"))
         made[0].extra = first_extra or []
+        if http:
+            for node in made:
+                node.http_port = free_port()
+                node.extra = node.extra + ["--http", f"127.0.0.1:{node.http_port}"]
         made[0].start()
         wait_status(made[0], voters_with_leader(1), "node 1 alone")
         for node in made[1:]:
@@ -852,6 +858,39 @@ def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients
     back.assert_no_message(0.3)
     back.close()
     assert h.problems(["left"]) == []
+
+
+def test_a_takeover_at_a_node_without_a_copy_moves_the_session(nodes, clients):
+    """Four nodes, three copies of each persistent session: one node holds
+    no copy of node 1's. A client whose session lives on node 1, offline
+    with QoS 1 messages queued, connects to that node: node 1 hands the
+    session's full image over before it lets go, and the client finds it
+    there (session present) with every acknowledged message. (Before, that
+    node served a clean session and the messages were lost.)"""
+    ns = nodes(4, http=True)
+    sub = _persistent(ns[0], "far", 5)
+    assert sub.subscribe("far/#", 1) == [1]
+    sub.disconnect()
+    p = clients(ns[1])
+    h = History()
+    h.qos["p"] = 1
+    n = 20
+    for i in range(n):
+        p.publish("far/x", payload("p", i), qos=1)
+        h.acked["p"].add(i)
+    # Which node keeps no copy: its replica gauge says (each publish was
+    # acknowledged once the copies had it).
+    images = {node.node_id: metric(node.http_port, "zerofan_cluster_replica_images")
+              for node in ns[1:]}
+    bare = [node for node in ns[1:] if images[node.node_id] == 0]
+    assert len(bare) == 1, images
+    far = _persistent_served(bare[0], "far", 5)
+    assert far.session_present, f"node {bare[0].node_id} served a clean session"
+    drain(far, n, h, "far")
+    far.assert_no_message(0.3)
+    far.close()
+    assert h.problems(["far"]) == []
+    assert metric(ns[0].http_port, "zerofan_cluster_sessions_handed_over_total") == 1
 
 
 def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients):

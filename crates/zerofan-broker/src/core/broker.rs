@@ -1131,10 +1131,45 @@ impl Broker {
         prev: Option<super::PreviousOwner>,
     ) {
         let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
+        if let Some(client) = &client {
+            self.claims.settle_handover(client);
+        }
         if let (true, Some(prev), Some(client)) = (granted, prev, client) {
             self.refuse_stale_copy(&client, &prev);
         }
         self.answer_claim(now, conn, granted, epoch, prev);
+    }
+
+    /// Whether `conn`'s granted claim, which resumes a session that `prev`
+    /// owned, should wait before [`Broker::claim_answered_from`] for
+    /// `prev`'s copy: there is no current copy here, `prev` is a linked
+    /// node that is not away, and it has not said it handed the session
+    /// over yet (see [`Broker::client_taken_by`]). The shell waits a
+    /// bounded time, woken by [`Broker::take_handover_news`].
+    pub fn awaits_handover(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
+        let Some(client) = self.claims.resumes(conn) else {
+            return false;
+        };
+        let Some(peer) = prev.peer else {
+            return false;
+        };
+        self.repl.on()
+            && self.peers.me() != Some(peer)
+            && self.peers.ids().any(|p| p == peer)
+            && !self.peers.is_away(peer)
+            && !self.claims.was_handed(client)
+            && self.repl.images.is_current(client, prev) != Some(true)
+    }
+
+    /// Whether a handover arrived since the last call (see
+    /// [`Broker::awaits_handover`]).
+    pub fn take_handover_news(&mut self) -> bool {
+        self.claims.take_handed_new()
+    }
+
+    /// Whether a copy of `client`'s session is kept here for another node.
+    pub fn has_copy(&self, client: &str) -> bool {
+        self.repl.images.has(client)
     }
 
     /// Drop the copy of `client` kept here unless `prev` wrote it under
@@ -1209,10 +1244,30 @@ impl Broker {
     /// Another node took `client_id` over (a newer claim): its connection
     /// here gets DISCONNECT 0x8E and its session here ends.
     pub fn client_taken(&mut self, now: Instant, client_id: &str) {
+        self.client_taken_by(now, client_id, None);
+    }
+
+    /// [`Broker::client_taken`], naming the node the cluster gave the id
+    /// to (`None`: not known here). That node gets the session's full
+    /// image first unless it is among this node's replicas (it holds the
+    /// copy already), then a [`PeerEvent::Handover`] either way: a node
+    /// outside the replica set otherwise had no copy to serve, and the
+    /// client found a clean session.
+    pub fn client_taken_by(&mut self, now: Instant, client_id: &str, to: Option<PeerId>) {
+        let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
         let Some(sid) = self.by_client.get(&self.sessions, &id) else {
+            if let Some(to) = to {
+                self.peers.send(
+                    to,
+                    PeerEvent::Handover {
+                        client: client_id.into(),
+                    },
+                );
+                self.end_event();
+            }
             return;
         };
         self.metrics.fenced_takeovers += 1;
@@ -1221,6 +1276,9 @@ impl Broker {
         }
         if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+        if let Some(to) = to {
+            self.hand_over(sid, to);
         }
         self.end_session(now, sid);
         // The session moved, it did not end: the replicas keep their copy
@@ -4315,6 +4373,7 @@ impl Broker {
             PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::ReplicaStale { clients } => self.replica_stale(now, clients),
+            PeerEvent::Handover { client } => self.claims.handed_over(client),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
@@ -4762,6 +4821,25 @@ impl Broker {
         if !ops.is_empty() {
             self.send_replicated(&targets, ops);
         }
+    }
+
+    /// `sid`'s client id moves to `to`: its full image goes there unless
+    /// `to` keeps this node's copies already, then the handover mark.
+    fn hand_over(&mut self, sid: SessionId, to: PeerId) {
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.as_str().into()) else {
+            return;
+        };
+        if self.durable.on() && !self.repl.current().contains(&to) {
+            // What was staged before belongs before the image.
+            self.flush_replication();
+            let mut ops = Vec::new();
+            self.image_ops(sid, &mut ops, &mut std::collections::HashSet::new());
+            if !ops.is_empty() {
+                self.metrics.sessions_handed_over += 1;
+                self.send_replicated(&[to], ops);
+            }
+        }
+        self.peers.send(to, PeerEvent::Handover { client });
     }
 
     /// The operations that rebuild `sid` from nothing at a replica.

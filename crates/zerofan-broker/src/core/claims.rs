@@ -47,7 +47,18 @@ pub(crate) struct Claims {
     left: VecDeque<(ConnId, Box<str>)>,
     /// Claims of clients that left, forgotten unanswered (`left` full).
     pub(crate) left_forgotten: u64,
+    /// Client ids whose old owner said it handed its copy over (see
+    /// `PeerEvent::Handover`), until their claim is answered here. Oldest
+    /// first, at most [`MAX_HANDED`]: one that arrives after its claim was
+    /// answered stays until pushed out, and one pushed out early only
+    /// makes its claim wait the bounded time it waited before.
+    handed: VecDeque<Box<str>>,
+    /// A handover arrived since the shell last looked.
+    handed_new: bool,
 }
+
+/// Most handovers remembered (see [`Claims::handed`]).
+const MAX_HANDED: usize = 1024;
 
 impl Claims {
     pub(crate) fn enable(&mut self, on: bool) {
@@ -107,6 +118,32 @@ impl Claims {
                 .push_back((conn, connect.client_id.as_str().into()));
         }
         self.granted.remove(&conn);
+    }
+
+    /// `client`'s old owner handed its copy over.
+    pub(crate) fn handed_over(&mut self, client: Box<str>) {
+        if self.handed.len() >= MAX_HANDED {
+            self.handed.pop_front();
+        }
+        self.handed.push_back(client);
+        self.handed_new = true;
+    }
+
+    /// Whether `client`'s old owner handed its copy over.
+    pub(crate) fn was_handed(&self, client: &str) -> bool {
+        self.handed.iter().any(|c| &**c == client)
+    }
+
+    /// Whether a handover arrived since the last call.
+    pub(crate) fn take_handed_new(&mut self) -> bool {
+        std::mem::take(&mut self.handed_new)
+    }
+
+    /// `client`'s claim was answered: its handover is spent.
+    pub(crate) fn settle_handover(&mut self, client: &str) {
+        if !self.handed.is_empty() {
+            self.handed.retain(|c| &**c != client);
+        }
     }
 
     /// The client id of `conn`'s claim, answered now, if its client left

@@ -382,6 +382,14 @@ counters! {
                 "zerofan_cluster_claims_left_forgotten_total",
                 "Unanswered claims of clients that left, forgotten because too many waited.",
             )),
+        /// Sessions whose full image went to the node that took their
+        /// client id over, which was not among this node's replicas.
+        pub sessions_handed_over: u64 = CounterDef::NEW
+            .sys("cluster/sessions_handed_over")
+            .prom(Family::new(
+                "zerofan_cluster_sessions_handed_over_total",
+                "Sessions whose full image went to the node that took their client id over (not a replica).",
+            )),
         /// Sessions here ended because another node claimed their client id.
         pub fenced_takeovers: u64 = CounterDef::NEW
             .sys("cluster/fenced_takeovers")

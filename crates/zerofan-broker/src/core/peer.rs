@@ -124,6 +124,15 @@ pub enum PeerEvent {
         /// Client id and the epoch its ignored changes named.
         clients: Vec<(Box<str>, u64)>,
     },
+    /// The sender, which owned `client` until the cluster gave it to the
+    /// receiver, has sent the receiver its session's full image (when it
+    /// had a persistent one and the receiver is not among its replicas,
+    /// which hold it already): a claim waiting for a current copy there
+    /// goes on (see `Broker::awaits_handover`).
+    Handover {
+        /// The client id.
+        client: Box<str>,
+    },
 }
 
 /// Bytes of publishes (topic and payload) a core crosses to one peer

@@ -47,6 +47,7 @@ const CONSUMED: u8 = 14;
 const REPLICATE: u8 = 15;
 const REPLICA_ACK: u8 = 16;
 const REPLICA_STALE: u8 = 17;
+const HANDOVER: u8 = 18;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -192,6 +193,10 @@ impl FrameEncoder {
             PeerEvent::ReplicaStale { clients } => {
                 self.scratch.put_u8(REPLICA_STALE);
                 super::replica_wire::encode_stale(clients, &mut self.scratch)?;
+            }
+            PeerEvent::Handover { client } => {
+                self.scratch.put_u8(HANDOVER);
+                put_str(&mut self.scratch, client)?;
             }
         }
         self.finish(start, payload, publish)
@@ -500,6 +505,13 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             let clients = super::replica_wire::decode_stale(&mut f)?;
             end(&f)?;
             PeerEvent::ReplicaStale { clients }
+        }
+        HANDOVER => {
+            let client = get_str(&mut f)?;
+            end(&f)?;
+            PeerEvent::Handover {
+                client: client.as_str().into(),
+            }
         }
         SYNC => {
             end(&f)?;
@@ -926,6 +938,7 @@ mod tests {
             any::<u64>().prop_map(|seq| PeerEvent::Seen { seq }),
             any::<u64>().prop_map(|seq| PeerEvent::Fence { seq }),
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
         ]
     }
 

@@ -21,6 +21,12 @@ const CLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 /// Claims in flight at once; the others wait in the core's queue, which
 /// holds at most one per connection.
 const CLAIMS_IN_FLIGHT: usize = 256;
+/// How long a granted claim waits for the old owner's copy of the session
+/// it resumes, when this node keeps no current one (see
+/// `Broker::awaits_handover`): a link's round trip on a healthy cluster.
+/// Past it the claim goes on with what this node has (a clean session
+/// when nothing), as it did before handovers.
+const HANDOVER_WAIT: Duration = Duration::from_secs(2);
 
 /// Claim what the core asks for, until aborted.
 pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
@@ -42,6 +48,9 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
                     peer: s.links.as_ref().and_then(|l| l.known_peer(node)),
                     epoch,
                 });
+                if let Some(prev) = prev {
+                    wait_for_handover(&s, req.conn, &prev).await;
+                }
                 s.broker.borrow_mut().claim_answered_from(
                     Instant::now(),
                     req.conn,
@@ -51,6 +60,26 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
                 );
                 s.dispatch();
             });
+        }
+    }
+}
+
+/// Until the old owner has handed `conn`'s session over, at most
+/// [`HANDOVER_WAIT`] (nothing to wait for in most claims).
+async fn wait_for_handover(shared: &Shared, conn: crate::core::ConnId, prev: &PreviousOwner) {
+    let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
+    loop {
+        // Registered before the check, so a handover between the two is
+        // not missed.
+        let woken = shared.handover_wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if !shared.broker.borrow().awaits_handover(conn, prev) {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, woken).await.is_err() {
+            tracing::debug!(%conn, "no handover from the old owner in time");
+            return;
         }
     }
 }
@@ -97,10 +126,14 @@ pub(super) async fn lost_loop(
         }
         tracing::debug!(client_id = %l.client_id, new_owner = l.new_owner, epoch = l.epoch,
             "client id claimed by another node");
+        let to = shared
+            .links
+            .as_ref()
+            .and_then(|k| k.known_peer(l.new_owner));
         shared
             .broker
             .borrow_mut()
-            .client_taken(Instant::now(), &l.client_id);
+            .client_taken_by(Instant::now(), &l.client_id, to);
         shared.dispatch();
     }
 }
@@ -112,10 +145,14 @@ async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost
     while let Some(f) = fences.recv().await {
         tracing::debug!(client_id = %f.client_id, new_owner = f.new_owner,
             "client id about to be claimed by another node");
+        let to = shared
+            .links
+            .as_ref()
+            .and_then(|k| k.known_peer(f.new_owner));
         shared
             .broker
             .borrow_mut()
-            .client_taken(Instant::now(), &f.client_id);
+            .client_taken_by(Instant::now(), &f.client_id, to);
         shared.dispatch();
     }
 }

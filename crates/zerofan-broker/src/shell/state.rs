@@ -76,6 +76,8 @@ pub struct Shared {
     pub auth_wake: tokio::sync::Notify,
     /// Wakes the cluster's claim task (`claims.rs`).
     pub claim_wake: tokio::sync::Notify,
+    /// Wakes the claims that wait for an old owner's copy (`claims.rs`).
+    pub handover_wake: tokio::sync::Notify,
     /// This node's cluster node, for its figures (shard 0 of a cluster node).
     pub cluster: std::cell::OnceCell<std::sync::Arc<zerofan_cluster::Cluster>>,
     /// Each bridge's figures (see `bridges.rs`).
@@ -107,6 +109,7 @@ impl Shared {
             limits: None,
             auth_wake: tokio::sync::Notify::new(),
             claim_wake: tokio::sync::Notify::new(),
+            handover_wake: tokio::sync::Notify::new(),
             cluster: std::cell::OnceCell::new(),
             bridges: RefCell::new(Vec::new()),
             wake_scratch: RefCell::new(Vec::new()),
@@ -182,6 +185,9 @@ impl Shared {
         }
         if self.broker.borrow().has_claims() {
             self.claim_wake.notify_one();
+        }
+        if self.broker.borrow_mut().take_handover_news() {
+            self.handover_wake.notify_waiters();
         }
         let mut ids = std::mem::take(&mut *self.wake_scratch.borrow_mut());
         self.broker.borrow_mut().take_wakeups(&mut ids);

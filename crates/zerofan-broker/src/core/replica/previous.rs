@@ -33,9 +33,17 @@ impl Images {
         prev: &PreviousOwner,
         disk: &mut Disk<'_>,
     ) -> bool {
-        let Some(img) = self.by_client.get(client) else {
+        if self.is_current(client, prev) != Some(false) {
             return false;
-        };
+        }
+        self.forget(client, disk);
+        true
+    }
+
+    /// Whether the image of `client` is the copy `prev` wrote under its
+    /// epoch (`None`: no image here).
+    pub(crate) fn is_current(&self, client: &str, prev: &PreviousOwner) -> Option<bool> {
+        let img = self.by_client.get(client)?;
         let known = self.fence.known(client);
         let current = match img.owner {
             // Read back from disk: the node that wrote it is not known,
@@ -49,10 +57,6 @@ impl Images {
             // from its own store, not claimed since).
             Some(owner) => prev.peer == Some(owner) && (known == prev.epoch || known == 0),
         };
-        if current {
-            return false;
-        }
-        self.forget(client, disk);
-        true
+        Some(current)
     }
 }

@@ -2318,3 +2318,91 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
     let payloads: Vec<&[u8]> = rs.queue.iter().map(|e| &e.message.payload[..]).collect();
     assert_eq!(payloads, [b"a".as_slice(), b"b".as_slice()]);
 }
+
+// ----- a takeover at a node that holds no copy -------------------------------
+
+/// Four nodes, two copies of each session besides its owner's: node 3 is
+/// not in node 0's replica set. A client whose session lives on node 0
+/// connects to node 3: node 0, told the id moves there, sends node 3 the
+/// session's full image before it ends the session, and node 3 serves it
+/// (session present, the queued message).
+#[test]
+fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
+    let mut cl = Cluster::new(4, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/x", "queued", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert!(
+        !cl.hs[3].b.has_copy("x"),
+        "node 3 is outside node 0's replica set"
+    );
+    // The CONNECT at node 3 waits for its claim; granted, it waits for
+    // node 0's copy (the shell, a bounded time).
+    let (conn, out) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600);
+    });
+    assert!(out.connack().is_none());
+    let mut asked: Vec<ClaimRequest> = Vec::new();
+    cl.hs[3].b.take_claims(&mut asked);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    assert!(cl.hs[3].b.awaits_handover(conn, &prev));
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "x", Some(remote(3)));
+    cl.pump();
+    assert!(cl.hs[3].b.take_handover_news());
+    assert!(!cl.hs[3].b.awaits_handover(conn, &prev));
+    assert!(cl.hs[3].b.has_copy("x"), "the owner handed its image over");
+    assert_eq!(cl.hs[0].b.metrics().sessions_handed_over, 1);
+    let now = cl.hs[3].now;
+    cl.hs[3]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let x3 = Cx { node: 3, conn };
+    let out = cl.out(x3);
+    assert!(present(&out), "node 3 served a clean session");
+    assert_eq!(out.payloads(), ["queued"]);
+}
+
+/// A replica of the old owner holds a current copy: its claim does not
+/// wait, and the old owner sends no second image, only the mark.
+#[test]
+fn a_takeover_at_a_replica_neither_waits_nor_gets_a_second_image() {
+    let mut cl = Cluster::new(4, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (conn, _) = cl.hs[1].connect_with("x", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600);
+    });
+    let mut asked: Vec<ClaimRequest> = Vec::new();
+    cl.hs[1].b.take_claims(&mut asked);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    assert!(
+        !cl.hs[1].b.awaits_handover(conn, &prev),
+        "node 1 is a replica"
+    );
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "x", Some(remote(1)));
+    cl.pump();
+    assert_eq!(cl.hs[0].b.metrics().sessions_handed_over, 0);
+    // A node with no session of that id sends the mark alone.
+    cl.hs[0].b.client_taken_by(now, "nobody", Some(remote(3)));
+    cl.pump();
+    assert!(cl.hs[3].b.take_handover_news());
+    assert!(!cl.hs[3].b.has_copy("nobody"));
+}
