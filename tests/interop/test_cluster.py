@@ -893,6 +893,40 @@ def test_a_takeover_at_a_node_without_a_copy_moves_the_session(nodes, clients):
     assert metric(ns[0].http_port, "zerofan_cluster_sessions_handed_over_total") == 1
 
 
+def test_killing_the_owner_a_node_without_a_copy_still_serves_the_session(nodes, clients):
+    """Four nodes, three copies: node 1 owns an offline persistent session
+    with QoS 1 and 2 messages queued, and is killed (-9). The client
+    reconnects to the one node that kept no copy: nobody can hand the
+    session over, so that node asks the others for a copy written under
+    node 1's epoch and serves it, session present, every acknowledged
+    message there, QoS 2 ones once. (Before, a clean session.)"""
+    ns = nodes(4, http=True)
+    sub = _persistent(ns[0], "orphan", 5)
+    assert sub.subscribe("orph/#", 2) == [2]
+    sub.disconnect()
+    p = clients(ns[1])
+    h = History()
+    h.qos.update({"q1": 1, "q2": 2})
+    n = 20
+    for i in range(n):
+        p.publish("orph/1", payload("q1", i), qos=1)
+        h.acked["q1"].add(i)
+        p.publish("orph/2", payload("q2", i), qos=2)
+        h.acked["q2"].add(i)
+    images = {node.node_id: metric(node.http_port, "zerofan_cluster_replica_images")
+              for node in ns[1:]}
+    bare = [node for node in ns[1:] if images[node.node_id] == 0]
+    assert len(bare) == 1, images
+    ns[0].kill()
+    back = _persistent_served(bare[0], "orphan", 5)
+    assert back.session_present, f"node {bare[0].node_id} served a clean session"
+    drain(back, 2 * n, h, "orphan")
+    back.assert_no_message(0.3)
+    back.close()
+    assert h.problems(["orphan"]) == []
+    assert metric(bare[0].http_port, "zerofan_cluster_copies_asked_total") >= 1
+
+
 def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients):
     """Two nodes lost at once: persistent MQTT 5 and 3.1.1 subscribers live
     on node 1 (their replicas are nodes 2 and 3) and go offline; node 3

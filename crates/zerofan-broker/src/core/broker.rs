@@ -1161,6 +1161,65 @@ impl Broker {
             && self.repl.images.is_current(client, prev) != Some(true)
     }
 
+    /// Whether `conn`'s granted claim, which resumes a session that `prev`
+    /// owned, still has no copy here written under `prev`'s epoch once the
+    /// handover wait is over (`prev` away, dead, or silent): the shell then
+    /// asks the other nodes for one ([`Broker::ask_for_copy`]) and waits a
+    /// bounded time, woken by [`Broker::take_handover_news`]. A node
+    /// outside the dead owner's replica set would otherwise serve a clean
+    /// session while the replicas hold the copy.
+    pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
+        let Some(client) = self.claims.resumes(conn) else {
+            return false;
+        };
+        self.repl.on()
+            && prev.epoch > 0
+            && self.peers.any()
+            && self.repl.images.is_current(client, prev) != Some(true)
+    }
+
+    /// Ask every reachable node for a copy of `conn`'s session written
+    /// under `prev`'s epoch (see [`Broker::wants_copy`]).
+    pub fn ask_for_copy(&mut self, conn: ConnId, prev: &super::PreviousOwner) {
+        let Some(client) = self.claims.resumes(conn).map(Box::<str>::from) else {
+            return;
+        };
+        self.metrics.copies_asked += 1;
+        let me = self.peers.me();
+        let to: Vec<PeerId> = self
+            .peers
+            .ids()
+            .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
+            .collect();
+        for p in to {
+            self.peers.send(
+                p,
+                PeerEvent::CopyWanted {
+                    client: client.clone(),
+                    epoch: prev.epoch,
+                },
+            );
+        }
+    }
+
+    /// `from` asks for the copy of `client` written under `epoch`: sent when
+    /// kept here, then the handover mark (nothing otherwise: another node
+    /// may keep it).
+    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64) {
+        let Some(ops) = self.repl.images.copy_ops(client, epoch) else {
+            return;
+        };
+        self.metrics.copies_sent += 1;
+        self.flush_replication();
+        self.send_replicated(&[from], ops);
+        self.peers.send(
+            from,
+            PeerEvent::Handover {
+                client: client.into(),
+            },
+        );
+    }
+
     /// Whether a handover arrived since the last call (see
     /// [`Broker::awaits_handover`]).
     pub fn take_handover_news(&mut self) -> bool {
@@ -4374,6 +4433,7 @@ impl Broker {
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::ReplicaStale { clients } => self.replica_stale(now, clients),
             PeerEvent::Handover { client } => self.claims.handed_over(client),
+            PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(&session).and_then(|s| s.conn);
                 if let Some(conn) = conn {

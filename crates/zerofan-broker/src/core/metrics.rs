@@ -390,6 +390,21 @@ counters! {
                 "zerofan_cluster_sessions_handed_over_total",
                 "Sessions whose full image went to the node that took their client id over (not a replica).",
             )),
+        /// Granted claims that asked the other nodes for a copy of their
+        /// session (its previous owner away and none kept here).
+        pub copies_asked: u64 = CounterDef::NEW
+            .sys("cluster/copies_asked")
+            .prom(Family::new(
+                "zerofan_cluster_copies_asked_total",
+                "Granted claims that asked other nodes for a copy of their session (none kept here).",
+            )),
+        /// Copies kept here sent to a node that asked for one.
+        pub copies_sent: u64 = CounterDef::NEW
+            .sys("cluster/copies_sent")
+            .prom(Family::new(
+                "zerofan_cluster_copies_sent_total",
+                "Session copies kept here sent to a node that was granted their client id.",
+            )),
         /// Sessions here ended because another node claimed their client id.
         pub fenced_takeovers: u64 = CounterDef::NEW
             .sys("cluster/fenced_takeovers")

@@ -133,6 +133,16 @@ pub enum PeerEvent {
         /// The client id.
         client: Box<str>,
     },
+    /// The sender was granted `client` under a claim whose previous owner
+    /// held it at `epoch`, is not there to hand it over (away, dead), and
+    /// the sender keeps no copy written under that epoch: a receiver that
+    /// keeps one sends it (its full image, then [`PeerEvent::Handover`]).
+    CopyWanted {
+        /// The client id.
+        client: Box<str>,
+        /// The previous owner's claim epoch.
+        epoch: u64,
+    },
 }
 
 /// Bytes of publishes (topic and payload) a core crosses to one peer

@@ -48,6 +48,7 @@ const REPLICATE: u8 = 15;
 const REPLICA_ACK: u8 = 16;
 const REPLICA_STALE: u8 = 17;
 const HANDOVER: u8 = 18;
+const COPY_WANTED: u8 = 19;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -196,6 +197,11 @@ impl FrameEncoder {
             }
             PeerEvent::Handover { client } => {
                 self.scratch.put_u8(HANDOVER);
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::CopyWanted { client, epoch } => {
+                self.scratch.put_u8(COPY_WANTED);
+                self.scratch.put_u64(*epoch);
                 put_str(&mut self.scratch, client)?;
             }
         }
@@ -511,6 +517,15 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             end(&f)?;
             PeerEvent::Handover {
                 client: client.as_str().into(),
+            }
+        }
+        COPY_WANTED => {
+            let epoch = get_u64(&mut f)?;
+            let client = get_str(&mut f)?;
+            end(&f)?;
+            PeerEvent::CopyWanted {
+                client: client.as_str().into(),
+                epoch,
             }
         }
         SYNC => {
@@ -939,6 +954,10 @@ mod tests {
             any::<u64>().prop_map(|seq| PeerEvent::Fence { seq }),
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
+            ("[a-z/]{0,12}", any::<u64>()).prop_map(|(c, epoch)| PeerEvent::CopyWanted {
+                client: c.into(),
+                epoch
+            }),
         ]
     }
 

@@ -1218,6 +1218,13 @@ impl Images {
     /// Take the image of `client` (this node now owns it), in the form the
     /// store's recovery gives, with the old owner's ids.
     pub(crate) fn take(&mut self, client: &str, disk: &mut Disk<'_>) -> Option<RecoveredSession> {
+        let rs = self.snapshot(client)?;
+        self.drop_image(client, disk);
+        Some(rs)
+    }
+
+    /// The image of `client` in the store's recovery form, kept.
+    fn snapshot(&self, client: &str) -> Option<RecoveredSession> {
         let img = self.by_client.get(client)?;
         let owner = img.owner?;
         let entry = |id: EntryId, e: &QueueEntry| {
@@ -1259,8 +1266,79 @@ impl Images {
             // The session's own store keeps none (see `disk`).
             epoch: 0,
         };
-        self.drop_image(client, disk);
         Some(rs)
+    }
+
+    /// The operations that rebuild the copy of `client` at another node,
+    /// when it was written under the claim of `epoch` (see
+    /// `PeerEvent::CopyWanted`): the entry and message ids are its owner's,
+    /// unique per sender as the receiver keys them.
+    pub(crate) fn copy_ops(&self, client: &str, epoch: u64) -> Option<Vec<ReplOp>> {
+        if epoch == 0 || self.by_client.get(client)?.epoch != epoch {
+            return None;
+        }
+        let rs = self.snapshot(client)?;
+        let c = || -> Box<str> { client.into() };
+        let mut ops = vec![
+            ReplOp::Epoch { client: c(), epoch },
+            ReplOp::Reset {
+                client: c(),
+                meta: rs.meta,
+            },
+        ];
+        for s in rs.subscriptions {
+            ops.push(ReplOp::Subscribe {
+                client: c(),
+                filter: s.filter.into_boxed_str(),
+                options: s.options,
+                id: s.id,
+            });
+        }
+        let mut named = HashSet::default();
+        let mut entry = |e: RecoveredEntry, ops: &mut Vec<ReplOp>| {
+            if named.insert(e.entry.msg) {
+                ops.push(ReplOp::Message {
+                    id: e.entry.msg,
+                    msg: e.message,
+                });
+            }
+            ops.push(ReplOp::Enqueue {
+                client: c(),
+                entry: e.id,
+                item: e.entry,
+            });
+        };
+        for f in rs.inflight {
+            match (f.phase, f.entry) {
+                (InflightPhase::PublishSent, Some(e)) => {
+                    let id = e.id;
+                    entry(e, &mut ops);
+                    ops.push(ReplOp::Send {
+                        client: c(),
+                        entry: id,
+                        pid: f.packet_id,
+                    });
+                }
+                (InflightPhase::PublishSent, None) => {}
+                (InflightPhase::PubrecReceived, _) => ops.push(ReplOp::PubRec {
+                    client: c(),
+                    pid: f.packet_id,
+                }),
+            }
+        }
+        for e in rs.queue {
+            entry(e, &mut ops);
+        }
+        for pid in rs.incoming_qos2 {
+            ops.push(ReplOp::Qos2Received { client: c(), pid });
+        }
+        if let Some(will) = rs.will {
+            ops.push(ReplOp::SetWill {
+                client: c(),
+                will: Box::new(will),
+            });
+        }
+        Some(ops)
     }
 
     /// Forget the image of `client` (a clean start took its id).

@@ -65,8 +65,27 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
 }
 
 /// Until the old owner has handed `conn`'s session over, at most
-/// [`HANDOVER_WAIT`] (nothing to wait for in most claims).
+/// [`HANDOVER_WAIT`] (nothing to wait for in most claims); then, when no
+/// copy under the old owner's epoch is here yet (the old owner is dead),
+/// until another node sent one, at most [`HANDOVER_WAIT`] again.
 async fn wait_for_handover(shared: &Shared, conn: crate::core::ConnId, prev: &PreviousOwner) {
+    let waiting = |b: &crate::core::Broker| b.awaits_handover(conn, prev);
+    if !wait_until_not(shared, waiting).await {
+        tracing::debug!(%conn, "no handover from the old owner in time");
+    }
+    if !shared.broker.borrow().wants_copy(conn, prev) {
+        return;
+    }
+    shared.broker.borrow_mut().ask_for_copy(conn, prev);
+    shared.dispatch();
+    if !wait_until_not(shared, |b| b.wants_copy(conn, prev)).await {
+        tracing::debug!(%conn, "no node sent a copy of the session in time");
+    }
+}
+
+/// Until `waits` is false (true), or [`HANDOVER_WAIT`] passed (false);
+/// checked again at each handover that arrives.
+async fn wait_until_not(shared: &Shared, waits: impl Fn(&crate::core::Broker) -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
     loop {
         // Registered before the check, so a handover between the two is
@@ -74,12 +93,11 @@ async fn wait_for_handover(shared: &Shared, conn: crate::core::ConnId, prev: &Pr
         let woken = shared.handover_wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        if !shared.broker.borrow().awaits_handover(conn, prev) {
-            return;
+        if !waits(&shared.broker.borrow()) {
+            return true;
         }
         if tokio::time::timeout_at(deadline, woken).await.is_err() {
-            tracing::debug!(%conn, "no handover from the old owner in time");
-            return;
+            return false;
         }
     }
 }

@@ -55,7 +55,12 @@ impl Images {
             None => true,
             // Epoch 0: its owner never named one (a session it restored
             // from its own store, not claimed since).
-            Some(owner) => prev.peer == Some(owner) && (known == prev.epoch || known == 0),
+            // Or a copy another node kept of it, sent here under that
+            // epoch (see `Images::copy_ops`).
+            Some(owner) => {
+                (prev.peer == Some(owner) && (known == prev.epoch || known == 0))
+                    || (img.epoch != 0 && img.epoch == prev.epoch)
+            }
         };
         Some(current)
     }

@@ -2406,3 +2406,80 @@ fn a_takeover_at_a_replica_neither_waits_nor_gets_a_second_image() {
     assert!(cl.hs[3].b.take_handover_news());
     assert!(!cl.hs[3].b.has_copy("nobody"));
 }
+
+/// Four nodes, three copies: the owner dies and its client reconnects to
+/// the node that kept no copy. Nobody can hand the session over, so that
+/// node asks the others for a copy written under the dead owner's epoch;
+/// the replicas send theirs, and the client finds its session (before:
+/// a clean one, the queued message lost).
+#[test]
+fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
+    let mut cl = Cluster::new(4, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t/x", "queued", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.kill(0);
+    assert!(!cl.hs[3].b.has_copy("x"));
+    let (conn, _) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600);
+    });
+    let mut asked: Vec<ClaimRequest> = Vec::new();
+    cl.hs[3].b.take_claims(&mut asked);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    assert!(!cl.hs[3].b.awaits_handover(conn, &prev), "node 0 is away");
+    assert!(cl.hs[3].b.wants_copy(conn, &prev));
+    cl.hs[3].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(cl.hs[3].b.take_handover_news());
+    assert!(
+        !cl.hs[3].b.wants_copy(conn, &prev),
+        "a replica sent its copy"
+    );
+    let sent: u64 = (1..3).map(|n| cl.hs[n].b.metrics().copies_sent).sum();
+    assert_eq!(sent, 2, "both replicas keep one");
+    let now = cl.hs[3].now;
+    cl.hs[3]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let out = cl.out(Cx { node: 3, conn });
+    assert!(present(&out), "node 3 served a clean session");
+    assert_eq!(out.payloads(), ["queued"]);
+    assert_eq!(cl.hs[3].b.metrics().stale_copies_refused, 0);
+}
+
+/// A copy written under another epoch than the one asked for is not sent:
+/// it is not the previous owner's newest.
+#[test]
+fn a_copy_under_another_epoch_is_not_sent() {
+    let mut cl = Cluster::new(4, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(x0);
+    cl.kill(0);
+    let (conn, _) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(3600);
+    });
+    let mut asked: Vec<ClaimRequest> = Vec::new();
+    cl.hs[3].b.take_claims(&mut asked);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 2,
+    };
+    cl.hs[3].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(!cl.hs[3].b.take_handover_news());
+    assert!(!cl.hs[3].b.has_copy("x"));
+    assert!(cl.hs[3].b.wants_copy(conn, &prev));
+}
