@@ -1142,10 +1142,13 @@ impl Broker {
 
     /// Whether `conn`'s granted claim, which resumes a session that `prev`
     /// owned, should wait before [`Broker::claim_answered_from`] for
-    /// `prev`'s copy: there is no current copy here, `prev` is a linked
-    /// node that is not away, and it has not said it handed the session
-    /// over yet (see [`Broker::client_taken_by`]). The shell waits a
-    /// bounded time, woken by [`Broker::take_handover_news`].
+    /// `prev` to hand it over (see [`Broker::client_taken_by`]): `prev` is
+    /// a linked node that is not away and has not said so yet. Also with a
+    /// current copy here: the changes `prev` made last (a message it
+    /// queued for the session, acknowledged once this node answers) may
+    /// still be on their way, ahead of the mark on the same link, and a
+    /// copy taken before them would lack them. The shell waits a bounded
+    /// time, woken by [`Broker::take_handover_news`].
     pub fn awaits_handover(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
         let Some(client) = self.claims.resumes(conn) else {
             return false;
@@ -1154,11 +1157,11 @@ impl Broker {
             return false;
         };
         self.repl.on()
+            && !self.serves(client)
             && self.peers.me() != Some(peer)
             && self.peers.ids().any(|p| p == peer)
             && !self.peers.is_away(peer)
             && !self.claims.was_handed(client)
-            && self.repl.images.is_current(client, prev) != Some(true)
     }
 
     /// Whether `conn`'s granted claim, which resumes a session that `prev`
@@ -1173,6 +1176,7 @@ impl Broker {
             return false;
         };
         self.repl.on()
+            && !self.serves(client)
             && prev.epoch > 0
             && self.peers.any()
             && self.repl.images.is_current(client, prev) != Some(true)
@@ -1224,6 +1228,13 @@ impl Broker {
     /// [`Broker::awaits_handover`]).
     pub fn take_handover_news(&mut self) -> bool {
         self.claims.take_handed_new()
+    }
+
+    /// Whether the session of `client` lives here: a reconnect to its
+    /// owner, whose claim names as the previous owner the node before this
+    /// one's own run of claims, which has nothing newer to give.
+    fn serves(&self, client: &str) -> bool {
+        MqttStr::try_from(client).is_ok_and(|id| self.by_client.contains_key(&self.sessions, &id))
     }
 
     /// Whether a copy of `client`'s session is kept here for another node.
@@ -4889,9 +4900,9 @@ impl Broker {
         let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.as_str().into()) else {
             return;
         };
+        // What was staged before belongs before the image and the mark.
+        self.flush_replication();
         if self.durable.on() && !self.repl.current().contains(&to) {
-            // What was staged before belongs before the image.
-            self.flush_replication();
             let mut ops = Vec::new();
             self.image_ops(sid, &mut ops, &mut std::collections::HashSet::new());
             if !ops.is_empty() {
