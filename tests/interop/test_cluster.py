@@ -917,14 +917,19 @@ def test_killing_the_owner_a_node_without_a_copy_still_serves_the_session(nodes,
               for node in ns[1:]}
     bare = [node for node in ns[1:] if images[node.node_id] == 0]
     assert len(bare) == 1, images
+    killed = time.monotonic()
     ns[0].kill()
     back = _persistent_served(bare[0], "orphan", 5)
+    served = time.monotonic() - killed
     assert back.session_present, f"node {bare[0].node_id} served a clean session"
     drain(back, 2 * n, h, "orphan")
     back.assert_no_message(0.3)
     back.close()
     assert h.problems(["orphan"]) == []
     assert metric(bare[0].http_port, "zerofan_cluster_copies_asked_total") >= 1
+    # A figure for BENCHMARKS.md, not asserted (a loaded machine stretches
+    # elections).
+    print(f"failover to a node without a copy: session served {served:.2f} s after kill -9")
 
 
 def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients):
