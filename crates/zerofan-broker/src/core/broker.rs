@@ -3362,7 +3362,7 @@ impl Broker {
         if let Some(client) = self.persistent_client(sid) {
             let options = sub_options(&record.options);
             self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.subscribe(&client, filter, options, record.id)
+                l.subscribe(&client, filter, options, record.id.map(NonZeroU32::get))
             });
         }
     }
@@ -3476,7 +3476,7 @@ impl Broker {
                     sub.filter.as_str().into(),
                     SubRecord {
                         options,
-                        id: sub.id,
+                        id: sub.id.and_then(NonZeroU32::new),
                     },
                 );
             }
@@ -3677,7 +3677,7 @@ impl Broker {
             }
             let record = SubRecord {
                 options,
-                id: sub_id,
+                id: sub_id.and_then(NonZeroU32::new),
             };
             let Some(s) = self.sessions.get_mut(&sid) else {
                 return;
@@ -4728,7 +4728,7 @@ impl Broker {
                 client: client.clone(),
                 filter: filter.clone(),
                 options: sub_options(&rec.options),
-                id: rec.id,
+                id: rec.id.map(NonZeroU32::get),
             });
         }
         let mut entry_ops =

@@ -7,6 +7,7 @@ use super::message::Message;
 use crate::config::QueueFull;
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -83,8 +84,9 @@ pub(crate) struct Inflight {
 pub(crate) struct SubRecord {
     /// Options.
     pub options: SubscriptionOptions,
-    /// Subscription identifier.
-    pub id: Option<u32>,
+    /// Subscription identifier (never 0: the codec refuses it). Non-zero so
+    /// that the record is 8 bytes and `SubMap` 24 (see `submap.rs`).
+    pub id: Option<NonZeroU32>,
 }
 
 /// A will waiting for its delay (or its session's end).
@@ -144,7 +146,7 @@ pub(crate) struct Session {
     /// Subscriptions by full filter (including `$share/...`); one without
     /// a table of its own (see `submap.rs`). Here rather than in `Flight`:
     /// a device that subscribes once and then idles would otherwise pay
-    /// for the whole `Flight` (184 bytes) to hold 32.
+    /// for the whole `Flight` (152 bytes) to hold 24.
     pub subscriptions: super::submap::SubMap<SubRecord>,
     /// QoS 1/2 state, allocated on first use.
     pub flight: Option<Box<Flight>>,
