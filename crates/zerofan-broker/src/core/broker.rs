@@ -113,6 +113,8 @@ pub struct Broker {
     timers: Timers,
     metrics: Metrics,
     shell_stats: ShellStats,
+    /// When the core was made: its uptime, and the base of every session's
+    /// expiry stamp (`session::Stamp`), so never changed.
     started: Instant,
     next_conn: ConnId,
     next_session: u64,
@@ -731,7 +733,7 @@ impl Broker {
             s.conn = Some(conn);
             s.protocol = protocol;
             s.expiry_interval = expiry;
-            s.expires_at = None;
+            s.set_expires_at(self.started, None);
             // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
             let cancelled = s.pending_will.take().is_some();
             self.dur_connected(sid, cancelled);
@@ -980,7 +982,7 @@ impl Broker {
             self.end_session(now, sid);
         } else if let Some(at) = later(now, expiry).filter(|_| expiry != u32::MAX) {
             if let Some(s) = self.sessions.get_mut(&sid) {
-                s.expires_at = Some(at);
+                s.set_expires_at(self.started, Some(at));
             }
             self.timers.arm(at, Timer::SessionExpiry(sid));
         }
@@ -3321,7 +3323,9 @@ impl Broker {
         let client = s.client_id.clone();
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,
-            expires_at_ms: s.expires_at.map(|at| self.durable.unix_ms(at)),
+            expires_at_ms: s
+                .expires_at(self.started)
+                .map(|at| self.durable.unix_ms(at)),
         };
         let will = s.pending_will.as_ref().map(|w| {
             let mut message = to_stored(&will_message(&w.will), &self.durable);
@@ -3559,7 +3563,7 @@ impl Broker {
                 None => None,
             };
             if let Some(at) = at {
-                s.expires_at = Some(at);
+                s.set_expires_at(self.started, Some(at));
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
             self.sessions.insert(sid, Box::new(s));
@@ -3883,7 +3887,7 @@ impl Broker {
                 }
                 Timer::SessionExpiry(sid) => {
                     let expired = self.sessions.get(&sid).is_some_and(|s| {
-                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
+                        s.conn.is_none() && s.expires_at(self.started).is_some_and(|at| at <= now)
                     });
                     if expired {
                         if self.events.on() {
@@ -4707,7 +4711,7 @@ impl Broker {
         ops: &mut Vec<super::replica::ReplOp>,
         named: &mut std::collections::HashSet<MsgId>,
     ) {
-        let d = &self.durable;
+        let (d, base) = (&self.durable, self.started);
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -4720,7 +4724,7 @@ impl Broker {
             client: client.clone(),
             meta: SessionMeta {
                 expiry_interval: s.expiry_interval,
-                expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+                expires_at_ms: s.expires_at(base).map(|at| d.unix_ms(at)),
             },
         });
         for (filter, rec) in s.subscriptions.iter() {
@@ -4904,7 +4908,7 @@ impl Broker {
     /// Write an installed session to this node's store: its ids were the
     /// old owner's.
     fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
-        let d = &self.durable;
+        let (d, base) = (&self.durable, self.started);
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -4912,7 +4916,7 @@ impl Broker {
         s.stored = true;
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,
-            expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+            expires_at_ms: s.expires_at(base).map(|at| d.unix_ms(at)),
         };
         let mut items = Vec::new();
         while let Some(q) = s.pop() {
