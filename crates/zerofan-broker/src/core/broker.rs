@@ -641,8 +641,9 @@ impl Broker {
             assigned = Some(id.clone());
             id
         } else {
-            // Kept for the session's life: must not pin the CONNECT's buffer.
-            copy_str(&client_id)
+            // Copied where it is kept (a new session, a CONNECT that waits
+            // for a takeover): it may be the CONNECT's buffer.
+            client_id
         };
 
         let mut keep = keep_alive;
@@ -669,7 +670,9 @@ impl Broker {
                     clean_start,
                     keep_alive,
                     properties,
-                    client_id,
+                    // It waits (up to `TAKEOVER_DRAIN`): its own bytes, not
+                    // the CONNECT's buffer.
+                    client_id: copy_str(&client_id),
                     will,
                     username,
                     password,
@@ -718,10 +721,11 @@ impl Broker {
             None => {
                 let sid = SessionId(self.next_session);
                 self.next_session += 1;
-                // Moved, not cloned: a clone of the id would give its bytes a
-                // shared header (a second allocation) for the session's life.
+                // Its own copy, exactly sized: it must not pin the CONNECT's
+                // buffer, and a session never shares its id.
+                let id: Box<str> = client_id.as_str().into();
                 self.sessions
-                    .insert(sid, Box::new(Session::new(client_id, protocol)));
+                    .insert(sid, Box::new(Session::new(id, protocol)));
                 if let Some(s) = self.sessions.get(&sid) {
                     self.by_client.insert(&self.sessions, &s.client_id, sid);
                 }
@@ -774,7 +778,7 @@ impl Broker {
             self.events.connected(&s.client_id, user, session_present);
         }
         self.auth_attach(conn, sid);
-        let client_id = self.sessions.get(&sid).map_or("", |s| s.client_id.as_str());
+        let client_id = self.sessions.get(&sid).map_or("", |s| &*s.client_id);
         tracing::debug!(%conn, client_id, ?protocol, session_present, "connected");
 
         let mut props = Properties::default();
@@ -1018,7 +1022,7 @@ impl Broker {
             return;
         };
         self.by_client.remove(&s.client_id, sid);
-        self.dur_session_ended(s.client_id.as_str(), s.stored);
+        self.dur_session_ended(&s.client_id, s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
         }
@@ -1487,8 +1491,7 @@ impl Broker {
         match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
-                self.auth
-                    .set_session_acl(sid, acl, s.client_id.as_str(), username);
+                self.auth.set_session_acl(sid, acl, &s.client_id, username);
             }
             None => self.auth.forget_session(sid),
         }
@@ -2171,7 +2174,7 @@ impl Broker {
         }
         let msg = Rc::new(msg);
         if self.events.on() {
-            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
             self.events.published(id, &msg);
         }
         self.retain_refused = false;
@@ -2689,7 +2692,7 @@ impl Broker {
         self.release_publishers(sid);
         if let Some(suppressed) = self.log_gate(now, "slow consumer") {
             tracing::warn!(
-                client = client.as_str(),
+                client = &*client,
                 queued,
                 suppressed,
                 "dropping a slow consumer"
@@ -2803,7 +2806,7 @@ impl Broker {
             if item.msg.is_expired(now) {
                 self.metrics.dropped_expired += 1;
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
                 }
@@ -2814,7 +2817,7 @@ impl Broker {
                 // message is dropped as if delivered (MQTT-3.1.2-25).
                 self.metrics.dropped_too_large += 1;
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
                 }
@@ -2831,7 +2834,7 @@ impl Broker {
                 // the same packet id (deduplicated by the client), never as
                 // a new message.
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
                 }
@@ -3160,14 +3163,13 @@ impl Broker {
         if !self.durable.on() || item.qos == QoS::AtMostOnce || item.entry.is_some() {
             return;
         }
-        let Some(client) = self
+        if !self
             .sessions
             .get(&sid)
-            .filter(|s| s.expiry_interval > 0)
-            .map(|s| s.client_id.clone())
-        else {
+            .is_some_and(|s| s.expiry_interval > 0)
+        {
             return;
-        };
+        }
         let Some(msg) = self.stored_msg(&item.msg) else {
             return;
         };
@@ -3182,10 +3184,15 @@ impl Broker {
             subscription_ids: item.sub_ids.clone(),
             share: item.share.as_deref().map(str::to_owned),
         };
+        // The id borrowed, not copied: this runs for every stored message.
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let client = &*s.client_id;
         let errors = &mut self.metrics.store_errors;
         let mut id = self
             .durable
-            .try_stage(|l| l.enqueue(&client, &entry))
+            .try_stage(|l| l.enqueue(client, &entry))
             .and_then(Result::ok);
         if id.is_none() {
             // The message id may be stale (a retained message replaced since):
@@ -3193,7 +3200,7 @@ impl Broker {
             let stored = to_stored(&item.msg, &self.durable);
             if let Some(m) = self.durable.stage(errors, |l| l.put_message(&stored)) {
                 entry.msg = m;
-                id = self.durable.stage(errors, |l| l.enqueue(&client, &entry));
+                id = self.durable.stage(errors, |l| l.enqueue(client, &entry));
             }
         }
         item.entry = id;
@@ -3211,69 +3218,71 @@ impl Broker {
             .flight_any()
             .map(|f| std::mem::take(&mut f.evicted))
             .unwrap_or_default();
-        let client = s.client_id.clone();
+        let client = &*s.client_id;
         for e in evicted {
             self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+                .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
         }
     }
 
     /// A queue entry of `sid` was not queued after all, or left unsent.
     pub(crate) fn dur_dequeue(&mut self, sid: SessionId, entry: Option<EntryId>) {
         let Some(e) = entry else { return };
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
             return;
         };
-        self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.dequeue(&s.client_id, e)
+        });
     }
 
     /// A stored delivery of `sid` ended (PUBACK, PUBCOMP, refused PUBREC,
     /// handed over).
     pub(crate) fn dur_complete(&mut self, sid: SessionId, pid: u16) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
             return;
         };
-        self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.complete(&client, pid));
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.complete(&s.client_id, pid)
+        });
     }
 
     /// PUBREC for a stored QoS 2 delivery.
     pub(crate) fn dur_pubrec(&mut self, sid: SessionId, pid: u16) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.pubrec(&s.client_id, pid)
+        });
+    }
+
+    /// Stage `f` with the client id of `sid` if the session is persistent
+    /// and a log is attached. The id is lent, not copied: some of these run
+    /// for every stored message.
+    fn stage_persistent(
+        &mut self,
+        sid: SessionId,
+        f: impl FnOnce(&mut dyn DurableLog, &str) -> Result<(), zerofan_store::StoreError>,
+    ) {
+        if !self.durable.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get(&sid).filter(|s| s.expiry_interval > 0) else {
             return;
         };
         self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.pubrec(&client, pid));
-    }
-
-    /// The client id of `sid` if it is persistent and a log is attached.
-    fn persistent_client(&self, sid: SessionId) -> Option<MqttStr> {
-        if !self.durable.on() {
-            return None;
-        }
-        self.sessions
-            .get(&sid)
-            .filter(|s| s.expiry_interval > 0)
-            .map(|s| s.client_id.clone())
+            .stage(&mut self.metrics.store_errors, |l| f(l, &s.client_id));
     }
 
     /// An inbound QoS 2 packet id was taken by `sid`.
     pub(crate) fn dur_qos2_received(&mut self, sid: SessionId, pid: u16) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.qos2_received(&client, pid)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.qos2_received(client, pid));
     }
 
     /// PUBREL for an inbound QoS 2 packet id of `sid`.
     pub(crate) fn dur_qos2_released(&mut self, sid: SessionId, pid: u16) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.qos2_released(&client, pid)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.qos2_released(client, pid));
     }
 
     /// A connection attached to `sid` (after CONNECT set its expiry): keep
@@ -3345,10 +3354,7 @@ impl Broker {
 
     /// A will waiting for its delay was published.
     pub(crate) fn dur_will_published(&mut self, sid: SessionId) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.clear_will(&client));
-        }
+        self.stage_persistent(sid, |l, client| l.clear_will(client));
     }
 
     /// A session ended (clean start, expiry, not persistent any more);
@@ -3363,21 +3369,14 @@ impl Broker {
 
     /// A subscription of `sid` was added or replaced.
     pub(crate) fn dur_subscribed(&mut self, sid: SessionId, filter: &str, record: SubRecord) {
-        if let Some(client) = self.persistent_client(sid) {
-            let options = sub_options(&record.options);
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.subscribe(&client, filter, options, record.id.map(NonZeroU32::get))
-            });
-        }
+        let options = sub_options(&record.options);
+        let id = record.id.map(NonZeroU32::get);
+        self.stage_persistent(sid, |l, client| l.subscribe(client, filter, options, id));
     }
 
     /// A subscription of `sid` was removed.
     pub(crate) fn dur_unsubscribed(&mut self, sid: SessionId, filter: &str) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.unsubscribe(&client, filter)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.unsubscribe(client, filter));
     }
 
     /// Before `share`'s items leave `from` (hand-over): their stored entries
@@ -3412,13 +3411,13 @@ impl Broker {
                 f.item.entry = None;
             }
         }
-        let client = s.client_id.clone();
+        let client = &*s.client_id;
         let errors = &mut self.metrics.store_errors;
         for pid in pids {
-            self.durable.stage(errors, |l| l.complete(&client, pid));
+            self.durable.stage(errors, |l| l.complete(client, pid));
         }
         for e in entries {
-            self.durable.stage(errors, |l| l.dequeue(&client, e));
+            self.durable.stage(errors, |l| l.dequeue(client, e));
         }
     }
 
@@ -3456,7 +3455,7 @@ impl Broker {
             } else {
                 Protocol::V5
             };
-            let mut s = Session::new(client_id.clone(), protocol);
+            let mut s = Session::new(client_id.as_str().into(), protocol);
             s.expiry_interval = rs.meta.expiry_interval;
             s.stored = true;
             for sub in &rs.subscriptions {
@@ -3717,7 +3716,7 @@ impl Broker {
             }
             reasons.push(ReasonCode(options.qos as u8));
             if self.events.on() {
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                 self.events
                     .subscription(id, filter, Some(options.qos as u8), false);
             }
@@ -3790,7 +3789,7 @@ impl Broker {
                 .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
             if existed {
                 if self.events.on() {
-                    let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                    let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                     self.events.subscription(id, filter, None, true);
                 }
                 self.dur_unsubscribed(sid, filter);
@@ -3891,7 +3890,7 @@ impl Broker {
                     });
                     if expired {
                         if self.events.on() {
-                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                             self.events.session_expired(id);
                         }
                         self.metrics.sessions_expired += 1;
@@ -4130,7 +4129,7 @@ impl Broker {
                     .conns
                     .get(&conn)
                     .and_then(|c| c.sec.username.as_deref());
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                 self.events.disconnected(id, user, reason.map(|r| r.0));
             }
             self.detach(now, sid, will);
@@ -4685,7 +4684,7 @@ impl Broker {
             None => self
                 .sessions
                 .iter()
-                .filter(|(_, s)| self.repl.is_claimed(s.client_id.as_str()))
+                .filter(|(_, s)| self.repl.is_claimed(&s.client_id))
                 .map(|(sid, _)| *sid)
                 .collect(),
         };
@@ -4718,7 +4717,7 @@ impl Broker {
         if !s.stored || s.expiry_interval == 0 {
             return;
         }
-        let client: Box<str> = s.client_id.as_str().into();
+        let client = s.client_id.clone();
         ops.extend(self.repl.epoch_op(&client));
         ops.push(super::replica::ReplOp::Reset {
             client: client.clone(),

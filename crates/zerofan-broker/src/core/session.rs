@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
+use zerofan_codec::{Protocol, QoS, SubscriptionOptions, Will};
 
 /// A message waiting in a session queue, with its per-subscriber options.
 #[derive(Clone, Debug)]
@@ -118,8 +118,11 @@ pub(crate) enum PushOutcome {
 /// One session.
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// The client identifier.
-    pub client_id: MqttStr,
+    /// The client identifier, valid as an MQTT string (it came as an
+    /// `MqttStr`). A `Box<str>`, 16 bytes where an `MqttStr`'s `Bytes` take
+    /// 32: the core lends it (`&str`) and copies it only for what outlives
+    /// the call (an event, a replica's image, a rare log line).
+    pub client_id: Box<str>,
     /// The connection currently attached, if any.
     pub conn: Option<ConnId>,
     /// Protocol of the last connection.
@@ -238,7 +241,7 @@ fn no_flight() -> &'static Flight {
 
 impl Session {
     /// A fresh session.
-    pub(crate) fn new(client_id: MqttStr, protocol: Protocol) -> Self {
+    pub(crate) fn new(client_id: Box<str>, protocol: Protocol) -> Self {
         Session {
             client_id,
             conn: None,
@@ -585,6 +588,7 @@ impl Session {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use zerofan_codec::MqttStr;
 
     fn q(qos: QoS, n: u8) -> Queued {
         Queued {
@@ -610,7 +614,7 @@ mod tests {
         // A base a day ahead of now, so that instants before it exist.
         let now = Instant::now();
         let base = now + Duration::from_secs(86_400);
-        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        let mut s = Session::new("c".into(), Protocol::V5);
         assert_eq!(s.expires_at(base), None);
         let longest = Duration::from_secs(u64::from(u32::MAX - 1));
         let ats = [
@@ -635,7 +639,7 @@ mod tests {
 
     #[test]
     fn packet_ids_skip_inflight_and_wrap() {
-        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        let mut s = Session::new("c".into(), Protocol::V5);
         s.flight_mut().next_pid = u16::MAX;
         assert_eq!(s.alloc_packet_id(), u16::MAX);
         s.flight_mut().inflight.insert(
@@ -651,7 +655,7 @@ mod tests {
 
     #[test]
     fn full_queue_policies() {
-        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        let mut s = Session::new("c".into(), Protocol::V5);
         assert_eq!(
             s.push(q(QoS::AtMostOnce, 0), 2, 100, QueueFull::DropNew),
             PushOutcome::Queued
