@@ -3163,10 +3163,10 @@ impl Broker {
         if !self.durable.on() || item.qos == QoS::AtMostOnce || item.entry.is_some() {
             return;
         }
-        if !self
+        if self
             .sessions
             .get(&sid)
-            .is_some_and(|s| s.expiry_interval > 0)
+            .is_none_or(|s| s.expiry_interval == 0)
         {
             return;
         }
