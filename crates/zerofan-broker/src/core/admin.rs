@@ -148,7 +148,7 @@ impl ClientQuery {
 
     fn keeps(&self, s: &Session, conn: Option<&Connection>) -> bool {
         if let Some(p) = &self.prefix {
-            if !s.client_id.as_str().starts_with(p.as_str()) {
+            if !s.client_id.starts_with(p.as_str()) {
                 return false;
             }
         }
@@ -191,7 +191,7 @@ pub(crate) fn views(
         .map(|s| &**s)
         .filter(|s| q.keeps(s, s.conn.and_then(|c| conns.get(&c)).map(|c| &**c)))
         .collect();
-    hits.sort_unstable_by(|a, b| a.client_id.as_str().cmp(b.client_id.as_str()));
+    hits.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
     let page = hits
         .iter()
         .skip(q.offset)

@@ -113,6 +113,8 @@ pub struct Broker {
     timers: Timers,
     metrics: Metrics,
     shell_stats: ShellStats,
+    /// When the core was made: its uptime, and the base of every session's
+    /// expiry stamp (`session::Stamp`), so never changed.
     started: Instant,
     next_conn: ConnId,
     next_session: u64,
@@ -640,8 +642,9 @@ impl Broker {
             assigned = Some(id.clone());
             id
         } else {
-            // Kept for the session's life: must not pin the CONNECT's buffer.
-            copy_str(&client_id)
+            // Copied where it is kept (a new session, a CONNECT that waits
+            // for a takeover): it may be the CONNECT's buffer.
+            client_id
         };
 
         let mut keep = keep_alive;
@@ -668,7 +671,9 @@ impl Broker {
                     clean_start,
                     keep_alive,
                     properties,
-                    client_id,
+                    // It waits (up to `TAKEOVER_DRAIN`): its own bytes, not
+                    // the CONNECT's buffer.
+                    client_id: copy_str(&client_id),
                     will,
                     username,
                     password,
@@ -717,10 +722,11 @@ impl Broker {
             None => {
                 let sid = SessionId(self.next_session);
                 self.next_session += 1;
-                // Moved, not cloned: a clone of the id would give its bytes a
-                // shared header (a second allocation) for the session's life.
+                // Its own copy, exactly sized: it must not pin the CONNECT's
+                // buffer, and a session never shares its id.
+                let id: Box<str> = client_id.as_str().into();
                 self.sessions
-                    .insert(sid, Box::new(Session::new(client_id, protocol)));
+                    .insert(sid, Box::new(Session::new(id, protocol)));
                 if let Some(s) = self.sessions.get(&sid) {
                     self.by_client.insert(&self.sessions, &s.client_id, sid);
                 }
@@ -732,7 +738,7 @@ impl Broker {
             s.conn = Some(conn);
             s.protocol = protocol;
             s.expiry_interval = expiry;
-            s.expires_at = None;
+            s.set_expires_at(self.started, None);
             // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
             let cancelled = s.pending_will.take().is_some();
             self.dur_connected(sid, cancelled);
@@ -773,7 +779,7 @@ impl Broker {
             self.events.connected(&s.client_id, user, session_present);
         }
         self.auth_attach(conn, sid);
-        let client_id = self.sessions.get(&sid).map_or("", |s| s.client_id.as_str());
+        let client_id = self.sessions.get(&sid).map_or("", |s| &*s.client_id);
         tracing::debug!(%conn, client_id, ?protocol, session_present, "connected");
 
         let mut props = Properties::default();
@@ -981,7 +987,7 @@ impl Broker {
             self.end_session(now, sid);
         } else if let Some(at) = later(now, expiry).filter(|_| expiry != u32::MAX) {
             if let Some(s) = self.sessions.get_mut(&sid) {
-                s.expires_at = Some(at);
+                s.set_expires_at(self.started, Some(at));
             }
             self.timers.arm(at, Timer::SessionExpiry(sid));
         }
@@ -1017,7 +1023,7 @@ impl Broker {
             return;
         };
         self.by_client.remove(&s.client_id, sid);
-        self.dur_session_ended(s.client_id.as_str(), s.stored);
+        self.dur_session_ended(&s.client_id, s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
         }
@@ -1677,8 +1683,7 @@ impl Broker {
         match acl {
             Some(acl) => {
                 let username = c.sec.username.clone();
-                self.auth
-                    .set_session_acl(sid, acl, s.client_id.as_str(), username);
+                self.auth.set_session_acl(sid, acl, &s.client_id, username);
             }
             None => self.auth.forget_session(sid),
         }
@@ -2361,7 +2366,7 @@ impl Broker {
         }
         let msg = Rc::new(msg);
         if self.events.on() {
-            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
             self.events.published(id, &msg);
         }
         self.retain_refused = false;
@@ -2879,7 +2884,7 @@ impl Broker {
         self.release_publishers(sid);
         if let Some(suppressed) = self.log_gate(now, "slow consumer") {
             tracing::warn!(
-                client = client.as_str(),
+                client = &*client,
                 queued,
                 suppressed,
                 "dropping a slow consumer"
@@ -2993,7 +2998,7 @@ impl Broker {
             if item.msg.is_expired(now) {
                 self.metrics.dropped_expired += 1;
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
                 }
@@ -3004,7 +3009,7 @@ impl Broker {
                 // message is dropped as if delivered (MQTT-3.1.2-25).
                 self.metrics.dropped_too_large += 1;
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
                 }
@@ -3021,7 +3026,7 @@ impl Broker {
                 // the same packet id (deduplicated by the client), never as
                 // a new message.
                 if let Some(e) = item.entry {
-                    let client = s.client_id.as_str();
+                    let client = &*s.client_id;
                     self.durable
                         .stage(&mut self.metrics.store_errors, |l| l.send(client, e, pid));
                 }
@@ -3350,14 +3355,13 @@ impl Broker {
         if !self.durable.on() || item.qos == QoS::AtMostOnce || item.entry.is_some() {
             return;
         }
-        let Some(client) = self
+        if self
             .sessions
             .get(&sid)
-            .filter(|s| s.expiry_interval > 0)
-            .map(|s| s.client_id.clone())
-        else {
+            .is_none_or(|s| s.expiry_interval == 0)
+        {
             return;
-        };
+        }
         let Some(msg) = self.stored_msg(&item.msg) else {
             return;
         };
@@ -3372,10 +3376,15 @@ impl Broker {
             subscription_ids: item.sub_ids.clone(),
             share: item.share.as_deref().map(str::to_owned),
         };
+        // The id borrowed, not copied: this runs for every stored message.
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        let client = &*s.client_id;
         let errors = &mut self.metrics.store_errors;
         let mut id = self
             .durable
-            .try_stage(|l| l.enqueue(&client, &entry))
+            .try_stage(|l| l.enqueue(client, &entry))
             .and_then(Result::ok);
         if id.is_none() {
             // The message id may be stale (a retained message replaced since):
@@ -3383,7 +3392,7 @@ impl Broker {
             let stored = to_stored(&item.msg, &self.durable);
             if let Some(m) = self.durable.stage(errors, |l| l.put_message(&stored)) {
                 entry.msg = m;
-                id = self.durable.stage(errors, |l| l.enqueue(&client, &entry));
+                id = self.durable.stage(errors, |l| l.enqueue(client, &entry));
             }
         }
         item.entry = id;
@@ -3401,69 +3410,71 @@ impl Broker {
             .flight_any()
             .map(|f| std::mem::take(&mut f.evicted))
             .unwrap_or_default();
-        let client = s.client_id.clone();
+        let client = &*s.client_id;
         for e in evicted {
             self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+                .stage(&mut self.metrics.store_errors, |l| l.dequeue(client, e));
         }
     }
 
     /// A queue entry of `sid` was not queued after all, or left unsent.
     pub(crate) fn dur_dequeue(&mut self, sid: SessionId, entry: Option<EntryId>) {
         let Some(e) = entry else { return };
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
             return;
         };
-        self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.dequeue(&client, e));
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.dequeue(&s.client_id, e)
+        });
     }
 
     /// A stored delivery of `sid` ended (PUBACK, PUBCOMP, refused PUBREC,
     /// handed over).
     pub(crate) fn dur_complete(&mut self, sid: SessionId, pid: u16) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
             return;
         };
-        self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.complete(&client, pid));
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.complete(&s.client_id, pid)
+        });
     }
 
     /// PUBREC for a stored QoS 2 delivery.
     pub(crate) fn dur_pubrec(&mut self, sid: SessionId, pid: u16) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
+        let Some(s) = self.sessions.get(&sid) else {
+            return;
+        };
+        self.durable.stage(&mut self.metrics.store_errors, |l| {
+            l.pubrec(&s.client_id, pid)
+        });
+    }
+
+    /// Stage `f` with the client id of `sid` if the session is persistent
+    /// and a log is attached. The id is lent, not copied: some of these run
+    /// for every stored message.
+    fn stage_persistent(
+        &mut self,
+        sid: SessionId,
+        f: impl FnOnce(&mut dyn DurableLog, &str) -> Result<(), zerofan_store::StoreError>,
+    ) {
+        if !self.durable.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get(&sid).filter(|s| s.expiry_interval > 0) else {
             return;
         };
         self.durable
-            .stage(&mut self.metrics.store_errors, |l| l.pubrec(&client, pid));
-    }
-
-    /// The client id of `sid` if it is persistent and a log is attached.
-    fn persistent_client(&self, sid: SessionId) -> Option<MqttStr> {
-        if !self.durable.on() {
-            return None;
-        }
-        self.sessions
-            .get(&sid)
-            .filter(|s| s.expiry_interval > 0)
-            .map(|s| s.client_id.clone())
+            .stage(&mut self.metrics.store_errors, |l| f(l, &s.client_id));
     }
 
     /// An inbound QoS 2 packet id was taken by `sid`.
     pub(crate) fn dur_qos2_received(&mut self, sid: SessionId, pid: u16) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.qos2_received(&client, pid)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.qos2_received(client, pid));
     }
 
     /// PUBREL for an inbound QoS 2 packet id of `sid`.
     pub(crate) fn dur_qos2_released(&mut self, sid: SessionId, pid: u16) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.qos2_released(&client, pid)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.qos2_released(client, pid));
     }
 
     /// A connection attached to `sid` (after CONNECT set its expiry): keep
@@ -3513,7 +3524,9 @@ impl Broker {
         let client = s.client_id.clone();
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,
-            expires_at_ms: s.expires_at.map(|at| self.durable.unix_ms(at)),
+            expires_at_ms: s
+                .expires_at(self.started)
+                .map(|at| self.durable.unix_ms(at)),
         };
         let will = s.pending_will.as_ref().map(|w| {
             let mut message = to_stored(&will_message(&w.will), &self.durable);
@@ -3533,10 +3546,7 @@ impl Broker {
 
     /// A will waiting for its delay was published.
     pub(crate) fn dur_will_published(&mut self, sid: SessionId) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable
-                .stage(&mut self.metrics.store_errors, |l| l.clear_will(&client));
-        }
+        self.stage_persistent(sid, |l, client| l.clear_will(client));
     }
 
     /// A session ended (clean start, expiry, not persistent any more);
@@ -3551,21 +3561,14 @@ impl Broker {
 
     /// A subscription of `sid` was added or replaced.
     pub(crate) fn dur_subscribed(&mut self, sid: SessionId, filter: &str, record: SubRecord) {
-        if let Some(client) = self.persistent_client(sid) {
-            let options = sub_options(&record.options);
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.subscribe(&client, filter, options, record.id)
-            });
-        }
+        let options = sub_options(&record.options);
+        let id = record.id.map(NonZeroU32::get);
+        self.stage_persistent(sid, |l, client| l.subscribe(client, filter, options, id));
     }
 
     /// A subscription of `sid` was removed.
     pub(crate) fn dur_unsubscribed(&mut self, sid: SessionId, filter: &str) {
-        if let Some(client) = self.persistent_client(sid) {
-            self.durable.stage(&mut self.metrics.store_errors, |l| {
-                l.unsubscribe(&client, filter)
-            });
-        }
+        self.stage_persistent(sid, |l, client| l.unsubscribe(client, filter));
     }
 
     /// Before `share`'s items leave `from` (hand-over): their stored entries
@@ -3600,13 +3603,13 @@ impl Broker {
                 f.item.entry = None;
             }
         }
-        let client = s.client_id.clone();
+        let client = &*s.client_id;
         let errors = &mut self.metrics.store_errors;
         for pid in pids {
-            self.durable.stage(errors, |l| l.complete(&client, pid));
+            self.durable.stage(errors, |l| l.complete(client, pid));
         }
         for e in entries {
-            self.durable.stage(errors, |l| l.dequeue(&client, e));
+            self.durable.stage(errors, |l| l.dequeue(client, e));
         }
     }
 
@@ -3644,7 +3647,7 @@ impl Broker {
             } else {
                 Protocol::V5
             };
-            let mut s = Session::new(client_id.clone(), protocol);
+            let mut s = Session::new(client_id.as_str().into(), protocol);
             s.expiry_interval = rs.meta.expiry_interval;
             s.stored = true;
             for sub in &rs.subscriptions {
@@ -3668,7 +3671,7 @@ impl Broker {
                     sub.filter.as_str().into(),
                     SubRecord {
                         options,
-                        id: sub.id,
+                        id: sub.id.and_then(NonZeroU32::new),
                     },
                 );
             }
@@ -3751,7 +3754,7 @@ impl Broker {
                 None => None,
             };
             if let Some(at) = at {
-                s.expires_at = Some(at);
+                s.set_expires_at(self.started, Some(at));
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
             self.sessions.insert(sid, Box::new(s));
@@ -3869,7 +3872,7 @@ impl Broker {
             }
             let record = SubRecord {
                 options,
-                id: sub_id,
+                id: sub_id.and_then(NonZeroU32::new),
             };
             let Some(s) = self.sessions.get_mut(&sid) else {
                 return;
@@ -3905,7 +3908,7 @@ impl Broker {
             }
             reasons.push(ReasonCode(options.qos as u8));
             if self.events.on() {
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                 self.events
                     .subscription(id, filter, Some(options.qos as u8), false);
             }
@@ -3978,7 +3981,7 @@ impl Broker {
                 .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
             if existed {
                 if self.events.on() {
-                    let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                    let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                     self.events.subscription(id, filter, None, true);
                 }
                 self.dur_unsubscribed(sid, filter);
@@ -4075,11 +4078,11 @@ impl Broker {
                 }
                 Timer::SessionExpiry(sid) => {
                     let expired = self.sessions.get(&sid).is_some_and(|s| {
-                        s.conn.is_none() && s.expires_at.is_some_and(|at| at <= now)
+                        s.conn.is_none() && s.expires_at(self.started).is_some_and(|at| at <= now)
                     });
                     if expired {
                         if self.events.on() {
-                            let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                             self.events.session_expired(id);
                         }
                         self.metrics.sessions_expired += 1;
@@ -4318,7 +4321,7 @@ impl Broker {
                     .conns
                     .get(&conn)
                     .and_then(|c| c.sec.username.as_deref());
-                let id = self.sessions.get(&sid).map(|s| &s.client_id);
+                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
                 self.events.disconnected(id, user, reason.map(|r| r.0));
             }
             self.detach(now, sid, will);
@@ -4875,7 +4878,7 @@ impl Broker {
             None => self
                 .sessions
                 .iter()
-                .filter(|(_, s)| self.repl.is_claimed(s.client_id.as_str()))
+                .filter(|(_, s)| self.repl.is_claimed(&s.client_id))
                 .map(|(sid, _)| *sid)
                 .collect(),
         };
@@ -4920,20 +4923,20 @@ impl Broker {
         ops: &mut Vec<super::replica::ReplOp>,
         named: &mut std::collections::HashSet<MsgId>,
     ) {
-        let d = &self.durable;
+        let (d, base) = (&self.durable, self.started);
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
         if !s.stored || s.expiry_interval == 0 {
             return;
         }
-        let client: Box<str> = s.client_id.as_str().into();
+        let client = s.client_id.clone();
         ops.extend(self.repl.epoch_op(&client));
         ops.push(super::replica::ReplOp::Reset {
             client: client.clone(),
             meta: SessionMeta {
                 expiry_interval: s.expiry_interval,
-                expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+                expires_at_ms: s.expires_at(base).map(|at| d.unix_ms(at)),
             },
         });
         for (filter, rec) in s.subscriptions.iter() {
@@ -4941,7 +4944,7 @@ impl Broker {
                 client: client.clone(),
                 filter: filter.clone(),
                 options: sub_options(&rec.options),
-                id: rec.id,
+                id: rec.id.map(NonZeroU32::get),
             });
         }
         let mut entry_ops =
@@ -5117,7 +5120,7 @@ impl Broker {
     /// Write an installed session to this node's store: its ids were the
     /// old owner's.
     fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
-        let d = &self.durable;
+        let (d, base) = (&self.durable, self.started);
         let Some(s) = self.sessions.get_mut(&sid) else {
             return;
         };
@@ -5125,7 +5128,7 @@ impl Broker {
         s.stored = true;
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,
-            expires_at_ms: s.expires_at.map(|at| d.unix_ms(at)),
+            expires_at_ms: s.expires_at(base).map(|at| d.unix_ms(at)),
         };
         let mut items = Vec::new();
         while let Some(q) = s.pop() {

@@ -13,7 +13,6 @@ use super::hash::Seeded;
 use super::ids::SessionId;
 use super::session::Session;
 use std::hash::BuildHasher;
-use zerofan_codec::MqttStr;
 
 /// The sessions the table points into.
 pub(crate) type Sessions = super::hash::HashMap<SessionId, Box<Session>>;
@@ -29,22 +28,19 @@ fn hash(client_id: &str) -> u64 {
 /// The entry rehashed when the table grows: by its session's id, which is
 /// there (see the module comment).
 fn rehash(sessions: &Sessions) -> impl Fn(&SessionId) -> u64 + '_ {
-    move |sid| sessions.get(sid).map_or(0, |s| hash(s.client_id.as_str()))
+    move |sid| sessions.get(sid).map_or(0, |s| hash(&s.client_id))
 }
 
 impl ClientIds {
-    pub(crate) fn get(&self, sessions: &Sessions, client_id: &MqttStr) -> Option<SessionId> {
-        let key = client_id.as_str();
+    pub(crate) fn get(&self, sessions: &Sessions, key: &str) -> Option<SessionId> {
         self.0
             .find(hash(key), |sid| {
-                sessions
-                    .get(sid)
-                    .is_some_and(|s| s.client_id.as_str() == key)
+                sessions.get(sid).is_some_and(|s| *s.client_id == *key)
             })
             .copied()
     }
 
-    pub(crate) fn contains_key(&self, sessions: &Sessions, client_id: &MqttStr) -> bool {
+    pub(crate) fn contains_key(&self, sessions: &Sessions, client_id: &str) -> bool {
         self.get(sessions, client_id).is_some()
     }
 
@@ -53,14 +49,12 @@ impl ClientIds {
     pub(crate) fn insert(
         &mut self,
         sessions: &Sessions,
-        client_id: &MqttStr,
+        key: &str,
         sid: SessionId,
     ) -> Option<SessionId> {
-        let key = client_id.as_str();
         let h = hash(key);
-        let same = |x: &SessionId| {
-            *x != sid && sessions.get(x).is_some_and(|s| s.client_id.as_str() == key)
-        };
+        let same =
+            |x: &SessionId| *x != sid && sessions.get(x).is_some_and(|s| *s.client_id == *key);
         if let Some(old) = self.0.find_mut(h, same) {
             return Some(std::mem::replace(old, sid));
         }
@@ -71,8 +65,8 @@ impl ClientIds {
     }
 
     /// Forget `sid` as `client_id`'s session, if it is.
-    pub(crate) fn remove(&mut self, client_id: &MqttStr, sid: SessionId) -> bool {
-        match self.0.find_entry(hash(client_id.as_str()), |x| *x == sid) {
+    pub(crate) fn remove(&mut self, client_id: &str, sid: SessionId) -> bool {
+        match self.0.find_entry(hash(client_id), |x| *x == sid) {
             Ok(e) => {
                 e.remove();
                 true
@@ -92,13 +86,12 @@ mod tests {
     use super::*;
     use zerofan_codec::Protocol;
 
-    fn session(sessions: &mut Sessions, sid: u64, id: &str) -> MqttStr {
-        let id = MqttStr::try_from(id).unwrap();
+    fn session(sessions: &mut Sessions, sid: u64, id: &str) -> Box<str> {
         sessions.insert(
             SessionId(sid),
-            Box::new(Session::new(id.clone(), Protocol::V5)),
+            Box::new(Session::new(id.into(), Protocol::V5)),
         );
-        id
+        id.into()
     }
 
     #[test]
@@ -110,8 +103,7 @@ mod tests {
         let a2 = session(&mut s, 2, "a");
         assert_eq!(c.insert(&s, &a2, SessionId(2)), Some(SessionId(1)));
         assert_eq!(c.len(), 1);
-        let b = MqttStr::try_from("b").unwrap();
-        assert!(c.contains_key(&s, &a) && !c.contains_key(&s, &b));
+        assert!(c.contains_key(&s, &a) && !c.contains_key(&s, "b"));
         assert_eq!(c.get(&s, &a), Some(SessionId(2)));
         // Removed by id and hash, with the session already gone.
         s.remove(&SessionId(2));
@@ -131,8 +123,7 @@ mod tests {
             assert_eq!(c.insert(&s, &id, SessionId(i)), None);
         }
         for i in 0..1000 {
-            let id = MqttStr::try_from(format!("dev-{i}")).unwrap();
-            assert_eq!(c.get(&s, &id), Some(SessionId(i)));
+            assert_eq!(c.get(&s, &format!("dev-{i}")), Some(SessionId(i)));
         }
         assert_eq!(c.len(), 1000);
     }

@@ -134,6 +134,6 @@ mod tests {
     #[test]
     fn a_connection_and_its_session_fit_their_size_classes() {
         assert!(std::mem::size_of::<super::Connection>() <= 192);
-        assert!(std::mem::size_of::<super::super::session::Session>() <= 160);
+        assert!(std::mem::size_of::<super::super::session::Session>() <= 128);
     }
 }

@@ -5,7 +5,6 @@
 
 use super::message::Message;
 use std::rc::Rc;
-use zerofan_codec::MqttStr;
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +75,9 @@ impl EventKind {
 pub struct Event {
     /// What happened.
     pub kind: EventKind,
-    /// The client identifier.
-    pub client_id: Option<MqttStr>,
+    /// The client identifier: a copy (a session does not share its own,
+    /// see `Session::client_id`).
+    pub client_id: Option<Box<str>>,
     /// The connection's username.
     pub username: Option<Box<str>>,
     /// Topic filter (subscriptions); a message's topic is in `message`.
@@ -91,10 +91,10 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(kind: EventKind, client_id: Option<&MqttStr>) -> Event {
+    fn new(kind: EventKind, client_id: Option<&str>) -> Event {
         Event {
             kind,
-            client_id: client_id.cloned(),
+            client_id: client_id.map(Into::into),
             username: None,
             topic: None,
             qos: None,
@@ -155,7 +155,7 @@ impl Events {
 
     /// A CONNECT accepted: `client.connected`, and `session.created` when
     /// no session was resumed.
-    pub fn connected(&mut self, client_id: &MqttStr, username: Option<&str>, resumed: bool) {
+    pub fn connected(&mut self, client_id: &str, username: Option<&str>, resumed: bool) {
         if !resumed && self.wants(EventKind::SessionCreated) {
             let mut e = Event::new(EventKind::SessionCreated, Some(client_id));
             e.username = username.map(Into::into);
@@ -172,7 +172,7 @@ impl Events {
     /// broker sent, if any.
     pub fn disconnected(
         &mut self,
-        client_id: Option<&MqttStr>,
+        client_id: Option<&str>,
         username: Option<&str>,
         reason: Option<u8>,
     ) {
@@ -185,7 +185,7 @@ impl Events {
     }
 
     /// A session expired.
-    pub fn session_expired(&mut self, client_id: Option<&MqttStr>) {
+    pub fn session_expired(&mut self, client_id: Option<&str>) {
         if self.wants(EventKind::SessionExpired) {
             self.push(Event::new(EventKind::SessionExpired, client_id));
         }
@@ -194,7 +194,7 @@ impl Events {
     /// A subscription made (`removed` false) or removed.
     pub fn subscription(
         &mut self,
-        client_id: Option<&MqttStr>,
+        client_id: Option<&str>,
         filter: &str,
         qos: Option<u8>,
         removed: bool,
@@ -213,7 +213,7 @@ impl Events {
     }
 
     /// A message published (by `client_id`, or by the API when `None`).
-    pub fn published(&mut self, client_id: Option<&MqttStr>, msg: &Rc<Message>) {
+    pub fn published(&mut self, client_id: Option<&str>, msg: &Rc<Message>) {
         if self.wants(EventKind::MessagePublished) {
             // The topic is the message's: no copy per event.
             let mut e = Event::new(EventKind::MessagePublished, client_id);
@@ -224,7 +224,7 @@ impl Events {
     }
 
     /// A CONNECT refused by authentication, with its reason code.
-    pub fn auth_failed(&mut self, client_id: &MqttStr, username: Option<&str>, reason: u8) {
+    pub fn auth_failed(&mut self, client_id: &str, username: Option<&str>, reason: u8) {
         if self.wants(EventKind::AuthFailed) {
             let mut e = Event::new(EventKind::AuthFailed, Some(client_id));
             e.username = username.map(Into::into);
@@ -240,19 +240,19 @@ mod tests {
 
     #[test]
     fn only_wanted_kinds_are_kept_and_the_buffer_is_bounded() {
-        let id = MqttStr::from_static("c");
+        let id = "c";
         let mut ev = Events::default();
-        ev.connected(&id, None, false);
+        ev.connected(id, None, false);
         assert_eq!(ev.pending(), 0, "nothing recorded without a mask");
         ev.set_mask(EventKind::ClientConnected.bit());
-        ev.connected(&id, Some("u"), false);
+        ev.connected(id, Some("u"), false);
         let mut out = Vec::new();
         ev.take(&mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].kind, EventKind::ClientConnected);
         assert_eq!(out[0].username.as_deref(), Some("u"));
         for _ in 0..MAX_PENDING + 3 {
-            ev.connected(&id, None, true);
+            ev.connected(id, None, true);
         }
         assert_eq!(ev.pending(), MAX_PENDING);
         assert_eq!(ev.take(&mut out), 3);

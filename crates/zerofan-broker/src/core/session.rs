@@ -7,10 +7,11 @@ use super::message::Message;
 use crate::config::QueueFull;
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::num::NonZeroU32;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
-use zerofan_codec::{MqttStr, Protocol, QoS, SubscriptionOptions, Will};
+use std::time::{Duration, Instant};
+use zerofan_codec::{Protocol, QoS, SubscriptionOptions, Will};
 
 /// A message waiting in a session queue, with its per-subscriber options.
 #[derive(Clone, Debug)]
@@ -83,8 +84,9 @@ pub(crate) struct Inflight {
 pub(crate) struct SubRecord {
     /// Options.
     pub options: SubscriptionOptions,
-    /// Subscription identifier.
-    pub id: Option<u32>,
+    /// Subscription identifier (never 0: the codec refuses it). Non-zero so
+    /// that the record is 8 bytes and `SubMap` 24 (see `submap.rs`).
+    pub id: Option<NonZeroU32>,
 }
 
 /// A will waiting for its delay (or its session's end).
@@ -116,16 +118,20 @@ pub(crate) enum PushOutcome {
 /// One session.
 #[derive(Debug)]
 pub(crate) struct Session {
-    /// The client identifier.
-    pub client_id: MqttStr,
+    /// The client identifier, valid as an MQTT string (it came as an
+    /// `MqttStr`). A `Box<str>`, 16 bytes where an `MqttStr`'s `Bytes` take
+    /// 32: the core lends it (`&str`) and copies it only for what outlives
+    /// the call (an event, a replica's image, a rare log line).
+    pub client_id: Box<str>,
     /// The connection currently attached, if any.
     pub conn: Option<ConnId>,
     /// Protocol of the last connection.
     pub protocol: Protocol,
     /// Session Expiry Interval in seconds (u32::MAX: never).
     pub expiry_interval: u32,
-    /// When an absent session expires.
-    pub expires_at: Option<Instant>,
+    /// When an absent session expires, against the core's start (see
+    /// [`Stamp`]): 8 bytes where `Option<Instant>` takes 16.
+    expires_at: Stamp,
     /// Messages not yet sent. Private with its counters below, which must
     /// match it: only this module's methods change it.
     queue: VecDeque<Queued>,
@@ -144,7 +150,7 @@ pub(crate) struct Session {
     /// Subscriptions by full filter (including `$share/...`); one without
     /// a table of its own (see `submap.rs`). Here rather than in `Flight`:
     /// a device that subscribes once and then idles would otherwise pay
-    /// for the whole `Flight` (184 bytes) to hold 32.
+    /// for the whole `Flight` (152 bytes) to hold 24.
     pub subscriptions: super::submap::SubMap<SubRecord>,
     /// QoS 1/2 state, allocated on first use.
     pub flight: Option<Box<Flight>>,
@@ -174,6 +180,45 @@ pub(crate) struct Flight {
     pub behind: Option<Box<Behind>>,
 }
 
+/// An `Option<Instant>` in 8 bytes: nanoseconds after (negative: before)
+/// a base instant the core keeps (its start), `i64::MIN` for none. Exact,
+/// to the nanosecond, within 292 years of the base, which holds every
+/// session expiry: at most `u32::MAX` seconds (136 years) after a detach,
+/// and a restored one was stored from such an expiry. Beyond, it
+/// saturates, so it still compares the same with any instant nearer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stamp(i64);
+
+impl Stamp {
+    pub(crate) const NONE: Stamp = Stamp(i64::MIN);
+
+    /// `at` against `base`.
+    pub(crate) fn new(base: Instant, at: Option<Instant>) -> Stamp {
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match at {
+            None => Stamp::NONE,
+            Some(at) if at >= base => Stamp(nanos(at.duration_since(base))),
+            // Down to `-i64::MAX`: never `NONE`.
+            Some(at) => Stamp(-nanos(base.duration_since(at))),
+        }
+    }
+
+    /// The instant, against the same `base` it was made with.
+    pub(crate) fn get(self, base: Instant) -> Option<Instant> {
+        if self == Stamp::NONE {
+            return None;
+        }
+        let d = Duration::from_nanos(self.0.unsigned_abs());
+        // Made from an instant, so it is one again; a saturated past one
+        // that the clock cannot hold reads as the base (past as well).
+        Some(if self.0 >= 0 {
+            base.checked_add(d).unwrap_or(base)
+        } else {
+            base.checked_sub(d).unwrap_or(base)
+        })
+    }
+}
+
 /// What a session without a `Flight` reads as: one empty `Flight` per
 /// thread, made once and kept for the thread's life. Not a `static`: a
 /// `Flight` holds `Rc`s (messages are counted without atomics on the
@@ -196,13 +241,13 @@ fn no_flight() -> &'static Flight {
 
 impl Session {
     /// A fresh session.
-    pub(crate) fn new(client_id: MqttStr, protocol: Protocol) -> Self {
+    pub(crate) fn new(client_id: Box<str>, protocol: Protocol) -> Self {
         Session {
             client_id,
             conn: None,
             protocol,
             expiry_interval: 0,
-            expires_at: None,
+            expires_at: Stamp::NONE,
             queue: VecDeque::new(),
             queued_bytes: 0,
             queued_qos0: 0,
@@ -214,7 +259,18 @@ impl Session {
         }
     }
 
-    /// Subscriptions and QoS 1/2 state, empty if never used.
+    /// When the session expires if absent; `base` is the core's start, the
+    /// same for every call (see [`Stamp`]).
+    pub(crate) fn expires_at(&self, base: Instant) -> Option<Instant> {
+        self.expires_at.get(base)
+    }
+
+    /// Set (or clear) when the session expires; `base` as for
+    /// [`Session::expires_at`].
+    pub(crate) fn set_expires_at(&mut self, base: Instant, at: Option<Instant>) {
+        self.expires_at = Stamp::new(base, at);
+    }
+
     /// Messages queued, not yet sent.
     pub(crate) fn queue_len(&self) -> usize {
         self.queue.len()
@@ -532,6 +588,7 @@ impl Session {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use zerofan_codec::MqttStr;
 
     fn q(qos: QoS, n: u8) -> Queued {
         Queued {
@@ -553,8 +610,36 @@ mod tests {
     }
 
     #[test]
+    fn expiry_stamps_are_exact_to_the_nanosecond() {
+        // A base a day ahead of now, so that instants before it exist.
+        let now = Instant::now();
+        let base = now + Duration::from_secs(86_400);
+        let mut s = Session::new("c".into(), Protocol::V5);
+        assert_eq!(s.expires_at(base), None);
+        let longest = Duration::from_secs(u64::from(u32::MAX - 1));
+        let ats = [
+            base,
+            base + Duration::from_nanos(1),
+            base + Duration::from_millis(1500),
+            // A restored expiry that passed before the core started.
+            now + Duration::from_nanos(7),
+            base + longest + Duration::from_nanos(999_999_999),
+        ];
+        for at in ats {
+            s.set_expires_at(base, Some(at));
+            assert_eq!(s.expires_at(base), Some(at));
+        }
+        s.set_expires_at(base, None);
+        assert_eq!(s.expires_at(base), None);
+        // Past 292 years it saturates, still later than anything nearer.
+        let far = base + Duration::from_secs(300 * 365 * 86_400);
+        s.set_expires_at(base, Some(far));
+        assert!(s.expires_at(base).is_some_and(|at| at > base + longest));
+    }
+
+    #[test]
     fn packet_ids_skip_inflight_and_wrap() {
-        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        let mut s = Session::new("c".into(), Protocol::V5);
         s.flight_mut().next_pid = u16::MAX;
         assert_eq!(s.alloc_packet_id(), u16::MAX);
         s.flight_mut().inflight.insert(
@@ -570,7 +655,7 @@ mod tests {
 
     #[test]
     fn full_queue_policies() {
-        let mut s = Session::new(MqttStr::from_static("c"), Protocol::V5);
+        let mut s = Session::new("c".into(), Protocol::V5);
         assert_eq!(
             s.push(q(QoS::AtMostOnce, 0), 2, 100, QueueFull::DropNew),
             PushOutcome::Queued

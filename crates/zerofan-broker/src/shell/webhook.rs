@@ -548,7 +548,7 @@ mod tests {
     fn connected(id: &'static str) -> Event {
         Event {
             kind: EventKind::ClientConnected,
-            client_id: Some(zerofan_codec::MqttStr::from_static(id)),
+            client_id: Some(id.into()),
             username: None,
             topic: None,
             qos: None,
