@@ -1240,7 +1240,7 @@ impl Broker {
     /// owner, whose claim names as the previous owner the node before this
     /// one's own run of claims, which has nothing newer to give.
     fn serves(&self, client: &str) -> bool {
-        MqttStr::try_from(client).is_ok_and(|id| self.by_client.contains_key(&self.sessions, &id))
+        self.by_client.contains_key(&self.sessions, client)
     }
 
     /// Whether a copy of `client`'s session is kept here for another node.
@@ -4900,7 +4900,7 @@ impl Broker {
     /// `sid`'s client id moves to `to`: its full image goes there unless
     /// `to` keeps this node's copies already, then the handover mark.
     fn hand_over(&mut self, sid: SessionId, to: PeerId) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.as_str().into()) else {
+        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
             return;
         };
         // What was staged before belongs before the image and the mark.
