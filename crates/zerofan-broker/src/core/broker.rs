@@ -4697,7 +4697,11 @@ impl Broker {
 
     fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) -> u64 {
         let seq = self.repl.stamp(targets);
-        let n = ops.len() as u64;
+        // The epochs that name each client id's claim change no session.
+        let n = ops
+            .iter()
+            .filter(|op| !matches!(op, super::replica::ReplOp::Epoch { .. }))
+            .count() as u64;
         let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
         let mut ops = Some(ops);
         for (i, p) in targets.iter().enumerate() {

@@ -2563,3 +2563,16 @@ fn a_takeover_waits_for_the_old_owners_last_changes() {
     assert!(present(&out));
     assert_eq!(out.payloads(), ["last"]);
 }
+
+/// The epoch each batch names for a client id is not an operation on the
+/// session: `replicated_ops` counts the subscription alone, once per
+/// replica.
+#[test]
+fn replicated_ops_do_not_count_epoch_marks() {
+    let mut cl = Cluster::new(3, 3);
+    let (x0, _) = cl.persistent_at(0, "x", 1);
+    let before = cl.hs[0].b.metrics().replicated_ops;
+    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
+    cl.pump();
+    assert_eq!(cl.hs[0].b.metrics().replicated_ops - before, 2);
+}
