@@ -23,7 +23,7 @@
 //! store names none until its client claims the id again).
 
 use super::ReplOp;
-use std::collections::{HashMap, HashSet};
+use crate::core::hash::{HashMap, HashSet};
 
 /// The owner's side: the epoch of each client id it copies, and which of
 /// them the batch being recorded has named already.
@@ -99,7 +99,7 @@ pub(crate) struct Fence {
 impl Default for Fence {
     fn default() -> Self {
         Fence {
-            known: HashMap::new(),
+            known: HashMap::default(),
             max: 2 * super::MAX_IMAGES,
             stale: 0,
             forgotten: 0,
