@@ -1965,6 +1965,33 @@ fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
     assert_eq!(cl.hs[2].b.metrics().replica_installs, 1);
 }
 
+/// The owner before a claim: `node` under the claim of `epoch`.
+fn prev_owner(node: usize, epoch: u64) -> PreviousOwner {
+    PreviousOwner {
+        peer: Some(remote(node)),
+        epoch,
+    }
+}
+
+impl Cluster {
+    /// A persistent CONNECT at `node` (clean start as told) whose claim
+    /// is asked for and not answered yet.
+    fn persistent_waiting_with(&mut self, node: usize, id: &str, clean: bool) -> ConnId {
+        let (conn, out) = self.hs[node].connect_with(id, Protocol::V5, clean, |c| {
+            c.properties.session_expiry_interval = Some(3600);
+        });
+        assert!(out.connack().is_none(), "CONNACK before the claim");
+        let mut asked: Vec<ClaimRequest> = Vec::new();
+        self.hs[node].b.take_claims(&mut asked);
+        assert_eq!(asked.len(), 1);
+        conn
+    }
+
+    fn persistent_waiting(&mut self, node: usize, id: &str) -> ConnId {
+        self.persistent_waiting_with(node, id, false)
+    }
+}
+
 /// A persistent CONNECT at `node` whose client leaves before the claim's
 /// answer; the claim is then granted under `epoch` from `prev` at
 /// `prev_epoch`.
@@ -1977,19 +2004,10 @@ fn claim_after_leaving(
     prev: usize,
     prev_epoch: u64,
 ) -> ConnId {
-    let (conn, out) = cl.hs[node].connect_with(id, Protocol::V5, clean, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    assert!(out.connack().is_none(), "CONNACK before the claim");
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[node].b.take_claims(&mut asked);
-    assert_eq!(asked.len(), 1);
+    let conn = cl.persistent_waiting_with(node, id, clean);
     cl.lose(Cx { node, conn });
     let now = cl.hs[node].now;
-    let prev = Some(PreviousOwner {
-        peer: Some(remote(prev)),
-        epoch: prev_epoch,
-    });
+    let prev = Some(prev_owner(prev, prev_epoch));
     cl.hs[node]
         .b
         .claim_answered_from(now, conn, true, epoch, prev);
@@ -2345,16 +2363,8 @@ fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
     );
     // The CONNECT at node 3 waits for its claim; granted, it waits for
     // node 0's copy (the shell, a bounded time).
-    let (conn, out) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    assert!(out.connack().is_none());
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[3].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    };
+    let conn = cl.persistent_waiting(3, "x");
+    let prev = prev_owner(0, 1);
     assert!(cl.hs[3].b.awaits_handover(conn, &prev));
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken_by(now, "x", Some(remote(3)));
@@ -2383,15 +2393,8 @@ fn a_takeover_at_a_replica_gets_the_mark_but_no_second_image() {
     cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
     cl.pump();
     cl.lose(x0);
-    let (conn, _) = cl.hs[1].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[1].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    };
+    let conn = cl.persistent_waiting(1, "x");
+    let prev = prev_owner(0, 1);
     assert!(cl.hs[1].b.has_copy("x"), "node 1 is a replica");
     assert!(cl.hs[1].b.awaits_handover(conn, &prev));
     let now = cl.hs[0].now;
@@ -2426,15 +2429,8 @@ fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
     cl.kill(0);
     assert!(!cl.hs[3].b.has_copy("x"));
-    let (conn, _) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[3].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    };
+    let conn = cl.persistent_waiting(3, "x");
+    let prev = prev_owner(0, 1);
     assert!(!cl.hs[3].b.awaits_handover(conn, &prev), "node 0 is away");
     assert!(cl.hs[3].b.wants_copy(conn, &prev));
     cl.hs[3].b.ask_for_copy(conn, &prev);
@@ -2467,15 +2463,8 @@ fn a_copy_under_another_epoch_is_not_sent() {
     cl.pump();
     cl.lose(x0);
     cl.kill(0);
-    let (conn, _) = cl.hs[3].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[3].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 2,
-    };
+    let conn = cl.persistent_waiting(3, "x");
+    let prev = prev_owner(0, 2);
     cl.hs[3].b.ask_for_copy(conn, &prev);
     cl.pump();
     assert!(!cl.hs[3].b.take_handover_news());
@@ -2499,15 +2488,8 @@ fn a_reconnect_to_the_owner_waits_for_no_copy() {
     let (x1, out) = cl.persistent_after(1, "x", 2, 0, 1);
     assert!(present(&out));
     cl.lose(x1);
-    let (conn, _) = cl.hs[1].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[1].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    };
+    let conn = cl.persistent_waiting(1, "x");
+    let prev = prev_owner(0, 1);
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev));
     assert!(!cl.hs[1].b.wants_copy(conn, &prev));
 }
@@ -2534,15 +2516,8 @@ fn a_takeover_waits_for_the_old_owners_last_changes() {
         p,
         Packet::Publish(publish("t/x", "last", QoS::AtLeastOnce, 1)),
     );
-    let (conn, _) = cl.hs[1].connect_with("x", Protocol::V5, false, |c| {
-        c.properties.session_expiry_interval = Some(3600);
-    });
-    let mut asked: Vec<ClaimRequest> = Vec::new();
-    cl.hs[1].b.take_claims(&mut asked);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    };
+    let conn = cl.persistent_waiting(1, "x");
+    let prev = prev_owner(0, 1);
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken_by(now, "x", Some(remote(1)));
     cl.pump();
