@@ -860,6 +860,17 @@ def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients
     assert h.problems(["left"]) == []
 
 
+def _without_copies(candidates: list[Node]) -> Node:
+    """The one node of `candidates` that keeps no session copy: its replica
+    gauge says (read once every publish was acknowledged, so once the
+    copies had it)."""
+    images = {node.node_id: metric(node.http_port, "zerofan_cluster_replica_images")
+              for node in candidates}
+    bare = [node for node in candidates if images[node.node_id] == 0]
+    assert len(bare) == 1, images
+    return bare[0]
+
+
 def test_a_takeover_at_a_node_without_a_copy_moves_the_session(nodes, clients):
     """Four nodes, three copies of each persistent session: one node holds
     no copy of node 1's. A client whose session lives on node 1, offline
@@ -878,14 +889,9 @@ def test_a_takeover_at_a_node_without_a_copy_moves_the_session(nodes, clients):
     for i in range(n):
         p.publish("far/x", payload("p", i), qos=1)
         h.acked["p"].add(i)
-    # Which node keeps no copy: its replica gauge says (each publish was
-    # acknowledged once the copies had it).
-    images = {node.node_id: metric(node.http_port, "zerofan_cluster_replica_images")
-              for node in ns[1:]}
-    bare = [node for node in ns[1:] if images[node.node_id] == 0]
-    assert len(bare) == 1, images
-    far = _persistent_served(bare[0], "far", 5)
-    assert far.session_present, f"node {bare[0].node_id} served a clean session"
+    bare = _without_copies(ns[1:])
+    far = _persistent_served(bare, "far", 5)
+    assert far.session_present, f"node {bare.node_id} served a clean session"
     drain(far, n, h, "far")
     far.assert_no_message(0.3)
     far.close()
@@ -913,20 +919,17 @@ def test_killing_the_owner_a_node_without_a_copy_still_serves_the_session(nodes,
         h.acked["q1"].add(i)
         p.publish("orph/2", payload("q2", i), qos=2)
         h.acked["q2"].add(i)
-    images = {node.node_id: metric(node.http_port, "zerofan_cluster_replica_images")
-              for node in ns[1:]}
-    bare = [node for node in ns[1:] if images[node.node_id] == 0]
-    assert len(bare) == 1, images
+    bare = _without_copies(ns[1:])
     killed = time.monotonic()
     ns[0].kill()
-    back = _persistent_served(bare[0], "orphan", 5)
+    back = _persistent_served(bare, "orphan", 5)
     served = time.monotonic() - killed
-    assert back.session_present, f"node {bare[0].node_id} served a clean session"
+    assert back.session_present, f"node {bare.node_id} served a clean session"
     drain(back, 2 * n, h, "orphan")
     back.assert_no_message(0.3)
     back.close()
     assert h.problems(["orphan"]) == []
-    assert metric(bare[0].http_port, "zerofan_cluster_copies_asked_total") >= 1
+    assert metric(bare.http_port, "zerofan_cluster_copies_asked_total") >= 1
     # A figure for BENCHMARKS.md, not asserted (a loaded machine stretches
     # elections).
     print(f"failover to a node without a copy: session served {served:.2f} s after kill -9")
