@@ -1251,8 +1251,8 @@ impl Broker {
     /// Drop the copy of `client` kept here unless `prev` wrote it under
     /// its epoch. Refused rather than served: an old session given
     /// silently loses or repeats what the client saw acknowledged since; a
-    /// clean one says so (session present 0). No other node's copy is
-    /// asked for.
+    /// clean one says so (session present 0). The shell has asked the
+    /// other nodes for a current copy first (see [`Broker::wants_copy`]).
     fn refuse_stale_copy(&mut self, client: &str, prev: &super::PreviousOwner) {
         let mut disk = super::replica::Disk::new(&mut self.durable);
         if self.repl.images.refuse_stale(client, prev, &mut disk) {
