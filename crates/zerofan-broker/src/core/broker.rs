@@ -1185,6 +1185,9 @@ impl Broker {
             && !self.serves(client)
             && prev.epoch > 0
             && self.peers.any()
+            // The old owner said it handed over what it had (maybe
+            // nothing: a clean session there).
+            && !self.claims.was_handed(client)
             && self.repl.images.is_current(client, prev) != Some(true)
     }
 
@@ -1354,7 +1357,7 @@ impl Broker {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
         if let Some(to) = to {
-            self.hand_over(sid, to);
+            self.hand_over(sid, client_id, to);
         }
         self.end_session(now, sid);
         // The session moved, it did not end: the replicas keep their copy
@@ -4903,10 +4906,9 @@ impl Broker {
 
     /// `sid`'s client id moves to `to`: its full image goes there unless
     /// `to` keeps this node's copies already, then the handover mark.
-    fn hand_over(&mut self, sid: SessionId, to: PeerId) {
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.clone()) else {
-            return;
-        };
+    /// (A clean session may be gone already, closed with its connection:
+    /// the mark goes all the same.)
+    fn hand_over(&mut self, sid: SessionId, client: &str, to: PeerId) {
         // What was staged before belongs before the image and the mark.
         self.flush_replication();
         if self.durable.on() && !self.repl.current().contains(&to) {
@@ -4917,7 +4919,12 @@ impl Broker {
                 self.send_replicated(&[to], ops);
             }
         }
-        self.peers.send(to, PeerEvent::Handover { client });
+        self.peers.send(
+            to,
+            PeerEvent::Handover {
+                client: client.into(),
+            },
+        );
     }
 
     /// The operations that rebuild `sid` from nothing at a replica.

@@ -2551,3 +2551,21 @@ fn replicated_ops_do_not_count_epoch_marks() {
     cl.pump();
     assert_eq!(cl.hs[0].b.metrics().replicated_ops - before, 2);
 }
+
+/// A client with a clean session on node 0 connects to node 1 asking to
+/// resume: node 0 hands over nothing but the mark, and node 1 asks no one
+/// for a copy (nobody has one: it would wait for nothing).
+#[test]
+fn a_resume_after_a_clean_session_elsewhere_asks_for_no_copy() {
+    let mut cl = Cluster::new(4, 3);
+    let (_x0, out) = cl.connect(0, "x", Protocol::V5, true, 0);
+    assert!(!present(&out));
+    let conn = cl.persistent_waiting(1, "x");
+    let prev = prev_owner(0, 1);
+    assert!(cl.hs[1].b.awaits_handover(conn, &prev));
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "x", Some(remote(1)));
+    cl.pump();
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev));
+    assert!(!cl.hs[1].b.wants_copy(conn, &prev));
+}
