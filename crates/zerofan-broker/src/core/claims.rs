@@ -72,6 +72,9 @@ impl Claims {
     }
 
     pub(crate) fn ask(&mut self, conn: ConnId, connect: Box<Connect>) {
+        // A mark from before this claim (an old owner that re-applied an
+        // old loss) is not this claim's.
+        self.settle_handover(connect.client_id.as_str());
         self.requests.push(ClaimRequest {
             conn,
             client_id: connect.client_id.as_str().into(),

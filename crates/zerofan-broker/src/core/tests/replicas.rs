@@ -2569,3 +2569,15 @@ fn a_resume_after_a_clean_session_elsewhere_asks_for_no_copy() {
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev));
     assert!(!cl.hs[1].b.wants_copy(conn, &prev));
 }
+
+/// A handover mark that arrived before the claim (an old owner re-applying
+/// an old loss after a restart) does not stand for the claim made later.
+#[test]
+fn a_mark_from_before_the_claim_is_not_its_own() {
+    let mut cl = Cluster::new(3, 3);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "x", Some(remote(1)));
+    cl.pump();
+    let conn = cl.persistent_waiting(1, "x");
+    assert!(cl.hs[1].b.awaits_handover(conn, &prev_owner(0, 1)));
+}
