@@ -104,6 +104,11 @@ pub struct Broker {
     conns: HashMap<ConnId, Box<Connection>>,
     /// Boxed for the same reason as `conns`.
     sessions: HashMap<SessionId, Box<Session>>,
+    /// Connections not read because a subscriber they publish to is behind
+    /// (push-back), by the session that holds them. Rare, so kept here
+    /// rather than 16 bytes in every `Connection`; an entry goes with its
+    /// connection.
+    held_by: HashMap<ConnId, SessionId>,
     by_client: super::clients::ClientIds,
     /// Where messages go: local subscriptions and the peers' interests.
     router: Router,
@@ -179,6 +184,7 @@ impl Broker {
         Broker {
             config,
             conns: HashMap::default(),
+            held_by: HashMap::default(),
             sessions: HashMap::default(),
             by_client: Default::default(),
             router: Router::default(),
@@ -371,6 +377,7 @@ impl Broker {
         self.lease.forget(conn);
         self.repl.forget(conn);
         self.conns.remove(&conn);
+        self.held_by.remove(&conn);
         self.end_event();
     }
 
@@ -386,6 +393,7 @@ impl Broker {
         let peer = c.peer;
         self.auth_connection_closed(conn);
         self.conns.remove(&conn);
+        self.held_by.remove(&conn);
         self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
         Some(peer)
     }
@@ -460,11 +468,17 @@ impl Broker {
     /// (push-back). A wake-up comes when that ends.
     pub fn held(&self, conn: ConnId) -> bool {
         self.peers.holds(conn)
-            || self
-                .conns
-                .get(&conn)
-                .and_then(|c| c.held_by)
-                .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
+            || (!self.held_by.is_empty()
+                && self
+                    .held_by
+                    .get(&conn)
+                    .is_some_and(|sid| self.sessions.get(sid).is_some_and(|s| s.conn.is_some())))
+    }
+
+    /// Connections marked as held by a subscriber (see `held_by`).
+    #[cfg(test)]
+    pub(crate) fn held_marks(&self) -> usize {
+        self.held_by.len()
     }
 }
 
@@ -2611,11 +2625,11 @@ impl Broker {
         let Some(pc) = publisher.filter(|&pc| Some(pc) != own) else {
             return;
         };
-        let Some(c) = self.conns.get_mut(&pc) else {
+        if !self.conns.contains_key(&pc) {
             return;
-        };
-        if c.held_by.is_none() {
-            c.held_by = Some(sid);
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.held_by.entry(pc) {
+            e.insert(sid);
             b.holding.push(pc);
             self.metrics.publisher_throttles += 1;
         }
@@ -2646,11 +2660,9 @@ impl Broker {
             );
         }
         for pc in holding {
-            if let Some(c) = self.conns.get_mut(&pc) {
-                if c.held_by == Some(sid) {
-                    c.held_by = None;
-                    self.wake(pc);
-                }
+            if self.held_by.get(&pc) == Some(&sid) {
+                self.held_by.remove(&pc);
+                self.wake(pc);
             }
         }
     }

@@ -67,9 +67,6 @@ pub(crate) struct Connection {
     pub outbox: VecDeque<Outgoing>,
     /// Whether the shell has already been told to wake this writer.
     pub woken: bool,
-    /// A subscriber this connection publishes to is behind: the shell does
-    /// not read this connection until it catches up (push-back).
-    pub held_by: Option<super::ids::SessionId>,
     /// A bridge (mosquitto's `try_private` mark on CONNECT): its
     /// subscriptions act with No Local and Retain As Published, as
     /// mosquitto treats bridges, so that two brokers bridged both ways do
@@ -96,7 +93,6 @@ impl Connection {
             will: None,
             outbox: VecDeque::new(),
             woken: false,
-            held_by: None,
             bridge: false,
             sec: Default::default(),
         }
