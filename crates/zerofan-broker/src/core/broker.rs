@@ -1283,7 +1283,9 @@ impl Broker {
             if let Some(cn) = meta.identity {
                 c.sec.ext_mut().identity = Some(cn.into_boxed_str());
             }
-            c.sec.refuse = refuse;
+            if refuse.is_some() {
+                c.sec.ext_mut().refuse = refuse;
+            }
         }
         id
     }
@@ -1300,7 +1302,7 @@ impl Broker {
     pub fn is_refused(&self, conn: ConnId) -> bool {
         self.conns
             .get(&conn)
-            .is_some_and(|c| c.sec.refuse.is_some())
+            .is_some_and(|c| c.sec.ext().refuse.is_some())
     }
 
     /// The certificate identity `conn` opened with, to open it again on
@@ -1343,7 +1345,7 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
         };
-        if let Some(code) = c.sec.refuse {
+        if let Some(code) = c.sec.ext().refuse {
             return Err(Refusal::Code(code));
         }
         let ip = c.peer.ip();
@@ -1729,7 +1731,7 @@ impl Broker {
             self.metrics.security.auth_not_authorized += 1;
             return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
         };
-        if let Some(code) = c.sec.refuse {
+        if let Some(code) = c.sec.ext().refuse {
             return Err(code);
         }
         let ip = c.peer.ip();
