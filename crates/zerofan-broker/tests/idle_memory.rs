@@ -58,6 +58,9 @@ fn idle_connections_are_cheap() {
     // identity among the rare parts) and `Session` 168 -> 160 (a session's
     // `Option<ConnId>` is 8 bytes): each a smaller allocator size class.
     // 405 bytes once the session takes the CONNECT's client id without a
-    // clone (a clone gave its bytes a 24-byte shared header).
-    assert!(per < 425, "an idle connection keeps {per} heap bytes");
+    // clone (a clone gave its bytes a 24-byte shared header). 373 bytes at
+    // 2026-11-28 with `Connection` 192 -> 160 bytes (a compact peer
+    // address; the push-back mark and `refuse` kept elsewhere): the bound
+    // fails if it goes back to its 192-byte class.
+    assert!(per < 395, "an idle connection keeps {per} heap bytes");
 }

@@ -336,7 +336,7 @@ impl Broker {
         } else {
             self.metrics.malformed_packets += 1;
         }
-        let peer = c.peer;
+        let peer = c.peer.addr();
         self.log_bad_input(now, conn, peer, err.what, err.reason);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -390,7 +390,7 @@ impl Broker {
         if c.phase != Phase::AwaitingConnect {
             return None;
         }
-        let peer = c.peer;
+        let peer = c.peer.addr();
         self.auth_connection_closed(conn);
         self.conns.remove(&conn);
         self.held_by.remove(&conn);
@@ -1476,7 +1476,7 @@ impl Broker {
                 if let (Some(name), true) = (login_name, failure) {
                     self.auth.login_failed(ip, name, now);
                 }
-                let peer = self.conns.get(&conn).map(|c| c.peer);
+                let peer = self.conns.get(&conn).map(|c| c.peer.addr());
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
                 Err(Refusal::Code(code))
             }
@@ -4051,7 +4051,7 @@ impl Broker {
     /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
     pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
         self.metrics.protocol_errors += 1;
-        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
+        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer.addr()) {
             self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
         }
         self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);
