@@ -95,7 +95,7 @@ pub(crate) fn view(
         client_id: s.client_id.to_string(),
         connected: conn.is_some(),
         username: conn.and_then(|c| c.sec.username.as_deref().map(str::to_string)),
-        peer: conn.map(|c| c.peer),
+        peer: conn.map(|c| c.peer.addr()),
         listener: conn.map(|c| c.sec.listener),
         protocol: protocol_name(s.protocol),
         keep_alive: conn.map_or(0, |c| c.keep_alive),

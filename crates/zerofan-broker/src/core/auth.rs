@@ -118,8 +118,6 @@ pub struct ConnectionMeta {
 pub struct ConnSecurity {
     /// Listener index.
     pub listener: usize,
-    /// A limit decided at open: refuse CONNECT with this code.
-    pub refuse: Option<ReasonCode>,
     /// The authenticated username.
     pub username: Option<Box<str>>,
     /// Publish rate limits, when configured.
@@ -134,6 +132,10 @@ pub struct ConnSecurity {
 pub struct ConnExtra {
     /// Certificate CN (only TLS listeners with client certificates).
     pub identity: Option<Box<str>>,
+    /// A limit decided at open: refuse CONNECT with this code. Kept here:
+    /// its 2 bytes took [`ConnSecurity`] from 40 to 48, and such a
+    /// connection is closed at its CONNECT anyway.
+    pub refuse: Option<ReasonCode>,
     /// Reason string for the refusing CONNACK (MQTT 5).
     pub refuse_reason: Option<&'static str>,
     /// The login's own ACL (a token's ACL claim), replacing the listener's.
@@ -154,6 +156,7 @@ pub struct ConnExtra {
 
 static NO_EXTRA: ConnExtra = ConnExtra {
     identity: None,
+    refuse: None,
     refuse_reason: None,
     login_acl: None,
     expires: None,

@@ -104,6 +104,11 @@ pub struct Broker {
     conns: HashMap<ConnId, Box<Connection>>,
     /// Boxed for the same reason as `conns`.
     sessions: HashMap<SessionId, Box<Session>>,
+    /// Connections not read because a subscriber they publish to is behind
+    /// (push-back), by the session that holds them. Rare, so kept here
+    /// rather than 16 bytes in every `Connection`; an entry goes with its
+    /// connection.
+    held_by: HashMap<ConnId, SessionId>,
     by_client: super::clients::ClientIds,
     /// Where messages go: local subscriptions and the peers' interests.
     router: Router,
@@ -181,6 +186,7 @@ impl Broker {
         Broker {
             config,
             conns: HashMap::default(),
+            held_by: HashMap::default(),
             sessions: HashMap::default(),
             by_client: Default::default(),
             router: Router::default(),
@@ -332,7 +338,7 @@ impl Broker {
         } else {
             self.metrics.malformed_packets += 1;
         }
-        let peer = c.peer;
+        let peer = c.peer.addr();
         self.log_bad_input(now, conn, peer, err.what, err.reason);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -374,6 +380,7 @@ impl Broker {
         self.lease.forget(conn);
         self.repl.forget(conn);
         self.conns.remove(&conn);
+        self.held_by.remove(&conn);
         self.end_event();
     }
 
@@ -386,9 +393,10 @@ impl Broker {
         if c.phase != Phase::AwaitingConnect {
             return None;
         }
-        let peer = c.peer;
+        let peer = c.peer.addr();
         self.auth_connection_closed(conn);
         self.conns.remove(&conn);
+        self.held_by.remove(&conn);
         self.metrics.connections_opened = self.metrics.connections_opened.saturating_sub(1);
         Some(peer)
     }
@@ -463,11 +471,17 @@ impl Broker {
     /// (push-back). A wake-up comes when that ends.
     pub fn held(&self, conn: ConnId) -> bool {
         self.peers.holds(conn)
-            || self
-                .conns
-                .get(&conn)
-                .and_then(|c| c.held_by)
-                .is_some_and(|sid| self.sessions.get(&sid).is_some_and(|s| s.conn.is_some()))
+            || (!self.held_by.is_empty()
+                && self
+                    .held_by
+                    .get(&conn)
+                    .is_some_and(|sid| self.sessions.get(sid).is_some_and(|s| s.conn.is_some())))
+    }
+
+    /// Connections marked as held by a subscriber (see `held_by`).
+    #[cfg(test)]
+    pub(crate) fn held_marks(&self) -> usize {
+        self.held_by.len()
     }
 }
 
@@ -1470,7 +1484,9 @@ impl Broker {
             if let Some(cn) = meta.identity {
                 c.sec.ext_mut().identity = Some(cn.into_boxed_str());
             }
-            c.sec.refuse = refuse;
+            if refuse.is_some() {
+                c.sec.ext_mut().refuse = refuse;
+            }
         }
         id
     }
@@ -1487,7 +1503,7 @@ impl Broker {
     pub fn is_refused(&self, conn: ConnId) -> bool {
         self.conns
             .get(&conn)
-            .is_some_and(|c| c.sec.refuse.is_some())
+            .is_some_and(|c| c.sec.ext().refuse.is_some())
     }
 
     /// The certificate identity `conn` opened with, to open it again on
@@ -1530,7 +1546,7 @@ impl Broker {
         let Some(c) = self.conns.get(&conn) else {
             return Err(Refusal::Code(ReasonCode::UNSPECIFIED_ERROR));
         };
-        if let Some(code) = c.sec.refuse {
+        if let Some(code) = c.sec.ext().refuse {
             return Err(Refusal::Code(code));
         }
         let ip = c.peer.ip();
@@ -1661,7 +1677,7 @@ impl Broker {
                 if let (Some(name), true) = (login_name, failure) {
                     self.auth.login_failed(ip, name, now);
                 }
-                let peer = self.conns.get(&conn).map(|c| c.peer);
+                let peer = self.conns.get(&conn).map(|c| c.peer.addr());
                 tracing::debug!(%conn, ?peer, reason = code.0, "login refused");
                 Err(Refusal::Code(code))
             }
@@ -1915,7 +1931,7 @@ impl Broker {
             self.metrics.security.auth_not_authorized += 1;
             return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
         };
-        if let Some(code) = c.sec.refuse {
+        if let Some(code) = c.sec.ext().refuse {
             return Err(code);
         }
         let ip = c.peer.ip();
@@ -2811,11 +2827,11 @@ impl Broker {
         let Some(pc) = publisher.filter(|&pc| Some(pc) != own) else {
             return;
         };
-        let Some(c) = self.conns.get_mut(&pc) else {
+        if !self.conns.contains_key(&pc) {
             return;
-        };
-        if c.held_by.is_none() {
-            c.held_by = Some(sid);
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.held_by.entry(pc) {
+            e.insert(sid);
             b.holding.push(pc);
             self.metrics.publisher_throttles += 1;
         }
@@ -2846,11 +2862,9 @@ impl Broker {
             );
         }
         for pc in holding {
-            if let Some(c) = self.conns.get_mut(&pc) {
-                if c.held_by == Some(sid) {
-                    c.held_by = None;
-                    self.wake(pc);
-                }
+            if self.held_by.get(&pc) == Some(&sid) {
+                self.held_by.remove(&pc);
+                self.wake(pc);
             }
         }
     }
@@ -4235,7 +4249,7 @@ impl Broker {
     /// A protocol violation: DISCONNECT 0x82 (MQTT 5), close, will published.
     pub(crate) fn protocol_error(&mut self, now: Instant, conn: ConnId, what: &'static str) {
         self.metrics.protocol_errors += 1;
-        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer) {
+        if let Some(peer) = self.conns.get(&conn).map(|c| c.peer.addr()) {
             self.log_bad_input(now, conn, peer, what, ReasonCode::PROTOCOL_ERROR);
         }
         self.close_with(now, conn, ReasonCode::PROTOCOL_ERROR, Some(what), true);

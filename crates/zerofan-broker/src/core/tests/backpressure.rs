@@ -118,9 +118,34 @@ fn hold_lifts_when_the_subscriber_goes_away() {
     h.b.take_wakeups(&mut Vec::new());
     h.b.connection_lost(h.now, sub);
     assert!(!h.b.held(publ));
+    assert_eq!(h.b.held_marks(), 0);
     let mut wakeups = Vec::new();
     h.b.take_wakeups(&mut wakeups);
     assert!(wakeups.contains(&publ));
+}
+
+/// The push-back mark lives in the broker, not in the connection: it goes
+/// when the held publisher's connection does, and the subscriber catching
+/// up later wakes nobody.
+#[test]
+fn a_held_publisher_that_goes_away_leaves_no_mark() {
+    let mut h = H::with(small(QueueFull::DropNew));
+    let sub = h.client("sub");
+    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
+    let publ = h.client("pub");
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+    assert!(h.b.held(publ));
+    assert_eq!(h.b.held_marks(), 1);
+    h.b.connection_lost(h.now, publ);
+    assert_eq!(h.b.held_marks(), 0);
+    assert!(!h.b.held(publ));
+    h.b.take_wakeups(&mut Vec::new());
+    h.out(sub);
+    let mut wakeups = Vec::new();
+    h.b.take_wakeups(&mut wakeups);
+    assert!(!wakeups.contains(&publ), "a closed connection woken");
 }
 
 #[test]

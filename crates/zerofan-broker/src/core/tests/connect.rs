@@ -354,6 +354,22 @@ fn keep_alive_is_enforced_at_one_and_a_half_times() {
     assert_eq!(h.b.metrics().keep_alive_timeouts, 1);
 }
 
+/// Keep alive runs out exactly 1.5 x its interval after the last packet:
+/// a coarser record of that packet's time (one way to make `Connection`
+/// smaller) would close a nanosecond early or late here.
+#[test]
+fn keep_alive_runs_out_to_the_nanosecond() {
+    let mut h = H::new();
+    let (c, _) = h.connect_with("a", Protocol::V5, true, |c| c.keep_alive = 10);
+    h.advance(Duration::new(1, 234_567_891));
+    h.send(c, Packet::PingReq);
+    let _ = h.out(c);
+    h.advance(Duration::from_secs(15) - Duration::from_nanos(1));
+    assert!(!h.out(c).closed, "closed before 1.5 x keep alive");
+    h.advance(Duration::from_nanos(1));
+    assert_eq!(h.out(c).disconnect(), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
+}
+
 #[test]
 fn keep_alive_v311_closes_without_disconnect() {
     let mut h = H::new();
