@@ -7,6 +7,7 @@ use super::connection::Connection;
 use super::hash::HashMap;
 use super::ids::{ConnId, SessionId};
 use super::session::Session;
+use super::sessions::Sessions;
 use std::net::SocketAddr;
 use zerofan_codec::{MqttStr, Protocol, QoS};
 
@@ -182,13 +183,12 @@ impl ClientQuery {
 /// client id). Views are built for the page only, so a list of a few
 /// clients costs a pass over the sessions, not a copy of them all.
 pub(crate) fn views(
-    sessions: &HashMap<SessionId, Box<Session>>,
+    sessions: &Sessions,
     conns: &HashMap<ConnId, Box<Connection>>,
     q: &ClientQuery,
 ) -> (usize, Vec<ClientView>) {
     let mut hits: Vec<&Session> = sessions
         .values()
-        .map(|s| &**s)
         .filter(|s| q.keeps(s, s.conn.and_then(|c| conns.get(&c)).map(|c| &**c)))
         .collect();
     hits.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
@@ -202,13 +202,9 @@ pub(crate) fn views(
 }
 
 /// The session of `client_id`, if any.
-pub(crate) fn session_of(
-    by_client: &super::clients::ClientIds,
-    sessions: &super::clients::Sessions,
-    client_id: &str,
-) -> Option<SessionId> {
+pub(crate) fn session_of(sessions: &Sessions, client_id: &str) -> Option<SessionId> {
     let key = MqttStr::try_from(client_id).ok()?;
-    by_client.get(sessions, &key)
+    sessions.of_client(&key)
 }
 
 /// Check an API publish's topic and flags against the settings in force.

@@ -33,6 +33,7 @@ use super::scram_auth::{made_up, nonce, ScramPending};
 use super::session::{
     Behind, Inflight, InflightState, PendingWill, PushOutcome, Queued, Session, SubRecord,
 };
+use super::sessions::Sessions;
 use super::store::{MemoryStore, RetainedStore};
 use super::subscribe::Replay;
 use super::sys::sys_figures;
@@ -102,14 +103,13 @@ pub struct Broker {
     /// grows), and at ~300 bytes inline those slots cost as much as the
     /// live entries; boxed, a slot is 16 bytes.
     conns: HashMap<ConnId, Box<Connection>>,
-    /// Boxed for the same reason as `conns`.
-    sessions: HashMap<SessionId, Box<Session>>,
+    /// Every session, by id and by client id (boxed, like `conns`).
+    sessions: Sessions,
     /// Connections not read because a subscriber they publish to is behind
     /// (push-back), by the session that holds them. Rare, so kept here
     /// rather than 16 bytes in every `Connection`; an entry goes with its
     /// connection.
     held_by: HashMap<ConnId, SessionId>,
-    by_client: super::clients::ClientIds,
     /// Where messages go: local subscriptions and the peers' interests.
     router: Router,
     /// The other cores of this broker, and what waits to cross to them.
@@ -187,8 +187,7 @@ impl Broker {
             config,
             conns: HashMap::default(),
             held_by: HashMap::default(),
-            sessions: HashMap::default(),
-            by_client: Default::default(),
+            sessions: Sessions::default(),
             router: Router::default(),
             peers: Peers::default(),
             store: Box::new(MemoryStore::default()),
@@ -475,7 +474,7 @@ impl Broker {
                 && self
                     .held_by
                     .get(&conn)
-                    .is_some_and(|sid| self.sessions.get(sid).is_some_and(|s| s.conn.is_some())))
+                    .is_some_and(|sid| self.sessions.get(*sid).is_some_and(|s| s.conn.is_some())))
     }
 
     /// Connections marked as held by a subscriber (see `held_by`).
@@ -502,8 +501,8 @@ impl Broker {
         if client_id.is_empty() {
             return None;
         }
-        let sid = self.by_client.get(&self.sessions, client_id)?;
-        self.sessions.get(&sid)?.conn
+        let sid = self.sessions.of_client(client_id)?;
+        self.sessions.get(sid)?.conn
     }
 
     fn defer_connect(&mut self, now: Instant, new: ConnId, mut old: ConnId, connect: Connect) {
@@ -699,32 +698,32 @@ impl Broker {
         }
         // Takeover: the old connection is closed with 0x8E (MQTT-3.1.4-3).
         if let Some(old) = self
-            .by_client
-            .get(&self.sessions, &client_id)
-            .and_then(|sid| self.sessions.get(&sid))
+            .sessions
+            .of_client(&client_id)
+            .and_then(|sid| self.sessions.get(sid))
             .and_then(|s| s.conn)
         {
             self.metrics.takeovers += 1;
             if !clean_start {
                 if let Some(s) = self
-                    .by_client
-                    .get(&self.sessions, &client_id)
-                    .and_then(|sid| self.sessions.get_mut(&sid))
+                    .sessions
+                    .of_client(&client_id)
+                    .and_then(|sid| self.sessions.get_mut(sid))
                 {
                     s.resuming = true;
                 }
             }
             self.close(now, old, Some(ReasonCode::SESSION_TAKEN_OVER), true);
             if let Some(s) = self
-                .by_client
-                .get(&self.sessions, &client_id)
-                .and_then(|sid| self.sessions.get_mut(&sid))
+                .sessions
+                .of_client(&client_id)
+                .and_then(|sid| self.sessions.get_mut(sid))
             {
                 s.resuming = false;
             }
         }
 
-        let existing = self.by_client.get(&self.sessions, &client_id);
+        let existing = self.sessions.of_client(&client_id);
         if clean_start {
             if let Some(sid) = existing {
                 self.end_session(now, sid);
@@ -741,14 +740,11 @@ impl Broker {
                 let id: Box<str> = client_id.as_str().into();
                 self.sessions
                     .insert(sid, Box::new(Session::new(id, protocol)));
-                if let Some(s) = self.sessions.get(&sid) {
-                    self.by_client.insert(&self.sessions, &s.client_id, sid);
-                }
                 sid
             }
         };
         let session_present = resumed.is_some();
-        if let Some(s) = self.sessions.get_mut(&sid) {
+        if let Some(s) = self.sessions.get_mut(sid) {
             s.conn = Some(conn);
             s.protocol = protocol;
             s.expiry_interval = expiry;
@@ -785,7 +781,7 @@ impl Broker {
             }
         }
         self.metrics.clients_connected_total += 1;
-        if let Some(s) = self.sessions.get(&sid).filter(|_| self.events.on()) {
+        if let Some(s) = self.sessions.get(sid).filter(|_| self.events.on()) {
             let user = self
                 .conns
                 .get(&conn)
@@ -793,7 +789,7 @@ impl Broker {
             self.events.connected(&s.client_id, user, session_present);
         }
         self.auth_attach(conn, sid);
-        let client_id = self.sessions.get(&sid).map_or("", |s| &*s.client_id);
+        let client_id = self.sessions.get(sid).map_or("", |s| &*s.client_id);
         tracing::debug!(%conn, client_id, ?protocol, session_present, "connected");
 
         let mut props = Properties::default();
@@ -871,7 +867,7 @@ impl Broker {
     fn assign_client_id(&mut self) -> MqttStr {
         loop {
             let id = MqttStr::try_from(random_client_id()).unwrap_or_default();
-            if !id.is_empty() && !self.by_client.contains_key(&self.sessions, &id) {
+            if !id.is_empty() && !self.sessions.has_client(&id) {
                 return id;
             }
         }
@@ -881,7 +877,7 @@ impl Broker {
     /// original order (MQTT-4.4.0-1): PUBREL at once, PUBLISH with DUP as
     /// the client's Receive Maximum allows (see `fill_batch`).
     fn redeliver(&mut self, conn: ConnId, sid: SessionId) {
-        let (Some(s), Some(c)) = (self.sessions.get_mut(&sid), self.conns.get_mut(&conn)) else {
+        let (Some(s), Some(c)) = (self.sessions.get_mut(sid), self.conns.get_mut(&conn)) else {
             return;
         };
         let mut flying: Vec<(u64, u16, InflightState)> = s
@@ -918,7 +914,7 @@ impl Broker {
         d: Disconnect,
     ) {
         if let Some(requested) = d.properties.session_expiry_interval {
-            let current = self.sessions.get(&sid).map_or(0, |s| s.expiry_interval);
+            let current = self.sessions.get(sid).map_or(0, |s| s.expiry_interval);
             if current == 0 && requested != 0 {
                 // MQTT-3.14.2-2.
                 self.protocol_error(
@@ -929,7 +925,7 @@ impl Broker {
                 return;
             }
             let capped = requested.min(self.config.max_session_expiry);
-            if let Some(s) = self.sessions.get_mut(&sid) {
+            if let Some(s) = self.sessions.get_mut(sid) {
                 s.expiry_interval = capped;
             }
         }
@@ -942,7 +938,7 @@ impl Broker {
     /// the session for its expiry interval or end it now.
     pub(crate) fn detach(&mut self, now: Instant, sid: SessionId, will: Option<(Box<Will>, u32)>) {
         self.caught_up(sid);
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         s.conn = None;
@@ -964,7 +960,7 @@ impl Broker {
                 self.dur_evicted(sid);
             }
         }
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if offline {
@@ -972,7 +968,7 @@ impl Broker {
             // get their own bytes instead of pinning publishers' buffers.
             self.metrics.compactions += s.compact();
         }
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let shares: Vec<Box<str>> = s
@@ -991,7 +987,7 @@ impl Broker {
             if delay == 0 {
                 self.publish_will(now, *will);
             } else if let Some(at) = later(now, delay) {
-                if let Some(s) = self.sessions.get_mut(&sid) {
+                if let Some(s) = self.sessions.get_mut(sid) {
                     s.pending_will = Some(Box::new(PendingWill { will: *will, at }));
                 }
                 self.timers.arm(at, Timer::Will(sid));
@@ -1000,7 +996,7 @@ impl Broker {
         if expiry == 0 {
             self.end_session(now, sid);
         } else if let Some(at) = later(now, expiry).filter(|_| expiry != u32::MAX) {
-            if let Some(s) = self.sessions.get_mut(&sid) {
+            if let Some(s) = self.sessions.get_mut(sid) {
                 s.set_expires_at(self.started, Some(at));
             }
             self.timers.arm(at, Timer::SessionExpiry(sid));
@@ -1013,7 +1009,7 @@ impl Broker {
     /// Remove a session for good: subscriptions out of the trie, shared
     /// messages handed to other members, a pending will published.
     pub(crate) fn end_session(&mut self, now: Instant, sid: SessionId) {
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+        if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
             // Only reached for clean-start replacement after a takeover, where
             // the old connection is already closing; make sure it is detached.
             if let Some(c) = self.conns.get_mut(&conn) {
@@ -1022,7 +1018,7 @@ impl Broker {
         }
         let filters: Vec<Box<str>> = self
             .sessions
-            .get(&sid)
+            .get(sid)
             .map(|s| s.subscriptions.keys().cloned().collect())
             .unwrap_or_default();
         for filter in &filters {
@@ -1033,10 +1029,9 @@ impl Broker {
         }
         self.auth_forget(sid);
         self.caught_up(sid);
-        let Some(mut s) = self.sessions.remove(&sid) else {
+        let Some(mut s) = self.sessions.remove(sid) else {
             return;
         };
-        self.by_client.remove(&s.client_id, sid);
         self.dur_session_ended(&s.client_id, s.stored);
         if let Some(w) = s.pending_will.take() {
             self.publish_will(now, w.will);
@@ -1257,7 +1252,7 @@ impl Broker {
     /// owner, whose claim names as the previous owner the node before this
     /// one's own run of claims, which has nothing newer to give.
     fn serves(&self, client: &str) -> bool {
-        self.by_client.contains_key(&self.sessions, client)
+        self.sessions.has_client(client)
     }
 
     /// Whether a copy of `client`'s session is kept here for another node.
@@ -1304,7 +1299,7 @@ impl Broker {
             self.end_event();
             return;
         };
-        if self.by_client.contains_key(&self.sessions, &id) {
+        if self.sessions.has_client(&id) {
             // Served here already: its replicas learn this claim's epoch,
             // which the next claim will name.
             self.claimed(&id);
@@ -1351,7 +1346,7 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
-        let Some(sid) = self.by_client.get(&self.sessions, &id) else {
+        let Some(sid) = self.sessions.of_client(&id) else {
             if let Some(to) = to {
                 self.peers.send(
                     to,
@@ -1367,7 +1362,7 @@ impl Broker {
         if self.drain.active() {
             self.drain.moved += 1;
         }
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+        if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
         if let Some(to) = to {
@@ -1687,7 +1682,7 @@ impl Broker {
     /// The connection is attached to session `sid` as `client_id`: put the
     /// session under its listener's ACL (or take it out of any).
     pub(crate) fn auth_attach(&mut self, conn: ConnId, sid: SessionId) {
-        let (Some(c), Some(s)) = (self.conns.get(&conn), self.sessions.get(&sid)) else {
+        let (Some(c), Some(s)) = (self.conns.get(&conn), self.sessions.get(sid)) else {
             return;
         };
         let acl = match c.sec.ext().superuser {
@@ -1803,7 +1798,7 @@ impl Broker {
         }
         let user = c.sec.username.as_deref().unwrap_or("").to_string();
         let address = c.peer.ip().to_string();
-        let client = self.sessions.get(&sid)?.client_id.to_string();
+        let client = self.sessions.get(sid)?.client_id.to_string();
         let h = self.auth.http.as_mut()?;
         let fail_allow = h.settings.fail_allow;
         match h.acl_lookup(now, &user, &client, &address, topic, action, true) {
@@ -1844,7 +1839,7 @@ impl Broker {
         }
         let user = c.sec.username.as_deref().unwrap_or("").to_string();
         let address = c.peer.ip().to_string();
-        let Some(client) = self.sessions.get(&sid).map(|s| s.client_id.to_string()) else {
+        let Some(client) = self.sessions.get(sid).map(|s| s.client_id.to_string()) else {
             return false;
         };
         let Some(h) = self.auth.http.as_mut() else {
@@ -2353,7 +2348,7 @@ impl Broker {
         let qos = p.qos;
 
         if qos == QoS::ExactlyOnce {
-            let Some(s) = self.sessions.get_mut(&sid) else {
+            let Some(s) = self.sessions.get_mut(sid) else {
                 return;
             };
             if s.flight().incoming_qos2.contains(&pid) {
@@ -2385,7 +2380,7 @@ impl Broker {
         }
         let msg = Rc::new(msg);
         if self.events.on() {
-            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
+            let id = self.sessions.get(sid).map(|s| &*s.client_id);
             self.events.published(id, &msg);
         }
         self.retain_refused = false;
@@ -2416,7 +2411,7 @@ impl Broker {
     pub(crate) fn on_pubrel(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
         let known = self
             .sessions
-            .get_mut(&sid)
+            .get_mut(sid)
             .and_then(|s| s.flight_any())
             .is_some_and(|f| f.incoming_qos2.remove(&a.packet_id));
         let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
@@ -2438,7 +2433,7 @@ impl Broker {
 
     /// PUBACK from a client: a QoS 1 delivery is done.
     pub(crate) fn on_puback(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
-        let done = self.sessions.get(&sid).is_some_and(|s| {
+        let done = self.sessions.get(sid).is_some_and(|s| {
             s.flight().inflight.get(&a.packet_id).is_some_and(|f| {
                 f.item.qos == QoS::AtLeastOnce && f.state == InflightState::AwaitingAck
             })
@@ -2452,7 +2447,7 @@ impl Broker {
     /// error code): its slot is free for the queue, and a stored one is
     /// done in the log.
     fn finish_delivery(&mut self, conn: ConnId, sid: SessionId, packet_id: u16) {
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let stored = s
@@ -2471,7 +2466,7 @@ impl Broker {
     /// PUBREC from a client: answer PUBREL (or drop the message on an error code).
     pub(crate) fn on_pubrec(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
         let v5 = self.conns.get(&conn).is_some_and(|c| c.protocol.is_v5());
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         match s
@@ -2504,7 +2499,7 @@ impl Broker {
 
     /// PUBCOMP from a client: a QoS 2 delivery is done.
     pub(crate) fn on_pubcomp(&mut self, conn: ConnId, sid: SessionId, a: Ack) {
-        let done = self.sessions.get(&sid).is_some_and(|s| {
+        let done = self.sessions.get(sid).is_some_and(|s| {
             s.flight()
                 .inflight
                 .get(&a.packet_id)
@@ -2593,7 +2588,7 @@ impl Broker {
     /// on to the peers it finds.
     fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
         let sessions = &self.sessions;
-        let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+        let online = |s: SessionId| sessions.get(s).is_some_and(|x| x.conn.is_some());
         // A peer's session ids are not ours: No Local is for local publishers.
         let origin = msg.origin.filter(|_| msg.origin_peer.is_none());
         let mut routed = self.router.route(
@@ -2690,7 +2685,7 @@ impl Broker {
         // Stored before any compaction copy, which then carries the id.
         self.dur_enqueue(sid, &mut item);
         let entry = item.entry;
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if s.conn.is_none() {
@@ -2763,7 +2758,7 @@ impl Broker {
     /// [`Session::push_replay`]: super::session::Session::push_replay
     pub(crate) fn enqueue_replay(&mut self, sid: SessionId, mut item: Queued) {
         self.dur_enqueue(sid, &mut item);
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         s.push_replay(item);
@@ -2783,10 +2778,10 @@ impl Broker {
     ) {
         let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
         let publisher = match origin {
-            (None, Some(o)) => self.sessions.get(&o).and_then(|p| p.conn),
+            (None, Some(o)) => self.sessions.get(o).and_then(|p| p.conn),
             _ => None,
         };
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let own = s.conn;
@@ -2842,7 +2837,7 @@ impl Broker {
     pub(crate) fn release_publishers(&mut self, sid: SessionId) {
         let (holding, remote) = match self
             .sessions
-            .get_mut(&sid)
+            .get_mut(sid)
             .and_then(|s| s.flight_any())
             .and_then(|f| f.behind.as_deref_mut())
         {
@@ -2872,7 +2867,7 @@ impl Broker {
     /// [`Broker::release_publishers`], and the session is no longer behind.
     pub(crate) fn caught_up(&mut self, sid: SessionId) {
         self.release_publishers(sid);
-        if let Some(f) = self.sessions.get_mut(&sid).and_then(|s| s.flight_any()) {
+        if let Some(f) = self.sessions.get_mut(sid).and_then(|s| s.flight_any()) {
             f.behind = None;
         }
     }
@@ -2880,7 +2875,7 @@ impl Broker {
     /// The slow consumer timer of `sid` fired.
     pub(crate) fn on_slow_timer(&mut self, now: Instant, sid: SessionId) {
         let timeout = Duration::from_millis(self.config.slow_consumer_timeout_ms);
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         let Some(b) = s.flight().behind.as_deref() else {
@@ -2907,7 +2902,7 @@ impl Broker {
                 "dropping a slow consumer"
             );
         }
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if let Some(b) = s.flight_any().and_then(|f| f.behind.as_deref_mut()) {
@@ -2966,7 +2961,7 @@ impl Broker {
             }
             Phase::Connected(sid) => sid,
         };
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return Transmit::Open;
         };
         let window = usize::from(c.send_window);
@@ -3096,13 +3091,13 @@ impl Broker {
         keep_if_alone: bool,
     ) {
         self.dur_release_shared(from, share);
-        let items = match self.sessions.get_mut(&from) {
+        let items = match self.sessions.get_mut(from) {
             Some(s) => s.take_shared(share),
             None => return,
         };
         for mut item in items {
             let sessions = &self.sessions;
-            let online = |s: SessionId| sessions.get(&s).is_some_and(|x| x.conn.is_some());
+            let online = |s: SessionId| sessions.get(s).is_some_and(|x| x.conn.is_some());
             let pick = self.router.other_member(share, from, online);
             if pick.is_none() && !keep_if_alone {
                 // No member left here: one at another shard takes it.
@@ -3126,7 +3121,7 @@ impl Broker {
                 None if keep_if_alone => {
                     self.dur_enqueue(from, &mut item);
                     let entry = item.entry;
-                    if let Some(s) = self.sessions.get_mut(&from) {
+                    if let Some(s) = self.sessions.get_mut(from) {
                         let cfg = &self.config;
                         let outcome = s.push(
                             item,
@@ -3374,7 +3369,7 @@ impl Broker {
         }
         if self
             .sessions
-            .get(&sid)
+            .get(sid)
             .is_none_or(|s| s.expiry_interval == 0)
         {
             return;
@@ -3394,7 +3389,7 @@ impl Broker {
             share: item.share.as_deref().map(str::to_owned),
         };
         // The id borrowed, not copied: this runs for every stored message.
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         let client = &*s.client_id;
@@ -3417,7 +3412,7 @@ impl Broker {
 
     /// Queue entries of `sid` evicted to make room: dequeue them.
     pub(crate) fn dur_evicted(&mut self, sid: SessionId) {
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if s.flight().evicted.is_empty() {
@@ -3437,7 +3432,7 @@ impl Broker {
     /// A queue entry of `sid` was not queued after all, or left unsent.
     pub(crate) fn dur_dequeue(&mut self, sid: SessionId, entry: Option<EntryId>) {
         let Some(e) = entry else { return };
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         self.durable.stage(&mut self.metrics.store_errors, |l| {
@@ -3448,7 +3443,7 @@ impl Broker {
     /// A stored delivery of `sid` ended (PUBACK, PUBCOMP, refused PUBREC,
     /// handed over).
     pub(crate) fn dur_complete(&mut self, sid: SessionId, pid: u16) {
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         self.durable.stage(&mut self.metrics.store_errors, |l| {
@@ -3458,7 +3453,7 @@ impl Broker {
 
     /// PUBREC for a stored QoS 2 delivery.
     pub(crate) fn dur_pubrec(&mut self, sid: SessionId, pid: u16) {
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         self.durable.stage(&mut self.metrics.store_errors, |l| {
@@ -3477,7 +3472,7 @@ impl Broker {
         if !self.durable.on() {
             return;
         }
-        let Some(s) = self.sessions.get(&sid).filter(|s| s.expiry_interval > 0) else {
+        let Some(s) = self.sessions.get(sid).filter(|s| s.expiry_interval > 0) else {
             return;
         };
         self.durable
@@ -3501,7 +3496,7 @@ impl Broker {
         if !self.durable.on() {
             return;
         }
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let client = s.client_id.clone();
@@ -3532,7 +3527,7 @@ impl Broker {
         if !self.durable.on() {
             return;
         }
-        let Some(s) = self.sessions.get(&sid) else {
+        let Some(s) = self.sessions.get(sid) else {
             return;
         };
         if s.expiry_interval == 0 {
@@ -3595,7 +3590,7 @@ impl Broker {
         if !self.durable.on() {
             return;
         }
-        let Some(s) = self.sessions.get_mut(&from) else {
+        let Some(s) = self.sessions.get_mut(from) else {
             return;
         };
         let mut pids = Vec::new();
@@ -3654,7 +3649,7 @@ impl Broker {
                 damaged += 1;
                 continue;
             };
-            if self.by_client.contains_key(&self.sessions, &client_id) {
+            if self.sessions.has_client(&client_id) {
                 continue;
             }
             let sid = SessionId(self.next_session);
@@ -3775,7 +3770,6 @@ impl Broker {
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
             self.sessions.insert(sid, Box::new(s));
-            self.by_client.insert(&self.sessions, &client_id, sid);
         }
         if damaged > 0 {
             tracing::warn!(
@@ -3860,7 +3854,7 @@ impl Broker {
                 reasons.push(code);
                 continue;
             }
-            let (held, is_new) = self.sessions.get(&sid).map_or((0, true), |s| {
+            let (held, is_new) = self.sessions.get(sid).map_or((0, true), |s| {
                 let subs = &s.subscriptions;
                 (subs.len(), !subs.contains_key(filter.as_str()))
             });
@@ -3891,7 +3885,7 @@ impl Broker {
                 options,
                 id: sub_id.and_then(NonZeroU32::new),
             };
-            let Some(s) = self.sessions.get_mut(&sid) else {
+            let Some(s) = self.sessions.get_mut(sid) else {
                 return;
             };
             let is_new = s
@@ -3925,7 +3919,7 @@ impl Broker {
             }
             reasons.push(ReasonCode(options.qos as u8));
             if self.events.on() {
-                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
+                let id = self.sessions.get(sid).map(|s| &*s.client_id);
                 self.events
                     .subscription(id, filter, Some(options.qos as u8), false);
             }
@@ -3994,11 +3988,11 @@ impl Broker {
         for filter in &unsub.filters {
             let existed = self
                 .sessions
-                .get_mut(&sid)
+                .get_mut(sid)
                 .is_some_and(|s| s.subscriptions.remove(filter.as_str()).is_some());
             if existed {
                 if self.events.on() {
-                    let id = self.sessions.get(&sid).map(|s| &*s.client_id);
+                    let id = self.sessions.get(sid).map(|s| &*s.client_id);
                     self.events.subscription(id, filter, None, true);
                 }
                 self.dur_unsubscribed(sid, filter);
@@ -4079,13 +4073,13 @@ impl Broker {
                 Timer::Will(sid) => {
                     let due = self
                         .sessions
-                        .get(&sid)
+                        .get(sid)
                         .and_then(|s| s.pending_will.as_ref())
                         .is_some_and(|w| w.at <= now);
                     if due {
                         if let Some(w) = self
                             .sessions
-                            .get_mut(&sid)
+                            .get_mut(sid)
                             .and_then(|s| s.pending_will.take())
                         {
                             self.publish_will(now, w.will);
@@ -4094,12 +4088,12 @@ impl Broker {
                     }
                 }
                 Timer::SessionExpiry(sid) => {
-                    let expired = self.sessions.get(&sid).is_some_and(|s| {
+                    let expired = self.sessions.get(sid).is_some_and(|s| {
                         s.conn.is_none() && s.expires_at(self.started).is_some_and(|at| at <= now)
                     });
                     if expired {
                         if self.events.on() {
-                            let id = self.sessions.get(&sid).map(|s| &*s.client_id);
+                            let id = self.sessions.get(sid).map(|s| &*s.client_id);
                             self.events.session_expired(id);
                         }
                         self.metrics.sessions_expired += 1;
@@ -4338,7 +4332,7 @@ impl Broker {
                     .conns
                     .get(&conn)
                     .and_then(|c| c.sec.username.as_deref());
-                let id = self.sessions.get(&sid).map(|s| &*s.client_id);
+                let id = self.sessions.get(sid).map(|s| &*s.client_id);
                 self.events.disconnected(id, user, reason.map(|r| r.0));
             }
             self.detach(now, sid, will);
@@ -4466,7 +4460,7 @@ impl Broker {
             PeerEvent::Handover { client } => self.claims.handed_over(client),
             PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
             PeerEvent::Hold { session, hold } => {
-                let conn = self.sessions.get(&session).and_then(|s| s.conn);
+                let conn = self.sessions.get(session).and_then(|s| s.conn);
                 if let Some(conn) = conn {
                     if hold && !self.peers.holds(conn) {
                         self.metrics.peer_throttles += 1;
@@ -4485,7 +4479,7 @@ impl Broker {
     fn hold_publisher(&mut self, msg: &Message) {
         let publisher = msg
             .origin
-            .and_then(|o| self.sessions.get(&o))
+            .and_then(|o| self.sessions.get(o))
             .and_then(|s| s.conn);
         if let Some(pc) = publisher {
             if !self.peers.holds(pc) {
@@ -4900,7 +4894,7 @@ impl Broker {
                 .sessions
                 .iter()
                 .filter(|(_, s)| self.repl.is_claimed(&s.client_id))
-                .map(|(sid, _)| *sid)
+                .map(|(sid, _)| sid)
                 .collect(),
         };
         let mut ops = Vec::new();
@@ -4949,7 +4943,7 @@ impl Broker {
         named: &mut std::collections::HashSet<MsgId>,
     ) {
         let (d, base) = (&self.durable, self.started);
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if !s.stored || s.expiry_interval == 0 {
@@ -5066,11 +5060,7 @@ impl Broker {
             return;
         }
         let mut disk = super::replica::Disk::new(&mut self.durable);
-        if connect.clean_start
-            || self
-                .by_client
-                .contains_key(&self.sessions, &connect.client_id)
-        {
+        if connect.clean_start || self.sessions.has_client(&connect.client_id) {
             self.repl.images.forget(client, &mut disk);
             self.metrics.store_errors += disk.errors;
             return;
@@ -5088,7 +5078,7 @@ impl Broker {
             },
             now,
         );
-        let Some(sid) = self.by_client.get(&self.sessions, &connect.client_id) else {
+        let Some(sid) = self.sessions.of_client(&connect.client_id) else {
             return;
         };
         self.metrics.replica_installs += 1;
@@ -5109,7 +5099,7 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return false;
         };
-        if self.by_client.contains_key(&self.sessions, &id) {
+        if self.sessions.has_client(&id) {
             return false;
         }
         // Not known yet: the claim is at least the one after the copy's.
@@ -5132,7 +5122,7 @@ impl Broker {
             ..Default::default()
         };
         self.restore(recovered, now);
-        let Some(sid) = self.by_client.get(&self.sessions, &id) else {
+        let Some(sid) = self.sessions.of_client(&id) else {
             return false;
         };
         self.metrics.replica_installs += 1;
@@ -5146,7 +5136,7 @@ impl Broker {
     /// old owner's.
     fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
         let (d, base) = (&self.durable, self.started);
-        let Some(s) = self.sessions.get_mut(&sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let client = s.client_id.clone();
@@ -5191,14 +5181,14 @@ impl Broker {
                     self.durable.stage(errors, |l| l.pubrec(&client, pid));
                 }
             }
-            if let Some(s) = self.sessions.get_mut(&sid) {
+            if let Some(s) = self.sessions.get_mut(sid) {
                 s.flight_mut().inflight.insert(pid, f);
             }
         }
         for mut q in items {
             q.entry = None;
             self.dur_enqueue(sid, &mut q);
-            if let Some(s) = self.sessions.get_mut(&sid) {
+            if let Some(s) = self.sessions.get_mut(sid) {
                 let _ = s.push(q, usize::MAX, usize::MAX, QueueFull::DropNew);
             }
         }
@@ -5216,10 +5206,10 @@ impl Broker {
     /// from its new owner (a fresh one too: what they kept of another
     /// owner's is stale).
     pub(crate) fn claimed(&mut self, client: &zerofan_codec::MqttStr) {
-        if let Some(sid) = self.by_client.get(&self.sessions, client) {
+        if let Some(sid) = self.sessions.of_client(client) {
             if self
                 .sessions
-                .get(&sid)
+                .get(sid)
                 .is_some_and(|s| s.stored && s.expiry_interval > 0)
             {
                 self.repl.claim(client.as_str());
@@ -5312,15 +5302,15 @@ impl Broker {
     /// Messages queued (not yet sent) for `client_id`'s session.
     pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&self.sessions, &key)?;
-        self.sessions.get(&sid).map(|s| s.queue_len())
+        let sid = self.sessions.of_client(&key)?;
+        self.sessions.get(sid).map(|s| s.queue_len())
     }
 
     /// Messages in flight (sent, not acknowledged) to `client_id`.
     pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
         let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.by_client.get(&self.sessions, &key)?;
-        self.sessions.get(&sid).map(|s| s.flight().inflight.len())
+        let sid = self.sessions.of_client(&key)?;
+        self.sessions.get(sid).map(|s| s.flight().inflight.len())
     }
 
     /// Retained messages stored.
@@ -5350,8 +5340,8 @@ impl Broker {
 
     /// `client_id`'s session with its subscriptions.
     pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
-        let sid = super::admin::session_of(&self.by_client, &self.sessions, client_id)?;
-        let s = self.sessions.get(&sid)?;
+        let sid = super::admin::session_of(&self.sessions, client_id)?;
+        let s = self.sessions.get(sid)?;
         Some(super::admin::view(s, &self.conns, true))
     }
 
@@ -5363,14 +5353,14 @@ impl Broker {
     /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
     /// `discard` ends its session too. False when there is no such session.
     pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
-        let Some(sid) = super::admin::session_of(&self.by_client, &self.sessions, client_id) else {
+        let Some(sid) = super::admin::session_of(&self.sessions, client_id) else {
             return false;
         };
-        if let Some(conn) = self.sessions.get(&sid).and_then(|s| s.conn) {
+        if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
             let why = Some("disconnected by an administrator");
             self.close_with(now, conn, ReasonCode::ADMINISTRATIVE_ACTION, why, true);
         }
-        if discard && self.sessions.contains_key(&sid) {
+        if discard && self.sessions.contains(sid) {
             self.end_session(now, sid);
         }
         self.end_event();

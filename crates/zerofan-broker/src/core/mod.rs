@@ -32,7 +32,7 @@
 //! - `session`: one session's subscriptions, queue, inflight window and QoS
 //!   2 state.
 //! - `ids`: [`ConnId`] / [`SessionId`], never reused.
-//! - `clients`: sessions by client id.
+//! - `sessions`: `Sessions`, every session by id and by client id.
 //! - `timers`: the core's deadlines in one min-heap.
 //! - `outbox`: [`Outgoing`] / [`Delivery`] / [`Transmit`], what the shell
 //!   writes; a delivery references the shared [`Message`], never a copy.
@@ -87,7 +87,6 @@ pub mod auth;
 mod broker;
 mod children;
 mod claims;
-mod clients;
 mod connect;
 mod connection;
 mod deliver;
@@ -113,6 +112,7 @@ mod retain_order;
 mod router;
 mod scram_auth;
 mod session;
+mod sessions;
 pub mod store;
 mod submap;
 mod subscribe;
