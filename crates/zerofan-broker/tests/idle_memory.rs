@@ -54,7 +54,7 @@ fn idle_connections_are_cheap() {
     // itself (32 bytes, `core/submap.rs`), so that a device's one
     // subscription no longer costs a 184-byte `Flight`. 429 bytes at
     // 2026-11-25 with sessions found by client id without a copy of the id
-    // (`core/clients.rs`), `Connection` 208 -> 192 bytes (the certificate
+    // (`core/sessions.rs`), `Connection` 208 -> 192 bytes (the certificate
     // identity among the rare parts) and `Session` 168 -> 160 (a session's
     // `Option<ConnId>` is 8 bytes): each a smaller allocator size class.
     // 405 bytes once the session takes the CONNECT's client id without a

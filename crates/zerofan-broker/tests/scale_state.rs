@@ -168,7 +168,7 @@ fn ten_thousand_connections_cost_little_and_keep_alive_fires() {
     // (`core/submap.rs`, `core/children.rs`). At 2026-11-25 (ab9a8d5):
     // 581 bytes per connection (564 before: the session keeps its
     // subscriptions, 32 bytes, while `by_client` keys are 16-byte
-    // `Box<str>`s, `core/clients.rs`) and 231 per first subscription (487
+    // `Box<str>`s, `core/sessions.rs`) and 231 per first subscription (487
     // before: no `Flight` for a session that only subscribed, 64-byte
     // trie nodes). At 2026-11-25 (by_client without a copy of the id, a
     // 192-byte Connection and a 160-byte Session): 518 bytes per
