@@ -30,6 +30,25 @@ fn online_cost(h: &H) -> usize {
     h.b.gauges().queued_bytes_online
 }
 
+/// 150 QoS 0 messages on "t" from `publ`: past the online high-water
+/// mark of `small`, so a subscriber that does not read falls behind.
+fn flood(h: &mut H, publ: ConnId) {
+    for i in 0..150 {
+        h.send(publ, qos0("t", i));
+    }
+}
+
+/// A subscriber "sub" on "t" that does not read, and a publisher "pub"
+/// that just flooded it (held, under `policy`).
+fn behind(policy: QueueFull) -> (H, ConnId, ConnId) {
+    let mut h = H::with(small(policy));
+    let sub = h.client("sub");
+    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
+    let publ = h.client("pub");
+    flood(&mut h, publ);
+    (h, sub, publ)
+}
+
 #[test]
 fn burst_to_an_online_subscriber_is_kept_whole() {
     let mut h = H::new();
@@ -107,13 +126,7 @@ fn a_publisher_is_not_held_by_its_own_subscription() {
 
 #[test]
 fn hold_lifts_when_the_subscriber_goes_away() {
-    let mut h = H::with(small(QueueFull::DropNew));
-    let sub = h.client("sub");
-    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
-    let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    let (mut h, sub, publ) = behind(QueueFull::DropNew);
     assert!(h.b.held(publ));
     h.b.take_wakeups(&mut Vec::new());
     h.b.connection_lost(h.now, sub);
@@ -129,13 +142,7 @@ fn hold_lifts_when_the_subscriber_goes_away() {
 /// up later wakes nobody.
 #[test]
 fn a_held_publisher_that_goes_away_leaves_no_mark() {
-    let mut h = H::with(small(QueueFull::DropNew));
-    let sub = h.client("sub");
-    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
-    let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    let (mut h, sub, publ) = behind(QueueFull::DropNew);
     assert!(h.b.held(publ));
     assert_eq!(h.b.held_marks(), 1);
     h.b.connection_lost(h.now, publ);
@@ -150,13 +157,7 @@ fn a_held_publisher_that_goes_away_leaves_no_mark() {
 
 #[test]
 fn a_subscriber_that_stays_behind_is_dropped_as_slow() {
-    let mut h = H::with(small(QueueFull::DropNew));
-    let sub = h.client("sub");
-    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
-    let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    let (mut h, sub, publ) = behind(QueueFull::DropNew);
     assert!(h.b.held(publ));
     h.advance(Duration::from_millis(999));
     assert!(h.b.held(publ), "dropped before its time");
@@ -169,9 +170,7 @@ fn a_subscriber_that_stays_behind_is_dropped_as_slow() {
     assert_eq!(h.b.queued_messages("sub"), Some(0));
     // Still connected; until it catches up it keeps at most its high-water
     // mark and holds nobody.
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    flood(&mut h, publ);
     assert!(!h.b.held(publ));
     assert!(online_cost(&h) <= 32 * 1024);
     assert!(h.b.metrics().dropped_qos0_queue_full > 150);
@@ -179,22 +178,14 @@ fn a_subscriber_that_stays_behind_is_dropped_as_slow() {
     // Once it drained it is an ordinary subscriber again.
     let out = h.out(sub);
     assert!(!out.closed);
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    flood(&mut h, publ);
     assert!(h.b.held(publ));
     assert_eq!(h.b.metrics().publisher_throttles, 2);
 }
 
 #[test]
 fn slow_consumer_disconnected_under_the_disconnect_policy() {
-    let mut h = H::with(small(QueueFull::Disconnect));
-    let sub = h.client("sub");
-    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
-    let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    let (mut h, sub, publ) = behind(QueueFull::Disconnect);
     h.advance(Duration::from_millis(1000));
     assert!(!h.b.held(publ));
     let out = h.out(sub);
@@ -419,9 +410,7 @@ fn a_held_publisher_is_not_timed_out_for_keep_alive() {
     let sub = h.client("sub");
     h.subscribe(sub, "t", opts(QoS::AtMostOnce));
     let (publ, _) = h.connect_with("pub", Protocol::V5, true, |c| c.keep_alive = 2);
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    flood(&mut h, publ);
     assert!(h.b.held(publ));
     // Far past 1.5 x keep alive: its silence is the broker's doing.
     h.secs(10);
@@ -439,19 +428,11 @@ fn a_held_publisher_is_not_timed_out_for_keep_alive() {
 
 #[test]
 fn the_slow_consumer_clock_restarts_when_the_subscriber_catches_up() {
-    let mut h = H::with(small(QueueFull::DropNew));
-    let sub = h.client("sub");
-    h.subscribe(sub, "t", opts(QoS::AtMostOnce));
-    let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    let (mut h, sub, publ) = behind(QueueFull::DropNew);
     h.advance(Duration::from_millis(600));
     h.out(sub);
     assert!(!h.b.held(publ));
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    flood(&mut h, publ);
     assert!(h.b.held(publ));
     // The first episode's timer fires here: this one is 400 ms old.
     h.advance(Duration::from_millis(400));
@@ -471,9 +452,7 @@ fn a_huge_slow_consumer_timeout_never_fires() {
     let sub = h.client("sub");
     h.subscribe(sub, "t", opts(QoS::AtMostOnce));
     let publ = h.client("pub");
-    for i in 0..150 {
-        h.send(publ, qos0("t", i));
-    }
+    flood(&mut h, publ);
     assert!(h.b.held(publ));
     // Within the subscriber's keep alive (60 s), far past any usual timeout.
     h.secs(80);
