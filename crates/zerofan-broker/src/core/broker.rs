@@ -1089,10 +1089,13 @@ impl Broker {
     /// [`Broker::claim_answered`], with the epoch of the granted claim (0:
     /// not known), which fences this node's replicated changes of it.
     pub fn claim_answered_at(&mut self, now: Instant, conn: ConnId, granted: bool, epoch: u64) {
-        self.answer_claim(now, conn, granted, epoch, None);
+        self.claim_answered_from(now, conn, granted, epoch, None);
     }
 
-    fn answer_claim(
+    /// [`Broker::claim_answered_at`], with the owner before this claim as
+    /// the cluster's log had it (see `replica/previous.rs`): an image kept
+    /// here that this owner did not write under that epoch is stale.
+    pub fn claim_answered_from(
         &mut self,
         now: Instant,
         conn: ConnId,
@@ -1100,6 +1103,13 @@ impl Broker {
         epoch: u64,
         prev: Option<super::PreviousOwner>,
     ) {
+        let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
+        if let Some(client) = &client {
+            self.claims.settle_handover(client);
+        }
+        if let (true, Some(prev), Some(client)) = (granted, prev, client) {
+            self.refuse_stale_copy(&client, &prev);
+        }
         let Some(connect) = self.claims.answered(conn, granted) else {
             if let Some(client) = self.claims.left(conn) {
                 if granted {
@@ -1132,27 +1142,6 @@ impl Broker {
         }
         self.wake(conn);
         self.end_event();
-    }
-
-    /// [`Broker::claim_answered_at`], with the owner before this claim as
-    /// the cluster's log had it (see `replica/previous.rs`): an image kept
-    /// here that this owner did not write under that epoch is stale.
-    pub fn claim_answered_from(
-        &mut self,
-        now: Instant,
-        conn: ConnId,
-        granted: bool,
-        epoch: u64,
-        prev: Option<super::PreviousOwner>,
-    ) {
-        let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
-        if let Some(client) = &client {
-            self.claims.settle_handover(client);
-        }
-        if let (true, Some(prev), Some(client)) = (granted, prev, client) {
-            self.refuse_stale_copy(&client, &prev);
-        }
-        self.answer_claim(now, conn, granted, epoch, prev);
     }
 
     /// Whether `conn`'s granted claim, which resumes a session that `prev`
