@@ -347,13 +347,9 @@ impl Model {
                 }
             }
             Record::Will { key, .. } => {
-                let Some(s) = self.sessions.get_mut(&key) else {
+                if !self.replace_span(key, span, |s| &mut s.will) {
                     return false;
-                };
-                if let Some(old) = s.will.replace(span) {
-                    self.sub(old);
                 }
-                self.add(span);
             }
             Record::ClearWill { key } => {
                 let Some(s) = self.sessions.get_mut(&key) else {
@@ -364,15 +360,30 @@ impl Model {
                 }
             }
             Record::Epoch { key, .. } => {
-                let Some(s) = self.sessions.get_mut(&key) else {
+                if !self.replace_span(key, span, |s| &mut s.epoch) {
                     return false;
-                };
-                if let Some(old) = s.epoch.replace(span) {
-                    self.sub(old);
                 }
-                self.add(span);
             }
         }
+        true
+    }
+
+    /// A record of session `key` that replaces the one before it in the
+    /// slot `slot` picks (a will, an epoch); false when there is no such
+    /// session.
+    fn replace_span(
+        &mut self,
+        key: u32,
+        span: Span,
+        slot: impl FnOnce(&mut SessionSlot) -> &mut Option<Span>,
+    ) -> bool {
+        let Some(s) = self.sessions.get_mut(&key) else {
+            return false;
+        };
+        if let Some(old) = slot(s).replace(span) {
+            self.sub(old);
+        }
+        self.add(span);
         true
     }
 
