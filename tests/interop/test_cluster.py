@@ -820,6 +820,27 @@ def test_a_takeover_with_the_old_owner_alive_moves_the_session(nodes, clients):
     assert h.problems(["mover"]) == []
 
 
+def _publish_acked(p: PahoClient, topic: str, who: str, qos: int, seqs: range, h: History):
+    """Publish `who`'s messages `seqs` on `topic`, each waited for until
+    acknowledged, and record them as acknowledged."""
+    h.qos[who] = qos
+    for i in seqs:
+        p.publish(topic, payload(who, i), qos=qos)
+        h.acked[who].add(i)
+
+
+def _resumes_with_all(node: Node, cid: str, n: int, h: History, what: str):
+    """`cid` resumes on `node` (retrying 0x88), finds its session (`what`
+    says otherwise) and every message `h` holds acknowledged, nothing
+    more."""
+    c = _persistent_served(node, cid, 5)
+    assert c.session_present, what
+    drain(c, n, h, cid)
+    c.assert_no_message(0.3)
+    c.close()
+    assert h.problems([cid]) == []
+
+
 def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients):
     """A persistent subscriber lives on node 2 and goes offline with QoS 1
     messages queued. Its client id sends a CONNECT to node 1 and closes the
@@ -836,11 +857,8 @@ def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients
     sub.disconnect()
     p = clients(ns[2])
     h = History()
-    h.qos["p"] = 1
     n = 20
-    for i in range(n):
-        p.publish("lf/x", payload("p", i), qos=1)
-        h.acked["p"].add(i)
+    _publish_acked(p, "lf/x", "p", 1, range(n), h)
     with socket.create_connection(("127.0.0.1", ns[0].mqtt_port), timeout=WAIT) as raw:
         raw.sendall(mqttraw.connect("left", version=5, clean=False,
                                     props={mqttraw.SESSION_EXPIRY: 3600}))
@@ -849,15 +867,9 @@ def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients
     while metric(http, "zerofan_cluster_claims_left_total") < 1:
         assert time.monotonic() < deadline, "node 1's claim was never answered"
         time.sleep(0.05)
-    for i in range(n, 2 * n):
-        p.publish("lf/x", payload("p", i), qos=1)
-        h.acked["p"].add(i)
-    back = _persistent_served(ns[2], "left", 5)
-    assert back.session_present, "the session did not survive the abandoned CONNECT"
-    drain(back, 2 * n, h, "left")
-    back.assert_no_message(0.3)
-    back.close()
-    assert h.problems(["left"]) == []
+    _publish_acked(p, "lf/x", "p", 1, range(n, 2 * n), h)
+    _resumes_with_all(ns[2], "left", 2 * n, h,
+                      "the session did not survive the abandoned CONNECT")
 
 
 def _without_copies(candidates: list[Node]) -> Node:
@@ -884,18 +896,10 @@ def test_a_takeover_at_a_node_without_a_copy_moves_the_session(nodes, clients):
     sub.disconnect()
     p = clients(ns[1])
     h = History()
-    h.qos["p"] = 1
     n = 20
-    for i in range(n):
-        p.publish("far/x", payload("p", i), qos=1)
-        h.acked["p"].add(i)
+    _publish_acked(p, "far/x", "p", 1, range(n), h)
     bare = _without_copies(ns[1:])
-    far = _persistent_served(bare, "far", 5)
-    assert far.session_present, f"node {bare.node_id} served a clean session"
-    drain(far, n, h, "far")
-    far.assert_no_message(0.3)
-    far.close()
-    assert h.problems(["far"]) == []
+    _resumes_with_all(bare, "far", n, h, f"node {bare.node_id} served a clean session")
     assert metric(ns[0].http_port, "zerofan_cluster_sessions_handed_over_total") == 1
 
 
