@@ -838,10 +838,7 @@ fn a_stale_owners_session_end_leaves_the_new_owners_copy() {
     let (y0, _) = cl.persistent_at(0, "y", 1);
     cl.hs[0].subscribe(y0.conn, "t/0", opts(QoS::AtLeastOnce));
     cl.pump();
-    let (y1, _) = cl.persistent_at(1, "y", 2);
-    cl.hs[1].subscribe(y1.conn, "t/1", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(y1);
+    cl.offline_at(1, "y", 2, "t/1");
     cl.lose(y0);
     assert_eq!(cl.hs[0].b.metrics().replica_stale_sessions, 1);
     cl.kill(1);
@@ -1945,10 +1942,7 @@ fn a_claim_does_not_serve_a_copy_older_than_the_previous_owners() {
 #[test]
 fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
     let mut cl = Cluster::new(3, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/0");
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
         p,
@@ -1974,6 +1968,16 @@ fn prev_owner(node: usize, epoch: u64) -> PreviousOwner {
 }
 
 impl Cluster {
+    /// A persistent session of `id` at `node`, claimed under `epoch`,
+    /// subscribed to `filter` at QoS 1, its client gone: offline, its
+    /// copies on the replicas.
+    fn offline_at(&mut self, node: usize, id: &str, epoch: u64, filter: &str) {
+        let (c, _) = self.persistent_at(node, id, epoch);
+        self.hs[node].subscribe(c.conn, filter, opts(QoS::AtLeastOnce));
+        self.pump();
+        self.lose(c);
+    }
+
     /// A persistent CONNECT at `node` (clean start as told) whose claim
     /// is asked for and not answered yet.
     fn persistent_waiting_with(&mut self, node: usize, id: &str, clean: bool) -> ConnId {
@@ -2026,10 +2030,7 @@ fn claim_after_leaving(
 #[test]
 fn a_claim_granted_after_its_client_left_serves_the_copy_there() {
     let mut cl = Cluster::new(3, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
     cl.send(
         p,
@@ -2063,10 +2064,7 @@ fn a_claim_granted_after_its_client_left_serves_the_copy_there() {
 #[test]
 fn a_clean_start_claim_whose_client_left_leaves_the_session_as_it_was() {
     let mut cl = Cluster::new(3, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken(now, "x");
     cl.pump();
@@ -2108,10 +2106,7 @@ fn a_restarted_replica_does_not_serve_a_copy_older_than_the_previous_owners() {
     let dir = Dir::new("replica-epoch-stale");
     let mut cl = Cluster::new(3, 3);
     cl.on_disk(2, &dir);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/0");
     cl.kill(2);
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken(now, "x");
@@ -2146,10 +2141,7 @@ fn a_restarted_replica_serves_the_copy_stored_under_the_previous_owners_epoch() 
     let dir = Dir::new("replica-epoch-current");
     let mut cl = Cluster::new(3, 3);
     cl.on_disk(2, &dir);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/0", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/0");
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
         p,
@@ -2347,10 +2339,7 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
 #[test]
 fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
     let mut cl = Cluster::new(4, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
         p,
@@ -2389,10 +2378,7 @@ fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
 #[test]
 fn a_takeover_at_a_replica_gets_the_mark_but_no_second_image() {
     let mut cl = Cluster::new(4, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let conn = cl.persistent_waiting(1, "x");
     let prev = prev_owner(0, 1);
     assert!(cl.hs[1].b.has_copy("x"), "node 1 is a replica");
@@ -2417,10 +2403,7 @@ fn a_takeover_at_a_replica_gets_the_mark_but_no_second_image() {
 #[test]
 fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
     let mut cl = Cluster::new(4, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
         p,
@@ -2458,10 +2441,7 @@ fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
 #[test]
 fn a_copy_under_another_epoch_is_not_sent() {
     let mut cl = Cluster::new(4, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     cl.kill(0);
     let conn = cl.persistent_waiting(3, "x");
     let prev = prev_owner(0, 2);
@@ -2504,10 +2484,7 @@ fn a_reconnect_to_the_owner_waits_for_no_copy() {
 #[test]
 fn a_takeover_waits_for_the_old_owners_last_changes() {
     let mut cl = Cluster::new(3, 3);
-    let (x0, _) = cl.persistent_at(0, "x", 1);
-    cl.hs[0].subscribe(x0.conn, "t/x", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(x0);
+    cl.offline_at(0, "x", 1, "t/x");
     let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
     // Node 0's writes to node 1 wait (a slow link, not a cut: both ways
     // stay up and nobody is away).
