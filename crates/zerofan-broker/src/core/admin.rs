@@ -3,9 +3,9 @@
 //! administrative actions. The [`Broker`](super::Broker) methods that expose
 //! them are one-line hooks in `broker.rs`; the work is here.
 
+use super::conn_table::ConnTable;
 use super::connection::Connection;
-use super::hash::HashMap;
-use super::ids::{ConnId, SessionId};
+use super::ids::SessionId;
 use super::session::Session;
 use super::sessions::Sessions;
 use std::net::SocketAddr;
@@ -71,11 +71,7 @@ fn protocol_name(p: Protocol) -> &'static str {
 }
 
 /// The view of one session; its subscriptions listed when `subs`.
-pub(crate) fn view(
-    s: &Session,
-    conns: &HashMap<ConnId, Box<Connection>>,
-    subs: bool,
-) -> ClientView {
+pub(crate) fn view(s: &Session, conns: &ConnTable<Connection>, subs: bool) -> ClientView {
     let conn = s.conn.and_then(|c| conns.get(&c));
     let flight = s.flight();
     let mut subscriptions: Vec<SubView> = if subs {
@@ -184,12 +180,12 @@ impl ClientQuery {
 /// clients costs a pass over the sessions, not a copy of them all.
 pub(crate) fn views(
     sessions: &Sessions,
-    conns: &HashMap<ConnId, Box<Connection>>,
+    conns: &ConnTable<Connection>,
     q: &ClientQuery,
 ) -> (usize, Vec<ClientView>) {
     let mut hits: Vec<&Session> = sessions
         .values()
-        .filter(|s| q.keeps(s, s.conn.and_then(|c| conns.get(&c)).map(|c| &**c)))
+        .filter(|s| q.keeps(s, s.conn.and_then(|c| conns.get(&c))))
         .collect();
     hits.sort_unstable_by(|a, b| a.client_id.cmp(&b.client_id));
     let page = hits

@@ -6,6 +6,7 @@
 //! `AuthState`, `Durable`, `Session`, ...).
 
 use super::auth::{acl_allows, ConnectionMeta, Refusal, SecurityConfig, THROTTLED_REASON};
+use super::conn_table::ConnTable;
 use super::connect::{own_will, random_client_id, PendingTakeover, TAKEOVER_DRAIN};
 use super::connection::{Connection, Phase};
 use super::deliver::{
@@ -99,11 +100,10 @@ use zerofan_codec::{
 /// 4. At the end: [`Broker::shutdown`], then the outputs once more.
 pub struct Broker {
     config: Config,
-    /// Boxed: a map keeps empty slots (up to half of them right after it
-    /// grows), and at ~300 bytes inline those slots cost as much as the
-    /// live entries; boxed, a slot is 16 bytes.
-    conns: HashMap<ConnId, Box<Connection>>,
-    /// Every session, by id and by client id (boxed, like `conns`).
+    /// In slots, not a hash map (see `conn_table.rs`); they hand out the
+    /// connection ids.
+    conns: ConnTable<Connection>,
+    /// Every session, by id and by client id (boxed).
     sessions: Sessions,
     /// Connections not read because a subscriber they publish to is behind
     /// (push-back), by the session that holds them. Rare, so kept here
@@ -121,7 +121,6 @@ pub struct Broker {
     /// When the core was made: its uptime, and the base of every session's
     /// expiry stamp (`session::Stamp`), so never changed.
     started: Instant,
-    next_conn: ConnId,
     next_session: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
@@ -185,7 +184,7 @@ impl Broker {
         }
         Broker {
             config,
-            conns: HashMap::default(),
+            conns: ConnTable::default(),
             held_by: HashMap::default(),
             sessions: Sessions::default(),
             router: Router::default(),
@@ -195,7 +194,6 @@ impl Broker {
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
             started: now,
-            next_conn: ConnId::FIRST,
             next_session: 1,
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
@@ -223,9 +221,11 @@ impl Broker {
 
     /// A new network connection; it has `connect_timeout` to send CONNECT.
     pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
-        let id = self.next_conn;
-        self.next_conn = id.next();
-        self.conns.insert(id, Box::new(Connection::new(peer, now)));
+        let Some(id) = self.conns.insert(Connection::new(peer, now)) else {
+            // 2^32 - 1 connections held: an id that names no connection,
+            // so the shell finds this one gone at once and closes it.
+            return ConnTable::<Connection>::NO_SLOT;
+        };
         self.metrics.connections_opened += 1;
         self.timers.arm(
             now + Duration::from_secs(self.config.connect_timeout),
@@ -1377,7 +1377,7 @@ impl Broker {
             .conns
             .iter()
             .filter(|(_, c)| matches!(c.phase, Phase::Connected(_)))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         let told = conns.len() as u64;
         for conn in conns {
@@ -1423,7 +1423,7 @@ impl Broker {
         let attached: Vec<(ConnId, SessionId)> = self
             .conns
             .iter()
-            .filter_map(|(id, c)| c.session().map(|sid| (*id, sid)))
+            .filter_map(|(id, c)| c.session().map(|sid| (id, sid)))
             .collect();
         for (conn, sid) in attached {
             self.auth_attach(conn, sid);
@@ -4112,7 +4112,7 @@ impl Broker {
     /// Server shutdown: every connection gets DISCONNECT 0x8B (MQTT 5) and
     /// is closed after its outbox is flushed.
     pub fn shutdown(&mut self, now: Instant) {
-        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let ids: Vec<ConnId> = self.conns.keys().collect();
         for conn in ids {
             self.close(now, conn, Some(ReasonCode::SERVER_SHUTTING_DOWN), false);
         }

@@ -1,5 +1,6 @@
 //! Identifiers the core hands out. Never reused, so a stale timer or a late
-//! shell call can never hit the wrong connection or session.
+//! shell call can never hit the wrong connection or session (a connection
+//! id names a slot and its generation: see `conn_table.rs`).
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -16,6 +17,14 @@ impl ConnId {
         NonZeroU64::new(raw).map(ConnId)
     }
 
+    /// [`ConnId::from_raw`] where a constant is needed.
+    pub(crate) const fn from_raw_const(raw: u64) -> Option<ConnId> {
+        match NonZeroU64::new(raw) {
+            Some(n) => Some(ConnId(n)),
+            None => None,
+        }
+    }
+
     /// The id as a number (a poller's token), never zero.
     pub fn raw(self) -> u64 {
         self.0.get()
@@ -23,11 +32,6 @@ impl ConnId {
 
     /// The core's first id.
     pub(crate) const FIRST: ConnId = ConnId(NonZeroU64::MIN);
-
-    /// The id handed out after this one.
-    pub(crate) fn next(self) -> ConnId {
-        ConnId(self.0.saturating_add(1))
-    }
 }
 
 /// One session (which outlives connections).

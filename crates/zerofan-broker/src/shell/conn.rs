@@ -42,8 +42,11 @@ const BATCHES_PER_POLL: u32 = 16;
 /// SUBSCRIBE), not `park_after_ms` later: in a storm a second's worth of
 /// connections would otherwise hold tasks, whose memory the allocator
 /// keeps. Later wakes wait for the sweep, so a client that keeps talking
-/// is not parked and resumed for every packet.
+/// is not parked and resumed for every packet, unless it had been parked
+/// for the sweep's whole wait (see `park::unpark`).
 const QUICK_PARKS: u8 = 2;
+// A parked handle keeps the quick parks left in two bits (`ConnHandle::quiet`).
+const _: () = assert!(QUICK_PARKS <= 3);
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,7 +82,7 @@ pub(super) fn connection(
         listener: if tcp { 0 } else { ConnHandle::NEVER_PARKS },
         ..ConnHandle::default()
     };
-    shared.conns.borrow_mut().insert(id, handle);
+    shared.conns.borrow_mut().insert_at(id, handle);
     Conn {
         counted,
         id,
@@ -427,9 +430,9 @@ impl Conn {
                 h.parked = Some(stream);
                 h.listener = self.counted.park();
                 h.waker = None;
-                // The sweep skips parked handles: `quiet` carries the quick
-                // parks left to the resumed task.
-                h.quiet = self.fresh;
+                // While parked `quiet` carries the quick parks left to the
+                // resumed task, and counts the sweeps that find it parked.
+                h.quiet = self.fresh.min(QUICK_PARKS);
                 h.park = false;
                 drop(conns);
                 shared.lot.parked_one();

@@ -47,7 +47,7 @@ pub(super) fn open(shared: &Rc<Shared>, listener: usize, waits: &LinkWaits) -> L
         .broker
         .borrow_mut()
         .connection_opened_with(Instant::now(), peer, meta);
-    shared.conns.borrow_mut().insert(
+    shared.conns.borrow_mut().insert_at(
         id,
         ConnHandle {
             listener: ConnHandle::NEVER_PARKS,

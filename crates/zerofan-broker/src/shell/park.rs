@@ -49,6 +49,8 @@ pub struct Lot {
     after: Duration,
     /// When the sweep last ran.
     last_sweep: Cell<Option<Instant>>,
+    /// The time between sweeps.
+    every: Cell<Duration>,
 }
 
 impl Lot {
@@ -76,8 +78,15 @@ impl Lot {
             broken: Cell::new(false),
             after,
             last_sweep: Cell::new(None),
+            every: Cell::new(Duration::from_millis(250)),
         };
         (lot, poll)
+    }
+
+    /// Sweeps in the lot's `after`: how long a connection is quiet before
+    /// the sweep parks it, and parked before it resumes with a quick park.
+    fn due(&self) -> u8 {
+        (self.after.as_millis() / self.every.get().as_millis().max(1)).clamp(1, 255) as u8
     }
 
     /// Whether connections may park.
@@ -131,11 +140,22 @@ fn unpark(shared: &Rc<Shared>, id: ConnId, readable: bool) {
         .conns
         .borrow_mut()
         .get_mut(&id)
-        .and_then(|h| Some((h.parked.take()?, h.listener, h.quiet)));
-    let Some((stream, listener, fresh)) = parked else {
+        .and_then(|h| Some((h.parked.take()?, h.listener, h.parked_for())));
+    let Some((stream, listener, (fresh, sweeps))) = parked else {
         return;
     };
     let lot = &shared.lot;
+    // Parked for as long as a running connection waits to park: a device
+    // that pings or gets a message now and then. It parks again as soon
+    // as that exchange is over, rather than hold a task and a registration
+    // (512 bytes) until the sweep; a connection that talks more often
+    // waits for the sweep as before, so that it is not parked and resumed
+    // for every packet.
+    let fresh = if sweeps >= lot.due().min(63) {
+        fresh.max(1)
+    } else {
+        fresh
+    };
     lot.parked.set(lot.parked.get().saturating_sub(1));
     if let Some(r) = &lot.registry {
         // Failing means it is not registered any more: nothing to undo.
@@ -252,7 +272,7 @@ fn give_up(shared: &Rc<Shared>) {
         .borrow()
         .iter()
         .filter(|(_, h)| h.parked.is_some())
-        .map(|(id, _)| *id)
+        .map(|(id, _)| id)
         .collect();
     for id in parked {
         unpark(shared, id, false);
@@ -271,9 +291,14 @@ pub(super) fn sweep(shared: &Shared, now: Instant, every: Duration) {
         return;
     }
     lot.last_sweep.set(Some(now));
-    let due = (lot.after.as_millis() / every.as_millis().max(1)).clamp(1, 255) as u8;
+    lot.every.set(every);
+    let due = lot.due();
     for h in shared.conns.borrow_mut().values_mut() {
-        if h.parked.is_some() || h.listener == ConnHandle::NEVER_PARKS {
+        if h.parked.is_some() {
+            h.swept_parked();
+            continue;
+        }
+        if h.listener == ConnHandle::NEVER_PARKS {
             continue;
         }
         h.quiet = h.quiet.saturating_add(1);
@@ -310,7 +335,7 @@ mod tests {
             parked: Some(ours),
             ..ConnHandle::default()
         };
-        shared.conns.borrow_mut().insert(conn_id(id), handle);
+        shared.conns.borrow_mut().insert_at(conn_id(id), handle);
         shared.lot.parked_one();
         client
     }

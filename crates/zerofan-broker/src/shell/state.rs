@@ -3,9 +3,8 @@
 //! the encoder every connection borrows for one batch.
 
 use super::buffers::Buffers;
-use crate::core::{Broker, ConnId, ShellStats};
+use crate::core::{Broker, ConnId, ConnTable, ShellStats};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::task::Waker;
 
 /// How the core's wake-ups reach a connection: its task's waker, or its
@@ -22,8 +21,9 @@ pub struct ConnHandle {
     /// [`ConnHandle::NEVER_PARKS`] for a TLS or WebSocket connection, which
     /// the parking sweep then skips.
     pub listener: u16,
-    /// Parking sweeps since the task last ran; while parked, the quick
-    /// parks it has left (see `conn.rs`).
+    /// Parking sweeps since the task last ran. While parked: the quick
+    /// parks it has left (see `conn.rs`) in the low two bits, and the
+    /// sweeps that found it parked above them (see [`ConnHandle::parked_for`]).
     pub quiet: u8,
     /// The sweep asks the task to park.
     pub park: bool,
@@ -32,6 +32,18 @@ pub struct ConnHandle {
 impl ConnHandle {
     /// `listener` of a connection that never parks.
     pub const NEVER_PARKS: u16 = u16::MAX;
+
+    /// While parked: the quick parks it has left, and the parking sweeps
+    /// that found it parked (at most 63).
+    pub(super) fn parked_for(&self) -> (u8, u8) {
+        (self.quiet & 3, self.quiet >> 2)
+    }
+
+    /// While parked: one more sweep found it parked.
+    pub(super) fn swept_parked(&mut self) {
+        let (fresh, sweeps) = self.parked_for();
+        self.quiet = (sweeps.saturating_add(1).min(63) << 2) | fresh;
+    }
 
     /// Keep the waker of the task polling now (cloned only when it changed).
     pub(super) fn set_waker(&mut self, waker: &Waker) {
@@ -45,8 +57,9 @@ impl ConnHandle {
 pub struct Shared {
     /// The sans-IO core.
     pub broker: RefCell<Broker>,
-    /// Live connections.
-    pub conns: RefCell<HashMap<ConnId, ConnHandle>>,
+    /// Live connections, under the core's ids (slots like the core's: see
+    /// `core/conn_table.rs`).
+    pub conns: RefCell<ConnTable<ConnHandle>>,
     /// The connection whose task is running: `dispatch` does not wake it,
     /// since it looks at its output before it next waits anyway.
     pub current: Cell<Option<ConnId>>,
@@ -94,7 +107,7 @@ impl Shared {
         let (lot, poll) = super::park::Lot::new(park_after);
         let shared = Shared {
             broker: RefCell::new(broker),
-            conns: RefCell::new(HashMap::new()),
+            conns: RefCell::new(ConnTable::default()),
             current: Cell::new(None),
             activity: Cell::new(false),
             spinner: Cell::new(None),
