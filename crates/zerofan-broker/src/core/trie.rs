@@ -1,9 +1,17 @@
-//! The subscription trie: one node per topic level, shared groups kept at
-//! the node of their filter. `+` and `#` children have slots of their own,
-//! so routing a level costs one hash lookup, not three; levels are handled
-//! as bytes (`/` is ASCII), which spares a UTF-8 char search per level.
+//! The subscription trie, shared groups kept at the node of their filter.
+//! `+` and `#` children have slots of their own, so routing a level costs
+//! one hash lookup, not three; levels are handled as bytes (`/` is ASCII),
+//! which spares a UTF-8 char search per level.
+//!
+//! Literal chains are compressed: a node with no subscribers, no `+`, `#`
+//! or group and one literal child is not kept; its parent's edge carries
+//! the levels down to the next kept node (`devices` to `{id}/cmd`: one node
+//! per device filter, not two). An edge is found by hashing its first
+//! level; its other levels are compared with the topic's next ones as
+//! bytes. `insert` splits an edge where a filter leaves it and `remove`
+//! joins one back, so the shape depends only on the filters held.
 
-use super::children::Children;
+use super::children::{Children, Edge};
 use super::ids::SessionId;
 use super::subscribers::Subscribers;
 use std::num::NonZeroU32;
@@ -100,12 +108,12 @@ impl Rare {
 
 #[derive(Default, Debug)]
 struct Node {
-    /// Children by literal level (never `+` or `#`). Boxed: a map's
-    /// buckets hold its spare slots too (a one-child map has four, a big
-    /// one up to twice its entries), and an inline 96-byte node made those
-    /// cost 112 bytes each (a million device filters: ~750 bytes per
-    /// subscription in the trie, ~330 boxed). A single child is kept
-    /// without a map (see `children.rs`).
+    /// Children by the first level of their edge (never `+` or `#`).
+    /// Boxed: a table's buckets hold its spare slots too (a one-child
+    /// table has four, a big one up to twice its entries), and an inline
+    /// 96-byte node made those cost 112 bytes each (a million device
+    /// filters: ~750 bytes per subscription in the trie, ~330 boxed). A
+    /// single child is kept without a table (see `children.rs`).
     children: Children<Node>,
     /// Ordered by session (see `Trie::insert`); one kept inline.
     subs: Subscribers,
@@ -145,50 +153,39 @@ impl Node {
         }
     }
 
-    /// The child for `level`, if any.
-    fn child(&self, level: &[u8]) -> Option<&Node> {
+    /// Whether the node only leads to its one literal child: such a node
+    /// is not kept, its parent's edge goes on to the child.
+    fn is_relay(&self) -> bool {
+        self.subs.is_empty() && self.rare.is_none() && matches!(self.children, Children::One(_))
+    }
+
+    /// The child that `level` leads to, past the rest of its edge, which
+    /// is taken from `levels`; `None` when they leave the edge.
+    fn step(&self, level: &[u8], levels: &mut Levels<'_>) -> Option<&Node> {
         match level {
             b"+" => self.rare.as_deref()?.plus.as_deref(),
             b"#" => self.rare.as_deref()?.hash.as_deref(),
-            _ => self.children.get(level),
+            _ => {
+                let e = self.children.get(level)?;
+                levels.skip_tail(e.tail(level)).then_some(&*e.node)
+            }
         }
     }
 
-    /// The child for `level`, if any.
-    fn child_mut(&mut self, level: &[u8]) -> Option<&mut Node> {
+    /// [`Node::step`], mutably.
+    fn step_mut(&mut self, level: &[u8], levels: &mut Levels<'_>) -> Option<&mut Node> {
         match level {
             b"+" => self.plus_mut(),
             b"#" => self.hash_mut(),
-            _ => self.children.get_mut(level),
+            _ => self.literal_mut(level, levels),
         }
     }
 
-    /// The child for `level`, created when missing.
-    fn child_or_insert(&mut self, level: &[u8]) -> &mut Node {
-        match level {
-            b"+" => self.rare_mut().plus.get_or_insert_with(Default::default),
-            b"#" => self.rare_mut().hash.get_or_insert_with(Default::default),
-            _ => self.children.get_or_insert(level),
-        }
-    }
-
-    /// Drop the child for `level` (it became empty).
-    fn remove_child(&mut self, level: &[u8]) {
-        match level {
-            b"+" | b"#" => {
-                if let Some(r) = self.rare.as_deref_mut() {
-                    *(if level == b"+" {
-                        &mut r.plus
-                    } else {
-                        &mut r.hash
-                    }) = None;
-                }
-                self.tidy();
-            }
-            _ => {
-                self.children.remove(level);
-            }
-        }
+    /// [`Node::step_mut`] for a topic's level, which is never a wildcard.
+    #[inline]
+    fn literal_mut(&mut self, level: &[u8], levels: &mut Levels<'_>) -> Option<&mut Node> {
+        let e = self.children.get_mut(level)?;
+        levels.skip_tail(e.tail(level)).then_some(&mut *e.node)
     }
 }
 
@@ -228,6 +225,44 @@ impl<'a> Iterator for Levels<'a> {
     }
 }
 
+impl<'a> Levels<'a> {
+    /// Take the levels of `tail` (levels joined by `/`, as an edge's key
+    /// has them; `None` is none) if they come next; false, and nothing
+    /// taken, if not all of them do. Bytes are compared at once: levels
+    /// are equal exactly where their `/`-joined bytes are.
+    #[inline]
+    fn skip_tail(&mut self, tail: Option<&[u8]>) -> bool {
+        let Some(tail) = tail else {
+            return true;
+        };
+        let Some(rest) = self.rest else {
+            return false;
+        };
+        match rest.strip_prefix(tail) {
+            Some([]) => self.rest = None,
+            Some([b'/', more @ ..]) => self.rest = Some(more),
+            _ => return false,
+        }
+        true
+    }
+
+    /// The literal levels from here on, up to a `+` or `#` level or the
+    /// end, joined by `/`: the key of an edge made for them.
+    fn literal_run(self) -> &'a [u8] {
+        let Some(start) = self.rest else {
+            return &[];
+        };
+        let mut len = None;
+        for l in self {
+            if l == b"+" || l == b"#" {
+                break;
+            }
+            len = Some(len.map_or(l.len(), |n| n + 1 + l.len()));
+        }
+        &start[..len.unwrap_or(0)]
+    }
+}
+
 /// The subscription trie.
 #[derive(Default, Debug)]
 pub(super) struct Trie {
@@ -239,8 +274,17 @@ impl Trie {
     /// when shared). Returns true when it did not exist before.
     pub(super) fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
         let mut node = &mut self.root;
-        for level in levels(filter) {
-            node = node.child_or_insert(level);
+        let mut levels = levels(filter);
+        loop {
+            let from = levels.clone();
+            let Some(level) = levels.next() else {
+                break;
+            };
+            node = match level {
+                b"+" => node.rare_mut().plus.get_or_insert_with(Default::default),
+                b"#" => node.rare_mut().hash.get_or_insert_with(Default::default),
+                _ => enter(node, level, from, &mut levels),
+            };
         }
         let list = match group {
             None => {
@@ -278,10 +322,10 @@ impl Trie {
         }
     }
 
-    /// Remove a subscription; true if it existed. Empty nodes are pruned.
+    /// Remove a subscription; true if it existed. Empty nodes are pruned
+    /// and edges joined back (see `remove_in`).
     pub(super) fn remove(&mut self, filter: &str, group: Option<&str>, session: SessionId) -> bool {
-        let levels: Vec<&[u8]> = levels(filter).collect();
-        remove_in(&mut self.root, &levels, group, session)
+        remove_in(&mut self.root, levels(filter), group, session)
     }
 
     /// How many subscriptions `filter` has (the members of `group` when
@@ -289,8 +333,9 @@ impl Trie {
     /// from 0 to 1, and withdraws it when it comes back to 0.
     pub(super) fn count(&self, filter: &str, group: Option<&str>) -> usize {
         let mut node = &self.root;
-        for level in levels(filter) {
-            match node.child(level) {
+        let mut levels = levels(filter);
+        while let Some(level) = levels.next() {
+            match node.step(level, &mut levels) {
                 Some(n) => node = n,
                 None => return 0,
             }
@@ -317,8 +362,9 @@ impl Trie {
     /// The shared group `group` of `filter`, if it exists.
     pub(super) fn group_mut(&mut self, filter: &str, group: &str) -> Option<&mut SharedGroup> {
         let mut node = &mut self.root;
-        for level in levels(filter) {
-            node = node.child_mut(level)?;
+        let mut levels = levels(filter);
+        while let Some(level) = levels.next() {
+            node = node.step_mut(level, &mut levels)?;
         }
         node.rare
             .as_deref_mut()?
@@ -335,6 +381,64 @@ impl Trie {
     }
 }
 
+/// The child of `node` that `level`, then the filter's `levels`, lead to,
+/// for `insert`: its edge is made when missing (with as many of the
+/// filter's literal levels as follow, `from` being the filter from `level`
+/// on) and split where the filter leaves it, at a node made there.
+fn enter<'n>(
+    node: &'n mut Node,
+    level: &[u8],
+    from: Levels<'_>,
+    levels: &mut Levels<'_>,
+) -> &'n mut Node {
+    let edge = node.children.get_or_insert_with(level, || Edge {
+        key: from.clone().literal_run().into(),
+        node: Box::default(),
+    });
+    // The bytes of the key that the filter follows, up to a level where
+    // it differs or ends.
+    let mut kept = level.len();
+    let mut tail = Levels {
+        rest: edge.tail(level),
+    };
+    let split = loop {
+        let Some(k) = tail.next() else {
+            break false;
+        };
+        let mut probe = levels.clone();
+        if probe.next() != Some(k) {
+            break true;
+        }
+        *levels = probe;
+        kept += 1 + k.len();
+    };
+    if split {
+        let mut below = Box::<Node>::default();
+        std::mem::swap(&mut below, &mut edge.node);
+        edge.node.children = Children::One(Edge {
+            key: edge.key[kept + 1..].into(),
+            node: below,
+        });
+        // The first level stays: so does the edge's place in the table.
+        edge.key = edge.key[..kept].into();
+    }
+    &mut edge.node
+}
+
+/// Join `edge`'s node, which became a relay (see `Node::is_relay`), into
+/// the edge: it leads on to the node's child.
+fn join(edge: &mut Edge<Node>) {
+    let Children::One(below) = std::mem::take(&mut edge.node.children) else {
+        return;
+    };
+    let mut key = Vec::with_capacity(edge.key.len() + 1 + below.key.len());
+    key.extend_from_slice(&edge.key);
+    key.push(b'/');
+    key.extend_from_slice(&below.key);
+    edge.key = key.into();
+    edge.node = below.node;
+}
+
 /// The filters at and below `node`, whose levels so far are `path`.
 fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<Box<str>>)>) {
     let filter = || String::from_utf8_lossy(&path.join(&b'/')).into_owned();
@@ -344,10 +448,11 @@ fn collect(node: &Node, path: &mut Vec<Vec<u8>>, out: &mut Vec<(String, Option<B
     for g in node.shared() {
         out.push((filter(), Some(g.name.clone())));
     }
-    let named = node.children.iter().map(|(k, v)| (k.to_vec(), v));
+    let named = node.children.iter().map(|e| (e.key.to_vec(), &*e.node));
+    let rare = node.rare.as_deref();
     let wild = [
-        (b"+".to_vec(), node.child(b"+")),
-        (b"#".to_vec(), node.child(b"#")),
+        (b"+".to_vec(), rare.and_then(|r| r.plus.as_deref())),
+        (b"#".to_vec(), rare.and_then(|r| r.hash.as_deref())),
     ]
     .into_iter()
     .filter_map(|(k, v)| v.map(|v| (k, v)));
@@ -373,13 +478,8 @@ fn emit(node: &mut Node, f: &mut impl FnMut(Hit<'_>)) {
 /// (cheaply) at each branch. A topic name never contains `+` or `#` (the
 /// codec refuses them), so a level is looked up among the literal children
 /// only. Nodes without `+`, `#` or groups (most: a device's own topic) are
-/// descended in a loop; only the others branch.
-fn walk<'t>(
-    mut node: &mut Node,
-    mut levels: impl Iterator<Item = &'t [u8]> + Clone,
-    dollar: bool,
-    f: &mut impl FnMut(Hit<'_>),
-) {
+/// descended in a loop, an edge at a time; only the others branch.
+fn walk(mut node: &mut Node, mut levels: Levels<'_>, dollar: bool, f: &mut impl FnMut(Hit<'_>)) {
     if node.rare.is_some() {
         return branch(node, levels, dollar, f);
     }
@@ -387,7 +487,7 @@ fn walk<'t>(
         let Some(level) = levels.next() else {
             return emit(node, f);
         };
-        let Some(child) = node.children.get_mut(level) else {
+        let Some(child) = node.literal_mut(level, &mut levels) else {
             return;
         };
         node = child;
@@ -398,12 +498,7 @@ fn walk<'t>(
 }
 
 /// [`walk`] at a node with `+`, `#` or groups.
-fn branch<'t>(
-    node: &mut Node,
-    mut levels: impl Iterator<Item = &'t [u8]> + Clone,
-    dollar: bool,
-    f: &mut impl FnMut(Hit<'_>),
-) {
+fn branch(node: &mut Node, mut levels: Levels<'_>, dollar: bool, f: &mut impl FnMut(Hit<'_>)) {
     if !dollar {
         // `a/#` matches `a` itself as well as everything below it.
         if let Some(hash) = node.hash_mut() {
@@ -413,48 +508,91 @@ fn branch<'t>(
     match levels.next() {
         None => emit(node, f),
         Some(level) => {
-            if let Some(child) = node.children.get_mut(level) {
-                walk(child, levels.clone(), false, f);
+            // `+` takes this one level, the literal edge maybe more.
+            let after = levels.clone();
+            if let Some(child) = node.literal_mut(level, &mut levels) {
+                walk(child, levels, false, f);
             }
             if !dollar {
                 if let Some(plus) = node.plus_mut() {
-                    walk(plus, levels, false, f);
+                    walk(plus, after, false, f);
                 }
             }
         }
     }
 }
 
-fn remove_in(node: &mut Node, levels: &[&[u8]], group: Option<&str>, session: SessionId) -> bool {
-    match levels.split_first() {
-        None => match group {
-            None => node.subs.remove(session),
-            Some(g) => {
-                let Some(rare) = node.rare.as_deref_mut() else {
-                    return false;
-                };
-                let Some(pos) = rare.shared.iter().position(|s| &*s.name == g) else {
-                    return false;
-                };
-                let members = &mut rare.shared[pos].members;
-                let before = members.len();
-                members.retain(|e| e.session != session);
-                let removed = before != members.len();
-                if members.is_empty() {
-                    rare.shared.remove(pos);
-                }
-                node.tidy();
-                removed
-            }
-        },
-        Some((level, rest)) => {
-            let Some(child) = node.child_mut(level) else {
+/// Remove from `node` down the filter's `levels`. Below, an emptied node
+/// is pruned and one left a relay is joined into its edge, as `insert`
+/// would have left it had it never held what was removed.
+fn remove_in(
+    node: &mut Node,
+    mut levels: Levels<'_>,
+    group: Option<&str>,
+    session: SessionId,
+) -> bool {
+    let Some(level) = levels.next() else {
+        return remove_here(node, group, session);
+    };
+    match level {
+        b"+" | b"#" => {
+            let Some(rare) = node.rare.as_deref_mut() else {
                 return false;
             };
-            let removed = remove_in(child, rest, group, session);
+            let slot = if level == b"+" {
+                &mut rare.plus
+            } else {
+                &mut rare.hash
+            };
+            let Some(child) = slot.as_deref_mut() else {
+                return false;
+            };
+            let removed = remove_in(child, levels, group, session);
+            // A wildcard's node is kept even as a relay: wildcards are
+            // never inside an edge.
             if child.is_empty() {
-                node.remove_child(level);
+                *slot = None;
+                node.tidy();
             }
+            removed
+        }
+        _ => {
+            let Some(edge) = node.children.get_mut(level) else {
+                return false;
+            };
+            if !levels.skip_tail(edge.tail(level)) {
+                return false;
+            }
+            let removed = remove_in(&mut edge.node, levels, group, session);
+            if edge.node.is_empty() {
+                node.children.remove(level);
+            } else if edge.node.is_relay() {
+                join(edge);
+            }
+            removed
+        }
+    }
+}
+
+/// Remove the subscription at its filter's node.
+fn remove_here(node: &mut Node, group: Option<&str>, session: SessionId) -> bool {
+    match group {
+        None => node.subs.remove(session),
+        Some(g) => {
+            let Some(rare) = node.rare.as_deref_mut() else {
+                return false;
+            };
+            let Some(pos) = rare.shared.iter().position(|s| &*s.name == g) else {
+                return false;
+            };
+            let members = &mut rare.shared[pos].members;
+            let before = members.len();
+            members.retain(|e| e.session != session);
+            let removed = before != members.len();
+            if members.is_empty() {
+                rare.shared.remove(pos);
+            }
+            node.tidy();
             removed
         }
     }
@@ -469,6 +607,59 @@ impl SubEntry {
             options: SubscriptionOptions::default(),
             id: None,
         }
+    }
+}
+
+/// What tests look at: the trie's shape, independent of history.
+#[cfg(test)]
+impl Node {
+    /// Nodes at and below this one.
+    fn nodes(&self) -> usize {
+        let rare = self.rare.as_deref();
+        let wild = rare.into_iter().flat_map(|r| [&r.plus, &r.hash]);
+        1 + self.children.iter().map(|e| e.node.nodes()).sum::<usize>()
+            + wild.flatten().map(|n| n.nodes()).sum::<usize>()
+    }
+
+    /// A rendering that depends only on what the node holds: children,
+    /// groups and members sorted. Panics where a node below should not be
+    /// there (a relay or empty node behind an edge, an empty rare part).
+    fn shape(&self) -> String {
+        let mut kids: Vec<String> = self
+            .children
+            .iter()
+            .map(|e| {
+                assert!(!e.node.is_relay() && !e.node.is_empty(), "{:?}", e.key);
+                let key = String::from_utf8_lossy(&e.key);
+                format!("{key:?} => {}", e.node.shape())
+            })
+            .collect();
+        kids.sort();
+        assert!(!self.rare.as_deref().is_some_and(Rare::is_empty));
+        let subs: Vec<u64> = self.subs.as_slice().iter().map(|e| e.session.0).collect();
+        let mut shared: Vec<String> = self
+            .shared()
+            .iter()
+            .map(|g| {
+                let mut m: Vec<u64> = g.members.iter().map(|e| e.session.0).collect();
+                m.sort_unstable();
+                format!("{} {} {m:?}", g.name, g.key)
+            })
+            .collect();
+        shared.sort();
+        let rare = self.rare.as_deref();
+        let wild = |n: Option<&Node>| {
+            n.map(|n| {
+                assert!(!n.is_empty());
+                n.shape()
+            })
+        };
+        let plus = wild(rare.and_then(|r| r.plus.as_deref()));
+        let hash = wild(rare.and_then(|r| r.hash.as_deref()));
+        format!(
+            "{{subs {subs:?} shared {shared:?} + {plus:?} # {hash:?} [{}]}}",
+            kids.join(", ")
+        )
     }
 }
 
@@ -575,9 +766,9 @@ mod tests {
 
     #[test]
     fn a_node_is_64_bytes() {
-        // Two per device filter (`devices/{id}/cmd`): 96 with `+`, `#`
+        // One per device filter (`devices/{id}/cmd`): 96 with `+`, `#`
         // and the shared groups inline.
-        assert_eq!(std::mem::size_of::<Node>(), 64);
+        assert!(std::mem::size_of::<Node>() <= 64);
     }
 
     #[test]
@@ -603,6 +794,138 @@ mod tests {
         );
     }
 
+    /// The literal edges below `node` (past wildcards too), by their
+    /// keys, sorted.
+    fn edges(node: &Node) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in node.children.iter() {
+            out.push(String::from_utf8_lossy(&e.key).into_owned());
+            out.extend(edges(&e.node));
+        }
+        if let Some(r) = node.rare.as_deref() {
+            for n in [&r.plus, &r.hash].into_iter().flatten() {
+                out.extend(edges(n));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_device_filter_costs_one_node() {
+        // `p/{i}/cmd`: `{i}` has no node of its own, its edge from `p`
+        // goes on to the leaf `cmd`.
+        const N: u64 = 1000;
+        let mut t = Trie::default();
+        for i in 0..N {
+            assert!(t.insert(&format!("p/{i}/cmd"), None, SubEntry::plain(i)));
+        }
+        // The root, `p` and a leaf per filter.
+        assert_eq!(t.root.nodes(), 2 + N as usize);
+        assert_eq!(matched(&mut t, "p/42/cmd"), vec![42]);
+        assert_eq!(matched(&mut t, "p/42"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "p/42/cmd/x"), Vec::<u64>::new());
+        assert_eq!(matched(&mut t, "p/42/cm"), Vec::<u64>::new());
+        assert_eq!(t.count("p/7/cmd", None), 1);
+        // Deeper, as a fleet's topics are: still one node per filter.
+        let mut t = Trie::default();
+        for i in 0..N {
+            t.insert(&format!("zfb/run/conn/{i}/cmd"), None, SubEntry::plain(i));
+        }
+        assert_eq!(t.root.nodes(), 2 + N as usize);
+        for i in 0..N {
+            assert!(t.remove(&format!("zfb/run/conn/{i}/cmd"), None, SessionId(i)));
+        }
+        assert!(t.root.is_empty());
+    }
+
+    #[test]
+    fn edges_split_and_join_back() {
+        let mut t = Trie::default();
+        t.insert("a/b/c", None, SubEntry::plain(1));
+        assert_eq!(edges(&t.root), ["a/b/c"]);
+        // Ends inside the edge.
+        t.insert("a/b", None, SubEntry::plain(2));
+        assert_eq!(edges(&t.root), ["a/b", "c"]);
+        // Leaves it.
+        t.insert("a/x/y", None, SubEntry::plain(3));
+        assert_eq!(edges(&t.root), ["a", "b", "c", "x/y"]);
+        // A wildcard keeps its node.
+        t.insert("a/x/+/z", Some("g"), SubEntry::plain(4));
+        assert_eq!(edges(&t.root), ["a", "b", "c", "x", "y", "z"]);
+        assert_eq!(matched(&mut t, "a/x/q/z"), vec![1004]);
+        assert_eq!(t.filters().len(), 4);
+        t.remove("a/x/+/z", Some("g"), SessionId(4));
+        assert_eq!(edges(&t.root), ["a", "b", "c", "x/y"]);
+        t.remove("a/b", None, SessionId(2));
+        assert_eq!(edges(&t.root), ["a", "b/c", "x/y"]);
+        t.remove("a/x/y", None, SessionId(3));
+        assert_eq!(edges(&t.root), ["a/b/c"]);
+        assert_eq!(matched(&mut t, "a/b/c"), vec![1]);
+        // Not there: inside an edge, past it, beside it.
+        assert!(!t.remove("a/b", None, SessionId(1)));
+        assert!(!t.remove("a/b/c/d", None, SessionId(1)));
+        assert!(!t.remove("a/b/d", None, SessionId(1)));
+        assert!(!t.remove("a/+/c", None, SessionId(1)));
+        assert_eq!(t.count("a/b", None) + t.count("a/+/c", None), 0);
+        assert!(t.group_mut("a/b", "g").is_none());
+        t.remove("a/b/c", None, SessionId(1));
+        assert!(t.root.is_empty());
+    }
+
+    #[test]
+    fn empty_levels_in_edges() {
+        let filters = ["a//b", "a/", "", "/", "//", "a/b/", "/a"];
+        let mut t = Trie::default();
+        for (i, f) in filters.iter().enumerate() {
+            t.insert(f, None, SubEntry::plain(i as u64));
+        }
+        for (i, f) in filters.iter().enumerate() {
+            assert_eq!(matched(&mut t, f), vec![i as u64], "{f:?}");
+            assert_eq!(t.count(f, None), 1, "{f:?}");
+        }
+        for topic in ["a", "a/b", "a//", "///", "a//b/", "b", "/b"] {
+            assert_eq!(matched(&mut t, topic), Vec::<u64>::new(), "{topic:?}");
+        }
+        let mut all: Vec<String> = t.filters().into_iter().map(|(f, _)| f).collect();
+        all.sort();
+        assert_eq!(all, ["", "/", "//", "/a", "a/", "a//b", "a/b/"]);
+    }
+
+    #[test]
+    fn the_shape_depends_only_on_the_filters() {
+        let filters = ["a/b/c/d", "a/b", "a/b/x", "a/+/c", "a/b/c/#", "q//r", "q/"];
+        let render = |order: &[usize], drop: &[usize]| {
+            let mut t = Trie::default();
+            for &i in order {
+                t.insert(filters[i], None, SubEntry::plain(1));
+            }
+            for &i in drop {
+                assert!(t.remove(filters[i], None, SessionId(1)));
+            }
+            t.root.shape()
+        };
+        let all: Vec<usize> = (0..filters.len()).collect();
+        let reversed: Vec<usize> = all.iter().rev().copied().collect();
+        let odd = [1, 3, 5, 0, 2, 4, 6];
+        assert_eq!(render(&all, &[]), render(&reversed, &[]));
+        assert_eq!(render(&all, &[]), render(&odd, &[]));
+        // Removing gives the shape of never having inserted.
+        for drop in [&[1][..], &[0, 2], &[2, 1, 4], &[6, 5, 3]] {
+            let kept: Vec<usize> = all.iter().copied().filter(|i| !drop.contains(i)).collect();
+            assert_eq!(render(&all, drop), render(&kept, &[]), "{drop:?}");
+            assert_eq!(render(&reversed, drop), render(&kept, &[]), "{drop:?}");
+        }
+        let mut t = Trie::default();
+        for &i in &odd {
+            t.insert(filters[i], None, SubEntry::plain(1));
+        }
+        for &i in &reversed {
+            t.remove(filters[i], None, SessionId(1));
+        }
+        assert!(t.root.is_empty());
+    }
+
     #[test]
     fn shared_round_robin_prefers_online() {
         let mut t = Trie::default();
@@ -618,5 +941,184 @@ mod tests {
             });
         }
         assert_eq!(got, [1, 3, 1, 3, 1, 3].map(Some).to_vec());
+    }
+}
+
+/// The trie against a list of subscriptions, matched as MQTT says.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(String, Option<&'static str>, u64),
+        /// Mostly not there.
+        Remove(String, Option<&'static str>, u64),
+        /// The model's entry at this index (modulo its length).
+        RemoveHeld(usize),
+    }
+
+    fn pick(of: &[&'static str]) -> impl Strategy<Value = &'static str> {
+        proptest::sample::select(of.to_vec())
+    }
+
+    /// 1 to 4 levels; `#` only last.
+    fn filter() -> impl Strategy<Value = String> {
+        let level = pick(&["", "a", "b", "ab", "+"]);
+        let last = pick(&["", "a", "b", "ab", "+", "#"]);
+        (proptest::collection::vec(level, 0..4), last).prop_map(|(mut ls, last)| {
+            ls.push(last);
+            ls.join("/")
+        })
+    }
+
+    /// 1 to 5 levels, `$a` maybe first.
+    fn topic() -> impl Strategy<Value = String> {
+        let first = pick(&["", "a", "b", "ab", "$a"]);
+        let level = pick(&["", "a", "b", "ab"]);
+        (first, proptest::collection::vec(level, 0..5)).prop_map(|(first, mut ls)| {
+            ls.insert(0, first);
+            ls.join("/")
+        })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let group = || proptest::option::of(pick(&["g", "h"]));
+        prop_oneof![
+            3 => (filter(), group(), 0u64..3).prop_map(|(f, g, s)| Op::Insert(f, g, s)),
+            1 => (filter(), group(), 0u64..3).prop_map(|(f, g, s)| Op::Remove(f, g, s)),
+            2 => any::<usize>().prop_map(Op::RemoveHeld),
+        ]
+    }
+
+    type Model = Vec<(String, Option<&'static str>, u64)>;
+
+    fn matches(filter: &str, topic: &str) -> bool {
+        let f: Vec<&str> = filter.split('/').collect();
+        let t: Vec<&str> = topic.split('/').collect();
+        if topic.starts_with('$') && matches!(f[0], "+" | "#") {
+            return false;
+        }
+        for (i, level) in f.iter().enumerate() {
+            if *level == "#" {
+                // The parent level too: `a/#` matches `a`.
+                return t.len() >= i;
+            }
+            match t.get(i) {
+                Some(l) if *level == "+" || level == l => {}
+                _ => return false,
+            }
+        }
+        t.len() == f.len()
+    }
+
+    /// Direct sessions, and each shared group's key with its members.
+    type Hits = (Vec<u64>, Vec<(String, Vec<u64>)>);
+
+    fn hits(t: &mut Trie, topic: &str) -> Hits {
+        let (mut direct, mut shared) = (Vec::new(), Vec::new());
+        t.for_each_match(topic, |h| match h {
+            Hit::Direct(e) => direct.push(e.session.0),
+            Hit::Shared(g) => {
+                let mut m: Vec<u64> = g.members.iter().map(|e| e.session.0).collect();
+                m.sort_unstable();
+                shared.push((g.key.to_string(), m));
+            }
+        });
+        direct.sort_unstable();
+        shared.sort();
+        (direct, shared)
+    }
+
+    fn expected(model: &Model, topic: &str) -> Hits {
+        let mut direct = Vec::new();
+        let mut shared: Vec<(String, Vec<u64>)> = Vec::new();
+        for (f, g, s) in model.iter().filter(|(f, ..)| matches(f, topic)) {
+            match g {
+                None => direct.push(*s),
+                Some(g) => {
+                    let key = format!("$share/{g}/{f}");
+                    match shared.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, m)) => m.push(*s),
+                        None => shared.push((key, vec![*s])),
+                    }
+                }
+            }
+        }
+        direct.sort_unstable();
+        shared.iter_mut().for_each(|(_, m)| m.sort_unstable());
+        shared.sort();
+        (direct, shared)
+    }
+
+    fn check(t: &mut Trie, model: &Model, topics: &[String]) -> Result<(), TestCaseError> {
+        for topic in topics {
+            prop_assert_eq!(hits(t, topic), expected(model, topic), "{:?}", topic);
+        }
+        let mut held: Vec<(String, Option<Box<str>>)> = model
+            .iter()
+            .map(|(f, g, _)| (f.clone(), g.map(Into::into)))
+            .collect();
+        held.sort();
+        held.dedup();
+        for (f, g) in &held {
+            let n = model
+                .iter()
+                .filter(|e| e.0 == *f && e.1 == g.as_deref())
+                .count();
+            prop_assert_eq!(t.count(f, g.as_deref()), n);
+        }
+        let mut filters = t.filters();
+        filters.sort();
+        prop_assert_eq!(filters, held);
+        prop_assert_eq!(t.root.is_empty(), model.is_empty());
+        // The same shape as a trie that only ever held these.
+        let mut fresh = Trie::default();
+        for (f, g, s) in model {
+            fresh.insert(f, *g, SubEntry::plain(*s));
+        }
+        prop_assert_eq!(t.root.shape(), fresh.root.shape());
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn the_trie_matches_as_a_list_does(
+            ops in proptest::collection::vec(op(), 1..40),
+            topics in proptest::collection::vec(topic(), 8),
+        ) {
+            let mut t = Trie::default();
+            let mut model: Model = Vec::new();
+            for op in ops {
+                let (f, g, s, insert) = match op {
+                    Op::Insert(f, g, s) => (f, g, s, true),
+                    Op::Remove(f, g, s) => (f, g, s, false),
+                    Op::RemoveHeld(_) if model.is_empty() => continue,
+                    Op::RemoveHeld(i) => {
+                        let (f, g, s) = model[i % model.len()].clone();
+                        (f, g, s, false)
+                    }
+                };
+                let at = model.iter().position(|e| e.0 == f && e.1 == g && e.2 == s);
+                if insert {
+                    prop_assert_eq!(t.insert(&f, g, SubEntry::plain(s)), at.is_none());
+                    if at.is_none() {
+                        model.push((f.clone(), g, s));
+                    }
+                } else {
+                    prop_assert_eq!(t.remove(&f, g, SessionId(s)), at.is_some());
+                    if let Some(i) = at {
+                        model.remove(i);
+                    }
+                }
+                prop_assert_eq!(t.count(&f, g), model.iter().filter(|e| e.0 == f && e.1 == g).count());
+                check(&mut t, &model, &topics)?;
+            }
+            for (f, g, s) in model.drain(..) {
+                prop_assert!(t.remove(&f, g, SessionId(s)));
+            }
+            prop_assert!(t.root.is_empty());
+        }
     }
 }
