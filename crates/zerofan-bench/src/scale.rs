@@ -85,6 +85,25 @@ fn memory_per(
     }
 }
 
+/// Add "settled after S s: X bytes per conn" and the metric
+/// `B/conn settled`.
+fn settled_per(
+    r: &mut CaseResult,
+    before: Option<sys::Mem>,
+    now: Option<sys::Mem>,
+    n: usize,
+    at: f64,
+) {
+    if let (Some(b), Some(a)) = (before, now) {
+        let per = (a.rss_kib as f64 - b.rss_kib as f64) * 1024.0 / n.max(1) as f64;
+        r.notes.push(format!(
+            "settled after {at:.0} s: broker RSS {:.1} MiB, {per:.0} bytes per conn",
+            a.rss_kib as f64 / 1024.0
+        ));
+        r.metrics.push(Metric::lower("B/conn settled", per));
+    }
+}
+
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
@@ -205,6 +224,16 @@ pub async fn connections(t: &Target, k: &Knobs) -> CaseResult {
     };
     memory_per(&mut r, before, after, n, "conn");
     let res = keep_alive_check(silent.conns, ka).await;
+    // Again once the allocator has returned what the connect phase freed
+    // (jemalloc gives back freed pages over ~10 s): the state alone. The
+    // silent sample is closed by now.
+    settled_per(
+        &mut r,
+        before,
+        rss(k),
+        n - sample,
+        start.elapsed().as_secs_f64(),
+    );
     stop.store(true, Ordering::Relaxed);
     let mut pingers_lost = 0;
     for h in pingers {

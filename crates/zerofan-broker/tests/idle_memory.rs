@@ -41,28 +41,17 @@ fn idle_connections_are_cheap() {
     let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;
     broker.shutdown().unwrap();
     println!("heap per idle connection: {per} bytes");
-    // About 380 bytes: the connection is parked (no task, no tokio I/O
-    // registration; its socket waits in the shared poller), the core's
-    // boxed Connection (184) and Session (136, subscriptions and QoS 1/2
-    // state boxed apart until used), the client id and its shared header,
-    // one timer entry; the maps' slots were sized by the warm-up, and hold
-    // only 16-byte boxes (which is what keeps them small at 10,000
-    // connections). A connection that does not park (+512), a held read
-    // buffer (2 KiB), outbox capacity kept after the CONNACK, or a core
-    // struct grown past its allocation size class fails this. 456 bytes
-    // at 2026-11-25, ab9a8d5 (420 at 1cbdbf5): a Session holds its subscriptions
-    // itself (32 bytes, `core/submap.rs`), so that a device's one
-    // subscription no longer costs a 184-byte `Flight`. 429 bytes at
-    // 2026-11-25 with sessions found by client id without a copy of the id
-    // (`core/sessions.rs`), `Connection` 208 -> 192 bytes (the certificate
-    // identity among the rare parts) and `Session` 168 -> 160 (a session's
-    // `Option<ConnId>` is 8 bytes): each a smaller allocator size class.
-    // 405 bytes once the session takes the CONNECT's client id without a
-    // clone (a clone gave its bytes a 24-byte shared header). 373 bytes
-    // at 2026-11-28 with a 128-byte `Session` (160 before: the client id a
-    // `Box<str>`, the expiry an 8-byte stamp, a 24-byte subscription map),
-    // and 373 with a 160-byte `Connection` alone (192 before: a compact
-    // peer address; the push-back mark and `refuse` kept elsewhere); 341
-    // with both. The bound fails if either goes back to its old class.
-    assert!(per < 365, "an idle connection keeps {per} heap bytes");
+    // 181 bytes at 2026-11-28 (1144619): the connection is parked (no
+    // task, no tokio I/O registration; its socket waits in the shared
+    // poller); the core's boxed 128-byte Session (subscriptions and QoS
+    // 1/2 state boxed apart until used) with its slots in the session
+    // maps, the client id, one timer entry. Not counted here: the
+    // connection's two slots, 168 bytes in the core's connection table
+    // and 32 in the shell's (asserted in `core/conn_table.rs`), which the
+    // warm-up made, as it sized the maps; `bench/scale.sh` counts them in
+    // RSS. A connection that does not park (+512), a held read buffer
+    // (2 KiB), outbox capacity kept after the CONNACK, or a Session grown
+    // past its allocation size class fails this (341 bytes before the
+    // connection table, when the boxed Connection was counted).
+    assert!(per < 200, "an idle connection keeps {per} heap bytes");
 }

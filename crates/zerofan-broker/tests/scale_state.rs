@@ -154,36 +154,21 @@ fn ten_thousand_connections_cost_little_and_keep_alive_fires() {
     println!(
         "core heap per idle connection: {per_conn} bytes; per device subscription: {per_sub} bytes"
     );
-    // Measured 2026-11-25: 555 bytes per connection: Connection (200) and Session (136) boxed, 16-byte slots
-    // in the maps by connection and by session, the client id with its
-    // map slot, the deadline heap's 24-byte entries. 743 bytes per first
-    // subscription: the session's Flight (184, boxed at first use), its
-    // subscription map with one record (a four-slot table) and the filter
-    // string; in the trie, two boxed 96-byte nodes (`{i}`, `cmd`), the
-    // `{i}` slot and key in the `devices` map, `{i}`'s own one-child map
-    // and the one-entry subscriber list (before the trie's children were
-    // boxed and that list sized for one: 1,119). Measured again at b439fcc
-    // plus one: 487 bytes (743 before), now that the session's one
-    // subscription and the `{i}` node's one child are kept without a map
-    // (`core/submap.rs`, `core/children.rs`). At 2026-11-25 (ab9a8d5):
-    // 581 bytes per connection (564 before: the session keeps its
-    // subscriptions, 32 bytes, while `by_client` keys are 16-byte
-    // `Box<str>`s, `core/sessions.rs`) and 231 per first subscription (487
-    // before: no `Flight` for a session that only subscribed, 64-byte
-    // trie nodes). At 2026-11-25 (by_client without a copy of the id, a
-    // 192-byte Connection and a 160-byte Session): 518 bytes per
-    // connection; 494 with the client id moved into the session, not
-    // cloned. A first subscription 207 once a trie leaf keeps its one
-    // subscriber inline (`core/subscribers.rs`). At 2026-11-28: 462 bytes
-    // per connection with a 128-byte Session, 462 with a 160-byte
-    // Connection alone, 430 with both. Bounds: the measured
-    // figures plus a quarter at most, so a doubled cost per unit fails.
+    // Measured 2026-11-28 at 1144619: 415 bytes per connection: its
+    // 168-byte slot in the core's connection table (`core/conn_table.rs`),
+    // the 128-byte Session boxed with its map slot and client-id index
+    // slot, the client id, the deadline heap's 24-byte entry. 144 bytes
+    // per first subscription: the session's record (filter and 8 bytes of
+    // options) and one trie leaf behind a `{i}/cmd` edge with its one
+    // subscriber inline (`core/trie.rs`). (555 and 743 bytes a year's
+    // worth of commits ago: see git.) Bounds: the measured figures plus a
+    // quarter, so a doubled cost per unit fails.
     assert!(
-        per_conn < 540,
+        per_conn < 520,
         "an idle connection costs {per_conn} heap bytes"
     );
     assert!(
-        per_sub < 260,
+        per_sub < 180,
         "a device's first subscription costs {per_sub} heap bytes"
     );
 
@@ -277,15 +262,11 @@ fn device_subscriptions_on_two_shards_cost_little() {
     }
     let per_sub = (live() - before) / N as i64;
     println!("core heap per device subscription, two shards: {per_sub} bytes");
-    // Measured 2026-11-25 at ab9a8d5: 433 bytes, the subscription here
-    // (231, as above) and the interest in the other core's route index
-    // (a trie path); 634 while each core also kept its own plain filters
-    // in that index, a second path next to its subscription (`router.rs`),
-    // and 1,018 at 1cbdbf5 (96-byte trie nodes, `Flight` per subscriber).
-    // 386 with the one subscriber of a trie leaf inline. Bound: the
-    // measured figure plus a quarter.
+    // Measured 2026-11-28 at 1144619: 260 bytes, the subscription here
+    // (144, as above) and the interest in the other core's route index (a
+    // trie path). Bound: the measured figure plus a quarter.
     assert!(
-        per_sub < 485,
+        per_sub < 325,
         "a device subscription on two shards costs {per_sub} heap bytes"
     );
 
@@ -350,19 +331,13 @@ fn two_hundred_thousand_subscriptions_cost_little() {
     let after = live();
     let per_sub = (after - before) / TOTAL as i64;
     println!("core heap per subscription (mix): {per_sub} bytes");
-    // Measured 2026-11-25: 507 bytes (874 before the trie's children were
-    // boxed and single-subscriber lists sized for one). Per subscription:
-    // the session's record (the filter as a Box<str>, 12 bytes of options
-    // and id, its map slot), the trie's path (a boxed 96-byte node per
-    // new level, its key and map slot, a subscriber list of one; shared
-    // groups a 64-byte group with its name and full filter). 397 bytes
-    // once a node's single child needs no map (`core/children.rs`). 339
-    // at 2026-11-25 (ab9a8d5) (64-byte trie nodes, no `Flight` for
-    // subscriptions); 314 with a trie leaf's one subscriber inline; 298
-    // at 2026-11-28 with 8 bytes of options and id in the session's record
-    // (its map's slots 24 bytes, not 32).
+    // Measured 2026-11-28 at 1144619: 254 bytes. Per subscription: the
+    // session's record (the filter as a Box<str>, 8 bytes of options and
+    // id, its map slot), the trie's path (64-byte nodes only where filters
+    // branch, literal chains in one edge, a subscriber list of one; shared
+    // groups a 64-byte group with its name and full filter).
     // Bound: the measured figure plus a quarter, so a doubled cost fails.
-    assert!(per_sub < 370, "a subscription costs {per_sub} heap bytes");
+    assert!(per_sub < 320, "a subscription costs {per_sub} heap bytes");
 
     // One publish to a topic that exactly one of them matches.
     let target = conns[7 % SESSIONS];

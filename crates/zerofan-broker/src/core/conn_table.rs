@@ -70,6 +70,9 @@ impl<V> ConnTable<V> {
         None => ConnId::FIRST,
     };
 
+    /// Bytes a slot takes: the value and its generation.
+    pub const SLOT_BYTES: usize = std::mem::size_of::<Slot<V>>();
+
     /// Connections held.
     pub fn len(&self) -> usize {
         self.len
@@ -312,7 +315,7 @@ mod tests {
         // 160-byte `Connection` inline: what a boxed one and a hash map
         // slot for its box cost, less the box's pointer and the map's slack.
         assert_eq!(
-            std::mem::size_of::<Slot<crate::core::connection::Connection>>(),
+            ConnTable::<crate::core::connection::Connection>::SLOT_BYTES,
             168
         );
     }

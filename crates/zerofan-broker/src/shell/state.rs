@@ -233,8 +233,10 @@ impl Shared {
 mod tests {
     #[test]
     fn a_connection_handle_is_24_bytes() {
-        // One per connection in a map sized for 1.6x the connections: the
-        // socket of a parked connection is kept here, not in a task.
+        // One per connection, in a 32-byte slot of the shell's connection
+        // table with its generation: the socket of a parked connection is
+        // kept here, not in a task.
         assert_eq!(std::mem::size_of::<super::ConnHandle>(), 24);
+        assert_eq!(crate::core::ConnTable::<super::ConnHandle>::SLOT_BYTES, 32);
     }
 }
