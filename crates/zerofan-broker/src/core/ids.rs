@@ -40,6 +40,27 @@ pub struct SessionId(pub u64);
 
 impl fmt::Display for ConnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "conn#{}", self.0)
+        // Slot and generation (see `conn_table.rs`): `conn#7` for a
+        // slot's first connection, `conn#7.2` for its third.
+        let raw = self.0.get();
+        match raw >> 32 {
+            0 => write!(f, "conn#{}", raw as u32),
+            generation => write!(f, "conn#{}.{generation}", raw as u32),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConnId;
+
+    #[test]
+    fn a_connection_id_shows_its_slot_and_generation() {
+        let first = ConnId::from_raw(7).unwrap();
+        let third = ConnId::from_raw((2 << 32) | 7).unwrap();
+        assert_eq!(
+            (first.to_string(), third.to_string()),
+            ("conn#7".into(), "conn#7.2".into())
+        );
     }
 }
