@@ -146,6 +146,43 @@ fn a_device_parks_again_after_a_suback_that_waited_for_other_shards() {
     device_parks_after_connack_and_suback(4);
 }
 
+#[test]
+fn a_device_that_pings_after_a_long_park_parks_again_at_once() {
+    // Parked for longer than the sweep waits before parking a quiet
+    // connection, a device's PINGREQ wakes it for one exchange: it parks
+    // again as soon as that is over, not a sweep's wait later (meanwhile it
+    // would hold a task and a tokio registration; at a million devices
+    // pinging, a good share of them).
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let wait = std::time::Duration::from_millis(3000);
+    let config = Config {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        sys_interval: 0,
+        park_after_ms: wait.as_millis() as u64,
+        threads: 1,
+        ..Config::default()
+    };
+    let b = embed::spawn(config).unwrap();
+    let addr = b.local_addrs()[0];
+    let mut dev = Client::connect(addr, "device");
+    dev.subscribe("dev/cmd");
+    stats_until(&b, "parked after SUBACK", |s| {
+        s.connections_parked == 1 && s.snapshot.shell.connection_parks == 2
+    });
+    // Parked for the sweep's whole wait (the sweep counts it in ticks).
+    std::thread::sleep(wait + std::time::Duration::from_millis(500));
+    let pinged = std::time::Instant::now();
+    dev.send(&Packet::PingReq);
+    assert!(matches!(dev.recv(), Some(Packet::PingResp)));
+    stats_until(&b, "parked after the ping", |s| {
+        s.connections_parked == 1 && s.snapshot.shell.connection_parks == 3
+    });
+    // The sweep would have parked it no sooner than `wait` less one tick.
+    let took = pinged.elapsed();
+    assert!(took < wait / 2, "parked again only after {took:?}");
+    drop(guard);
+}
+
 fn device_parks_after_connack_and_suback(threads: usize) {
     // The sweep would take a minute: only the quick parks can happen here.
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
