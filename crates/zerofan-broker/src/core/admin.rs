@@ -5,11 +5,10 @@
 
 use super::conn_table::ConnTable;
 use super::connection::Connection;
-use super::ids::SessionId;
 use super::session::Session;
 use super::sessions::Sessions;
 use std::net::SocketAddr;
-use zerofan_codec::{MqttStr, Protocol, QoS};
+use zerofan_codec::{Protocol, QoS};
 
 /// A session (and its connection, when connected) as the API shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,12 +194,6 @@ pub(crate) fn views(
         .map(|s| view(s, conns, q.subscriptions))
         .collect();
     (hits.len(), page)
-}
-
-/// The session of `client_id`, if any.
-pub(crate) fn session_of(sessions: &Sessions, client_id: &str) -> Option<SessionId> {
-    let key = MqttStr::try_from(client_id).ok()?;
-    sessions.of_client(&key)
 }
 
 /// Check an API publish's topic and flags against the settings in force.

@@ -5290,15 +5290,13 @@ impl Broker {
 
     /// Messages queued (not yet sent) for `client_id`'s session.
     pub fn queued_messages(&self, client_id: &str) -> Option<usize> {
-        let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.sessions.of_client(&key)?;
+        let sid = self.sessions.of_client(client_id)?;
         self.sessions.get(sid).map(|s| s.queue_len())
     }
 
     /// Messages in flight (sent, not acknowledged) to `client_id`.
     pub fn inflight_messages(&self, client_id: &str) -> Option<usize> {
-        let key = MqttStr::try_from(client_id).ok()?;
-        let sid = self.sessions.of_client(&key)?;
+        let sid = self.sessions.of_client(client_id)?;
         self.sessions.get(sid).map(|s| s.flight().inflight.len())
     }
 
@@ -5329,7 +5327,7 @@ impl Broker {
 
     /// `client_id`'s session with its subscriptions.
     pub fn admin_client(&self, client_id: &str) -> Option<super::admin::ClientView> {
-        let sid = super::admin::session_of(&self.sessions, client_id)?;
+        let sid = self.sessions.of_client(client_id)?;
         let s = self.sessions.get(sid)?;
         Some(super::admin::view(s, &self.conns, true))
     }
@@ -5342,7 +5340,7 @@ impl Broker {
     /// Disconnect `client_id` (MQTT 5: DISCONNECT 0x98, will published);
     /// `discard` ends its session too. False when there is no such session.
     pub fn admin_disconnect(&mut self, now: Instant, client_id: &str, discard: bool) -> bool {
-        let Some(sid) = super::admin::session_of(&self.sessions, client_id) else {
+        let Some(sid) = self.sessions.of_client(client_id) else {
             return false;
         };
         if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
