@@ -137,10 +137,9 @@ def voters_with_leader(n: int):
 def nodes(tmp_path):
     made: list[Node] = []
 
-    def make(n: int, first_extra: list[str] | None = None, http: bool = False) -> list[Node]:
+    def make(n: int, http: bool = False) -> list[Node]:
         for i in range(1, n + 1):
             made.append(Node(i, free_port(), free_port(), tmp_path / f"n{i}"))
-        made[0].extra = first_extra or []
         if http:
             for node in made:
                 node.http_port = free_port()
@@ -850,8 +849,8 @@ def test_a_claim_answered_after_its_client_left_keeps_the_session(nodes, clients
     message acknowledged before and since. (Before, node 1 served nothing
     and node 3 refused its copy, node 2's, as older than node 1's claim:
     a clean session, the queued messages lost.)"""
-    http = free_port()
-    ns = nodes(3, first_extra=["--http", f"127.0.0.1:{http}"])
+    ns = nodes(3, http=True)
+    http = ns[0].http_port
     sub = _persistent(ns[1], "left", 5)
     assert sub.subscribe("lf/#", 1) == [1]
     sub.disconnect()
@@ -1265,8 +1264,8 @@ def test_one_client_read_is_one_batch_to_the_replicas(nodes):
     one send: the owner sends its replicas a batch per socket read, not
     one per PUBLISH (400 before), and the PUBACKs come back in order, each
     once the replicas have it."""
-    http = free_port()
-    ns = nodes(3, first_extra=["--http", f"127.0.0.1:{http}"])
+    ns = nodes(3, http=True)
+    http = ns[0].http_port
     sub = _persistent(ns[0], "batched-sub", 5)
     assert sub.subscribe("b/#", 1) == [1]
     sub.disconnect()

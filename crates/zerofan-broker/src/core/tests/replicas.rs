@@ -296,6 +296,18 @@ impl Cluster {
         self.pump();
     }
 
+    /// A clean MQTT 5 publisher "p" at `node` sends `payload` to `topic` at
+    /// QoS 1 (packet id 1), acknowledged at once: every copy has it.
+    fn publish_acked(&mut self, node: usize, topic: &str, payload: &str) -> Cx {
+        let (p, _) = self.connect(node, "p", Protocol::V5, true, 0);
+        self.send(
+            p,
+            Packet::Publish(publish(topic, payload, QoS::AtLeastOnce, 1)),
+        );
+        assert_eq!(acks(&self.out(p)), [(1, "puback")]);
+        p
+    }
+
     /// What `c` received; deliveries of persistent sessions wait for the
     /// replicas to have their send records, so the nodes are pumped between
     /// reads.
@@ -766,9 +778,7 @@ fn an_away_replica_is_replaced_and_the_stand_in_drops_its_copy_after() {
     cl.hs[0].b.set_peer_away(remote(1), true);
     cl.pump();
     assert_eq!(cl.hs[2].b.replica_images().0, 1, "node 2 stands in");
-    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
-    cl.send(p, Packet::Publish(publish("t", "x", QoS::AtLeastOnce, 1)));
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(2, "t", "x");
     cl.cut(0, 1, false);
     cl.hs[0].b.set_peer_away(remote(1), false);
     cl.pump();
@@ -1928,12 +1938,7 @@ fn a_claim_does_not_serve_a_copy_older_than_the_previous_owners() {
     assert_eq!(cl.hs[2].b.metrics().stale_copies_refused, 1);
     assert_eq!(cl.hs[2].b.metrics().replica_installs, 0);
     // Node 0's subscription did not come back with it.
-    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/0", "old", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(2, "t/0", "old");
     assert!(cl.out(x2).payloads().is_empty());
 }
 
@@ -1943,12 +1948,7 @@ fn a_claim_does_not_serve_a_copy_older_than_the_previous_owners() {
 fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
     let mut cl = Cluster::new(3, 3);
     cl.offline_at(0, "x", 1, "t/0");
-    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/0", "queued", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(1, "t/0", "queued");
     cl.kill(0);
     let (x2, out) = cl.persistent_after(2, "x", 3, 0, 1);
     assert!(present(&out));
@@ -2031,12 +2031,7 @@ fn claim_after_leaving(
 fn a_claim_granted_after_its_client_left_serves_the_copy_there() {
     let mut cl = Cluster::new(3, 3);
     cl.offline_at(0, "x", 1, "t/x");
-    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/x", "before", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let p = cl.publish_acked(2, "t/x", "before");
     // Node 0 is told the id moves (the fence before the claim applies).
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken(now, "x");
@@ -2070,12 +2065,7 @@ fn a_clean_start_claim_whose_client_left_leaves_the_session_as_it_was() {
     cl.pump();
     let _ = claim_after_leaving(&mut cl, 1, "x", true, 2, 0, 1);
     assert_eq!(cl.hs[1].b.metrics().replica_installs, 1);
-    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/x", "kept", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(2, "t/x", "kept");
     assert_eq!(cl.hs[1].b.queued_messages("x"), Some(1));
 }
 
@@ -2125,12 +2115,7 @@ fn a_restarted_replica_does_not_serve_a_copy_older_than_the_previous_owners() {
     assert_eq!(cl.hs[2].b.metrics().replica_installs, 0);
     assert_eq!(cl.hs[2].b.replica_images().0, 0);
     // The client starts clean: node 0's subscription did not come back.
-    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/0", "old", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(2, "t/0", "old");
     assert!(cl.out(x2).payloads().is_empty());
 }
 
@@ -2142,12 +2127,7 @@ fn a_restarted_replica_serves_the_copy_stored_under_the_previous_owners_epoch() 
     let mut cl = Cluster::new(3, 3);
     cl.on_disk(2, &dir);
     cl.offline_at(0, "x", 1, "t/0");
-    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/0", "queued", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(1, "t/0", "queued");
     cl.kill(0);
     cl.kill(2);
     cl.restart_on(2, &dir);
@@ -2340,12 +2320,7 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
 fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
     let mut cl = Cluster::new(4, 3);
     cl.offline_at(0, "x", 1, "t/x");
-    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/x", "queued", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(1, "t/x", "queued");
     assert!(
         !cl.hs[3].b.has_copy("x"),
         "node 3 is outside node 0's replica set"
@@ -2404,12 +2379,7 @@ fn a_takeover_at_a_replica_gets_the_mark_but_no_second_image() {
 fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
     let mut cl = Cluster::new(4, 3);
     cl.offline_at(0, "x", 1, "t/x");
-    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(
-        p,
-        Packet::Publish(publish("t/x", "queued", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    cl.publish_acked(1, "t/x", "queued");
     cl.kill(0);
     assert!(!cl.hs[3].b.has_copy("x"));
     let conn = cl.persistent_waiting(3, "x");
