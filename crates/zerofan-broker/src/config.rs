@@ -505,6 +505,12 @@ impl Config {
         if self.max_packet_size == 0 || self.max_packet_size > 268_435_455 {
             return bad("max_packet_size", "must be 1..=268435455");
         }
+        // A connection keeps its listener's index in 16 bits, and the
+        // shell's parking marks a connection that never parks with the
+        // last value.
+        if self.listen.len() + self.listener.len() >= usize::from(u16::MAX) {
+            return bad("listener", "at most 65534 listeners");
+        }
         if self.receive_maximum == 0 {
             return bad("receive_maximum", "must be at least 1");
         }
@@ -627,6 +633,19 @@ mod tests {
         let c = Config::from_toml("", "x").unwrap();
         assert_eq!(c.max_queued_messages, 1000);
         assert_eq!(c.queue_full, QueueFull::DropNew);
+    }
+
+    #[test]
+    fn more_listeners_than_a_connection_can_name_are_refused() {
+        let addr: SocketAddr = "127.0.0.1:1883".parse().unwrap();
+        let mut c = Config {
+            listen: vec![addr; 65_534],
+            ..Config::default()
+        };
+        assert!(c.validate().is_ok());
+        c.listen.push(addr);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("listener") && err.contains("65534"), "{err}");
     }
 
     #[test]

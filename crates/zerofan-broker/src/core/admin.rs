@@ -92,7 +92,7 @@ pub(crate) fn view(s: &Session, conns: &ConnTable<Connection>, subs: bool) -> Cl
         connected: conn.is_some(),
         username: conn.and_then(|c| c.sec.username.as_deref().map(str::to_string)),
         peer: conn.map(|c| c.peer.addr()),
-        listener: conn.map(|c| c.sec.listener),
+        listener: conn.map(|c| c.listener()),
         protocol: protocol_name(s.protocol),
         keep_alive: conn.map_or(0, |c| c.keep_alive),
         expiry_interval: s.expiry_interval,
@@ -159,7 +159,7 @@ impl ClientQuery {
             }
         }
         if let Some(l) = self.listener {
-            if conn.map(|c| c.sec.listener) != Some(l) {
+            if conn.map(|c| c.listener()) != Some(l) {
                 return false;
             }
         }

@@ -116,8 +116,6 @@ pub struct ConnectionMeta {
 /// Per-connection security state (inside the core's `Connection`).
 #[derive(Debug, Default)]
 pub struct ConnSecurity {
-    /// Listener index.
-    pub listener: usize,
     /// The authenticated username.
     pub username: Option<Box<str>>,
     /// Publish rate limits, when configured.

@@ -119,7 +119,7 @@ pub struct Broker {
     metrics: Metrics,
     shell_stats: ShellStats,
     /// When the core was made: its uptime, and the base of every session's
-    /// expiry stamp (`session::Stamp`), so never changed.
+    /// expiry moment (`moment::Moment`), so never changed.
     started: Instant,
     next_session: u64,
     wakeups: Vec<ConnId>,
@@ -221,7 +221,7 @@ impl Broker {
 
     /// A new network connection; it has `connect_timeout` to send CONNECT.
     pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
-        let Some(id) = self.conns.insert(Connection::new(peer, now)) else {
+        let Some(id) = self.conns.insert(Connection::new(peer, now, self.started)) else {
             // 2^32 - 1 connections held: an id that names no connection,
             // so the shell finds this one gone at once and closes it.
             return ConnTable::<Connection>::NO_SLOT;
@@ -264,7 +264,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        c.last_activity = now;
+        c.touch(now, self.started);
         let phase = c.phase;
         let sid = match phase {
             Phase::Closing => return,
@@ -772,7 +772,7 @@ impl Broker {
             c.send_window = self.config.max_inflight;
         }
         c.will = will.map(|w| Box::new(own_will(w)));
-        if let Some(at) = c.keep_alive_deadline() {
+        if let Some(at) = c.keep_alive_deadline(self.started) {
             // The connect timeout armed at open (due by now + connect_timeout)
             // checks keep alive when it fires; a second entry is needed only
             // for a deadline before it. One heap entry per connection, not two.
@@ -1464,7 +1464,7 @@ impl Broker {
         let id = self.connection_opened(now, peer);
         self.auth.opened(listener);
         if let Some(c) = self.conns.get_mut(&id) {
-            c.sec.listener = listener;
+            c.set_listener(listener);
             if let Some(cn) = meta.identity {
                 c.sec.ext_mut().identity = Some(cn.into_boxed_str());
             }
@@ -1508,7 +1508,7 @@ impl Broker {
 
     /// Bookkeeping when a connection is removed.
     pub(crate) fn auth_connection_closed(&mut self, conn: ConnId) {
-        let listener = self.conns.get(&conn).map(|c| c.sec.listener);
+        let listener = self.conns.get(&conn).map(|c| c.listener());
         self.auth.closed(conn, listener);
     }
 
@@ -1534,7 +1534,7 @@ impl Broker {
             return Err(Refusal::Code(code));
         }
         let ip = c.peer.ip();
-        let l = self.auth.listener(c.sec.listener);
+        let l = self.auth.listener(c.listener());
         // Who is trying: failures are counted per (address, this name);
         // an attempt without one is anonymous and never counted.
         let login_name: Option<&str> = if l.use_identity_as_username {
@@ -1552,7 +1552,7 @@ impl Broker {
                 return Err(Refusal::Code(ReasonCode::CONNECTION_RATE_EXCEEDED));
             }
         }
-        let l = self.auth.listener(c.sec.listener);
+        let l = self.auth.listener(c.listener());
         let fail_allow = self.auth.http.as_ref().map(|h| h.settings.fail_allow);
         let link = match (answered, fail_allow) {
             (_, None) => HttpLink::Off,
@@ -1583,7 +1583,7 @@ impl Broker {
             let ip_text = ip.to_string();
             let user = username.unwrap_or("");
             let pw = password.unwrap_or(&[]);
-            let listener = c.sec.listener;
+            let listener = c.listener();
             let parts: [&[u8]; 5] = [
                 user.as_bytes(),
                 pw,
@@ -1681,7 +1681,7 @@ impl Broker {
                 .ext()
                 .login_acl
                 .clone()
-                .or_else(|| self.auth.listener(c.sec.listener).acl.clone()),
+                .or_else(|| self.auth.listener(c.listener()).acl.clone()),
         };
         match acl {
             Some(acl) => {
@@ -1910,7 +1910,7 @@ impl Broker {
         // its `$7$` entries, SCRAM-SHA-256 with its `SCRAM-SHA-256$` ones;
         // a user without credentials for the method fails at the proof.
         let offered = ScramHash::from_method(&method)
-            .filter(|_| self.auth.listener(c.sec.listener).passwords.is_some());
+            .filter(|_| self.auth.listener(c.listener()).passwords.is_some());
         let Some(hash) = offered else {
             self.metrics.security.auth_not_authorized += 1;
             return Err(ReasonCode::BAD_AUTHENTICATION_METHOD);
@@ -1935,7 +1935,7 @@ impl Broker {
         }
         let creds = self
             .auth
-            .listener(c.sec.listener)
+            .listener(c.listener())
             .passwords
             .as_ref()
             .and_then(|f| f.get(&user))
@@ -2022,7 +2022,7 @@ impl Broker {
         if a.properties.authentication_method.as_deref() != Some(method) {
             return self.protocol_error(now, conn, "AUTH with another authentication method");
         }
-        let (ip, listener) = (c.peer.ip(), c.sec.listener);
+        let (ip, listener) = (c.peer.ip(), c.listener());
         let data = a.properties.authentication_data.clone().unwrap_or_default();
         let pending = self.auth.take_scram(conn);
         let reply = match (a.reason, pending) {
@@ -4039,8 +4039,8 @@ impl Broker {
                         // Not read because of a slow subscriber: its silence
                         // is ours, so the time held counts as activity.
                         if let Some(c) = self.conns.get_mut(&conn) {
-                            c.last_activity = now;
-                            if let Some(at) = c.keep_alive_deadline() {
+                            c.touch(now, self.started);
+                            if let Some(at) = c.keep_alive_deadline(self.started) {
                                 self.timers.arm(at, Timer::KeepAlive(conn));
                             }
                         }
@@ -4049,7 +4049,7 @@ impl Broker {
                     let Some(c) = self.conns.get(&conn) else {
                         continue;
                     };
-                    match c.keep_alive_deadline() {
+                    match c.keep_alive_deadline(self.started) {
                         Some(at) if at <= now => {
                             self.metrics.keep_alive_timeouts += 1;
                             tracing::debug!(%conn, "keep alive timeout");

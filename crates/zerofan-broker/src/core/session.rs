@@ -4,13 +4,15 @@
 use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::message::Message;
+use super::moment::Moment;
+use super::session_queue::SessionQueue;
 use crate::config::QueueFull;
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use zerofan_codec::{Protocol, QoS, SubscriptionOptions, Will};
 
 /// A message waiting in a session queue, with its per-subscriber options.
@@ -130,15 +132,12 @@ pub(crate) struct Session {
     /// Session Expiry Interval in seconds (u32::MAX: never).
     pub expiry_interval: u32,
     /// When an absent session expires, against the core's start (see
-    /// [`Stamp`]): 8 bytes where `Option<Instant>` takes 16.
-    expires_at: Stamp,
-    /// Messages not yet sent. Private with its counters below, which must
-    /// match it: only this module's methods change it.
-    queue: VecDeque<Queued>,
-    /// Payload bytes in `queue`.
-    queued_bytes: usize,
-    /// QoS 0 messages in `queue` (they may pass a full inflight window).
-    queued_qos0: usize,
+    /// [`Moment`]): 8 bytes where `Option<Instant>` takes 16.
+    expires_at: Moment,
+    /// Messages not yet sent, with the counters the bounds read. Private:
+    /// only this module's methods change it (the retained replay's cost
+    /// in `Flight` must follow it).
+    queue: SessionQueue,
     /// The will of a lost connection, waiting for its delay.
     pub pending_will: Option<Box<PendingWill>>,
     /// The durable store has a record of this session.
@@ -180,45 +179,6 @@ pub(crate) struct Flight {
     pub behind: Option<Box<Behind>>,
 }
 
-/// An `Option<Instant>` in 8 bytes: nanoseconds after (negative: before)
-/// a base instant the core keeps (its start), `i64::MIN` for none. Exact,
-/// to the nanosecond, within 292 years of the base, which holds every
-/// session expiry: at most `u32::MAX` seconds (136 years) after a detach,
-/// and a restored one was stored from such an expiry. Beyond, it
-/// saturates, so it still compares the same with any instant nearer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Stamp(i64);
-
-impl Stamp {
-    pub(crate) const NONE: Stamp = Stamp(i64::MIN);
-
-    /// `at` against `base`.
-    pub(crate) fn new(base: Instant, at: Option<Instant>) -> Stamp {
-        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
-        match at {
-            None => Stamp::NONE,
-            Some(at) if at >= base => Stamp(nanos(at.duration_since(base))),
-            // Down to `-i64::MAX`: never `NONE`.
-            Some(at) => Stamp(-nanos(base.duration_since(at))),
-        }
-    }
-
-    /// The instant, against the same `base` it was made with.
-    pub(crate) fn get(self, base: Instant) -> Option<Instant> {
-        if self == Stamp::NONE {
-            return None;
-        }
-        let d = Duration::from_nanos(self.0.unsigned_abs());
-        // Made from an instant, so it is one again; a saturated past one
-        // that the clock cannot hold reads as the base (past as well).
-        Some(if self.0 >= 0 {
-            base.checked_add(d).unwrap_or(base)
-        } else {
-            base.checked_sub(d).unwrap_or(base)
-        })
-    }
-}
-
 /// What a session without a `Flight` reads as: one empty `Flight` per
 /// thread, made once and kept for the thread's life. Not a `static`: a
 /// `Flight` holds `Rc`s (messages are counted without atomics on the
@@ -247,10 +207,8 @@ impl Session {
             conn: None,
             protocol,
             expiry_interval: 0,
-            expires_at: Stamp::NONE,
-            queue: VecDeque::new(),
-            queued_bytes: 0,
-            queued_qos0: 0,
+            expires_at: Moment::NONE,
+            queue: SessionQueue::default(),
             pending_will: None,
             stored: false,
             resuming: false,
@@ -260,7 +218,7 @@ impl Session {
     }
 
     /// When the session expires if absent; `base` is the core's start, the
-    /// same for every call (see [`Stamp`]).
+    /// same for every call (see [`Moment`]).
     pub(crate) fn expires_at(&self, base: Instant) -> Option<Instant> {
         self.expires_at.get(base)
     }
@@ -268,7 +226,7 @@ impl Session {
     /// Set (or clear) when the session expires; `base` as for
     /// [`Session::expires_at`].
     pub(crate) fn set_expires_at(&mut self, base: Instant, at: Option<Instant>) {
-        self.expires_at = Stamp::new(base, at);
+        self.expires_at = Moment::new(base, at);
     }
 
     /// Messages queued, not yet sent.
@@ -282,7 +240,7 @@ impl Session {
 
     /// Payload bytes queued.
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.queued_bytes
+        self.queue.bytes()
     }
 
     /// The next message to send.
@@ -320,9 +278,7 @@ impl Session {
     /// An empty queue that grew past `keep` slots in a burst gives its
     /// space back.
     pub(crate) fn release_queue_space(&mut self, keep: usize) {
-        if self.queue.is_empty() && self.queue.capacity() > keep {
-            self.queue = VecDeque::new();
-        }
+        self.queue.release_space(keep);
     }
 
     pub(crate) fn flight(&self) -> &Flight {
@@ -375,7 +331,7 @@ impl Session {
         let size = item.msg.size();
         self.push_within(item, policy, false, |s| {
             s.queue.len() >= max_messages
-                || (s.queued_bytes + size > max_bytes && !s.queue.is_empty())
+                || (s.queue.bytes() + size > max_bytes && !s.queue.is_empty())
         })
     }
 
@@ -408,7 +364,7 @@ impl Session {
     /// retained replay.
     pub(crate) fn online_cost(&self) -> usize {
         let replay = self.flight.as_deref().map_or(0, |f| f.replay_cost);
-        (self.queued_bytes + self.queue.len() * SLOT).saturating_sub(replay)
+        (self.queue.bytes() + self.queue.len() * SLOT).saturating_sub(replay)
     }
 
     fn push_within(
@@ -453,7 +409,7 @@ impl Session {
     /// The oldest item a full queue may drop (QoS 0 only if `qos0`); the
     /// online bound never drops retained replay, which it does not count.
     fn droppable(&self, online: bool, qos0: bool) -> Option<usize> {
-        if qos0 && self.queued_qos0 == 0 {
+        if qos0 && self.queue.qos0() == 0 {
             return None;
         }
         self.queue
@@ -465,17 +421,8 @@ impl Session {
     /// returns how many.
     pub(crate) fn drop_qos0(&mut self) -> usize {
         let mut dropped = 0;
-        let all = std::mem::take(&mut self.queue);
-        let mut kept = VecDeque::with_capacity(all.len());
-        for q in all {
-            if q.qos == QoS::AtMostOnce && !q.replay {
-                self.forget(&q);
-                dropped += 1;
-            } else {
-                kept.push_back(q);
-            }
-        }
-        self.queue = kept;
+        self.queue
+            .retain(|q| q.qos != QoS::AtMostOnce || q.replay, |_| dropped += 1);
         dropped
     }
 
@@ -490,7 +437,7 @@ impl Session {
         policy: QueueFull,
     ) -> (u64, u64) {
         let over = |s: &Session| {
-            s.queue.len() > max_messages || (s.queued_bytes > max_bytes && s.queue.len() > 1)
+            s.queue.len() > max_messages || (s.queue.bytes() > max_bytes && s.queue.len() > 1)
         };
         let (mut qos0, mut other) = (0, 0);
         while over(self) {
@@ -510,8 +457,6 @@ impl Session {
     }
 
     fn push_back(&mut self, item: Queued) {
-        self.queued_bytes += item.msg.size();
-        self.queued_qos0 += usize::from(item.qos == QoS::AtMostOnce);
         self.queue.push_back(item);
     }
 
@@ -524,10 +469,8 @@ impl Session {
         Some(q)
     }
 
-    /// Update the counters for an item that left the queue.
+    /// Update the replay's cost for an item that left the queue.
     fn forget(&mut self, q: &Queued) {
-        self.queued_bytes -= q.msg.size();
-        self.queued_qos0 -= usize::from(q.qos == QoS::AtMostOnce);
         if q.replay {
             let f = self.flight_mut();
             f.replay_cost = f.replay_cost.saturating_sub(cost(q));
@@ -544,7 +487,7 @@ impl Session {
     /// Take the oldest queued QoS 0 message: it needs no inflight slot, so
     /// it may overtake QoS 1/2 messages waiting for the window.
     pub(crate) fn pop_qos0(&mut self) -> Option<Queued> {
-        if self.queued_qos0 == 0 {
+        if self.queue.qos0() == 0 {
             return None;
         }
         let pos = self.queue.iter().position(|q| q.qos == QoS::AtMostOnce)?;
@@ -569,17 +512,13 @@ impl Session {
                 !(f.state == InflightState::AwaitingAck && f.item.share.as_deref() == Some(share))
             });
         }
-        let mut kept = VecDeque::with_capacity(self.queue.len());
-        let all = std::mem::take(&mut self.queue);
-        for q in all {
-            if q.share.as_deref() == Some(share) {
-                self.forget(&q);
-                out.push(q);
-            } else {
-                kept.push_back(q);
-            }
+        let mut gone = Vec::new();
+        self.queue
+            .retain(|q| q.share.as_deref() != Some(share), |q| gone.push(q));
+        for q in gone {
+            self.forget(&q);
+            out.push(q);
         }
-        self.queue = kept;
         out
     }
 }
@@ -588,6 +527,7 @@ impl Session {
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use std::time::Duration;
     use zerofan_codec::MqttStr;
 
     fn q(qos: QoS, n: u8) -> Queued {
@@ -683,6 +623,6 @@ mod tests {
         );
         let left: Vec<u8> = s.queue.iter().map(|q| q.msg.payload[0]).collect();
         assert_eq!(left, vec![2, 4]);
-        assert_eq!(s.queued_bytes, 4);
+        assert_eq!(s.queued_bytes(), 4);
     }
 }
