@@ -3,10 +3,10 @@
 //! administrative actions. The [`Broker`](super::Broker) methods that expose
 //! them are one-line hooks in `broker.rs`; the work is here.
 
-use super::conn_table::ConnTable;
 use super::connection::Connection;
 use super::session::Session;
 use super::sessions::Sessions;
+use super::slots::ConnTable;
 use std::net::SocketAddr;
 use zerofan_codec::{Protocol, QoS};
 

@@ -6,7 +6,6 @@
 //! `AuthState`, `Durable`, `Session`, ...).
 
 use super::auth::{acl_allows, ConnectionMeta, Refusal, SecurityConfig, THROTTLED_REASON};
-use super::conn_table::ConnTable;
 use super::connect::{own_will, random_client_id, PendingTakeover, TAKEOVER_DRAIN};
 use super::connection::{Connection, Phase};
 use super::deliver::{
@@ -35,6 +34,7 @@ use super::session::{
     Behind, Inflight, InflightState, PendingWill, PushOutcome, Queued, Session, SubRecord,
 };
 use super::sessions::Sessions;
+use super::slots::ConnTable;
 use super::store::{MemoryStore, RetainedStore};
 use super::subscribe::Replay;
 use super::sys::sys_figures;
@@ -100,7 +100,7 @@ use zerofan_codec::{
 /// 4. At the end: [`Broker::shutdown`], then the outputs once more.
 pub struct Broker {
     config: Config,
-    /// In slots, not a hash map (see `conn_table.rs`); they hand out the
+    /// In slots, not a hash map (see `slots.rs`); they hand out the
     /// connection ids.
     conns: ConnTable<Connection>,
     /// Every session, by id and by client id (boxed).
@@ -121,7 +121,6 @@ pub struct Broker {
     /// When the core was made: its uptime, and the base of every session's
     /// expiry moment (`moment::Moment`), so never changed.
     started: Instant,
-    next_session: u64,
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
     log_limit: crate::ratelimit::LogLimiter,
@@ -194,7 +193,6 @@ impl Broker {
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
             started: now,
-            next_session: 1,
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
             wire_scratch: bytes::BytesMut::new(),
@@ -733,14 +731,17 @@ impl Broker {
         let sid = match resumed {
             Some(sid) => sid,
             None => {
-                let sid = SessionId(self.next_session);
-                self.next_session += 1;
                 // Its own copy, exactly sized: it must not pin the CONNECT's
                 // buffer, and a session never shares its id.
                 let id: Box<str> = client_id.as_str().into();
-                self.sessions
-                    .insert(sid, Box::new(Session::new(id, protocol)));
-                sid
+                match self.sessions.insert(Session::new(id, protocol)) {
+                    Some(sid) => sid,
+                    None => {
+                        // 2^32 - 1 sessions held.
+                        self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
+                        return;
+                    }
+                }
             }
         };
         let session_present = resumed.is_some();
@@ -3641,8 +3642,6 @@ impl Broker {
             if self.sessions.has_client(&client_id) {
                 continue;
             }
-            let sid = SessionId(self.next_session);
-            self.next_session += 1;
             let protocol = if rs.meta.expiry_interval == u32::MAX {
                 Protocol::V311
             } else {
@@ -3651,6 +3650,8 @@ impl Broker {
             let mut s = Session::new(client_id.as_str().into(), protocol);
             s.expiry_interval = rs.meta.expiry_interval;
             s.stored = true;
+            // Routed once the session has its id (its slot), below.
+            let mut routes = Vec::with_capacity(rs.subscriptions.len());
             for sub in &rs.subscriptions {
                 let Some(qos) = QoS::from_u8(sub.options.qos) else {
                     damaged += 1;
@@ -3662,12 +3663,7 @@ impl Broker {
                     retain_as_published: sub.options.retain_as_published,
                     retain_handling: sub.options.retain_handling,
                 };
-                let entry = SubEntry {
-                    session: sid,
-                    options,
-                    id: sub.id.and_then(NonZeroU32::new),
-                };
-                self.router.subscribe(&sub.filter, entry);
+                routes.push((&sub.filter, options, sub.id.and_then(NonZeroU32::new)));
                 s.subscriptions.insert(
                     sub.filter.as_str().into(),
                     SubRecord {
@@ -3729,7 +3725,6 @@ impl Broker {
                             },
                             at,
                         }));
-                        self.timers.arm(at, Timer::Will(sid));
                     }
                     None => damaged += 1,
                 }
@@ -3756,9 +3751,27 @@ impl Broker {
             };
             if let Some(at) = at {
                 s.set_expires_at(self.started, Some(at));
+            }
+            let will_at = s.pending_will.as_ref().map(|w| w.at);
+            let Some(sid) = self.sessions.insert(s) else {
+                // 2^32 - 1 sessions held.
+                damaged += 1;
+                continue;
+            };
+            for (filter, options, id) in routes {
+                let entry = SubEntry {
+                    session: sid,
+                    options,
+                    id,
+                };
+                self.router.subscribe(filter, entry);
+            }
+            if let Some(at) = will_at {
+                self.timers.arm(at, Timer::Will(sid));
+            }
+            if let Some(at) = at {
                 self.timers.arm(at, Timer::SessionExpiry(sid));
             }
-            self.sessions.insert(sid, Box::new(s));
         }
         if damaged > 0 {
             tracing::warn!(

@@ -1,6 +1,6 @@
 //! Identifiers the core hands out. Never reused, so a stale timer or a late
-//! shell call can never hit the wrong connection or session (a connection
-//! id names a slot and its generation: see `conn_table.rs`).
+//! shell call can never hit the wrong connection or session (each id names
+//! a slot and its generation: see `slots.rs`).
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -34,13 +34,16 @@ impl ConnId {
     pub(crate) const FIRST: ConnId = ConnId(NonZeroU64::MIN);
 }
 
-/// One session (which outlives connections).
+/// One session (which outlives connections). Like a [`ConnId`], it names a
+/// slot of the core's sessions and the slot's generation (never zero); the
+/// field is public for the ids other cores send (`peer_wire.rs`), which name
+/// their sessions, not ours.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u64);
 
 impl fmt::Display for ConnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Slot and generation (see `conn_table.rs`): `conn#7` for a
+        // Slot and generation (see `slots.rs`): `conn#7` for a
         // slot's first connection, `conn#7.2` for its third.
         let raw = self.0.get();
         match raw >> 32 {

@@ -14,16 +14,18 @@
 //! so `Sessions::remove` takes the session out of the map first; nothing
 //! outside this module sees the moment between.
 
-use super::hash::{HashMap, Seeded};
+use super::hash::Seeded;
 use super::ids::SessionId;
 use super::session::Session;
+use super::slots::SlotTable;
 use std::hash::BuildHasher;
 
-/// The sessions the index points into. Boxed, like `Broker::conns`: a map
-/// keeps empty slots (up to half of them right after it grows), and
-/// inline those slots cost as much as the live entries; boxed, a slot is
-/// 16 bytes.
-type ById = HashMap<SessionId, Box<Session>>;
+/// The sessions the index points into, in slots like `Broker::conns`
+/// (see `slots.rs`): inline in pages that never move, where a hash map of
+/// boxed sessions cost a 16-byte bucket (up to two per session after it
+/// grew) and the allocator's rounding of each box. A session's id names
+/// its slot.
+type ById = SlotTable<SessionId, Session>;
 
 /// Every session here, by its id and by its client id.
 ///
@@ -40,12 +42,12 @@ impl Sessions {
     /// The session `sid`, if it is here.
     #[inline]
     pub(crate) fn get(&self, sid: SessionId) -> Option<&Session> {
-        self.by_id.get(&sid).map(|s| &**s)
+        self.by_id.get(&sid)
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, sid: SessionId) -> Option<&mut Session> {
-        self.by_id.get_mut(&sid).map(|s| &mut **s)
+        self.by_id.get_mut(&sid)
     }
 
     #[inline]
@@ -64,21 +66,22 @@ impl Sessions {
         self.of_client(client_id).is_some()
     }
 
-    /// Add `session` as `sid`, found by its client id from now on. The
-    /// caller has ended any session of that client id before (`sid`s are
-    /// never reused): the index would point at the new one only.
-    pub(crate) fn insert(&mut self, sid: SessionId, session: Box<Session>) {
-        // Indexed before it goes into the map, so its client id is read
-        // from the box in hand, without a lookup: the index reads only the
-        // other sessions, which are in the map.
-        let displaced = self.by_client.insert(&self.by_id, &session.client_id, sid);
+    /// Add `session` under a new id (never one used before), found by its
+    /// client id from now on. The caller has ended any session of that
+    /// client id before: the index would point at the new one only. `None`
+    /// (and the session dropped) only when 2^32 - 1 sessions are held.
+    pub(crate) fn insert(&mut self, session: Session) -> Option<SessionId> {
+        let sid = self.by_id.insert(session)?;
+        // The index reads the session's client id from its slot, the new
+        // one included.
+        let client_id = self.by_id.get(&sid).map(|s| &*s.client_id)?;
+        let displaced = self.by_client.insert(&self.by_id, client_id, sid);
         debug_assert!(displaced.is_none(), "a client id with two sessions");
-        let old = self.by_id.insert(sid, session);
-        debug_assert!(old.is_none(), "a session id used twice");
+        Some(sid)
     }
 
     /// Take `sid` out of both tables.
-    pub(crate) fn remove(&mut self, sid: SessionId) -> Option<Box<Session>> {
+    pub(crate) fn remove(&mut self, sid: SessionId) -> Option<Session> {
         let s = self.by_id.remove(&sid)?;
         self.by_client.remove(&s.client_id, sid);
         Some(s)
@@ -90,12 +93,12 @@ impl Sessions {
 
     /// Every session, with its id, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SessionId, &Session)> {
-        self.by_id.iter().map(|(sid, s)| (*sid, &**s))
+        self.by_id.iter()
     }
 
     /// Every session, in no particular order.
     pub(crate) fn values(&self) -> impl Iterator<Item = &Session> {
-        self.by_id.values().map(|s| &**s)
+        self.by_id.values()
     }
 }
 
@@ -160,13 +163,13 @@ mod tests {
     use super::*;
     use zerofan_codec::Protocol;
 
-    fn new_session(id: &str) -> Box<Session> {
-        Box::new(Session::new(id.into(), Protocol::V5))
+    fn new_session(id: &str) -> Session {
+        Session::new(id.into(), Protocol::V5)
     }
 
-    fn session(sessions: &mut ById, sid: u64, id: &str) -> Box<str> {
-        sessions.insert(SessionId(sid), new_session(id));
-        id.into()
+    fn session(sessions: &mut ById, id: &str) -> (SessionId, Box<str>) {
+        let sid = sessions.insert(new_session(id)).unwrap();
+        (sid, id.into())
     }
 
     /// The index on its own: a client id's entry replaced, and removed by
@@ -175,17 +178,17 @@ mod tests {
     fn keyed_by_the_sessions_own_client_id() {
         let mut s = ById::default();
         let mut c = ClientIds::default();
-        let a = session(&mut s, 1, "a");
-        assert_eq!(c.insert(&s, &a, SessionId(1)), None);
-        let a2 = session(&mut s, 2, "a");
-        assert_eq!(c.insert(&s, &a2, SessionId(2)), Some(SessionId(1)));
+        let (one, a) = session(&mut s, "a");
+        assert_eq!(c.insert(&s, &a, one), None);
+        let (two, a2) = session(&mut s, "a");
+        assert_eq!(c.insert(&s, &a2, two), Some(one));
         assert_eq!(c.len(), 1);
         assert!(c.get(&s, &a).is_some() && c.get(&s, "b").is_none());
-        assert_eq!(c.get(&s, &a), Some(SessionId(2)));
+        assert_eq!(c.get(&s, &a), Some(two));
         // Removed by id and hash, with the session already gone.
-        s.remove(&SessionId(2));
-        assert!(!c.remove(&a, SessionId(1)));
-        assert!(c.remove(&a, SessionId(2)));
+        s.remove(&two);
+        assert!(!c.remove(&a, one));
+        assert!(c.remove(&a, two));
         assert_eq!(c.get(&s, &a), None);
         assert_eq!(c.len(), 0);
         assert_eq!(std::mem::size_of::<SessionId>(), 8);
@@ -194,8 +197,9 @@ mod tests {
     #[test]
     fn sessions_are_found_by_id_and_client_id_until_removed() {
         let mut s = Sessions::default();
-        s.insert(SessionId(1), new_session("a"));
-        s.insert(SessionId(2), new_session("b"));
+        let one = s.insert(new_session("a")).unwrap();
+        let two = s.insert(new_session("b")).unwrap();
+        assert_ne!(one, two);
         assert_eq!(s.len(), 2);
         assert_eq!(s.of_client("a"), Some(SessionId(1)));
         assert_eq!(s.of_client("b"), Some(SessionId(2)));
@@ -215,39 +219,48 @@ mod tests {
         assert_eq!(s.by_client.len(), 1);
 
         // The client id is free again: a new session takes it.
-        s.insert(SessionId(3), new_session("a"));
-        assert_eq!(s.of_client("a"), Some(SessionId(3)));
-        let mut all: Vec<_> = s.iter().map(|(sid, x)| (sid.0, &*x.client_id)).collect();
+        let three = s.insert(new_session("a")).unwrap();
+        assert!(three != one && three != two, "ids are never reused");
+        assert_eq!(s.of_client("a"), Some(three));
+        assert!(
+            s.get(one).is_none(),
+            "the old id misses the slot's new session"
+        );
+        let mut all: Vec<_> = s.iter().map(|(sid, x)| (sid, &*x.client_id)).collect();
         all.sort_unstable();
-        assert_eq!(all, [(2, "b"), (3, "a")]);
+        let mut want = [(two, "b"), (three, "a")];
+        want.sort_unstable();
+        assert_eq!(all, want);
         assert_eq!(s.values().count(), 2);
     }
 
     #[test]
     fn many_ids_survive_the_table_growing() {
         let mut s = Sessions::default();
+        let mut sids = Vec::new();
         for i in 0..1000 {
-            s.insert(SessionId(i), new_session(&format!("dev-{i}")));
+            sids.push(s.insert(new_session(&format!("dev-{i}"))).unwrap());
         }
         assert_eq!((s.len(), s.by_client.len()), (1000, 1000));
-        for i in 0..1000 {
+        for (i, &sid) in sids.iter().enumerate() {
             let id = format!("dev-{i}");
-            assert_eq!(s.of_client(&id), Some(SessionId(i)));
-            assert_eq!(s.get(SessionId(i)).map(|x| &*x.client_id), Some(&*id));
+            assert_eq!(s.of_client(&id), Some(sid));
+            assert_eq!(s.get(sid).map(|x| &*x.client_id), Some(&*id));
         }
-        // Half removed, then the table grows again past its size: the
-        // rest are still found, the removed ones not.
-        for i in (0..1000).step_by(2) {
-            assert!(s.remove(SessionId(i)).is_some());
+        // Half removed, then the tables grow again past their size (the
+        // freed slots taken first): the rest are still found, the removed
+        // ones not.
+        for &sid in sids.iter().step_by(2) {
+            assert!(s.remove(sid).is_some());
         }
         for i in 1000..3000 {
-            s.insert(SessionId(i), new_session(&format!("dev-{i}")));
+            sids.push(s.insert(new_session(&format!("dev-{i}"))).unwrap());
         }
-        for i in 0..3000 {
+        for (i, &sid) in sids.iter().enumerate() {
             let found = s.of_client(&format!("dev-{i}"));
             let kept = i >= 1000 || i % 2 == 1;
-            assert_eq!(found, kept.then_some(SessionId(i)), "dev-{i}");
-            assert_eq!(s.get(SessionId(i)).is_some(), kept);
+            assert_eq!(found, kept.then_some(sid), "dev-{i}");
+            assert_eq!(s.get(sid).is_some(), kept);
         }
         assert_eq!((s.len(), s.by_client.len()), (2500, 2500));
     }

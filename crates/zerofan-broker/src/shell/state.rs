@@ -58,7 +58,7 @@ pub struct Shared {
     /// The sans-IO core.
     pub broker: RefCell<Broker>,
     /// Live connections, under the core's ids (slots like the core's: see
-    /// `core/conn_table.rs`).
+    /// `core/slots.rs`).
     pub conns: RefCell<ConnTable<ConnHandle>>,
     /// The connection whose task is running: `dispatch` does not wake it,
     /// since it looks at its output before it next waits anyway.

@@ -1,21 +1,55 @@
-//! Connections by id, in slots rather than a hash map. Every connection has
-//! one entry in the core (its `Connection`) and one in the shell (its
-//! `ConnHandle`); a hash map keeps up to twice its entries in buckets, and
-//! every bucket is touched, so at 19,000 idle connections the two maps cost
-//! about 90 bytes a connection in slack alone.
+//! Connections and sessions by id, in slots rather than hash maps. Every
+//! connection has one entry in the core (its `Connection`) and one in the
+//! shell (its `ConnHandle`), and every session one (its `Session`); a hash
+//! map keeps up to twice its entries in buckets, and every bucket is
+//! touched, so at 19,000 idle connections the three maps cost about 120
+//! bytes a connection in slack alone, and a boxed value its allocator's
+//! rounding besides.
 //!
-//! A [`ConnId`] names a slot and that slot's generation: the low 32 bits
-//! are the slot's index plus one (never zero), the high 32 its generation,
-//! which goes up each time the slot is freed. An id therefore still names
-//! one connection only, ever: a late call with the id of a closed
-//! connection finds a newer generation and misses, as it missed the hash
-//! map. A slot whose generation would wrap is never used again.
+//! An id ([`ConnId`], [`SessionId`]) names a slot and that slot's
+//! generation: the low 32 bits are the slot's index plus one (never zero),
+//! the high 32 its generation, which goes up each time the slot is freed.
+//! An id therefore still names one value only, ever: a late call with the
+//! id of a closed connection finds a newer generation and misses, as it
+//! missed the hash map. A slot whose generation would wrap is never used
+//! again.
 //!
 //! Slots live in pages of [`PAGE`]: growing adds a page and never moves the
 //! entries already placed (a million connections would otherwise copy
 //! their state at every doubling).
 
-use super::ids::ConnId;
+use super::ids::{ConnId, SessionId};
+use std::marker::PhantomData;
+
+/// An id a [`SlotTable`] hands out: a slot and its generation in 64 bits.
+pub trait SlotId: Copy {
+    /// The id numbered `raw`; none for zero.
+    fn from_raw(raw: u64) -> Option<Self>;
+    /// The id as a number, never zero.
+    fn raw(self) -> u64;
+}
+
+impl SlotId for ConnId {
+    fn from_raw(raw: u64) -> Option<Self> {
+        ConnId::from_raw(raw)
+    }
+    fn raw(self) -> u64 {
+        ConnId::raw(self)
+    }
+}
+
+impl SlotId for SessionId {
+    fn from_raw(raw: u64) -> Option<Self> {
+        (raw != 0).then_some(SessionId(raw))
+    }
+    fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+/// Connections by id: the core's `Connection`s and the shell's handles,
+/// under the same ids.
+pub type ConnTable<V> = SlotTable<ConnId, V>;
 
 /// Slots per page.
 const PAGE: usize = 256;
@@ -26,9 +60,9 @@ struct Slot<V> {
     value: Option<V>,
 }
 
-/// Values by connection id, in pages of slots with a free list.
+/// Values by id, in pages of slots with a free list.
 #[derive(Debug)]
-pub struct ConnTable<V> {
+pub struct SlotTable<K, V> {
     pages: Vec<Box<[Slot<V>]>>,
     /// Free slots, the most recently freed last (reused first, still warm
     /// in the cache).
@@ -36,15 +70,17 @@ pub struct ConnTable<V> {
     /// Slots ever used: the next new slot's index.
     fresh: usize,
     len: usize,
+    ids: PhantomData<K>,
 }
 
-impl<V> Default for ConnTable<V> {
+impl<K, V> Default for SlotTable<K, V> {
     fn default() -> Self {
-        ConnTable {
+        SlotTable {
             pages: Vec::new(),
             free: Vec::new(),
             fresh: 0,
             len: 0,
+            ids: PhantomData,
         }
     }
 }
@@ -52,15 +88,15 @@ impl<V> Default for ConnTable<V> {
 /// The slot index and generation an id names. The low half is never zero
 /// in an id made by `join`; an id where it is (a poller's token, say)
 /// names no slot.
-fn split(id: ConnId) -> Option<(usize, u32)> {
+fn split(id: impl SlotId) -> Option<(usize, u32)> {
     let raw = id.raw();
     let low = (raw as u32).checked_sub(1)?;
     Some((low as usize, (raw >> 32) as u32))
 }
 
-fn join(index: usize, generation: u32) -> Option<ConnId> {
+fn join<K: SlotId>(index: usize, generation: u32) -> Option<K> {
     let low = u32::try_from(index).ok()?.checked_add(1)?;
-    ConnId::from_raw((u64::from(generation) << 32) | u64::from(low))
+    K::from_raw((u64::from(generation) << 32) | u64::from(low))
 }
 
 impl<V> ConnTable<V> {
@@ -69,7 +105,9 @@ impl<V> ConnTable<V> {
         Some(id) => id,
         None => ConnId::FIRST,
     };
+}
 
+impl<K: SlotId, V> SlotTable<K, V> {
     /// Bytes a slot takes: the value and its generation.
     pub const SLOT_BYTES: usize = std::mem::size_of::<Slot<V>>();
 
@@ -106,12 +144,12 @@ impl<V> ConnTable<V> {
 
     /// Store `value` under a new id: a free slot's next generation, or a
     /// new slot. `None` only when 2^32 - 1 slots are taken.
-    pub fn insert(&mut self, value: V) -> Option<ConnId> {
+    pub fn insert(&mut self, value: V) -> Option<K> {
         let index = match self.free.pop() {
             Some(i) => i as usize,
             None => {
                 let index = self.fresh;
-                join(index, 0)?;
+                join::<K>(index, 0)?;
                 self.grow_to(index);
                 self.fresh += 1;
                 index
@@ -127,7 +165,7 @@ impl<V> ConnTable<V> {
     /// Store `value` under `id`, an id another table gave out (the shell
     /// keeps its handles under the core's ids). Returns what the slot held,
     /// or `value` itself for an id that names no slot.
-    pub fn insert_at(&mut self, id: ConnId, value: V) -> Option<V> {
+    pub fn insert_at(&mut self, id: K, value: V) -> Option<V> {
         let Some((index, generation)) = split(id) else {
             return Some(value);
         };
@@ -145,7 +183,7 @@ impl<V> ConnTable<V> {
     }
 
     /// The value under `id`, if `id` is its slot's current generation.
-    pub fn get(&self, id: &ConnId) -> Option<&V> {
+    pub fn get(&self, id: &K) -> Option<&V> {
         let (index, generation) = split(*id)?;
         let slot = self.slot(index)?;
         if slot.generation != generation {
@@ -155,7 +193,7 @@ impl<V> ConnTable<V> {
     }
 
     /// The value under `id`, if `id` is its slot's current generation.
-    pub fn get_mut(&mut self, id: &ConnId) -> Option<&mut V> {
+    pub fn get_mut(&mut self, id: &K) -> Option<&mut V> {
         let (index, generation) = split(*id)?;
         let slot = self.slot_mut(index)?;
         if slot.generation != generation {
@@ -165,12 +203,12 @@ impl<V> ConnTable<V> {
     }
 
     /// Whether `id` names a value held now.
-    pub fn contains_key(&self, id: &ConnId) -> bool {
+    pub fn contains_key(&self, id: &K) -> bool {
         self.get(id).is_some()
     }
 
     /// Take the value under `id`; its slot's next id is a new generation.
-    pub fn remove(&mut self, id: &ConnId) -> Option<V> {
+    pub fn remove(&mut self, id: &K) -> Option<V> {
         let (index, generation) = split(*id)?;
         let slot = self.slot_mut(index)?;
         if slot.generation != generation {
@@ -195,7 +233,7 @@ impl<V> ConnTable<V> {
     }
 
     /// Every id with its value, in slot order.
-    pub fn iter(&self) -> impl Iterator<Item = (ConnId, &V)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (K, &V)> + '_ {
         self.pages.iter().enumerate().flat_map(|(p, page)| {
             page.iter().enumerate().filter_map(move |(i, s)| {
                 let v = s.value.as_ref()?;
@@ -205,7 +243,7 @@ impl<V> ConnTable<V> {
     }
 
     /// Every id held.
-    pub fn keys(&self) -> impl Iterator<Item = ConnId> + '_ {
+    pub fn keys(&self) -> impl Iterator<Item = K> + '_ {
         self.iter().map(|(id, _)| id)
     }
 
