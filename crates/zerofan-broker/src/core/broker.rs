@@ -263,7 +263,7 @@ impl Broker {
             return;
         };
         c.touch(now, self.started);
-        let phase = c.phase;
+        let phase = c.phase();
         let sid = match phase {
             Phase::Closing => return,
             Phase::AwaitingTakeover => {
@@ -271,7 +271,7 @@ impl Broker {
                 // packet handed over anyway completes it first, so that the
                 // connection's own packets keep their order.
                 self.complete_takeover(now, conn);
-                match self.conns.get(&conn).map(|c| c.phase) {
+                match self.conns.get(&conn).map(|c| c.phase()) {
                     Some(Phase::Connected(sid)) => sid,
                     _ => return,
                 }
@@ -340,7 +340,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        match c.phase {
+        match c.phase() {
             Phase::Closing => {}
             Phase::AwaitingTakeover | Phase::AwaitingAuth => self.close(now, conn, None, false),
             Phase::AwaitingConnect => {
@@ -387,7 +387,7 @@ impl Broker {
     /// address; `None` (nothing done) once it has a session.
     pub fn connection_moved(&mut self, conn: ConnId) -> Option<SocketAddr> {
         let c = self.conns.get(&conn)?;
-        if c.phase != Phase::AwaitingConnect {
+        if c.phase() != Phase::AwaitingConnect {
             return None;
         }
         let peer = c.peer.addr();
@@ -414,7 +414,7 @@ impl Broker {
     /// the path of every packet).
     #[inline]
     pub fn input_state(&self, conn: ConnId) -> InputState {
-        match self.conns.get(&conn).map(|c| c.phase) {
+        match self.conns.get(&conn).map(|c| c.phase()) {
             None | Some(Phase::Closing) => InputState::Closed,
             Some(Phase::AwaitingTakeover | Phase::AwaitingAuth) => InputState::Held,
             Some(Phase::Connected(_)) if self.acl_holds(conn) => InputState::Held,
@@ -428,7 +428,7 @@ impl Broker {
         (!self.takeovers.is_empty() || self.auth_waiting() > 0)
             && (self.acl_holds(conn)
                 || self.conns.get(&conn).is_some_and(|c| {
-                    matches!(c.phase, Phase::AwaitingTakeover | Phase::AwaitingAuth)
+                    matches!(c.phase(), Phase::AwaitingTakeover | Phase::AwaitingAuth)
                 }))
     }
 
@@ -451,7 +451,7 @@ impl Broker {
 
     /// True once the broker has decided to close the connection (or it is unknown).
     pub fn is_closing(&self, conn: ConnId) -> bool {
-        !matches!(self.conns.get(&conn), Some(c) if c.phase != Phase::Closing)
+        !matches!(self.conns.get(&conn), Some(c) if c.phase() != Phase::Closing)
     }
 
     /// True until the connection's CONNECT is accepted: the shell refuses a
@@ -460,7 +460,7 @@ impl Broker {
     pub fn awaits_connect(&self, conn: ConnId) -> bool {
         self.conns
             .get(&conn)
-            .is_some_and(|c| c.phase == Phase::AwaitingConnect)
+            .is_some_and(|c| c.phase() == Phase::AwaitingConnect)
     }
 
     /// Whether the shell should not read this connection now: a subscriber
@@ -516,7 +516,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&new) else {
             return;
         };
-        c.phase = Phase::AwaitingTakeover;
+        c.set_phase(Phase::AwaitingTakeover);
         c.protocol = connect.protocol;
         self.takeovers.insert(
             new,
@@ -538,7 +538,7 @@ impl Broker {
         };
         self.draining.remove(&p.old);
         match self.conns.get_mut(&new) {
-            Some(c) if c.phase == Phase::AwaitingTakeover => c.phase = Phase::AwaitingConnect,
+            Some(c) if c.phase() == Phase::AwaitingTakeover => c.set_phase(Phase::AwaitingConnect),
             _ => return,
         }
         self.handle_connect(now, new, *p.connect, true);
@@ -615,7 +615,7 @@ impl Broker {
             }
             // In a cluster, the client id must be this node's first.
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.phase = Phase::AwaitingAuth;
+                c.set_phase(Phase::AwaitingAuth);
             }
             self.claims.ask(conn, Box::new(connect));
             return;
@@ -758,7 +758,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        c.phase = Phase::Connected(sid);
+        c.set_phase(Phase::Connected(sid));
         c.keep_alive = keep;
         c.bridge = bridge;
         if v5 {
@@ -1014,7 +1014,7 @@ impl Broker {
             // Only reached for clean-start replacement after a takeover, where
             // the old connection is already closing; make sure it is detached.
             if let Some(c) = self.conns.get_mut(&conn) {
-                c.phase = Phase::Closing;
+                c.set_phase(Phase::Closing);
             }
         }
         let filters: Vec<Box<str>> = self
@@ -1120,7 +1120,7 @@ impl Broker {
             return;
         };
         match self.conns.get_mut(&conn) {
-            Some(c) if c.phase == Phase::AwaitingAuth => c.phase = Phase::AwaitingConnect,
+            Some(c) if c.phase() == Phase::AwaitingAuth => c.set_phase(Phase::AwaitingConnect),
             // Closed while it waited (a timeout, a takeover of its own).
             _ => {
                 if granted {
@@ -1377,7 +1377,7 @@ impl Broker {
         let conns: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Connected(_)))
+            .filter(|(_, c)| matches!(c.phase(), Phase::Connected(_)))
             .map(|(id, _)| id)
             .collect();
         let told = conns.len() as u64;
@@ -1705,7 +1705,7 @@ impl Broker {
         let (Some(h), Some(c)) = (self.auth.http.as_mut(), self.conns.get_mut(&conn)) else {
             return;
         };
-        c.phase = super::connection::Phase::AwaitingAuth;
+        c.set_phase(super::connection::Phase::AwaitingAuth);
         c.protocol = connect.protocol;
         h.ask(conn, connect, key, body);
     }
@@ -1755,8 +1755,8 @@ impl Broker {
             return;
         };
         match self.conns.get_mut(&conn) {
-            Some(c) if c.phase == super::connection::Phase::AwaitingAuth => {
-                c.phase = super::connection::Phase::AwaitingConnect;
+            Some(c) if c.phase() == super::connection::Phase::AwaitingAuth => {
+                c.set_phase(super::connection::Phase::AwaitingConnect);
                 c.sec.ext_mut().http_answer = Some(answer);
             }
             _ => return,
@@ -2938,7 +2938,7 @@ impl Broker {
             // its CONNACK); a busy one pays one allocation per batch.
             c.outbox = std::collections::VecDeque::new();
         }
-        let sid = match c.phase {
+        let sid = match c.phase() {
             Phase::Closing => {
                 return if c.outbox.is_empty() {
                     Transmit::Close
@@ -4033,7 +4033,7 @@ impl Broker {
             match timer {
                 Timer::ConnectTimeout(conn)
                     if self.conns.get(&conn).is_some_and(|c| {
-                        matches!(c.phase, Phase::AwaitingConnect | Phase::AwaitingAuth)
+                        matches!(c.phase(), Phase::AwaitingConnect | Phase::AwaitingAuth)
                     }) =>
                 {
                     self.metrics.connect_timeouts += 1;
@@ -4287,7 +4287,7 @@ impl Broker {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        let prev = std::mem::replace(&mut c.phase, Phase::Closing);
+        let prev = c.replace_phase(Phase::Closing);
         if prev == Phase::Closing {
             return;
         }
@@ -4395,7 +4395,7 @@ impl Broker {
     fn client_read_gate(&mut self, conn: ConnId, packet: Option<&Packet>) {
         let joins = packet.is_some_and(super::replica::joins_read)
             && matches!(
-                self.conns.get(&conn).map(|c| c.phase),
+                self.conns.get(&conn).map(|c| c.phase()),
                 Some(Phase::Connected(_))
             )
             && !self.acl_holds(conn);

@@ -29,6 +29,41 @@ pub(crate) enum Phase {
     Closing,
 }
 
+/// A [`Phase`] in 8 bytes where the enum takes 16: `Connected` as its
+/// session's id, the others as a low half of zero (which no session id has:
+/// its low half is a slot's index plus one, see `slots.rs`) and a number in
+/// the high half.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PackedPhase(u64);
+
+impl PackedPhase {
+    fn pack(phase: Phase) -> PackedPhase {
+        PackedPhase(match phase {
+            Phase::AwaitingConnect => 0,
+            Phase::AwaitingTakeover => 1 << 32,
+            Phase::AwaitingAuth => 2 << 32,
+            Phase::Closing => 3 << 32,
+            Phase::Connected(sid) => {
+                debug_assert!(sid.0 as u32 != 0, "a session id names a slot");
+                sid.0
+            }
+        })
+    }
+
+    #[inline]
+    fn unpack(self) -> Phase {
+        if self.0 as u32 != 0 {
+            return Phase::Connected(SessionId(self.0));
+        }
+        match self.0 >> 32 {
+            0 => Phase::AwaitingConnect,
+            1 => Phase::AwaitingTakeover,
+            2 => Phase::AwaitingAuth,
+            _ => Phase::Closing,
+        }
+    }
+}
+
 /// A peer's address in 16 bytes where a `SocketAddr` takes 32 (every
 /// connection keeps one, for logs, login throttling and the admin API).
 /// An IPv6 peer's address is boxed: inline it made this 24 bytes, and
@@ -104,8 +139,8 @@ pub(crate) struct Aliases {
 pub(crate) struct Connection {
     /// Peer address, for logs, login throttling and the admin API.
     pub peer: PeerAddr,
-    /// Phase.
-    pub phase: Phase,
+    /// Where it is in its life ([`Connection::phase`]).
+    phase: PackedPhase,
     /// Protocol from CONNECT (3.1.1 until then).
     pub protocol: Protocol,
     /// Keep alive in force, in seconds (zero: off).
@@ -150,7 +185,7 @@ impl Connection {
     pub(crate) fn new(peer: SocketAddr, now: Instant, base: Instant) -> Self {
         Connection {
             peer: peer.into(),
-            phase: Phase::AwaitingConnect,
+            phase: PackedPhase::pack(Phase::AwaitingConnect),
             protocol: Protocol::V311,
             keep_alive: 0,
             last_activity: Moment::new(base, Some(now)),
@@ -185,9 +220,24 @@ impl Connection {
         self.listener = u16::try_from(listener).unwrap_or(u16::MAX);
     }
 
+    /// Where it is in its life.
+    #[inline]
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase.unpack()
+    }
+
+    pub(crate) fn set_phase(&mut self, phase: Phase) {
+        self.phase = PackedPhase::pack(phase);
+    }
+
+    /// Set the phase; the one it had.
+    pub(crate) fn replace_phase(&mut self, phase: Phase) -> Phase {
+        std::mem::replace(&mut self.phase, PackedPhase::pack(phase)).unpack()
+    }
+
     /// The session, when connected.
     pub(crate) fn session(&self) -> Option<SessionId> {
-        match self.phase {
+        match self.phase() {
             Phase::Connected(s) => Some(s),
             _ => None,
         }
@@ -216,13 +266,34 @@ mod tests {
     /// size class of the allocator (jemalloc's: ..., 80, 96, 112, 128):
     /// a field that pushes either over its mark costs 8 to 16 bytes per
     /// connection (`tests/idle_memory.rs` counts the total). `Connection`
-    /// uses 136 bytes of 136 and `Session` 88 of 96 (160 and 128 before
+    /// uses 128 bytes of 128 and `Session` 88 of 96 (160 and 128 before
     /// the last activity as a `Moment`, the listener beside the small
-    /// fields, a boxed IPv6 peer and a boxed session queue).
+    /// fields, a boxed IPv6 peer, the packed phase and a boxed session
+    /// queue).
     #[test]
     fn a_connection_and_its_session_fit_their_size_classes() {
-        assert_eq!(std::mem::size_of::<super::Connection>(), 136);
+        assert_eq!(std::mem::size_of::<super::Connection>(), 128);
         assert!(std::mem::size_of::<super::super::session::Session>() <= 96);
+    }
+
+    /// Every phase comes back as it was packed, a session's id in the
+    /// first and last slots and generations included.
+    #[test]
+    fn a_packed_phase_comes_back_as_given() {
+        use super::{PackedPhase, Phase, SessionId};
+        let mut phases = vec![
+            Phase::AwaitingConnect,
+            Phase::AwaitingTakeover,
+            Phase::AwaitingAuth,
+            Phase::Closing,
+        ];
+        for raw in [1, 7, u64::from(u32::MAX), (5 << 32) | 1, u64::MAX] {
+            phases.push(Phase::Connected(SessionId(raw)));
+        }
+        for p in phases {
+            assert_eq!(PackedPhase::pack(p).unpack(), p);
+        }
+        assert_eq!(std::mem::size_of::<PackedPhase>(), 8);
     }
 
     /// The compact peer address gives back what the shell gave, IPv6 scope
