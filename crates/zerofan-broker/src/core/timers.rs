@@ -130,8 +130,9 @@ impl Timers {
     fn pop_heap(&mut self) -> Option<Timer> {
         let timer = self.heap.pop().map(|Reverse((_, t))| t);
         // Give back what a storm of deadlines left (say, 19,000 sessions
-        // that expire together): a quarter full at most, it halves, so
-        // growing back costs as many pushes as it took to get here.
+        // that expire together): under a quarter full, it shrinks to
+        // twice its length, so shrinking and growing back stay amortized
+        // over as many pops and pushes.
         let (len, cap) = (self.heap.len(), self.heap.capacity());
         if cap > HEAP_KEEP && len < cap / 4 {
             self.heap.shrink_to((len * 2).max(HEAP_KEEP));
