@@ -475,6 +475,12 @@ impl Broker {
                     .is_some_and(|sid| self.sessions.get(*sid).is_some_and(|s| s.conn.is_some())))
     }
 
+    /// Deadlines armed, due or not.
+    #[cfg(test)]
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
     /// Connections marked as held by a subscriber (see `held_by`).
     #[cfg(test)]
     pub(crate) fn held_marks(&self) -> usize {
@@ -774,12 +780,10 @@ impl Broker {
         }
         c.will = will.map(|w| Box::new(own_will(w)));
         if let Some(at) = c.keep_alive_deadline(self.started) {
-            // The connect timeout armed at open (due by now + connect_timeout)
-            // checks keep alive when it fires; a second entry is needed only
-            // for a deadline before it. One heap entry per connection, not two.
-            if at < now + Duration::from_secs(self.config.connect_timeout) {
-                self.timers.arm(at, Timer::KeepAlive(conn));
-            }
+            // Keep alive's own entry, re-armed only when it fires; the
+            // connect timeout's ends once connected (see `handle_timeout`).
+            // Both re-arming would keep two entries a connection forever.
+            self.timers.arm(at, Timer::KeepAlive(conn));
         }
         self.metrics.clients_connected_total += 1;
         if let Some(s) = self.sessions.get(sid).filter(|_| self.events.on()) {
@@ -4039,9 +4043,9 @@ impl Broker {
                     self.metrics.connect_timeouts += 1;
                     self.close(now, conn, None, false);
                 }
-                // Connected by now: the entry doubles as the first keep-alive
-                // check (see `on_connect`).
-                Timer::ConnectTimeout(conn) | Timer::KeepAlive(conn) => {
+                // Connected (or gone) by now: keep alive has its own entry.
+                Timer::ConnectTimeout(_) => {}
+                Timer::KeepAlive(conn) => {
                     let Some(c) = self.conns.get(&conn) else {
                         continue;
                     };

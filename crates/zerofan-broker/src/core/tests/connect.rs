@@ -354,9 +354,10 @@ fn keep_alive_is_enforced_at_one_and_a_half_times() {
     assert_eq!(h.b.metrics().keep_alive_timeouts, 1);
 }
 
-/// Keep alive runs out exactly 1.5 x its interval after the last packet:
-/// a coarser record of that packet's time (one way to make `Connection`
-/// smaller) would close a nanosecond early or late here.
+/// Keep alive runs out 1.5 x its interval after the last packet, checked
+/// on the timer wheel's next 100 ms tick: never a nanosecond early (which
+/// a coarser record of that packet's time, one way to make `Connection`
+/// smaller, could do), and by that tick.
 #[test]
 fn keep_alive_runs_out_to_the_nanosecond() {
     let mut h = H::new();
@@ -366,8 +367,31 @@ fn keep_alive_runs_out_to_the_nanosecond() {
     let _ = h.out(c);
     h.advance(Duration::from_secs(15) - Duration::from_nanos(1));
     assert!(!h.out(c).closed, "closed before 1.5 x keep alive");
+    // 16.234567891 s after the start: checked at the tick of 16.3 s.
+    h.advance(Duration::from_nanos(1));
+    h.advance(Duration::from_millis(65) + Duration::from_nanos(432_108));
+    assert!(!h.out(c).closed, "checked before its tick");
     h.advance(Duration::from_nanos(1));
     assert_eq!(h.out(c).disconnect(), Some(ReasonCode::KEEP_ALIVE_TIMEOUT));
+}
+
+/// A connection keeps one deadline entry however long it lives, even with
+/// a keep alive shorter than the connect timeout (whose entry, armed at
+/// open, ends once connected rather than re-arming beside keep alive's).
+#[test]
+fn a_connection_keeps_one_deadline_entry() {
+    let mut h = H::new();
+    let before = h.b.timer_entries();
+    let (c, _) = h.connect_with("a", Protocol::V5, true, |c| c.keep_alive = 2);
+    for _ in 0..60 {
+        h.secs(1);
+        h.send(c, Packet::PingReq);
+        let _ = h.out(c);
+    }
+    assert!(!h.out(c).closed);
+    assert_eq!(h.b.timer_entries(), before + 1);
+    h.secs(3);
+    assert!(h.out(c).closed);
 }
 
 #[test]
