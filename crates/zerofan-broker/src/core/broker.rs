@@ -737,9 +737,7 @@ impl Broker {
         let sid = match resumed {
             Some(sid) => sid,
             None => {
-                // Its own copy, exactly sized: it must not pin the CONNECT's
-                // buffer, and a session never shares its id.
-                let id: Box<str> = client_id.as_str().into();
+                let id = client_id.as_str().into();
                 match self.sessions.insert(Session::new(id, protocol)) {
                     Some(sid) => sid,
                     None => {
@@ -4955,7 +4953,7 @@ impl Broker {
         if !s.stored || s.expiry_interval == 0 {
             return;
         }
-        let client = s.client_id.clone();
+        let client: Box<str> = (*s.client_id).into();
         ops.extend(self.repl.epoch_op(&client));
         ops.push(super::replica::ReplOp::Reset {
             client: client.clone(),

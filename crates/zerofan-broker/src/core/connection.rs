@@ -261,19 +261,18 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
-    /// Every connection is a slot of `ConnTable` (its size and a 4-byte
-    /// generation, rounded to 8) and every session one allocation in a
-    /// size class of the allocator (jemalloc's: ..., 80, 96, 112, 128):
-    /// a field that pushes either over its mark costs 8 to 16 bytes per
-    /// connection (`tests/idle_memory.rs` counts the total). `Connection`
-    /// uses 128 bytes of 128 and `Session` 88 of 96 (160 and 128 before
-    /// the last activity as a `Moment`, the listener beside the small
-    /// fields, a boxed IPv6 peer, the packed phase and a boxed session
-    /// queue).
+    /// Every connection and every session is a slot of a `SlotTable`
+    /// (its size and a 4-byte generation, rounded to 8): a field that
+    /// pushes either over a multiple of 8 costs 8 bytes per connection
+    /// (`tests/scale_state.rs` counts the total). `Connection` uses 128
+    /// bytes of 128 and `Session` 95 of 96 (160 and 128 before the last
+    /// activity as a `Moment`, the listener beside the small fields, a
+    /// boxed IPv6 peer, the packed phase, a boxed session queue, and an
+    /// inline client id, which took 8 bytes and saved an allocation).
     #[test]
     fn a_connection_and_its_session_fit_their_size_classes() {
         assert_eq!(std::mem::size_of::<super::Connection>(), 128);
-        assert!(std::mem::size_of::<super::super::session::Session>() <= 96);
+        assert_eq!(std::mem::size_of::<super::super::session::Session>(), 96);
     }
 
     /// Every phase comes back as it was packed, a session's id in the

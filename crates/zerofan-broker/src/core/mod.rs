@@ -87,6 +87,7 @@ pub mod auth;
 mod broker;
 mod children;
 mod claims;
+mod client_id;
 mod connect;
 mod connection;
 mod deliver;

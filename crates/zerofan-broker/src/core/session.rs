@@ -1,6 +1,7 @@
 //! Session state: subscriptions, the bounded queue, the inflight window and
 //! the QoS 2 receive state. Outlives connections while its expiry allows.
 
+use super::client_id::ClientId;
 use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::message::Message;
@@ -121,10 +122,11 @@ pub(crate) enum PushOutcome {
 #[derive(Debug)]
 pub(crate) struct Session {
     /// The client identifier, valid as an MQTT string (it came as an
-    /// `MqttStr`). A `Box<str>`, 16 bytes where an `MqttStr`'s `Bytes` take
-    /// 32: the core lends it (`&str`) and copies it only for what outlives
-    /// the call (an event, a replica's image, a rare log line).
-    pub client_id: Box<str>,
+    /// `MqttStr`). Its own copy, inline when short (see `client_id.rs`):
+    /// an `MqttStr` would pin the CONNECT's buffer. The core lends it
+    /// (`&str`) and copies it only for what outlives the call (an event, a
+    /// replica's image, a rare log line).
+    pub client_id: ClientId,
     /// The connection currently attached, if any.
     pub conn: Option<ConnId>,
     /// Protocol of the last connection.
@@ -201,7 +203,7 @@ fn no_flight() -> &'static Flight {
 
 impl Session {
     /// A fresh session.
-    pub(crate) fn new(client_id: Box<str>, protocol: Protocol) -> Self {
+    pub(crate) fn new(client_id: ClientId, protocol: Protocol) -> Self {
         Session {
             client_id,
             conn: None,
