@@ -95,8 +95,8 @@ pub(super) enum Children<N> {
     /// Exactly one child.
     One(Edge<N>),
     /// Two and more. Boxed: a table is 32 bytes, inline it made every
-    /// node (mostly leaves, one per device filter) 64 bytes instead of 48,
-    /// for the few that branch; those pay a pointer chase per lookup.
+    /// node (mostly leaves, one per device filter) 64 bytes, not 40, for
+    /// the few that branch; those pay a pointer chase per lookup.
     Many(Box<HashTable<Edge<N>>>),
 }
 
@@ -144,6 +144,7 @@ impl<N> Children<N> {
         match self {
             Children::None => {
                 *self = Children::One(make());
+                // Once: `One` now, with an edge that starts with `level`.
                 self.get_or_insert_with(level, make)
             }
             Children::One(e) => e,
