@@ -164,14 +164,16 @@ fn ten_thousand_connections_cost_little_and_keep_alive_fires() {
     // per first subscription: the session's record (filter and 8 bytes of
     // options) and one trie leaf behind a `{i}/cmd` edge with its one
     // subscriber inline (`core/trie.rs`). (555 and 743 bytes a year's
-    // worth of commits ago: see git.) Bounds: the measured figures plus a
-    // quarter, so a doubled cost per unit fails.
+    // worth of commits ago: see git.) 109 bytes since, the leaf 40 bytes
+    // boxed with its edge's key and one pointer in its parent's table
+    // (`core/children.rs`). Bounds: the measured figures plus a quarter,
+    // so a doubled cost per unit fails.
     assert!(
         per_conn < 510,
         "an idle connection costs {per_conn} heap bytes"
     );
     assert!(
-        per_sub < 180,
+        per_sub < 135,
         "a device's first subscription costs {per_sub} heap bytes"
     );
 
@@ -274,9 +276,10 @@ fn device_subscriptions_on_two_shards_cost_little() {
     println!("core heap per device subscription, two shards: {per_sub} bytes");
     // Measured 2026-11-28 at 1144619: 260 bytes, the subscription here
     // (144, as above) and the interest in the other core's route index (a
-    // trie path). Bound: the measured figure plus a quarter.
+    // trie path); 191 with the compact trie (109 as above). Bound: the
+    // measured figure plus a quarter.
     assert!(
-        per_sub < 325,
+        per_sub < 240,
         "a device subscription on two shards costs {per_sub} heap bytes"
     );
 
@@ -345,9 +348,10 @@ fn two_hundred_thousand_subscriptions_cost_little() {
     // session's record (the filter as a Box<str>, 8 bytes of options and
     // id, its map slot), the trie's path (64-byte nodes only where filters
     // branch, literal chains in one edge, a subscriber list of one; shared
-    // groups a 64-byte group with its name and full filter).
+    // groups a 64-byte group with its name and full filter). 209 bytes
+    // with the compact trie (40-byte nodes boxed with their edge's key).
     // Bound: the measured figure plus a quarter, so a doubled cost fails.
-    assert!(per_sub < 320, "a subscription costs {per_sub} heap bytes");
+    assert!(per_sub < 260, "a subscription costs {per_sub} heap bytes");
 
     // One publish to a topic that exactly one of them matches.
     let target = conns[7 % SESSIONS];
