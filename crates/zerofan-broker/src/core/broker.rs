@@ -2929,17 +2929,7 @@ impl Broker {
             return Transmit::Gone;
         };
         c.woken = false;
-        while out.len() < max {
-            match c.outbox.pop_front() {
-                Some(item) => out.push(item),
-                None => break,
-            }
-        }
-        if c.outbox.is_empty() && c.outbox.capacity() > 0 {
-            // An idle connection keeps no outbox capacity (224 bytes after
-            // its CONNACK); a busy one pays one allocation per batch.
-            c.outbox = std::collections::VecDeque::new();
-        }
+        c.outbox.take_into(out, max);
         let sid = match c.phase() {
             Phase::Closing => {
                 return if c.outbox.is_empty() {

@@ -4,8 +4,7 @@
 use super::hash::HashMap;
 use super::ids::SessionId;
 use super::moment::Moment;
-use super::outbox::Outgoing;
-use std::collections::VecDeque;
+use super::outbox::Outbox;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::time::{Duration, Instant};
@@ -163,7 +162,7 @@ pub(crate) struct Connection {
     /// properties), until a normal DISCONNECT clears it.
     pub will: Option<Box<Will>>,
     /// Packets and deliveries waiting for the writer.
-    pub outbox: VecDeque<Outgoing>,
+    pub outbox: Outbox,
     /// Whether the shell has already been told to wake this writer.
     pub woken: bool,
     /// A bridge (mosquitto's `try_private` mark on CONNECT): its
@@ -195,7 +194,7 @@ impl Connection {
             aliases: None,
             problem_info: true,
             will: None,
-            outbox: VecDeque::new(),
+            outbox: Outbox::default(),
             woken: false,
             bridge: false,
             listener: 0,
@@ -264,14 +263,15 @@ mod tests {
     /// Every connection and every session is a slot of a `SlotTable`
     /// (its size and a 4-byte generation, rounded to 8): a field that
     /// pushes either over a multiple of 8 costs 8 bytes per connection
-    /// (`tests/scale_state.rs` counts the total). `Connection` uses 128
-    /// bytes of 128 and `Session` 95 of 96 (160 and 128 before the last
+    /// (`tests/scale_state.rs` counts the total). `Connection` uses 104
+    /// bytes of 104 and `Session` 95 of 96 (160 and 128 before the last
     /// activity as a `Moment`, the listener beside the small fields, a
-    /// boxed IPv6 peer, the packed phase, a boxed session queue, and an
-    /// inline client id, which took 8 bytes and saved an allocation).
+    /// boxed IPv6 peer, the packed phase, boxed outbox and session queue,
+    /// and an inline client id, which took 8 bytes and saved an
+    /// allocation).
     #[test]
     fn a_connection_and_its_session_fit_their_size_classes() {
-        assert_eq!(std::mem::size_of::<super::Connection>(), 128);
+        assert_eq!(std::mem::size_of::<super::Connection>(), 104);
         assert_eq!(std::mem::size_of::<super::super::session::Session>(), 96);
     }
 

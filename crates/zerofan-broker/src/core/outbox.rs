@@ -3,8 +3,46 @@
 
 use super::message::Message;
 use super::wire::Wire;
+use std::collections::VecDeque;
 use std::rc::Rc;
 use zerofan_codec::{Ack, Packet, Protocol, PublishHeader, QoS, ReasonCode};
+
+/// A connection's items waiting for its writer. Boxed and made on the
+/// first item, dropped when the writer has taken them all: an idle
+/// connection (almost all of a device fleet's, almost all the time) holds
+/// 8 bytes for it where an empty `VecDeque` took 32. A busy one pays two
+/// allocations per batch instead of the one its buffer already cost.
+#[derive(Debug, Default)]
+// The extra allocation is the point: 8 bytes held while idle.
+#[allow(clippy::box_collection)]
+pub(crate) struct Outbox(Option<Box<VecDeque<Outgoing>>>);
+
+impl Outbox {
+    pub(crate) fn push_back(&mut self, item: Outgoing) {
+        self.0.get_or_insert_with(Box::default).push_back(item);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |q| q.len())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Move items to `out` until it holds `max`; an outbox left empty
+    /// gives its space back.
+    pub(crate) fn take_into(&mut self, out: &mut Vec<Outgoing>, max: usize) {
+        let Some(q) = self.0.as_mut() else {
+            return;
+        };
+        let n = max.saturating_sub(out.len()).min(q.len());
+        out.extend(q.drain(..n));
+        if q.is_empty() {
+            self.0 = None;
+        }
+    }
+}
 
 /// One item for the connection's writer. Kept small (about 64 bytes), since
 /// every connection's outbox holds some: the rare large control packets are
@@ -158,8 +196,31 @@ pub enum Transmit {
 
 #[cfg(test)]
 mod tests {
+    use super::{Outbox, Outgoing};
+    use zerofan_codec::Packet;
+
     #[test]
     fn outbox_items_stay_small() {
-        assert!(std::mem::size_of::<super::Outgoing>() <= 72);
+        assert!(std::mem::size_of::<Outgoing>() <= 72);
+        assert_eq!(std::mem::size_of::<Outbox>(), 8);
+    }
+
+    #[test]
+    fn the_writer_takes_batches_in_order_and_an_empty_outbox_holds_nothing() {
+        let mut o = Outbox::default();
+        let mut out = Vec::new();
+        o.take_into(&mut out, 10);
+        assert!(out.is_empty() && o.is_empty());
+        for _ in 0..5 {
+            o.push_back(Outgoing::from_packet(Packet::PingResp));
+        }
+        out.push(Outgoing::from_packet(Packet::PingReq));
+        o.take_into(&mut out, 4);
+        assert_eq!((out.len(), o.len()), (4, 2), "filled up to the batch size");
+        assert!(o.0.is_some());
+        out.clear();
+        o.take_into(&mut out, 4);
+        assert_eq!((out.len(), o.len()), (2, 0));
+        assert!(o.0.is_none(), "drained: its space is given back");
     }
 }

@@ -350,12 +350,12 @@ mod tests {
 
     #[test]
     fn a_connection_slot_is_its_connection_and_a_generation() {
-        // 128-byte `Connection` inline, its generation in the 8 bytes
+        // 104-byte `Connection` inline, its generation in the 8 bytes
         // after it: what a boxed one and a hash map slot for its box cost,
         // less the box's pointer and the map's slack.
         assert_eq!(
             ConnTable::<crate::core::connection::Connection>::SLOT_BYTES,
-            136
+            112
         );
     }
 }
