@@ -755,7 +755,7 @@ impl Broker {
             s.expiry_interval = expiry;
             s.set_expires_at(self.started, None);
             // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
-            let cancelled = s.pending_will.take().is_some();
+            let cancelled = s.take_pending_will().is_some();
             self.dur_connected(sid, cancelled);
         }
 
@@ -991,7 +991,7 @@ impl Broker {
                 self.publish_will(now, *will);
             } else if let Some(at) = later(now, delay) {
                 if let Some(s) = self.sessions.get_mut(sid) {
-                    s.pending_will = Some(Box::new(PendingWill { will: *will, at }));
+                    s.set_pending_will(Box::new(PendingWill { will: *will, at }));
                 }
                 self.timers.arm(at, Timer::Will(sid));
             }
@@ -1036,7 +1036,7 @@ impl Broker {
             return;
         };
         self.dur_session_ended(&s.client_id, s.stored);
-        if let Some(w) = s.pending_will.take() {
+        if let Some(w) = s.take_pending_will() {
             self.publish_will(now, w.will);
         }
     }
@@ -3522,7 +3522,7 @@ impl Broker {
                 .expires_at(self.started)
                 .map(|at| self.durable.unix_ms(at)),
         };
-        let will = s.pending_will.as_ref().map(|w| {
+        let will = s.pending_will().map(|w| {
             let mut message = to_stored(&will_message(&w.will), &self.durable);
             message.expires_at_ms = None;
             StoredWill {
@@ -3707,7 +3707,7 @@ impl Broker {
                         let mut properties = m.properties.into_inner();
                         properties.message_expiry_interval = w.message_expiry_interval;
                         let at = self.durable.instant(w.due_at_ms);
-                        s.pending_will = Some(Box::new(PendingWill {
+                        s.set_pending_will(Box::new(PendingWill {
                             will: Will {
                                 topic: m.topic,
                                 payload: m.payload,
@@ -3744,7 +3744,7 @@ impl Broker {
             if let Some(at) = at {
                 s.set_expires_at(self.started, Some(at));
             }
-            let will_at = s.pending_will.as_ref().map(|w| w.at);
+            let will_at = s.pending_will().map(|w| w.at);
             let Some(sid) = self.sessions.insert(s) else {
                 // 2^32 - 1 sessions held.
                 damaged += 1;
@@ -4068,13 +4068,13 @@ impl Broker {
                     let due = self
                         .sessions
                         .get(sid)
-                        .and_then(|s| s.pending_will.as_ref())
+                        .and_then(|s| s.pending_will())
                         .is_some_and(|w| w.at <= now);
                     if due {
                         if let Some(w) = self
                             .sessions
                             .get_mut(sid)
-                            .and_then(|s| s.pending_will.take())
+                            .and_then(|s| s.take_pending_will())
                         {
                             self.publish_will(now, w.will);
                             self.dur_will_published(sid);
@@ -5019,7 +5019,7 @@ impl Broker {
                 pid: *pid,
             });
         }
-        if let Some(w) = &s.pending_will {
+        if let Some(w) = s.pending_will() {
             let will = &w.will;
             let mut message = to_stored(
                 &super::message::Message::owned(

@@ -140,8 +140,6 @@ pub(crate) struct Session {
     /// only this module's methods change it (the retained replay's cost
     /// in `Flight` must follow it).
     queue: SessionQueue,
-    /// The will of a lost connection, waiting for its delay.
-    pub pending_will: Option<Box<PendingWill>>,
     /// The durable store has a record of this session.
     pub stored: bool,
     /// A takeover that resumes the session is closing its old connection:
@@ -157,9 +155,10 @@ pub(crate) struct Session {
     pub flight: Option<Box<Flight>>,
 }
 
-/// What a session holds once it exchanges QoS 1/2 messages: boxed apart,
-/// so a session that only connects and subscribes (most devices, most of
-/// the time) pays one pointer for all of it.
+/// What a session holds once it exchanges QoS 1/2 messages, falls behind
+/// or waits to publish a delayed will: boxed apart, so a session that only
+/// connects and subscribes (most devices, most of the time) pays one
+/// pointer for all of it.
 #[derive(Debug, Default)]
 pub(crate) struct Flight {
     /// QoS 1/2 deliveries in flight by packet id.
@@ -179,6 +178,10 @@ pub(crate) struct Flight {
     pub replay_cost: usize,
     /// Set while the online queue is over its high-water mark.
     pub behind: Option<Box<Behind>>,
+    /// The will of a lost connection, waiting for its delay. Here, not in
+    /// `Session`: few sessions ever hold one, and its 8 bytes took every
+    /// session from 88 bytes to 96.
+    pending_will: Option<Box<PendingWill>>,
 }
 
 /// What a session without a `Flight` reads as: one empty `Flight` per
@@ -211,7 +214,6 @@ impl Session {
             expiry_interval: 0,
             expires_at: Moment::NONE,
             queue: SessionQueue::default(),
-            pending_will: None,
             stored: false,
             resuming: false,
             subscriptions: Default::default(),
@@ -281,6 +283,19 @@ impl Session {
     /// space back.
     pub(crate) fn release_queue_space(&mut self, keep: usize) {
         self.queue.release_space(keep);
+    }
+
+    /// The will of a lost connection, waiting for its delay.
+    pub(crate) fn pending_will(&self) -> Option<&PendingWill> {
+        self.flight.as_deref()?.pending_will.as_deref()
+    }
+
+    pub(crate) fn take_pending_will(&mut self) -> Option<Box<PendingWill>> {
+        self.flight.as_deref_mut()?.pending_will.take()
+    }
+
+    pub(crate) fn set_pending_will(&mut self, will: Box<PendingWill>) {
+        self.flight_mut().pending_will = Some(will);
     }
 
     pub(crate) fn flight(&self) -> &Flight {
