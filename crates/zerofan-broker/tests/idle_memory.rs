@@ -41,19 +41,19 @@ fn idle_connections_are_cheap() {
     let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;
     broker.shutdown().unwrap();
     println!("heap per idle connection: {per} bytes");
-    // 146 bytes at 7c97685 (181 with a 24-byte entry in a deadline heap
-    // that never shrank, 2026-11-28 at 1144619): the connection is parked
-    // (no task, no tokio I/O registration; its socket waits in the shared
-    // poller); the core's boxed 128-byte Session (subscriptions and QoS
-    // 1/2 state boxed apart until used) with its slots in the session
-    // maps, the client id, two 8-byte timer wheel entries (connect
-    // timeout and keep alive, for the first 10 s). Not counted here: the
-    // connection's two slots, 168 bytes in the core's connection table
-    // and 32 in the shell's (asserted in `core/conn_table.rs`), which the
-    // warm-up made, as it sized the maps; `bench/scale.sh` counts them in
-    // RSS. A connection that does not park (+512), a held read buffer
-    // (2 KiB), outbox capacity kept after the CONNACK, or a Session grown
-    // past its allocation size class fails this (341 bytes before the
-    // connection table, when the boxed Connection was counted).
-    assert!(per < 180, "an idle connection keeps {per} heap bytes");
+    // 22 bytes, 2026-11-29 at 48f375e: the connection is parked (no
+    // task, no tokio I/O registration; its socket waits in the shared
+    // poller), and what it keeps beyond its slots is its slot in the
+    // client-id index and two 8-byte timer wheel entries (connect timeout
+    // and keep alive, for the first 10 s). Not counted: the slots the
+    // warm-up made, as it sized the tables: the connection's 112 bytes in
+    // the core's table and 32 in the shell's, the session's 96 with its
+    // client id inline (asserted in `core/slots.rs` and
+    // `core/connection.rs`); `tests/scale_state.rs` counts them, and
+    // `bench/scale.sh` counts everything in RSS. A connection that does
+    // not park (+512), a held read buffer (2 KiB), outbox capacity kept
+    // after the CONNACK, or a boxed id or queue fails this (146 bytes with
+    // a boxed Session, 181 with a deadline heap, 341 with a boxed
+    // Connection: see git).
+    assert!(per < 64, "an idle connection keeps {per} heap bytes");
 }

@@ -154,22 +154,21 @@ fn ten_thousand_connections_cost_little_and_keep_alive_fires() {
     println!(
         "core heap per idle connection: {per_conn} bytes; per device subscription: {per_sub} bytes"
     );
-    // Measured at 7c97685: 405 bytes per connection: its 168-byte slot
-    // in the core's connection table (`core/conn_table.rs`), the 128-byte
-    // Session boxed with its map slot and client-id index slot, the
-    // client id, two 8-byte entries in the timer wheel (`core/timers.rs`:
-    // connect timeout and keep alive, one once the connect timeout has
-    // passed) with their slots' spare capacity (415 bytes with the
-    // deadline heap's 24-byte entry, 2026-11-28 at 1144619). 144 bytes
-    // per first subscription: the session's record (filter and 8 bytes of
-    // options) and one trie leaf behind a `{i}/cmd` edge with its one
-    // subscriber inline (`core/trie.rs`). (555 and 743 bytes a year's
-    // worth of commits ago: see git.) 109 bytes since, the leaf 40 bytes
-    // boxed with its edge's key and one pointer in its parent's table
-    // (`core/children.rs`). Bounds: the measured figures plus a quarter,
-    // so a doubled cost per unit fails.
+    // Measured 2026-11-29 at 48f375e: 278 bytes per connection: its
+    // 112-byte slot in the core's connection table and its session's
+    // 96-byte slot with the client id inline (`core/slots.rs`), the
+    // session's slot in the client-id index, two 8-byte entries in the
+    // timer wheel (`core/timers.rs`: connect timeout and keep alive, one
+    // once the connect timeout has passed) with their slots' spare
+    // capacity. 108 bytes per first subscription: the session's record
+    // (filter and 8 bytes of options) and one 40-byte trie leaf boxed
+    // with its edge's key, one pointer in its parent's table
+    // (`core/trie.rs`, `core/children.rs`). (415 and 144 bytes at
+    // 1144619, 555 and 743 a year's worth of commits before: see git.)
+    // Bounds: the measured figures plus a quarter, so a doubled cost per
+    // unit fails.
     assert!(
-        per_conn < 510,
+        per_conn < 350,
         "an idle connection costs {per_conn} heap bytes"
     );
     assert!(
