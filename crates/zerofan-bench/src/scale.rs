@@ -85,8 +85,9 @@ fn memory_per(
     }
 }
 
-/// Add "settled after S s: X bytes per conn" and the metric
-/// `B/conn settled`.
+/// Add "settled after S s: X bytes per conn" and the metrics
+/// `B/conn settled` and, where the kernel tells, `B/conn settled anon`
+/// (without the program's code paged in as it ran: see [`sys::Mem`]).
 fn settled_per(
     r: &mut CaseResult,
     before: Option<sys::Mem>,
@@ -101,6 +102,13 @@ fn settled_per(
             a.rss_kib as f64 / 1024.0
         ));
         r.metrics.push(Metric::lower("B/conn settled", per));
+        if let (Some(b), Some(a)) = (b.anon_kib, a.anon_kib) {
+            let per = (a as f64 - b as f64) * 1024.0 / n.max(1) as f64;
+            r.notes.push(format!(
+                "settled, anonymous memory only: {per:.0} bytes per conn"
+            ));
+            r.metrics.push(Metric::lower("B/conn settled anon", per));
+        }
     }
 }
 

@@ -83,6 +83,11 @@ pub struct Mem {
     pub rss_kib: u64,
     /// Peak resident set size (VmHWM).
     pub hwm_kib: u64,
+    /// The anonymous part of `rss_kib` (RssAnon): the heap and stacks,
+    /// without the program's own pages the kernel maps in as its code
+    /// runs (file-backed, shared, and no cost of the state it holds).
+    /// `None` where the kernel does not report it.
+    pub anon_kib: Option<u64>,
 }
 
 /// Read VmRSS and VmHWM of process `pid`.
@@ -96,7 +101,7 @@ pub fn read_mem(pid: u32) -> std::io::Result<Mem> {
     })
 }
 
-/// Parse the VmRSS and VmHWM lines of a `/proc/PID/status` text.
+/// Parse the VmRSS, VmHWM and RssAnon lines of a `/proc/PID/status` text.
 pub fn parse_status(text: &str) -> Option<Mem> {
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.starts_with(name))?;
@@ -110,6 +115,7 @@ pub fn parse_status(text: &str) -> Option<Mem> {
     Some(Mem {
         rss_kib: field("VmRSS:")?,
         hwm_kib: field("VmHWM:").unwrap_or(0),
+        anon_kib: field("RssAnon:"),
     })
 }
 
@@ -156,12 +162,13 @@ mod tests {
 
     #[test]
     fn status_is_parsed() {
-        let text = "Name:\tmosquitto\nVmHWM:\t    9000 kB\nVmRSS:\t    7012 kB\nThreads:\t1\n";
+        let text = "Name:\tmosquitto\nVmHWM:\t    9000 kB\nVmRSS:\t    7012 kB\nRssAnon:\t    5000 kB\nThreads:\t1\n";
         assert_eq!(
             parse_status(text),
             Some(Mem {
                 rss_kib: 7012,
-                hwm_kib: 9000
+                hwm_kib: 9000,
+                anon_kib: Some(5000),
             })
         );
         assert_eq!(parse_status("Name: x\n"), None);

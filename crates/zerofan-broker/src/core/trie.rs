@@ -769,46 +769,6 @@ mod tests {
         assert_eq!(matched(&mut t, "/"), Vec::<u64>::new());
     }
 
-    /// Nanoseconds per routed topic among 100,000 device filters and a
-    /// few wildcards, the topics scattered over the fleet (cache misses,
-    /// so pointer chases, dominate) and a hot few (instructions do):
-    /// `cargo test -p zerofan-broker --release --lib match_speed --
-    /// --ignored --nocapture`, best of five rounds.
-    #[test]
-    #[ignore = "a timing, not a check"]
-    fn match_speed() {
-        const N: u64 = 100_000;
-        let mut t = Trie::default();
-        for i in 0..N {
-            t.insert(&format!("devices/{i}/cmd"), None, SubEntry::plain(i));
-        }
-        for i in 0..1000 {
-            t.insert(&format!("site/{i}/+/status"), None, SubEntry::plain(i));
-            t.insert(&format!("fleet/{i}/#"), None, SubEntry::plain(i));
-        }
-        let scattered: Vec<String> = (0..N)
-            .map(|i| format!("devices/{}/cmd", (i * 7919) % N))
-            .collect();
-        let hot: Vec<String> = scattered.iter().take(64).cloned().collect();
-        for (name, topics) in [("scattered", &scattered), ("hot", &hot)] {
-            let rounds = (1_000_000 / topics.len()).max(1);
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let mut hits = 0usize;
-                let start = std::time::Instant::now();
-                for _ in 0..rounds {
-                    for topic in topics.iter() {
-                        t.for_each_match(topic, |_| hits += 1);
-                    }
-                }
-                let ns = start.elapsed().as_nanos() as f64 / (rounds * topics.len()) as f64;
-                assert_eq!(hits, rounds * topics.len());
-                best = best.min(ns);
-            }
-            println!("match {name}: {best:.1} ns per topic");
-        }
-    }
-
     #[test]
     fn a_node_is_40_bytes() {
         // One per device filter (`devices/{id}/cmd`): 96 with `+`, `#`
