@@ -38,6 +38,29 @@ pub(crate) struct Queued {
     pub replay: bool,
 }
 
+#[cfg(test)]
+impl Queued {
+    /// A message on topic `t` with `payload` at `qos`, nothing else set.
+    pub(super) fn for_test(qos: QoS, payload: bytes::Bytes) -> Queued {
+        Queued {
+            msg: Rc::new(Message::owned(
+                zerofan_codec::MqttStr::from_static("t"),
+                payload,
+                qos,
+                false,
+                Default::default(),
+                None,
+            )),
+            qos,
+            retain: false,
+            sub_ids: Vec::new(),
+            share: None,
+            entry: None,
+            replay: false,
+        }
+    }
+}
+
 /// What one queue slot costs besides the message's bytes: counted against
 /// the online bound, so a flood of empty payloads is bounded too.
 pub(super) const SLOT: usize = std::mem::size_of::<Queued>();
@@ -545,25 +568,9 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use std::time::Duration;
-    use zerofan_codec::MqttStr;
 
     fn q(qos: QoS, n: u8) -> Queued {
-        Queued {
-            msg: Rc::new(Message::owned(
-                MqttStr::from_static("t"),
-                Bytes::from(vec![n]),
-                qos,
-                false,
-                Default::default(),
-                None,
-            )),
-            qos,
-            retain: false,
-            sub_ids: Vec::new(),
-            share: None,
-            entry: None,
-            replay: false,
-        }
+        Queued::for_test(qos, Bytes::from(vec![n]))
     }
 
     #[test]

@@ -123,28 +123,10 @@ impl SessionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::message::Message;
     use bytes::Bytes;
-    use std::rc::Rc;
-    use zerofan_codec::MqttStr;
 
     fn q(qos: QoS, n: usize) -> Queued {
-        Queued {
-            msg: Rc::new(Message::owned(
-                MqttStr::from_static("t"),
-                Bytes::from(vec![7; n]),
-                qos,
-                false,
-                Default::default(),
-                None,
-            )),
-            qos,
-            retain: false,
-            sub_ids: Vec::new(),
-            share: None,
-            entry: None,
-            replay: false,
-        }
+        Queued::for_test(qos, Bytes::from(vec![7; n]))
     }
 
     #[test]
