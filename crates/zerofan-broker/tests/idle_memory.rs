@@ -41,19 +41,19 @@ fn idle_connections_are_cheap() {
     let per = (LIVE.load(Ordering::SeqCst) - before) / CLIENTS as i64;
     broker.shutdown().unwrap();
     println!("heap per idle connection: {per} bytes");
-    // 22 bytes, 2026-11-29 at 48f375e: the connection is parked (no
-    // task, no tokio I/O registration; its socket waits in the shared
-    // poller), and what it keeps beyond its slots is its slot in the
-    // client-id index and two 8-byte timer wheel entries (connect timeout
-    // and keep alive, for the first 10 s). Not counted: the slots the
-    // warm-up made, as it sized the tables: the connection's 112 bytes in
-    // the core's table and 32 in the shell's, the session's 96 with its
-    // client id inline (asserted in `core/slots.rs` and
-    // `core/connection.rs`); `tests/scale_state.rs` counts them, and
-    // `bench/scale.sh` counts everything in RSS. A connection that does
-    // not park (+512), a held read buffer (2 KiB), outbox capacity kept
-    // after the CONNACK, or a boxed id or queue fails this (146 bytes with
-    // a boxed Session, 181 with a deadline heap, 341 with a boxed
-    // Connection: see git).
-    assert!(per < 64, "an idle connection keeps {per} heap bytes");
+    // 28 bytes, 2026-11-29: the connection is parked (no task, no tokio
+    // I/O registration; its socket waits in the shared poller, and the
+    // core dropped its empty outbox and session queue when it parked),
+    // and what it keeps beyond its slots is its slot in the client-id
+    // index and two 8-byte timer wheel entries (connect timeout and keep
+    // alive, for the first 10 s). Not counted: the slots the warm-up
+    // made, as it sized the tables: the connection's 112 bytes in the
+    // core's table and 32 in the shell's, the session's 96 with its client
+    // id inline (asserted in `core/slots.rs` and `core/connection.rs`);
+    // `tests/scale_state.rs` counts them, and `bench/scale.sh` counts
+    // everything in RSS. A connection that does not park (+512), a held
+    // read buffer (2 KiB), an outbox kept after parking (+32), or a boxed
+    // client id fails this (146 bytes with a boxed Session, 181 with a
+    // deadline heap, 341 with a boxed Connection: see git).
+    assert!(per < 48, "an idle connection keeps {per} heap bytes");
 }

@@ -45,7 +45,8 @@ fn broker(now: Instant) -> Broker {
 }
 
 /// What the shell does after each event: drain the writer's items (and
-/// drop them, as if written). Returns true when the broker closes it.
+/// drop them, as if written), then park the quiet connection. Returns true
+/// when the broker closes it.
 fn drain(b: &mut Broker, now: Instant, c: ConnId) -> bool {
     let mut batch = Vec::new();
     loop {
@@ -53,7 +54,10 @@ fn drain(b: &mut Broker, now: Instant, c: ConnId) -> bool {
         match b.poll_transmit(now, c, &mut batch, 64) {
             Transmit::Gone => return true,
             Transmit::Close if b.outbox_len(c) == 0 => return true,
-            _ if batch.is_empty() => return false,
+            _ if batch.is_empty() => {
+                b.connection_parked(c);
+                return false;
+            }
             _ => {}
         }
     }

@@ -24,6 +24,7 @@ use super::ids::{ConnId, SessionId};
 use super::limits::PublishLimiter;
 use super::message::{copy_str, later, Message};
 use super::metrics::{Metrics, ShellStats};
+use super::moment::Moment;
 use super::observe::{Gauges, ReloadOutcome, ShardFigures, StoreFigures};
 use super::outbox::{Outgoing, Transmit};
 use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
@@ -121,6 +122,11 @@ pub struct Broker {
     /// When the core was made: its uptime, and the base of every session's
     /// expiry moment (`moment::Moment`), so never changed.
     started: Instant,
+    /// The last instant a packet was stamped at, as a [`Moment`]: the
+    /// shell hands every packet of one read the same instant, and the
+    /// conversion (a `Timespec` subtraction) cost ~75 instructions per
+    /// message when done for each.
+    last_stamp: (Instant, Moment),
     wakeups: Vec<ConnId>,
     /// The rate limit every per-client log line goes through.
     log_limit: crate::ratelimit::LogLimiter,
@@ -193,6 +199,7 @@ impl Broker {
             metrics: Metrics::default(),
             shell_stats: ShellStats::default(),
             started: now,
+            last_stamp: (now, Moment::new(now, Some(now))),
             wakeups: Vec::new(),
             log_limit: crate::ratelimit::LogLimiter::default(),
             wire_scratch: bytes::BytesMut::new(),
@@ -232,6 +239,16 @@ impl Broker {
         id
     }
 
+    /// `now` as a [`Moment`] against the core's start, converted once per
+    /// instant (see `last_stamp`).
+    #[inline]
+    fn stamp(&mut self, now: Instant) -> Moment {
+        if self.last_stamp.0 != now {
+            self.last_stamp = (now, Moment::new(self.started, Some(now)));
+        }
+        self.last_stamp.1
+    }
+
     /// A decoded packet from a connection.
     pub fn handle_packet(&mut self, now: Instant, conn: ConnId, packet: Packet) {
         if self.repl.reading() {
@@ -259,10 +276,11 @@ impl Broker {
     }
 
     fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet, wire: Option<Wire>) {
+        let at = self.stamp(now);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
-        c.touch(now, self.started);
+        c.touch(at);
         let phase = c.phase();
         let sid = match phase {
             Phase::Closing => return,
@@ -447,6 +465,20 @@ impl Broker {
             self.complete_takeover(now, new);
         }
         self.end_event();
+    }
+
+    /// The shell parked the connection (its socket waits in the shared
+    /// poller, no task runs for it): an empty outbox and session queue
+    /// give back their boxes, kept while it ran to save an allocation per
+    /// batch.
+    pub fn connection_parked(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        c.outbox.release();
+        if let Some(s) = c.session().and_then(|sid| self.sessions.get_mut(sid)) {
+            s.release_queue();
+        }
     }
 
     /// True once the broker has decided to close the connection (or it is unknown).
@@ -974,6 +1006,7 @@ impl Broker {
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
+        s.release_queue();
         let shares: Vec<Box<str>> = s
             .subscriptions
             .keys()
@@ -4043,8 +4076,9 @@ impl Broker {
                     if self.held(conn) {
                         // Not read because of a slow subscriber: its silence
                         // is ours, so the time held counts as activity.
+                        let at = self.stamp(now);
                         if let Some(c) = self.conns.get_mut(&conn) {
-                            c.touch(now, self.started);
+                            c.touch(at);
                             if let Some(at) = c.keep_alive_deadline(self.started) {
                                 self.timers.arm(at, Timer::KeepAlive(conn));
                             }

@@ -36,6 +36,7 @@ pub(crate) enum Phase {
 struct PackedPhase(u64);
 
 impl PackedPhase {
+    #[inline]
     fn pack(phase: Phase) -> PackedPhase {
         PackedPhase(match phase {
             Phase::AwaitingConnect => 0,
@@ -202,10 +203,10 @@ impl Connection {
         }
     }
 
-    /// A packet arrived at `now` (`base` as for [`Connection::new`]).
+    /// A packet arrived at `at` (made against the core's start).
     #[inline]
-    pub(crate) fn touch(&mut self, now: Instant, base: Instant) {
-        self.last_activity = Moment::new(base, Some(now));
+    pub(crate) fn touch(&mut self, at: Moment) {
+        self.last_activity = at;
     }
 
     /// The index of the listener it came in on.
@@ -225,6 +226,7 @@ impl Connection {
         self.phase.unpack()
     }
 
+    #[inline]
     pub(crate) fn set_phase(&mut self, phase: Phase) {
         self.phase = PackedPhase::pack(phase);
     }

@@ -257,20 +257,24 @@ impl Session {
     }
 
     /// Messages queued, not yet sent.
+    #[inline]
     pub(crate) fn queue_len(&self) -> usize {
         self.queue.len()
     }
 
+    #[inline]
     pub(crate) fn queue_is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// Payload bytes queued.
+    #[inline]
     pub(crate) fn queued_bytes(&self) -> usize {
         self.queue.bytes()
     }
 
     /// The next message to send.
+    #[inline]
     pub(crate) fn queue_front(&self) -> Option<&Queued> {
         self.queue.front()
     }
@@ -306,6 +310,12 @@ impl Session {
     /// space back.
     pub(crate) fn release_queue_space(&mut self, keep: usize) {
         self.queue.release_space(keep);
+    }
+
+    /// An empty queue gives back all its space (the client is parked or
+    /// gone).
+    pub(crate) fn release_queue(&mut self) {
+        self.queue.release();
     }
 
     /// The will of a lost connection, waiting for its delay.
@@ -378,6 +388,7 @@ impl Session {
     /// Queue a message for a connected client: bounded by [`cost`] (bytes
     /// and slots, retained replay left out), not by a message count, so a
     /// burst a busy subscriber reads a moment later is kept.
+    #[inline]
     pub(crate) fn push_online(
         &mut self,
         item: Queued,
@@ -402,6 +413,7 @@ impl Session {
 
     /// What the online bound counts: queued bytes and slots, less the
     /// retained replay.
+    #[inline]
     pub(crate) fn online_cost(&self) -> usize {
         let replay = self.flight.as_deref().map_or(0, |f| f.replay_cost);
         (self.queue.bytes() + self.queue.len() * SLOT).saturating_sub(replay)
@@ -496,6 +508,7 @@ impl Session {
         (qos0, other)
     }
 
+    #[inline]
     fn push_back(&mut self, item: Queued) {
         self.queue.push_back(item);
     }
@@ -510,6 +523,7 @@ impl Session {
     }
 
     /// Update the replay's cost for an item that left the queue.
+    #[inline]
     fn forget(&mut self, q: &Queued) {
         if q.replay {
             let f = self.flight_mut();
@@ -518,6 +532,7 @@ impl Session {
     }
 
     /// Take the next queued message.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<Queued> {
         let q = self.queue.pop_front()?;
         self.forget(&q);
@@ -526,6 +541,7 @@ impl Session {
 
     /// Take the oldest queued QoS 0 message: it needs no inflight slot, so
     /// it may overtake QoS 1/2 messages waiting for the window.
+    #[inline]
     pub(crate) fn pop_qos0(&mut self) -> Option<Queued> {
         if self.queue.qos0() == 0 {
             return None;

@@ -1,8 +1,9 @@
 //! A session's queue of messages not yet sent, with the counters its
-//! bounds read. Its state is boxed and made on the first message: most
-//! sessions of a device fleet never queue one, and the 48 bytes of a
-//! `VecDeque` and two counters made each of them a 128-byte `Session`
-//! where 8 bytes do.
+//! bounds read. Its state is boxed, made on the first message and dropped
+//! when the connection parks or the session is left without one
+//! ([`SessionQueue::release`]): most sessions of a device fleet hold no
+//! message most of the time, and the 48 bytes of a `VecDeque` and two
+//! counters made each of them a 128-byte `Session` where 8 bytes do.
 
 use super::session::Queued;
 use std::collections::VecDeque;
@@ -23,6 +24,7 @@ struct Items {
 }
 
 impl Items {
+    #[inline]
     fn forget(&mut self, q: &Queued) {
         self.bytes -= q.msg.size();
         self.qos0 -= usize::from(q.qos == QoS::AtMostOnce);
@@ -30,28 +32,34 @@ impl Items {
 }
 
 impl SessionQueue {
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.0.as_ref().map_or(0, |q| q.items.len())
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Payload bytes queued.
+    #[inline]
     pub(crate) fn bytes(&self) -> usize {
         self.0.as_ref().map_or(0, |q| q.bytes)
     }
 
     /// QoS 0 messages queued.
+    #[inline]
     pub(crate) fn qos0(&self) -> usize {
         self.0.as_ref().map_or(0, |q| q.qos0)
     }
 
+    #[inline]
     pub(crate) fn front(&self) -> Option<&Queued> {
         self.0.as_ref().and_then(|q| q.items.front())
     }
 
+    #[inline]
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Queued> {
         self.0.iter().flat_map(|q| q.items.iter())
     }
@@ -59,10 +67,12 @@ impl SessionQueue {
     /// The items, to change what the counters do not count (the message's
     /// bytes after compaction, store entries): an item's QoS and size must
     /// stay as they are.
+    #[inline]
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Queued> {
         self.0.iter_mut().flat_map(|q| q.items.iter_mut())
     }
 
+    #[inline]
     pub(crate) fn push_back(&mut self, item: Queued) {
         let q = self.0.get_or_insert_with(Box::default);
         q.bytes += item.msg.size();
@@ -70,6 +80,7 @@ impl SessionQueue {
         q.items.push_back(item);
     }
 
+    #[inline]
     pub(crate) fn pop_front(&mut self) -> Option<Queued> {
         let q = self.0.as_mut()?;
         let item = q.items.pop_front()?;
@@ -77,6 +88,7 @@ impl SessionQueue {
         Some(item)
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, pos: usize) -> Option<Queued> {
         let q = self.0.as_mut()?;
         let item = q.items.remove(pos)?;
@@ -108,13 +120,18 @@ impl SessionQueue {
     }
 
     /// An empty queue whose buffer grew past `keep` slots in a burst gives
-    /// its space back, boxed state included.
+    /// that buffer back.
     pub(crate) fn release_space(&mut self, keep: usize) {
-        if self
-            .0
-            .as_ref()
-            .is_some_and(|q| q.items.is_empty() && q.items.capacity() > keep)
-        {
+        if let Some(q) = self.0.as_mut() {
+            if q.items.is_empty() && q.items.capacity() > keep {
+                q.items = VecDeque::new();
+            }
+        }
+    }
+
+    /// An empty queue gives back all its space, boxed state included.
+    pub(crate) fn release(&mut self) {
+        if self.is_empty() {
             self.0 = None;
         }
     }
@@ -166,8 +183,13 @@ mod tests {
         assert_eq!(s.len(), 100, "a queue with items keeps them");
         while s.pop_front().is_some() {}
         s.release_space(1000);
-        assert!(s.0.is_some(), "a buffer within `keep` is kept");
+        assert!(
+            s.0.as_ref().is_some_and(|q| q.items.capacity() >= 100),
+            "a buffer within `keep` is kept"
+        );
         s.release_space(64);
+        assert!(s.0.as_ref().is_some_and(|q| q.items.capacity() == 0));
+        s.release();
         assert!(s.0.is_none());
     }
 }

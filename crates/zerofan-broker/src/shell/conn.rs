@@ -435,6 +435,7 @@ impl Conn {
                 h.quiet = self.fresh.min(QUICK_PARKS);
                 h.park = false;
                 drop(conns);
+                shared.broker.borrow_mut().connection_parked(self.id);
                 shared.lot.parked_one();
             }
             // tokio closed the socket when it could not deregister it.
