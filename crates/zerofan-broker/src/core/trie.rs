@@ -422,9 +422,14 @@ fn enter<'n>(
     edge.node_mut()
 }
 
-/// Join `edge`'s node, which became a relay (see `Node::is_relay`), into
-/// the edge: it leads on to the node's child.
+/// Join `edge`'s node into the edge if it became a relay (see
+/// `Node::is_relay`): the edge then leads on to the node's child. Checked
+/// here, before the node's children are taken: a node with subscribers or
+/// more children is left as it is.
 fn join(edge: &mut Edge<Node>) {
+    if !edge.node().is_relay() {
+        return;
+    }
     let Children::One(below) = std::mem::take(&mut edge.node_mut().children) else {
         return;
     };
@@ -563,7 +568,7 @@ fn remove_in(
             let removed = remove_in(edge.node_mut(), levels, group, session);
             if edge.node().is_empty() {
                 node.children.remove(level);
-            } else if edge.node().is_relay() {
+            } else {
                 join(edge);
             }
             removed
