@@ -104,7 +104,7 @@ pub struct Broker {
     /// In slots, not a hash map (see `slots.rs`); they hand out the
     /// connection ids.
     conns: ConnTable<Connection>,
-    /// Every session, by id and by client id (boxed).
+    /// Every session, by id (in slots, like `conns`) and by client id.
     sessions: Sessions,
     /// Connections not read because a subscriber they publish to is behind
     /// (push-back), by the session that holds them. Rare, so kept here
@@ -226,7 +226,8 @@ impl Broker {
 
     /// A new network connection; it has `connect_timeout` to send CONNECT.
     pub fn connection_opened(&mut self, now: Instant, peer: SocketAddr) -> ConnId {
-        let Some(id) = self.conns.insert(Connection::new(peer, now, self.started)) else {
+        let at = self.stamp(now);
+        let Some(id) = self.conns.insert(Connection::new(peer, at)) else {
             // 2^32 - 1 connections held: an id that names no connection,
             // so the shell finds this one gone at once and closes it.
             return ConnTable::<Connection>::NO_SLOT;

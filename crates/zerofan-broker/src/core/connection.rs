@@ -171,24 +171,24 @@ pub(crate) struct Connection {
     /// mosquitto treats bridges, so that two brokers bridged both ways do
     /// not echo each other's messages.
     pub bridge: bool,
-    /// The listener's index ([`Connection::listener`]); here rather than
-    /// in `sec`, where its padding took the connection from 144 bytes to
-    /// 152 (every connection holds one, parked or not).
+    /// The listener's index ([`Connection::listener`]); here beside the
+    /// other small fields rather than in `sec`, whose padding it made 8
+    /// bytes longer (every connection holds one, parked or not).
     listener: u16,
     /// Certificate identity, username, limits (see `auth`).
     pub sec: super::auth::ConnSecurity,
 }
 
 impl Connection {
-    /// A connection that has not sent CONNECT yet; `base` is the core's
-    /// start, the same for every call on it.
-    pub(crate) fn new(peer: SocketAddr, now: Instant, base: Instant) -> Self {
+    /// A connection that has not sent CONNECT yet, opened at `at` (made
+    /// against the core's start, as for [`Connection::touch`]).
+    pub(crate) fn new(peer: SocketAddr, at: Moment) -> Self {
         Connection {
             peer: peer.into(),
             phase: PackedPhase::pack(Phase::AwaitingConnect),
             protocol: Protocol::V311,
             keep_alive: 0,
-            last_activity: Moment::new(base, Some(now)),
+            last_activity: at,
             max_packet_out: u32::MAX,
             send_window: u16::MAX,
             alias_max_out: 0,
@@ -245,7 +245,7 @@ impl Connection {
     }
 
     /// When keep alive runs out (1.5 times the interval after the last
-    /// packet); `base` as for [`Connection::new`].
+    /// packet); `base` is the core's start, which its moments count from.
     pub(crate) fn keep_alive_deadline(&self, base: Instant) -> Option<Instant> {
         if self.keep_alive == 0 {
             return None;

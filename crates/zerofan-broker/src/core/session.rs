@@ -408,7 +408,7 @@ impl Session {
     pub(crate) fn push_replay(&mut self, mut item: Queued) {
         item.replay = true;
         self.flight_mut().replay_cost += cost(&item);
-        self.push_back(item);
+        self.queue.push_back(item);
     }
 
     /// What the online bound counts: queued bytes and slots, less the
@@ -427,7 +427,7 @@ impl Session {
         full: impl Fn(&Session) -> bool,
     ) -> PushOutcome {
         if !full(self) {
-            self.push_back(item);
+            self.queue.push_back(item);
             return PushOutcome::Queued;
         }
         if item.qos == QoS::AtMostOnce {
@@ -436,7 +436,7 @@ impl Session {
             if let Some(pos) = self.droppable(online, true) {
                 self.remove_at(pos);
                 if !full(self) {
-                    self.push_back(item);
+                    self.queue.push_back(item);
                     return PushOutcome::DroppedOldQos0;
                 }
             }
@@ -452,7 +452,7 @@ impl Session {
                     };
                     self.remove_at(pos);
                 }
-                self.push_back(item);
+                self.queue.push_back(item);
                 PushOutcome::DroppedOldest
             }
         }
@@ -506,11 +506,6 @@ impl Session {
             other += 1;
         }
         (qos0, other)
-    }
-
-    #[inline]
-    fn push_back(&mut self, item: Queued) {
-        self.queue.push_back(item);
     }
 
     fn remove_at(&mut self, pos: usize) -> Option<Queued> {
