@@ -66,6 +66,11 @@ async fn settle(k: &Knobs) {
     tokio::time::sleep(Duration::from_millis(if k.smoke { 200 } else { 1500 })).await;
 }
 
+/// Bytes each of `n` units took, from KiB `before` and `after`.
+fn bytes_each(before_kib: u64, after_kib: u64, n: usize) -> f64 {
+    (after_kib as f64 - before_kib as f64) * 1024.0 / n.max(1) as f64
+}
+
 /// Add "broker RSS a -> b MiB, X bytes per `unit`" and the metric `B/unit`.
 fn memory_per(
     r: &mut CaseResult,
@@ -75,7 +80,7 @@ fn memory_per(
     unit: &str,
 ) {
     if let (Some(b), Some(a)) = (before, after) {
-        let per = (a.rss_kib as f64 - b.rss_kib as f64) * 1024.0 / n.max(1) as f64;
+        let per = bytes_each(b.rss_kib, a.rss_kib, n);
         r.notes.push(format!(
             "broker RSS {:.1} -> {:.1} MiB: {per:.0} bytes per {unit}",
             b.rss_kib as f64 / 1024.0,
@@ -96,14 +101,14 @@ fn settled_per(
     at: f64,
 ) {
     if let (Some(b), Some(a)) = (before, now) {
-        let per = (a.rss_kib as f64 - b.rss_kib as f64) * 1024.0 / n.max(1) as f64;
+        let per = bytes_each(b.rss_kib, a.rss_kib, n);
         r.notes.push(format!(
             "settled after {at:.0} s: broker RSS {:.1} MiB, {per:.0} bytes per conn",
             a.rss_kib as f64 / 1024.0
         ));
         r.metrics.push(Metric::lower("B/conn settled", per));
         if let (Some(b), Some(a)) = (b.anon_kib, a.anon_kib) {
-            let per = (a as f64 - b as f64) * 1024.0 / n.max(1) as f64;
+            let per = bytes_each(b, a, n);
             r.notes.push(format!(
                 "settled, anonymous memory only: {per:.0} bytes per conn"
             ));
