@@ -1131,12 +1131,11 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     the 3.1.1 one, which goes to the first node of its list; node 1 takes
     each session over. The checker finds QoS 2 messages once, each
     publisher's order kept, one owner of each client id at a time, and
-    every acknowledged message delivered: to the subscriber that stays,
-    all of them; to the moving ones, all but those sent while their
-    session moved (from 0.5 s before their DISCONNECT until 0.5 s after
-    they were served again), which the hand-off may miss (README,
-    cluster section); how many it missed is printed."""
-    ns = nodes(3)
+    every acknowledged message delivered to every subscriber, the moving
+    ones and the offline session handed over included: while a session
+    moves, its old node relays what still reaches it (`core/moves.rs`).
+    What was relayed is printed."""
+    ns = nodes(3, http=True)
     # Ports taken just before node 4 starts (free_port races other tests).
     n4 = Node(4, 0, 0, tmp_path / "n4")
     everyone = [ns[0], ns[2], n4, ns[1]]  # a client's server list, node 2 last
@@ -1190,26 +1189,11 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
             t.join(WAIT)
     assert errors == []
     total = {who: len(seqs) for who, seqs in h.acked.items()}
-    # What each subscriber must get: for the moving ones, all but what was
-    # sent from 0.5 s before their connection on node 2 ended until 0.5 s
-    # after they were served on node 1 (a message queued on node 2
-    # just before the move has been seen to miss the session, rarely).
-    expect = {"k3": h}
-    window = {}
-    for f in followers[:2]:
-        (_, _, left), (_, served_at, _) = h.owners[f.name][0], h.owners[f.name][1]
-        moving = History(qos=h.qos, received=h.received)
-        window[f.name] = set()
-        for who, seqs in h.acked.items():
-            w = {i for i in seqs if left - 0.5 <= sent_at[who][i] <= served_at + 0.5}
-            moving.acked[who] = seqs - w
-            window[f.name] |= {(who, i) for i in w}
-        expect[f.name] = moving
     # Everything expected arrives (a bounded wait on the messages).
     for f in followers:
         deadline = time.monotonic() + WAIT
         with f.got:
-            f.got.wait_for(lambda: not expect[f.name].problems([f.name]),
+            f.got.wait_for(lambda: not h.problems([f.name]),
                            max(0.0, deadline - time.monotonic()))
     for f in followers:
         f.stop.set()
@@ -1223,23 +1207,17 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     assert s5.node.node_id == 1
     assert followers[1].node.node_id == 1, "3.1.1: the first node of its list"
     assert followers[2].moves == [], "node 3's client stays"
-    missed = {}
     for f in followers:
-        assert expect[f.name].problems([f.name]) == []
+        assert h.problems([f.name]) == []
         twice = [m for m, n in Counter(h.received[f.name]).items()
                  if n > 1 and h.qos[parse(m)[0]] == 2]
         assert twice == [], f"{f.name}: QoS 2 twice {twice[:5]}"
-        if f.name in window:
-            got = {parse(p) for p in h.received[f.name]}
-            missed[f.name] = (len(window[f.name] - got), len(window[f.name]))
-    print(f"remove under traffic: {took:.2f} s, {r.stdout.strip()!r}; acknowledged {total}; "
-          f"missed while moving (of sent then) {missed}")
+    print(f"remove under traffic: {took:.2f} s, {r.stdout.strip()!r}; acknowledged {total}")
     assert h.owner_problems() == []
     for f in followers:
         f.c.close()
-    # The offline session is on node 1 with what was published while it
-    # was on node 2 and since: all but what was sent while it was handed
-    # over (its fence on node 2 until node 1 served it).
+    # The offline session is on node 1 with everything published while it
+    # was on node 2 and since.
     off = _persistent(ns[0], "off5", 5)
     assert off.session_present
     n = len(h.acked["q1"])
@@ -1252,9 +1230,13 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
             break
     h.received["off5"] = got
     handed = History(qos={"q1": 1}, received=h.received)
-    handed.acked["q1"] = {i for i in h.acked["q1"]
-                          if not removed - 0.5 <= sent_at["q1"][i] <= removed_by + 0.5}
+    handed.acked["q1"] = set(h.acked["q1"])
     assert handed.problems(["off5"]) == []
+    # Node 1 took the three sessions from node 2 with its relay, each
+    # finished (every node switched), none at its deadline.
+    http = ns[0].http_port
+    assert metric(http, "zerofan_cluster_moves_arrived_total") == 3
+    assert metric(http, "zerofan_cluster_moves_timed_out_total") == 0
     off.close()
     n4.broker.terminate()
 

@@ -25,6 +25,7 @@ use super::limits::PublishLimiter;
 use super::message::{copy_str, later, Message};
 use super::metrics::{Metrics, ShellStats};
 use super::moment::Moment;
+use super::moves::{Answer, Hit as MoveHit, MOVE_TIMEOUT};
 use super::observe::{Gauges, ReloadOutcome, ShardFigures, StoreFigures};
 use super::outbox::{Outgoing, Transmit};
 use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
@@ -165,6 +166,9 @@ pub struct Broker {
     repl: super::replica::Replication,
     /// A node leaving the cluster sends its clients elsewhere (see `drain`).
     drain: super::drain::Drain,
+    /// Persistent sessions moving to or from this node while it and the
+    /// other end stay up (see `moves`).
+    moves: super::moves::Moves,
 }
 
 /// What the shell does with a connection's further input.
@@ -216,6 +220,7 @@ impl Broker {
             retain_order: Default::default(),
             repl: Default::default(),
             drain: Default::default(),
+            moves: Default::default(),
         }
     }
 
@@ -1143,6 +1148,11 @@ impl Broker {
         let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
         if let Some(client) = &client {
             self.claims.settle_handover(client);
+            // Its client is back before the relay to its new owner ended:
+            // the session here is that owner's now (its handover awaited).
+            if let Some(sid) = self.moves.is_leaving_client(client) {
+                self.leave_over(now, sid, false);
+            }
         }
         if let (true, Some(prev), Some(client)) = (granted, prev, client) {
             self.refuse_stale_copy(&client, &prev);
@@ -1171,8 +1181,10 @@ impl Broker {
             // An image kept here becomes the session; the replicas get it.
             self.install_replica(now, &connect);
             let client = connect.client_id.clone();
+            let resumed = !connect.clean_start;
             self.handle_connect(now, conn, *connect, true);
             self.claimed(&client);
+            self.arrive(now, client.as_str(), resumed);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
@@ -1278,6 +1290,13 @@ impl Broker {
     /// owner, whose claim names as the previous owner the node before this
     /// one's own run of claims, which has nothing newer to give.
     fn serves(&self, client: &str) -> bool {
+        // One that moved away and is only relayed from here is not.
+        self.sessions.has_client(client) && self.moves.is_leaving_client(client).is_none()
+    }
+
+    /// Whether `client`'s session lives here (tests).
+    #[cfg(test)]
+    pub(crate) fn serves_client(&self, client: &str) -> bool {
         self.sessions.has_client(client)
     }
 
@@ -1372,7 +1391,20 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
-        let Some(sid) = self.sessions.of_client(&id) else {
+        let mut sid = self.sessions.of_client(&id);
+        if let Some(s) = sid {
+            match self.moves.leaving(s) {
+                // Told twice (the leader's fence, then the claim applied).
+                Some(l) if Some(l.to) == to => return,
+                // Moved on again: the relay to the node before ends.
+                Some(_) => {
+                    self.leave_over(now, s, false);
+                    sid = None;
+                }
+                None => {}
+            }
+        }
+        let Some(sid) = sid else {
             if let Some(to) = to {
                 self.peers.send(
                     to,
@@ -1391,14 +1423,276 @@ impl Broker {
         if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
         }
-        if let Some(to) = to {
-            self.hand_over(sid, client_id, to);
+        let relayed = self
+            .sessions
+            .get(sid)
+            .is_some_and(|s| s.stored && s.expiry_interval > 0 && s.subscriptions.len() > 0);
+        match to {
+            // Kept until every node sends the new owner what matches it.
+            Some(to) if relayed => {
+                self.leave_relaying(now, sid, client_id, to);
+                self.repl.unrecord(client_id);
+                self.end_event();
+                return;
+            }
+            Some(to) => self.hand_over(sid, client_id, to),
+            None => {}
         }
         self.end_session(now, sid);
         // The session moved, it did not end: the replicas keep their copy
         // (the new owner's full image replaces it).
         self.repl.unrecord(client_id);
         self.end_event();
+    }
+}
+
+// A persistent session moving between live nodes (see `moves`).
+impl Broker {
+    /// At the old owner, instead of ending `sid` at once: hand it over to
+    /// `to` and relay its matches there until every node has flushed.
+    fn leave_relaying(&mut self, now: Instant, sid: SessionId, client: &str, to: PeerId) {
+        // Before the mark, which lets the new owner serve the session.
+        self.peers.send(
+            to,
+            PeerEvent::Relaying {
+                client: client.into(),
+            },
+        );
+        self.hand_over(sid, client, to);
+        let me = self.peers.me();
+        let mut nodes = vec![None];
+        nodes.extend(
+            self.peers
+                .ids()
+                .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
+                .map(Some),
+        );
+        let deadline = now + MOVE_TIMEOUT;
+        self.moves.leave(sid, client, to, nodes, deadline);
+        self.timers.arm(deadline, Timer::Moves);
+        self.metrics.moves_relayed += 1;
+    }
+
+    /// The relay of `sid` is over (every node flushed; or timed out, or
+    /// its new owner gone): the new owner is told, the session ends here.
+    fn leave_over(&mut self, now: Instant, sid: SessionId, timed_out: bool) {
+        let Some(l) = self.moves.take_leaving(sid) else {
+            return;
+        };
+        if timed_out {
+            self.metrics.moves_timed_out += 1;
+        }
+        self.peers.send(
+            l.to,
+            PeerEvent::RelayDone {
+                client: l.client.clone(),
+            },
+        );
+        self.end_session(now, sid);
+        self.repl.unrecord(&l.client);
+    }
+
+    /// `node` (`None`: this one) flushed `client`'s move.
+    fn move_flushed(&mut self, now: Instant, client: &str, node: Option<PeerId>) {
+        if let Some(sid) = self.moves.is_leaving_client(client) {
+            if self.moves.flushed_leaving(client, node) {
+                self.leave_over(now, sid, false);
+            }
+        }
+    }
+
+    /// `from`, the old owner of `client`'s session, relays it here.
+    fn relaying(&mut self, now: Instant, from: PeerId, client: Box<str>) {
+        let forgot = self.moves.expect(client.clone(), from, now + MOVE_TIMEOUT);
+        self.metrics.moves_relay_dropped += forgot as u64;
+        // Served here already: a claim that did not wait for the mark (the
+        // old owner away then, or slower than the wait). Messages it sent
+        // directly since may be relayed too, so none is taken (as before
+        // relays); the nodes are told to flush, which ends the relay.
+        if self.serves(&client) {
+            self.moves.unexpect(&client, Some(from));
+            self.peers.send_all(|| PeerEvent::Moved {
+                client: client.clone(),
+            });
+            self.peers.send_all(|| PeerEvent::Flushed {
+                client: client.clone(),
+            });
+        }
+    }
+
+    /// A message the old owner relayed for `client`'s session.
+    fn relayed(&mut self, now: Instant, from: PeerId, client: &str, item: Queued) {
+        if let Some(sid) = self.moves.arriving_of(client, from) {
+            self.enqueue(now, sid, item);
+        } else if !self
+            .moves
+            .keep_early(client, from, item, self.config.max_queued_messages)
+        {
+            self.metrics.moves_relay_dropped += 1;
+        }
+    }
+
+    /// `client`'s session is served here now (`resumed`: the session the
+    /// old owner had). When that owner relays it, every node hears of it
+    /// (`Moved`, after the subscriptions), this node flushes, and the
+    /// relays that came early are queued first.
+    fn arrive(&mut self, now: Instant, client: &str, resumed: bool) {
+        if !self.moves.expects(client) {
+            return;
+        }
+        let sid = MqttStr::try_from(client)
+            .ok()
+            .and_then(|id| self.sessions.of_client(&id));
+        let me = self.peers.me();
+        let nodes: Vec<PeerId> = self
+            .peers
+            .ids()
+            .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
+            .collect();
+        let early = match sid {
+            Some(sid) if resumed => self.moves.arrive(sid, client, nodes, now),
+            // A clean session: the old one's messages are not for it; the
+            // old owner still waits for the nodes to flush.
+            _ => self.moves.unexpect(client, None).then(Vec::new),
+        };
+        let Some(early) = early else {
+            return;
+        };
+        // The subscriptions reach every node before `Moved`, on the same
+        // links.
+        self.announce();
+        self.peers.send_all(|| PeerEvent::Moved {
+            client: client.into(),
+        });
+        self.peers.send_all(|| PeerEvent::Flushed {
+            client: client.into(),
+        });
+        self.timers.arm(now + MOVE_TIMEOUT, Timer::Moves);
+        if let Some(sid) = sid.filter(|_| resumed) {
+            for item in early {
+                self.enqueue(now, sid, item);
+            }
+        }
+    }
+
+    /// The move of `sid` to this node is over: what was held is queued, in
+    /// order, and the answers that waited for it go.
+    fn arrived(&mut self, now: Instant, sid: SessionId) {
+        let Some(a) = self.moves.take_arriving(sid) else {
+            return;
+        };
+        self.metrics.moves_arrived += 1;
+        let (held, answers) = a.into_parts();
+        for item in held {
+            self.enqueue(now, sid, item);
+        }
+        for answer in answers {
+            match answer {
+                Answer::Seen(p, seq) => self.durable_seen(p, seq),
+                Answer::Ack(conn, out) => self.send_publish_ack(conn, out),
+            }
+        }
+    }
+
+    /// A match of `sid` while moves are on: the item back when it is to be
+    /// queued as usual.
+    fn moving_hit(&mut self, now: Instant, sid: SessionId, item: Queued) -> Option<Queued> {
+        let node = item.msg.origin_peer;
+        let publisher = item
+            .msg
+            .origin
+            .filter(|_| node.is_none())
+            .and_then(|o| self.sessions.get(o))
+            .and_then(|s| s.conn);
+        let bound = self.config.max_queued_messages;
+        match self.moves.hit(sid, node, publisher, item, bound) {
+            MoveHit::Deliver(item) => Some(item),
+            MoveHit::Relay(to, client, item) => {
+                self.metrics.moves_relayed_messages += 1;
+                self.peers.send(
+                    to,
+                    PeerEvent::Relayed {
+                        client,
+                        msg: item.msg.for_peer(),
+                        qos: item.qos,
+                        retain: item.retain,
+                        sub_ids: item.sub_ids,
+                    },
+                );
+                None
+            }
+            MoveHit::Drop | MoveHit::Held => None,
+            MoveHit::Overflow(item) => {
+                // Order gives way to the bound: what is held goes now.
+                self.metrics.moves_hold_overflows += 1;
+                self.arrived(now, sid);
+                Some(item)
+            }
+        }
+    }
+
+    /// `answer` when it may go now; kept by the moves otherwise (see
+    /// `moves`: held messages of its node, relays not yet confirmed).
+    fn move_gate(&mut self, answer: Answer) -> Option<Answer> {
+        let answer = self.moves.hold_answer(answer)?;
+        let targets = self.moves.relay_targets();
+        let seen: Vec<(PeerId, u64)> = targets
+            .into_iter()
+            .map(|p| (p, self.peers.seen_by(p)))
+            .collect();
+        let mut fences = Vec::new();
+        let peers = &mut self.peers;
+        let answer = self.moves.chain(
+            answer,
+            || peers.stamp(),
+            |p| seen.iter().find(|s| s.0 == p).map_or(u64::MAX, |s| s.1),
+            &mut fences,
+        );
+        for (to, seq) in fences {
+            self.peers.send(to, PeerEvent::Fence { seq });
+        }
+        answer
+    }
+
+    /// Send the chained answers whose fences were seen (`gone`: a node
+    /// not waited for any more).
+    fn unchain(&mut self, gone: Option<PeerId>) {
+        let peers = &self.peers;
+        let free = self.moves.unchain(|p| peers.seen_by(p), gone);
+        for answer in free {
+            match answer {
+                Answer::Seen(p, seq) => self.durable_seen_unmoved(p, seq),
+                Answer::Ack(conn, out) => self.send_publish_ack_unmoved(conn, out),
+            }
+        }
+    }
+
+    /// `peer` is away or left: the moves go on without it.
+    fn moves_peer_gone(&mut self, peer: PeerId) {
+        if !self.moves.gates() {
+            return;
+        }
+        let now = self.last_stamp.0;
+        let (left, arrived) = self.moves.peer_gone(peer);
+        for sid in left {
+            self.leave_over(now, sid, false);
+        }
+        for sid in arrived {
+            self.arrived(now, sid);
+        }
+        self.unchain(Some(peer));
+    }
+
+    /// End the moves past their deadline.
+    fn moves_overdue(&mut self, now: Instant) {
+        let (left, arrived) = self.moves.overdue(now);
+        for sid in left {
+            self.leave_over(now, sid, true);
+        }
+        for sid in arrived {
+            self.metrics.moves_timed_out += 1;
+            self.arrived(now, sid);
+        }
     }
 }
 
@@ -2641,6 +2935,12 @@ impl Broker {
                 entry: None,
                 replay: false,
             };
+            if self.moves.any() {
+                if let Some(item) = self.moving_hit(now, hit.session, item) {
+                    self.enqueue_with(now, hit.session, item, &mut compacted);
+                }
+                continue;
+            }
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
         // The last forward takes the message itself when nothing else
@@ -3276,6 +3576,18 @@ impl Broker {
     /// message) with `Seen` once everything this core wrote so far (for
     /// the peer's earlier messages among it) is durable, in order.
     pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
+        if self.moves.gates() {
+            let Some(Answer::Seen(from, seq)) = self.move_gate(Answer::Seen(from, seq)) else {
+                return;
+            };
+            self.durable_seen_unmoved(from, seq);
+            return;
+        }
+        self.durable_seen_unmoved(from, seq);
+    }
+
+    /// [`Broker::durable_seen`], no move in the way.
+    fn durable_seen_unmoved(&mut self, from: super::peer::PeerId, seq: u64) {
         // And once the replicas have what this node replicated so far.
         if self.replica_holds_seen(from, seq) {
             return;
@@ -3293,6 +3605,17 @@ impl Broker {
     /// Send the PUBACK / PUBREC of an inbound PUBLISH: at once when nothing
     /// was written for it, else once its commit is durable.
     pub(crate) fn send_publish_ack(&mut self, conn: ConnId, out: Outgoing) {
+        if self.moves.gates() {
+            if let Some(Answer::Ack(conn, out)) = self.move_gate(Answer::Ack(conn, out)) {
+                self.send_publish_ack_unmoved(conn, out);
+            }
+            return;
+        }
+        self.send_publish_ack_unmoved(conn, out);
+    }
+
+    /// [`Broker::send_publish_ack`], no move in the way.
+    fn send_publish_ack_unmoved(&mut self, conn: ConnId, out: Outgoing) {
         // Behind this connection's acknowledgements that wait for replicas.
         let Some(out) = self.repl.wait_behind(conn, out) else {
             return;
@@ -4117,9 +4440,12 @@ impl Broker {
                     }
                 }
                 Timer::SessionExpiry(sid) => {
-                    let expired = self.sessions.get(sid).is_some_and(|s| {
-                        s.conn.is_none() && s.expires_at(self.started).is_some_and(|at| at <= now)
-                    });
+                    // One that moved away ends when its relay does.
+                    let expired = self.moves.leaving(sid).is_none()
+                        && self.sessions.get(sid).is_some_and(|s| {
+                            s.conn.is_none()
+                                && s.expires_at(self.started).is_some_and(|at| at <= now)
+                        });
                     if expired {
                         if self.events.on() {
                             let id = self.sessions.get(sid).map(|s| &*s.client_id);
@@ -4137,6 +4463,7 @@ impl Broker {
                     self.complete_takeover(now, conn);
                 }
                 Timer::Takeover(_) => {}
+                Timer::Moves => self.moves_overdue(now),
                 Timer::Sys => {
                     self.publish_sys(now);
                     self.timers.arm(
@@ -4450,6 +4777,9 @@ impl Broker {
             PeerEvent::Seen { seq } => {
                 let ready = self.peers.seen(from, seq);
                 self.release_deferred(ready);
+                if self.moves.gates() {
+                    self.unchain(None);
+                }
             }
             PeerEvent::Publish {
                 mut msg,
@@ -4487,6 +4817,47 @@ impl Broker {
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::ReplicaStale { clients } => self.replica_stale(now, clients),
             PeerEvent::Handover { client } => self.claims.handed_over(client),
+            PeerEvent::Relaying { client } => self.relaying(now, from, client),
+            PeerEvent::Relayed {
+                client,
+                mut msg,
+                qos,
+                retain,
+                sub_ids,
+            } => {
+                msg.arrived_from(from);
+                let item = Queued {
+                    msg: Rc::new(msg),
+                    qos,
+                    retain,
+                    sub_ids,
+                    share: None,
+                    entry: None,
+                    replay: false,
+                };
+                self.relayed(now, from, &client, item);
+            }
+            PeerEvent::RelayDone { client } => {
+                if let Some(sid) = self.moves.arriving_of(&client, from) {
+                    self.arrived(now, sid);
+                } else {
+                    // Over before the session was served here (its claim
+                    // never came, or the relay timed out).
+                    self.moves.unexpect(&client, Some(from));
+                }
+            }
+            PeerEvent::Moved { client } => {
+                // What this node sends from now on matches the new owner's
+                // subscriptions (announced before, on the same link).
+                self.peers.send_all(|| PeerEvent::Flushed {
+                    client: client.clone(),
+                });
+                self.move_flushed(now, &client, None);
+            }
+            PeerEvent::Flushed { client } => {
+                self.move_flushed(now, &client, Some(from));
+                self.moves.flushed_arriving(&client, from);
+            }
             PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(session).and_then(|s| s.conn);
@@ -4642,6 +5013,7 @@ impl Broker {
     /// held is released, and what waited for it (a SUBACK, a retained
     /// message's acknowledgement) goes.
     pub fn peer_left(&mut self, peer: PeerId) {
+        self.moves_peer_gone(peer);
         self.router.forget_peer(peer);
         let (wake, ready) = self.peers.remove(peer);
         self.router.set_peered(self.peers.me());
@@ -4659,6 +5031,9 @@ impl Broker {
     /// for every peer does not wait for it; when its link is up again it
     /// gets this core's state anew.
     pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
+        if away {
+            self.moves_peer_gone(peer);
+        }
         let ready = self.peers.set_away(peer, away);
         self.release_deferred(ready);
         self.replica_answered(peer, None);
@@ -5157,6 +5532,7 @@ impl Broker {
         self.metrics.replica_installs += 1;
         self.restage(sid, will);
         self.claimed(&id);
+        self.arrive(now, client_id, true);
         self.end_event();
         true
     }

@@ -412,6 +412,50 @@ counters! {
                 "zerofan_cluster_fenced_takeovers_total",
                 "Sessions ended here because another node claimed their client id.",
             )),
+        /// Sessions that moved to another live node and were relayed there
+        /// until every node had flushed (see `moves`).
+        pub moves_relayed: u64 = CounterDef::NEW
+            .sys("cluster/moves_relayed")
+            .prom(Family::new(
+                "zerofan_cluster_moves_relayed_total",
+                "Persistent sessions handed to another live node whose matches were relayed there until every node had switched.",
+            )),
+        /// Messages relayed to a moving session's new owner.
+        pub moves_relayed_messages: u64 = CounterDef::NEW
+            .sys("cluster/moves_relayed_messages")
+            .prom(Family::new(
+                "zerofan_cluster_moves_relayed_messages_total",
+                "Messages relayed to the new owner of a session moving between live nodes.",
+            )),
+        /// Moves into this node that finished (the old owner's relay done).
+        pub moves_arrived: u64 = CounterDef::NEW
+            .sys("cluster/moves_arrived")
+            .prom(Family::new(
+                "zerofan_cluster_moves_arrived_total",
+                "Sessions moved here from a live node whose relay finished.",
+            )),
+        /// Moves that ended at their deadline, not all nodes flushed.
+        pub moves_timed_out: u64 = CounterDef::NEW
+            .sys("cluster/moves_timed_out")
+            .prom(Family::new(
+                "zerofan_cluster_moves_timed_out_total",
+                "Session moves that ended at their 5 s deadline before every node had switched.",
+            )),
+        /// Relayed messages for no moving session here (counted, dropped).
+        pub moves_relay_dropped: u64 = CounterDef::NEW
+            .sys("cluster/moves_relay_dropped")
+            .prom(Family::new(
+                "zerofan_cluster_moves_relay_dropped_total",
+                "Relayed messages dropped: no session here was moving in from their sender, or too many came early.",
+            )),
+        /// Moves whose held messages reached the session's queue bound and
+        /// were queued before the relay ended.
+        pub moves_hold_overflows: u64 = CounterDef::NEW
+            .sys("cluster/moves_hold_overflows")
+            .prom(Family::new(
+                "zerofan_cluster_moves_hold_overflows_total",
+                "Session moves whose held messages reached the queue bound and were queued before the relay ended.",
+            )),
         /// Connections dropped because this node's cluster lease ran out.
         pub clients_fenced: u64 = CounterDef::NEW
             .sys("cluster/clients_fenced")

@@ -102,6 +102,7 @@ pub mod limits;
 mod message;
 mod metrics;
 mod moment;
+mod moves;
 mod observe;
 mod outbox;
 mod peer;

@@ -143,6 +143,46 @@ pub enum PeerEvent {
         /// The previous owner's claim epoch.
         epoch: u64,
     },
+    /// The sender, the old owner of `client`'s persistent session, keeps
+    /// relaying what matches its subscriptions to the receiver, the new
+    /// owner, until every node has flushed (see `moves`). Sent just before
+    /// the [`PeerEvent::Handover`].
+    Relaying {
+        /// The client id.
+        client: Box<str>,
+    },
+    /// A message that matched `client`'s moving session at its old owner
+    /// (the sender), for that session alone at the new owner.
+    Relayed {
+        /// The client id.
+        client: Box<str>,
+        /// The message (its payload shared, never copied).
+        msg: Message,
+        /// The QoS it is delivered at (already the subscription's).
+        qos: zerofan_codec::QoS,
+        /// The RETAIN flag to deliver.
+        retain: bool,
+        /// The matching subscription identifiers.
+        sub_ids: Vec<u32>,
+    },
+    /// Every node has flushed `client`'s move: the sender relays no more.
+    RelayDone {
+        /// The client id.
+        client: Box<str>,
+    },
+    /// The sender serves `client`'s persistent session now, its
+    /// subscriptions announced before this: every node answers with
+    /// [`PeerEvent::Flushed`].
+    Moved {
+        /// The client id.
+        client: Box<str>,
+    },
+    /// What the sender sends after this that matches `client`'s session
+    /// goes to its new owner (sent to every node).
+    Flushed {
+        /// The client id.
+        client: Box<str>,
+    },
 }
 
 /// Bytes of publishes (topic and payload) a core crosses to one peer
@@ -564,6 +604,16 @@ impl Peers {
             s.seen = s.seen.max(seq);
         }
         self.ready()
+    }
+
+    /// The last of our changes `peer` has applied (all, for a peer not
+    /// known: nothing waits for it).
+    pub(crate) fn seen_by(&self, peer: PeerId) -> u64 {
+        self.slots
+            .binary_search_by_key(&peer, |s| s.id)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .map_or(u64::MAX, |s| s.seen)
     }
 
     /// The next peer's batch of events, if any waits.

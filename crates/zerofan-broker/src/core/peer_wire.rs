@@ -49,6 +49,11 @@ const REPLICA_ACK: u8 = 16;
 const REPLICA_STALE: u8 = 17;
 const HANDOVER: u8 = 18;
 const COPY_WANTED: u8 = 19;
+const RELAYING: u8 = 20;
+const RELAYED: u8 = 21;
+const RELAY_DONE: u8 = 22;
+const MOVED: u8 = 23;
+const FLUSHED: u8 = 24;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -202,6 +207,42 @@ impl FrameEncoder {
             PeerEvent::CopyWanted { client, epoch } => {
                 self.scratch.put_u8(COPY_WANTED);
                 self.scratch.put_u64(*epoch);
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::Relaying { client } => {
+                self.scratch.put_u8(RELAYING);
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::Relayed {
+                client,
+                msg,
+                qos,
+                retain,
+                sub_ids,
+            } => {
+                self.scratch.put_u8(RELAYED);
+                self.scratch.put_u8(*qos as u8 | (u8::from(*retain) << 2));
+                put_str(&mut self.scratch, client)?;
+                let n = u16::try_from(sub_ids.len())
+                    .map_err(|_| WireError("too many subscription identifiers"))?;
+                self.scratch.put_u16(n);
+                for id in sub_ids {
+                    self.scratch.put_u32(*id);
+                }
+                put_message(&mut self.scratch, msg, now)?;
+                payload = Some(msg.payload.clone());
+                publish = Some(*qos);
+            }
+            PeerEvent::RelayDone { client } => {
+                self.scratch.put_u8(RELAY_DONE);
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::Moved { client } => {
+                self.scratch.put_u8(MOVED);
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::Flushed { client } => {
+                self.scratch.put_u8(FLUSHED);
                 put_str(&mut self.scratch, client)?;
             }
         }
@@ -528,6 +569,39 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
                 epoch,
             }
         }
+        RELAYING => PeerEvent::Relaying {
+            client: get_client(&mut f)?,
+        },
+        RELAYED => {
+            let flags = get_u8(&mut f)?;
+            let qos = QoS::from_u8(flags & 3).ok_or(WireError("bad QoS"))?;
+            let client = get_str(&mut f)?.as_str().into();
+            let n = get_u16(&mut f)?;
+            let mut sub_ids = Vec::with_capacity(usize::from(n).min(64));
+            for _ in 0..n {
+                if f.remaining() < 4 {
+                    return Err(WireError("truncated frame"));
+                }
+                sub_ids.push(f.get_u32());
+            }
+            let msg = get_message(f, now)?;
+            PeerEvent::Relayed {
+                client,
+                msg,
+                qos,
+                retain: flags & 4 != 0,
+                sub_ids,
+            }
+        }
+        RELAY_DONE => PeerEvent::RelayDone {
+            client: get_client(&mut f)?,
+        },
+        MOVED => PeerEvent::Moved {
+            client: get_client(&mut f)?,
+        },
+        FLUSHED => PeerEvent::Flushed {
+            client: get_client(&mut f)?,
+        },
         SYNC => {
             end(&f)?;
             return Ok(LinkFrame::Sync);
@@ -565,6 +639,13 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         _ => return Err(WireError("unknown frame kind")),
     };
     Ok(LinkFrame::Event(event))
+}
+
+/// A frame that holds a client id and nothing after it.
+fn get_client(f: &mut Bytes) -> Result<Box<str>, WireError> {
+    let client = get_str(f)?;
+    end(f)?;
+    Ok(client.as_str().into())
 }
 
 fn get_message(mut f: Bytes, now: Instant) -> Result<Message, WireError> {
@@ -958,6 +1039,28 @@ mod tests {
                 client: c.into(),
                 epoch
             }),
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::Relaying { client: c.into() }),
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::RelayDone { client: c.into() }),
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::Moved { client: c.into() }),
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::Flushed { client: c.into() }),
+            (
+                "[a-z/]{0,12}",
+                topic,
+                proptest::collection::vec(any::<u8>(), 0..100),
+                0u8..3,
+                any::<bool>(),
+                proptest::collection::vec(any::<u32>(), 0..4),
+            )
+                .prop_map(|(c, t, p, q, retain, sub_ids)| {
+                    let qos = [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce][usize::from(q)];
+                    PeerEvent::Relayed {
+                        client: c.into(),
+                        msg: message(&t, &p, qos, false, Properties::default()),
+                        qos,
+                        retain,
+                        sub_ids,
+                    }
+                }),
         ]
     }
 
@@ -981,6 +1084,14 @@ mod tests {
                         prop_assert_eq!(&a.properties.content_type, &b.properties.content_type);
                         prop_assert_eq!(da, db);
                         prop_assert_eq!(sa, sb);
+                    }
+                    (PeerEvent::Relayed { client: ca, msg: a, qos: qa, retain: ra, sub_ids: ia },
+                     PeerEvent::Relayed { client: cb, msg: b, qos: qb, retain: rb, sub_ids: ib }) => {
+                        prop_assert_eq!(ca, cb);
+                        prop_assert_eq!(&a.topic, &b.topic);
+                        prop_assert_eq!(&a.payload, &b.payload);
+                        prop_assert_eq!(a.qos, b.qos);
+                        prop_assert_eq!((qa, ra, ia), (qb, rb, ib));
                     }
                     _ => prop_assert_eq!(format!("{g:?}"), format!("{s:?}")),
                 }

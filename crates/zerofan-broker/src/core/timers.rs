@@ -31,6 +31,8 @@ pub(super) enum Timer {
     TokenExpiry(ConnId),
     /// A subscriber behind since then may have stayed behind too long.
     SlowConsumer(SessionId),
+    /// A session move may be overdue (see `moves`).
+    Moves,
     /// Refresh `$SYS/`.
     Sys,
 }

@@ -2528,3 +2528,5 @@ fn a_mark_from_before_the_claim_is_not_its_own() {
     let conn = cl.persistent_waiting(1, "x");
     assert!(cl.hs[1].b.awaits_handover(conn, &prev_owner(0, 1)));
 }
+
+mod moves;

@@ -1,0 +1,490 @@
+//! A persistent session moving between two live nodes (a takeover, a
+//! drained node's clients going elsewhere): no message published meanwhile
+//! is lost, none is delivered twice, and each publisher's order holds.
+//!
+//! The nodes learn of the move at different times: a publisher's node may
+//! still send a message to the old owner after the session left it, or to
+//! the new owner before it knows the session's subscriptions are there. So
+//! the switch is made where each publisher's node makes it, in the order of
+//! its own links:
+//!
+//! 1. The old owner ([`Leaving`]) hands the session over, but keeps its
+//!    subscriptions: what matches them is relayed to the new owner
+//!    (`PeerEvent::Relayed`) instead of queued.
+//! 2. The new owner ([`Arriving`]), once it serves the session, announces
+//!    the subscriptions, then tells every node `Moved`.
+//! 3. Every node answers `Moved` with `Flushed`, to every node: what it
+//!    sends after that goes to the new owner's subscriptions.
+//! 4. The old owner relays what a node sent before that node's `Flushed`;
+//!    once every node has flushed, it says `RelayDone` and ends the session.
+//! 5. The new owner drops, for the moving session, what a node sent it
+//!    directly before that node's `Flushed` (the old owner relays it), and
+//!    holds what came after until `RelayDone`: relayed messages go first.
+//!
+//! Acknowledgements wait for what they promise ([`Answer`]): the old owner
+//! answers a fence, or acknowledges a publisher of its own, only once the
+//! new owner has the relays so far (a fence of its own to it, chained); the
+//! new owner answers a node whose messages it holds, or acknowledges a
+//! publisher of its own whose messages it holds, only once they are queued.
+//!
+//! A move that has not finished after [`MOVE_TIMEOUT`], or whose other end
+//! goes away, ends all the same: what is held is queued, the relay stops.
+
+use super::ids::{ConnId, SessionId};
+use super::outbox::Outgoing;
+use super::peer::PeerId;
+use super::session::Queued;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long a move may wait for the nodes' `Flushed` (a move takes a round
+/// trip between nodes, milliseconds): past it, it ends as it stands.
+pub(crate) const MOVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Moves announced by an old owner (`Relaying`) and not served here yet
+/// that are kept; past it the oldest is forgotten (its relays dropped,
+/// counted).
+const MAX_EXPECTED: usize = 1024;
+
+/// An answer that waits for a move (see the module's doc).
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// `Seen` for a peer's change (a fence).
+    Seen(PeerId, u64),
+    /// A publisher's PUBACK / PUBREC.
+    Ack(ConnId, Outgoing),
+}
+
+/// The moves this node takes part in.
+#[derive(Debug, Default)]
+pub(crate) struct Moves {
+    leaving: Vec<(SessionId, Leaving)>,
+    arriving: Vec<(SessionId, Arriving)>,
+    expected: VecDeque<Expected>,
+    /// Nodes this one relayed to, and the fence that covers the relays.
+    relayed_to: Vec<RelayFence>,
+    /// Answers waiting for nodes to have our relays, in the order given.
+    chained: VecDeque<Chained>,
+}
+
+/// At the old owner: a session handed over, its matches relayed.
+#[derive(Debug)]
+pub(crate) struct Leaving {
+    pub(crate) client: Box<str>,
+    pub(crate) to: PeerId,
+    /// Nodes whose `Flushed` has not come (`None`: this node, which
+    /// flushes when the new owner's `Moved` comes).
+    waiting: Vec<Option<PeerId>>,
+    pub(crate) deadline: Instant,
+}
+
+/// At the new owner: a session served here, what the old owner relays
+/// still to come.
+#[derive(Debug)]
+pub(crate) struct Arriving {
+    pub(crate) client: Box<str>,
+    from: PeerId,
+    /// Nodes whose `Flushed` has not come: the old owner relays what they
+    /// sent before it.
+    before: Vec<PeerId>,
+    /// Messages that came after a node's `Flushed`, in order.
+    held: Vec<Queued>,
+    /// The nodes, and this node's publishers, whose messages are held.
+    held_nodes: Vec<PeerId>,
+    held_conns: Vec<ConnId>,
+    /// Answers to them, until `held` is queued.
+    answers: Vec<Answer>,
+    pub(crate) deadline: Instant,
+}
+
+#[derive(Debug)]
+struct Expected {
+    client: Box<str>,
+    from: PeerId,
+    /// Relays that came before the session was served here.
+    relays: Vec<Queued>,
+    /// A claim that never came here (not committed) leaves the old owner
+    /// relaying until its deadline; a later claim is not that move.
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct RelayFence {
+    to: PeerId,
+    /// The last fence sent to it after relays.
+    fence: u64,
+    /// Relays sent since that fence.
+    fresh: bool,
+}
+
+#[derive(Debug)]
+struct Chained {
+    /// (node, fence) pairs to be seen first.
+    needs: Vec<(PeerId, u64)>,
+    answer: Answer,
+}
+
+/// What a match of a moving session becomes.
+pub(crate) enum Hit {
+    /// Queue it as usual.
+    Deliver(Queued),
+    /// Relay it to the new owner.
+    Relay(PeerId, Box<str>, Queued),
+    /// Nothing here: it reaches the session another way.
+    Drop,
+    /// Held until the move is done.
+    Held,
+    /// The hold is full: queue what is held, then this.
+    Overflow(Queued),
+}
+
+impl Moves {
+    /// Whether any move is on (one test per message otherwise).
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        !self.leaving.is_empty() || !self.arriving.is_empty()
+    }
+
+    /// Whether answers may have to wait.
+    #[inline]
+    pub(crate) fn gates(&self) -> bool {
+        self.any() || !self.chained.is_empty() || !self.relayed_to.is_empty()
+    }
+
+    pub(crate) fn leaving(&self, sid: SessionId) -> Option<&Leaving> {
+        self.leaving.iter().find(|(s, _)| *s == sid).map(|(_, l)| l)
+    }
+
+    pub(crate) fn is_leaving_client(&self, client: &str) -> Option<SessionId> {
+        self.leaving
+            .iter()
+            .find(|(_, l)| &*l.client == client)
+            .map(|(s, _)| *s)
+    }
+
+    /// Start relaying `sid`'s matches to `to`; `nodes` are the nodes to
+    /// wait for (this one included, as `None`).
+    pub(crate) fn leave(
+        &mut self,
+        sid: SessionId,
+        client: &str,
+        to: PeerId,
+        nodes: Vec<Option<PeerId>>,
+        deadline: Instant,
+    ) {
+        self.leaving.push((
+            sid,
+            Leaving {
+                client: client.into(),
+                to,
+                waiting: nodes,
+                deadline,
+            },
+        ));
+    }
+
+    /// `node` (`None`: this one) flushed `client`'s move: true when its
+    /// relay is over (take it with [`Moves::take_leaving`]).
+    pub(crate) fn flushed_leaving(&mut self, client: &str, node: Option<PeerId>) -> bool {
+        match self.leaving.iter_mut().find(|(_, l)| &*l.client == client) {
+            Some((_, l)) => {
+                l.waiting.retain(|n| *n != node);
+                l.waiting.is_empty()
+            }
+            None => false,
+        }
+    }
+
+    /// Stop relaying `sid` (done, timed out, or its client back).
+    pub(crate) fn take_leaving(&mut self, sid: SessionId) -> Option<Leaving> {
+        let i = self.leaving.iter().position(|(s, _)| *s == sid)?;
+        Some(self.leaving.swap_remove(i).1)
+    }
+
+    /// The old owner `from` relays `client` to this node, until
+    /// `deadline` at the latest. Returns the relays of moves forgotten
+    /// to keep the bound.
+    pub(crate) fn expect(&mut self, client: Box<str>, from: PeerId, deadline: Instant) -> usize {
+        let mut forgot = 0;
+        self.expected.retain(|e| e.client != client);
+        while self.expected.len() >= MAX_EXPECTED {
+            if let Some(e) = self.expected.pop_front() {
+                forgot += e.relays.len();
+            }
+        }
+        self.expected.push_back(Expected {
+            client,
+            from,
+            relays: Vec::new(),
+            deadline,
+        });
+        forgot
+    }
+
+    /// Whether an old owner said it relays `client` here.
+    pub(crate) fn expects(&self, client: &str) -> bool {
+        self.expected.iter().any(|e| &*e.client == client)
+    }
+
+    /// A relay for `client` from `from` that came before its session is
+    /// served here: kept (false when nothing expects it, or `bound` are
+    /// kept already).
+    pub(crate) fn keep_early(
+        &mut self,
+        client: &str,
+        from: PeerId,
+        item: Queued,
+        bound: usize,
+    ) -> bool {
+        match self
+            .expected
+            .iter_mut()
+            .find(|e| &*e.client == client && e.from == from)
+        {
+            Some(e) if e.relays.len() < bound => {
+                e.relays.push(item);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `client`'s session is served here as `sid`: when its old owner
+    /// relays, the move's second half begins; returns the relays that came
+    /// first. `nodes` are the other nodes, which must flush.
+    pub(crate) fn arrive(
+        &mut self,
+        sid: SessionId,
+        client: &str,
+        nodes: Vec<PeerId>,
+        now: Instant,
+    ) -> Option<Vec<Queued>> {
+        let i = self.expected.iter().position(|e| &*e.client == client)?;
+        let e = self.expected.remove(i)?;
+        if e.deadline <= now {
+            return None;
+        }
+        let deadline = now + MOVE_TIMEOUT;
+        self.arriving.push((
+            sid,
+            Arriving {
+                client: e.client,
+                from: e.from,
+                before: nodes,
+                held: Vec::new(),
+                held_nodes: Vec::new(),
+                held_conns: Vec::new(),
+                answers: Vec::new(),
+                deadline,
+            },
+        ));
+        Some(e.relays)
+    }
+
+    /// Forget what `client`'s old owner (`from`; any: `None`) said: its
+    /// session not resumed here, or the relay over before it was.
+    pub(crate) fn unexpect(&mut self, client: &str, from: Option<PeerId>) -> bool {
+        let before = self.expected.len();
+        self.expected
+            .retain(|e| &*e.client != client || from.is_some_and(|f| f != e.from));
+        self.expected.len() != before
+    }
+
+    /// The arriving session of `client` relayed by `from`.
+    pub(crate) fn arriving_of(&self, client: &str, from: PeerId) -> Option<SessionId> {
+        self.arriving
+            .iter()
+            .find(|(_, a)| &*a.client == client && a.from == from)
+            .map(|(s, _)| *s)
+    }
+
+    /// `node` flushed `client`'s move: its messages go to the session here
+    /// from now on (after `RelayDone`).
+    pub(crate) fn flushed_arriving(&mut self, client: &str, node: PeerId) {
+        if let Some((_, a)) = self.arriving.iter_mut().find(|(_, a)| &*a.client == client) {
+            a.before.retain(|n| *n != node);
+        }
+    }
+
+    /// The move of `sid` is over: what it held, and the answers that
+    /// waited for it.
+    pub(crate) fn take_arriving(&mut self, sid: SessionId) -> Option<Arriving> {
+        let i = self.arriving.iter().position(|(s, _)| *s == sid)?;
+        Some(self.arriving.swap_remove(i).1)
+    }
+
+    /// What a match of `sid` from `node` (`None`: published here, by
+    /// `publisher`) becomes while moves are on.
+    pub(crate) fn hit(
+        &mut self,
+        sid: SessionId,
+        node: Option<PeerId>,
+        publisher: Option<ConnId>,
+        item: Queued,
+        bound: usize,
+    ) -> Hit {
+        if let Some((_, l)) = self.leaving.iter().find(|(s, _)| *s == sid) {
+            if !l.waiting.contains(&node) {
+                // That node sends it to the new owner itself.
+                return Hit::Drop;
+            }
+            let to = l.to;
+            let client = l.client.clone();
+            match self.relayed_to.iter_mut().find(|r| r.to == to) {
+                Some(r) => r.fresh = true,
+                None => self.relayed_to.push(RelayFence {
+                    to,
+                    fence: 0,
+                    fresh: true,
+                }),
+            }
+            return Hit::Relay(to, client, item);
+        }
+        let Some((_, a)) = self.arriving.iter_mut().find(|(s, _)| *s == sid) else {
+            return Hit::Deliver(item);
+        };
+        if item.share.is_some() {
+            // A shared group's message was sent to one node: no other way.
+            return Hit::Deliver(item);
+        }
+        if node.is_some_and(|n| a.before.contains(&n)) {
+            return Hit::Drop;
+        }
+        if a.held.len() >= bound {
+            return Hit::Overflow(item);
+        }
+        match node {
+            Some(n) if !a.held_nodes.contains(&n) => a.held_nodes.push(n),
+            None => {
+                if let Some(c) = publisher.filter(|c| !a.held_conns.contains(c)) {
+                    a.held_conns.push(c);
+                }
+            }
+            _ => {}
+        }
+        a.held.push(item);
+        Hit::Held
+    }
+
+    /// Keep `answer` while a move holds messages of the one it goes to;
+    /// given back otherwise.
+    pub(crate) fn hold_answer(&mut self, answer: Answer) -> Option<Answer> {
+        let held = |a: &Arriving| match &answer {
+            Answer::Seen(p, _) => a.held_nodes.contains(p),
+            Answer::Ack(c, _) => a.held_conns.contains(c),
+        };
+        match self.arriving.iter_mut().find(|(_, a)| held(a)) {
+            Some((_, a)) => {
+                a.answers.push(answer);
+                None
+            }
+            None => Some(answer),
+        }
+    }
+
+    /// The nodes relayed to whose relays may not all be confirmed.
+    pub(crate) fn relay_targets(&self) -> Vec<PeerId> {
+        self.relayed_to.iter().map(|r| r.to).collect()
+    }
+
+    /// The nodes relayed to since their last fence: each gets a new fence
+    /// (`stamp` numbers it), which `answer` waits for with the earlier
+    /// ones not yet seen (`seen` says what each node has seen). Returns the
+    /// fences to send, and `answer` when it need not wait.
+    pub(crate) fn chain(
+        &mut self,
+        answer: Answer,
+        mut stamp: impl FnMut() -> u64,
+        seen: impl Fn(PeerId) -> u64,
+        fences: &mut Vec<(PeerId, u64)>,
+    ) -> Option<Answer> {
+        let mut needs = Vec::new();
+        for r in &mut self.relayed_to {
+            if r.fresh {
+                r.fresh = false;
+                r.fence = stamp();
+                fences.push((r.to, r.fence));
+            }
+            if seen(r.to) < r.fence {
+                needs.push((r.to, r.fence));
+            }
+        }
+        // Nodes that have every relay need no fence any more.
+        self.relayed_to.retain(|r| seen(r.to) < r.fence);
+        if needs.is_empty() && self.chained.is_empty() {
+            return Some(answer);
+        }
+        // Behind the earlier ones: a later answer never overtakes them.
+        self.chained.push_back(Chained { needs, answer });
+        None
+    }
+
+    /// The chained answers free now, in order (`seen` as for
+    /// [`Moves::chain`]; `gone` nodes are waited for no more).
+    pub(crate) fn unchain(
+        &mut self,
+        seen: impl Fn(PeerId) -> u64,
+        gone: Option<PeerId>,
+    ) -> Vec<Answer> {
+        if let Some(g) = gone {
+            self.relayed_to.retain(|r| r.to != g);
+        }
+        let mut free = Vec::new();
+        while let Some(c) = self.chained.front() {
+            if c.needs.iter().any(|&(p, f)| Some(p) != gone && seen(p) < f) {
+                break;
+            }
+            if let Some(c) = self.chained.pop_front() {
+                free.push(c.answer);
+            }
+        }
+        free
+    }
+
+    /// `peer` is gone (away, left): the moves that wait for it go on
+    /// without it. Returns the leaving sessions whose relay is over (their
+    /// new owner, or every node they waited for, gone), and the arriving
+    /// ones whose old owner is gone.
+    pub(crate) fn peer_gone(&mut self, peer: PeerId) -> (Vec<SessionId>, Vec<SessionId>) {
+        let mut left = Vec::new();
+        for (sid, l) in &mut self.leaving {
+            l.waiting.retain(|n| *n != Some(peer));
+            if l.to == peer || l.waiting.is_empty() {
+                left.push(*sid);
+            }
+        }
+        let mut arrived = Vec::new();
+        for (sid, a) in &mut self.arriving {
+            a.before.retain(|n| *n != peer);
+            if a.from == peer {
+                arrived.push(*sid);
+            }
+        }
+        self.expected.retain(|e| e.from != peer);
+        (left, arrived)
+    }
+
+    /// The moves past their deadline at `now`.
+    pub(crate) fn overdue(&self, now: Instant) -> (Vec<SessionId>, Vec<SessionId>) {
+        let left = self
+            .leaving
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        let arrived = self
+            .arriving
+            .iter()
+            .filter(|(_, a)| a.deadline <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        (left, arrived)
+    }
+}
+
+impl Arriving {
+    /// What was held, in order, and the answers that waited for it.
+    pub(crate) fn into_parts(self) -> (Vec<Queued>, Vec<Answer>) {
+        (self.held, self.answers)
+    }
+}

@@ -1,0 +1,165 @@
+//! A persistent session moving between live nodes (`core/moves.rs`): node
+//! 0 owns "s", subscribed to "t"; its client connects to node 1; node 2
+//! publishes. Links made slow (a side's writes wait) stand for the nodes
+//! learning of the move at different times.
+
+use super::*;
+
+/// Node 0 owns "s" (subscribed to "t" at QoS 1), node 2 has a clean
+/// publisher "p", and "s" connects to node 1 while what node 1 writes for
+/// `lagging` waits: node 0 hands the session over, node 1 serves it.
+/// Returns the publisher and the session at node 1.
+fn moved_while(cl: &mut Cluster, lagging: &[usize]) -> (Cx, Cx) {
+    let (s0, _) = cl.persistent_at(0, "s", 1);
+    cl.hs[0].subscribe(s0.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    for &n in lagging {
+        cl.linked[1][n] = false;
+    }
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s1 = Cx { node: 1, conn };
+    assert!(present(&cl.out(s1)));
+    (p, s1)
+}
+
+fn moved_while_node_2_lags(cl: &mut Cluster) -> (Cx, Cx) {
+    moved_while(cl, &[2])
+}
+
+fn publish_at(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
+    cl.send(
+        p,
+        Packet::Publish(publish("t", payload, QoS::AtLeastOnce, id)),
+    );
+}
+
+/// Node 2 has not heard of node 1's subscription yet and sends its
+/// message to node 0, which no longer serves the session: node 0 relays
+/// it. Before, the session had left node 0 and node 2 sent it nowhere:
+/// acknowledged, and lost.
+#[test]
+fn a_message_sent_to_the_old_owner_during_a_move_is_relayed() {
+    let mut cl = Cluster::new(3, 3);
+    let (p, s1) = moved_while_node_2_lags(&mut cl);
+    publish_at(&mut cl, p, "m1", 1);
+    assert_eq!(cl.out(s1).payloads(), ["m1"], "relayed by node 0");
+    assert_eq!(cl.hs[0].b.metrics().moves_relayed_messages, 1);
+    // The link catches up: node 2 flushes, node 0's relay ends and its
+    // session with it; what node 2 sends now goes to node 1 itself. (Its
+    // acknowledgement waited for node 1's answers on that link too.)
+    cl.linked[1][2] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
+    assert!(!cl.hs[0].b.serves_client("s"));
+    publish_at(&mut cl, p, "m2", 2);
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    assert_eq!(cl.out(s1).payloads(), ["m2"]);
+    assert_eq!(cl.hs[0].b.metrics().moves_relayed_messages, 1);
+    assert_eq!(cl.hs[0].b.metrics().moves_timed_out, 0);
+}
+
+/// Node 1 had a subscriber of its own on "t", so node 2 sends its
+/// message to both nodes: node 0 relays it for the moving session, and
+/// node 1 gives the direct copy to its own subscriber only. The session
+/// gets it once.
+#[test]
+fn a_message_sent_to_both_owners_during_a_move_arrives_once() {
+    let mut cl = Cluster::new(3, 3);
+    let (o, _) = cl.connect(1, "o", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(o.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, s1) = moved_while_node_2_lags(&mut cl);
+    publish_at(&mut cl, p, "m1", 1);
+    assert_eq!(cl.out(s1).payloads(), ["m1"]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert_eq!(cl.out(o).payloads(), ["m1"]);
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "not twice");
+    publish_at(&mut cl, p, "m2", 2);
+    assert_eq!(cl.out(s1).payloads(), ["m2"]);
+    assert_eq!(cl.out(o).payloads(), ["m2"]);
+}
+
+/// Node 2 has flushed but node 0 has not heard node 1's `Moved` yet (node
+/// 1's writes to node 0 wait): node 0 still relays what its own
+/// publisher sends, and node 1 holds node 2's later message until the
+/// relay is done, so that it comes after; node 2 is not acknowledged
+/// before the session has it, nor node 0's publisher before node 1
+/// confirmed the relay.
+#[test]
+fn a_later_message_waits_for_the_relay_and_so_does_its_acknowledgement() {
+    let mut cl = Cluster::new(3, 3);
+    let (q, _) = cl.connect(0, "q", Protocol::V5, true, 0);
+    // Node 2 hears of the move, node 0 not yet.
+    let (p, s1) = moved_while(&mut cl, &[0, 2]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    publish_at(&mut cl, p, "late", 1);
+    assert_eq!(acks(&cl.out(p)), [], "held at node 1: not acknowledged");
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "held");
+    publish_at(&mut cl, q, "relayed", 1);
+    assert_eq!(cl.out(s1).payloads(), ["relayed"]);
+    assert_eq!(acks(&cl.out(q)), [], "node 1 has not confirmed the relay");
+    cl.linked[1][0] = true;
+    cl.pump();
+    assert_eq!(cl.out(s1).payloads(), ["late"]);
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert_eq!(acks(&cl.out(q)), [(1, "puback")]);
+    assert!(!cl.hs[0].b.serves_client("s"));
+}
+
+/// The old owner dies during the move: what the new owner held goes to
+/// the session, and its publisher is acknowledged.
+#[test]
+fn a_move_whose_old_owner_dies_releases_what_it_held() {
+    let mut cl = Cluster::new(3, 3);
+    // Node 2 hears of the move, node 0 not yet.
+    let (p, s1) = moved_while(&mut cl, &[0, 2]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    publish_at(&mut cl, p, "late", 1);
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new());
+    cl.kill(0);
+    assert_eq!(cl.out(s1).payloads(), ["late"]);
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+}
+
+/// A move whose nodes never all flush ends at its deadline on both
+/// sides: node 1 queues what it held, node 0 ends its session.
+#[test]
+fn a_move_that_never_finishes_ends_at_its_deadline() {
+    let mut cl = Cluster::new(3, 3);
+    // Node 2 hears of the move, node 0 not yet.
+    let (p, s1) = moved_while(&mut cl, &[0, 2]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    publish_at(&mut cl, p, "late", 1);
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new());
+    for node in [0, 1] {
+        let later = cl.hs[node].now + Duration::from_secs(6);
+        cl.hs[node].now = later;
+        cl.hs[node].b.handle_timeout(later);
+    }
+    cl.pump();
+    assert_eq!(cl.out(s1).payloads(), ["late"]);
+    assert!(!cl.hs[0].b.serves_client("s"));
+    // Node 0's answer waits for its replica on node 1, on that link.
+    cl.linked[1][0] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert_eq!(cl.hs[0].b.metrics().moves_timed_out, 1);
+    assert_eq!(cl.hs[1].b.metrics().moves_timed_out, 1);
+}
