@@ -1503,6 +1503,11 @@ impl Broker {
 
     /// `from`, the old owner of `client`'s session, relays it here.
     fn relaying(&mut self, now: Instant, from: PeerId, client: Box<str>) {
+        // Expected already (a session served from its copy, see
+        // `adopt_replica_at`).
+        if self.moves.arriving_of(&client, from).is_some() || self.moves.expects(&client) {
+            return;
+        }
         let forgot = self.moves.expect(client.clone(), from, now + MOVE_TIMEOUT);
         self.metrics.moves_relay_dropped += forgot as u64;
         // Served here already: a claim that did not wait for the mark (the
@@ -5497,6 +5502,28 @@ impl Broker {
         self.adopt_replica_at(now, client_id, 0)
     }
 
+    /// [`Broker::adopt_replica_at`] for a client id the leader gave this
+    /// node from a node being removed (drained). That node is alive and
+    /// hands the session over with a relay of what still reaches it (see
+    /// `moves`), which may come after this: it is expected from now on.
+    pub fn adopt_drained(&mut self, now: Instant, client_id: &str, epoch: u64) -> bool {
+        let owner = self.repl.images.subscribed_owner(client_id).filter(|&o| {
+            self.peers.ids().any(|p| p == o)
+                && !self.peers.is_away(o)
+                && !self.moves.expects(client_id)
+                && !self.serves(client_id)
+        });
+        if let Some(owner) = owner {
+            self.moves
+                .expect(client_id.into(), owner, now + MOVE_TIMEOUT);
+        }
+        let adopted = self.adopt_replica_at(now, client_id, epoch);
+        if !adopted && owner.is_some() {
+            self.moves.unexpect(client_id, owner);
+        }
+        adopted
+    }
+
     /// [`Broker::adopt_replica`], with the epoch of the claim that gave
     /// `client_id` here (0: not applied here yet).
     pub fn adopt_replica_at(&mut self, now: Instant, client_id: &str, epoch: u64) -> bool {
@@ -5519,6 +5546,7 @@ impl Broker {
         let Some(rs) = rs else {
             return false;
         };
+
         self.replica_epoch(client_id, epoch);
         let will = rs.will.clone();
         let recovered = Recovered {

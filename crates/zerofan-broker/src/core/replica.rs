@@ -786,6 +786,15 @@ impl Images {
         self.by_client.contains_key(client)
     }
 
+    /// The node that wrote `client`'s image, when it has subscriptions (a
+    /// session whose matches that node relays when it hands it over).
+    pub(crate) fn subscribed_owner(&self, client: &str) -> Option<PeerId> {
+        self.by_client
+            .get(client)
+            .filter(|i| !i.subs.is_empty())
+            .and_then(|i| i.owner)
+    }
+
     fn unref(&mut self, owner: PeerId, msg: MsgId) {
         let key = (owner, msg);
         if let Some(m) = self.messages.get_mut(&key) {

@@ -72,7 +72,7 @@ pub(super) async fn adopt_loop(shared: Rc<Shared>, mut ids: mpsc::Receiver<Strin
         let adopted = shared
             .broker
             .borrow_mut()
-            .adopt_replica_at(Instant::now(), &id, epoch);
+            .adopt_drained(Instant::now(), &id, epoch);
         tracing::debug!(client_id = %id, adopted, "client id handed over");
         shared.dispatch();
     }

@@ -163,3 +163,39 @@ fn a_move_that_never_finishes_ends_at_its_deadline() {
     assert_eq!(cl.hs[0].b.metrics().moves_timed_out, 1);
     assert_eq!(cl.hs[1].b.metrics().moves_timed_out, 1);
 }
+
+/// A drained node's offline session given to node 1, which serves it from
+/// its copy before node 0's relay is announced there (node 0's writes to
+/// node 1 wait): node 1 expects the relay all the same, so what node 2
+/// still sends to node 0 reaches the session, once.
+#[test]
+fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
+    let mut cl = Cluster::new(3, 3);
+    let (off, _) = cl.persistent(0, "off");
+    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(off);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    publish_at(&mut cl, p, "a", 1);
+    cl.linked[0][1] = false;
+    cl.linked[1][2] = false;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "off", Some(remote(1)));
+    cl.pump();
+    let now = cl.hs[1].now;
+    assert!(cl.hs[1].b.adopt_drained(now, "off", 0));
+    cl.pump();
+    // Node 2 still routes "t" to node 0, whose relay waits on its link.
+    publish_at(&mut cl, p, "b", 2);
+    cl.linked[0][1] = true;
+    cl.linked[1][2] = true;
+    cl.pump();
+    assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
+    assert_eq!(cl.hs[1].b.metrics().moves_relay_dropped, 0);
+    publish_at(&mut cl, p, "c", 3);
+    let (back, out) = cl.persistent(1, "off");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    assert_eq!(got, ["a", "b", "c"]);
+}
