@@ -1392,6 +1392,11 @@ impl Broker {
             return;
         };
         let mut sid = self.sessions.of_client(&id);
+        if let Some(s) = sid.filter(|&s| self.moves.is_arriving(s)) {
+            // Moving on before its move here ended: what it holds goes to
+            // it first, to be handed over with it.
+            self.arrived(now, s);
+        }
         if let Some(s) = sid {
             match self.moves.leaving(s) {
                 // Told twice (the leader's fence, then the claim applied).
@@ -1503,9 +1508,9 @@ impl Broker {
 
     /// `from`, the old owner of `client`'s session, relays it here.
     fn relaying(&mut self, now: Instant, from: PeerId, client: Box<str>) {
-        // Expected already (a session served from its copy, see
-        // `adopt_replica_at`).
-        if self.moves.arriving_of(&client, from).is_some() || self.moves.expects(&client) {
+        // Expected already (a drained session served from its copy, see
+        // `adopt_drained`).
+        if self.moves.relayed_by(&client, from) {
             return;
         }
         let forgot = self.moves.expect(client.clone(), from, now + MOVE_TIMEOUT);
@@ -1588,6 +1593,18 @@ impl Broker {
         };
         self.metrics.moves_arrived += 1;
         let (held, answers) = a.into_parts();
+        self.queue_and_answer(now, sid, held, answers);
+    }
+
+    /// Queue what a move held for `sid`, then send the answers that waited
+    /// for it (through the gates again: other moves may hold them).
+    fn queue_and_answer(
+        &mut self,
+        now: Instant,
+        sid: SessionId,
+        held: Vec<Queued>,
+        answers: Vec<Answer>,
+    ) {
         for item in held {
             self.enqueue(now, sid, item);
         }
@@ -1628,9 +1645,11 @@ impl Broker {
             }
             MoveHit::Drop | MoveHit::Held => None,
             MoveHit::Overflow(item) => {
-                // Order gives way to the bound: what is held goes now.
+                // Order gives way to the bound: what is held goes now (the
+                // relay is still taken).
                 self.metrics.moves_hold_overflows += 1;
-                self.arrived(now, sid);
+                let (held, answers) = self.moves.release_held(sid);
+                self.queue_and_answer(now, sid, held, answers);
                 Some(item)
             }
         }

@@ -226,6 +226,19 @@ impl Moves {
         self.expected.iter().any(|e| &*e.client == client)
     }
 
+    /// Whether `from` relays `client` here: expected, or arriving.
+    pub(crate) fn relayed_by(&self, client: &str, from: PeerId) -> bool {
+        self.expected
+            .iter()
+            .any(|e| &*e.client == client && e.from == from)
+            || self.arriving_of(client, from).is_some()
+    }
+
+    /// Whether `sid` is arriving here.
+    pub(crate) fn is_arriving(&self, sid: SessionId) -> bool {
+        self.arriving.iter().any(|(s, _)| *s == sid)
+    }
+
     /// A relay for `client` from `from` that came before its session is
     /// served here: kept (false when nothing expects it, or `bound` are
     /// kept already).
@@ -303,6 +316,19 @@ impl Moves {
     pub(crate) fn flushed_arriving(&mut self, client: &str, node: PeerId) {
         if let Some((_, a)) = self.arriving.iter_mut().find(|(_, a)| &*a.client == client) {
             a.before.retain(|n| *n != node);
+        }
+    }
+
+    /// What `sid`'s move holds, given up (the hold is full): the messages
+    /// and the answers that waited for them; later ones are held anew.
+    pub(crate) fn release_held(&mut self, sid: SessionId) -> (Vec<Queued>, Vec<Answer>) {
+        match self.arriving.iter_mut().find(|(s, _)| *s == sid) {
+            Some((_, a)) => {
+                a.held_nodes.clear();
+                a.held_conns.clear();
+                (std::mem::take(&mut a.held), std::mem::take(&mut a.answers))
+            }
+            None => (Vec::new(), Vec::new()),
         }
     }
 

@@ -125,11 +125,16 @@ struct Cx {
 impl Cluster {
     /// `n` nodes, full mesh, `copies` copies of each persistent session.
     fn new(n: usize, copies: usize) -> Self {
+        Self::with(n, copies, Config::default)
+    }
+
+    /// [`Cluster::new`], each node's config made by `config`.
+    fn with(n: usize, copies: usize, config: impl Fn() -> Config) -> Self {
         let hs = (0..n)
             .map(|_| {
                 let mut h = H::with(Config {
                     sys_interval: 0,
-                    ..Config::default()
+                    ..config()
                 });
                 h.b.set_peers(PeerId(0), &[PeerId(0)]);
                 let now = h.now;

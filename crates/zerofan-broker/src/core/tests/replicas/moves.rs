@@ -199,3 +199,31 @@ fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
     got.extend(cl.out(back).payloads());
     assert_eq!(got, ["a", "b", "c"]);
 }
+
+/// What the new owner holds is bounded by the session's queue bound: at
+/// it, what is held is queued at once (order gives way, counted), the
+/// relay still taken, and nothing is lost.
+#[test]
+fn a_full_hold_is_queued_and_the_relay_still_taken() {
+    let mut cl = Cluster::with(3, 3, || Config {
+        max_queued_messages: 2,
+        ..Config::default()
+    });
+    let (q, _) = cl.connect(0, "q", Protocol::V5, true, 0);
+    let (p, s1) = moved_while(&mut cl, &[0, 2]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    for (i, m) in ["h1", "h2"].into_iter().enumerate() {
+        publish_at(&mut cl, p, m, i as u16 + 1);
+    }
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "held");
+    publish_at(&mut cl, p, "h3", 3);
+    assert_eq!(cl.hs[1].b.metrics().moves_hold_overflows, 1);
+    assert_eq!(cl.out(s1).payloads(), ["h1", "h2", "h3"]);
+    publish_at(&mut cl, q, "relayed", 1);
+    assert_eq!(cl.out(s1).payloads(), ["relayed"]);
+    cl.linked[1][0] = true;
+    cl.pump();
+    assert_eq!(cl.hs[1].b.metrics().moves_relay_dropped, 0);
+    assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
+}
