@@ -146,7 +146,7 @@ pub struct Broker {
     draining: HashMap<ConnId, ConnId>,
     /// The change number of the retained message just routed, when it went
     /// to peers: its publisher's acknowledgement waits until they have it.
-    ack_fence: Option<u64>,
+    ack_fence: Option<(u64, bool)>,
     /// The last retained message routed was over the retained quota: its
     /// publisher (MQTT 5) is answered 0x97.
     retain_refused: bool,
@@ -2746,7 +2746,9 @@ impl Broker {
             QoS::ExactlyOnce => Outgoing::from_packet(Packet::PubRec(ack(pid, reason))),
         };
         match fence {
-            Some(seq) => self.defer_for_peers(seq, conn, super::peer::Deferred::Ack(out)),
+            Some((seq, durable)) => {
+                self.defer_for_peers(seq, conn, super::peer::Deferred::Ack { out, durable })
+            }
             None => self.send_publish_ack(conn, out),
         }
     }
@@ -2891,7 +2893,7 @@ impl Broker {
             self.retain_order.admit(msg.topic.as_str(), stamp);
             if self.peers.any() {
                 let seq = self.peers.stamp();
-                self.ack_fence = Some(seq);
+                self.ack_fence = Some((seq, false));
                 self.peers.send_all(|| PeerEvent::Retain {
                     msg: msg.for_peer(),
                     seq,
@@ -2912,7 +2914,7 @@ impl Broker {
             // Acknowledged once every peer that may hold it for a
             // persistent session has it on disk (see `PeerEvent::Fence`).
             let seq = self.peers.stamp();
-            self.ack_fence = Some(seq);
+            self.ack_fence = Some((seq, true));
             self.peers.send_all(|| PeerEvent::Fence { seq });
         }
         count
@@ -4927,7 +4929,7 @@ impl Broker {
             self.wake(conn);
             match out {
                 // It may still wait for the store.
-                Deferred::Ack(out) => self.send_publish_ack(conn, out),
+                Deferred::Ack { out, .. } => self.send_publish_ack(conn, out),
                 Deferred::SubAck(out, sid, replays) => self.subscribed(conn, sid, out, replays),
             }
         }
@@ -5056,6 +5058,7 @@ impl Broker {
     /// gets this core's state anew.
     pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
         if away {
+            self.refuse_unconfirmed(peer);
             self.moves_peer_gone(peer);
         }
         let ready = self.peers.set_away(peer, away);
@@ -5074,6 +5077,8 @@ impl Broker {
     /// it said before, its holds on our publishers too (a release may have
     /// been lost with the link).
     pub fn peer_reset(&mut self, peer: PeerId) {
+        // What it had not confirmed went with its old state.
+        self.refuse_unconfirmed(peer);
         self.router.forget_peer(peer);
         for conn in self.peers.release_held_by(peer) {
             self.wake(conn);
@@ -5083,6 +5088,35 @@ impl Broker {
         if self.repl.unanswered(peer) {
             self.send_replicated(&[peer], Vec::new());
         }
+    }
+
+    /// The publishers whose acknowledgement waited for `peer` to confirm
+    /// a message it never confirmed (it went away, or came back with its
+    /// state lost): the message may be lost with it, so no acknowledgement
+    /// goes. The publisher is disconnected instead (MQTT 5: 0x80), as an
+    /// acknowledgement cannot say "not taken" to every client, and
+    /// publishes again if its session is persistent (a QoS 2 packet id
+    /// stays taken, so a QoS 2 message sent again is not routed twice).
+    fn refuse_unconfirmed(&mut self, peer: PeerId) {
+        let refused = self.peers.take_unconfirmed(peer);
+        if refused.is_empty() {
+            return;
+        }
+        let now = self.last_stamp.0;
+        let mut closed = Vec::new();
+        for (conn, _ack) in refused {
+            self.metrics.acks_refused += 1;
+            if !closed.contains(&conn) && self.conns.get(&conn).is_some() {
+                closed.push(conn);
+                self.close(now, conn, Some(ReasonCode::UNSPECIFIED_ERROR), true);
+            }
+        }
+        tracing::warn!(
+            publishers = closed.len(),
+            "a node went away before it confirmed \
+            messages: their publishers are disconnected, not acknowledged"
+        );
+        self.end_event();
     }
 
     /// The shell's queue towards `peer` is full (or has room again). While

@@ -412,6 +412,15 @@ counters! {
                 "zerofan_cluster_fenced_takeovers_total",
                 "Sessions ended here because another node claimed their client id.",
             )),
+        /// Acknowledgements not sent because a node they waited for went
+        /// away or lost its state before it confirmed the message (their
+        /// publishers were disconnected).
+        pub acks_refused: u64 = CounterDef::NEW
+            .sys("cluster/acks_refused")
+            .prom(Family::new(
+                "zerofan_cluster_acks_refused_total",
+                "PUBACK/PUBREC not sent (the publisher disconnected instead) because a node the message went to went away or restarted before it confirmed having it.",
+            )),
         /// Sessions that moved to another live node and were relayed there
         /// until every node had flushed (see `moves`).
         pub moves_relayed: u64 = CounterDef::NEW

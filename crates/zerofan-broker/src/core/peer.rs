@@ -17,8 +17,16 @@ use std::sync::Arc;
 /// Output that waits until every peer has seen a change.
 #[derive(Debug)]
 pub(crate) enum Deferred {
-    /// The acknowledgement of a retained PUBLISH.
-    Ack(super::outbox::Outgoing),
+    /// The acknowledgement of a PUBLISH: retained (every node keeps it),
+    /// or `durable`, crossed to nodes that may queue it for persistent
+    /// sessions (see `PeerEvent::Fence`).
+    Ack {
+        /// The PUBACK / PUBREC.
+        out: super::outbox::Outgoing,
+        /// Crossed for persistent sessions: not sent when a node it went
+        /// to is lost before it confirmed (see `Peers::take_unconfirmed`).
+        durable: bool,
+    },
     /// A SUBACK, and the retained messages its subscriptions replay.
     SubAck(
         super::outbox::Outgoing,
@@ -395,6 +403,37 @@ impl Peers {
                 self.owed.remove(&conn);
             }
         }
+    }
+
+    /// The acknowledgements waiting for `peer` to confirm a change it has
+    /// not confirmed, taken out: `peer` went away or lost its state (a
+    /// restart), so the message they acknowledge may never have reached its
+    /// store (see `Broker::refuse_unconfirmed`).
+    pub(crate) fn take_unconfirmed(
+        &mut self,
+        peer: PeerId,
+    ) -> Vec<(super::ids::ConnId, super::outbox::Outgoing)> {
+        let Some(seen) = self.slot(peer).map(|s| s.seen) else {
+            return Vec::new();
+        };
+        if !self.deferred.iter().any(|d| d.0 > seen) {
+            return Vec::new();
+        }
+        let mut refused = Vec::new();
+        let mut keep = std::collections::VecDeque::with_capacity(self.deferred.len());
+        for (seq, conn, out) in std::mem::take(&mut self.deferred) {
+            match out {
+                // A retained message reaches a node that comes back with
+                // the full state: only a crossed message may be lost.
+                Deferred::Ack { out, durable: true } if seq > seen => refused.push((conn, out)),
+                out => keep.push_back((seq, conn, out)),
+            }
+        }
+        self.deferred = keep;
+        for &(conn, _) in &refused {
+            self.paid(conn);
+        }
+        refused
     }
 
     /// `peer` is unreachable (`away`), or back: while away, what waits

@@ -2534,4 +2534,34 @@ fn a_mark_from_before_the_claim_is_not_its_own() {
     assert!(cl.hs[1].b.awaits_handover(conn, &prev_owner(0, 1)));
 }
 
+/// A QoS 1 publish crossed to the node of a persistent subscriber, which
+/// goes away (or restarts, its state lost) before it confirmed having it:
+/// the message may be lost with that node, so its publisher is not
+/// acknowledged but disconnected (0x80), free to publish it again. Before,
+/// the node going away released the acknowledgement all the same.
+#[test]
+fn a_node_lost_before_it_confirmed_a_message_gets_its_publisher_no_ack() {
+    for restarted in [false, true] {
+        let mut cl = Cluster::new(3, 3);
+        let (s, _) = cl.persistent(1, "s");
+        cl.hs[1].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+        cl.pump();
+        let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+        cl.send(p, Packet::Publish(publish("t", "a", QoS::AtLeastOnce, 1)));
+        assert_eq!(acks(&cl.out(p)), [(1, "puback")], "confirmed");
+        cl.linked[1][0] = false;
+        cl.send(p, Packet::Publish(publish("t", "b", QoS::AtLeastOnce, 2)));
+        assert_eq!(acks(&cl.out(p)), [], "waits for node 1");
+        if restarted {
+            cl.hs[0].b.peer_reset(remote(1));
+        } else {
+            cl.hs[0].b.set_peer_away(remote(1), true);
+        }
+        let out = cl.out(p);
+        assert_eq!(acks(&out), [], "node 1 never confirmed b");
+        assert_eq!(out.disconnect(), Some(ReasonCode::UNSPECIFIED_ERROR));
+        assert_eq!(cl.hs[0].b.metrics().acks_refused, 1);
+    }
+}
+
 mod moves;

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""A long cluster run with faults, checked in the style of Jepsen: the
+longer counterpart of `test_cluster.py` (BENCHMARKS.md, "Cluster: a long
+run with faults").
+
+    ZEROFAN_BIN=target/release/zerofan \\
+        python3 tests/interop/cluster_soak.py --seconds 300 --seed 1
+
+Three nodes, every node-to-node connection through a proxy. Persistent
+subscribers (MQTT 5 and 3.1.1, on different nodes) and QoS 1 and QoS 2
+publishers on every node publish all along. One fault at a time, chosen
+by the seed, the cluster healthy again before the next:
+
+- kill: a node killed (`kill -9`) and restarted from its data dir;
+- pause: a node stopped (SIGSTOP) for 1-5 s, past its lease, then resumed;
+- cut: a node cut off from the others by the proxy for 2-6 s, then healed;
+- move: a subscriber leaves its node and connects to the next one.
+
+Clients reconnect to the next live node, as a client given several servers
+would (one paho client per subscriber throughout, so a QoS 2 delivery past
+PUBREC completes on the next node). At the end the faults stop and every
+promise is checked: each acknowledged QoS 1/2 message at every subscriber,
+each QoS 2 message at most once, each publisher's order (of first
+deliveries: QoS 1 may repeat what was in flight at a fault). Prints one line
+of figures; exits 1 on a broken promise. Servers listen on 127.0.0.1 only;
+the run is bounded by --seconds (plus at most two minutes to settle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster_check import History, parse, payload  # noqa: E402
+from conftest import free_port  # noqa: E402
+from pahoclient import PahoClient  # noqa: E402
+from test_cluster import (  # noqa: E402
+    Node, Partitioner, _acked, _persistent, metric, status, voters_with_leader)
+
+SETTLE = 60.0
+
+
+def live(nodes: list[Node]) -> list[Node]:
+    return [n for n in nodes if n.broker is not None and n.broker.alive()]
+
+
+def healthy(nodes: list[Node], timeout: float) -> bool:
+    """Every member a healthy voter, one leader (polled: no event to wait
+    on across processes)."""
+    deadline = time.monotonic() + timeout
+    ok = voters_with_leader(len(nodes))
+    while time.monotonic() < deadline:
+        for n in live(nodes):
+            s = status(n)
+            if s is not None and ok(s):
+                return True
+        time.sleep(0.2)
+    return False
+
+
+class Sub(threading.Thread):
+    """A persistent subscriber of soak/#, QoS 2, that reconnects to the next
+    live node whenever its connection ends."""
+
+    def __init__(self, name: str, version: int, first: int, nodes: list[Node], h: History):
+        super().__init__(daemon=True)
+        self.name, self.version, self.nodes, self.h = name, version, nodes, h
+        self.at = first
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.reconnects = 0
+        # (time, node id, session present) of each connection served.
+        self.served: list[tuple[float, int, bool]] = []
+        self.lock = threading.Lock()
+        self.c = _persistent(nodes[first], name, version, connect=False)
+        self.c.c.on_message = self._on_message
+        self._connect()
+        assert self.c.subscribe("soak/#", 2) == [2]
+
+    def _on_message(self, client, userdata, msg):
+        with self.lock:
+            self.h.received[self.name].append(msg.payload)
+
+    def _connect(self):
+        """Connect to the node at `self.at` or the next ones, retrying while
+        the cluster refuses (0x88 / 3 during a failover) or a node is down
+        (bounded)."""
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not self.stop.is_set():
+            node = self.nodes[self.at % len(self.nodes)]
+            if node.broker is not None and node.broker.alive():
+                self.c.broker = node.broker
+                try:
+                    present, rc, _ = self.c.connect(expect_rc=None)
+                except Exception:  # refused, reset, no CONNACK in time
+                    rc = -1
+                if rc == 0:
+                    self.served.append((time.monotonic(), node.node_id, bool(present)))
+                    return
+                try:
+                    self.c.c.disconnect()
+                except Exception:
+                    pass
+                self.c.c.loop_stop()
+                self.c._looping = False
+            self.at += 1
+            self.stop.wait(0.2)
+        if not self.stop.is_set():
+            raise AssertionError(f"{self.name}: no node served it for 90 s")
+
+    def move(self):
+        """Leave this node (DISCONNECT): `run` connects to the next one."""
+        self.c.c.disconnect()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                self.c.disconnects.get(timeout=0.2)
+            except Exception:
+                continue
+            self.c.c.loop_stop()
+            self.c._looping = False
+            self.reconnects += 1
+            self.at += 1
+            try:
+                self._connect()
+            except Exception as e:
+                self.errors.append(f"{self.name}: {e!r}")
+                return
+
+    def count(self, who: str, seqs: set[int]) -> int:
+        with self.lock:
+            got = {parse(p) for p in self.h.received[self.name]}
+        return sum(1 for s in seqs if (who, s) in got)
+
+
+class Pub(threading.Thread):
+    """Publishes `who:i` on soak/WHO at `qos`, each waited for, every 20 ms;
+    a message not acknowledged in 10 s (its node down, paused, cut off) is
+    given up and the publisher reconnects to the next live node."""
+
+    def __init__(self, who: str, qos: int, first: int, nodes: list[Node], h: History,
+                 limit: int):
+        super().__init__(daemon=True)
+        self.who, self.qos, self.nodes, self.h, self.limit = who, qos, nodes, h, limit
+        self.at = first
+        self.stop = threading.Event()
+        self.given_up = 0
+        self.errors: list[str] = []
+        # The first number sent on each connection: order is promised
+        # within one connection only.
+        self.conns: list[int] = []
+        self.sent_at: dict[int, float] = {}
+        h.qos[who] = qos
+
+    def _client(self) -> PahoClient | None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not self.stop.is_set():
+            node = self.nodes[self.at % len(self.nodes)]
+            if node.broker is not None and node.broker.alive():
+                c = PahoClient(node.broker, client_id=self.who, connect=False)
+                try:
+                    _, rc, _ = c.connect(expect_rc=None)
+                except Exception:  # refused, reset, no CONNACK in time
+                    rc = -1
+                if rc == 0:
+                    return c
+                c.close()
+            self.at += 1
+            self.stop.wait(0.2)
+        if not self.stop.is_set():
+            self.errors.append(f"{self.who}: no node served it for 90 s")
+        return None
+
+    def run(self):
+        c = self._client()
+        i = 0
+        self.conns.append(i)
+        while c is not None and not self.stop.is_set() and i < self.limit:
+            self.sent_at[i] = time.monotonic()
+            info = c.c.publish(f"soak/{self.who}", payload(self.who, i), self.qos)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not _acked(info):
+                try:
+                    info.wait_for_publish(0.1)
+                except Exception:
+                    pass
+                if not c.disconnects.empty():
+                    break
+            if _acked(info):
+                self.h.acked[self.who].add(i)
+            else:
+                self.given_up += 1
+                c.close()
+                self.at += 1
+                c = self._client()
+                self.conns.append(i + 1)
+            i += 1
+            self.stop.wait(0.02)
+        if c is not None:
+            c.close()
+
+
+def problems(h: History, subs: list[str], conns: dict[str, list[int]]) -> list[str]:
+    """The checker's promises, order judged on first deliveries (a QoS 1
+    message in flight at a fault is delivered again after later ones) and
+    within each publisher connection (`conns`: the first number of each)."""
+    out = []
+
+    def conn_of(who: str, seq: int) -> int:
+        return sum(1 for first in conns.get(who, []) if first <= seq)
+
+    for sub in subs:
+        got = [parse(p) for p in h.received.get(sub, [])]
+        counts = Counter(got)
+        last: dict[tuple[str, int], int] = {}
+        seen = set()
+        for who, seq in got:
+            if who not in h.qos:
+                out.append(f"{sub}: {who}:{seq} was never published")
+                continue
+            if (who, seq) in seen:
+                continue
+            seen.add((who, seq))
+            key = (who, conn_of(who, seq))
+            if seq < last.get(key, -1):
+                out.append(f"{sub}: {who}:{seq} after {who}:{last[key]} (order)")
+            last[key] = max(seq, last.get(key, -1))
+        for who, seqs in h.acked.items():
+            missing = sorted(s for s in seqs if counts[(who, s)] == 0)
+            if missing:
+                out.append(f"{sub}: {len(missing)} acknowledged messages of {who} missing, "
+                           f"first {missing[:5]}")
+        for (who, seq), n in counts.items():
+            if n > 1 and h.qos.get(who) == 2:
+                out.append(f"{sub}: QoS 2 message {who}:{seq} {n} times")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=300)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="zerofan-soak-"))
+    proxy = Partitioner()
+    fronts = {i: proxy.front(i) for i in (1, 2, 3)}
+    ns = [Node(i, free_port(), free_port(), tmp / f"n{i}") for i in (1, 2, 3)]
+    for n in ns:
+        proxy.targets[n.node_id] = n.cluster_port
+        n.http_port = free_port()
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
+                   "--http", f"127.0.0.1:{n.http_port}"]
+    h = History()
+    faults: Counter = Counter()
+    timeline: list[tuple[float, str, int]] = []
+    subs: list[Sub] = []
+    pubs: list[Pub] = []
+    started = time.monotonic()
+    try:
+        ns[0].start()
+        assert healthy(ns[:1], 30), "node 1 alone"
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        assert healthy(ns, 30), "3 members"
+        subs = [Sub("s5a", 5, 0, ns, h), Sub("s3b", 311, 1, ns, h), Sub("s5c", 5, 2, ns, h)]
+        pubs = [Pub(f"q{qos}n{i}", qos, i, ns, h, limit=int(args.seconds * 60))
+                for i in range(3) for qos in (1, 2)]
+        for t in subs + pubs:
+            t.start()
+        end = started + args.seconds
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(2, 5))  # traffic between faults
+            if not healthy(ns, SETTLE):
+                raise AssertionError(f"the cluster did not recover in {SETTLE} s")
+            fault = rng.choice(["kill", "pause", "cut", "move"])
+            node = rng.choice(ns)
+            faults[fault] += 1
+            timeline.append((time.monotonic() - started, fault, node.node_id))
+            if fault == "kill":
+                node.kill()
+                time.sleep(rng.uniform(1, 3))
+                node.start()
+            elif fault == "pause":
+                node.broker.proc.send_signal(signal.SIGSTOP)
+                time.sleep(rng.uniform(1, 5))
+                node.broker.proc.send_signal(signal.SIGCONT)
+            elif fault == "cut":
+                proxy.cut(node.node_id)
+                time.sleep(rng.uniform(2, 6))
+                proxy.heal()
+            else:
+                rng.choice(subs).move()
+        if not healthy(ns, SETTLE):
+            raise AssertionError(f"the cluster did not recover in {SETTLE} s")
+        for p in pubs:
+            p.stop.set()
+        for p in pubs:
+            p.join(30)
+        # Every acknowledged message reaches every subscriber (bounded).
+        deadline = time.monotonic() + SETTLE
+        while time.monotonic() < deadline:
+            if all(s.count(who, seqs) == len(seqs) for s in subs
+                   for who, seqs in h.acked.items() if h.qos[who] >= 1):
+                break
+            time.sleep(0.2)
+        for s in subs:
+            s.stop.set()
+        for s in subs:
+            s.join(30)
+        found = problems(h, [s.name for s in subs], {p.who: p.conns for p in pubs})
+        found += [e for t in subs + pubs for e in t.errors]
+        moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
+                           for n in live(ns))
+                 for name in ("moves_relayed", "moves_relayed_messages", "moves_timed_out",
+                              "fenced_takeovers", "lease_expiries")}
+        acked = sum(len(v) for v in h.acked.values())
+        print(f"soak: {time.monotonic() - started:.0f} s, seed {args.seed}; faults "
+              f"{dict(sorted(faults.items()))}; acknowledged {acked} "
+              f"(given up {sum(p.given_up for p in pubs)}); "
+              f"delivered {({s.name: len(h.received[s.name]) for s in subs})}; "
+              f"subscriber reconnects {sum(s.reconnects for s in subs)}; "
+              f"since the last restarts {moves}; "
+              f"problems {len(found)}")
+        for f in found[:20]:
+            print(f"  {f}")
+        if found:
+            print("  faults: " + ", ".join(f"{t:.1f} s {f} node {n}" for t, f, n in timeline))
+            for sub in subs:
+                print(f"  {sub.name} served: " + ", ".join(
+                    f"{t - started:.1f} s node {n}{'' if p else ' (clean)'}"
+                    for t, n, p in sub.served))
+            sent = {p.who: p.sent_at for p in pubs}
+            for f in found[:20]:
+                # When the first message named was sent, for the timeline.
+                for who in sent:
+                    if f"of {who} missing, first [" in f:
+                        first = int(f.split("first [")[1].split(",")[0].rstrip("]"))
+                        print(f"  {f.split(':')[0]} {who}:{first} sent at "
+                              f"{sent[who][first] - started:.1f} s")
+        return 1 if found else 0
+    finally:
+        for t in subs + pubs:
+            t.stop.set()
+        proxy.close()
+        for n in ns:
+            if n.broker is not None:
+                if n.broker.alive():
+                    n.broker.proc.send_signal(signal.SIGCONT)
+                n.broker.terminate()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
