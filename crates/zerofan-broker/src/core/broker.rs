@@ -1245,13 +1245,7 @@ impl Broker {
             return;
         };
         self.metrics.copies_asked += 1;
-        let me = self.peers.me();
-        let to: Vec<PeerId> = self
-            .peers
-            .ids()
-            .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
-            .collect();
-        for p in to {
+        for p in self.peers.reachable() {
             self.peers.send(
                 p,
                 PeerEvent::CopyWanted {
@@ -1464,14 +1458,8 @@ impl Broker {
             },
         );
         self.hand_over(sid, client, to);
-        let me = self.peers.me();
         let mut nodes = vec![None];
-        nodes.extend(
-            self.peers
-                .ids()
-                .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
-                .map(Some),
-        );
+        nodes.extend(self.peers.reachable().into_iter().map(Some));
         let deadline = now + MOVE_TIMEOUT;
         self.moves.leave(sid, client, to, nodes, deadline);
         self.timers.arm(deadline, Timer::Moves);
@@ -1553,12 +1541,7 @@ impl Broker {
         let sid = MqttStr::try_from(client)
             .ok()
             .and_then(|id| self.sessions.of_client(&id));
-        let me = self.peers.me();
-        let nodes: Vec<PeerId> = self
-            .peers
-            .ids()
-            .filter(|p| Some(*p) != me && !self.peers.is_away(*p))
-            .collect();
+        let nodes = self.peers.reachable();
         let early = match sid {
             Some(sid) if resumed => self.moves.arrive(sid, client, nodes, now),
             // A clean session: the old one's messages are not for it; the

@@ -479,6 +479,16 @@ impl Peers {
         self.slots.iter().map(|s| s.id)
     }
 
+    /// The peers that are not away.
+    pub(crate) fn reachable(&self) -> Vec<PeerId> {
+        let me = self.me();
+        self.slots
+            .iter()
+            .filter(|s| Some(s.id) != me && !s.away)
+            .map(|s| s.id)
+            .collect()
+    }
+
     /// Whether `peer` is away (see [`Peers::set_away`]).
     pub(crate) fn is_away(&self, peer: PeerId) -> bool {
         self.slots

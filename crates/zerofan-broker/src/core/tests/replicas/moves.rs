@@ -37,6 +37,17 @@ fn moved_while_node_2_lags(cl: &mut Cluster) -> (Cx, Cx) {
     moved_while(cl, &[2])
 }
 
+/// Node 2 hears of the move, node 0 not yet: node 2's next message, "late",
+/// is held at node 1 until node 0's relay is done.
+fn late_message_held(cl: &mut Cluster) -> (Cx, Cx) {
+    let (p, s1) = moved_while(cl, &[0, 2]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    publish_at(cl, p, "late", 1);
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "held");
+    (p, s1)
+}
+
 fn publish_at(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
     cl.send(
         p,
@@ -103,13 +114,8 @@ fn a_message_sent_to_both_owners_during_a_move_arrives_once() {
 fn a_later_message_waits_for_the_relay_and_so_does_its_acknowledgement() {
     let mut cl = Cluster::new(3, 3);
     let (q, _) = cl.connect(0, "q", Protocol::V5, true, 0);
-    // Node 2 hears of the move, node 0 not yet.
-    let (p, s1) = moved_while(&mut cl, &[0, 2]);
-    cl.linked[1][2] = true;
-    cl.pump();
-    publish_at(&mut cl, p, "late", 1);
+    let (p, s1) = late_message_held(&mut cl);
     assert_eq!(acks(&cl.out(p)), [], "held at node 1: not acknowledged");
-    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "held");
     publish_at(&mut cl, q, "relayed", 1);
     assert_eq!(cl.out(s1).payloads(), ["relayed"]);
     assert_eq!(acks(&cl.out(q)), [], "node 1 has not confirmed the relay");
@@ -127,12 +133,7 @@ fn a_later_message_waits_for_the_relay_and_so_does_its_acknowledgement() {
 #[test]
 fn a_move_whose_old_owner_dies_releases_what_it_held() {
     let mut cl = Cluster::new(3, 3);
-    // Node 2 hears of the move, node 0 not yet.
-    let (p, s1) = moved_while(&mut cl, &[0, 2]);
-    cl.linked[1][2] = true;
-    cl.pump();
-    publish_at(&mut cl, p, "late", 1);
-    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new());
+    let (p, s1) = late_message_held(&mut cl);
     cl.kill(0);
     assert_eq!(cl.out(s1).payloads(), ["late"]);
     let out = cl.out(p);
@@ -145,12 +146,7 @@ fn a_move_whose_old_owner_dies_releases_what_it_held() {
 #[test]
 fn a_move_that_never_finishes_ends_at_its_deadline() {
     let mut cl = Cluster::new(3, 3);
-    // Node 2 hears of the move, node 0 not yet.
-    let (p, s1) = moved_while(&mut cl, &[0, 2]);
-    cl.linked[1][2] = true;
-    cl.pump();
-    publish_at(&mut cl, p, "late", 1);
-    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new());
+    let (p, s1) = late_message_held(&mut cl);
     for node in [0, 1] {
         let later = cl.hs[node].now + Duration::from_secs(6);
         cl.hs[node].now = later;
