@@ -80,6 +80,8 @@ class Sub(threading.Thread):
         self.reconnects = 0
         # (time, node id, session present) of each connection served.
         self.served: list[tuple[float, int, bool]] = []
+        # (time, node id, CONNACK code or error) of each refused attempt.
+        self.refused: list[tuple[float, int, str]] = []
         self.lock = threading.Lock()
         self.c = _persistent(nodes[first], name, version, connect=False)
         self.c.c.on_message = self._on_message
@@ -99,19 +101,29 @@ class Sub(threading.Thread):
             node = self.nodes[self.at % len(self.nodes)]
             if node.broker is not None and node.broker.alive():
                 self.c.broker = node.broker
+                # What an earlier attempt left (a late CONNACK, the end of
+                # a refused connection) is not this attempt's.
+                for q in (self.c.connacks, self.c.disconnects):
+                    while not q.empty():
+                        q.get_nowait()
                 try:
                     present, rc, _ = self.c.connect(expect_rc=None)
-                except Exception:  # refused, reset, no CONNACK in time
-                    rc = -1
+                    why = f"{rc:#x}"
+                except Exception as e:  # refused, reset, no CONNACK in time
+                    rc, why = -1, type(e).__name__
                 if rc == 0:
                     self.served.append((time.monotonic(), node.node_id, bool(present)))
                     return
+                self.refused.append((time.monotonic(), node.node_id, why))
                 try:
                     self.c.c.disconnect()
                 except Exception:
                     pass
                 self.c.c.loop_stop()
                 self.c._looping = False
+                for q in (self.c.connacks, self.c.disconnects):
+                    while not q.empty():
+                        q.get_nowait()
             self.at += 1
             self.stop.wait(0.2)
         if not self.stop.is_set():
@@ -250,6 +262,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--hold", type=float, default=0,
+                    help="seconds to keep the cluster up after a broken promise, to look")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="zerofan-soak-"))
@@ -318,6 +332,20 @@ def main() -> int:
             s.stop.set()
         for s in subs:
             s.join(30)
+        # A subscriber that could not connect at the end: does a fresh
+        # client with its id get a CONNACK? (Tells a stuck client id from
+        # a stuck client.)
+        for sub in subs:
+            if sub.refused and sub.refused[-1][0] > (sub.served[-1][0] if sub.served else 0):
+                for n in live(ns):
+                    c = _persistent(n, sub.name, sub.version, connect=False)
+                    try:
+                        _, rc, _ = c.connect(expect_rc=None)
+                        why = f"{rc:#x}"
+                    except Exception as e:
+                        why = type(e).__name__
+                    c.close()
+                    print(f"  probe: a fresh {sub.name} at node {n.node_id}: {why}")
         found = problems(h, [s.name for s in subs], {p.who: p.conns for p in pubs})
         found += [e for t in subs + pubs for e in t.errors]
         moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
@@ -334,12 +362,21 @@ def main() -> int:
               f"problems {len(found)}")
         for f in found[:20]:
             print(f"  {f}")
+        if found and args.hold:
+            # Keep the cluster up for a look (bounded).
+            print("  holding: " + ", ".join(
+                f"node {n.node_id} mqtt {n.mqtt_port} http {n.http_port} dir {n.tmp}"
+                for n in live(ns)), flush=True)
+            time.sleep(args.hold)
         if found:
             print("  faults: " + ", ".join(f"{t:.1f} s {f} node {n}" for t, f, n in timeline))
             for sub in subs:
                 print(f"  {sub.name} served: " + ", ".join(
                     f"{t - started:.1f} s node {n}{'' if p else ' (clean)'}"
                     for t, n, p in sub.served))
+                if sub.refused:
+                    print(f"  {sub.name} refused: " + ", ".join(
+                        f"{t - started:.1f} s node {n} {why}" for t, n, why in sub.refused[:30]))
             sent = {p.who: p.sent_at for p in pubs}
             for f in found[:20]:
                 # When the first message named was sent, for the timeline.

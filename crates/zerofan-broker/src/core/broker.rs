@@ -5094,11 +5094,13 @@ impl Broker {
                 self.close(now, conn, Some(ReasonCode::UNSPECIFIED_ERROR), true);
             }
         }
-        tracing::warn!(
-            publishers = closed.len(),
-            "a node went away before it confirmed \
-            messages: their publishers are disconnected, not acknowledged"
-        );
+        if !closed.is_empty() {
+            tracing::warn!(
+                publishers = closed.len(),
+                "a node went away before it confirmed messages: their publishers are \
+                 disconnected, not acknowledged"
+            );
+        }
         self.end_event();
     }
 
