@@ -1133,8 +1133,7 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
     publisher's order kept, one owner of each client id at a time, and
     every acknowledged message delivered to every subscriber, the moving
     ones and the offline session handed over included: while a session
-    moves, its old node relays what still reaches it (`core/moves.rs`).
-    What was relayed is printed."""
+    moves, its old node relays what still reaches it (`core/moves.rs`)."""
     ns = nodes(3, http=True)
     # Ports taken just before node 4 starts (free_port races other tests).
     n4 = Node(4, 0, 0, tmp_path / "n4")
@@ -1171,7 +1170,6 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
         r = cluster_cli("remove", "--connect", ns[0].cluster_addr, "2", "--drain-timeout", "20",
                         timeout=60)
         took = time.monotonic() - removed
-        removed_by = time.monotonic()
         assert r.returncode == 0, r.stderr
         assert "1 sessions without a client" in r.stdout, r.stdout
         assert f"sent to node 1 (127.0.0.1:{ns[0].mqtt_port})" in r.stdout, r.stdout
