@@ -29,6 +29,7 @@ the run is bounded by --seconds (plus at most two minutes to settle).
 from __future__ import annotations
 
 import argparse
+import collections
 import random
 import signal
 import sys
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster_check import History, parse, payload  # noqa: E402
 from conftest import free_port  # noqa: E402
+import mqttraw  # noqa: E402
 from pahoclient import PahoClient  # noqa: E402
 from test_cluster import (  # noqa: E402
     Node, Partitioner, _acked, _persistent, metric, status, voters_with_leader)
@@ -85,6 +87,10 @@ class Sub(threading.Thread):
         self.lock = threading.Lock()
         self.c = _persistent(nodes[first], name, version, connect=False)
         self.c.c.on_message = self._on_message
+        # paho's own log of packets sent and received (the last ones), for
+        # a client that cannot connect.
+        self.trace: collections.deque = collections.deque(maxlen=40)
+        self.c.c.on_log = lambda _c, _u, _l, buf: self.trace.append((time.monotonic(), buf))
         self._connect()
         assert self.c.subscribe("soak/#", 2) == [2]
 
@@ -100,12 +106,7 @@ class Sub(threading.Thread):
         while time.monotonic() < deadline and not self.stop.is_set():
             node = self.nodes[self.at % len(self.nodes)]
             if node.broker is not None and node.broker.alive():
-                self.c.broker = node.broker
-                # What an earlier attempt left (a late CONNACK, the end of
-                # a refused connection) is not this attempt's.
-                for q in (self.c.connacks, self.c.disconnects):
-                    while not q.empty():
-                        q.get_nowait()
+                self._fresh(node)
                 try:
                     present, rc, _ = self.c.connect(expect_rc=None)
                     why = f"{rc:#x}"
@@ -115,19 +116,26 @@ class Sub(threading.Thread):
                     self.served.append((time.monotonic(), node.node_id, bool(present)))
                     return
                 self.refused.append((time.monotonic(), node.node_id, why))
-                try:
-                    self.c.c.disconnect()
-                except Exception:
-                    pass
-                self.c.c.loop_stop()
-                self.c._looping = False
-                for q in (self.c.connacks, self.c.disconnects):
-                    while not q.empty():
-                        q.get_nowait()
             self.at += 1
             self.stop.wait(0.2)
         if not self.stop.is_set():
             raise AssertionError(f"{self.name}: no node served it for 90 s")
+
+    def _fresh(self, node: Node):
+        """A new paho client for the next attempt: one reused after a
+        refused CONNACK was seen to send its next CONNECT and never read an
+        answer. The QoS 2 messages it received and has not seen released
+        go with it, as paho keeps them per client."""
+        old = self.c
+        try:
+            old.c.loop_stop()
+            old.c.disconnect()
+        except Exception:
+            pass
+        self.c = _persistent(node, self.name, self.version, connect=False)
+        self.c.c._in_messages = old.c._in_messages
+        self.c.c.on_message = self._on_message
+        self.c.c.on_log = old.c.on_log
 
     def move(self):
         """Leave this node (DISCONNECT): `run` connects to the next one."""
@@ -139,8 +147,6 @@ class Sub(threading.Thread):
                 self.c.disconnects.get(timeout=0.2)
             except Exception:
                 continue
-            self.c.c.loop_stop()
-            self.c._looping = False
             self.reconnects += 1
             self.at += 1
             try:
@@ -338,14 +344,22 @@ def main() -> int:
         for sub in subs:
             if sub.refused and sub.refused[-1][0] > (sub.served[-1][0] if sub.served else 0):
                 for n in live(ns):
-                    c = _persistent(n, sub.name, sub.version, connect=False)
+                    # Raw MQTT 5: what arrives at all, in order.
+                    got: list[str] = []
+                    r = None
                     try:
-                        _, rc, _ = c.connect(expect_rc=None)
-                        why = f"{rc:#x}"
+                        r = mqttraw.RawClient("127.0.0.1", n.mqtt_port, timeout=10)
+                        r.send(mqttraw.connect(sub.name, 5, 60, False,
+                                               {mqttraw.SESSION_EXPIRY: 3600}))
+                        deadline = time.monotonic() + 10
+                        while time.monotonic() < deadline and len(got) < 5:
+                            got.append(r.recv(deadline - time.monotonic()).name)
                     except Exception as e:
-                        why = type(e).__name__
-                    c.close()
-                    print(f"  probe: a fresh {sub.name} at node {n.node_id}: {why}")
+                        got.append(repr(e)[:80])
+                    finally:
+                        if r is not None:
+                            r.close()
+                    print(f"  probe: a fresh {sub.name} at node {n.node_id}: {got}")
         found = problems(h, [s.name for s in subs], {p.who: p.conns for p in pubs})
         found += [e for t in subs + pubs for e in t.errors]
         moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
@@ -377,6 +391,8 @@ def main() -> int:
                 if sub.refused:
                     print(f"  {sub.name} refused: " + ", ".join(
                         f"{t - started:.1f} s node {n} {why}" for t, n, why in sub.refused[:30]))
+                    for t, line in list(sub.trace)[-25:]:
+                        print(f"    {t - started:.2f} s paho: {line[:150]}")
             sent = {p.who: p.sent_at for p in pubs}
             for f in found[:20]:
                 # When the first message named was sent, for the timeline.
