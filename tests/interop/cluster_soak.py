@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import random
 import signal
 import sys
@@ -49,6 +50,20 @@ from test_cluster import (  # noqa: E402
     Node, Partitioner, _acked, _persistent, metric, status, voters_with_leader)
 
 SETTLE = 60.0
+
+
+def shut(c: PahoClient):
+    """Close a client and its socket: paho closes it in its loop, which a
+    stopped client no longer runs, and a long run must not pile up
+    sockets (paho waits on `select`, which takes descriptors below 1024)."""
+    c.close()
+    try:
+        c.c.loop_stop()
+        sock = c.c.socket()
+        if sock is not None:
+            sock.close()
+    except Exception:
+        pass
 
 
 def live(nodes: list[Node]) -> list[Node]:
@@ -127,11 +142,7 @@ class Sub(threading.Thread):
         answer. The QoS 2 messages it received and has not seen released
         go with it, as paho keeps them per client."""
         old = self.c
-        try:
-            old.c.loop_stop()
-            old.c.disconnect()
-        except Exception:
-            pass
+        shut(old)
         self.c = _persistent(node, self.name, self.version, connect=False)
         self.c.c._in_messages = old.c._in_messages
         self.c.c.on_message = self._on_message
@@ -192,7 +203,7 @@ class Pub(threading.Thread):
                     rc = -1
                 if rc == 0:
                     return c
-                c.close()
+                shut(c)
             self.at += 1
             self.stop.wait(0.2)
         if not self.stop.is_set():
@@ -218,14 +229,14 @@ class Pub(threading.Thread):
                 self.h.acked[self.who].add(i)
             else:
                 self.given_up += 1
-                c.close()
+                shut(c)
                 self.at += 1
                 c = self._client()
                 self.conns.append(i + 1)
             i += 1
             self.stop.wait(0.02)
         if c is not None:
-            c.close()
+            shut(c)
 
 
 def problems(h: History, subs: list[str], conns: dict[str, list[int]]) -> list[str]:
@@ -341,6 +352,12 @@ def main() -> int:
         # A subscriber that could not connect at the end: does a fresh
         # client with its id get a CONNACK? (Tells a stuck client id from
         # a stuck client.)
+        if any(s.refused for s in subs):
+            for n in live(ns):
+                figures = {m: metric(n.http_port, f"zerofan_{m}") for m in (
+                    "cluster_replication_lag", "inflight_messages", "queued_messages",
+                    "queued_bytes_online", "connections_parked", "connections")}
+                print(f"  node {n.node_id} at the end: {figures}")
         for sub in subs:
             if sub.refused and sub.refused[-1][0] > (sub.served[-1][0] if sub.served else 0):
                 for n in live(ns):
@@ -372,6 +389,7 @@ def main() -> int:
               f"(given up {sum(p.given_up for p in pubs)}); "
               f"delivered {({s.name: len(h.received[s.name]) for s in subs})}; "
               f"subscriber reconnects {sum(s.reconnects for s in subs)}; "
+              f"descriptors open here {len(os.listdir('/proc/self/fd'))}; "
               f"since the last restarts {moves}; "
               f"problems {len(found)}")
         for f in found[:20]:

@@ -549,6 +549,8 @@ class Partitioner:
             up.settimeout(None)
             up.sendall(head + body)
             with self.lock:
+                # Connections over since are forgotten (their sockets closed).
+                self.conns = [x for x in self.conns if x[2].fileno() != -1]
                 self.conns.append((sender, node, c, up))
         except (OSError, ValueError):
             c.close()
@@ -581,6 +583,9 @@ class Partitioner:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        # Each direction closes the socket it reads, so both close once the
+        # connection is over (a long run makes many: they must not pile up).
+        a.close()
 
     def cut(self, node: int):
         with self.lock:
