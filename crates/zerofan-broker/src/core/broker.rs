@@ -1150,7 +1150,7 @@ impl Broker {
             self.claims.settle_handover(client);
             // Its client is back before the relay to its new owner ended:
             // the session here is that owner's now (its handover awaited).
-            if let Some(sid) = self.moves.is_leaving_client(client) {
+            if let Some(sid) = self.moves.leaving_of(client) {
                 self.leave_over(now, sid, false);
             }
         }
@@ -1285,7 +1285,7 @@ impl Broker {
     /// one's own run of claims, which has nothing newer to give.
     fn serves(&self, client: &str) -> bool {
         // One that moved away and is only relayed from here is not.
-        self.sessions.has_client(client) && self.moves.is_leaving_client(client).is_none()
+        self.sessions.has_client(client) && self.moves.leaving_of(client).is_none()
     }
 
     /// Whether `client`'s session lives here (tests).
@@ -1487,10 +1487,8 @@ impl Broker {
 
     /// `node` (`None`: this one) flushed `client`'s move.
     fn move_flushed(&mut self, now: Instant, client: &str, node: Option<PeerId>) {
-        if let Some(sid) = self.moves.is_leaving_client(client) {
-            if self.moves.flushed_leaving(client, node) {
-                self.leave_over(now, sid, false);
-            }
+        if let Some(sid) = self.moves.flushed_leaving(client, node) {
+            self.leave_over(now, sid, false);
         }
     }
 
@@ -1501,21 +1499,28 @@ impl Broker {
         if self.moves.relayed_by(&client, from) {
             return;
         }
-        let forgot = self.moves.expect(client.clone(), from, now + MOVE_TIMEOUT);
-        self.metrics.moves_relay_dropped += forgot as u64;
         // Served here already: a claim that did not wait for the mark (the
         // old owner away then, or slower than the wait). Messages it sent
         // directly since may be relayed too, so none is taken (as before
         // relays); the nodes are told to flush, which ends the relay.
         if self.serves(&client) {
-            self.moves.unexpect(&client, Some(from));
-            self.peers.send_all(|| PeerEvent::Moved {
-                client: client.clone(),
-            });
-            self.peers.send_all(|| PeerEvent::Flushed {
-                client: client.clone(),
-            });
+            self.moves.forget_relay(&client, None);
+            self.announce_moved(&client);
+            return;
         }
+        let forgot = self.moves.expect_relay(client, from, now + MOVE_TIMEOUT);
+        self.metrics.moves_relay_dropped += forgot as u64;
+    }
+
+    /// Every node hears that `client`'s session is served here (`Moved`)
+    /// and that this node sends its matches here from now on (`Flushed`).
+    fn announce_moved(&mut self, client: &str) {
+        self.peers.send_all(|| PeerEvent::Moved {
+            client: client.into(),
+        });
+        self.peers.send_all(|| PeerEvent::Flushed {
+            client: client.into(),
+        });
     }
 
     /// A message the old owner relayed for `client`'s session.
@@ -1535,7 +1540,7 @@ impl Broker {
     /// (`Moved`, after the subscriptions), this node flushes, and the
     /// relays that came early are queued first.
     fn arrive(&mut self, now: Instant, client: &str, resumed: bool) {
-        if !self.moves.expects(client) {
+        if !self.moves.expects_relay(client) {
             return;
         }
         let sid = MqttStr::try_from(client)
@@ -1546,7 +1551,7 @@ impl Broker {
             Some(sid) if resumed => self.moves.arrive(sid, client, nodes, now),
             // A clean session: the old one's messages are not for it; the
             // old owner still waits for the nodes to flush.
-            _ => self.moves.unexpect(client, None).then(Vec::new),
+            _ => self.moves.forget_relay(client, None).then(Vec::new),
         };
         let Some(early) = early else {
             return;
@@ -1554,12 +1559,7 @@ impl Broker {
         // The subscriptions reach every node before `Moved`, on the same
         // links.
         self.announce();
-        self.peers.send_all(|| PeerEvent::Moved {
-            client: client.into(),
-        });
-        self.peers.send_all(|| PeerEvent::Flushed {
-            client: client.into(),
-        });
+        self.announce_moved(client);
         self.timers.arm(now + MOVE_TIMEOUT, Timer::Moves);
         if let Some(sid) = sid.filter(|_| resumed) {
             for item in early {
@@ -3586,10 +3586,9 @@ impl Broker {
     /// the peer's earlier messages among it) is durable, in order.
     pub(crate) fn durable_seen(&mut self, from: super::peer::PeerId, seq: u64) {
         if self.moves.gates() {
-            let Some(Answer::Seen(from, seq)) = self.move_gate(Answer::Seen(from, seq)) else {
-                return;
-            };
-            self.durable_seen_unmoved(from, seq);
+            if let Some(Answer::Seen(from, seq)) = self.move_gate(Answer::Seen(from, seq)) {
+                self.durable_seen_unmoved(from, seq);
+            }
             return;
         }
         self.durable_seen_unmoved(from, seq);
@@ -4852,7 +4851,7 @@ impl Broker {
                 } else {
                     // Over before the session was served here (its claim
                     // never came, or the relay timed out).
-                    self.moves.unexpect(&client, Some(from));
+                    self.moves.forget_relay(&client, Some(from));
                 }
             }
             PeerEvent::Moved { client } => {
@@ -5548,16 +5547,16 @@ impl Broker {
         let owner = self.repl.images.subscribed_owner(client_id).filter(|&o| {
             self.peers.ids().any(|p| p == o)
                 && !self.peers.is_away(o)
-                && !self.moves.expects(client_id)
+                && !self.moves.expects_relay(client_id)
                 && !self.serves(client_id)
         });
         if let Some(owner) = owner {
             self.moves
-                .expect(client_id.into(), owner, now + MOVE_TIMEOUT);
+                .expect_relay(client_id.into(), owner, now + MOVE_TIMEOUT);
         }
         let adopted = self.adopt_replica_at(now, client_id, epoch);
         if !adopted && owner.is_some() {
-            self.moves.unexpect(client_id, owner);
+            self.moves.forget_relay(client_id, owner);
         }
         adopted
     }

@@ -155,7 +155,7 @@ impl Moves {
         self.leaving.iter().find(|(s, _)| *s == sid).map(|(_, l)| l)
     }
 
-    pub(crate) fn is_leaving_client(&self, client: &str) -> Option<SessionId> {
+    pub(crate) fn leaving_of(&self, client: &str) -> Option<SessionId> {
         self.leaving
             .iter()
             .find(|(_, l)| &*l.client == client)
@@ -183,16 +183,19 @@ impl Moves {
         ));
     }
 
-    /// `node` (`None`: this one) flushed `client`'s move: true when its
-    /// relay is over (take it with [`Moves::take_leaving`]).
-    pub(crate) fn flushed_leaving(&mut self, client: &str, node: Option<PeerId>) -> bool {
-        match self.leaving.iter_mut().find(|(_, l)| &*l.client == client) {
-            Some((_, l)) => {
-                l.waiting.retain(|n| *n != node);
-                l.waiting.is_empty()
-            }
-            None => false,
-        }
+    /// `node` (`None`: this one) flushed `client`'s move: its session when
+    /// the relay is over (end it with [`Moves::take_leaving`]).
+    pub(crate) fn flushed_leaving(
+        &mut self,
+        client: &str,
+        node: Option<PeerId>,
+    ) -> Option<SessionId> {
+        let (sid, l) = self
+            .leaving
+            .iter_mut()
+            .find(|(_, l)| &*l.client == client)?;
+        l.waiting.retain(|n| *n != node);
+        l.waiting.is_empty().then_some(*sid)
     }
 
     /// Stop relaying `sid` (done, timed out, or its client back).
@@ -204,7 +207,12 @@ impl Moves {
     /// The old owner `from` relays `client` to this node, until
     /// `deadline` at the latest. Returns the relays of moves forgotten
     /// to keep the bound.
-    pub(crate) fn expect(&mut self, client: Box<str>, from: PeerId, deadline: Instant) -> usize {
+    pub(crate) fn expect_relay(
+        &mut self,
+        client: Box<str>,
+        from: PeerId,
+        deadline: Instant,
+    ) -> usize {
         let mut forgot = 0;
         self.expected.retain(|e| e.client != client);
         while self.expected.len() >= MAX_EXPECTED {
@@ -222,7 +230,7 @@ impl Moves {
     }
 
     /// Whether an old owner said it relays `client` here.
-    pub(crate) fn expects(&self, client: &str) -> bool {
+    pub(crate) fn expects_relay(&self, client: &str) -> bool {
         self.expected.iter().any(|e| &*e.client == client)
     }
 
@@ -296,7 +304,7 @@ impl Moves {
 
     /// Forget what `client`'s old owner (`from`; any: `None`) said: its
     /// session not resumed here, or the relay over before it was.
-    pub(crate) fn unexpect(&mut self, client: &str, from: Option<PeerId>) -> bool {
+    pub(crate) fn forget_relay(&mut self, client: &str, from: Option<PeerId>) -> bool {
         let before = self.expected.len();
         self.expected
             .retain(|e| &*e.client != client || from.is_some_and(|f| f != e.from));
