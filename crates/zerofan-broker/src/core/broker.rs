@@ -169,6 +169,8 @@ pub struct Broker {
     /// Persistent sessions moving to or from this node while it and the
     /// other end stay up (see `moves`).
     moves: super::moves::Moves,
+    /// Sessions taken from away nodes (see `strand`).
+    strands: super::strand::Strands,
 }
 
 /// What the shell does with a connection's further input.
@@ -221,6 +223,7 @@ impl Broker {
             repl: Default::default(),
             drain: Default::default(),
             moves: Default::default(),
+            strands: Default::default(),
         }
     }
 
@@ -1074,6 +1077,7 @@ impl Broker {
         let Some(mut s) = self.sessions.remove(sid) else {
             return;
         };
+        self.strands.ended(&s.client_id);
         self.dur_session_ended(&s.client_id, s.stored);
         if let Some(w) = s.take_pending_will() {
             self.publish_will(now, w.will);
@@ -2952,6 +2956,18 @@ impl Broker {
             }
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
+        if self.peers.any_away()
+            && msg.qos != QoS::AtMostOnce
+            && self.durable.on()
+            && routed
+                .forwards
+                .iter()
+                .any(|f| f.direct && self.peers.is_away(f.peer))
+        {
+            let forwards = std::mem::take(&mut routed.forwards);
+            self.router.recycle(routed);
+            return count + self.deliver_stranded(now, &msg, forwards);
+        }
         // The last forward takes the message itself when nothing else
         // holds it (fan-in: no subscriber here), rather than a copy.
         let mut last = None;
@@ -2997,6 +3013,164 @@ impl Broker {
             );
         }
         count
+    }
+}
+
+// Messages for an away node's persistent sessions (see `strand`).
+impl Broker {
+    /// [`Broker::deliver`]'s crossing when a node with subscribers for
+    /// `msg` is away: the others get it as `Stranded` for that node's
+    /// persistent sessions, the away node as usual, and the copies here of
+    /// its sessions take it. Returns how many peers it crossed to for
+    /// subscribers.
+    fn deliver_stranded(
+        &mut self,
+        now: Instant,
+        msg: &Rc<Message>,
+        forwards: Vec<super::router::Forward>,
+    ) -> usize {
+        let owners: Vec<PeerId> = forwards
+            .iter()
+            .filter(|f| f.direct && self.peers.is_away(f.peer))
+            .map(|f| f.peer)
+            .collect();
+        let size = msg.size() as u64;
+        let mut count = 0;
+        let peers: Vec<PeerId> = self.peers.ids().collect();
+        for peer in peers {
+            let f = forwards.iter().find(|f| f.peer == peer);
+            if f.is_some() {
+                count += 1;
+                self.metrics.peer_forwarded += 1;
+            }
+            // Sent all the same (an acknowledged message is never
+            // dropped); its publisher waits until the peer drains.
+            if self.peers.congested(peer) || self.peers.crossed(peer, size) {
+                self.hold_publisher(msg);
+            }
+            let (direct, shares) = f.map_or((false, Vec::new()), |f| (f.direct, f.shares.clone()));
+            let msg = msg.for_peer();
+            let event = if owners.contains(&peer) {
+                PeerEvent::Publish {
+                    msg,
+                    direct,
+                    shares,
+                }
+            } else {
+                PeerEvent::Stranded(Box::new(super::peer::Stranded {
+                    owners: owners.clone(),
+                    msg,
+                    direct,
+                    shares,
+                }))
+            };
+            self.peers.send(peer, event);
+        }
+        self.metrics.stranded_sent += 1;
+        self.strand_copies(now, &owners, msg);
+        count
+    }
+
+    /// A message for `owners`' sessions came from `from`: into the copies
+    /// here, into the sessions here taken from them unless the sender sent
+    /// it to the subscribers here anyway, and to those as usual.
+    fn on_stranded(
+        &mut self,
+        now: Instant,
+        from: PeerId,
+        owners: &[PeerId],
+        mut msg: Message,
+        direct: bool,
+        shares: &[Arc<str>],
+    ) {
+        self.metrics.peer_received += 1;
+        self.peers.handled(from, msg.size() as u64);
+        msg.arrived_from(from);
+        let msg = Rc::new(msg);
+        self.strand_copies(now, owners, &msg);
+        if !direct {
+            self.strand_taken(now, owners, &msg);
+        }
+        if direct || !shares.is_empty() {
+            self.deliver(now, msg, Scope::Forwarded { direct, shares });
+        }
+    }
+
+    /// Queue `msg` in the copies here of `owners`' sessions.
+    fn strand_copies(&mut self, now: Instant, owners: &[PeerId], msg: &Message) {
+        if self.repl.images.len() == 0 {
+            return;
+        }
+        let stored = Arc::new(to_stored(msg, &self.durable));
+        let now_ms = self.durable.unix_ms(now);
+        for &owner in owners {
+            let (kept, errors) =
+                self.repl
+                    .images
+                    .strand(owner, stored.clone(), now_ms, &mut self.durable);
+            self.metrics.stranded_kept += kept as u64;
+            self.metrics.store_errors += errors;
+        }
+    }
+
+    /// Queue `msg` for the sessions here taken from one of `owners` whose
+    /// subscriptions match it.
+    fn strand_taken(&mut self, now: Instant, owners: &[PeerId], msg: &Rc<Message>) {
+        if !self.strands.any() {
+            return;
+        }
+        let sessions = &self.sessions;
+        let online = |s: SessionId| sessions.get(s).is_some_and(|x| x.conn.is_some());
+        let scope = Scope::Forwarded {
+            direct: true,
+            shares: &[],
+        };
+        let mut routed =
+            self.router
+                .route(msg.topic.as_str(), None, msg.qos, msg.retain, scope, online);
+        let mut hits = Vec::new();
+        for hit in routed.by_ref() {
+            let taken = self
+                .sessions
+                .get(hit.session)
+                .and_then(|s| self.strands.taken_from(&s.client_id));
+            if taken.is_some_and(|p| owners.contains(&p)) {
+                hits.push(hit);
+            }
+        }
+        self.router.recycle(routed);
+        for hit in hits {
+            if !self.may_deliver(hit.session, msg.topic.as_str()) {
+                continue;
+            }
+            self.metrics.stranded_queued += 1;
+            let item = Queued {
+                msg: msg.clone(),
+                qos: hit.qos,
+                retain: hit.retain,
+                sub_ids: hit.sub_ids,
+                share: None,
+                entry: None,
+                replay: false,
+            };
+            if self.moves.any() {
+                if let Some(item) = self.moving_hit(now, hit.session, item) {
+                    self.enqueue(now, hit.session, item);
+                }
+                continue;
+            }
+            self.enqueue(now, hit.session, item);
+        }
+    }
+
+    /// `client`'s session is served here from the copy `owner` wrote: when
+    /// that node is away (or gone), what others strand for it is the
+    /// session's too.
+    fn note_taken(&mut self, client: &str, owner: Option<PeerId>) {
+        let Some(owner) = owner else { return };
+        if self.peers.is_away(owner) || !self.peers.ids().any(|p| p == owner) {
+            self.strands.took(client, owner);
+        }
     }
 }
 
@@ -4803,6 +4977,15 @@ impl Broker {
                 };
                 self.deliver(now, Rc::new(msg), scope);
             }
+            PeerEvent::Stranded(st) => {
+                let super::peer::Stranded {
+                    owners,
+                    msg,
+                    direct,
+                    shares,
+                } = *st;
+                self.on_stranded(now, from, &owners, msg, direct, &shares);
+            }
             PeerEvent::Retain {
                 mut msg,
                 seq,
@@ -5505,6 +5688,7 @@ impl Broker {
         if !self.repl.images.has(client) {
             return;
         }
+        let owner = self.repl.images.subscribed_owner(client);
         let mut disk = super::replica::Disk::new(&mut self.durable);
         if connect.clean_start || self.sessions.has_client(&connect.client_id) {
             self.repl.images.forget(client, &mut disk);
@@ -5527,6 +5711,7 @@ impl Broker {
         let Some(sid) = self.sessions.of_client(&connect.client_id) else {
             return;
         };
+        self.note_taken(client, owner);
         self.metrics.replica_installs += 1;
         self.restage(sid, will);
     }
@@ -5577,6 +5762,7 @@ impl Broker {
         } else {
             epoch
         };
+        let owner = self.repl.images.subscribed_owner(client_id);
         let mut disk = super::replica::Disk::new(&mut self.durable);
         let rs = self.repl.images.take(client_id, &mut disk);
         self.metrics.store_errors += disk.errors;
@@ -5595,6 +5781,7 @@ impl Broker {
             return false;
         };
         self.metrics.replica_installs += 1;
+        self.note_taken(client_id, owner);
         self.restage(sid, will);
         self.claimed(&id);
         self.arrive(now, client_id, true);

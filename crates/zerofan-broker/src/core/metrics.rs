@@ -465,6 +465,30 @@ counters! {
                 "zerofan_cluster_moves_hold_overflows_total",
                 "Session moves whose held messages reached the queue bound and were queued before the relay ended.",
             )),
+        /// Messages published here while a node they crossed to was away,
+        /// sent to every other node for that node's persistent sessions
+        /// (see `strand`).
+        pub stranded_sent: u64 = CounterDef::NEW
+            .sys("cluster/stranded_sent")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_sent_total",
+                "Messages published here while a node with subscribers for them was away, sent to every other node for the persistent sessions of the away node.",
+            )),
+        /// Queue entries added to the copies here of an away node's sessions.
+        pub stranded_kept: u64 = CounterDef::NEW
+            .sys("cluster/stranded_kept")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_kept_total",
+                "Queue entries added to the copies kept here of an away node's persistent sessions, for messages published while it was away.",
+            )),
+        /// Messages queued for sessions served here since their owner went
+        /// away, from a node that saw it away still.
+        pub stranded_queued: u64 = CounterDef::NEW
+            .sys("cluster/stranded_queued")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_queued_total",
+                "Messages queued for persistent sessions taken over here from an away node, sent by a node that did not know yet they were here.",
+            )),
         /// Connections dropped because this node's cluster lease ran out.
         pub clients_fenced: u64 = CounterDef::NEW
             .sys("cluster/clients_fenced")

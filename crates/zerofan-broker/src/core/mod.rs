@@ -119,6 +119,7 @@ mod session_queue;
 mod sessions;
 mod slots;
 pub mod store;
+mod strand;
 mod submap;
 mod subscribe;
 mod subscribers;
@@ -144,7 +145,7 @@ pub use observe::{
     Gauges, LatencyHistogram, ReloadOutcome, ShardFigures, StoreFigures, LATENCY_BUCKETS,
 };
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
-pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId};
+pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId, Stranded};
 pub use replica::PreviousOwner;
 pub use replica::ReplOp;
 pub use retain_order::Stamp;

@@ -35,6 +35,23 @@ pub(crate) enum Deferred {
     ),
 }
 
+/// A message for the persistent sessions of `owners` (nodes away from
+/// the sender): the receiver keeps it in its copies of their sessions, and
+/// queues it for those of their sessions it serves now (see `strand`).
+/// `direct` and `shares` as in [`PeerEvent::Publish`], which this replaces
+/// when the receiver has subscribers for it.
+#[derive(Debug)]
+pub struct Stranded {
+    /// The away nodes whose sessions it is for.
+    pub owners: Vec<PeerId>,
+    /// The message, its payload shared.
+    pub msg: Message,
+    /// Deliver to the receiver's ordinary subscriptions too.
+    pub direct: bool,
+    /// Shared groups for which the sender chose the receiver.
+    pub shares: Vec<Arc<str>>,
+}
+
 /// Which peer: a shard's index in its process (a node id, later).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerId(pub u16);
@@ -65,6 +82,10 @@ pub enum PeerEvent {
         /// sender chose the receiver: one of its members gets the message.
         shares: Vec<Arc<str>>,
     },
+    /// A message for the persistent sessions of nodes away from the
+    /// sender as well (see `strand`); boxed, as it is rare and larger than
+    /// the others.
+    Stranded(Box<Stranded>),
     /// Push-back across cores: a subscriber here fell behind on messages of
     /// the receiver's session `session` (`hold`), or caught up (`!hold`).
     /// The receiver stops (or resumes) reading that publisher.
@@ -496,6 +517,12 @@ impl Peers {
             .ok()
             .and_then(|i| self.slots.get(i))
             .is_some_and(|s| s.away)
+    }
+
+    /// Whether any peer is away (one test per message otherwise).
+    #[inline]
+    pub(crate) fn any_away(&self) -> bool {
+        self.slots.iter().any(|s| s.away)
     }
 
     /// Queue `event` for `peer`.

@@ -16,7 +16,7 @@
 
 use super::ids::SessionId;
 use super::message::Message;
-use super::peer::PeerEvent;
+use super::peer::{PeerEvent, PeerId, Stranded};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,6 +54,7 @@ const RELAYED: u8 = 21;
 const RELAY_DONE: u8 = 22;
 const MOVED: u8 = 23;
 const FLUSHED: u8 = 24;
+const STRANDED: u8 = 25;
 
 /// What one frame holds.
 #[derive(Debug)]
@@ -152,6 +153,29 @@ impl FrameEncoder {
                 shares,
             } => {
                 self.scratch.put_u8(PUBLISH);
+                self.scratch.put_u8(u8::from(*direct));
+                let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
+                self.scratch.put_u16(n);
+                for s in shares {
+                    put_str(&mut self.scratch, s)?;
+                }
+                put_message(&mut self.scratch, msg, now)?;
+                payload = Some(msg.payload.clone());
+                publish = Some(msg.qos);
+            }
+            PeerEvent::Stranded(st) => {
+                let Stranded {
+                    owners,
+                    msg,
+                    direct,
+                    shares,
+                } = &**st;
+                self.scratch.put_u8(STRANDED);
+                let n = u8::try_from(owners.len()).map_err(|_| WireError("too many owners"))?;
+                self.scratch.put_u8(n);
+                for o in owners {
+                    self.scratch.put_u16(o.0);
+                }
                 self.scratch.put_u8(u8::from(*direct));
                 let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
                 self.scratch.put_u16(n);
@@ -506,6 +530,26 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
                 direct,
                 shares,
             }
+        }
+        STRANDED => {
+            let n = get_u8(&mut f)?;
+            let mut owners = Vec::with_capacity(usize::from(n));
+            for _ in 0..n {
+                owners.push(PeerId(get_u16(&mut f)?));
+            }
+            let direct = get_u8(&mut f)? & 1 != 0;
+            let n = get_u16(&mut f)?;
+            let mut shares = Vec::with_capacity(usize::from(n).min(64));
+            for _ in 0..n {
+                shares.push(Arc::<str>::from(get_str(&mut f)?.as_str()));
+            }
+            let msg = get_message(f, now)?;
+            PeerEvent::Stranded(Box::new(Stranded {
+                owners,
+                msg,
+                direct,
+                shares,
+            }))
         }
         HOLD => {
             let hold = get_u8(&mut f)? & 1 != 0;
@@ -1027,6 +1071,21 @@ mod tests {
                         shares: shares.into_iter().map(Into::into).collect(),
                     }
                 }),
+            (
+                proptest::collection::vec(any::<u16>(), 1..3),
+                topic,
+                proptest::collection::vec(any::<u8>(), 0..100),
+                any::<bool>(),
+                proptest::collection::vec("[a-z]{1,6}", 0..2),
+            )
+                .prop_map(|(o, t, p, direct, shares)| {
+                    PeerEvent::Stranded(Box::new(Stranded {
+                        owners: o.into_iter().map(PeerId).collect(),
+                        msg: message(&t, &p, QoS::AtLeastOnce, false, Properties::default()),
+                        direct,
+                        shares: shares.into_iter().map(Into::into).collect(),
+                    }))
+                }),
             (any::<u64>(), any::<bool>()).prop_map(|(s, hold)| PeerEvent::Hold {
                 session: SessionId(s),
                 hold
@@ -1084,6 +1143,13 @@ mod tests {
                         prop_assert_eq!(&a.properties.content_type, &b.properties.content_type);
                         prop_assert_eq!(da, db);
                         prop_assert_eq!(sa, sb);
+                    }
+                    (PeerEvent::Stranded(a), PeerEvent::Stranded(b)) => {
+                        prop_assert_eq!(&a.owners, &b.owners);
+                        prop_assert_eq!(&a.msg.topic, &b.msg.topic);
+                        prop_assert_eq!(&a.msg.payload, &b.msg.payload);
+                        prop_assert_eq!(a.msg.qos, b.msg.qos);
+                        prop_assert_eq!((a.direct, &a.shares), (b.direct, &b.shares));
                     }
                     (PeerEvent::Relayed { client: ca, msg: a, qos: qa, retain: ra, sub_ids: ia },
                      PeerEvent::Relayed { client: cb, msg: b, qos: qb, retain: rb, sub_ids: ib }) => {

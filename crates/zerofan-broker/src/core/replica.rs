@@ -41,6 +41,7 @@ mod disk;
 mod fence;
 mod previous;
 mod read;
+mod stranded;
 mod window;
 pub(crate) use disk::{Disk, Drops};
 pub(crate) use fence::Fence;
@@ -739,6 +740,10 @@ pub(crate) struct Images {
     unwritten: u64,
     /// The newest claim epoch seen per client id.
     pub(crate) fence: Fence,
+    /// Entries queued in copies for an away owner (see `stranded`).
+    pub(crate) stranded: u64,
+    /// The last id given to a stranded entry or message.
+    stranded_next: u64,
 }
 
 impl Default for Images {
@@ -755,6 +760,8 @@ impl Default for Images {
             expired: 0,
             unwritten: 0,
             fence: Fence::default(),
+            stranded: 0,
+            stranded_next: 0,
         }
     }
 }

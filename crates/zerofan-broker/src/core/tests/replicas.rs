@@ -2565,3 +2565,4 @@ fn a_node_lost_before_it_confirmed_a_message_gets_its_publisher_no_ack() {
 }
 
 mod moves;
+mod stranded;

@@ -1,0 +1,127 @@
+//! Messages published while a session's owner is away (`core/strand.rs`):
+//! node 0 owns "s", subscribed to "t" at QoS 1, offline, and dies; the
+//! others publish before and after "s" is served again elsewhere.
+
+use super::*;
+
+/// "s" on node 0, subscribed to "t", offline; node 0 is then killed (the
+/// others mark it away, as their links do after 2 s).
+fn owner_lost(cl: &mut Cluster) {
+    let (s, _) = cl.persistent(0, "s");
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(s);
+    cl.kill(0);
+}
+
+/// Every payload `s` gets, acknowledging as it goes.
+fn drain(cl: &mut Cluster, s: Cx, mut out: Out) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let ps = out.publishes();
+        if ps.is_empty() {
+            break;
+        }
+        for p in ps {
+            got.push(String::from_utf8_lossy(&p.payload).into_owned());
+            cl.send(s, Packet::PubAck(ack(p.packet_id)));
+        }
+        out = cl.out(s);
+    }
+    got
+}
+
+/// Acknowledged while the owner was away, by publishers on both other
+/// nodes: the copies took the messages, so the node the client comes back
+/// to delivers them. Before, the owner alone was sent them: lost.
+#[test]
+fn a_message_acknowledged_while_the_owner_is_away_reaches_its_session_elsewhere() {
+    let mut cl = Cluster::new(3, 3);
+    owner_lost(&mut cl);
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "from-1", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "from-2", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
+    for h in &cl.hs[1..] {
+        assert_eq!(h.b.metrics().stranded_sent, 1);
+        // Its own message and the other node's, in its copy of "s".
+        assert_eq!(h.b.metrics().stranded_kept, 2);
+    }
+
+    let (s, out) = cl.persistent(1, "s");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    assert_eq!(drain(&mut cl, s, all), ["from-1", "from-2"]);
+
+    // Served on node 1 now: node 2's next message reaches it once.
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "after", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(acks(&cl.out(p2)), [(2, "puback")]);
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), ["after"]);
+}
+
+/// The client is back on node 2 before node 1 learns its subscription is
+/// there: node 1 strands its message for node 0's sessions, and node 2
+/// queues it for the session it took from node 0, once. The
+/// acknowledgement waits for node 2.
+#[test]
+fn a_session_taken_from_an_away_owner_gets_what_others_strand_for_it_once() {
+    let mut cl = Cluster::new(3, 3);
+    owner_lost(&mut cl);
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    // What node 2 writes for node 1 (its subscription, its answers) waits.
+    cl.linked[2][1] = false;
+    let (s, out) = cl.persistent(2, "s");
+    assert!(present(&out));
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "early", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [], "node 2 has not confirmed");
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), ["early"]);
+    assert_eq!(cl.hs[2].b.metrics().stranded_queued, 1);
+    cl.linked[2][1] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+
+    // Node 1 knows the subscription is on node 2 now: sent there directly
+    // (and stranded for node 0 still), delivered once.
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "late", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [(2, "puback")]);
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), ["late"]);
+    assert_eq!(cl.hs[2].b.metrics().stranded_queued, 1);
+}
+
+/// QoS 0 is not kept for an absent client, nor is a message nobody on the
+/// away node subscribed to stranded.
+#[test]
+fn only_what_the_away_nodes_subscribers_want_is_stranded() {
+    let mut cl = Cluster::new(3, 3);
+    owner_lost(&mut cl);
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    cl.send(p1, Packet::Publish(publish("t", "q0", QoS::AtMostOnce, 0)));
+    cl.send(
+        p1,
+        Packet::Publish(publish("u", "other", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+    assert_eq!(cl.hs[1].b.metrics().stranded_sent, 0);
+    assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
+}
