@@ -162,6 +162,7 @@ struct Counters {
     bad_frames: AtomicU64,
     tls_refused: AtomicU64,
     lease_expiries: AtomicU64,
+    lost_handed: AtomicU64,
 }
 
 struct Inner {
@@ -292,6 +293,7 @@ impl Cluster {
             tokio::spawn(accept_loop(inner.clone(), listener)),
             tokio::spawn(watch_metrics(inner.clone())),
             tokio::spawn(keep_lease(inner.clone())),
+            tokio::spawn(hand_over_lost(inner.clone())),
         ];
         let cluster = Cluster {
             inner,
@@ -615,6 +617,12 @@ impl Cluster {
     /// Times the lease ran out.
     pub fn lease_expiries(&self) -> u64 {
         self.inner.counters.lease_expiries.load(Ordering::Relaxed)
+    }
+
+    /// Client ids this node, leading, handed from a member whose lease ran
+    /// out to another member.
+    pub fn lost_handed(&self) -> u64 {
+        self.inner.counters.lost_handed.load(Ordering::Relaxed)
     }
 
     /// Links closed because the broker was not taking them.
@@ -1154,6 +1162,66 @@ async fn keep_lease(inner: Arc<Inner>) {
         }
         let next = new_leader(&mut metrics, &mut leader, sent + every);
         watch_expiry(&inner, next).await;
+    }
+}
+
+/// On the leader: the client ids of a member whose lease ran out and that
+/// is not heard from (dead, or cut off from the majority) go to the
+/// lowest-id member heard from lately, which serves their sessions from
+/// its copies, as after a drain (`Inner::hand_over`). Messages for them
+/// are then queued there, not stranded until each client comes back (see
+/// the broker's `strand`). A member that comes back finds them gone, as
+/// after any takeover.
+async fn hand_over_lost(inner: Arc<Inner>) {
+    let every = inner.lease / 2;
+    loop {
+        tokio::time::sleep(every).await;
+        if inner.removed.load(Ordering::Relaxed) {
+            return;
+        }
+        let m = inner.raft.metrics().borrow().clone();
+        if m.current_leader != Some(inner.id) {
+            continue;
+        }
+        let now = Instant::now();
+        let heard = inner.heard.lock().map(|h| h.clone()).unwrap_or_default();
+        let alive = |id: u64| {
+            id == inner.id
+                || heard
+                    .get(&id)
+                    .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
+        };
+        // Ascending: the lowest-id live member holds the copies first.
+        let members: Vec<u64> = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        let owning: BTreeSet<u64> = {
+            let sm = inner.sm.lock();
+            sm.owners.values().map(|(owner, _)| *owner).collect()
+        };
+        for &lost in &members {
+            if lost == inner.id
+                || !owning.contains(&lost)
+                || alive(lost)
+                || inner.grants().takeover(lost, now).is_err()
+            {
+                continue;
+            }
+            let Some(&target) = members.iter().find(|&&t| t != lost && alive(t)) else {
+                continue;
+            };
+            let n = inner.hand_over(lost, target).await;
+            inner.counters.lost_handed.fetch_add(n, Ordering::Relaxed);
+            tracing::warn!(
+                node_id = lost,
+                target,
+                sessions = n,
+                "a node's lease ran out: its client ids were handed to another node"
+            );
+        }
     }
 }
 

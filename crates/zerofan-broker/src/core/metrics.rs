@@ -715,6 +715,9 @@ pub struct ShellStats {
     pub cluster_tls_refused: u64,
     /// Times this node's ownership lease ran out.
     pub cluster_lease_expiries: u64,
+    /// Client ids this node, leading, handed from a member whose lease ran
+    /// out to a live one.
+    pub cluster_lost_handed: u64,
     /// Images of other nodes' persistent sessions kept here.
     pub cluster_replica_images: u64,
     /// Message bytes (topic and payload) those images hold.

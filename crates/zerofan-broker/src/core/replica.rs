@@ -744,6 +744,9 @@ pub(crate) struct Images {
     pub(crate) stranded: u64,
     /// The last id given to a stranded entry or message.
     stranded_next: u64,
+    /// Images held per owner: a message stranded for an owner with none
+    /// here costs no scan.
+    per_owner: HashMap<PeerId, usize>,
 }
 
 impl Default for Images {
@@ -762,6 +765,7 @@ impl Default for Images {
             fence: Fence::default(),
             stranded: 0,
             stranded_next: 0,
+            per_owner: HashMap::default(),
         }
     }
 }
@@ -825,6 +829,9 @@ impl Images {
         let Some(img) = self.by_client.remove(client) else {
             return;
         };
+        if let Some(n) = img.owner.and_then(|o| self.per_owner.get_mut(&o)) {
+            *n = n.saturating_sub(1);
+        }
         disk.drop_session(client);
         let Some(owner) = img.owner else { return };
         for e in img.queue.values() {
@@ -998,6 +1005,7 @@ impl Images {
                     if self.by_client.len() >= self.max_images {
                         return false;
                     }
+                    *self.per_owner.entry(from).or_default() += 1;
                     self.by_client.insert(
                         client.clone(),
                         Image {

@@ -61,6 +61,7 @@ pub fn sys_figures(
                 "cluster/lease_expiries",
                 st.cluster_lease_expiries.to_string(),
             ),
+            ("cluster/lost_handed", st.cluster_lost_handed.to_string()),
             (
                 "cluster/replica_images",
                 st.cluster_replica_images.to_string(),

@@ -304,6 +304,12 @@ pub fn render(s: &Snapshot) -> String {
         st.cluster_lease_expiries as f64,
     );
     e.single(
+        "zerofan_cluster_lost_handed_total",
+        Counter,
+        "Client ids this node, leading, handed from a member whose lease ran out to a live member, which serves their sessions from its copies.",
+        st.cluster_lost_handed as f64,
+    );
+    e.single(
         "zerofan_cluster_replica_images",
         Gauge,
         "Images of other nodes' persistent sessions kept here (replicas).",

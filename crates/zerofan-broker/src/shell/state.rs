@@ -155,6 +155,7 @@ impl Shared {
             stats.cluster_claims = c.claims();
             stats.cluster_tls_refused = c.tls_refused();
             stats.cluster_lease_expiries = c.lease_expiries();
+            stats.cluster_lost_handed = c.lost_handed();
         }
         if let Ok(b) = self.broker.try_borrow() {
             let (images, bytes) = b.replica_images();

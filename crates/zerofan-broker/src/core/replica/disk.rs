@@ -272,7 +272,9 @@ impl Images {
                 img.inflight.push_back((f.packet_id, f.phase, entry));
             }
             let epoch = img.epoch;
-            self.by_client.insert(client.clone(), img);
+            if self.by_client.insert(client.clone(), img).is_none() {
+                *self.per_owner.entry(owner).or_default() += 1;
+            }
             // Older claims' changes stay stale across the restart.
             let by_client = &self.by_client;
             self.fence

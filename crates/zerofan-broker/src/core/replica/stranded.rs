@@ -24,6 +24,9 @@ impl Images {
         now_ms: u64,
         durable: &mut crate::core::durable::Durable,
     ) -> (usize, u64) {
+        if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
+            return (0, 0);
+        }
         let Ok(topic) = std::str::from_utf8(&msg.topic) else {
             return (0, 0);
         };
