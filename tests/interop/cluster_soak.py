@@ -100,6 +100,8 @@ class Sub(threading.Thread):
         # (time, node id, CONNACK code or error) of each refused attempt.
         self.refused: list[tuple[float, int, str]] = []
         self.lock = threading.Lock()
+        # (time, node id) of each message received, as `h.received` lists them.
+        self.arrivals: list[tuple[float, int]] = []
         self.c = _persistent(nodes[first], name, version, connect=False)
         self.c.c.on_message = self._on_message
         # paho's own log of packets sent and received (the last ones), for
@@ -112,6 +114,8 @@ class Sub(threading.Thread):
     def _on_message(self, client, userdata, msg):
         with self.lock:
             self.h.received[self.name].append(msg.payload)
+            node = self.served[-1][1] if self.served else 0
+            self.arrivals.append((time.monotonic(), node))
 
     def _connect(self):
         """Connect to the node at `self.at` or the next ones, retrying while
@@ -382,7 +386,9 @@ def main() -> int:
         moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
                            for n in live(ns))
                  for name in ("moves_relayed", "moves_relayed_messages", "moves_timed_out",
-                              "fenced_takeovers", "lease_expiries")}
+                              "moves_relay_dropped", "fenced_takeovers", "lease_expiries",
+                              "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
+                              "stranded_queued", "stranded_resent")}
         acked = sum(len(v) for v in h.acked.values())
         print(f"soak: {time.monotonic() - started:.0f} s, seed {args.seed}; faults "
               f"{dict(sorted(faults.items()))}; acknowledged {acked} "
@@ -394,6 +400,15 @@ def main() -> int:
               f"problems {len(found)}")
         for f in found[:20]:
             print(f"  {f}")
+        for s in subs:
+            # Where and when each copy of a message delivered twice came.
+            at: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
+            for p, (t, node) in zip(h.received[s.name], s.arrivals):
+                at[parse(p)].append(f"{t - started:.1f} s node {node}")
+            twice = [(k, v) for k, v in at.items() if len(v) > 1 and h.qos.get(k[0]) == 2]
+            if twice:
+                print(f"  {s.name}: {len(twice)} QoS 2 messages more than once, e.g. "
+                      + "; ".join(f"{k[0]}:{k[1]} at {', '.join(v)}" for k, v in twice[:3]))
         if found and args.hold:
             # Keep the cluster up for a look (bounded).
             print("  holding: " + ", ".join(

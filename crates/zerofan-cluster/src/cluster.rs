@@ -183,6 +183,9 @@ struct Inner {
     grants: Mutex<Grants>,
     /// False from when the lease ran out until it is renewed.
     lease_tx: watch::Sender<bool>,
+    /// The last renewal confirmed: when it was sent, and when the lease
+    /// runs out.
+    until_tx: watch::Sender<Option<(std::time::Instant, std::time::Instant)>>,
     fences_tx: mpsc::Sender<OwnershipLost>,
     links_tx: mpsc::Sender<(u64, NodeStream)>,
     members_tx: watch::Sender<Members>,
@@ -283,6 +286,7 @@ impl Cluster {
             holder: Mutex::new(Holder::new(cfg.lease)),
             grants: Mutex::new(Grants::new(cfg.lease)),
             lease_tx: watch::channel(true).0,
+            until_tx: watch::channel(None).0,
             fences_tx,
             links_tx,
             members_tx,
@@ -612,6 +616,15 @@ impl Cluster {
     /// broker drops the clients it owns when it turns false.
     pub fn lease(&self) -> watch::Receiver<bool> {
         self.inner.lease_tx.subscribe()
+    }
+
+    /// The last renewal of this node's lease confirmed: when it was sent,
+    /// and when the lease runs out (`None`: never renewed yet). The broker
+    /// stops delivering past it even before [`Cluster::lease`] says so
+    /// (after a pause, other tasks may run first), and holds what a
+    /// renewal sent later must confirm.
+    pub fn lease_until(&self) -> watch::Receiver<Option<(std::time::Instant, std::time::Instant)>> {
+        self.inner.until_tx.subscribe()
     }
 
     /// Times the lease ran out.
@@ -1438,11 +1451,13 @@ impl Inner {
 
     /// A renewal (or claim) sent at `sent` was confirmed by a quorum.
     fn renewed(&self, sent: Instant) {
-        let held = {
+        let (held, until) = {
             let mut h = self.holder();
             h.renewed(sent);
-            h.held(Instant::now())
+            (h.held(Instant::now()), h.until())
         };
+        self.until_tx
+            .send_replace(until.map(|u| (sent.into_std(), u.into_std())));
         if held && !*self.lease_tx.borrow() {
             tracing::info!(
                 node_id = self.id,

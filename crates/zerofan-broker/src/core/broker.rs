@@ -285,6 +285,7 @@ impl Broker {
     }
 
     fn dispatch_packet(&mut self, now: Instant, conn: ConnId, packet: Packet, wire: Option<Wire>) {
+        self.check_lease(now);
         let at = self.stamp(now);
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
@@ -1363,7 +1364,53 @@ impl Broker {
     /// was renewed. Losing it drops every connection whose client id was
     /// claimed (see `lease`); CONNECTs are refused until it is back.
     pub fn cluster_lease(&mut self, now: Instant, held: bool) {
-        for conn in self.lease.set(held) {
+        let conns = self.lease.set(held);
+        self.fence_clients(now, conns);
+    }
+
+    /// The cluster renewed this node's lease until `until`, by a renewal
+    /// sent at `sent`: past `until`, the core drops the clients itself at
+    /// its next event, whichever task runs first after a pause; what
+    /// waited for a renewal since before `sent` goes (see `lease`).
+    pub fn cluster_lease_until(&mut self, now: Instant, sent: Instant, until: Instant) {
+        let (back, free) = self.lease.renewed(sent, until, now);
+        if back {
+            self.cluster_lease(now, true);
+        }
+        self.release_replica_waiters(free);
+    }
+
+    /// The lease ran out by the clock: nothing is delivered under it.
+    #[inline]
+    fn check_lease(&mut self, now: Instant) {
+        if self.lease.overdue(now) {
+            let conns = self.lease.expire();
+            self.fence_clients(now, conns);
+        }
+    }
+
+    /// The lease is lost: the clients it served go (`conns`), and the
+    /// acknowledgements that waited for a renewal are refused, as when a
+    /// node they waited for is lost (see `refuse_unconfirmed`).
+    fn fence_clients(&mut self, now: Instant, conns: Vec<ConnId>) {
+        let mut refused = Vec::new();
+        for w in self.lease.take_skipped() {
+            match w {
+                super::replica::Waiter::Ack(conn, _) => {
+                    self.metrics.acks_refused += 1;
+                    if !refused.contains(&conn) {
+                        refused.push(conn);
+                    }
+                }
+                super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
+            }
+        }
+        for conn in refused {
+            if self.conns.get(&conn).is_some() {
+                self.close(now, conn, Some(ReasonCode::UNSPECIFIED_ERROR), true);
+            }
+        }
+        for conn in conns {
             self.metrics.clients_fenced += 1;
             // 0x88 is for CONNACK only; 0x9C sends the client to a node
             // that can serve it.
@@ -3068,6 +3115,10 @@ impl Broker {
         }
         self.metrics.stranded_sent += 1;
         self.strand_copies(now, &owners, msg);
+        let kept = self.keepable(msg);
+        for &owner in &owners {
+            self.metrics.stranded_forgotten += self.strands.keep(owner, now, kept.clone()) as u64;
+        }
         count
     }
 
@@ -3116,7 +3167,7 @@ impl Broker {
     /// Queue `msg` for the sessions here taken from one of `owners` whose
     /// subscriptions match it.
     fn strand_taken(&mut self, now: Instant, owners: &[PeerId], msg: &Rc<Message>) {
-        if !self.strands.any() {
+        if !owners.is_empty() && !self.strands.any() {
             return;
         }
         let sessions = &self.sessions;
@@ -3130,11 +3181,11 @@ impl Broker {
                 .route(msg.topic.as_str(), None, msg.qos, msg.retain, scope, online);
         let mut hits = Vec::new();
         for hit in routed.by_ref() {
-            let taken = self
+            let ours = self
                 .sessions
                 .get(hit.session)
-                .and_then(|s| self.strands.taken_from(&s.client_id));
-            if taken.is_some_and(|p| owners.contains(&p)) {
+                .is_some_and(|s| self.strands.is_for(&s.client_id, owners));
+            if ours {
                 hits.push(hit);
             }
         }
@@ -3167,10 +3218,8 @@ impl Broker {
     /// that node is away (or gone), what others strand for it is the
     /// session's too.
     fn note_taken(&mut self, client: &str, owner: Option<PeerId>) {
-        let Some(owner) = owner else { return };
-        if self.peers.is_away(owner) || !self.peers.ids().any(|p| p == owner) {
-            self.strands.took(client, owner);
-        }
+        let away = owner.filter(|&o| self.peers.is_away(o) || !self.peers.ids().any(|p| p == o));
+        self.strands.took(client, away);
     }
 }
 
@@ -4560,6 +4609,7 @@ impl Broker {
 
     /// Run every deadline that is due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.check_lease(now);
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::ConnectTimeout(conn)
@@ -4942,6 +4992,7 @@ impl Broker {
 
     /// An event from peer `from`, in the order `from` polled it.
     pub fn handle_peer(&mut self, now: Instant, from: PeerId, event: PeerEvent) {
+        self.check_lease(now);
         match event {
             PeerEvent::Interest {
                 filter,
@@ -5205,6 +5256,7 @@ impl Broker {
     /// message's acknowledgement) goes.
     pub fn peer_left(&mut self, peer: PeerId) {
         self.moves_peer_gone(peer);
+        self.strands.forget_peer(peer);
         self.router.forget_peer(peer);
         let (wake, ready) = self.peers.remove(peer);
         self.router.set_peered(self.peers.me());
@@ -5244,6 +5296,18 @@ impl Broker {
     pub fn peer_reset(&mut self, peer: PeerId) {
         // What it had not confirmed went with its old state.
         self.refuse_unconfirmed(peer);
+        // So did what was stranded for it while it was away: again, for
+        // the sessions it held all along (see `strand`).
+        for msg in self.strands.take_kept(peer, self.last_stamp.0) {
+            self.metrics.stranded_resent += 1;
+            let again = super::peer::Stranded {
+                owners: Vec::new(),
+                msg: msg.for_peer(),
+                direct: false,
+                shares: Vec::new(),
+            };
+            self.peers.send(peer, PeerEvent::Stranded(Box::new(again)));
+        }
         self.router.forget_peer(peer);
         for conn in self.peers.release_held_by(peer) {
             self.wake(conn);
@@ -5414,8 +5478,8 @@ impl Broker {
     /// it before will be answered, so nothing waits for it.
     fn replica_forget(&mut self, peer: PeerId) {
         let peers = &self.peers;
-        let (ready, _) = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
-        self.release_replica_waiters(ready);
+        let ready = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
+        self.release_replica_waiters(ready.waiters);
     }
 
     /// What no longer waits for replicas goes on, through the store as any
@@ -5487,13 +5551,19 @@ impl Broker {
     pub(crate) fn replica_answered(&mut self, peer: PeerId, seq: Option<u64>) {
         let peers = &self.peers;
         let away = |p| peers.is_away(p);
-        let (ready, without) = match seq {
+        let ready = match seq {
             Some(s) => self.repl.answered(peer, s, false, &away),
             None if !peers.ids().any(|p| p == peer) => self.repl.answered(peer, 0, true, &away),
             None => self.repl.ready(&away),
         };
-        self.metrics.replica_waits_skipped += without;
-        self.release_replica_waiters(ready);
+        self.metrics.replica_waits_skipped += ready.without;
+        // What no replica has waits for the lease (see `lease`).
+        let mut go = ready.waiters;
+        let rest = go.split_off(ready.alone.unwrap_or(go.len()));
+        let go = self.lease.hold_skipped(self.last_stamp.0, go, false);
+        self.release_replica_waiters(go);
+        let rest = self.lease.hold_skipped(self.last_stamp.0, rest, true);
+        self.release_replica_waiters(rest);
     }
 
     /// The full images of the persistent sessions here (of `only`, when

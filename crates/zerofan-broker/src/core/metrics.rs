@@ -481,6 +481,22 @@ counters! {
                 "zerofan_cluster_stranded_kept_total",
                 "Queue entries added to the copies kept here of an away node's persistent sessions, for messages published while it was away.",
             )),
+        /// Messages stranded for a node sent to it again when it came back
+        /// restarted (its link's queue lost).
+        pub stranded_resent: u64 = CounterDef::NEW
+            .sys("cluster/stranded_resent")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_resent_total",
+                "Messages stranded for an away node sent to it again when it came back restarted, for the sessions it still owns.",
+            )),
+        /// Messages stranded for a node not kept for its return: over
+        /// `strand::KEEP_MAX`.
+        pub stranded_forgotten: u64 = CounterDef::NEW
+            .sys("cluster/stranded_forgotten")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_forgotten_total",
+                "Messages stranded for an away node not kept to send it again should it come back restarted (over 10,000 per node).",
+            )),
         /// Messages queued for sessions served here since their owner went
         /// away, from a node that saw it away still.
         pub stranded_queued: u64 = CounterDef::NEW

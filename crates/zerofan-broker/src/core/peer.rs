@@ -42,7 +42,8 @@ pub(crate) enum Deferred {
 /// when the receiver has subscribers for it.
 #[derive(Debug)]
 pub struct Stranded {
-    /// The away nodes whose sessions it is for.
+    /// The away nodes whose sessions it is for; none: the receiver's own
+    /// sessions, sent again to it after it restarted.
     pub owners: Vec<PeerId>,
     /// The message, its payload shared.
     pub msg: Message,

@@ -1072,7 +1072,7 @@ mod tests {
                     }
                 }),
             (
-                proptest::collection::vec(any::<u16>(), 1..3),
+                proptest::collection::vec(any::<u16>(), 0..3),
                 topic,
                 proptest::collection::vec(any::<u8>(), 0..100),
                 any::<bool>(),

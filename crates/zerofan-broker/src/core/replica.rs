@@ -412,6 +412,18 @@ pub(crate) enum Waiter {
     Seen(PeerId, u64),
 }
 
+/// What the replicas' answers released.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    /// In order.
+    pub(crate) waiters: Vec<Waiter>,
+    /// How many went without an away replica's answer.
+    pub(crate) without: u64,
+    /// The first that went without any replica's answer (every replica it
+    /// was sent to away): on this node's disk only.
+    pub(crate) alone: Option<usize>,
+}
+
 /// The owner's side: the replica count, what was sent to whom, and what
 /// waits for their answers.
 #[derive(Debug, Default)]
@@ -615,15 +627,14 @@ impl Replication {
     }
 
     /// `peer` answered change `seq`, or is gone (`seq == u64::MAX` with
-    /// `forget`). Returns what may go, in order, and how many of them went
-    /// without an away replica's answer.
+    /// `forget`). What may go, as [`Replication::ready`] says.
     pub(crate) fn answered(
         &mut self,
         peer: PeerId,
         seq: u64,
         forget: bool,
         away: &dyn Fn(PeerId) -> bool,
-    ) -> (Vec<Waiter>, u64) {
+    ) -> Ready {
         if forget {
             self.sent.remove(&peer);
         } else if let Some(s) = self.sent.get_mut(&peer) {
@@ -635,14 +646,19 @@ impl Replication {
         self.ready(away)
     }
 
-    /// What waits no more.
-    pub(crate) fn ready(&mut self, away: &dyn Fn(PeerId) -> bool) -> (Vec<Waiter>, u64) {
+    /// What waits no more, in order.
+    pub(crate) fn ready(&mut self, away: &dyn Fn(PeerId) -> bool) -> Ready {
         let mut out = Vec::new();
         let mut without = 0;
+        let mut alone = None;
         while let Some(&(seq, _)) = self.waiting.front() {
             let mut skipped = false;
+            let mut kept = false;
             let done = self.sent.iter().all(|(p, (sent, acked))| {
-                if *acked >= seq || *sent < seq {
+                if *sent < seq {
+                    true
+                } else if *acked >= seq {
+                    kept = true;
                     true
                 } else if away(*p) {
                     skipped = true;
@@ -653,6 +669,9 @@ impl Replication {
             });
             if !done {
                 break;
+            }
+            if skipped && !kept && alone.is_none() {
+                alone = Some(out.len());
             }
             let Some((_, w)) = self.waiting.pop_front() else {
                 break;
@@ -668,7 +687,11 @@ impl Replication {
             without += u64::from(skipped);
             out.push(w);
         }
-        (out, without)
+        Ready {
+            waiters: out,
+            without,
+            alone,
+        }
     }
 
     /// Forget `conn` (it closed): its acknowledgements are not sent.

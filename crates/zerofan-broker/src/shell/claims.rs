@@ -176,7 +176,11 @@ async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost
 }
 
 /// Tell the core when this node's ownership lease runs out or is renewed.
-async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
+async fn lease_loop(
+    shared: Rc<Shared>,
+    mut lease: watch::Receiver<bool>,
+    mut until: watch::Receiver<Option<(Instant, Instant)>>,
+) {
     let mut was = true;
     loop {
         let held = *lease.borrow_and_update();
@@ -191,8 +195,27 @@ async fn lease_loop(shared: Rc<Shared>, mut lease: watch::Receiver<bool>) {
         }
         was = held;
         shared.dispatch();
-        if lease.changed().await.is_err() {
-            return;
+        loop {
+            tokio::select! {
+                changed = lease.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                changed = until.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if let Some((sent, at)) = *until.borrow_and_update() {
+                        shared
+                            .broker
+                            .borrow_mut()
+                            .cluster_lease_until(Instant::now(), sent, at);
+                        shared.dispatch();
+                    }
+                }
+            }
         }
     }
 }
@@ -227,6 +250,7 @@ pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandl
     tasks.push(tokio::task::spawn_local(lease_loop(
         shared.clone(),
         cluster.lease(),
+        cluster.lease_until(),
     )));
     if let Some(lost) = cluster.take_ownership_lost() {
         tasks.push(tokio::task::spawn_local(lost_loop(

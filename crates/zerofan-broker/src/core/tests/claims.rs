@@ -187,3 +187,48 @@ fn a_lost_lease_drops_claimed_clients_and_refuses_connects_until_renewed() {
     h.b.claim_answered(h.now, c, true);
     assert_eq!(h.out(c).connack().unwrap().reason, ReasonCode::SUCCESS);
 }
+
+/// A node paused past its lease wakes up with a message for its client:
+/// the first event past the lease drops the client before anything is
+/// delivered, whether or not the cluster has said so yet; a renewal in
+/// time serves again.
+#[test]
+fn nothing_is_delivered_past_the_lease_even_before_the_cluster_says_so() {
+    let mut h = H::new();
+    h.b.set_claims(true);
+    let (c, _) = h.connect_with("sub", Protocol::V5, true, |_| {});
+    claims(&mut h);
+    h.b.claim_answered(h.now, c, true);
+    h.out(c);
+    h.subscribe(c, "t", opts(QoS::AtLeastOnce));
+    let (p, _) = h.connect_with("", Protocol::V5, true, |_| {});
+    h.out(p);
+    h.b.cluster_lease_until(h.now, h.now, h.now + Duration::from_secs(1));
+    h.send(
+        p,
+        Packet::Publish(publish("t", "in time", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(h.out(c).payloads(), ["in time"]);
+
+    h.now += Duration::from_secs(2);
+    h.send(
+        p,
+        Packet::Publish(publish("t", "late", QoS::AtLeastOnce, 2)),
+    );
+    let out = h.out(c);
+    assert_eq!(out.payloads(), Vec::<String>::new(), "past the lease");
+    assert_eq!(out.disconnect(), Some(ReasonCode::USE_ANOTHER_SERVER));
+    assert_eq!(h.b.metrics().clients_fenced, 1);
+    let (_, out) = h.connect_with("sub", Protocol::V5, true, |_| {});
+    assert_eq!(
+        out.connack().unwrap().reason,
+        ReasonCode::SERVER_UNAVAILABLE
+    );
+
+    // The cluster renewed it meanwhile (it never ran out there).
+    h.b.cluster_lease_until(h.now, h.now, h.now + Duration::from_secs(2));
+    let (c, _) = h.connect_with("sub", Protocol::V5, true, |_| {});
+    assert_eq!(claims(&mut h).len(), 1);
+    h.b.claim_answered(h.now, c, true);
+    assert_eq!(h.out(c).connack().unwrap().reason, ReasonCode::SUCCESS);
+}

@@ -125,3 +125,104 @@ fn only_what_the_away_nodes_subscribers_want_is_stranded() {
     assert_eq!(cl.hs[1].b.metrics().stranded_sent, 0);
     assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
 }
+
+/// The owner comes back restarted (its links' queues lost) still owning
+/// the session: what was stranded for it meanwhile is sent to it again,
+/// and its client finds it there. Before, the owner's full copies then
+/// replaced the ones that held it: lost. A session it serves from a copy
+/// by then ("x", from node 2) had the message in that copy: not again.
+#[test]
+fn an_owner_back_restarted_gets_again_what_was_stranded_for_it() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(0, "s");
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    let (x, _) = cl.persistent(2, "x");
+    cl.hs[2].subscribe(x.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(s);
+    cl.lose(x);
+    for i in 1..3 {
+        cl.hs[i].b.set_peer_away(remote(0), true);
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+    }
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+
+    // Back restarted: what the links held for it is gone. "x" moves to
+    // it first, then the others read its full state (`Sync`) and reset
+    // what they knew of it.
+    for i in 1..3 {
+        cl.wires[i][0].clear();
+        cl.linked[i][0] = true;
+        cl.linked[0][i] = true;
+        cl.hs[i].b.set_peer_away(remote(0), false);
+    }
+    cl.pump();
+    let (x, out) = cl.persistent(0, "x");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(x).packets);
+    assert_eq!(drain(&mut cl, x, all), ["while-away"]);
+    for i in 1..3 {
+        cl.hs[i].b.peer_reset(remote(0));
+    }
+    cl.pump();
+    let (s, out) = cl.persistent(0, "s");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    let out = cl.out(x);
+    assert_eq!(drain(&mut cl, x, out), Vec::<String>::new(), "had it");
+    assert_eq!(cl.hs[1].b.metrics().stranded_resent, 1);
+}
+
+/// Node 0 is cut off from both others while its own publisher's message
+/// for its own persistent session waits for the replicas; they go away
+/// (2 s): the message is on node 0's disk only. Not acknowledged until a
+/// renewal of its lease sent after that confirms it is not the one cut
+/// off; when the lease is lost instead (its sessions go elsewhere),
+/// refused. Before, acknowledged when the replicas went away.
+#[test]
+fn a_node_cut_off_acknowledges_nothing_its_replicas_lack() {
+    for renewed in [true, false] {
+        let mut cl = Cluster::new(3, 3);
+        let now = cl.hs[0].now;
+        cl.hs[0]
+            .b
+            .cluster_lease_until(now, now, now + Duration::from_millis(2500));
+        let (s, _) = cl.persistent(0, "s");
+        cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+        cl.pump();
+        cl.lose(s);
+        let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+        for i in 1..3 {
+            cl.cut(0, i, true);
+        }
+        cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+        assert_eq!(acks(&cl.out(p)), [], "waits for the replicas");
+        for i in 1..3 {
+            cl.hs[0].b.set_peer_away(remote(i), true);
+        }
+        assert_eq!(acks(&cl.out(p)), [], "replicas away: waits for the lease");
+        assert!(cl.hs[0].b.metrics().replica_waits_skipped > 0);
+        let later = now + Duration::from_millis(300);
+        if renewed {
+            cl.hs[0]
+                .b
+                .cluster_lease_until(later, later, later + Duration::from_millis(2500));
+            assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+        } else {
+            cl.hs[0].b.cluster_lease(later, false);
+            let out = cl.out(p);
+            assert_eq!(acks(&out), []);
+            assert_eq!(out.disconnect(), Some(ReasonCode::UNSPECIFIED_ERROR));
+            assert_eq!(cl.hs[0].b.metrics().acks_refused, 1);
+        }
+    }
+}
