@@ -2860,11 +2860,17 @@ impl Broker {
                 }
                 let stored = f.item.entry.is_some();
                 f.state = InflightState::AwaitingComp;
+                let rel = Packet::PubRel(ack(a.packet_id, ReasonCode::SUCCESS));
                 if stored {
                     self.dur_pubrec(sid, a.packet_id);
+                    // Once the replicas have the PUBREC too: the client
+                    // forgets the message at PUBREL, and a node serving
+                    // the session after a failover must not send it again.
+                    self.send_publish_ack_unmoved(conn, Outgoing::from_packet(rel));
+                    return;
                 }
                 // The payload is no longer needed; keep only the id state.
-                self.send(conn, Packet::PubRel(ack(a.packet_id, ReasonCode::SUCCESS)));
+                self.send(conn, rel);
             }
             _ => {
                 let reason = if v5 {
@@ -2949,6 +2955,7 @@ impl Broker {
             // persistent session has it on disk (see `PeerEvent::Fence`).
             let seq = self.peers.stamp();
             self.ack_fence = Some((seq, true));
+            self.peers.fenced_durable(seq);
             self.peers.send_all(|| PeerEvent::Fence { seq });
         }
         count
@@ -3030,7 +3037,8 @@ impl Broker {
             }
             count += 1;
             self.metrics.peer_forwarded += 1;
-            if self.peers.crossed(f.peer, msg.size() as u64) {
+            let durable = msg.qos != QoS::AtMostOnce;
+            if self.peers.crossed(f.peer, msg.size() as u64, durable) {
                 // Its window is full: read the publisher again once the
                 // peer confirms (see `peer::WINDOW`).
                 self.hold_publisher(&msg);
@@ -3092,7 +3100,7 @@ impl Broker {
             }
             // Sent all the same (an acknowledged message is never
             // dropped); its publisher waits until the peer drains.
-            if self.peers.congested(peer) || self.peers.crossed(peer, size) {
+            if self.peers.congested(peer) || self.peers.crossed(peer, size, true) {
                 self.hold_publisher(msg);
             }
             let (direct, shares) = f.map_or((false, Vec::new()), |f| (f.direct, f.shares.clone()));
@@ -5221,6 +5229,26 @@ impl Broker {
             self.send_images(Some(peer), None);
         }
         self.forget_outside(peer);
+        // What was stranded for it while it was away went with what was
+        // queued for its former self: again, for the sessions it held all
+        // along (see `strand`).
+        for msg in self.strands.take_kept(peer, self.last_stamp.0) {
+            self.metrics.stranded_resent += 1;
+            let again = super::peer::Stranded {
+                owners: Vec::new(),
+                msg: msg.for_peer(),
+                direct: false,
+                shares: Vec::new(),
+            };
+            self.peers.send(peer, PeerEvent::Stranded(Box::new(again)));
+        }
+    }
+
+    /// `peer`'s link is back to the same node (not restarted): it gets
+    /// what was queued for it, what was stranded for it included, which
+    /// need not be kept any more.
+    pub fn peer_resumed(&mut self, peer: PeerId) {
+        self.strands.forget_peer(peer);
     }
 
     /// Every peer has applied what this core announced so far (at start,
@@ -5296,18 +5324,6 @@ impl Broker {
     pub fn peer_reset(&mut self, peer: PeerId) {
         // What it had not confirmed went with its old state.
         self.refuse_unconfirmed(peer);
-        // So did what was stranded for it while it was away: again, for
-        // the sessions it held all along (see `strand`).
-        for msg in self.strands.take_kept(peer, self.last_stamp.0) {
-            self.metrics.stranded_resent += 1;
-            let again = super::peer::Stranded {
-                owners: Vec::new(),
-                msg: msg.for_peer(),
-                direct: false,
-                shares: Vec::new(),
-            };
-            self.peers.send(peer, PeerEvent::Stranded(Box::new(again)));
-        }
         self.router.forget_peer(peer);
         for conn in self.peers.release_held_by(peer) {
             self.wake(conn);

@@ -293,6 +293,11 @@ struct Slot {
     unconfirmed: u64,
     /// Bytes of its publishes handled here, to confirm in the next batch.
     consumed: u64,
+    /// A QoS 1/2 message crossed to it since the last durable fence.
+    crossed_durable: bool,
+    /// The last durable fence after a QoS 1/2 message crossed to it: an
+    /// acknowledgement waiting on a later one lost nothing with it.
+    durable_upto: u64,
 }
 
 impl Peers {
@@ -311,6 +316,8 @@ impl Peers {
                 windowed: true,
                 unconfirmed: 0,
                 consumed: 0,
+                crossed_durable: false,
+                durable_upto: 0,
             })
             .collect();
         slots.sort_by_key(|s| s.id);
@@ -346,6 +353,8 @@ impl Peers {
                 windowed: false,
                 unconfirmed: 0,
                 consumed: 0,
+                crossed_durable: false,
+                durable_upto: 0,
             },
         );
     }
@@ -435,10 +444,13 @@ impl Peers {
         &mut self,
         peer: PeerId,
     ) -> Vec<(super::ids::ConnId, super::outbox::Outgoing)> {
-        let Some(seen) = self.slot(peer).map(|s| s.seen) else {
+        let Some((seen, upto)) = self.slot(peer).map(|s| (s.seen, s.durable_upto)) else {
             return Vec::new();
         };
-        if !self.deferred.iter().any(|d| d.0 > seen) {
+        // Waiting on it, and for a message that crossed to it: a node new
+        // to this one (a first link) has lost nothing.
+        let lost = |seq: u64| seq > seen && seq <= upto;
+        if !self.deferred.iter().any(|d| lost(d.0)) {
             return Vec::new();
         }
         let mut refused = Vec::new();
@@ -447,7 +459,7 @@ impl Peers {
             match out {
                 // A retained message reaches a node that comes back with
                 // the full state: only a crossed message may be lost.
-                Deferred::Ack { out, durable: true } if seq > seen => refused.push((conn, out)),
+                Deferred::Ack { out, durable: true } if lost(seq) => refused.push((conn, out)),
                 out => keep.push_back((seq, conn, out)),
             }
         }
@@ -579,8 +591,9 @@ impl Peers {
 
     /// A publish of `bytes` crossed to `peer`; true when its window is now
     /// full (the publisher is to be held).
-    pub(crate) fn crossed(&mut self, peer: PeerId, bytes: u64) -> bool {
+    pub(crate) fn crossed(&mut self, peer: PeerId, bytes: u64, durable: bool) -> bool {
         self.slot(peer).is_some_and(|s| {
+            s.crossed_durable |= durable;
             if !s.windowed {
                 return false;
             }
@@ -663,6 +676,16 @@ impl Peers {
     pub(crate) fn stamp(&mut self) -> u64 {
         self.seq += 1;
         self.seq
+    }
+
+    /// Durable fence `seq` was sent: it covers the QoS 1/2 messages that
+    /// crossed since the last one (see `take_unconfirmed`).
+    pub(crate) fn fenced_durable(&mut self, seq: u64) {
+        for s in &mut self.slots {
+            if std::mem::take(&mut s.crossed_durable) {
+                s.durable_upto = seq;
+            }
+        }
     }
 
     /// Send `out` to `conn` once every peer has seen change `seq`. True

@@ -89,8 +89,8 @@ impl Strands {
         forgot
     }
 
-    /// `owner` came back with its state lost: what was kept for it, to
-    /// send again.
+    /// `owner` came back restarted (what was queued for it dropped): what
+    /// was kept for it, to send again.
     pub(crate) fn take_kept(&mut self, owner: PeerId, now: Instant) -> Vec<Rc<Message>> {
         self.kept
             .remove(&owner)
@@ -101,7 +101,7 @@ impl Strands {
             .collect()
     }
 
-    /// `peer` left the cluster.
+    /// Nothing need be kept for `peer` (back without a restart, or left).
     pub(crate) fn forget_peer(&mut self, peer: PeerId) {
         self.kept.remove(&peer);
     }

@@ -648,7 +648,9 @@ async fn handshake(
             false
         }
     };
-    if !resumed {
+    if resumed {
+        shared.broker.borrow_mut().peer_resumed(peer);
+    } else {
         fresh_state(shared, links, peer);
     }
     let first = links.queues.borrow().get(&peer).map_or(0, |q| q.base);

@@ -2564,5 +2564,51 @@ fn a_node_lost_before_it_confirmed_a_message_gets_its_publisher_no_ack() {
     }
 }
 
+/// A node that no message crossed to (no subscriber there) lost nothing
+/// when it resets: an acknowledgement waiting on its answer still goes
+/// once it answers. Before, a node joining while messages flowed cost
+/// their publishers a disconnect (0x80).
+#[test]
+fn a_reset_of_a_node_no_message_crossed_to_refuses_nothing() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(1, "s");
+    cl.hs[1].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+    cl.linked[2][0] = false;
+    cl.send(p, Packet::Publish(publish("t", "a", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [], "waits for node 2's answer");
+    cl.hs[0].b.peer_reset(remote(2));
+    cl.linked[2][0] = true;
+    cl.pump();
+    let out = cl.out(p);
+    assert_eq!(acks(&out), [(1, "puback")]);
+    assert_eq!(cl.hs[0].b.metrics().acks_refused, 0);
+}
+
 mod moves;
 mod stranded;
+
+/// The PUBREL of a QoS 2 delivery goes once the replicas have its PUBREC:
+/// the client forgets the message at PUBREL, and a failover to a copy
+/// still in the PUBLISH phase would deliver it again.
+#[test]
+fn a_pubrel_waits_for_the_replicas_to_have_the_pubrec() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(0, "sub");
+    let o = SubscriptionOptions {
+        qos: QoS::ExactlyOnce,
+        ..opts(QoS::ExactlyOnce)
+    };
+    cl.hs[0].subscribe(sub.conn, "t", o);
+    cl.pump();
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::ExactlyOnce, 1)));
+    let got = cl.out(sub);
+    let pid = got.publishes()[0].packet_id;
+    cl.cut(0, 2, true);
+    cl.send(sub, Packet::PubRec(ack(pid)));
+    assert!(cl.out(sub).packets.is_empty(), "replica 2 lacks the PUBREC");
+    cl.cut(0, 2, false);
+    assert!(matches!(cl.out(sub).packets[..], [Packet::PubRel(_)]));
+}
