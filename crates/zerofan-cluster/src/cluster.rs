@@ -1179,24 +1179,33 @@ async fn keep_lease(inner: Arc<Inner>) {
 }
 
 /// On the leader: the client ids of a member whose lease ran out and that
-/// is not heard from (dead, or cut off from the majority) go to the
-/// lowest-id member heard from lately, which serves their sessions from
-/// its copies, as after a drain (`Inner::hand_over`). Messages for them
-/// are then queued there, not stranded until each client comes back (see
-/// the broker's `strand`). A member that comes back finds them gone, as
-/// after any takeover.
+/// has not been heard from for [`lost_after`] (dead, or cut off from the
+/// majority that long) go to the lowest-id member heard from lately,
+/// which serves their sessions from its copies, as after a drain
+/// (`Inner::hand_over`). Messages for them are then queued there, not
+/// stranded until each client comes back (see the broker's `strand`). A
+/// member that comes back finds them gone, as after any takeover.
+///
+/// Judged over that whole time, by checks each made while this node led
+/// and held its own lease: a leader paused past its lease (SIGSTOP) wakes
+/// up having heard from nobody, and must not hand every live node's
+/// sessions away on that stale view.
 async fn hand_over_lost(inner: Arc<Inner>) {
     let every = inner.lease / 2;
+    let after = lost_after(inner.lease);
+    // Since when each member has been seen lost, check after check.
+    let mut suspect: BTreeMap<u64, Instant> = BTreeMap::new();
     loop {
         tokio::time::sleep(every).await;
         if inner.removed.load(Ordering::Relaxed) {
             return;
         }
         let m = inner.raft.metrics().borrow().clone();
-        if m.current_leader != Some(inner.id) {
+        let now = Instant::now();
+        if m.current_leader != Some(inner.id) || !inner.holder().held(now) {
+            suspect.clear();
             continue;
         }
-        let now = Instant::now();
         let heard = inner.heard.lock().map(|h| h.clone()).unwrap_or_default();
         let alive = |id: u64| {
             id == inner.id
@@ -1215,14 +1224,21 @@ async fn hand_over_lost(inner: Arc<Inner>) {
             let sm = inner.sm.lock();
             sm.owners.values().map(|(owner, _)| *owner).collect()
         };
+        suspect.retain(|id, _| members.contains(id));
         for &lost in &members {
             if lost == inner.id
                 || !owning.contains(&lost)
                 || alive(lost)
                 || inner.grants().takeover(lost, now).is_err()
             {
+                suspect.remove(&lost);
                 continue;
             }
+            let since = *suspect.entry(lost).or_insert(now);
+            if now.duration_since(since) < after {
+                continue;
+            }
+            suspect.remove(&lost);
             let Some(&target) = members.iter().find(|&&t| t != lost && alive(t)) else {
                 continue;
             };
@@ -1236,6 +1252,15 @@ async fn hand_over_lost(inner: Arc<Inner>) {
             );
         }
     }
+}
+
+/// How long a member must have been lost (its lease run out, not heard
+/// from) before the leader hands its client ids over: four leases, so
+/// that a pause, a cut or a restart of a few seconds leaves them where
+/// they are (its clients come back to it, or take their sessions
+/// elsewhere themselves).
+pub(crate) fn lost_after(lease: Duration) -> Duration {
+    lease * 4
 }
 
 /// Wait until `at`, or until a leader other than `leader` is known (it

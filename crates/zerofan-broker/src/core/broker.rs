@@ -3010,6 +3010,9 @@ impl Broker {
             }
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
+        // A node that sees every other node away is the one cut off: what
+        // it would strand reaches nobody now, and would later add stale
+        // copies of sessions served all along elsewhere.
         if self.peers.any_away()
             && msg.qos != QoS::AtMostOnce
             && self.durable.on()
@@ -3017,6 +3020,7 @@ impl Broker {
                 .forwards
                 .iter()
                 .any(|f| f.direct && self.peers.is_away(f.peer))
+            && !self.peers.reachable().is_empty()
         {
             let forwards = std::mem::take(&mut routed.forwards);
             self.router.recycle(routed);

@@ -42,8 +42,9 @@ pub(crate) enum Deferred {
 /// when the receiver has subscribers for it.
 #[derive(Debug)]
 pub struct Stranded {
-    /// The away nodes whose sessions it is for; none: the receiver's own
-    /// sessions, sent again to it after it restarted.
+    /// The away nodes whose sessions it is for (the sender's peer ids; on
+    /// a cluster link, node ids: the links translate); none: the
+    /// receiver's own sessions, sent again to it after it restarted.
     pub owners: Vec<PeerId>,
     /// The message, its payload shared.
     pub msg: Message,

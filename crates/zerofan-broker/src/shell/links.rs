@@ -274,15 +274,80 @@ impl Links {
         self.ids.borrow().get(&node).copied()
     }
 
+    /// Peer ids are this node's own (in the order first seen): the nodes a
+    /// message is stranded for cross as node ids. One above 65,535 cannot:
+    /// when none is left, the message crosses as a plain publish (an empty
+    /// list would mean the receiver's own sessions).
+    fn stranded_to_wire(&self, e: &mut PeerEvent) {
+        let PeerEvent::Stranded(st) = e else {
+            return;
+        };
+        if st.owners.is_empty() {
+            return;
+        }
+        self.owners_to_nodes(&mut st.owners);
+        if st.owners.is_empty() {
+            let publish = PeerEvent::Publish {
+                msg: st.msg.for_peer(),
+                direct: st.direct,
+                shares: std::mem::take(&mut st.shares),
+            };
+            *e = publish;
+        }
+    }
+
+    fn owners_to_nodes(&self, owners: &mut Vec<PeerId>) {
+        let ids = self.ids.borrow();
+        owners.retain_mut(|p| {
+            let node = ids.iter().find(|(_, q)| **q == *p).map(|(n, _)| *n);
+            match node.and_then(|n| u16::try_from(n).ok()) {
+                Some(n) => {
+                    *p = PeerId(n);
+                    true
+                }
+                None => false,
+            }
+        });
+    }
+
+    /// A stranded message's node ids as this node's peer ids. Owners it
+    /// never linked to hold no copy here: when none is left, the message
+    /// is for the subscribers here only (an empty list would mean the
+    /// receiver's own sessions, see `core::strand`).
+    fn nodes_to_owners(&self, event: PeerEvent) -> PeerEvent {
+        let PeerEvent::Stranded(mut st) = event else {
+            return event;
+        };
+        if st.owners.is_empty() {
+            return PeerEvent::Stranded(st);
+        }
+        st.owners = st
+            .owners
+            .iter()
+            .filter_map(|n| self.known_peer(u64::from(n.0)))
+            .collect();
+        if st.owners.is_empty() {
+            return PeerEvent::Publish {
+                msg: st.msg,
+                direct: st.direct,
+                shares: st.shares,
+            };
+        }
+        PeerEvent::Stranded(st)
+    }
+
     /// Encode what the core has for other nodes into their queues (from
     /// `Shared::dispatch`).
     pub(super) fn send_from(&self, shared: &Shared) {
         let now = Instant::now();
         loop {
             let batch = shared.broker.borrow_mut().poll_peer_transmit();
-            let Some(batch) = batch else {
+            let Some(mut batch) = batch else {
                 return;
             };
+            for e in &mut batch.events {
+                self.stranded_to_wire(e);
+            }
             let mut congested = false;
             {
                 let mut queues = self.queues.borrow_mut();
@@ -938,7 +1003,9 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
             }
             let mut broker = shared.broker.borrow_mut();
             match frame {
-                Ok(Some(LinkFrame::Event(e))) => broker.handle_peer(now, peer, e),
+                Ok(Some(LinkFrame::Event(e))) => {
+                    broker.handle_peer(now, peer, links.nodes_to_owners(e))
+                }
                 Ok(Some(LinkFrame::Sync)) => {
                     broker.peer_reset(peer);
                     // Its link to us is new: what we answered it on the
@@ -1150,6 +1217,50 @@ mod tests {
             }),
         );
         shared.dispatch();
+    }
+
+    /// Peer ids are each node's own: the nodes a message is stranded for
+    /// cross as node ids and come back as the receiver's peer ids; an
+    /// owner the receiver never linked to leaves a plain publish, never an
+    /// empty list (which means the receiver's own sessions).
+    #[test]
+    fn stranded_owners_cross_as_node_ids() {
+        let links = Links::new(1);
+        let (seven, nine) = (links.peer_of(7).unwrap(), links.peer_of(9).unwrap());
+        let msg = || {
+            crate::core::Message::from_publish(
+                Publish {
+                    qos: QoS::AtLeastOnce,
+                    topic: "t".try_into().unwrap(),
+                    ..Publish::default()
+                },
+                None,
+                Instant::now(),
+            )
+        };
+        let mut owners = vec![nine, seven];
+        links.owners_to_nodes(&mut owners);
+        assert_eq!(owners, [PeerId(9), PeerId(7)]);
+        let stranded = |owners: Vec<PeerId>| {
+            PeerEvent::Stranded(Box::new(crate::core::Stranded {
+                owners,
+                msg: msg(),
+                direct: true,
+                shares: Vec::new(),
+            }))
+        };
+        match links.nodes_to_owners(stranded(owners)) {
+            PeerEvent::Stranded(st) => assert_eq!(st.owners, [nine, seven]),
+            other => panic!("{other:?}"),
+        }
+        match links.nodes_to_owners(stranded(vec![PeerId(5)])) {
+            PeerEvent::Publish { direct, .. } => assert!(direct),
+            other => panic!("{other:?}"),
+        }
+        match links.nodes_to_owners(stranded(Vec::new())) {
+            PeerEvent::Stranded(st) => assert!(st.owners.is_empty()),
+            other => panic!("{other:?}"),
+        }
     }
 
     fn queued(shared: &Shared) -> (usize, usize, bool) {

@@ -267,3 +267,24 @@ fn an_owner_back_on_the_same_link_is_not_sent_it_again_later() {
     all.packets.extend(cl.out(s).packets);
     assert_eq!(drain(&mut cl, s, all), ["while-away"]);
 }
+
+/// A node that sees every other node away is the one cut off: it strands
+/// nothing (its copies would reach the others when the cut heals, stale
+/// extras in the copies of sessions served all along).
+#[test]
+fn a_node_that_sees_everyone_away_strands_nothing() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(1, "s");
+    cl.hs[1].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+    for i in 1..3 {
+        cl.away(0, i, true);
+    }
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    assert_eq!(cl.hs[0].b.metrics().stranded_sent, 0);
+    for i in 1..3 {
+        cl.away(0, i, false);
+    }
+    assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
+}
