@@ -3010,18 +3010,7 @@ impl Broker {
             }
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
-        // A node that sees every other node away is the one cut off: what
-        // it would strand reaches nobody now, and would later add stale
-        // copies of sessions served all along elsewhere.
-        if self.peers.any_away()
-            && msg.qos != QoS::AtMostOnce
-            && self.durable.on()
-            && routed
-                .forwards
-                .iter()
-                .any(|f| f.direct && self.peers.is_away(f.peer))
-            && !self.peers.reachable().is_empty()
-        {
+        if self.peers.any_away() && self.strands_for(&msg, &routed.forwards) {
             let forwards = std::mem::take(&mut routed.forwards);
             self.router.recycle(routed);
             return count + self.deliver_stranded(now, &msg, forwards);
@@ -3077,11 +3066,28 @@ impl Broker {
 
 // Messages for an away node's persistent sessions (see `strand`).
 impl Broker {
+    /// Whether `msg`, crossing as `forwards` say, is for an away node's
+    /// persistent sessions too. Not when every other node is away: this
+    /// one is cut off, what it would strand reaches nobody now, and would
+    /// later add stale copies of sessions served all along elsewhere.
+    #[cold]
+    #[inline(never)]
+    fn strands_for(&self, msg: &Message, forwards: &[super::router::Forward]) -> bool {
+        msg.qos != QoS::AtMostOnce
+            && self.durable.on()
+            && forwards
+                .iter()
+                .any(|f| f.direct && self.peers.is_away(f.peer))
+            && !self.peers.reachable().is_empty()
+    }
+
     /// [`Broker::deliver`]'s crossing when a node with subscribers for
     /// `msg` is away: the others get it as `Stranded` for that node's
     /// persistent sessions, the away node as usual, and the copies here of
     /// its sessions take it. Returns how many peers it crossed to for
     /// subscribers.
+    #[cold]
+    #[inline(never)]
     fn deliver_stranded(
         &mut self,
         now: Instant,

@@ -47,7 +47,7 @@ pub(crate) struct Strands {
 }
 
 impl Strands {
-    /// Whether any session here was taken from an away node.
+    /// Whether any session here is served from a copy.
     #[inline]
     pub(crate) fn any(&self) -> bool {
         !self.taken.is_empty()
