@@ -153,13 +153,7 @@ impl FrameEncoder {
                 shares,
             } => {
                 self.scratch.put_u8(PUBLISH);
-                self.scratch.put_u8(u8::from(*direct));
-                let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
-                self.scratch.put_u16(n);
-                for s in shares {
-                    put_str(&mut self.scratch, s)?;
-                }
-                put_message(&mut self.scratch, msg, now)?;
+                put_publish(&mut self.scratch, msg, *direct, shares, now)?;
                 payload = Some(msg.payload.clone());
                 publish = Some(msg.qos);
             }
@@ -176,13 +170,7 @@ impl FrameEncoder {
                 for o in owners {
                     self.scratch.put_u16(o.0);
                 }
-                self.scratch.put_u8(u8::from(*direct));
-                let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
-                self.scratch.put_u16(n);
-                for s in shares {
-                    put_str(&mut self.scratch, s)?;
-                }
-                put_message(&mut self.scratch, msg, now)?;
+                put_publish(&mut self.scratch, msg, *direct, shares, now)?;
                 payload = Some(msg.payload.clone());
                 publish = Some(msg.qos);
             }
@@ -518,13 +506,7 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             }
         }
         PUBLISH => {
-            let direct = get_u8(&mut f)? & 1 != 0;
-            let n = get_u16(&mut f)?;
-            let mut shares = Vec::with_capacity(usize::from(n).min(64));
-            for _ in 0..n {
-                shares.push(Arc::<str>::from(get_str(&mut f)?.as_str()));
-            }
-            let msg = get_message(f, now)?;
+            let (msg, direct, shares) = get_publish(f, now)?;
             PeerEvent::Publish {
                 msg,
                 direct,
@@ -537,13 +519,7 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             for _ in 0..n {
                 owners.push(PeerId(get_u16(&mut f)?));
             }
-            let direct = get_u8(&mut f)? & 1 != 0;
-            let n = get_u16(&mut f)?;
-            let mut shares = Vec::with_capacity(usize::from(n).min(64));
-            for _ in 0..n {
-                shares.push(Arc::<str>::from(get_str(&mut f)?.as_str()));
-            }
-            let msg = get_message(f, now)?;
+            let (msg, direct, shares) = get_publish(f, now)?;
             PeerEvent::Stranded(Box::new(Stranded {
                 owners,
                 msg,
@@ -716,6 +692,34 @@ fn get_message(mut f: Bytes, now: Instant) -> Result<Message, WireError> {
     // A time past what the clock can hold never comes: no expiry.
     msg.expires_at = left.and_then(|ms| now.checked_add(Duration::from_millis(ms)));
     Ok(msg)
+}
+
+/// What a `Publish` (and a `Stranded`, after its owners) carries.
+fn put_publish(
+    out: &mut BytesMut,
+    msg: &Message,
+    direct: bool,
+    shares: &[Arc<str>],
+    now: Instant,
+) -> Result<(), WireError> {
+    out.put_u8(u8::from(direct));
+    let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
+    out.put_u16(n);
+    for s in shares {
+        put_str(out, s)?;
+    }
+    put_message(out, msg, now)
+}
+
+/// [`put_publish`] read back: the message, `direct` and the groups.
+fn get_publish(mut f: Bytes, now: Instant) -> Result<(Message, bool, Vec<Arc<str>>), WireError> {
+    let direct = get_u8(&mut f)? & 1 != 0;
+    let n = get_u16(&mut f)?;
+    let mut shares = Vec::with_capacity(usize::from(n).min(64));
+    for _ in 0..n {
+        shares.push(Arc::<str>::from(get_str(&mut f)?.as_str()));
+    }
+    Ok((get_message(f, now)?, direct, shares))
 }
 
 fn get_u8(f: &mut Bytes) -> Result<u8, WireError> {

@@ -14,6 +14,22 @@ fn owner_lost(cl: &mut Cluster) {
     cl.kill(0);
 }
 
+/// Node 0 cut off and marked away by the others (not killed); node 1's
+/// clean publisher sends "while-away" to "t", acknowledged.
+fn published_while_node_0_away(cl: &mut Cluster) {
+    for i in 1..3 {
+        cl.hs[i].b.set_peer_away(remote(0), true);
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+    }
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+}
+
 /// Every payload `s` gets, acknowledging as it goes.
 fn drain(cl: &mut Cluster, s: Cx, mut out: Out) -> Vec<String> {
     let mut got = Vec::new();
@@ -141,17 +157,7 @@ fn an_owner_back_restarted_gets_again_what_was_stranded_for_it() {
     cl.pump();
     cl.lose(s);
     cl.lose(x);
-    for i in 1..3 {
-        cl.hs[i].b.set_peer_away(remote(0), true);
-        cl.linked[i][0] = false;
-        cl.linked[0][i] = false;
-    }
-    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
-    cl.send(
-        p1,
-        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+    published_while_node_0_away(&mut cl);
 
     // Back restarted: what the links held for it is gone. "x" moves to
     // it first, then the others find it new to their links (its full
@@ -239,17 +245,7 @@ fn an_owner_back_on_the_same_link_is_not_sent_it_again_later() {
     cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
     cl.pump();
     cl.lose(s);
-    for i in 1..3 {
-        cl.hs[i].b.set_peer_away(remote(0), true);
-        cl.linked[i][0] = false;
-        cl.linked[0][i] = false;
-    }
-    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
-    cl.send(
-        p1,
-        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
-    );
-    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+    published_while_node_0_away(&mut cl);
     for i in 1..3 {
         cl.linked[i][0] = true;
         cl.linked[0][i] = true;
