@@ -1396,20 +1396,11 @@ impl Broker {
         let mut refused = Vec::new();
         for w in self.lease.take_skipped() {
             match w {
-                super::replica::Waiter::Ack(conn, _) => {
-                    self.metrics.acks_refused += 1;
-                    if !refused.contains(&conn) {
-                        refused.push(conn);
-                    }
-                }
+                super::replica::Waiter::Ack(conn, _) => refused.push(conn),
                 super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
             }
         }
-        for conn in refused {
-            if self.conns.get(&conn).is_some() {
-                self.close(now, conn, Some(ReasonCode::UNSPECIFIED_ERROR), true);
-            }
-        }
+        self.refuse_acks(now, refused.into_iter());
         for conn in conns {
             self.metrics.clients_fenced += 1;
             // 0x88 is for CONNACK only; 0x9C sends the client to a node
@@ -3010,10 +3001,13 @@ impl Broker {
             }
             self.enqueue_with(now, hit.session, item, &mut compacted);
         }
-        if self.peers.any_away() && self.strands_for(&msg, &routed.forwards) {
-            let forwards = std::mem::take(&mut routed.forwards);
-            self.router.recycle(routed);
-            return count + self.deliver_stranded(now, &msg, forwards);
+        if self.peers.any_away() {
+            let owners = self.stranded_for(&msg, &routed.forwards);
+            if !owners.is_empty() {
+                let forwards = std::mem::take(&mut routed.forwards);
+                self.router.recycle(routed);
+                return count + self.deliver_stranded(now, &msg, forwards, owners);
+            }
         }
         // The last forward takes the message itself when nothing else
         // holds it (fan-in: no subscriber here), rather than a copy.
@@ -3066,26 +3060,29 @@ impl Broker {
 
 // Messages for an away node's persistent sessions (see `strand`).
 impl Broker {
-    /// Whether `msg`, crossing as `forwards` say, is for an away node's
-    /// persistent sessions too. Not when every other node is away: this
-    /// one is cut off, what it would strand reaches nobody now, and would
-    /// later add stale copies of sessions served all along elsewhere.
+    /// The away nodes whose persistent sessions `msg`, crossing as
+    /// `forwards` say, is for too (none: it is not stranded). None when
+    /// every other node is away: this one is cut off, what it would strand
+    /// reaches nobody now, and would later add stale copies of sessions
+    /// served all along elsewhere.
     #[cold]
     #[inline(never)]
-    fn strands_for(&self, msg: &Message, forwards: &[super::router::Forward]) -> bool {
-        msg.qos != QoS::AtMostOnce
-            && self.durable.on()
-            && forwards
-                .iter()
-                .any(|f| f.direct && self.peers.is_away(f.peer))
-            && !self.peers.reachable().is_empty()
+    fn stranded_for(&self, msg: &Message, forwards: &[super::router::Forward]) -> Vec<PeerId> {
+        if msg.qos == QoS::AtMostOnce || !self.durable.on() || self.peers.reachable().is_empty() {
+            return Vec::new();
+        }
+        forwards
+            .iter()
+            .filter(|f| f.direct && self.peers.is_away(f.peer))
+            .map(|f| f.peer)
+            .collect()
     }
 
-    /// [`Broker::deliver`]'s crossing when a node with subscribers for
-    /// `msg` is away: the others get it as `Stranded` for that node's
-    /// persistent sessions, the away node as usual, and the copies here of
-    /// its sessions take it. Returns how many peers it crossed to for
-    /// subscribers.
+    /// [`Broker::deliver`]'s crossing when nodes with subscribers for
+    /// `msg` are away (`owners`): the others get it as `Stranded` for
+    /// their persistent sessions, the away nodes as usual, and the copies
+    /// here of their sessions take it. Returns how many peers it crossed
+    /// to for subscribers.
     #[cold]
     #[inline(never)]
     fn deliver_stranded(
@@ -3093,12 +3090,8 @@ impl Broker {
         now: Instant,
         msg: &Rc<Message>,
         forwards: Vec<super::router::Forward>,
+        owners: Vec<PeerId>,
     ) -> usize {
-        let owners: Vec<PeerId> = forwards
-            .iter()
-            .filter(|f| f.direct && self.peers.is_away(f.peer))
-            .map(|f| f.peer)
-            .collect();
         let size = msg.size() as u64;
         let mut count = 0;
         let peers: Vec<PeerId> = self.peers.ids().collect();
@@ -5358,22 +5351,30 @@ impl Broker {
             return;
         }
         let now = self.last_stamp.0;
+        let closed = self.refuse_acks(now, refused.into_iter().map(|(conn, _)| conn));
+        if closed > 0 {
+            tracing::warn!(
+                publishers = closed,
+                "a node went away before it confirmed messages: their publishers are \
+                 disconnected, not acknowledged"
+            );
+        }
+        self.end_event();
+    }
+
+    /// Acknowledgements not sent (one per item of `conns`, counted): each
+    /// of their publishers still here is disconnected once (MQTT 5: 0x80).
+    /// Returns how many were.
+    fn refuse_acks(&mut self, now: Instant, conns: impl Iterator<Item = ConnId>) -> usize {
         let mut closed = Vec::new();
-        for (conn, _ack) in refused {
+        for conn in conns {
             self.metrics.acks_refused += 1;
             if !closed.contains(&conn) && self.conns.get(&conn).is_some() {
                 closed.push(conn);
                 self.close(now, conn, Some(ReasonCode::UNSPECIFIED_ERROR), true);
             }
         }
-        if !closed.is_empty() {
-            tracing::warn!(
-                publishers = closed.len(),
-                "a node went away before it confirmed messages: their publishers are \
-                 disconnected, not acknowledged"
-            );
-        }
-        self.end_event();
+        closed.len()
     }
 
     /// The shell's queue towards `peer` is full (or has room again). While
@@ -5584,12 +5585,10 @@ impl Broker {
         };
         self.metrics.replica_waits_skipped += ready.without;
         // What no replica has waits for the lease (see `lease`).
-        let mut go = ready.waiters;
-        let rest = go.split_off(ready.alone.unwrap_or(go.len()));
-        let go = self.lease.hold_skipped(self.last_stamp.0, go, false);
+        let go = self
+            .lease
+            .hold_skipped(self.last_stamp.0, ready.waiters, ready.alone);
         self.release_replica_waiters(go);
-        let rest = self.lease.hold_skipped(self.last_stamp.0, rest, true);
-        self.release_replica_waiters(rest);
     }
 
     /// The full images of the persistent sessions here (of `only`, when

@@ -89,21 +89,28 @@ impl Lease {
         (back, free)
     }
 
-    /// Answers the replicas released, `skipped` when no replica has them
-    /// (all away): held until a renewal sent after `now`; any behind
-    /// those held already too, to keep their order. Without a lease (no
-    /// cluster), given back.
+    /// Answers the replicas released, in order, from `alone` on with no
+    /// replica having them (all away): those are held until a renewal sent
+    /// after `now`, and so is any behind answers held already, to keep
+    /// their order. Returns what goes now; without a lease (no cluster),
+    /// all of it.
     pub(crate) fn hold_skipped(
         &mut self,
         now: Instant,
-        ready: Vec<Waiter>,
-        skipped: bool,
+        mut ready: Vec<Waiter>,
+        alone: Option<usize>,
     ) -> Vec<Waiter> {
-        if self.until.is_none() || (!skipped && self.skipped.is_empty()) {
+        if self.until.is_none() {
             return ready;
         }
-        self.skipped.extend(ready.into_iter().map(|w| (now, w)));
-        Vec::new()
+        let go = if self.skipped.is_empty() {
+            alone.unwrap_or(ready.len()).min(ready.len())
+        } else {
+            0
+        };
+        let held = ready.split_off(go);
+        self.skipped.extend(held.into_iter().map(|w| (now, w)));
+        ready
     }
 
     /// The lease is lost: the answers held for a renewal, to refuse.
