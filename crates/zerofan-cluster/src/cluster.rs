@@ -939,14 +939,7 @@ impl Inner {
     /// undrained, as is one that does not answer.
     async fn drain_node(&self, node_id: u64, node: &NodeInfo, drain: Duration) -> RemoveReport {
         let m = self.raft.metrics().borrow().clone();
-        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
-        let now = Instant::now();
-        let alive = |id: u64| {
-            id == self.id
-                || heard
-                    .get(&id)
-                    .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
-        };
+        let alive = self.heard_lately(Instant::now());
         let target = m
             .membership_config
             .membership()
@@ -1206,13 +1199,7 @@ async fn hand_over_lost(inner: Arc<Inner>) {
             suspect.clear();
             continue;
         }
-        let heard = inner.heard.lock().map(|h| h.clone()).unwrap_or_default();
-        let alive = |id: u64| {
-            id == inner.id
-                || heard
-                    .get(&id)
-                    .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
-        };
+        let alive = inner.heard_lately(now);
         // Ascending: the lowest-id live member holds the copies first.
         let members: Vec<u64> = m
             .membership_config
@@ -1438,6 +1425,19 @@ impl Inner {
 
     fn holder(&self) -> std::sync::MutexGuard<'_, Holder> {
         self.holder.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a node was heard from within [`HEALTHY_WITHIN`] of `now`
+    /// (this one always), as the heard map stands now.
+    fn heard_lately(&self, now: Instant) -> impl Fn(u64) -> bool {
+        let heard = self.heard.lock().map(|h| h.clone()).unwrap_or_default();
+        let me = self.id;
+        move |id| {
+            id == me
+                || heard
+                    .get(&id)
+                    .is_some_and(|t| now.duration_since(*t) < HEALTHY_WITHIN)
+        }
     }
 
     /// Before a claim by `claimant` takes `client_id` from another node:

@@ -763,8 +763,6 @@ pub(crate) struct Images {
     unwritten: u64,
     /// The newest claim epoch seen per client id.
     pub(crate) fence: Fence,
-    /// Entries queued in copies for an away owner (see `stranded`).
-    pub(crate) stranded: u64,
     /// The last id given to a stranded entry or message.
     stranded_next: u64,
     /// Images held per owner: a message stranded for an owner with none
@@ -786,7 +784,6 @@ impl Default for Images {
             expired: 0,
             unwritten: 0,
             fence: Fence::default(),
-            stranded: 0,
             stranded_next: 0,
             per_owner: HashMap::default(),
         }

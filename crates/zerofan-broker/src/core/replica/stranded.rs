@@ -77,7 +77,6 @@ impl Images {
             }
             ops.push(op);
         }
-        self.stranded += taken as u64;
         let errors = self.apply_durable(owner, ops, now_ms, durable);
         (taken, errors)
     }
