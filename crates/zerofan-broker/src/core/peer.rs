@@ -301,25 +301,33 @@ struct Slot {
     durable_upto: u64,
 }
 
+impl Slot {
+    /// `id`, having seen our changes up to `seen`, `windowed` when a
+    /// shard of this process.
+    fn new(id: PeerId, seen: u64, windowed: bool) -> Slot {
+        Slot {
+            id,
+            outbox: Vec::new(),
+            spare: Vec::new(),
+            congested: false,
+            seen,
+            away: false,
+            windowed,
+            unconfirmed: 0,
+            consumed: 0,
+            crossed_durable: false,
+            durable_upto: 0,
+        }
+    }
+}
+
 impl Peers {
     /// Peers `others` of the core `me`.
     pub(crate) fn new(me: PeerId, others: impl IntoIterator<Item = PeerId>) -> Self {
         let mut slots: Vec<Slot> = others
             .into_iter()
             .filter(|&p| p != me)
-            .map(|id| Slot {
-                id,
-                outbox: Vec::new(),
-                spare: Vec::new(),
-                congested: false,
-                seen: 0,
-                away: false,
-                windowed: true,
-                unconfirmed: 0,
-                consumed: 0,
-                crossed_durable: false,
-                durable_upto: 0,
-            })
+            .map(|id| Slot::new(id, 0, true))
             .collect();
         slots.sort_by_key(|s| s.id);
         slots.dedup_by_key(|s| s.id);
@@ -342,22 +350,7 @@ impl Peers {
         }
         let i = self.slots.partition_point(|s| s.id < peer);
         let seen = self.seq;
-        self.slots.insert(
-            i,
-            Slot {
-                id: peer,
-                outbox: Vec::new(),
-                spare: Vec::new(),
-                congested: false,
-                seen,
-                away: false,
-                windowed: false,
-                unconfirmed: 0,
-                consumed: 0,
-                crossed_durable: false,
-                durable_upto: 0,
-            },
-        );
+        self.slots.insert(i, Slot::new(peer, seen, false));
     }
 
     /// Remove `peer` (a node that left): what it held is released, what
