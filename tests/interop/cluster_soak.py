@@ -388,7 +388,8 @@ def main() -> int:
                  for name in ("moves_relayed", "moves_relayed_messages", "moves_timed_out",
                               "moves_relay_dropped", "fenced_takeovers", "lease_expiries",
                               "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
-                              "stranded_queued", "stranded_resent")}
+                              "stranded_queued", "stranded_resent",
+                              "stranded_replaced")}
         acked = sum(len(v) for v in h.acked.values())
         print(f"soak: {time.monotonic() - started:.0f} s, seed {args.seed}; faults "
               f"{dict(sorted(faults.items()))}; acknowledged {acked} "

@@ -1358,6 +1358,7 @@ impl Broker {
     /// which order retained changes cluster-wide (see `retain_order`).
     pub fn set_node_id(&mut self, node: u64, now: Instant, unix_ms: u64) {
         self.retain_order.set_node(node, now, unix_ms);
+        self.strands.set_node(node);
     }
 
     /// In a cluster: this node's ownership lease ran out (`held` false) or
@@ -3094,6 +3095,9 @@ impl Broker {
     ) -> usize {
         let size = msg.size() as u64;
         let mut count = 0;
+        // One identity on every node, the away ones included, so that
+        // copies that get the message twice keep it once.
+        let mark = self.strands.mark(self.durable.unix_ms(now));
         let peers: Vec<PeerId> = self.peers.ids().collect();
         for peer in peers {
             let f = forwards.iter().find(|f| f.peer == peer);
@@ -3107,7 +3111,8 @@ impl Broker {
                 self.hold_publisher(msg);
             }
             let (direct, shares) = f.map_or((false, Vec::new()), |f| (f.direct, f.shares.clone()));
-            let msg = msg.for_peer();
+            let mut msg = msg.for_peer();
+            msg.set_mark(mark);
             let event = if owners.contains(&peer) {
                 PeerEvent::Publish {
                     msg,
@@ -3125,10 +3130,11 @@ impl Broker {
             self.peers.send(peer, event);
         }
         self.metrics.stranded_sent += 1;
-        self.strand_copies(now, &owners, msg);
+        self.strand_copies(now, &owners, msg, mark);
         let kept = self.keepable(msg);
         for &owner in &owners {
-            self.metrics.stranded_forgotten += self.strands.keep(owner, now, kept.clone()) as u64;
+            self.metrics.stranded_forgotten +=
+                self.strands.keep(owner, now, kept.clone(), mark) as u64;
         }
         count
     }
@@ -3149,7 +3155,7 @@ impl Broker {
         self.peers.handled(from, msg.size() as u64);
         msg.arrived_from(from);
         let msg = Rc::new(msg);
-        self.strand_copies(now, owners, &msg);
+        self.strand_copies(now, owners, &msg, msg.mark());
         if !direct {
             self.strand_taken(now, owners, &msg);
         }
@@ -3158,8 +3164,15 @@ impl Broker {
         }
     }
 
-    /// Queue `msg` in the copies here of `owners`' sessions.
-    fn strand_copies(&mut self, now: Instant, owners: &[PeerId], msg: &Message) {
+    /// Queue `msg`, stranded as `mark`, in the copies here of `owners`'
+    /// sessions.
+    fn strand_copies(
+        &mut self,
+        now: Instant,
+        owners: &[PeerId],
+        msg: &Message,
+        mark: Option<super::strand::Mark>,
+    ) {
         if self.repl.images.len() == 0 {
             return;
         }
@@ -3169,7 +3182,7 @@ impl Broker {
             let (kept, errors) =
                 self.repl
                     .images
-                    .strand(owner, stored.clone(), now_ms, &mut self.durable);
+                    .strand(owner, stored.clone(), mark, now_ms, &mut self.durable);
             self.metrics.stranded_kept += kept as u64;
             self.metrics.store_errors += errors;
         }
@@ -3961,6 +3974,9 @@ impl Broker {
         if self.repl.wants_message(msg) {
             self.repl
                 .note_message(msg, to_stored(&item.msg, &self.durable));
+        }
+        if let Some(mark) = item.msg.mark() {
+            self.repl.note_mark(msg, mark);
         }
         let mut entry = QueueEntry {
             msg,
@@ -5235,11 +5251,13 @@ impl Broker {
         // What was stranded for it while it was away went with what was
         // queued for its former self: again, for the sessions it held all
         // along (see `strand`).
-        for msg in self.strands.take_kept(peer, self.last_stamp.0) {
+        for (msg, mark) in self.strands.take_kept(peer, self.last_stamp.0) {
             self.metrics.stranded_resent += 1;
+            let mut msg = msg.for_peer();
+            msg.set_mark(mark);
             let again = super::peer::Stranded {
                 owners: Vec::new(),
-                msg: msg.for_peer(),
+                msg,
                 direct: false,
                 shares: Vec::new(),
             };
@@ -5558,6 +5576,7 @@ impl Broker {
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
         self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
+        self.metrics.stranded_replaced += self.repl.images.take_unstranded();
         let fence = &mut self.repl.images.fence;
         self.metrics.replica_stale_ops += fence.stale - stale;
         self.metrics.replica_epochs_forgotten += fence.forgotten - forgotten;
@@ -5699,6 +5718,7 @@ impl Broker {
                     ops.push(super::replica::ReplOp::Message {
                         id: msg,
                         msg: std::sync::Arc::new(to_stored(&q.msg, d)),
+                        mark: q.msg.mark(),
                     });
                 }
                 ops.push(super::replica::ReplOp::Enqueue {

@@ -44,6 +44,9 @@ pub struct Message {
     /// byte for byte that packet (see [`Wire`]). Private: only
     /// [`Message::attach_wire`] sets it, after checking exactly that.
     wire: Option<Wire>,
+    /// Stranded for an away node's sessions, the same on every node (see
+    /// `strand`). Boxed: rare, and every message would carry its size.
+    mark: Option<Box<super::strand::Mark>>,
 }
 
 impl Message {
@@ -74,6 +77,7 @@ impl Message {
             owns_bytes: false,
             stored: Default::default(),
             wire: None,
+            mark: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl Message {
             owns_bytes: true,
             stored: Default::default(),
             wire: None,
+            mark: None,
         }
     }
 
@@ -119,6 +124,7 @@ impl Message {
             owns_bytes: self.owns_bytes,
             stored: Default::default(),
             wire: self.wire.clone(),
+            mark: self.mark.clone(),
         }
     }
 
@@ -154,6 +160,16 @@ impl Message {
     /// The packet as received, when a plain delivery is exactly that.
     pub fn wire(&self) -> Option<&Wire> {
         self.wire.as_ref()
+    }
+
+    /// Its mark, when stranded (see `strand`).
+    pub(crate) fn mark(&self) -> Option<super::strand::Mark> {
+        self.mark.as_deref().copied()
+    }
+
+    /// Stranded as `mark`.
+    pub(crate) fn set_mark(&mut self, mark: Option<super::strand::Mark>) {
+        self.mark = mark.map(Box::new);
     }
 
     /// Its id in the durable store, once written.
@@ -207,6 +223,7 @@ impl Message {
             owns_bytes: true,
             stored: self.stored.copy(),
             wire: None,
+            mark: self.mark.clone(),
         }
     }
 }

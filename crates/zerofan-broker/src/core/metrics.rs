@@ -481,6 +481,14 @@ counters! {
                 "zerofan_cluster_stranded_kept_total",
                 "Queue entries added to the copies kept here of an away node's persistent sessions, for messages published while it was away.",
             )),
+        /// Stranded entries in the copies here dropped because the owner,
+        /// back, queued the same message itself (see `strand`).
+        pub stranded_replaced: u64 = CounterDef::NEW
+            .sys("cluster/stranded_replaced")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_replaced_total",
+                "Queue entries stranded in the copies here of a node's persistent sessions, dropped because that node, back, queued and replicated the same message itself.",
+            )),
         /// Messages stranded for a node sent to it again when it came back
         /// restarted (its link's queue lost).
         pub stranded_resent: u64 = CounterDef::NEW

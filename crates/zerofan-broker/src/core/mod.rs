@@ -150,5 +150,6 @@ pub use replica::PreviousOwner;
 pub use replica::ReplOp;
 pub use retain_order::Stamp;
 pub use slots::ConnTable;
+pub use strand::Mark;
 pub use token::JwtAuth;
 pub use wire::Wire;

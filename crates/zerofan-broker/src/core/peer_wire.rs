@@ -17,6 +17,7 @@
 use super::ids::SessionId;
 use super::message::Message;
 use super::peer::{PeerEvent, PeerId, Stranded};
+use super::strand::Mark;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,6 +58,9 @@ const FLUSHED: u8 = 24;
 const STRANDED: u8 = 25;
 
 /// What one frame holds.
+// Nearly every frame is an `Event`: boxing it to shrink the rare others
+// would allocate once per frame.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum LinkFrame {
     /// An event for the core.
@@ -702,7 +706,12 @@ fn put_publish(
     shares: &[Arc<str>],
     now: Instant,
 ) -> Result<(), WireError> {
-    out.put_u8(u8::from(direct));
+    let mark = msg.mark();
+    out.put_u8(u8::from(direct) | (u8::from(mark.is_some()) << 1));
+    if let Some(m) = mark {
+        out.put_u64(m.node());
+        out.put_u64(m.seq());
+    }
     let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
     out.put_u16(n);
     for s in shares {
@@ -711,15 +720,23 @@ fn put_publish(
     put_message(out, msg, now)
 }
 
-/// [`put_publish`] read back: the message, `direct` and the groups.
+/// [`put_publish`] read back: the message (with its mark), `direct` and
+/// the groups.
 fn get_publish(mut f: Bytes, now: Instant) -> Result<(Message, bool, Vec<Arc<str>>), WireError> {
-    let direct = get_u8(&mut f)? & 1 != 0;
+    let flags = get_u8(&mut f)?;
+    let mark = if flags & 2 != 0 {
+        Some(Mark::new(get_u64(&mut f)?, get_u64(&mut f)?))
+    } else {
+        None
+    };
     let n = get_u16(&mut f)?;
     let mut shares = Vec::with_capacity(usize::from(n).min(64));
     for _ in 0..n {
         shares.push(Arc::<str>::from(get_str(&mut f)?.as_str()));
     }
-    Ok((get_message(f, now)?, direct, shares))
+    let mut msg = get_message(f, now)?;
+    msg.set_mark(mark);
+    Ok((msg, flags & 1 != 0, shares))
 }
 
 fn get_u8(f: &mut Bytes) -> Result<u8, WireError> {
@@ -1062,15 +1079,18 @@ mod tests {
                 any::<bool>(),
                 proptest::collection::vec("[a-z]{1,6}", 0..3),
                 proptest::option::of("[a-z ]{0,10}"),
+                proptest::option::of((any::<u64>(), any::<u64>())),
             )
-                .prop_map(|(t, p, q, retain, direct, shares, ct)| {
+                .prop_map(|(t, p, q, retain, direct, shares, ct, mark)| {
                     let qos = [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce][usize::from(q)];
                     let props = Properties {
                         content_type: ct.map(|c| MqttStr::try_from(c.as_str()).unwrap()),
                         ..Properties::default()
                     };
+                    let mut msg = message(&t, &p, qos, retain, props);
+                    msg.set_mark(mark.map(|(n, s)| Mark::new(n, s)));
                     PeerEvent::Publish {
-                        msg: message(&t, &p, qos, retain, props),
+                        msg,
                         direct,
                         shares: shares.into_iter().map(Into::into).collect(),
                     }
@@ -1081,11 +1101,14 @@ mod tests {
                 proptest::collection::vec(any::<u8>(), 0..100),
                 any::<bool>(),
                 proptest::collection::vec("[a-z]{1,6}", 0..2),
+                (any::<u64>(), any::<u64>()),
             )
-                .prop_map(|(o, t, p, direct, shares)| {
+                .prop_map(|(o, t, p, direct, shares, (node, seq))| {
+                    let mut msg = message(&t, &p, QoS::AtLeastOnce, false, Properties::default());
+                    msg.set_mark(Some(Mark::new(node, seq)));
                     PeerEvent::Stranded(Box::new(Stranded {
                         owners: o.into_iter().map(PeerId).collect(),
-                        msg: message(&t, &p, QoS::AtLeastOnce, false, Properties::default()),
+                        msg,
                         direct,
                         shares: shares.into_iter().map(Into::into).collect(),
                     }))
@@ -1145,6 +1168,7 @@ mod tests {
                         prop_assert_eq!(a.retain, b.retain);
                         prop_assert_eq!(a.origin, b.origin);
                         prop_assert_eq!(&a.properties.content_type, &b.properties.content_type);
+                        prop_assert_eq!(a.mark(), b.mark());
                         prop_assert_eq!(da, db);
                         prop_assert_eq!(sa, sb);
                     }
@@ -1153,6 +1177,7 @@ mod tests {
                         prop_assert_eq!(&a.msg.topic, &b.msg.topic);
                         prop_assert_eq!(&a.msg.payload, &b.msg.payload);
                         prop_assert_eq!(a.msg.qos, b.msg.qos);
+                        prop_assert_eq!(a.msg.mark(), b.msg.mark());
                         prop_assert_eq!((a.direct, &a.shares), (b.direct, &b.shares));
                     }
                     (PeerEvent::Relayed { client: ca, msg: a, qos: qa, retain: ra, sub_ids: ia },

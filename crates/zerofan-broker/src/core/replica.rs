@@ -24,6 +24,7 @@ use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::outbox::Outgoing;
 use super::peer::PeerId;
+use super::strand::Mark;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
@@ -96,6 +97,10 @@ pub enum ReplOp {
         id: MsgId,
         /// The message (its payload shared, not copied).
         msg: Arc<StoredMessage>,
+        /// The mark it was stranded with for this owner's sessions, if it
+        /// was: a copy that holds it stranded drops that entry when the
+        /// owner's own arrives (see `strand`).
+        mark: Option<Mark>,
     },
     /// A queue entry was appended.
     Enqueue {
@@ -220,6 +225,8 @@ pub(crate) struct Recorder {
     known: HashMap<MsgId, Arc<StoredMessage>>,
     /// Messages already in `ops`.
     sent: HashSet<MsgId>,
+    /// The marks of stranded messages among `known` (see `strand`).
+    marks: HashMap<MsgId, Mark>,
     /// Persistent sessions claimed here since start (see
     /// `Broker::send_images`); one leaves when the store drops it.
     claimed: HashSet<Box<str>>,
@@ -312,7 +319,12 @@ impl DurableLog for Mirror {
             if !r.sent.contains(&entry.msg) {
                 if let Some(msg) = r.known.get(&entry.msg).cloned() {
                     r.sent.insert(entry.msg);
-                    r.ops.push(ReplOp::Message { id: entry.msg, msg });
+                    let mark = r.marks.get(&entry.msg).copied();
+                    r.ops.push(ReplOp::Message {
+                        id: entry.msg,
+                        msg,
+                        mark,
+                    });
                 }
             }
             r.push(ReplOp::Enqueue {
@@ -485,6 +497,15 @@ impl Replication {
         self.rec.borrow_mut().known.insert(id, Arc::new(msg));
     }
 
+    /// The message `id`, about to be queued, was stranded as `mark`: it
+    /// goes to the replicas with it.
+    pub(crate) fn note_mark(&self, id: MsgId, mark: Mark) {
+        let mut r = self.rec.borrow_mut();
+        if r.on {
+            r.marks.insert(id, mark);
+        }
+    }
+
     /// `client` was claimed here: its session is this node's to copy.
     pub(crate) fn claim(&self, client: &str) {
         let mut r = self.rec.borrow_mut();
@@ -543,6 +564,7 @@ impl Replication {
         let mut r = self.rec.borrow_mut();
         r.known.clear();
         r.sent.clear();
+        r.marks.clear();
         r.epochs.batch_taken();
         std::mem::take(&mut r.ops)
     }
@@ -768,6 +790,11 @@ pub(crate) struct Images {
     /// Images held per owner: a message stranded for an owner with none
     /// here costs no scan.
     per_owner: HashMap<PeerId, usize>,
+    /// Marks of messages held (see `stranded`).
+    marks: stranded::Marks,
+    /// Stranded entries the owner's own replaced since the last
+    /// `take_unstranded`.
+    unstranded: u64,
 }
 
 impl Default for Images {
@@ -786,6 +813,8 @@ impl Default for Images {
             fence: Fence::default(),
             stranded_next: 0,
             per_owner: HashMap::default(),
+            marks: stranded::Marks::default(),
+            unstranded: 0,
         }
     }
 }
@@ -843,6 +872,7 @@ impl Images {
             self.bytes -= msg_size(&m);
         }
         self.local_msg.remove(&key);
+        self.marks.forget(key);
     }
 
     fn drop_image(&mut self, client: &str, disk: &mut Disk<'_>) {
@@ -997,6 +1027,20 @@ impl Images {
             .filter(|i| i.owner == Some(from))
     }
 
+    /// `from` removed `entry` of `client` unsent.
+    fn dequeue(&mut self, from: PeerId, client: &str, entry: EntryId, disk: &mut Disk<'_>) {
+        let mut msg = None;
+        if let Some(i) = self.owned(from, client) {
+            msg = i.queue.remove(&entry).map(|e| e.msg);
+            if let Some(l) = i.local.remove(&entry) {
+                disk.dequeue(client, l);
+            }
+        }
+        if let Some(m) = msg {
+            self.unref(from, m);
+        }
+    }
+
     /// False when refused (full, or naming what is not there).
     fn apply_one(
         &mut self,
@@ -1075,7 +1119,7 @@ impl Images {
                 }
                 true
             }
-            ReplOp::Message { id, msg } => {
+            ReplOp::Message { id, msg, mark } => {
                 let key = (from, id);
                 if self.messages.contains_key(&key) {
                     return true;
@@ -1089,6 +1133,9 @@ impl Images {
                 }
                 self.bytes += size;
                 self.messages.insert(key, (msg, 0));
+                if let Some(m) = mark {
+                    self.marks.owners(key, m);
+                }
                 fresh.push(id);
                 true
             }
@@ -1124,19 +1171,11 @@ impl Images {
                     }
                     i.queue.insert(entry, item);
                 }
+                self.unstrand(key, &client, disk);
                 true
             }
             ReplOp::Dequeue { client, entry } => {
-                let mut msg = None;
-                if let Some(i) = self.owned(from, &client) {
-                    msg = i.queue.remove(&entry).map(|e| e.msg);
-                    if let Some(l) = i.local.remove(&entry) {
-                        disk.dequeue(&client, l);
-                    }
-                }
-                if let Some(m) = msg {
-                    self.unref(from, m);
-                }
+                self.dequeue(from, &client, entry, disk);
                 true
             }
             ReplOp::Send { client, entry, pid } => {
@@ -1344,6 +1383,7 @@ impl Images {
                 ops.push(ReplOp::Message {
                     id: e.entry.msg,
                     msg: e.message,
+                    mark: None,
                 });
             }
             ops.push(ReplOp::Enqueue {

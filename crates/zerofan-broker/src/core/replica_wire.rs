@@ -5,6 +5,7 @@
 
 use super::peer_wire::WireError;
 use super::replica::ReplOp;
+use super::strand::Mark;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use zerofan_store::{
@@ -85,9 +86,17 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
                 put_str(&mut buf, client)?;
                 put_str(&mut buf, filter)?;
             }
-            ReplOp::Message { id, msg } => {
+            ReplOp::Message { id, msg, mark } => {
                 buf.put_u8(MESSAGE);
                 buf.put_u64(id.0);
+                match mark {
+                    Some(m) => {
+                        buf.put_u8(1);
+                        buf.put_u64(m.node());
+                        buf.put_u64(m.seq());
+                    }
+                    None => buf.put_u8(0),
+                }
                 put_message(&mut buf, parts, msg)?;
             }
             ReplOp::Enqueue {
@@ -309,8 +318,12 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
             },
             MESSAGE => {
                 let id = MsgId(get_u64(f)?);
+                let mark = match get_u8(f)? {
+                    0 => None,
+                    _ => Some(Mark::new(get_u64(f)?, get_u64(f)?)),
+                };
                 let msg = Arc::new(get_message(f)?);
-                ReplOp::Message { id, msg }
+                ReplOp::Message { id, msg, mark }
             }
             ENQUEUE => {
                 let client = get_str(f)?;
@@ -535,6 +548,7 @@ mod tests {
             ReplOp::Message {
                 id: MsgId(3),
                 msg: Arc::new(msg(b"payload bytes")),
+                mark: Some(Mark::new(2, 1 << 60)),
             },
             ReplOp::Enqueue {
                 client: c.clone(),

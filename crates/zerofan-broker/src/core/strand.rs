@@ -19,6 +19,12 @@
 //! node sends it again what it stranded for it lately ([`KEEP_FOR`]), for
 //! the sessions it has held all along (not those served from a copy since,
 //! which had it there).
+//!
+//! Every node gets a stranded message with the same [`Mark`]. An away
+//! node that was only paused reads it from its link when it wakes, queues
+//! it and replicates that, mark included: the copies then hold it twice,
+//! stranded and as the owner's own, and drop the stranded entry
+//! (`Images::strand` and `Images::unstrand`).
 
 use super::hash::HashMap;
 use super::message::Message;
@@ -34,6 +40,32 @@ pub(crate) const KEEP_FOR: Duration = Duration::from_secs(60);
 /// (counted).
 pub(crate) const KEEP_MAX: usize = 10_000;
 
+/// A stranded message's identity, the same on every node: the node it
+/// was published at and that node's count, which starts from the clock so
+/// that a restarted node does not give a mark again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mark {
+    node: u64,
+    seq: u64,
+}
+
+impl Mark {
+    pub(crate) fn new(node: u64, seq: u64) -> Self {
+        Mark { node, seq }
+    }
+
+    pub(crate) fn node(self) -> u64 {
+        self.node
+    }
+
+    pub(crate) fn seq(self) -> u64 {
+        self.seq
+    }
+}
+
+/// A message stranded for a node at a time, with its mark.
+type Kept = (Instant, Rc<Message>, Option<Mark>);
+
 /// The sessions served here from a copy, by client id, with the node they
 /// were taken from when it was away at the time (`None`: it handed them
 /// over): messages other nodes strand for that node are theirs too. The
@@ -43,10 +75,31 @@ pub(crate) const KEEP_MAX: usize = 10_000;
 pub(crate) struct Strands {
     taken: HashMap<Box<str>, Option<PeerId>>,
     /// Per away node, what this node stranded for it lately, oldest first.
-    kept: HashMap<PeerId, VecDeque<(Instant, Rc<Message>)>>,
+    kept: HashMap<PeerId, VecDeque<Kept>>,
+    /// This node's id in the cluster (0: none, no marks given).
+    node: u64,
+    /// The last mark's count.
+    seq: u64,
 }
 
 impl Strands {
+    /// This node's id in the cluster.
+    pub(crate) fn set_node(&mut self, node: u64) {
+        self.node = node;
+    }
+
+    /// A fresh mark for a message stranded now (none outside a cluster).
+    pub(crate) fn mark(&mut self, now_ms: u64) -> Option<Mark> {
+        if self.node == 0 {
+            return None;
+        }
+        // Room for a million a millisecond before the count runs ahead of
+        // the clock.
+        let floor = now_ms.min((1 << 43) - 1) << 20;
+        self.seq = self.seq.saturating_add(1).max(floor);
+        Some(Mark::new(self.node, self.seq))
+    }
+
     /// Whether any session here is served from a copy.
     #[inline]
     pub(crate) fn any(&self) -> bool {
@@ -70,14 +123,20 @@ impl Strands {
         }
     }
 
-    /// Keep `msg`, stranded for `owner` at `now`. Returns how many older
-    /// ones were forgotten for the bound.
-    pub(crate) fn keep(&mut self, owner: PeerId, now: Instant, msg: Rc<Message>) -> usize {
+    /// Keep `msg`, stranded for `owner` at `now` as `mark`. Returns how
+    /// many older ones were forgotten for the bound.
+    pub(crate) fn keep(
+        &mut self,
+        owner: PeerId,
+        now: Instant,
+        msg: Rc<Message>,
+        mark: Option<Mark>,
+    ) -> usize {
         let q = self.kept.entry(owner).or_default();
         let mut forgot = 0;
         while q
             .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > KEEP_FOR)
+            .is_some_and(|(at, _, _)| now.duration_since(*at) > KEEP_FOR)
         {
             q.pop_front();
         }
@@ -85,19 +144,23 @@ impl Strands {
             q.pop_front();
             forgot += 1;
         }
-        q.push_back((now, msg));
+        q.push_back((now, msg, mark));
         forgot
     }
 
     /// `owner` came back restarted (what was queued for it dropped): what
-    /// was kept for it, to send again.
-    pub(crate) fn take_kept(&mut self, owner: PeerId, now: Instant) -> Vec<Rc<Message>> {
+    /// was kept for it, to send again, with its mark.
+    pub(crate) fn take_kept(
+        &mut self,
+        owner: PeerId,
+        now: Instant,
+    ) -> Vec<(Rc<Message>, Option<Mark>)> {
         self.kept
             .remove(&owner)
             .into_iter()
             .flatten()
-            .filter(|(at, _)| now.duration_since(*at) <= KEEP_FOR)
-            .map(|(_, m)| m)
+            .filter(|(at, _, _)| now.duration_since(*at) <= KEEP_FOR)
+            .map(|(_, m, mark)| (m, mark))
             .collect()
     }
 

@@ -3,8 +3,15 @@
 //! if the owner had replicated it, so that whichever node serves them next
 //! has it. Entry and message ids are this node's, above any id an owner
 //! gives ([`STRANDED_BASE`]), so they sort after the owner's entries.
+//!
+//! An owner that was only paused may queue the same message itself when
+//! it wakes, and replicate it with the mark the publisher's node gave it
+//! ([`Marks`]): the copy keeps the owner's entry, in its place among the
+//! owner's, and drops the stranded one; a stranded message whose mark the
+//! owner's copies hold already is not queued again.
 
-use super::{Images, PeerId, ReplOp};
+use super::super::hash::HashMap;
+use super::{Disk, Images, Mark, PeerId, ReplOp};
 use std::sync::Arc;
 use zerofan_store::{EntryId, MsgId, QueueEntry, StoredMessage};
 
@@ -12,19 +19,61 @@ use zerofan_store::{EntryId, MsgId, QueueEntry, StoredMessage};
 /// counts from 1 and never gets near.
 const STRANDED_BASE: u64 = 1 << 62;
 
+/// The marks of the messages held that have one, found both ways: each
+/// held message's mark, and per owner and mark the owner's message and the
+/// one stranded here. Bounded by the messages held; each goes with its
+/// message.
+#[derive(Debug, Default)]
+pub(super) struct Marks {
+    of: HashMap<(PeerId, MsgId), Mark>,
+    owners: HashMap<(PeerId, Mark), MsgId>,
+    stranded: HashMap<(PeerId, Mark), MsgId>,
+}
+
+impl Marks {
+    /// The owner's message `key` was stranded elsewhere as `mark`.
+    pub(super) fn owners(&mut self, key: (PeerId, MsgId), mark: Mark) {
+        self.of.insert(key, mark);
+        self.owners.insert((key.0, mark), key.1);
+    }
+
+    /// The message `key` is gone.
+    pub(super) fn forget(&mut self, key: (PeerId, MsgId)) {
+        if self.of.is_empty() {
+            return;
+        }
+        let Some(mark) = self.of.remove(&key) else {
+            return;
+        };
+        let by = if key.1 .0 >= STRANDED_BASE {
+            &mut self.stranded
+        } else {
+            &mut self.owners
+        };
+        if by.get(&(key.0, mark)) == Some(&key.1) {
+            by.remove(&(key.0, mark));
+        }
+    }
+}
+
 impl Images {
-    /// Queue `msg` in every copy of `owner`'s sessions here that a
-    /// subscription matches, written to the store before the answer as a
-    /// replicated change is. Returns how many copies took it, and the
+    /// Queue `msg`, stranded as `mark`, in every copy of `owner`'s
+    /// sessions here that a subscription matches, written to the store
+    /// before the answer as a replicated change is; not when the owner's
+    /// copies have it already. Returns how many copies took it, and the
     /// store's errors.
     pub(crate) fn strand(
         &mut self,
         owner: PeerId,
         msg: Arc<StoredMessage>,
+        mark: Option<Mark>,
         now_ms: u64,
         durable: &mut crate::core::durable::Durable,
     ) -> (usize, u64) {
         if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
+            return (0, 0);
+        }
+        if mark.is_some_and(|m| self.marks.owners.contains_key(&(owner, m))) {
             return (0, 0);
         }
         let Ok(topic) = std::str::from_utf8(&msg.topic) else {
@@ -69,7 +118,11 @@ impl Images {
         let taken = hits.len();
         let id = MsgId(self.next_stranded(now_ms));
         let mut ops = Vec::with_capacity(taken + 1);
-        ops.push(ReplOp::Message { id, msg });
+        ops.push(ReplOp::Message {
+            id,
+            msg,
+            mark: None,
+        });
         for mut op in hits {
             if let ReplOp::Enqueue { entry, item, .. } = &mut op {
                 *entry = EntryId(self.next_stranded(now_ms));
@@ -78,7 +131,45 @@ impl Images {
             ops.push(op);
         }
         let errors = self.apply_durable(owner, ops, now_ms, durable);
+        if let Some(m) = mark {
+            if self.messages.contains_key(&(owner, id)) {
+                self.marks.of.insert((owner, id), m);
+                self.marks.stranded.insert((owner, m), id);
+            }
+        }
         (taken, errors)
+    }
+
+    /// The owner queued its message `key` for `client`: if it was
+    /// stranded here for the same session too, that entry goes.
+    pub(super) fn unstrand(&mut self, key: (PeerId, MsgId), client: &str, disk: &mut Disk<'_>) {
+        if self.marks.stranded.is_empty() {
+            return;
+        }
+        let Some(mark) = self.marks.of.get(&key) else {
+            return;
+        };
+        let Some(&stranded) = self.marks.stranded.get(&(key.0, *mark)) else {
+            return;
+        };
+        let Some(img) = self.by_client.get(client) else {
+            return;
+        };
+        let twice: Vec<EntryId> = img
+            .queue
+            .range(EntryId(STRANDED_BASE)..)
+            .filter(|(_, e)| e.msg == stranded)
+            .map(|(id, _)| *id)
+            .collect();
+        for entry in twice {
+            self.dequeue(key.0, client, entry, disk);
+            self.unstranded += 1;
+        }
+    }
+
+    /// Stranded entries the owners' own replaced since the last call.
+    pub(crate) fn take_unstranded(&mut self) -> u64 {
+        std::mem::take(&mut self.unstranded)
     }
 
     /// A fresh id for a stranded entry or message: above the owners' ids,

@@ -131,13 +131,14 @@ impl Cluster {
     /// [`Cluster::new`], each node's config made by `config`.
     fn with(n: usize, copies: usize, config: impl Fn() -> Config) -> Self {
         let hs = (0..n)
-            .map(|_| {
+            .map(|i| {
                 let mut h = H::with(Config {
                     sys_interval: 0,
                     ..config()
                 });
                 h.b.set_peers(PeerId(0), &[PeerId(0)]);
                 let now = h.now;
+                h.b.set_node_id(i as u64 + 1, now, 1_700_000_000_000);
                 h.b.set_durable_log(Box::<Log>::default(), now, 1_000_000);
                 h.b.set_replicas(copies);
                 h.b.set_claims(true);
@@ -1518,6 +1519,7 @@ fn op_message(id: u64, payload: &str, qos: u8) -> ReplOp {
             qos,
             ..StoredMessage::default()
         }),
+        mark: None,
     }
 }
 

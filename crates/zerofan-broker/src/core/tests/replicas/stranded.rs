@@ -264,6 +264,68 @@ fn an_owner_back_on_the_same_link_is_not_sent_it_again_later() {
     assert_eq!(drain(&mut cl, s, all), ["while-away"]);
 }
 
+/// Node 0 was paused, not dead: node 1's message was stranded in the
+/// copies of "s" while node 0 was away. Node 0 wakes, reads the message
+/// from its link, queues it in "s" and replicates that; then it dies. The
+/// client comes back on node 2: once. Before, node 2's copy held the
+/// message twice, stranded and as node 0's own, and delivered it twice.
+#[test]
+fn a_message_an_owner_queued_itself_after_waking_is_not_delivered_twice() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(0, "s");
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(s);
+    published_while_node_0_away(&mut cl);
+    assert_eq!(cl.hs[2].b.metrics().stranded_kept, 1);
+    // Awake: its links bring it what waited; it replicates its entry.
+    for i in 1..3 {
+        cl.linked[i][0] = true;
+        cl.linked[0][i] = true;
+    }
+    cl.pump();
+    cl.kill(0);
+    let (s, out) = cl.persistent(2, "s");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    for i in 1..3 {
+        assert_eq!(cl.hs[i].b.metrics().stranded_replaced, 1, "node {i}");
+    }
+}
+
+/// The other order: node 0's entry reaches node 2 before node 1's
+/// stranded message does (node 1's link to node 2 is slow). Node 2 does
+/// not queue it again in the copy that has it.
+#[test]
+fn a_message_stranded_after_the_owner_replicated_it_is_not_queued_again() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(0, "s");
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(s);
+    // Node 1 sees node 0 away, though its link still carries.
+    cl.hs[1].b.set_peer_away(remote(0), true);
+    cl.linked[1][2] = false;
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    cl.send(
+        p1,
+        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p1)), [], "node 2 has not confirmed");
+    cl.linked[1][2] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+    cl.kill(0);
+    let (s, out) = cl.persistent(2, "s");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
+}
+
 /// A node that sees every other node away is the one cut off: it strands
 /// nothing (its copies would reach the others when the cut heals, stale
 /// extras in the copies of sessions served all along).
