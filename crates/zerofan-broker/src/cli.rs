@@ -74,7 +74,7 @@ pub struct Args {
     /// --metrics is the same. Off by default.
     #[arg(long = "http", alias = "metrics", value_name = "ADDR")]
     pub http: Option<SocketAddr>,
-    /// This node's id in a cluster (at least 1). [`cluster.node_id`]
+    /// This node's id in a cluster (1 to 65535). [`cluster.node_id`]
     #[arg(long, value_name = "N")]
     pub node_id: Option<u64>,
     /// Listen for other cluster nodes (and `zerofan cluster`) on ADDR, e.g.

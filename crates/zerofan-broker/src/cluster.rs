@@ -37,7 +37,7 @@ impl ClusterTlsFiles {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
-    /// This node's id: unique in the cluster, at least 1.
+    /// This node's id: unique in the cluster, from 1 to [`MAX_NODE_ID`].
     #[serde(default)]
     pub node_id: u64,
     /// Address of the node-to-node listener (Raft, admin, links).
@@ -94,8 +94,10 @@ impl ClusterSettings {
     /// Check the settings (the data dir is checked once flags are merged).
     pub fn check(&self) -> Result<(), ConfigError> {
         let bad = |key, why| Err(ConfigError::Invalid { key, why });
-        if self.node_id == 0 {
-            return bad("cluster.node_id", "must be at least 1 (--node-id N)");
+        // Links name nodes in 16 bits where a message lists them (the
+        // away nodes it is stranded for, see `core::strand`).
+        if self.node_id == 0 || self.node_id > MAX_NODE_ID {
+            return bad("cluster.node_id", "must be from 1 to 65535 (--node-id N)");
         }
         if self.listen.is_none() {
             if self.join.is_some() {
@@ -124,6 +126,9 @@ impl ClusterSettings {
         Ok(())
     }
 }
+
+/// The highest node id.
+pub const MAX_NODE_ID: u64 = 65_535;
 
 /// Check the `[cluster]` table of a fully merged `config` (flags and
 /// defaults applied).
@@ -401,6 +406,13 @@ mod tests {
         let bad = |text: &str| Config::from_toml(text, "t.toml").unwrap_err().to_string();
         let e = bad("[cluster]\nnode_id = 0\nlisten = \"127.0.0.1:7101\"\n");
         assert!(e.contains("cluster.node_id"), "{e}");
+        let e = bad("[cluster]\nnode_id = 65536\nlisten = \"127.0.0.1:7101\"\n");
+        assert!(e.contains("from 1 to 65535"), "{e}");
+        assert!(Config::from_toml(
+            "[cluster]\nnode_id = 65535\nlisten = \"127.0.0.1:7101\"\n",
+            "t"
+        )
+        .is_ok());
         let e = bad("[cluster]\nnode_id = 1\njoin = \"127.0.0.1:7101\"\n");
         assert!(
             e.contains("cluster.join") && e.contains("cluster.listen"),

@@ -5839,11 +5839,30 @@ impl Broker {
         self.adopt_replica_at(now, client_id, 0)
     }
 
+    /// Whether `client_id`, given here from a node being removed, must
+    /// wait for that node's handover mark before its copy is taken: the
+    /// node is alive, and what it queued in the session before it learned
+    /// of the grant is still on its way here, ahead of the mark on the
+    /// same link. A copy taken before lacks it, and the relay carries only
+    /// what reaches that node later. The shell waits a bounded time, woken
+    /// by [`Broker::take_handover_news`].
+    pub fn awaits_drained_handover(&self, client_id: &str) -> bool {
+        let Some(owner) = self.repl.images.subscribed_owner(client_id) else {
+            return false;
+        };
+        self.repl.on()
+            && !self.serves(client_id)
+            && self.peers.ids().any(|p| p == owner)
+            && !self.peers.is_away(owner)
+            && !self.claims.was_handed(client_id)
+    }
+
     /// [`Broker::adopt_replica_at`] for a client id the leader gave this
-    /// node from a node being removed (drained). That node is alive and
-    /// hands the session over with a relay of what still reaches it (see
-    /// `moves`), which may come after this: it is expected from now on.
+    /// node from a node being removed (drained), once that node handed it
+    /// over ([`Broker::awaits_drained_handover`]). It relays what still
+    /// reaches it (see `moves`); expected from now on if not already.
     pub fn adopt_drained(&mut self, now: Instant, client_id: &str, epoch: u64) -> bool {
+        self.claims.settle_handover(client_id);
         let owner = self.repl.images.subscribed_owner(client_id).filter(|&o| {
             self.peers.ids().any(|p| p == o)
                 && !self.peers.is_away(o)

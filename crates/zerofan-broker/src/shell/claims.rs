@@ -85,7 +85,10 @@ async fn wait_for_handover(shared: &Shared, conn: crate::core::ConnId, prev: &Pr
 
 /// Until `waits` is false (true), or [`HANDOVER_WAIT`] passed (false);
 /// checked again at each handover that arrives.
-async fn wait_until_not(shared: &Shared, waits: impl Fn(&crate::core::Broker) -> bool) -> bool {
+pub(super) async fn wait_until_not(
+    shared: &Shared,
+    waits: impl Fn(&crate::core::Broker) -> bool,
+) -> bool {
     let deadline = tokio::time::Instant::now() + HANDOVER_WAIT;
     loop {
         // Registered before the check, so a handover between the two is

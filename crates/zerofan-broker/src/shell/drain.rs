@@ -59,21 +59,30 @@ pub(super) async fn drain_loop(shared: Rc<Shared>, mut orders: mpsc::Receiver<Dr
 }
 
 /// Serve the client ids the leader gave this node from a node being
-/// removed, each from its copy here.
+/// removed, each from its copy here once that node handed it over (see
+/// `Broker::awaits_drained_handover`), each in a task of its own so that
+/// one slow handover does not hold up the others.
 pub(super) async fn adopt_loop(shared: Rc<Shared>, mut ids: mpsc::Receiver<String>) {
     while let Some(id) = ids.recv().await {
-        // The claim that gave it here, once applied here (it fences the
-        // session's replicated changes; see `core::replica`).
-        let epoch = shared
-            .cluster
-            .get()
-            .and_then(|c| c.owner(&id).filter(|(o, _)| *o == c.node_id()))
-            .map_or(0, |(_, e)| e);
-        let adopted = shared
-            .broker
-            .borrow_mut()
-            .adopt_drained(Instant::now(), &id, epoch);
-        tracing::debug!(client_id = %id, adopted, "client id handed over");
-        shared.dispatch();
+        let shared = shared.clone();
+        tokio::task::spawn_local(async move {
+            let waits = |b: &crate::core::Broker| b.awaits_drained_handover(&id);
+            if !super::claims::wait_until_not(&shared, waits).await {
+                tracing::debug!(client_id = %id, "no handover from the drained node in time");
+            }
+            // The claim that gave it here, once applied here (it fences
+            // the session's replicated changes; see `core::replica`).
+            let epoch = shared
+                .cluster
+                .get()
+                .and_then(|c| c.owner(&id).filter(|(o, _)| *o == c.node_id()))
+                .map_or(0, |(_, e)| e);
+            let adopted = shared
+                .broker
+                .borrow_mut()
+                .adopt_drained(Instant::now(), &id, epoch);
+            tracing::debug!(client_id = %id, adopted, "client id handed over");
+            shared.dispatch();
+        });
     }
 }

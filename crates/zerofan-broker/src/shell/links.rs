@@ -275,9 +275,10 @@ impl Links {
     }
 
     /// Peer ids are this node's own (in the order first seen): the nodes a
-    /// message is stranded for cross as node ids. One above 65,535 cannot:
-    /// when none is left, the message crosses as a plain publish (an empty
-    /// list would mean the receiver's own sessions).
+    /// message is stranded for cross as node ids, which fit 16 bits
+    /// (`cluster::MAX_NODE_ID`, checked at start). Should none be left,
+    /// the message crosses as a plain publish (an empty list would mean
+    /// the receiver's own sessions).
     fn stranded_to_wire(&self, e: &mut PeerEvent) {
         let PeerEvent::Stranded(st) = e else {
             return;

@@ -199,6 +199,43 @@ fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
     assert_eq!(got, ["a", "b", "c"]);
 }
 
+/// A drained node's offline session is given to node 1 while what node 0
+/// queued in it just before is still on its way to node 1's copy (node
+/// 0's writes to node 1 wait). Node 1 waits for node 0's handover mark,
+/// which follows it on the same link, before it takes the copy. Before, it
+/// took the copy at once: "a" was acknowledged, then lost (node 0 relays
+/// only what reaches it after it hands over).
+#[test]
+fn a_drained_session_waits_for_its_handover_before_its_copy_is_taken() {
+    let mut cl = Cluster::new(3, 3);
+    let (off, _) = cl.persistent(0, "off");
+    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(off);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.linked[0][1] = false;
+    publish_at(&mut cl, p, "a", 1);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "off", Some(remote(1)));
+    cl.pump();
+    assert!(
+        cl.hs[1].b.awaits_drained_handover("off"),
+        "node 0's entry and mark are on their way"
+    );
+    cl.linked[0][1] = true;
+    cl.pump();
+    assert!(!cl.hs[1].b.awaits_drained_handover("off"), "handed over");
+    let now = cl.hs[1].now;
+    assert!(cl.hs[1].b.adopt_drained(now, "off", 0));
+    cl.pump();
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let (back, out) = cl.persistent(1, "off");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    assert_eq!(got, ["a"]);
+}
+
 /// What the new owner holds is bounded by the session's queue bound: at
 /// it, what is held is queued at once (order gives way, counted), the
 /// relay still taken, and nothing is lost.
