@@ -498,12 +498,12 @@ counters! {
                 "Messages stranded for an away node sent to it again when it came back restarted, for the sessions it still owns.",
             )),
         /// Messages stranded for a node not kept for its return: over
-        /// `strand::KEEP_MAX`.
+        /// `strand::KEEP_MAX` or `strand::KEEP_BYTES`.
         pub stranded_forgotten: u64 = CounterDef::NEW
             .sys("cluster/stranded_forgotten")
             .prom(Family::new(
                 "zerofan_cluster_stranded_forgotten_total",
-                "Messages stranded for an away node not kept to send it again should it come back restarted (over 10,000 per node).",
+                "Messages stranded for an away node not kept to send it again should it come back restarted (over 10,000 messages or 64 MiB per node).",
             )),
         /// Messages queued for sessions served here since their owner went
         /// away, from a node that saw it away still.

@@ -39,6 +39,8 @@ pub(crate) const KEEP_FOR: Duration = Duration::from_secs(60);
 /// Most messages kept per away node; past it the oldest is forgotten
 /// (counted).
 pub(crate) const KEEP_MAX: usize = 10_000;
+/// Most message bytes (topic and payload) kept per away node, likewise.
+pub(crate) const KEEP_BYTES: usize = 64 << 20;
 
 /// A stranded message's identity, the same on every node: the node it
 /// was published at and that node's count, which starts from the clock so
@@ -66,6 +68,21 @@ impl Mark {
 /// A message stranded for a node at a time, with its mark.
 type Kept = (Instant, Rc<Message>, Option<Mark>);
 
+/// What was stranded for one away node, oldest first, and its bytes.
+#[derive(Debug, Default)]
+struct KeptFor {
+    q: VecDeque<Kept>,
+    bytes: usize,
+}
+
+impl KeptFor {
+    fn pop(&mut self) {
+        if let Some((_, m, _)) = self.q.pop_front() {
+            self.bytes -= m.size();
+        }
+    }
+}
+
 /// The sessions served here from a copy, by client id, with the node they
 /// were taken from when it was away at the time (`None`: it handed them
 /// over): messages other nodes strand for that node are theirs too. The
@@ -75,7 +92,7 @@ type Kept = (Instant, Rc<Message>, Option<Mark>);
 pub(crate) struct Strands {
     taken: HashMap<Box<str>, Option<PeerId>>,
     /// Per away node, what this node stranded for it lately, oldest first.
-    kept: HashMap<PeerId, VecDeque<Kept>>,
+    kept: HashMap<PeerId, KeptFor>,
     /// This node's id in the cluster (0: none, no marks given).
     node: u64,
     /// The last mark's count.
@@ -132,19 +149,21 @@ impl Strands {
         msg: Rc<Message>,
         mark: Option<Mark>,
     ) -> usize {
-        let q = self.kept.entry(owner).or_default();
+        let k = self.kept.entry(owner).or_default();
         let mut forgot = 0;
-        while q
+        while k
+            .q
             .front()
             .is_some_and(|(at, _, _)| now.duration_since(*at) > KEEP_FOR)
         {
-            q.pop_front();
+            k.pop();
         }
-        while q.len() >= KEEP_MAX {
-            q.pop_front();
+        while !k.q.is_empty() && (k.q.len() >= KEEP_MAX || k.bytes + msg.size() > KEEP_BYTES) {
+            k.pop();
             forgot += 1;
         }
-        q.push_back((now, msg, mark));
+        k.bytes += msg.size();
+        k.q.push_back((now, msg, mark));
         forgot
     }
 
@@ -158,7 +177,7 @@ impl Strands {
         self.kept
             .remove(&owner)
             .into_iter()
-            .flatten()
+            .flat_map(|k| k.q)
             .filter(|(at, _, _)| now.duration_since(*at) <= KEEP_FOR)
             .map(|(_, m, mark)| (m, mark))
             .collect()
@@ -174,5 +193,48 @@ impl Strands {
         if !self.taken.is_empty() {
             self.taken.remove(client);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use zerofan_codec::{MqttStr, Props, QoS};
+
+    fn msg(size: usize) -> Rc<Message> {
+        Rc::new(Message::owned(
+            MqttStr::try_from("t").unwrap(),
+            Bytes::from(vec![0u8; size - 1]),
+            QoS::AtLeastOnce,
+            false,
+            Props::new(),
+            None,
+        ))
+    }
+
+    /// Per away node: at most `KEEP_MAX` messages and `KEEP_BYTES`
+    /// bytes, none older than `KEEP_FOR`; the oldest go first, counted
+    /// when pushed out by a bound.
+    #[test]
+    fn what_is_kept_for_an_away_node_is_bounded() {
+        let (a, b) = (PeerId(1), PeerId(2));
+        let now = Instant::now();
+        let mut s = Strands::default();
+        let forgot: usize = (0..KEEP_MAX + 5)
+            .map(|_| s.keep(a, now, msg(10), None))
+            .sum();
+        assert_eq!(forgot, 5);
+        assert_eq!(s.take_kept(a, now).len(), KEEP_MAX);
+
+        let big = KEEP_BYTES / 4 + 1;
+        let forgot: usize = (0..4).map(|_| s.keep(b, now, msg(big), None)).sum();
+        assert_eq!(forgot, 1, "four would pass the byte bound");
+        assert_eq!(s.take_kept(b, now).len(), 3);
+
+        s.keep(a, now, msg(10), None);
+        let later = now + KEEP_FOR + Duration::from_secs(1);
+        assert_eq!(s.keep(a, later, msg(10), None), 0, "expired, not counted");
+        assert_eq!(s.take_kept(a, later).len(), 1);
     }
 }
