@@ -1293,6 +1293,16 @@ impl Broker {
         self.sessions.has_client(client) && self.moves.leaving_of(client).is_none()
     }
 
+    /// The packet ids in flight in this node's copy of `client`'s
+    /// session, with their phase (tests).
+    #[cfg(test)]
+    pub(crate) fn copy_inflight(
+        &self,
+        client: &str,
+    ) -> Option<Vec<(u16, zerofan_store::InflightPhase)>> {
+        self.repl.images.inflight_phases(client)
+    }
+
     /// Whether `client`'s session lives here (tests).
     #[cfg(test)]
     pub(crate) fn serves_client(&self, client: &str) -> bool {
@@ -3871,10 +3881,13 @@ impl Broker {
 
     /// [`Broker::send_publish_ack`], no move in the way.
     fn send_publish_ack_unmoved(&mut self, conn: ConnId, out: Outgoing) {
-        // Behind this connection's acknowledgements that wait for replicas.
-        let Some(out) = self.repl.wait_behind(conn, out) else {
+        // Behind this connection's answers that wait for the replicas (or
+        // a renewal of the lease): with this event's changes, which it may
+        // promise too (see `flush_replication`).
+        if self.repl.holds(conn) || self.lease.holds(conn) {
+            self.durable.hold(conn, out);
             return;
-        };
+        }
         let Some(out) = self.durable.hold_ack(conn, out) else {
             return;
         };
@@ -5431,17 +5444,37 @@ impl Broker {
             return;
         }
         let ops = self.repl.take_ops();
-        if ops.is_empty() {
-            return;
-        }
         let targets = self.repl.current().to_vec();
-        if targets.is_empty() {
+        if ops.is_empty() || targets.is_empty() {
+            self.keep_behind();
             return;
         }
         self.send_replicated(&targets, ops);
         for (conn, out) in self.durable.take_pending() {
             self.repl.hold_ack(conn, out);
         }
+    }
+
+    /// Nothing of this event goes to the replicas: its answers wait for the
+    /// store alone, but those of a connection whose earlier answers wait
+    /// for the replicas (or the lease) wait behind them, in order.
+    fn keep_behind(&mut self) {
+        let (repl, lease) = (&mut self.repl, &mut self.lease);
+        if !self.durable.has_pending() {
+            return;
+        }
+        let now = self.last_stamp.0;
+        self.durable.retain_pending(|conn, out| {
+            if repl.holds(conn) {
+                repl.hold_ack(conn, out);
+                None
+            } else if lease.holds(conn) {
+                lease.hold_behind(now, super::replica::Waiter::Ack(conn, out));
+                None
+            } else {
+                Some(out)
+            }
+        });
     }
 
     fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) -> u64 {
@@ -5528,14 +5561,23 @@ impl Broker {
     }
 
     /// What no longer waits for replicas goes on, through the store as any
-    /// acknowledgement does.
+    /// acknowledgement does: behind what it holds, never back to the
+    /// replicas with this event's changes, where what a connection had
+    /// waiting behind it would pass it.
     fn release_replica_waiters(&mut self, ready: Vec<super::replica::Waiter>) {
         if ready.is_empty() {
             return;
         }
         for w in ready {
             match w {
-                super::replica::Waiter::Ack(conn, out) => self.durable.hold(conn, out),
+                super::replica::Waiter::Ack(conn, out) => {
+                    if let Some((conn, out)) = self.durable.hold_committed(conn, out) {
+                        if let Some(c) = self.conns.get_mut(&conn) {
+                            c.outbox.push_back(out);
+                            self.wake(conn);
+                        }
+                    }
+                }
                 super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),
             }
         }

@@ -201,6 +201,44 @@ impl Durable {
         self.pending.push((conn, out));
     }
 
+    /// Hold `out` for `conn`, whose records were committed already (it
+    /// waited for the replicas since), until the last commit is durable:
+    /// behind what is held, ahead of this event's (newer) answers, which
+    /// it must not wait for (they may go to the replicas again). Without
+    /// a log: `out`, to send now.
+    pub(crate) fn hold_committed(
+        &mut self,
+        conn: ConnId,
+        out: Outgoing,
+    ) -> Option<(ConnId, Outgoing)> {
+        if !self.on() {
+            return Some((conn, out));
+        }
+        *self.held_per_conn.entry(conn).or_insert(0) += 1;
+        self.held.push_back((self.last_commit, conn, out));
+        None
+    }
+
+    /// Whether the current event holds answers.
+    #[inline]
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Keep the current event's answers `keep` gives back (in order); the
+    /// others it took elsewhere.
+    pub(crate) fn retain_pending(
+        &mut self,
+        mut keep: impl FnMut(ConnId, Outgoing) -> Option<Outgoing>,
+    ) {
+        let pending = std::mem::take(&mut self.pending);
+        for (conn, out) in pending {
+            if let Some(out) = keep(conn, out) {
+                self.pending.push((conn, out));
+            }
+        }
+    }
+
     /// The acknowledgements of the current event (they wait for the
     /// replicas first, see `replica`).
     pub(crate) fn take_pending(&mut self) -> Vec<(ConnId, Outgoing)> {

@@ -113,6 +113,23 @@ impl Lease {
         ready
     }
 
+    /// Whether answers to `conn` wait for a renewal: what follows for it
+    /// waits behind them.
+    #[inline]
+    pub(crate) fn holds(&self, conn: ConnId) -> bool {
+        !self.skipped.is_empty()
+            && self
+                .skipped
+                .iter()
+                .any(|(_, w)| matches!(w, Waiter::Ack(c, _) if *c == conn))
+    }
+
+    /// Hold `w` behind the answers waiting for a renewal, until one sent
+    /// after `now`.
+    pub(crate) fn hold_behind(&mut self, now: Instant, w: Waiter) {
+        self.skipped.push_back((now, w));
+    }
+
     /// The lease is lost: the answers held for a renewal, to refuse.
     pub(crate) fn take_skipped(&mut self) -> Vec<Waiter> {
         self.skipped.drain(..).map(|(_, w)| w).collect()

@@ -638,14 +638,11 @@ impl Replication {
         self.waiting.push_back((self.seq, Waiter::Ack(conn, out)));
     }
 
-    /// `out` for `conn`, unless earlier acknowledgements of `conn` wait:
-    /// then it waits behind them.
-    pub(crate) fn wait_behind(&mut self, conn: ConnId, out: Outgoing) -> Option<Outgoing> {
-        if self.per_conn.is_empty() || !self.per_conn.contains_key(&conn) {
-            return Some(out);
-        }
-        self.hold_ack(conn, out);
-        None
+    /// Whether acknowledgements of `conn` wait for the replicas: what
+    /// follows for it waits behind them.
+    #[inline]
+    pub(crate) fn holds(&self, conn: ConnId) -> bool {
+        !self.per_conn.is_empty() && self.per_conn.contains_key(&conn)
     }
 
     /// `peer` answered change `seq`, or is gone (`seq == u64::MAX` with
@@ -1307,6 +1304,18 @@ impl Images {
     }
 
     /// The image of `client` in the store's recovery form, kept.
+    /// The packet ids in flight in the copy of `client`, with their phase.
+    #[cfg(test)]
+    pub(crate) fn inflight_phases(&self, client: &str) -> Option<Vec<(u16, InflightPhase)>> {
+        let img = self.by_client.get(client)?;
+        Some(
+            img.inflight
+                .iter()
+                .map(|(pid, phase, _)| (*pid, *phase))
+                .collect(),
+        )
+    }
+
     fn snapshot(&self, client: &str) -> Option<RecoveredSession> {
         let img = self.by_client.get(client)?;
         let owner = img.owner?;

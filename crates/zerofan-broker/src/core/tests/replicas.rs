@@ -2589,6 +2589,7 @@ fn a_reset_of_a_node_no_message_crossed_to_refuses_nothing() {
 }
 
 mod moves;
+mod order;
 mod stranded;
 
 /// The PUBREL of a QoS 2 delivery goes once the replicas have its PUBREC:
