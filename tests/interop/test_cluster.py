@@ -9,6 +9,7 @@ acknowledged message delivered, per-publisher order, nothing invented).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 import signal
 import socket
@@ -428,6 +429,25 @@ def metric(port: int, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
+
+
+def cluster_figures(nodes: list) -> str:
+    """The cluster counters each live node with an HTTP port has above
+    zero: what a failed check prints next to what the clients saw."""
+    out = []
+    for n in nodes:
+        if not n.http_port or n.broker is None or not n.broker.alive():
+            continue
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{n.http_port}/metrics",
+                                          timeout=5).read().decode()
+        except OSError as e:
+            out.append(f"node {n.node_id}: {e}")
+            continue
+        figures = [line.replace("zerofan_cluster_", "") for line in body.splitlines()
+                   if line.startswith("zerofan_cluster_") and not line.endswith(" 0")]
+        out.append(f"node {n.node_id}: " + ", ".join(figures))
+    return "\n".join(out)
 
 
 def test_mutual_tls_cluster_refuses_strangers(tmp_path, clients):
@@ -1085,6 +1105,10 @@ class Follower:
         self.stop = threading.Event()
         self.c = _persistent(node, name, version, connect=False)
         self.c.c.on_message = self._on_message
+        # paho's packet log (PUBLISH with DUP flag and packet id, PUBREL...),
+        # printed around a problem: a resend tells from a relay.
+        self.packets: list[tuple[float, str]] = []
+        self.c.c.on_log = self._on_log
         self._connect(node)
         assert self.c.subscribe("rm/#", 2) == [2]
 
@@ -1094,14 +1118,29 @@ class Follower:
             self.at.append(time.monotonic())
             self.got.notify_all()
 
-    def context(self, who: str, since: float) -> str:
+    def _on_log(self, client, userdata, level, buf):
+        if "PUB" in buf:
+            self.packets.append((time.monotonic(), buf))
+
+    def context(self, who: str, since: float, problem: str = "") -> str:
         """`who`'s messages as this follower got them, with when (seconds
-        after `since`), and its moves: what a failed check prints."""
+        after `since`), and its moves; with paho's packets from half a
+        second before the first message `problem` names to half a second
+        after: what a failed check prints."""
         with self.got:
             got = [(parse(p)[1], t - since) for p, t in zip(self.h.received[self.name], self.at)
                    if parse(p)[0] == who]
-        return f"{self.name} moves {self.moves}; {who}: " + " ".join(
-            f"{seq}@{t:.3f}" for seq, t in got)
+        named = {int(n) for n in re.findall(rf"{who}:(\d+)", problem)}
+        named |= {int(n) for n in re.findall(r"(\d+)", problem.split("twice:")[-1])
+                  } if "twice:" in problem else set()
+        at = [t for seq, t in got if seq in named]
+        packets = []
+        if at:
+            lo, hi = since + min(at) - 0.5, since + min(at) + 0.5
+            packets = [f"  {t - since:.3f} {line}" for t, line in list(self.packets)
+                       if lo <= t <= hi]
+        return "\n".join([f"{self.name} moves {self.moves}; {who}: " + " ".join(
+            f"{seq}@{t:.3f}" for seq, t in got), *packets])
 
     def count(self) -> int:
         with self.got:
@@ -1313,7 +1352,9 @@ def test_a_node_added_and_one_removed_while_traffic_flows(nodes, clients, tmp_pa
         # The publisher's messages as the follower got them, around the
         # first problem, with when: enough to tell a relay from a resend.
         assert found == [], "\n".join(
-            [*found, *(f.context(w, removed) for w in h.qos if f"{w}:" in found[0])])
+            [*found, *(f.context(w, removed, found[0]) for w in h.qos
+                       if re.search(rf"\b{w}\b", found[0])),
+             cluster_figures(ns)])
         twice = [m for m, n in Counter(h.received[f.name]).items()
                  if n > 1 and h.qos[parse(m)[0]] == 2]
         assert twice == [], f"{f.name}: QoS 2 twice {twice[:5]}"

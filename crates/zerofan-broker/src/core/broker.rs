@@ -5882,20 +5882,23 @@ impl Broker {
     }
 
     /// Whether `client_id`, given here from a node being removed, must
-    /// wait for that node's handover mark before its copy is taken: the
-    /// node is alive, and what it queued in the session before it learned
-    /// of the grant is still on its way here, ahead of the mark on the
-    /// same link. A copy taken before lacks it, and the relay carries only
-    /// what reaches that node later. The shell waits a bounded time, woken
-    /// by [`Broker::take_handover_news`].
+    /// wait for that node's handover mark before its copy is taken: what
+    /// the node queued in the session before it learned of the grant is
+    /// still on its way here, ahead of the mark on the same link (with the
+    /// session's full image, when this node keeps no copy of it). A copy
+    /// taken before lacks it, and the relay carries only what reaches that
+    /// node later; with no copy at all, nothing was served. Not when the
+    /// copy's owner is gone or away: no mark will come. The shell waits a
+    /// bounded time, woken by [`Broker::take_handover_news`].
     pub fn awaits_drained_handover(&self, client_id: &str) -> bool {
-        let Some(owner) = self.repl.images.subscribed_owner(client_id) else {
-            return false;
-        };
+        let owner_silent = self
+            .repl
+            .images
+            .subscribed_owner(client_id)
+            .is_some_and(|o| !self.peers.ids().any(|p| p == o) || self.peers.is_away(o));
         self.repl.on()
             && !self.serves(client_id)
-            && self.peers.ids().any(|p| p == owner)
-            && !self.peers.is_away(owner)
+            && !owner_silent
             && !self.claims.was_handed(client_id)
     }
 

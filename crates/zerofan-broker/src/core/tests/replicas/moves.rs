@@ -236,6 +236,42 @@ fn a_drained_session_waits_for_its_handover_before_its_copy_is_taken() {
     assert_eq!(got, ["a"]);
 }
 
+/// The same for a node that keeps no copy of the drained session (two
+/// copies: node 0's replica is node 1, and the session goes to node 2):
+/// it waits for node 0's full image and mark. Before, it found no copy,
+/// served nothing, and the relay that followed was dropped at its
+/// deadline: what node 0 relayed was lost.
+#[test]
+fn a_drained_session_without_a_copy_here_waits_for_its_image() {
+    let mut cl = Cluster::new(3, 2);
+    let (off, _) = cl.persistent(0, "off");
+    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(off);
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    publish_at(&mut cl, p, "a", 1);
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    assert!(
+        cl.hs[2].b.awaits_drained_handover("off"),
+        "no copy here: the image comes with the mark"
+    );
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "off", Some(remote(2)));
+    cl.pump();
+    assert!(!cl.hs[2].b.awaits_drained_handover("off"), "handed over");
+    let now = cl.hs[2].now;
+    assert!(cl.hs[2].b.adopt_drained(now, "off", 0));
+    cl.pump();
+    // Node 1 still routes "t" to node 0, which relays it.
+    publish_at(&mut cl, p, "b", 2);
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    let (back, out) = cl.persistent(2, "off");
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    assert_eq!(got, ["a", "b"]);
+}
+
 /// What the new owner holds is bounded by the session's queue bound: at
 /// it, what is held is queued at once (order gives way, counted), the
 /// relay still taken, and nothing is lost.
