@@ -346,3 +346,140 @@ fn a_node_that_sees_everyone_away_strands_nothing() {
     }
     assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
 }
+
+/// Node 0 owns "s" (its client online) and is paused past its lease: the
+/// others mark it away and strand node 1's "m1" for "s". It wakes, drops
+/// its client at its first event, reads "m1" from its link and replicates
+/// its entry (the copies drop their stranded one); the others mark it
+/// back, and node 1's "m2" goes to it plainly. The client reconnects to
+/// node 1, which takes the session over from node 0 (alive: its handover
+/// mark first): "m1" and "m2", once each.
+#[test]
+fn a_session_taken_from_an_owner_woken_from_a_pause_has_everything_once() {
+    let mut cl = Cluster::new(3, 3);
+    let now = cl.hs[0].now;
+    cl.hs[0]
+        .b
+        .cluster_lease_until(now, now, now + Duration::from_millis(2500));
+    let (s, _) = cl.persistent_at(0, "s", 1);
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    // Paused: what it is sent waits on its links; the others mark it away.
+    for i in 1..3 {
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+        cl.hs[i].b.set_peer_away(remote(0), true);
+    }
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "m1", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    // Awake past its lease: its client goes at its first event.
+    cl.hs[0].advance(Duration::from_secs(3));
+    assert!(cl.hs[0].out(s.conn).closed, "dropped past the lease");
+    for i in 1..3 {
+        cl.linked[i][0] = true;
+        cl.linked[0][i] = true;
+    }
+    cl.pump();
+    for i in 1..3 {
+        assert_eq!(cl.hs[i].b.metrics().stranded_replaced, 1, "node {i}");
+        cl.hs[i].b.peer_resumed(remote(0));
+        cl.hs[i].b.set_peer_away(remote(0), false);
+    }
+    cl.pump();
+    cl.send(p, Packet::Publish(publish("t", "m2", QoS::AtLeastOnce, 2)));
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+
+    // The client is back, on node 1, which claims "s" from node 0; node
+    // 1's publisher goes on meanwhile.
+    let conn = cl.persistent_waiting(1, "s");
+    cl.send(p, Packet::Publish(publish("t", "m3", QoS::AtLeastOnce, 3)));
+    assert_eq!(acks(&cl.out(p)), [(3, "puback")]);
+    let prev = prev_owner(0, 1);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.send(p, Packet::Publish(publish("t", "m4", QoS::AtLeastOnce, 4)));
+    cl.pump();
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s1 = Cx { node: 1, conn };
+    let out = cl.out(s1);
+    assert!(present(&out));
+    let mut got = drain(&mut cl, s1, out);
+    let out = cl.out(p);
+    assert_eq!(acks(&out), [(4, "puback")]);
+    let more = cl.out(s1);
+    got.extend(drain(&mut cl, s1, more));
+    assert_eq!(got, ["m1", "m2", "m3", "m4"]);
+}
+
+/// As above, but the client comes back on node 1 while node 0 is still
+/// paused: node 1 serves "s" from its copy at once (node 0 away), and node
+/// 0 wakes after that, reads what waited on its links and learns it lost
+/// the client id. Each message once, those published before, during and
+/// after the pause.
+#[test]
+fn a_session_taken_while_its_owner_is_paused_has_everything_once() {
+    let mut cl = Cluster::new(3, 3);
+    let now = cl.hs[0].now;
+    cl.hs[0]
+        .b
+        .cluster_lease_until(now, now, now + Duration::from_millis(2500));
+    let (s, _) = cl.persistent_at(0, "s", 1);
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "m0", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), ["m0"]);
+    for i in 1..3 {
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+        cl.hs[i].b.set_peer_away(remote(0), true);
+    }
+    cl.send(p, Packet::Publish(publish("t", "m1", QoS::AtLeastOnce, 2)));
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+
+    // Node 0's lease ran out; the client is back on node 1, which needs
+    // no mark from an away owner and serves its copy.
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "node 0 is away");
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s1 = Cx { node: 1, conn };
+    let out = cl.out(s1);
+    assert!(present(&out));
+    let mut got = drain(&mut cl, s1, out);
+    cl.send(p, Packet::Publish(publish("t", "m2", QoS::AtLeastOnce, 3)));
+    assert_eq!(acks(&cl.out(p)), [(3, "puback")]);
+
+    // Node 0 wakes past its lease, reads its links and learns it lost "s".
+    cl.hs[0].advance(Duration::from_secs(3));
+    for i in 1..3 {
+        cl.linked[i][0] = true;
+        cl.linked[0][i] = true;
+    }
+    cl.pump();
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    for i in 1..3 {
+        cl.hs[i].b.peer_resumed(remote(0));
+        cl.hs[i].b.set_peer_away(remote(0), false);
+    }
+    cl.pump();
+    cl.send(p, Packet::Publish(publish("t", "m3", QoS::AtLeastOnce, 4)));
+    assert_eq!(acks(&cl.out(p)), [(4, "puback")]);
+    let more = cl.out(s1);
+    got.extend(drain(&mut cl, s1, more));
+    assert_eq!(got, ["m1", "m2", "m3"]);
+}
