@@ -13,11 +13,22 @@ use crate::core::peer_wire::{FrameDecoder, FrameEncoder, LinkFrame};
 use crate::core::{ClaimRequest, PeerId, PreviousOwner};
 use std::collections::HashMap;
 
-/// A store that keeps nothing but counts, and is durable at each commit.
+/// A store that keeps nothing but counts, and is durable at each commit
+/// unless a [`Sync`] holds it back.
 #[derive(Default)]
 struct Log {
     next: u64,
     lsn: Lsn,
+    sync: Option<Rc<Sync>>,
+}
+
+/// When a [`Log`] is durable: up to `durable` (set by the test), or at
+/// each commit while `fast`.
+#[derive(Default)]
+struct Sync {
+    committed: std::cell::Cell<Lsn>,
+    durable: std::cell::Cell<Lsn>,
+    fast: std::cell::Cell<bool>,
 }
 
 impl Log {
@@ -87,10 +98,16 @@ impl DurableLog for Log {
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.lsn += 1;
+        if let Some(s) = &self.sync {
+            s.committed.set(self.lsn);
+        }
         Ok(self.lsn)
     }
     fn durable_lsn(&self) -> Lsn {
-        self.lsn
+        match &self.sync {
+            Some(s) if !s.fast.get() => s.durable.get(),
+            _ => self.lsn,
+        }
     }
 }
 

@@ -48,6 +48,16 @@ fn late_message_held(cl: &mut Cluster) -> (Cx, Cx) {
     (p, s1)
 }
 
+/// `id`'s client connects to `node` (its session there): every payload
+/// it gets.
+fn served_at(cl: &mut Cluster, node: usize, id: &str) -> Vec<String> {
+    let (back, out) = cl.persistent(node, id);
+    assert!(present(&out));
+    let mut got = out.payloads();
+    got.extend(cl.out(back).payloads());
+    got
+}
+
 fn publish_at(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
     cl.send(
         p,
@@ -170,10 +180,7 @@ fn a_move_that_never_finishes_ends_at_its_deadline() {
 #[test]
 fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
     let mut cl = Cluster::new(3, 3);
-    let (off, _) = cl.persistent(0, "off");
-    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(off);
+    cl.offline_at(0, "off", 0, "t");
     let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
     publish_at(&mut cl, p, "a", 1);
     cl.linked[0][1] = false;
@@ -192,10 +199,7 @@ fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
     assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
     assert_eq!(cl.hs[1].b.metrics().moves_relay_dropped, 0);
     publish_at(&mut cl, p, "c", 3);
-    let (back, out) = cl.persistent(1, "off");
-    assert!(present(&out));
-    let mut got = out.payloads();
-    got.extend(cl.out(back).payloads());
+    let got = served_at(&mut cl, 1, "off");
     assert_eq!(got, ["a", "b", "c"]);
 }
 
@@ -208,10 +212,7 @@ fn a_drained_session_served_from_its_copy_takes_the_relay_that_follows() {
 #[test]
 fn a_drained_session_waits_for_its_handover_before_its_copy_is_taken() {
     let mut cl = Cluster::new(3, 3);
-    let (off, _) = cl.persistent(0, "off");
-    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(off);
+    cl.offline_at(0, "off", 0, "t");
     let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
     cl.linked[0][1] = false;
     publish_at(&mut cl, p, "a", 1);
@@ -229,10 +230,7 @@ fn a_drained_session_waits_for_its_handover_before_its_copy_is_taken() {
     assert!(cl.hs[1].b.adopt_drained(now, "off", 0));
     cl.pump();
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
-    let (back, out) = cl.persistent(1, "off");
-    assert!(present(&out));
-    let mut got = out.payloads();
-    got.extend(cl.out(back).payloads());
+    let got = served_at(&mut cl, 1, "off");
     assert_eq!(got, ["a"]);
 }
 
@@ -244,10 +242,7 @@ fn a_drained_session_waits_for_its_handover_before_its_copy_is_taken() {
 #[test]
 fn a_drained_session_without_a_copy_here_waits_for_its_image() {
     let mut cl = Cluster::new(3, 2);
-    let (off, _) = cl.persistent(0, "off");
-    cl.hs[0].subscribe(off.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(off);
+    cl.offline_at(0, "off", 0, "t");
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     publish_at(&mut cl, p, "a", 1);
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
@@ -265,10 +260,7 @@ fn a_drained_session_without_a_copy_here_waits_for_its_image() {
     // Node 1 still routes "t" to node 0, which relays it.
     publish_at(&mut cl, p, "b", 2);
     assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
-    let (back, out) = cl.persistent(2, "off");
-    assert!(present(&out));
-    let mut got = out.payloads();
-    got.extend(cl.out(back).payloads());
+    let got = served_at(&mut cl, 2, "off");
     assert_eq!(got, ["a", "b"]);
 }
 

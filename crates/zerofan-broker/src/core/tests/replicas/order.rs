@@ -10,89 +10,6 @@
 //! publisher's messages once each, in order.
 
 use super::*;
-use std::cell::Cell;
-
-/// A store durable only when the test says (node 0's disk syncing late),
-/// or at once while `fast`.
-struct Slow {
-    next: u64,
-    committed: Rc<Cell<Lsn>>,
-    durable: Rc<Cell<Lsn>>,
-    fast: Rc<Cell<bool>>,
-}
-
-impl DurableLog for Slow {
-    fn put_message(&mut self, _: &StoredMessage) -> Result<MsgId, StoreError> {
-        self.next += 1;
-        Ok(MsgId(self.next))
-    }
-    fn set_retained(&mut self, _: &str, _: MsgId) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn clear_retained(&mut self, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn put_session(&mut self, _: &str, _: SessionMeta) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn drop_session(&mut self, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn subscribe(
-        &mut self,
-        _: &str,
-        _: &str,
-        _: SubOptions,
-        _: Option<u32>,
-    ) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn unsubscribe(&mut self, _: &str, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn enqueue(&mut self, _: &str, _: &QueueEntry) -> Result<EntryId, StoreError> {
-        self.next += 1;
-        Ok(EntryId(self.next))
-    }
-    fn dequeue(&mut self, _: &str, _: EntryId) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn send(&mut self, _: &str, _: EntryId, _: u16) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn pubrec(&mut self, _: &str, _: u16) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn complete(&mut self, _: &str, _: u16) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn qos2_received(&mut self, _: &str, _: u16) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn qos2_released(&mut self, _: &str, _: u16) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn set_will(&mut self, _: &str, _: &StoredWill) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn clear_will(&mut self, _: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn set_epoch(&mut self, _: &str, _: u64) -> Result<(), StoreError> {
-        Ok(())
-    }
-    fn commit(&mut self) -> Result<Lsn, StoreError> {
-        self.committed.set(self.committed.get() + 1);
-        Ok(self.committed.get())
-    }
-    fn durable_lsn(&self) -> Lsn {
-        if self.fast.get() {
-            self.committed.get()
-        } else {
-            self.durable.get()
-        }
-    }
-}
 
 /// xorshift: the same steps for the same seed.
 struct Rng(u64);
@@ -140,8 +57,8 @@ struct Subscriber {
 
 struct Run {
     cl: Cluster,
-    committed: Rc<Cell<Lsn>>,
-    durable: Rc<Cell<Lsn>>,
+    /// Node 0's store (see `Log`).
+    sync: Rc<Sync>,
     s: Cx,
     sub: Subscriber,
     pubs: Vec<Publisher>,
@@ -160,15 +77,13 @@ const MESSAGES: u16 = 25;
 impl Run {
     fn new(faults: bool) -> Self {
         let mut cl = Cluster::new(3, 3);
-        let (committed, durable) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
-        let fast = Rc::new(Cell::new(true));
+        let sync = Rc::new(Sync::default());
+        sync.fast.set(true);
         let now = cl.hs[0].now;
         cl.hs[0].b.set_durable_log(
-            Box::new(Slow {
-                next: 0,
-                committed: committed.clone(),
-                durable: durable.clone(),
-                fast: fast.clone(),
+            Box::new(Log {
+                sync: Some(sync.clone()),
+                ..Log::default()
             }),
             now,
             1_000_000,
@@ -194,12 +109,11 @@ impl Run {
         for p in &pubs {
             let _ = cl.out(p.cx);
         }
-        durable.set(committed.get());
-        fast.set(false);
+        sync.durable.set(sync.committed.get());
+        sync.fast.set(false);
         let mut run = Run {
             cl,
-            committed,
-            durable,
+            sync,
             s,
             sub: Subscriber::default(),
             pubs,
@@ -236,7 +150,7 @@ impl Run {
 
     /// Node 0's store makes what it committed so far durable.
     fn store_syncs(&mut self) {
-        self.durable.set(self.committed.get());
+        self.sync.durable.set(self.sync.committed.get());
         self.cl.hs[0].b.release_durable();
     }
 

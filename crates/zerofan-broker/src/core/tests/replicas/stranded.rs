@@ -7,10 +7,7 @@ use super::*;
 /// "s" on node 0, subscribed to "t", offline; node 0 is then killed (the
 /// others mark it away, as their links do after 2 s).
 fn owner_lost(cl: &mut Cluster) {
-    let (s, _) = cl.persistent(0, "s");
-    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(s);
+    cl.offline_at(0, "s", 0, "t");
     cl.kill(0);
 }
 
@@ -28,6 +25,16 @@ fn published_while_node_0_away(cl: &mut Cluster) {
         Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
     );
     assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
+}
+
+/// "s"'s client back at `node` (its session there): every payload it
+/// gets, acknowledging as it goes.
+fn back_at(cl: &mut Cluster, node: usize) -> Vec<String> {
+    let (s, out) = cl.persistent(node, "s");
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    drain(cl, s, all)
 }
 
 /// Every payload `s` gets, acknowledging as it goes.
@@ -179,11 +186,7 @@ fn an_owner_back_restarted_gets_again_what_was_stranded_for_it() {
         cl.hs[i].b.peer_reset(remote(0));
     }
     cl.pump();
-    let (s, out) = cl.persistent(0, "s");
-    assert!(present(&out));
-    let mut all = out;
-    all.packets.extend(cl.out(s).packets);
-    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    assert_eq!(back_at(&mut cl, 0), ["while-away"]);
     let out = cl.out(x);
     assert_eq!(drain(&mut cl, x, out), Vec::<String>::new(), "had it");
     assert_eq!(cl.hs[1].b.metrics().stranded_resent, 1);
@@ -241,10 +244,7 @@ fn a_node_cut_off_acknowledges_nothing_its_replicas_lack() {
 #[test]
 fn an_owner_back_on_the_same_link_is_not_sent_it_again_later() {
     let mut cl = Cluster::new(3, 3);
-    let (s, _) = cl.persistent(0, "s");
-    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(s);
+    cl.offline_at(0, "s", 0, "t");
     published_while_node_0_away(&mut cl);
     for i in 1..3 {
         cl.linked[i][0] = true;
@@ -272,10 +272,7 @@ fn an_owner_back_on_the_same_link_is_not_sent_it_again_later() {
 #[test]
 fn a_message_an_owner_queued_itself_after_waking_is_not_delivered_twice() {
     let mut cl = Cluster::new(3, 3);
-    let (s, _) = cl.persistent(0, "s");
-    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(s);
+    cl.offline_at(0, "s", 0, "t");
     published_while_node_0_away(&mut cl);
     assert_eq!(cl.hs[2].b.metrics().stranded_kept, 1);
     // Awake: its links bring it what waited; it replicates its entry.
@@ -285,11 +282,7 @@ fn a_message_an_owner_queued_itself_after_waking_is_not_delivered_twice() {
     }
     cl.pump();
     cl.kill(0);
-    let (s, out) = cl.persistent(2, "s");
-    assert!(present(&out));
-    let mut all = out;
-    all.packets.extend(cl.out(s).packets);
-    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    assert_eq!(back_at(&mut cl, 2), ["while-away"]);
     for i in 1..3 {
         assert_eq!(cl.hs[i].b.metrics().stranded_replaced, 1, "node {i}");
     }
@@ -301,10 +294,7 @@ fn a_message_an_owner_queued_itself_after_waking_is_not_delivered_twice() {
 #[test]
 fn a_message_stranded_after_the_owner_replicated_it_is_not_queued_again() {
     let mut cl = Cluster::new(3, 3);
-    let (s, _) = cl.persistent(0, "s");
-    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(s);
+    cl.offline_at(0, "s", 0, "t");
     // Node 1 sees node 0 away, though its link still carries.
     cl.hs[1].b.set_peer_away(remote(0), true);
     cl.linked[1][2] = false;
@@ -318,11 +308,7 @@ fn a_message_stranded_after_the_owner_replicated_it_is_not_queued_again() {
     cl.pump();
     assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
     cl.kill(0);
-    let (s, out) = cl.persistent(2, "s");
-    assert!(present(&out));
-    let mut all = out;
-    all.packets.extend(cl.out(s).packets);
-    assert_eq!(drain(&mut cl, s, all), ["while-away"]);
+    assert_eq!(back_at(&mut cl, 2), ["while-away"]);
     assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
 }
 
@@ -347,16 +333,10 @@ fn a_node_that_sees_everyone_away_strands_nothing() {
     assert_eq!(cl.hs[2].b.metrics().stranded_kept, 0);
 }
 
-/// Node 0 owns "s" (its client online) and is paused past its lease: the
-/// others mark it away and strand node 1's "m1" for "s". It wakes, drops
-/// its client at its first event, reads "m1" from its link and replicates
-/// its entry (the copies drop their stranded one); the others mark it
-/// back, and node 1's "m2" goes to it plainly. The client reconnects to
-/// node 1, which takes the session over from node 0 (alive: its handover
-/// mark first): "m1" and "m2", once each.
-#[test]
-fn a_session_taken_from_an_owner_woken_from_a_pause_has_everything_once() {
-    let mut cl = Cluster::new(3, 3);
+/// "s" on node 0 (claimed under epoch 1, subscribed to "t", its client
+/// online), node 0's lease running out in 2.5 s, and a clean publisher
+/// "p" on node 1.
+fn leased_owner(cl: &mut Cluster) -> (Cx, Cx) {
     let now = cl.hs[0].now;
     cl.hs[0]
         .b
@@ -364,54 +344,91 @@ fn a_session_taken_from_an_owner_woken_from_a_pause_has_everything_once() {
     let (s, _) = cl.persistent_at(0, "s", 1);
     cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
     cl.pump();
-    // Paused: what it is sent waits on its links; the others mark it away.
-    for i in 1..3 {
-        cl.linked[i][0] = false;
-        cl.linked[0][i] = false;
-        cl.hs[i].b.set_peer_away(remote(0), true);
-    }
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(p, Packet::Publish(publish("t", "m1", QoS::AtLeastOnce, 1)));
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
-    // Awake past its lease: its client goes at its first event.
-    cl.hs[0].advance(Duration::from_secs(3));
-    assert!(cl.hs[0].out(s.conn).closed, "dropped past the lease");
+    (s, p)
+}
+
+/// Node 0 paused (what it is sent waits on its links; the others mark it
+/// away), or awake again (`false`: it reads its links, past its lease).
+fn node_0_paused(cl: &mut Cluster, paused: bool) {
+    if !paused {
+        cl.hs[0].advance(Duration::from_secs(3));
+    }
     for i in 1..3 {
-        cl.linked[i][0] = true;
-        cl.linked[0][i] = true;
+        cl.linked[i][0] = !paused;
+        cl.linked[0][i] = !paused;
+        if paused {
+            cl.hs[i].b.set_peer_away(remote(0), true);
+        }
     }
     cl.pump();
+}
+
+/// The others read node 0 again: back on the same link.
+fn node_0_back(cl: &mut Cluster) {
     for i in 1..3 {
-        assert_eq!(cl.hs[i].b.metrics().stranded_replaced, 1, "node {i}");
         cl.hs[i].b.peer_resumed(remote(0));
         cl.hs[i].b.set_peer_away(remote(0), false);
     }
     cl.pump();
-    cl.send(p, Packet::Publish(publish("t", "m2", QoS::AtLeastOnce, 2)));
-    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+}
 
-    // The client is back, on node 1, which claims "s" from node 0; node
-    // 1's publisher goes on meanwhile.
-    let conn = cl.persistent_waiting(1, "s");
-    cl.send(p, Packet::Publish(publish("t", "m3", QoS::AtLeastOnce, 3)));
-    assert_eq!(acks(&cl.out(p)), [(3, "puback")]);
-    let prev = prev_owner(0, 1);
-    let now = cl.hs[0].now;
-    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
-    cl.send(p, Packet::Publish(publish("t", "m4", QoS::AtLeastOnce, 4)));
-    cl.pump();
-    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
+/// `p` publishes `payload` to "t" at QoS 1 with packet id `id`,
+/// acknowledged.
+fn publish_acked(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
+    cl.send(
+        p,
+        Packet::Publish(publish("t", payload, QoS::AtLeastOnce, id)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(id, "puback")]);
+}
+
+/// The claim of `conn` at node 1, from node 0 (epoch 1), is granted: the
+/// session served there, and what it gets at once.
+fn claimed_at_node_1(cl: &mut Cluster, conn: ConnId) -> (Cx, Vec<String>) {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
+        .claim_answered_from(now, conn, true, 2, Some(prev_owner(0, 1)));
     cl.pump();
     let s1 = Cx { node: 1, conn };
     let out = cl.out(s1);
     assert!(present(&out));
-    let mut got = drain(&mut cl, s1, out);
-    let out = cl.out(p);
-    assert_eq!(acks(&out), [(4, "puback")]);
+    (s1, drain(cl, s1, out))
+}
+
+/// Node 0 owns "s" and is paused past its lease: the others mark it away
+/// and strand node 1's "m1" for "s". It wakes, drops its client at its
+/// first event, reads "m1" from its link and replicates its entry (the
+/// copies drop their stranded one); the others mark it back, and node 1's
+/// "m2" goes to it plainly. The client reconnects to node 1, which takes
+/// the session over from node 0 (alive: its handover mark first) while
+/// node 1's publisher goes on: each message once.
+#[test]
+fn a_session_taken_from_an_owner_woken_from_a_pause_has_everything_once() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, p) = leased_owner(&mut cl);
+    node_0_paused(&mut cl, true);
+    publish_acked(&mut cl, p, "m1", 1);
+    node_0_paused(&mut cl, false);
+    assert!(cl.hs[0].out(s.conn).closed, "dropped past the lease");
+    for i in 1..3 {
+        assert_eq!(cl.hs[i].b.metrics().stranded_replaced, 1, "node {i}");
+    }
+    node_0_back(&mut cl);
+    publish_acked(&mut cl, p, "m2", 2);
+
+    let conn = cl.persistent_waiting(1, "s");
+    publish_acked(&mut cl, p, "m3", 3);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.send(p, Packet::Publish(publish("t", "m4", QoS::AtLeastOnce, 4)));
+    assert!(
+        !cl.hs[1].b.awaits_handover(conn, &prev_owner(0, 1)),
+        "handed over"
+    );
+    let (s1, mut got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(acks(&cl.out(p)), [(4, "puback")]);
     let more = cl.out(s1);
     got.extend(drain(&mut cl, s1, more));
     assert_eq!(got, ["m1", "m2", "m3", "m4"]);
@@ -425,60 +442,29 @@ fn a_session_taken_from_an_owner_woken_from_a_pause_has_everything_once() {
 #[test]
 fn a_session_taken_while_its_owner_is_paused_has_everything_once() {
     let mut cl = Cluster::new(3, 3);
-    let now = cl.hs[0].now;
-    cl.hs[0]
-        .b
-        .cluster_lease_until(now, now, now + Duration::from_millis(2500));
-    let (s, _) = cl.persistent_at(0, "s", 1);
-    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
-    cl.send(p, Packet::Publish(publish("t", "m0", QoS::AtLeastOnce, 1)));
-    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let (s, p) = leased_owner(&mut cl);
+    publish_acked(&mut cl, p, "m0", 1);
     let out = cl.out(s);
     assert_eq!(drain(&mut cl, s, out), ["m0"]);
-    for i in 1..3 {
-        cl.linked[i][0] = false;
-        cl.linked[0][i] = false;
-        cl.hs[i].b.set_peer_away(remote(0), true);
-    }
-    cl.send(p, Packet::Publish(publish("t", "m1", QoS::AtLeastOnce, 2)));
-    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    node_0_paused(&mut cl, true);
+    publish_acked(&mut cl, p, "m1", 2);
 
-    // Node 0's lease ran out; the client is back on node 1, which needs
-    // no mark from an away owner and serves its copy.
+    // Its lease ran out; the client is back on node 1, which needs no mark
+    // from an away owner and serves its copy.
     let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "node 0 is away");
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s1 = Cx { node: 1, conn };
-    let out = cl.out(s1);
-    assert!(present(&out));
-    let mut got = drain(&mut cl, s1, out);
-    cl.send(p, Packet::Publish(publish("t", "m2", QoS::AtLeastOnce, 3)));
-    assert_eq!(acks(&cl.out(p)), [(3, "puback")]);
+    assert!(
+        !cl.hs[1].b.awaits_handover(conn, &prev_owner(0, 1)),
+        "node 0 is away"
+    );
+    let (s1, mut got) = claimed_at_node_1(&mut cl, conn);
+    publish_acked(&mut cl, p, "m2", 3);
 
-    // Node 0 wakes past its lease, reads its links and learns it lost "s".
-    cl.hs[0].advance(Duration::from_secs(3));
-    for i in 1..3 {
-        cl.linked[i][0] = true;
-        cl.linked[0][i] = true;
-    }
-    cl.pump();
+    node_0_paused(&mut cl, false);
     let now = cl.hs[0].now;
     cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
     cl.pump();
-    for i in 1..3 {
-        cl.hs[i].b.peer_resumed(remote(0));
-        cl.hs[i].b.set_peer_away(remote(0), false);
-    }
-    cl.pump();
-    cl.send(p, Packet::Publish(publish("t", "m3", QoS::AtLeastOnce, 4)));
-    assert_eq!(acks(&cl.out(p)), [(4, "puback")]);
+    node_0_back(&mut cl);
+    publish_acked(&mut cl, p, "m3", 4);
     let more = cl.out(s1);
     got.extend(drain(&mut cl, s1, more));
     assert_eq!(got, ["m1", "m2", "m3"]);
