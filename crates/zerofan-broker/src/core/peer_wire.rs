@@ -23,8 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
 
-/// The format version this build writes and reads.
-pub const VERSION: u8 = 1;
+/// The format version this build writes and reads; a frame of another is
+/// refused, so nodes of different formats fail at their first frame
+/// instead of misreading each other. 2: a publish's flags may carry a
+/// stranded message's mark, and so may a replicated message.
+pub const VERSION: u8 = 2;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;
@@ -1025,7 +1028,11 @@ mod tests {
             buf.put_slice(body);
             FrameDecoder::default().decode(&mut buf, now)
         };
-        assert!(bad(&[2, SEEN, 0, 0, 0, 0, 0, 0, 0, 1]).is_err(), "version");
+        for other in [1, VERSION + 1] {
+            let e = bad(&[other, SEEN, 0, 0, 0, 0, 0, 0, 0, 1]).unwrap_err();
+            assert_eq!(e, WireError("unknown frame version"));
+        }
+        assert!(bad(&[VERSION, SEEN, 0, 0, 0, 0, 0, 0, 0, 1]).is_ok());
         assert!(bad(&[VERSION, 99]).is_err(), "kind");
         assert!(bad(&[VERSION, SEEN, 0, 0]).is_err(), "short");
         assert!(
