@@ -1218,11 +1218,14 @@ def _publish_loop(node: Node, who: str, qos: int, h: History, stop: threading.Ev
                   errors: list, all_nodes: list, sent_at: dict, limit: int = 3000):
     """Publish `who:i` on rm/WHO, each waited for, every 20 ms until
     stopped (at most `limit`); a publisher told to move goes to the
-    referenced node and goes on with the next number. `sent_at[who][i]`:
-    when it was sent."""
+    referenced node and goes on with the next number, and one refused
+    (0x80, no reference: a node its message crossed to was removed before
+    it confirmed it) connects to its node again. `sent_at[who][i]`: when
+    it was sent."""
     h.qos[who] = qos
     sent_at[who] = {}
     c = PahoClient(node.broker, client_id=who)
+    here = node
     i = 0
     while not stop.is_set() and i < limit:
         sent_at[who][i] = time.monotonic()
@@ -1251,11 +1254,14 @@ def _publish_loop(node: Node, who: str, qos: int, h: History, stop: threading.Ev
             rc, p = gone
             ref = getattr(p, "ServerReference", None) if p is not None else None
             nxt = next((n for n in all_nodes if f"127.0.0.1:{n.mqtt_port}" == ref), None)
+            if nxt is None and rc == 0x80 and ref is None:
+                nxt = here
             if nxt is None:
                 errors.append(f"{who}: disconnected {rc:#x} without a server reference")
                 return
             c.close()
             c = PahoClient(nxt.broker, client_id=who)
+            here = nxt
         i += 1
         stop.wait(0.02)
     c.close()

@@ -5317,6 +5317,11 @@ impl Broker {
     /// held is released, and what waited for it (a SUBACK, a retained
     /// message's acknowledgement) goes.
     pub fn peer_left(&mut self, peer: PeerId) {
+        // As for a node gone away: what crossed to it for its persistent
+        // sessions and is not confirmed may be nowhere else (a removed
+        // node's relay of a moving session cut short), so it is refused,
+        // not acknowledged.
+        self.refuse_unconfirmed(peer);
         self.moves_peer_gone(peer);
         self.strands.forget_peer(peer);
         self.router.forget_peer(peer);
