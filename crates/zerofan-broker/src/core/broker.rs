@@ -1217,8 +1217,7 @@ impl Broker {
         self.repl.on()
             && !self.serves(client)
             && self.peers.me() != Some(peer)
-            && self.peers.ids().any(|p| p == peer)
-            && !self.peers.is_away(peer)
+            && self.peers.is_live(peer)
             && !self.claims.was_handed(client)
     }
 
@@ -3252,7 +3251,7 @@ impl Broker {
     /// that node is away (or gone), what others strand for it is the
     /// session's too.
     fn note_taken(&mut self, client: &str, owner: Option<PeerId>) {
-        let away = owner.filter(|&o| self.peers.is_away(o) || !self.peers.ids().any(|p| p == o));
+        let away = owner.filter(|&o| !self.peers.is_live(o));
         self.strands.took(client, away);
     }
 }
@@ -5900,7 +5899,7 @@ impl Broker {
             .repl
             .images
             .subscribed_owner(client_id)
-            .is_some_and(|o| !self.peers.ids().any(|p| p == o) || self.peers.is_away(o));
+            .is_some_and(|o| !self.peers.is_live(o));
         self.repl.on()
             && !self.serves(client_id)
             && !owner_silent
@@ -5914,10 +5913,7 @@ impl Broker {
     pub fn adopt_drained(&mut self, now: Instant, client_id: &str, epoch: u64) -> bool {
         self.claims.settle_handover(client_id);
         let owner = self.repl.images.subscribed_owner(client_id).filter(|&o| {
-            self.peers.ids().any(|p| p == o)
-                && !self.peers.is_away(o)
-                && !self.moves.expects_relay(client_id)
-                && !self.serves(client_id)
+            self.peers.is_live(o) && !self.moves.expects_relay(client_id) && !self.serves(client_id)
         });
         if let Some(owner) = owner {
             self.moves

@@ -518,6 +518,15 @@ impl Peers {
     }
 
     /// Whether `peer` is away (see [`Peers::set_away`]).
+    /// Whether `peer` is a peer now and not away: one that can answer.
+    pub(crate) fn is_live(&self, peer: PeerId) -> bool {
+        self.slots
+            .binary_search_by_key(&peer, |s| s.id)
+            .ok()
+            .and_then(|i| self.slots.get(i))
+            .is_some_and(|s| !s.away)
+    }
+
     pub(crate) fn is_away(&self, peer: PeerId) -> bool {
         self.slots
             .binary_search_by_key(&peer, |s| s.id)
