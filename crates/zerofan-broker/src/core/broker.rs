@@ -5576,10 +5576,7 @@ impl Broker {
             match w {
                 super::replica::Waiter::Ack(conn, out) => {
                     if let Some((conn, out)) = self.durable.hold_committed(conn, out) {
-                        if let Some(c) = self.conns.get_mut(&conn) {
-                            c.outbox.push_back(out);
-                            self.wake(conn);
-                        }
+                        self.send_outgoing(conn, out);
                     }
                 }
                 super::replica::Waiter::Seen(p, s) => self.durable_seen_now(p, s),

@@ -117,11 +117,9 @@ impl Lease {
     /// waits behind them.
     #[inline]
     pub(crate) fn holds(&self, conn: ConnId) -> bool {
-        !self.skipped.is_empty()
-            && self
-                .skipped
-                .iter()
-                .any(|(_, w)| matches!(w, Waiter::Ack(c, _) if *c == conn))
+        self.skipped
+            .iter()
+            .any(|(_, w)| matches!(w, Waiter::Ack(c, _) if *c == conn))
     }
 
     /// Hold `w` behind the answers waiting for a renewal, until one sent

@@ -1303,7 +1303,6 @@ impl Images {
         Some(rs)
     }
 
-    /// The image of `client` in the store's recovery form, kept.
     /// The packet ids in flight in the copy of `client`, with their phase.
     #[cfg(test)]
     pub(crate) fn inflight_phases(&self, client: &str) -> Option<Vec<(u16, InflightPhase)>> {
@@ -1316,6 +1315,7 @@ impl Images {
         )
     }
 
+    /// The image of `client` in the store's recovery form, kept.
     fn snapshot(&self, client: &str) -> Option<RecoveredSession> {
         let img = self.by_client.get(client)?;
         let owner = img.owner?;
