@@ -3163,6 +3163,7 @@ impl Broker {
         self.metrics.peer_received += 1;
         self.peers.handled(from, msg.size() as u64);
         msg.arrived_from(from);
+        self.strands.read(from, msg.mark());
         let msg = Rc::new(msg);
         self.strand_copies(now, owners, &msg, msg.mark());
         if !direct {
@@ -5061,6 +5062,7 @@ impl Broker {
                 self.metrics.peer_received += 1;
                 self.peers.handled(from, msg.size() as u64);
                 msg.arrived_from(from);
+                self.strands.read(from, msg.mark());
                 let scope = Scope::Forwarded {
                     direct,
                     shares: &shares,
@@ -5322,7 +5324,7 @@ impl Broker {
         // not acknowledged.
         self.refuse_unconfirmed(peer);
         self.moves_peer_gone(peer);
-        self.strands.forget_peer(peer);
+        self.strands.peer_left(peer);
         self.router.forget_peer(peer);
         let (wake, ready) = self.peers.remove(peer);
         self.router.set_peered(self.peers.me());
@@ -5619,7 +5621,9 @@ impl Broker {
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
         self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
-        self.metrics.stranded_replaced += self.repl.images.take_unstranded();
+        let (replaced, unread) = self.repl.images.take_unstranded();
+        self.metrics.stranded_replaced += replaced;
+        self.metrics.stranded_unread += unread;
         let fence = &mut self.repl.images.fence;
         self.metrics.replica_stale_ops += fence.stale - stale;
         self.metrics.replica_epochs_forgotten += fence.forgotten - forgotten;
@@ -5743,6 +5747,7 @@ impl Broker {
                 expiry_interval: s.expiry_interval,
                 expires_at_ms: s.expires_at(base).map(|at| d.unix_ms(at)),
             },
+            read: Some(self.strands.marks_read()),
         });
         for (filter, rec) in s.subscriptions.iter() {
             ops.push(super::replica::ReplOp::Subscribe {

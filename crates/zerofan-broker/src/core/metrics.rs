@@ -489,6 +489,15 @@ counters! {
                 "zerofan_cluster_stranded_replaced_total",
                 "Queue entries stranded in the copies here of a node's persistent sessions, dropped because that node, back, queued and replicated the same message itself.",
             )),
+        /// Stranded entries in the copies here kept past a full image from
+        /// their owner, which had not read their messages yet (see
+        /// `strand`).
+        pub stranded_unread: u64 = CounterDef::NEW
+            .sys("cluster/stranded_unread")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_unread_total",
+                "Queue entries stranded in the copies here of a node's persistent sessions, kept when that node's full image replaced a copy before it had read their messages.",
+            )),
         /// Messages stranded for a node sent to it again when it came back
         /// restarted (its link's queue lost).
         pub stranded_resent: u64 = CounterDef::NEW

@@ -26,8 +26,10 @@ use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
 /// The format version this build writes and reads; a frame of another is
 /// refused, so nodes of different formats fail at their first frame
 /// instead of misreading each other. 2: a publish's flags may carry a
-/// stranded message's mark, and so may a replicated message.
-pub const VERSION: u8 = 2;
+/// stranded message's mark, and so may a replicated message. 3: a
+/// replicated full image says how far its owner had read other nodes'
+/// marks.
+pub const VERSION: u8 = 3;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;

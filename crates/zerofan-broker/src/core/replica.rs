@@ -24,7 +24,7 @@ use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
 use super::outbox::Outgoing;
 use super::peer::PeerId;
-use super::strand::Mark;
+use super::strand::{Mark, MarksRead};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
@@ -66,6 +66,10 @@ pub enum ReplOp {
         client: Box<str>,
         /// Expiry.
         meta: SessionMeta,
+        /// From the owner: how far it had read what other nodes stranded
+        /// for it. A copy keeps its stranded entries past that (see
+        /// `strand`); none: it keeps none.
+        read: Option<MarksRead>,
     },
     /// The session ended.
     Drop {
@@ -792,6 +796,9 @@ pub(crate) struct Images {
     /// Stranded entries the owner's own replaced since the last
     /// `take_unstranded`.
     unstranded: u64,
+    /// Stranded entries kept past a full image since the last
+    /// `take_unstranded`.
+    restranded: u64,
 }
 
 impl Default for Images {
@@ -812,6 +819,7 @@ impl Default for Images {
             per_owner: HashMap::default(),
             marks: stranded::Marks::default(),
             unstranded: 0,
+            restranded: 0,
         }
     }
 }
@@ -1048,14 +1056,21 @@ impl Images {
         quiet: bool,
         disk: &mut Disk<'_>,
     ) -> bool {
-        let full = matches!(op, ReplOp::Reset { .. });
+        let (full, read) = match &op {
+            ReplOp::Reset { read, .. } => (true, read.clone()),
+            _ => (false, None),
+        };
         match op {
-            ReplOp::Session { client, meta } | ReplOp::Reset { client, meta } => {
+            ReplOp::Session { client, meta } | ReplOp::Reset { client, meta, .. } => {
                 // A new owner, or a full image of the same one: start over.
                 let over = matches!(
                     self.by_client.get(&*client),
                     Some(i) if full || i.owner != Some(from)
                 );
+                let unread = match &read {
+                    Some(read) if over => self.unread_stranded(from, &client, read),
+                    _ => Vec::new(),
+                };
                 if over {
                     self.drop_image(&client, disk);
                 }
@@ -1081,6 +1096,9 @@ impl Images {
                 disk.put_session(&client, meta);
                 // A copy started (over) under a known claim stores it.
                 self.keep_epoch(&client, disk);
+                for kept in unread {
+                    self.restrand(from, &client, kept, fresh, now_ms, disk);
+                }
                 true
             }
             ReplOp::Drop { client } => {
@@ -1376,6 +1394,7 @@ impl Images {
             ReplOp::Reset {
                 client: c(),
                 meta: rs.meta,
+                read: None,
             },
         ];
         for s in rs.subscriptions {

@@ -5,7 +5,7 @@
 
 use super::peer_wire::WireError;
 use super::replica::ReplOp;
-use super::strand::Mark;
+use super::strand::{Mark, MarksRead};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use zerofan_store::{
@@ -48,16 +48,31 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
     buf.put_u32(n);
     for op in ops {
         match op {
-            ReplOp::Session { client, meta } | ReplOp::Reset { client, meta } => {
-                let tag = if matches!(op, ReplOp::Reset { .. }) {
-                    RESET
-                } else {
-                    SESSION
-                };
-                buf.put_u8(tag);
+            ReplOp::Session { client, meta } => {
+                buf.put_u8(SESSION);
                 put_str(&mut buf, client)?;
                 buf.put_u32(meta.expiry_interval);
                 put_opt_u64(&mut buf, meta.expires_at_ms);
+            }
+            ReplOp::Reset { client, meta, read } => {
+                buf.put_u8(RESET);
+                put_str(&mut buf, client)?;
+                buf.put_u32(meta.expiry_interval);
+                put_opt_u64(&mut buf, meta.expires_at_ms);
+                match read {
+                    Some(read) => {
+                        let read = read.as_slice();
+                        let n = u16::try_from(read.len())
+                            .map_err(|_| WireError("too many nodes' marks"))?;
+                        buf.put_u8(1);
+                        buf.put_u16(n);
+                        for &(node, seq) in read {
+                            buf.put_u64(node);
+                            buf.put_u64(seq);
+                        }
+                    }
+                    None => buf.put_u8(0),
+                }
             }
             ReplOp::Drop { client } => {
                 buf.put_u8(DROP);
@@ -289,7 +304,16 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
                     expires_at_ms: get_opt_u64(f)?,
                 };
                 if tag == RESET {
-                    ReplOp::Reset { client, meta }
+                    let read = match get_u8(f)? {
+                        0 => None,
+                        _ => {
+                            let n = usize::from(get_u16(f)?);
+                            need(f, n * 16)?;
+                            let pairs = (0..n).map(|_| (f.get_u64(), f.get_u64())).collect();
+                            Some(MarksRead::new(pairs))
+                        }
+                    };
+                    ReplOp::Reset { client, meta, read }
                 } else {
                     ReplOp::Session { client, meta }
                 }
@@ -530,6 +554,12 @@ mod tests {
             ReplOp::Reset {
                 client: c.clone(),
                 meta,
+                read: Some(MarksRead::new(vec![(1, 7), (3, u64::MAX)])),
+            },
+            ReplOp::Reset {
+                client: c.clone(),
+                meta,
+                read: None,
             },
             ReplOp::Session {
                 client: c.clone(),
@@ -626,8 +656,10 @@ mod tests {
         };
         assert_eq!(seq, 42);
         assert_eq!(back, ops);
-        let ReplOp::Message { msg, .. } = &back[4] else {
-            panic!("not a message");
+        let Some(ReplOp::Message { msg, .. }) =
+            back.iter().find(|op| matches!(op, ReplOp::Message { .. }))
+        else {
+            panic!("no message");
         };
         // Decoded in place: the payload lies in the read buffer.
         assert!(range.contains(&msg.payload.as_ptr()));

@@ -65,6 +65,30 @@ impl Mark {
     }
 }
 
+/// How far a node had read the marked messages of each node that sent it
+/// some (node id, highest mark count), when it wrote a full image of a
+/// session: the image holds every such message that matched it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarksRead(Vec<(u64, u64)>);
+
+impl MarksRead {
+    pub(crate) fn new(read: Vec<(u64, u64)>) -> Self {
+        MarksRead(read)
+    }
+
+    /// Each node and its highest mark count read.
+    pub(crate) fn as_slice(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+
+    /// Whether the message marked `mark` had been read.
+    pub(crate) fn covers(&self, mark: Mark) -> bool {
+        self.0
+            .iter()
+            .any(|&(node, seq)| node == mark.node && seq >= mark.seq)
+    }
+}
+
 /// A message stranded for a node at a time, with its mark.
 type Kept = (Instant, Rc<Message>, Option<Mark>);
 
@@ -93,6 +117,10 @@ pub(crate) struct Strands {
     taken: HashMap<Box<str>, Option<PeerId>>,
     /// Per away node, what this node stranded for it lately, oldest first.
     kept: HashMap<PeerId, KeptFor>,
+    /// Per peer, the last mark it gave that this node read (marks come
+    /// from the node that gave them, in order): see [`MarksRead`].
+    /// Bounded by the peers.
+    read: HashMap<PeerId, Mark>,
     /// This node's id in the cluster (0: none, no marks given).
     node: u64,
     /// The last mark's count.
@@ -115,6 +143,19 @@ impl Strands {
         let floor = now_ms.min((1 << 43) - 1) << 20;
         self.seq = self.seq.saturating_add(1).max(floor);
         Some(Mark::new(self.node, self.seq))
+    }
+
+    /// A message marked `mark` came from `from`.
+    #[inline]
+    pub(crate) fn read(&mut self, from: PeerId, mark: Option<Mark>) {
+        if let Some(m) = mark {
+            self.read.insert(from, m);
+        }
+    }
+
+    /// How far the marks of each node were read, for a full image.
+    pub(crate) fn marks_read(&self) -> MarksRead {
+        MarksRead(self.read.values().map(|m| (m.node, m.seq)).collect())
     }
 
     /// Whether any session here is served from a copy.
@@ -186,6 +227,12 @@ impl Strands {
     /// Nothing need be kept for `peer` (back without a restart, or left).
     pub(crate) fn forget_peer(&mut self, peer: PeerId) {
         self.kept.remove(&peer);
+    }
+
+    /// `peer` left the cluster.
+    pub(crate) fn peer_left(&mut self, peer: PeerId) {
+        self.forget_peer(peer);
+        self.read.remove(&peer);
     }
 
     /// `client`'s session ended here.

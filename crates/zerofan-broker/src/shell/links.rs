@@ -843,8 +843,10 @@ async fn write_queue(
 /// Drop the frames the node acknowledges, until the connection fails.
 /// While the link is up: a node that acknowledges none of the frames
 /// written to it for [`AWAY_AFTER`] (a paused or stuck process: its socket
-/// still accepts bytes) is away until it acknowledges again. Never returns
-/// on its own.
+/// still accepts bytes) is away until it acknowledges again. Time this
+/// process itself stood still (paused, starved) does not count: its
+/// acknowledgements may be waiting unread, and marking a node away and
+/// back costs full images. Never returns on its own.
 async fn watch_acks(
     shared: &Shared,
     links: &Links,
@@ -855,7 +857,12 @@ async fn watch_acks(
     let mut last = None;
     let mut stuck_since = Instant::now();
     loop {
+        let slept = Instant::now();
         tokio::time::sleep(AWAY_AFTER / 4).await;
+        if slept.elapsed() >= AWAY_AFTER {
+            stuck_since = Instant::now();
+            continue;
+        }
         let state = links
             .queues
             .borrow()

@@ -315,6 +315,7 @@ impl Drops {
         out.push(ReplOp::Reset {
             client: client.into(),
             meta: SessionMeta::default(),
+            read: None,
         });
         out.push(ReplOp::Drop {
             client: client.into(),

@@ -11,9 +11,19 @@
 //! owner's copies hold already is not queued again.
 
 use super::super::hash::HashMap;
-use super::{Disk, Images, Mark, PeerId, ReplOp};
+use super::{Disk, Images, Mark, MarksRead, PeerId, ReplOp};
 use std::sync::Arc;
 use zerofan_store::{EntryId, MsgId, QueueEntry, StoredMessage};
+
+/// A stranded entry kept past a full image: its id, the entry, its
+/// message and mark.
+#[derive(Debug)]
+pub(super) struct Unread {
+    entry: EntryId,
+    item: QueueEntry,
+    msg: Arc<StoredMessage>,
+    mark: Mark,
+}
 
 /// Ids of stranded entries and messages start here: an owner's store
 /// counts from 1 and never gets near.
@@ -167,9 +177,72 @@ impl Images {
         }
     }
 
-    /// Stranded entries the owners' own replaced since the last call.
-    pub(crate) fn take_unstranded(&mut self) -> u64 {
-        std::mem::take(&mut self.unstranded)
+    /// The stranded entries of `from`'s copy of `client` whose messages
+    /// `from` had not read (`read`) when it wrote the full image that
+    /// replaces the copy: it may never queue them (see `strand`).
+    pub(super) fn unread_stranded(
+        &self,
+        from: PeerId,
+        client: &str,
+        read: &MarksRead,
+    ) -> Vec<Unread> {
+        let Some(img) = self.by_client.get(client).filter(|i| i.owner == Some(from)) else {
+            return Vec::new();
+        };
+        img.queue
+            .range(EntryId(STRANDED_BASE)..)
+            .filter_map(|(&entry, item)| {
+                let key = (from, item.msg);
+                let mark = *self.marks.of.get(&key)?;
+                let msg = self.messages.get(&key)?.0.clone();
+                (!read.covers(mark)).then(|| Unread {
+                    entry,
+                    item: item.clone(),
+                    msg,
+                    mark,
+                })
+            })
+            .collect()
+    }
+
+    /// Queue again, in the copy of `client` started over, a stranded
+    /// entry its owner's full image lacked (`unread_stranded`).
+    pub(super) fn restrand(
+        &mut self,
+        from: PeerId,
+        client: &str,
+        kept: Unread,
+        fresh: &mut Vec<MsgId>,
+        now_ms: u64,
+        disk: &mut Disk<'_>,
+    ) {
+        let id = kept.item.msg;
+        let message = ReplOp::Message {
+            id,
+            msg: kept.msg,
+            mark: None,
+        };
+        let enqueue = ReplOp::Enqueue {
+            client: client.into(),
+            entry: kept.entry,
+            item: kept.item,
+        };
+        if self.apply_one(from, message, fresh, now_ms, false, disk)
+            && self.apply_one(from, enqueue, fresh, now_ms, false, disk)
+        {
+            self.marks.of.insert((from, id), kept.mark);
+            self.marks.stranded.insert((from, kept.mark), id);
+            self.restranded += 1;
+        }
+    }
+
+    /// Stranded entries the owners' own replaced, and those kept past a
+    /// full image, since the last call.
+    pub(crate) fn take_unstranded(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.unstranded),
+            std::mem::take(&mut self.restranded),
+        )
     }
 
     /// A fresh id for a stranded entry or message: above the owners' ids,

@@ -2316,6 +2316,7 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
         ReplOp::Reset {
             client: "c".into(),
             meta: SessionMeta::default(),
+            read: None,
         },
         op_message(1, "a", 1),
         op_enqueue(10, 1, 1),

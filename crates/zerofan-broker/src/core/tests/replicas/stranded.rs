@@ -469,3 +469,110 @@ fn a_session_taken_while_its_owner_is_paused_has_everything_once() {
     got.extend(drain(&mut cl, s1, more));
     assert_eq!(got, ["m1", "m2", "m3"]);
 }
+
+/// Node 0 owns "s" and is paused past its lease; node 1's "m1" is
+/// stranded for "s". Node 0 wakes and, before it reads its links, finds
+/// them stuck (nothing acknowledged for the length of the pause, as the
+/// shell's `watch_acks` sees it), marks the others away and back, and so
+/// sends them its full images, which lack "m1". The client comes back on
+/// node 1 while node 0 is still away there: node 1 serves its copy. Node 0
+/// learns it lost "s" before it reads "m1", which it has no session for.
+#[test]
+fn a_full_image_from_a_woken_owner_keeps_what_was_stranded_for_it() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, p) = leased_owner(&mut cl);
+    node_0_paused(&mut cl, true);
+    publish_acked(&mut cl, p, "m1", 1);
+
+    // Awake: what node 0 writes flows, what waits for it is not read yet.
+    cl.hs[0].advance(Duration::from_secs(3));
+    for i in 1..3 {
+        cl.linked[0][i] = true;
+        cl.hs[0].b.set_peer_away(remote(i), true);
+        cl.hs[0].b.set_peer_away(remote(i), false);
+    }
+    cl.pump();
+    let _ = cl.hs[0].out(s.conn);
+
+    let conn = cl.persistent_waiting(1, "s");
+    let (s1, mut got) = claimed_at_node_1(&mut cl, conn);
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    for i in 1..3 {
+        cl.linked[i][0] = true;
+    }
+    cl.pump();
+    node_0_back(&mut cl);
+    publish_acked(&mut cl, p, "m2", 2);
+    let more = cl.out(s1);
+    got.extend(drain(&mut cl, s1, more));
+    assert_eq!(got, ["m1", "m2"]);
+}
+
+/// A full image from the owner replaces its copy here, but keeps the
+/// stranded entries whose messages the owner had not read when it wrote
+/// the image (marks past what it says it read); those it had read go, and
+/// so do all of them when it says nothing. A kept entry keeps its mark:
+/// the owner's own entry for that message, replicated later, replaces it.
+#[test]
+fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
+    use crate::core::strand::{Mark, MarksRead};
+    let copy = |read: Option<MarksRead>| {
+        let (mut d, _) = counted(Log::default());
+        let mut images = Images::default();
+        let subscribe = ReplOp::Subscribe {
+            client: "c".into(),
+            filter: "t".into(),
+            options: SubOptions {
+                qos: 1,
+                ..SubOptions::default()
+            },
+            id: None,
+        };
+        images.apply_durable(OWNER, vec![session_op(), subscribe.clone()], 0, &mut d);
+        for (seq, text) in [(5, "read"), (9, "unread")] {
+            let Some(ReplOp::Message { msg, .. }) = Some(op_message(0, text, 1)) else {
+                unreachable!()
+            };
+            let (kept, _) = images.strand(OWNER, msg, Some(Mark::new(2, seq)), 0, &mut d);
+            assert_eq!(kept, 1);
+        }
+        let reset = ReplOp::Reset {
+            client: "c".into(),
+            meta: SessionMeta::default(),
+            read,
+        };
+        images.apply_durable(OWNER, vec![reset, subscribe], 0, &mut d);
+        (images, d)
+    };
+    let queue = |images: &mut Images, d: &mut Durable| {
+        let mut disk = Disk::new(d);
+        shape(&images.take("c", &mut disk).expect("image")).0
+    };
+
+    let (mut images, mut d) = copy(Some(MarksRead::new(vec![(2, 5)])));
+    assert_eq!(images.take_unstranded(), (0, 1));
+    assert_eq!(queue(&mut images, &mut d), ["unread"]);
+    let (mut images, mut d) = copy(None);
+    assert_eq!(queue(&mut images, &mut d), Vec::<String>::new());
+
+    // The owner reads both after all and queues them: its entries, with
+    // the same marks, replace the stranded ones.
+    let (mut images, mut d) = copy(Some(MarksRead::new(vec![(1, 100)])));
+    let mut ops = Vec::new();
+    for (id, seq, text) in [(3, 5, "read"), (4, 9, "unread")] {
+        let Some(ReplOp::Message { id, msg, .. }) = Some(op_message(id, text, 1)) else {
+            unreachable!()
+        };
+        ops.push(ReplOp::Message {
+            id,
+            msg,
+            mark: Some(Mark::new(2, seq)),
+        });
+        ops.push(op_enqueue(id.0 + 10, id.0, 1));
+    }
+    images.apply_durable(OWNER, ops, 0, &mut d);
+    assert_eq!(images.take_unstranded(), (2, 2), "both kept, then replaced");
+    assert_eq!(queue(&mut images, &mut d), ["read", "unread"]);
+}
