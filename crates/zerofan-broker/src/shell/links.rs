@@ -246,6 +246,18 @@ impl Links {
         self.ready.get()
     }
 
+    /// The members are `now` (this node among them): the others are
+    /// waited for. An empty list is a membership not known yet (a
+    /// restarted node before its log is read), not a node alone: serving
+    /// then would route its first clients' messages past every other
+    /// node's subscribers, and acknowledge them.
+    fn set_members(&self, now: &[u64]) {
+        *self.expected.borrow_mut() = now.iter().copied().filter(|&n| n != self.me).collect();
+        if !now.is_empty() {
+            self.check_ready();
+        }
+    }
+
     fn check_ready(&self) {
         if self.ready.get() {
             return;
@@ -489,7 +501,7 @@ async fn follow_members(
     };
     loop {
         let now: Vec<u64> = members.borrow_and_update().iter().map(|m| m.0).collect();
-        *links.expected.borrow_mut() = now.iter().copied().filter(|&n| n != links.me).collect();
+        links.set_members(&now);
         let known: Vec<(u64, PeerId)> = links
             .queues
             .borrow()
@@ -550,7 +562,6 @@ async fn follow_members(
             tracing::info!(node, "node joined");
         }
         shared.dispatch();
-        links.check_ready();
         if members.changed().await.is_err() {
             // Nobody changes the membership any more: keep it as it is.
             return;
@@ -1151,6 +1162,28 @@ mod tests {
     use crate::core::Broker;
     use bytes::Bytes;
     use zerofan_codec::{Connect, Packet, Protocol, Publish, QoS};
+
+    /// A node serves once every other member's state arrived: not before
+    /// its membership is known (empty: a restarted node that has not read
+    /// its log yet), at once when it is alone.
+    #[test]
+    fn a_node_is_ready_once_the_members_it_knows_have_synced() {
+        let links = Links::new(2);
+        links.set_members(&[]);
+        assert!(!links.is_ready(), "membership not known yet");
+        links.set_members(&[1, 2, 3]);
+        assert!(!links.is_ready());
+        links.synced.borrow_mut().insert(1);
+        links.check_ready();
+        assert!(!links.is_ready(), "node 3 has not synced");
+        links.synced.borrow_mut().insert(3);
+        links.check_ready();
+        assert!(links.is_ready());
+
+        let alone = Links::new(1);
+        alone.set_members(&[1]);
+        assert!(alone.is_ready());
+    }
 
     /// A core with one remote node (peer 1) subscribed to `t`, its links
     /// with a queue for it and no writer: nothing drains.
