@@ -193,6 +193,9 @@ class Pub(threading.Thread):
         # within one connection only.
         self.conns: list[int] = []
         self.sent_at: dict[int, float] = {}
+        # The node each message was published at.
+        self.sent_to: dict[int, int] = {}
+        self.node = 0
         h.qos[who] = qos
 
     def _client(self) -> PahoClient | None:
@@ -206,6 +209,7 @@ class Pub(threading.Thread):
                 except Exception:  # refused, reset, no CONNACK in time
                     rc = -1
                 if rc == 0:
+                    self.node = node.node_id
                     return c
                 shut(c)
             self.at += 1
@@ -220,6 +224,7 @@ class Pub(threading.Thread):
         self.conns.append(i)
         while c is not None and not self.stop.is_set() and i < self.limit:
             self.sent_at[i] = time.monotonic()
+            self.sent_to[i] = self.node
             info = c.c.publish(f"soak/{self.who}", payload(self.who, i), self.qos)
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not _acked(info):
@@ -302,6 +307,7 @@ def main() -> int:
     subs: list[Sub] = []
     pubs: list[Pub] = []
     started = time.monotonic()
+    wall = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
     try:
         ns[0].start()
         assert healthy(ns[:1], 30), "node 1 alone"
@@ -389,7 +395,7 @@ def main() -> int:
                               "moves_relay_dropped", "fenced_takeovers", "lease_expiries",
                               "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
                               "stranded_queued", "stranded_resent",
-                              "stranded_replaced")}
+                              "stranded_replaced", "stranded_unread")}
         acked = sum(len(v) for v in h.acked.values())
         print(f"soak: {time.monotonic() - started:.0f} s, seed {args.seed}; faults "
               f"{dict(sorted(faults.items()))}; acknowledged {acked} "
@@ -417,6 +423,7 @@ def main() -> int:
                 for n in live(ns)), flush=True)
             time.sleep(args.hold)
         if found:
+            print(f"  started at {wall} UTC (node logs: {tmp})")
             print("  faults: " + ", ".join(f"{t:.1f} s {f} node {n}" for t, f, n in timeline))
             for sub in subs:
                 print(f"  {sub.name} served: " + ", ".join(
@@ -428,13 +435,15 @@ def main() -> int:
                     for t, line in list(sub.trace)[-25:]:
                         print(f"    {t - started:.2f} s paho: {line[:150]}")
             sent = {p.who: p.sent_at for p in pubs}
+            sent_to = {p.who: p.sent_to for p in pubs}
             for f in found[:20]:
                 # When the first message named was sent, for the timeline.
                 for who in sent:
                     if f"of {who} missing, first [" in f:
                         first = int(f.split("first [")[1].split(",")[0].rstrip("]"))
                         print(f"  {f.split(':')[0]} {who}:{first} sent at "
-                              f"{sent[who][first] - started:.1f} s")
+                              f"{sent[who][first] - started:.1f} s to node "
+                              f"{sent_to[who].get(first)}")
         return 1 if found else 0
     finally:
         for t in subs + pubs:

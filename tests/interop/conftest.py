@@ -152,14 +152,15 @@ def start_zerofan(tmp: Path, settings: dict, store_args: tuple = ("--memory",),
     return launch_zerofan(tmp, ["--listen", listen, *store_args, "--config", str(conf)])
 
 
-def launch_zerofan(tmp: Path, args: list) -> Broker:
+def launch_zerofan(tmp: Path, args: list, append: bool = False) -> Broker:
     """Run the zerofan binary with `args` in `tmp`; returns once it printed its
-    first listening line (fails the test if it does not)."""
+    first listening line (fails the test if it does not). With `append`, a
+    restarted broker's stderr log keeps the earlier run's lines after them."""
     binary = zerofan_bin()
     if not binary.exists():
         pytest.fail(f"broker binary {binary} not found (build it, or set ZEROFAN_BIN)")
     log = tmp / "zerofan.log"
-    errlog = open(tmp / "zerofan.stderr.log", "wb")
+    errlog = open(tmp / "zerofan.stderr.log", "ab" if append else "wb")
     proc = subprocess.Popen(
         [str(binary), *args],
         stdout=subprocess.PIPE, stderr=errlog, stdin=subprocess.DEVNULL, cwd=tmp,

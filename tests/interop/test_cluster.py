@@ -80,7 +80,8 @@ class Node:
         self.tmp.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
             try:
-                self.broker = launch_zerofan(self.tmp, self.args(join))
+                # Appended: a node killed and restarted keeps its earlier log.
+                self.broker = launch_zerofan(self.tmp, self.args(join), append=True)
                 return self
             except pytest.fail.Exception as e:
                 # `free_port` hands out a port nobody holds at that moment;

@@ -3068,6 +3068,37 @@ impl Broker {
     }
 }
 
+/// A session served here from its copy, for the debug log: what it holds.
+fn log_taken(client: &str, owner: Option<PeerId>, rs: &zerofan_store::RecoveredSession) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let text = |p: &bytes::Bytes| {
+            let p = &p[..p.len().min(24)];
+            String::from_utf8_lossy(p).into_owned()
+        };
+        let queued: Vec<String> = rs
+            .queue
+            .iter()
+            .take(64)
+            .map(|e| text(&e.message.payload))
+            .collect();
+        let inflight: Vec<String> = rs
+            .inflight
+            .iter()
+            .take(64)
+            .filter_map(|f| f.entry.as_ref().map(|e| text(&e.message.payload)))
+            .collect();
+        tracing::debug!(
+            client,
+            ?owner,
+            queued = rs.queue.len(),
+            inflight = rs.inflight.len(),
+            ?queued,
+            ?inflight,
+            "session taken from its copy"
+        );
+    }
+}
+
 // Messages for an away node's persistent sessions (see `strand`).
 impl Broker {
     /// The away nodes whose persistent sessions `msg`, crossing as
@@ -3195,6 +3226,9 @@ impl Broker {
                     .strand(owner, stored.clone(), mark, now_ms, &mut self.durable);
             self.metrics.stranded_kept += kept as u64;
             self.metrics.store_errors += errors;
+            tracing::debug!(?owner, kept, ?mark,
+                payload = %String::from_utf8_lossy(&msg.payload[..msg.payload.len().min(24)]),
+                "stranded in the copies here");
         }
     }
 
@@ -5863,6 +5897,7 @@ impl Broker {
         let Some(rs) = rs else {
             return;
         };
+        log_taken(client, owner, &rs);
         let will = rs.will.clone();
         self.restore(
             Recovered {
@@ -5951,6 +5986,7 @@ impl Broker {
         let Some(rs) = rs else {
             return false;
         };
+        log_taken(client_id, owner, &rs);
 
         self.replica_epoch(client_id, epoch);
         let will = rs.will.clone();

@@ -1071,6 +1071,16 @@ impl Images {
                     Some(read) if over => self.unread_stranded(from, &client, read),
                     _ => Vec::new(),
                 };
+                if full {
+                    tracing::debug!(
+                        client = &*client,
+                        ?from,
+                        over,
+                        kept = unread.len(),
+                        ?read,
+                        "full image"
+                    );
+                }
                 if over {
                     self.drop_image(&client, disk);
                 }
