@@ -719,21 +719,55 @@ async fn handshake(
             }
             q.base = next;
             q.sent = 0;
-            true
+            Start::Resumed
         } else {
+            let first = q.peer_incarnation.is_none();
             q.peer_incarnation = Some(incarnation);
-            false
+            if first {
+                Start::First
+            } else {
+                Start::Fresh
+            }
         }
     };
-    if resumed {
-        shared.broker.borrow_mut().peer_resumed(peer);
-    } else {
-        fresh_state(shared, links, peer);
+    match resumed {
+        Start::Resumed => shared.broker.borrow_mut().peer_resumed(peer),
+        Start::First => first_state(shared, links, peer),
+        Start::Fresh => fresh_state(shared, links, peer),
     }
     let first = links.queues.borrow().get(&peer).map_or(0, |q| q.base);
     write_control(links, wr, &LinkFrame::Start(first)).await?;
     release_if_drained(shared, links, peer);
     Ok(())
+}
+
+/// How a link starts.
+enum Start {
+    /// The same node as before: what it had not applied follows.
+    Resumed,
+    /// This process's first link to the node: its queue holds this core's
+    /// whole state, given when the node became a member, and every event
+    /// since, none sent yet.
+    First,
+    /// A node new to us (restarted): its queue starts over.
+    Fresh,
+}
+
+/// This process's first link to `peer`: what waits in its queue goes,
+/// between a `Sync` (the node forgets what an earlier run of this one
+/// said) and a `Synced`. A node restarted a moment ago queues events for
+/// the others before its links are up (a handover, a relay of a session
+/// claimed elsewhere meanwhile): dropped, as a fresh start drops them,
+/// the new owner waited for that handover in vain and dropped the relays,
+/// and the messages they carried were lost.
+fn first_state(shared: &Shared, links: &Links, peer: PeerId) {
+    shared.dispatch();
+    if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
+        let f = links.enc.borrow_mut().sync();
+        q.bytes += f.len;
+        q.frames.push_front(f);
+    }
+    links.push(peer, |enc| Some(enc.synced()));
 }
 
 /// Start `peer`'s queue over with this core's whole state.
@@ -1302,6 +1336,58 @@ mod tests {
             PeerEvent::Stranded(st) => assert!(st.owners.is_empty()),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The frames queued for peer 1, decoded.
+    fn frames(shared: &Shared) -> Vec<LinkFrame> {
+        let links = shared.links.as_ref().unwrap();
+        let q = links.queues.borrow();
+        let mut buf = bytes::BytesMut::new();
+        for f in &q.get(&PeerId(1)).unwrap().frames {
+            for c in &f.chunks {
+                buf.extend_from_slice(c);
+            }
+        }
+        let mut dec = crate::core::peer_wire::FrameDecoder::default();
+        let mut out = Vec::new();
+        while let Some(f) = dec.decode(&mut buf, Instant::now()).unwrap() {
+            out.push(f);
+        }
+        out
+    }
+
+    /// A node's first link to another carries what it queued before the
+    /// link was up (a restarted node's handover of a session claimed
+    /// elsewhere meanwhile), after a `Sync` and before `Synced`; a link to
+    /// a node restarted since starts over with the whole state, and what
+    /// was queued for its former self goes.
+    #[test]
+    fn a_first_link_keeps_what_was_queued_and_a_new_incarnation_starts_over() {
+        let (shared, _) = linked();
+        let handover = || PeerEvent::Handover { client: "c".into() };
+        let links = shared.links.as_ref().unwrap();
+        links.push(PeerId(1), |enc| {
+            Some(enc.encode(&handover(), Instant::now()).unwrap())
+        });
+        first_state(&shared, links, PeerId(1));
+        let got = frames(&shared);
+        assert!(matches!(got.first(), Some(LinkFrame::Sync)), "{got:?}");
+        assert!(matches!(got.last(), Some(LinkFrame::Synced)), "{got:?}");
+        let handed = |got: &[LinkFrame]| {
+            got.iter().any(|f| {
+                matches!(f, LinkFrame::Event(PeerEvent::Handover { client }) if &**client == "c")
+            })
+        };
+        assert!(handed(&got), "{got:?}");
+
+        links.push(PeerId(1), |enc| {
+            Some(enc.encode(&handover(), Instant::now()).unwrap())
+        });
+        fresh_state(&shared, links, PeerId(1));
+        let got = frames(&shared);
+        assert!(matches!(got.first(), Some(LinkFrame::Sync)), "{got:?}");
+        assert!(matches!(got.last(), Some(LinkFrame::Synced)), "{got:?}");
+        assert!(!handed(&got), "{got:?}");
     }
 
     fn queued(shared: &Shared) -> (usize, usize, bool) {
