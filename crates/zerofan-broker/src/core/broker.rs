@@ -5261,7 +5261,13 @@ impl Broker {
     /// back up): tell it everything this core subscribes to, and every
     /// retained message. They stand for every change so far: seen, they
     /// release what waited for earlier changes the peer may have missed.
+    /// Not the acknowledgements that waited for its former self to store
+    /// a message: that self is gone (restarted), and so may the message
+    /// be. They are refused first, as when it goes away; with nothing to
+    /// send it, the peer counts as having seen everything at once, before
+    /// its own `Sync` says it restarted.
     pub fn peer_joined(&mut self, peer: PeerId) {
+        self.refuse_unconfirmed(peer);
         let seq = self.peers.last_seq();
         let mut sent = false;
         for (filter, group) in self.router.interests() {

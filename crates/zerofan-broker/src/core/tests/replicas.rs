@@ -991,6 +991,40 @@ fn a_restarted_replica_is_not_waited_for_what_it_never_got() {
     assert!(matches!(got[..], [Packet::SubAck(_)]), "{got:?}");
 }
 
+/// A message crossed to node 0 for its subscriber, and node 0 was killed
+/// before it confirmed it; it comes back restarted before its link was
+/// down long enough to be marked away. Node 1, the publisher's node, has
+/// nothing to send the new incarnation (no subscriber, no retained
+/// message), so the new node counts as having seen everything at once:
+/// that must not acknowledge the message the former one never stored.
+/// Before, the publisher got its PUBACK and the message was lost.
+#[test]
+fn a_node_back_restarted_confirms_nothing_its_former_self_did_not() {
+    let mut cl = Cluster::new(3, 3);
+    let (s, _) = cl.persistent(0, "s");
+    cl.hs[0].subscribe(s.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
+    // What node 1 sends node 0 from now on dies with it.
+    cl.linked[1][0] = false;
+    cl.send(
+        p,
+        Packet::Publish(publish("t", "lost-with-node-0", QoS::AtLeastOnce, 1)),
+    );
+    assert!(
+        acks(&cl.out(p)).is_empty(),
+        "acknowledged before node 0 has it"
+    );
+    // Node 0's new incarnation links to node 1 (its Sync not read yet).
+    cl.wires[1][0].clear();
+    cl.linked[1][0] = true;
+    cl.hs[1].b.peer_joined(remote(0));
+    cl.pump();
+    let out = cl.out(p);
+    assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
+    assert!(out.closed, "refused, so that the client publishes it again");
+}
+
 /// The real store, durable at each commit (the shell waits on the
 /// writer's notifier instead), so that a node can restart from its dir.
 struct OnDisk(zerofan_store::Store);
