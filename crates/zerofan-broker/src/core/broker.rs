@@ -5081,6 +5081,17 @@ impl Broker {
                 self.durable_seen(from, seq);
             }
             PeerEvent::Fence { seq } => self.durable_seen(from, seq),
+            PeerEvent::Refused { seq } => {
+                let refused = self.peers.take_refused(from, seq);
+                if !refused.is_empty() {
+                    let closed = self.refuse_acks(now, refused.into_iter().map(|(c, _)| c));
+                    tracing::warn!(
+                        publishers = closed,
+                        "a node did not keep messages it was sent (their session had moved): \
+                         their publishers are disconnected, not acknowledged"
+                    );
+                }
+            }
             PeerEvent::Seen { seq } => {
                 let ready = self.peers.seen(from, seq);
                 self.release_deferred(ready);
@@ -5132,7 +5143,7 @@ impl Broker {
             }
             PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
-            PeerEvent::ReplicaStale { clients } => self.replica_stale(now, clients),
+            PeerEvent::ReplicaStale { clients } => self.replica_stale(now, from, clients),
             PeerEvent::Handover { client } => self.claims.handed_over(client),
             PeerEvent::Relaying { client } => self.relaying(now, from, client),
             PeerEvent::Relayed {
@@ -5603,7 +5614,28 @@ impl Broker {
     fn replica_forget(&mut self, peer: PeerId) {
         let peers = &self.peers;
         let ready = self.repl.answered(peer, 0, true, &|p| peers.is_away(p));
+        self.refuse_replica_waiters(ready.refused);
         self.release_replica_waiters(ready.waiters);
+    }
+
+    /// What waited on changes a replica called stale: a publisher of this
+    /// node's is disconnected (MQTT 5: 0x80), a peer's fence answered
+    /// `Refused` (see `PeerEvent::Refused`).
+    fn refuse_replica_waiters(&mut self, refused: Vec<super::replica::Waiter>) {
+        if refused.is_empty() {
+            return;
+        }
+        let now = self.last_stamp.0;
+        let mut conns = Vec::new();
+        for w in refused {
+            match w {
+                super::replica::Waiter::Ack(conn, _) => conns.push(conn),
+                super::replica::Waiter::Seen(p, seq) => {
+                    self.peers.send(p, PeerEvent::Refused { seq })
+                }
+            }
+        }
+        self.refuse_acks(now, conns.into_iter());
     }
 
     /// What no longer waits for replicas goes on, through the store as any
@@ -5690,6 +5722,7 @@ impl Broker {
             None => self.repl.ready(&away),
         };
         self.metrics.replica_waits_skipped += ready.without;
+        self.refuse_replica_waiters(ready.refused);
         // What no replica has waits for the lease (see `lease`).
         let go = self
             .lease
@@ -6124,8 +6157,21 @@ impl Broker {
     /// named: another node owns them now, and this one had not heard. Each
     /// session still held under that claim ends as a takeover does
     /// (DISCONNECT 0x8E), and its acknowledgements waiting for the
-    /// replicas never go.
-    fn replica_stale(&mut self, now: Instant, clients: Vec<(Box<str>, u64)>) {
+    /// replicas never go. Whatever else waited on the changes `from` had
+    /// not answered is refused: a message this node queued in such a
+    /// session, for a publisher here or a peer's fence, is in no copy the
+    /// new owner serves.
+    fn replica_stale(&mut self, now: Instant, from: PeerId, clients: Vec<(Box<str>, u64)>) {
+        // What this node queued in those sessions since is nowhere else:
+        // what waits on those changes is refused (see `Replication::taint`).
+        let stale = |b: &Self, client: &str, epoch: u64| match b.repl.epoch(client) {
+            Some(e) => e == epoch,
+            // Restored from this node's store and not claimed since.
+            None => epoch == 0,
+        };
+        if clients.iter().any(|(c, e)| stale(self, c, *e)) {
+            self.repl.taint(from);
+        }
         for (client, epoch) in clients {
             // Claimed here again since: that claim is newer.
             if self.repl.epoch(&client) != Some(epoch) {

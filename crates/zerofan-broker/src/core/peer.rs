@@ -118,6 +118,16 @@ pub enum PeerEvent {
         /// The sender's change number.
         seq: u64,
     },
+    /// The receiver did not keep all it was sent up to the sender's
+    /// change `seq` (a fence): it queued messages in a session another node
+    /// had taken, its replica said (`ReplicaStale`). The acknowledgements
+    /// that waited for it to keep a message crossed to it by then are
+    /// refused, as when it goes away. Sent before any `Seen` that covers
+    /// `seq`.
+    Refused {
+        /// The sender's fence.
+        seq: u64,
+    },
     /// The receiver applied the sender's changes up to `seq` (subscription
     /// interests, retained messages): what waited on them may go (a SUBACK,
     /// the acknowledgement of a retained PUBLISH), so that a client told
@@ -438,23 +448,34 @@ impl Peers {
         &mut self,
         peer: PeerId,
     ) -> Vec<(super::ids::ConnId, super::outbox::Outgoing)> {
+        // A retained message reaches a node that comes back with the full
+        // state: only a crossed message may be lost.
+        self.take_refused(peer, u64::MAX)
+    }
+
+    /// The acknowledgements waiting for `peer` to confirm a change up to
+    /// `seq` that crossed to it, taken out: `peer` refused them (see
+    /// `PeerEvent::Refused`).
+    pub(crate) fn take_refused(
+        &mut self,
+        peer: PeerId,
+        seq: u64,
+    ) -> Vec<(super::ids::ConnId, super::outbox::Outgoing)> {
         let Some((seen, upto)) = self.slot(peer).map(|s| (s.seen, s.durable_upto)) else {
             return Vec::new();
         };
         // Waiting on it, and for a message that crossed to it: a node new
         // to this one (a first link) has lost nothing.
-        let lost = |seq: u64| seq > seen && seq <= upto;
+        let lost = |d: u64| d > seen && d <= upto.min(seq);
         if !self.deferred.iter().any(|d| lost(d.0)) {
             return Vec::new();
         }
         let mut refused = Vec::new();
         let mut keep = std::collections::VecDeque::with_capacity(self.deferred.len());
-        for (seq, conn, out) in std::mem::take(&mut self.deferred) {
+        for (d, conn, out) in std::mem::take(&mut self.deferred) {
             match out {
-                // A retained message reaches a node that comes back with
-                // the full state: only a crossed message may be lost.
-                Deferred::Ack { out, durable: true } if lost(seq) => refused.push((conn, out)),
-                out => keep.push_back((seq, conn, out)),
+                Deferred::Ack { out, durable: true } if lost(d) => refused.push((conn, out)),
+                out => keep.push_back((d, conn, out)),
             }
         }
         self.deferred = keep;

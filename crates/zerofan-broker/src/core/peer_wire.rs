@@ -28,8 +28,8 @@ use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
 /// instead of misreading each other. 2: a publish's flags may carry a
 /// stranded message's mark, and so may a replicated message. 3: a
 /// replicated full image says how far its owner had read other nodes'
-/// marks.
-pub const VERSION: u8 = 3;
+/// marks. 4: `Refused`, a fence's negative answer.
+pub const VERSION: u8 = 4;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;
@@ -61,6 +61,7 @@ const RELAY_DONE: u8 = 22;
 const MOVED: u8 = 23;
 const FLUSHED: u8 = 24;
 const STRANDED: u8 = 25;
+const REFUSED: u8 = 26;
 
 /// What one frame holds.
 // Nearly every frame is an `Event`: boxing it to shrink the rare others
@@ -202,6 +203,10 @@ impl FrameEncoder {
             }
             PeerEvent::Fence { seq } => {
                 self.scratch.put_u8(FENCE);
+                self.scratch.put_u64(*seq);
+            }
+            PeerEvent::Refused { seq } => {
+                self.scratch.put_u8(REFUSED);
                 self.scratch.put_u64(*seq);
             }
             PeerEvent::Consumed { bytes } => {
@@ -556,6 +561,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             end(&f)?;
             PeerEvent::Seen { seq }
         }
+        REFUSED => {
+            let seq = get_u64(&mut f)?;
+            end(&f)?;
+            PeerEvent::Refused { seq }
+        }
         FENCE => {
             let seq = get_u64(&mut f)?;
             end(&f)?;
@@ -879,6 +889,7 @@ mod tests {
             },
             PeerEvent::Seen { seq: 11 },
             PeerEvent::Fence { seq: 12 },
+            PeerEvent::Refused { seq: 13 },
         ];
         let later = now + Duration::from_millis(100);
         let got = events(read_all(wire(&sent, now), later));
@@ -1128,6 +1139,7 @@ mod tests {
             }),
             any::<u64>().prop_map(|seq| PeerEvent::Seen { seq }),
             any::<u64>().prop_map(|seq| PeerEvent::Fence { seq }),
+            any::<u64>().prop_map(|seq| PeerEvent::Refused { seq }),
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
             ("[a-z/]{0,12}", any::<u64>()).prop_map(|(c, epoch)| PeerEvent::CopyWanted {

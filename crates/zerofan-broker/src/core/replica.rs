@@ -433,6 +433,8 @@ pub(crate) enum Waiter {
 pub(crate) struct Ready {
     /// In order.
     pub(crate) waiters: Vec<Waiter>,
+    /// Those that waited on changes a replica called stale: refused.
+    pub(crate) refused: Vec<Waiter>,
     /// How many went without an away replica's answer.
     pub(crate) without: u64,
     /// The first that went without any replica's answer (every replica it
@@ -465,9 +467,26 @@ pub(crate) struct Replication {
     pub(crate) drops: Drops,
     /// The link read in progress, if any (see `read`).
     read: read::LinkRead,
+    /// Changes a replica called stale, as ranges (after, up to]: what
+    /// waits on them is refused, not released (see
+    /// [`Replication::taint`]). Bounded by the replicas' answers: each
+    /// range goes once the waiters pass it.
+    tainted: VecDeque<(u64, u64)>,
 }
 
 impl Replication {
+    /// `peer` ignored some of the changes sent to it and not answered yet
+    /// (`ReplicaStale`, before its answer): another node owns those
+    /// sessions now, so what this node queued in them is nowhere else,
+    /// and what waits on those changes must not be confirmed.
+    pub(crate) fn taint(&mut self, peer: PeerId) {
+        if let Some(&(sent, acked)) = self.sent.get(&peer) {
+            if sent > acked {
+                self.tainted.push_back((acked, sent));
+            }
+        }
+    }
+
     /// Keep `copies` copies of each persistent session (this node's
     /// included).
     pub(crate) fn set_copies(&mut self, copies: usize) {
@@ -672,6 +691,7 @@ impl Replication {
     /// What waits no more, in order.
     pub(crate) fn ready(&mut self, away: &dyn Fn(PeerId) -> bool) -> Ready {
         let mut out = Vec::new();
+        let mut refused = Vec::new();
         let mut without = 0;
         let mut alone = None;
         while let Some(&(seq, _)) = self.waiting.front() {
@@ -693,7 +713,11 @@ impl Replication {
             if !done {
                 break;
             }
-            if skipped && !kept && alone.is_none() {
+            let tainted = self
+                .tainted
+                .iter()
+                .any(|&(after, upto)| seq > after && seq <= upto);
+            if skipped && !kept && alone.is_none() && !tainted {
                 alone = Some(out.len());
             }
             let Some((_, w)) = self.waiting.pop_front() else {
@@ -707,11 +731,19 @@ impl Replication {
                     }
                 }
             }
+            if tainted {
+                refused.push(w);
+                continue;
+            }
             without += u64::from(skipped);
             out.push(w);
         }
+        // A range no waiter can fall in any more goes.
+        let next = self.waiting.front().map_or(self.seq + 1, |w| w.0);
+        self.tainted.retain(|&(_, upto)| upto >= next);
         Ready {
             waiters: out,
+            refused,
             without,
             alone,
         }

@@ -576,3 +576,44 @@ fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
     assert_eq!(images.take_unstranded(), (2, 2), "both kept, then replaced");
     assert_eq!(queue(&mut images, &mut d), ["read", "unread"]);
 }
+
+/// Node 0 owns "s" and is paused; node 2 marks it away, node 1 does not
+/// yet, and sends it node 1's "m" as usual, its PUBACK held for node 0's
+/// answer. The client comes back on node 2, which serves its copy at once
+/// (node 0 away there): "m" is not in it, nobody stranded it. Node 0
+/// wakes, reads "m" into its own, now stale, "s" and replicates it; node
+/// 2 calls that stale. Node 0 must then refuse node 1's fence, and node 1
+/// its publisher: before, node 0 confirmed it and "m" was acknowledged
+/// and lost.
+#[test]
+fn an_owner_told_stale_confirms_nothing_it_queued_in_that_session() {
+    let mut cl = Cluster::new(3, 3);
+    let (_s, p) = leased_owner(&mut cl);
+    for i in 1..3 {
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+    }
+    cl.hs[2].b.set_peer_away(remote(0), true);
+    cl.pump();
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    assert!(
+        acks(&cl.out(p)).is_empty(),
+        "acknowledged before node 0 has it"
+    );
+
+    let conn = cl.persistent_waiting(2, "s");
+    let now = cl.hs[2].now;
+    cl.hs[2]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev_owner(0, 1)));
+    cl.pump();
+    let s2 = Cx { node: 2, conn };
+    let out = cl.out(s2);
+    assert!(present(&out));
+    assert!(out.publishes().is_empty(), "\"m\" was nowhere to take");
+
+    node_0_paused(&mut cl, false);
+    let out = cl.out(p);
+    assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
+    assert!(out.closed, "refused, so that the client publishes it again");
+}
