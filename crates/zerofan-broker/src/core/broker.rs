@@ -3068,13 +3068,15 @@ impl Broker {
     }
 }
 
+/// The start of a payload, for a debug line.
+fn payload_head(p: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(&p[..p.len().min(24)])
+}
+
 /// A session served here from its copy, for the debug log: what it holds.
 fn log_taken(client: &str, owner: Option<PeerId>, rs: &zerofan_store::RecoveredSession) {
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let text = |p: &bytes::Bytes| {
-            let p = &p[..p.len().min(24)];
-            String::from_utf8_lossy(p).into_owned()
-        };
+        let text = |p: &bytes::Bytes| payload_head(p).into_owned();
         let queued: Vec<String> = rs
             .queue
             .iter()
@@ -3227,7 +3229,7 @@ impl Broker {
             self.metrics.stranded_kept += kept as u64;
             self.metrics.store_errors += errors;
             tracing::debug!(?owner, kept, ?mark,
-                payload = %String::from_utf8_lossy(&msg.payload[..msg.payload.len().min(24)]),
+                payload = %payload_head(&msg.payload),
                 "stranded in the copies here");
         }
     }
@@ -5081,17 +5083,7 @@ impl Broker {
                 self.durable_seen(from, seq);
             }
             PeerEvent::Fence { seq } => self.durable_seen(from, seq),
-            PeerEvent::Refused { seq } => {
-                let refused = self.peers.take_refused(from, seq);
-                if !refused.is_empty() {
-                    let closed = self.refuse_acks(now, refused.into_iter().map(|(c, _)| c));
-                    tracing::warn!(
-                        publishers = closed,
-                        "a node did not keep messages it was sent (their session had moved): \
-                         their publishers are disconnected, not acknowledged"
-                    );
-                }
-            }
+            PeerEvent::Refused { seq } => self.refuse_unconfirmed_upto(from, seq),
             PeerEvent::Seen { seq } => {
                 let ready = self.peers.seen(from, seq);
                 self.release_deferred(ready);
@@ -5434,7 +5426,14 @@ impl Broker {
     /// publishes again if its session is persistent (a QoS 2 packet id
     /// stays taken, so a QoS 2 message sent again is not routed twice).
     fn refuse_unconfirmed(&mut self, peer: PeerId) {
-        let refused = self.peers.take_unconfirmed(peer);
+        self.refuse_unconfirmed_upto(peer, u64::MAX);
+    }
+
+    /// [`Broker::refuse_unconfirmed`] for the messages that crossed to
+    /// `peer` up to this core's change `seq`: also what `peer` says it did
+    /// not keep (`PeerEvent::Refused`).
+    fn refuse_unconfirmed_upto(&mut self, peer: PeerId, seq: u64) {
+        let refused = self.peers.take_refused(peer, seq);
         if refused.is_empty() {
             return;
         }
@@ -5443,8 +5442,8 @@ impl Broker {
         if closed > 0 {
             tracing::warn!(
                 publishers = closed,
-                "a node went away before it confirmed messages: their publishers are \
-                 disconnected, not acknowledged"
+                "a node did not confirm messages it was sent (gone, restarted, or their \
+                 session had moved): their publishers are disconnected, not acknowledged"
             );
         }
         self.end_event();

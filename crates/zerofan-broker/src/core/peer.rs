@@ -24,7 +24,7 @@ pub(crate) enum Deferred {
         /// The PUBACK / PUBREC.
         out: super::outbox::Outgoing,
         /// Crossed for persistent sessions: not sent when a node it went
-        /// to is lost before it confirmed (see `Peers::take_unconfirmed`).
+        /// to is lost before it confirmed (see `Peers::take_refused`).
         durable: bool,
     },
     /// A SUBACK, and the retained messages its subscriptions replay.
@@ -440,22 +440,13 @@ impl Peers {
         }
     }
 
-    /// The acknowledgements waiting for `peer` to confirm a change it has
-    /// not confirmed, taken out: `peer` went away or lost its state (a
-    /// restart), so the message they acknowledge may never have reached its
-    /// store (see `Broker::refuse_unconfirmed`).
-    pub(crate) fn take_unconfirmed(
-        &mut self,
-        peer: PeerId,
-    ) -> Vec<(super::ids::ConnId, super::outbox::Outgoing)> {
-        // A retained message reaches a node that comes back with the full
-        // state: only a crossed message may be lost.
-        self.take_refused(peer, u64::MAX)
-    }
-
     /// The acknowledgements waiting for `peer` to confirm a change up to
-    /// `seq` that crossed to it, taken out: `peer` refused them (see
-    /// `PeerEvent::Refused`).
+    /// `seq` that crossed to it, taken out: `peer` went away or lost its
+    /// state (a restart; `seq` then unbounded), or refused them (see
+    /// `PeerEvent::Refused`). The message they acknowledge may never have
+    /// reached its store (see `Broker::refuse_unconfirmed`). A retained
+    /// message reaches a node that comes back with the full state: only a
+    /// crossed message may be lost.
     pub(crate) fn take_refused(
         &mut self,
         peer: PeerId,
@@ -523,6 +514,12 @@ impl Peers {
         self.slots.get_mut(i)
     }
 
+    #[inline]
+    fn slot_ref(&self, peer: PeerId) -> Option<&Slot> {
+        let i = self.slots.binary_search_by_key(&peer, |s| s.id).ok()?;
+        self.slots.get(i)
+    }
+
     /// Every peer, in `PeerId` order.
     pub(crate) fn ids(&self) -> impl Iterator<Item = PeerId> + '_ {
         self.slots.iter().map(|s| s.id)
@@ -538,22 +535,14 @@ impl Peers {
             .collect()
     }
 
-    /// Whether `peer` is away (see [`Peers::set_away`]).
     /// Whether `peer` is a peer now and not away: one that can answer.
     pub(crate) fn is_live(&self, peer: PeerId) -> bool {
-        self.slots
-            .binary_search_by_key(&peer, |s| s.id)
-            .ok()
-            .and_then(|i| self.slots.get(i))
-            .is_some_and(|s| !s.away)
+        self.slot_ref(peer).is_some_and(|s| !s.away)
     }
 
+    /// Whether `peer` is away (see [`Peers::set_away`]).
     pub(crate) fn is_away(&self, peer: PeerId) -> bool {
-        self.slots
-            .binary_search_by_key(&peer, |s| s.id)
-            .ok()
-            .and_then(|i| self.slots.get(i))
-            .is_some_and(|s| s.away)
+        self.slot_ref(peer).is_some_and(|s| s.away)
     }
 
     /// Whether any peer is away (one test per message otherwise).
@@ -579,11 +568,7 @@ impl Peers {
     /// Whether `peer` cannot take more for now (see
     /// [`Broker::set_peer_congested`](super::Broker::set_peer_congested)).
     pub(crate) fn congested(&self, peer: PeerId) -> bool {
-        self.slots
-            .binary_search_by_key(&peer, |s| s.id)
-            .ok()
-            .and_then(|i| self.slots.get(i))
-            .is_some_and(|s| s.congested)
+        self.slot_ref(peer).is_some_and(|s| s.congested)
     }
 
     /// Mark `peer` congested or not. Returns the connections to read again
@@ -703,7 +688,7 @@ impl Peers {
     }
 
     /// Durable fence `seq` was sent: it covers the QoS 1/2 messages that
-    /// crossed since the last one (see `take_unconfirmed`).
+    /// crossed since the last one (see `take_refused`).
     pub(crate) fn fenced_durable(&mut self, seq: u64) {
         for s in &mut self.slots {
             if std::mem::take(&mut s.crossed_durable) {
@@ -733,11 +718,7 @@ impl Peers {
     /// The last of our changes `peer` has applied (all, for a peer not
     /// known: nothing waits for it).
     pub(crate) fn seen_by(&self, peer: PeerId) -> u64 {
-        self.slots
-            .binary_search_by_key(&peer, |s| s.id)
-            .ok()
-            .and_then(|i| self.slots.get(i))
-            .map_or(u64::MAX, |s| s.seen)
+        self.slot_ref(peer).map_or(u64::MAX, |s| s.seen)
     }
 
     /// The next peer's batch of events, if any waits.

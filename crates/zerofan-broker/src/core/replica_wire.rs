@@ -48,30 +48,18 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
     buf.put_u32(n);
     for op in ops {
         match op {
-            ReplOp::Session { client, meta } => {
-                buf.put_u8(SESSION);
+            ReplOp::Session { client, meta } | ReplOp::Reset { client, meta, .. } => {
+                let tag = if matches!(op, ReplOp::Reset { .. }) {
+                    RESET
+                } else {
+                    SESSION
+                };
+                buf.put_u8(tag);
                 put_str(&mut buf, client)?;
                 buf.put_u32(meta.expiry_interval);
                 put_opt_u64(&mut buf, meta.expires_at_ms);
-            }
-            ReplOp::Reset { client, meta, read } => {
-                buf.put_u8(RESET);
-                put_str(&mut buf, client)?;
-                buf.put_u32(meta.expiry_interval);
-                put_opt_u64(&mut buf, meta.expires_at_ms);
-                match read {
-                    Some(read) => {
-                        let read = read.as_slice();
-                        let n = u16::try_from(read.len())
-                            .map_err(|_| WireError("too many nodes' marks"))?;
-                        buf.put_u8(1);
-                        buf.put_u16(n);
-                        for &(node, seq) in read {
-                            buf.put_u64(node);
-                            buf.put_u64(seq);
-                        }
-                    }
-                    None => buf.put_u8(0),
+                if let ReplOp::Reset { read, .. } = op {
+                    put_marks_read(&mut buf, read.as_ref())?;
                 }
             }
             ReplOp::Drop { client } => {
@@ -245,6 +233,23 @@ fn put_bytes16(buf: &mut BytesMut, b: &[u8]) -> Result<(), WireError> {
     let n = u16::try_from(b.len()).map_err(|_| WireError("string too long"))?;
     buf.put_u16(n);
     buf.put_slice(b);
+    Ok(())
+}
+
+/// A full image's marks read: a flag, then a count and the pairs.
+fn put_marks_read(buf: &mut BytesMut, read: Option<&MarksRead>) -> Result<(), WireError> {
+    let Some(read) = read else {
+        buf.put_u8(0);
+        return Ok(());
+    };
+    let read = read.as_slice();
+    let n = u16::try_from(read.len()).map_err(|_| WireError("too many nodes' marks"))?;
+    buf.put_u8(1);
+    buf.put_u16(n);
+    for &(node, seq) in read {
+        buf.put_u64(node);
+        buf.put_u64(seq);
+    }
     Ok(())
 }
 

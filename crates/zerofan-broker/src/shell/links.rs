@@ -757,9 +757,9 @@ enum Start {
 /// between a `Sync` (the node forgets what an earlier run of this one
 /// said) and a `Synced`. A node restarted a moment ago queues events for
 /// the others before its links are up (a handover, a relay of a session
-/// claimed elsewhere meanwhile): dropped, as a fresh start drops them,
-/// the new owner waited for that handover in vain and dropped the relays,
-/// and the messages they carried were lost.
+/// claimed elsewhere meanwhile). Dropped, as a fresh start drops them,
+/// they left the new owner waiting for that handover in vain and
+/// dropping the relays, and the messages they carried were lost.
 fn first_state(shared: &Shared, links: &Links, peer: PeerId) {
     shared.dispatch();
     if let Some(q) = links.queues.borrow_mut().get_mut(&peer) {
@@ -770,7 +770,9 @@ fn first_state(shared: &Shared, links: &Links, peer: PeerId) {
     links.push(peer, |enc| Some(enc.synced()));
 }
 
-/// Start `peer`'s queue over with this core's whole state.
+/// Start `peer`'s queue over with this core's whole state: the queue
+/// empties, the core queues its state anew, and the link goes on as a
+/// first one does.
 fn fresh_state(shared: &Shared, links: &Links, peer: PeerId) {
     // Whatever the core still holds for the node goes with the rest.
     shared.dispatch();
@@ -781,13 +783,9 @@ fn fresh_state(shared: &Shared, links: &Links, peer: PeerId) {
         q.bytes = 0;
         q.base = 0;
         q.sent = 0;
-        let f = links.enc.borrow_mut().sync();
-        q.bytes += f.len;
-        q.frames.push_back(f);
     }
     shared.broker.borrow_mut().peer_joined(peer);
-    shared.dispatch();
-    links.push(peer, |enc| Some(enc.synced()));
+    first_state(shared, links, peer);
 }
 
 /// The node is no longer congested once its queue is half empty.

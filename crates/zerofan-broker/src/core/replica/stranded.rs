@@ -47,6 +47,12 @@ impl Marks {
         self.owners.insert((key.0, mark), key.1);
     }
 
+    /// The message `key` held here was stranded as `mark`.
+    fn stranded(&mut self, key: (PeerId, MsgId), mark: Mark) {
+        self.of.insert(key, mark);
+        self.stranded.insert((key.0, mark), key.1);
+    }
+
     /// The message `key` is gone.
     pub(super) fn forget(&mut self, key: (PeerId, MsgId)) {
         if self.of.is_empty() {
@@ -143,8 +149,7 @@ impl Images {
         let errors = self.apply_durable(owner, ops, now_ms, durable);
         if let Some(m) = mark {
             if self.messages.contains_key(&(owner, id)) {
-                self.marks.of.insert((owner, id), m);
-                self.marks.stranded.insert((owner, m), id);
+                self.marks.stranded((owner, id), m);
             }
         }
         (taken, errors)
@@ -230,8 +235,7 @@ impl Images {
         if self.apply_one(from, message, fresh, now_ms, false, disk)
             && self.apply_one(from, enqueue, fresh, now_ms, false, disk)
         {
-            self.marks.of.insert((from, id), kept.mark);
-            self.marks.stranded.insert((from, kept.mark), id);
+            self.marks.stranded((from, id), kept.mark);
             self.restranded += 1;
         }
     }
