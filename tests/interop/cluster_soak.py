@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import os
 import random
 import signal
@@ -307,7 +308,7 @@ def main() -> int:
     subs: list[Sub] = []
     pubs: list[Pub] = []
     started = time.monotonic()
-    wall = time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}"
+    wall = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     try:
         ns[0].start()
         assert healthy(ns[:1], 30), "node 1 alone"

@@ -355,6 +355,14 @@ impl Cluster {
     }
 }
 
+/// `p`'s publish was refused: no acknowledgement, and its connection
+/// closed so that the client publishes it again.
+fn assert_refused(cl: &mut Cluster, p: Cx) {
+    let out = cl.out(p);
+    assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
+    assert!(out.closed, "refused, so that the client publishes it again");
+}
+
 fn acks(out: &Out) -> Vec<(u16, &'static str)> {
     out.packets
         .iter()
@@ -1020,9 +1028,7 @@ fn a_node_back_restarted_confirms_nothing_its_former_self_did_not() {
     cl.linked[1][0] = true;
     cl.hs[1].b.peer_joined(remote(0));
     cl.pump();
-    let out = cl.out(p);
-    assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
-    assert!(out.closed, "refused, so that the client publishes it again");
+    assert_refused(&mut cl, p);
 }
 
 /// The real store, durable at each commit (the shell waits on the
@@ -1561,15 +1567,20 @@ fn counted(log: impl DurableLog + 'static) -> (Durable, Counts) {
 
 const OWNER: PeerId = PeerId(1);
 
+/// A stored message on "t".
+fn stored(payload: &str, qos: u8) -> Arc<StoredMessage> {
+    Arc::new(StoredMessage {
+        topic: bytes::Bytes::from_static(b"t"),
+        payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
+        qos,
+        ..StoredMessage::default()
+    })
+}
+
 fn op_message(id: u64, payload: &str, qos: u8) -> ReplOp {
     ReplOp::Message {
         id: MsgId(id),
-        msg: Arc::new(StoredMessage {
-            topic: bytes::Bytes::from_static(b"t"),
-            payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
-            qos,
-            ..StoredMessage::default()
-        }),
+        msg: stored(payload, qos),
         mark: None,
     }
 }

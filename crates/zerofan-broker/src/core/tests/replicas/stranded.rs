@@ -532,10 +532,8 @@ fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
         };
         images.apply_durable(OWNER, vec![session_op(), subscribe.clone()], 0, &mut d);
         for (seq, text) in [(5, "read"), (9, "unread")] {
-            let Some(ReplOp::Message { msg, .. }) = Some(op_message(0, text, 1)) else {
-                unreachable!()
-            };
-            let (kept, _) = images.strand(OWNER, msg, Some(Mark::new(2, seq)), 0, &mut d);
+            let mark = Some(Mark::new(2, seq));
+            let (kept, _) = images.strand(OWNER, stored(text, 1), mark, 0, &mut d);
             assert_eq!(kept, 1);
         }
         let reset = ReplOp::Reset {
@@ -562,15 +560,12 @@ fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
     let (mut images, mut d) = copy(Some(MarksRead::new(vec![(1, 100)])));
     let mut ops = Vec::new();
     for (id, seq, text) in [(3, 5, "read"), (4, 9, "unread")] {
-        let Some(ReplOp::Message { id, msg, .. }) = Some(op_message(id, text, 1)) else {
-            unreachable!()
-        };
         ops.push(ReplOp::Message {
-            id,
-            msg,
+            id: MsgId(id),
+            msg: stored(text, 1),
             mark: Some(Mark::new(2, seq)),
         });
-        ops.push(op_enqueue(id.0 + 10, id.0, 1));
+        ops.push(op_enqueue(id + 10, id, 1));
     }
     images.apply_durable(OWNER, ops, 0, &mut d);
     assert_eq!(images.take_unstranded(), (2, 2), "both kept, then replaced");
@@ -613,7 +608,5 @@ fn an_owner_told_stale_confirms_nothing_it_queued_in_that_session() {
     assert!(out.publishes().is_empty(), "\"m\" was nowhere to take");
 
     node_0_paused(&mut cl, false);
-    let out = cl.out(p);
-    assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
-    assert!(out.closed, "refused, so that the client publishes it again");
+    assert_refused(&mut cl, p);
 }
