@@ -393,8 +393,8 @@ def main() -> int:
         moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
                            for n in live(ns))
                  for name in ("moves_relayed", "moves_relayed_messages", "moves_timed_out",
-                              "moves_relay_dropped", "fenced_takeovers", "lease_expiries",
-                              "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
+                              "moves_relay_dropped", "moves_relayed_had", "fenced_takeovers",
+                              "lease_expiries", "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
                               "stranded_queued", "stranded_resent",
                               "stranded_replaced", "stranded_unread")}
         acked = sum(len(v) for v in h.acked.values())

@@ -18,7 +18,7 @@ use super::durable::{
     DurableLog, EntryId, MsgId, QueueEntry, Recovered, SessionMeta, StoreStats, StoredMessage,
     StoredWill,
 };
-use super::hash::HashMap;
+use super::hash::{HashMap, HashSet};
 use super::http_auth::{login_body, AclAction, AuthRequest, HttpAnswer, Lookup};
 use super::ids::{ConnId, SessionId};
 use super::limits::PublishLimiter;
@@ -1184,12 +1184,12 @@ impl Broker {
             self.lease.claimed(conn);
             self.replica_epoch(connect.client_id.as_str(), epoch);
             // An image kept here becomes the session; the replicas get it.
-            self.install_replica(now, &connect);
+            let had = self.install_replica(now, &connect);
             let client = connect.client_id.clone();
             let resumed = !connect.clean_start;
             self.handle_connect(now, conn, *connect, true);
             self.claimed(&client);
-            self.arrive(now, client.as_str(), resumed);
+            self.arrive(now, client.as_str(), resumed, had);
         } else {
             self.metrics.claims_refused += 1;
             self.refuse(now, conn, ReasonCode::SERVER_UNAVAILABLE);
@@ -1578,6 +1578,10 @@ impl Broker {
     /// A message the old owner relayed for `client`'s session.
     fn relayed(&mut self, now: Instant, from: PeerId, client: &str, item: Queued) {
         if let Some(sid) = self.moves.arriving_of(client, from) {
+            if self.moves.had(sid, &item) {
+                self.metrics.moves_relayed_had += 1;
+                return;
+            }
             self.enqueue(now, sid, item);
         } else if !self
             .moves
@@ -1591,7 +1595,15 @@ impl Broker {
     /// old owner had). When that owner relays it, every node hears of it
     /// (`Moved`, after the subscriptions), this node flushes, and the
     /// relays that came early are queued first.
-    fn arrive(&mut self, now: Instant, client: &str, resumed: bool) {
+    /// `had`: the marks of the messages the copy it was served from held
+    /// (see `Moves::arrive`).
+    fn arrive(
+        &mut self,
+        now: Instant,
+        client: &str,
+        resumed: bool,
+        had: HashSet<super::strand::Mark>,
+    ) {
         if !self.moves.expects_relay(client) {
             return;
         }
@@ -1600,7 +1612,7 @@ impl Broker {
             .and_then(|id| self.sessions.of_client(&id));
         let nodes = self.peers.reachable();
         let early = match sid {
-            Some(sid) if resumed => self.moves.arrive(sid, client, nodes, now),
+            Some(sid) if resumed => self.moves.arrive(sid, client, nodes, now, had),
             // A clean session: the old one's messages are not for it; the
             // old owner still waits for the nodes to flush.
             _ => self.moves.forget_relay(client, None).then(Vec::new),
@@ -1615,6 +1627,10 @@ impl Broker {
         self.timers.arm(now + MOVE_TIMEOUT, Timer::Moves);
         if let Some(sid) = sid.filter(|_| resumed) {
             for item in early {
+                if self.moves.had(sid, &item) {
+                    self.metrics.moves_relayed_had += 1;
+                    continue;
+                }
                 self.enqueue(now, sid, item);
             }
         }
@@ -5917,23 +5933,29 @@ impl Broker {
     /// This node was granted `connect`'s client id: an image of its
     /// session kept here becomes the live session (unless the client
     /// starts clean, or a session is here already), written to this
-    /// node's store.
-    pub(crate) fn install_replica(&mut self, now: Instant, connect: &zerofan_codec::Connect) {
+    /// node's store. Returns the marks of the messages it held (see
+    /// `Broker::arrive`).
+    pub(crate) fn install_replica(
+        &mut self,
+        now: Instant,
+        connect: &zerofan_codec::Connect,
+    ) -> HashSet<super::strand::Mark> {
         let client = connect.client_id.as_str();
         if !self.repl.images.has(client) {
-            return;
+            return HashSet::default();
         }
         let owner = self.repl.images.subscribed_owner(client);
         let mut disk = super::replica::Disk::new(&mut self.durable);
         if connect.clean_start || self.sessions.has_client(&connect.client_id) {
             self.repl.images.forget(client, &mut disk);
             self.metrics.store_errors += disk.errors;
-            return;
+            return HashSet::default();
         }
+        let had = self.repl.images.marks_of(client);
         let rs = self.repl.images.take(client, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
-            return;
+            return HashSet::default();
         };
         log_taken(client, owner, &rs);
         let will = rs.will.clone();
@@ -5945,11 +5967,12 @@ impl Broker {
             now,
         );
         let Some(sid) = self.sessions.of_client(&connect.client_id) else {
-            return;
+            return HashSet::default();
         };
         self.note_taken(client, owner);
         self.metrics.replica_installs += 1;
         self.restage(sid, will);
+        had
     }
 
     /// This node was given `client_id` without a CONNECT (its old owner is
@@ -6018,6 +6041,7 @@ impl Broker {
             epoch
         };
         let owner = self.repl.images.subscribed_owner(client_id);
+        let had = self.repl.images.marks_of(client_id);
         let mut disk = super::replica::Disk::new(&mut self.durable);
         let rs = self.repl.images.take(client_id, &mut disk);
         self.metrics.store_errors += disk.errors;
@@ -6040,7 +6064,7 @@ impl Broker {
         self.note_taken(client_id, owner);
         self.restage(sid, will);
         self.claimed(&id);
-        self.arrive(now, client_id, true);
+        self.arrive(now, client_id, true, had);
         self.end_event();
         true
     }

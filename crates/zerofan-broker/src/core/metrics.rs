@@ -457,6 +457,14 @@ counters! {
                 "zerofan_cluster_moves_relay_dropped_total",
                 "Relayed messages dropped: no session here was moving in from their sender, or too many came early.",
             )),
+        /// Relayed messages the moving session had already, in the copy it
+        /// was served from (dropped).
+        pub moves_relayed_had: u64 = CounterDef::NEW
+            .sys("cluster/moves_relayed_had")
+            .prom(Family::new(
+                "zerofan_cluster_moves_relayed_had_total",
+                "Relayed messages dropped because the copy the session was served from held them already.",
+            )),
         /// Moves whose held messages reached the session's queue bound and
         /// were queued before the relay ended.
         pub moves_hold_overflows: u64 = CounterDef::NEW

@@ -30,10 +30,12 @@
 //! A move that has not finished after [`MOVE_TIMEOUT`], or whose other end
 //! goes away, ends all the same: what is held is queued, the relay stops.
 
+use super::hash::HashSet;
 use super::ids::{ConnId, SessionId};
 use super::outbox::Outgoing;
 use super::peer::PeerId;
 use super::session::Queued;
+use super::strand::Mark;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -94,7 +96,18 @@ pub(crate) struct Arriving {
     held_conns: Vec<ConnId>,
     /// Answers to them, until `held` is queued.
     answers: Vec<Answer>,
+    /// The marks of the messages the copy it was served from held (see
+    /// `strand`): stranded for the old owner while it was away, they may
+    /// reach it after it let go and come back relayed. The session has
+    /// them: dropped.
+    had: HashSet<Mark>,
     pub(crate) deadline: Instant,
+}
+
+impl Arriving {
+    fn had(&self, item: &Queued) -> bool {
+        !self.had.is_empty() && item.msg.mark().is_some_and(|m| self.had.contains(&m))
+    }
 }
 
 #[derive(Debug)]
@@ -273,12 +286,14 @@ impl Moves {
     /// `client`'s session is served here as `sid`: when its old owner
     /// relays, the move's second half begins; returns the relays that came
     /// first. `nodes` are the other nodes, which must flush.
+    /// `had`: the marks of the messages its copy held (see [`Arriving`]).
     pub(crate) fn arrive(
         &mut self,
         sid: SessionId,
         client: &str,
         nodes: Vec<PeerId>,
         now: Instant,
+        had: HashSet<Mark>,
     ) -> Option<Vec<Queued>> {
         let i = self.expected.iter().position(|e| &*e.client == client)?;
         let e = self.expected.remove(i)?;
@@ -286,20 +301,27 @@ impl Moves {
             return None;
         }
         let deadline = now + MOVE_TIMEOUT;
-        self.arriving.push((
-            sid,
-            Arriving {
-                client: e.client,
-                from: e.from,
-                before: nodes,
-                held: Vec::new(),
-                held_nodes: Vec::new(),
-                held_conns: Vec::new(),
-                answers: Vec::new(),
-                deadline,
-            },
-        ));
+        let a = Arriving {
+            client: e.client,
+            from: e.from,
+            before: nodes,
+            held: Vec::new(),
+            held_nodes: Vec::new(),
+            held_conns: Vec::new(),
+            answers: Vec::new(),
+            had,
+            deadline,
+        };
+        self.arriving.push((sid, a));
         Some(e.relays)
+    }
+
+    /// Whether a message relayed for `sid` is one its copy held already.
+    pub(crate) fn had(&self, sid: SessionId, item: &Queued) -> bool {
+        self.arriving
+            .iter()
+            .find(|(s, _)| *s == sid)
+            .is_some_and(|(_, a)| a.had(item))
     }
 
     /// Forget what `client`'s old owner (`from`; any: `None`) said: its

@@ -28,8 +28,9 @@ use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
 /// instead of misreading each other. 2: a publish's flags may carry a
 /// stranded message's mark, and so may a replicated message. 3: a
 /// replicated full image says how far its owner had read other nodes'
-/// marks. 4: `Refused`, a fence's negative answer.
-pub const VERSION: u8 = 4;
+/// marks. 4: `Refused`, a fence's negative answer. 5: a relayed message
+/// carries its mark.
+pub const VERSION: u8 = 5;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;
@@ -247,7 +248,14 @@ impl FrameEncoder {
                 sub_ids,
             } => {
                 self.scratch.put_u8(RELAYED);
-                self.scratch.put_u8(*qos as u8 | (u8::from(*retain) << 2));
+                let mark = msg.mark();
+                self.scratch.put_u8(
+                    *qos as u8 | (u8::from(*retain) << 2) | (u8::from(mark.is_some()) << 3),
+                );
+                if let Some(m) = mark {
+                    self.scratch.put_u64(m.node());
+                    self.scratch.put_u64(m.seq());
+                }
                 put_str(&mut self.scratch, client)?;
                 let n = u16::try_from(sub_ids.len())
                     .map_err(|_| WireError("too many subscription identifiers"))?;
@@ -614,6 +622,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         RELAYED => {
             let flags = get_u8(&mut f)?;
             let qos = QoS::from_u8(flags & 3).ok_or(WireError("bad QoS"))?;
+            let mark = if flags & 8 != 0 {
+                Some(Mark::new(get_u64(&mut f)?, get_u64(&mut f)?))
+            } else {
+                None
+            };
             let client = get_str(&mut f)?.as_str().into();
             let n = get_u16(&mut f)?;
             let mut sub_ids = Vec::with_capacity(usize::from(n).min(64));
@@ -623,7 +636,8 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
                 }
                 sub_ids.push(f.get_u32());
             }
-            let msg = get_message(f, now)?;
+            let mut msg = get_message(f, now)?;
+            msg.set_mark(mark);
             PeerEvent::Relayed {
                 client,
                 msg,
@@ -1157,12 +1171,15 @@ mod tests {
                 0u8..3,
                 any::<bool>(),
                 proptest::collection::vec(any::<u32>(), 0..4),
+                proptest::option::of((any::<u64>(), any::<u64>())),
             )
-                .prop_map(|(c, t, p, q, retain, sub_ids)| {
+                .prop_map(|(c, t, p, q, retain, sub_ids, mark)| {
                     let qos = [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce][usize::from(q)];
+                    let mut msg = message(&t, &p, qos, false, Properties::default());
+                    msg.set_mark(mark.map(|(n, s)| Mark::new(n, s)));
                     PeerEvent::Relayed {
                         client: c.into(),
-                        msg: message(&t, &p, qos, false, Properties::default()),
+                        msg,
                         qos,
                         retain,
                         sub_ids,
@@ -1207,6 +1224,7 @@ mod tests {
                         prop_assert_eq!(&a.topic, &b.topic);
                         prop_assert_eq!(&a.payload, &b.payload);
                         prop_assert_eq!(a.qos, b.qos);
+                        prop_assert_eq!(a.mark(), b.mark());
                         prop_assert_eq!((qa, ra, ia), (qb, rb, ib));
                     }
                     _ => prop_assert_eq!(format!("{g:?}"), format!("{s:?}")),

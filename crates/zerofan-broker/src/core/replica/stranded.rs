@@ -10,7 +10,7 @@
 //! owner's, and drops the stranded one; a stranded message whose mark the
 //! owner's copies hold already is not queued again.
 
-use super::super::hash::HashMap;
+use super::super::hash::{HashMap, HashSet};
 use super::{Disk, Images, Mark, MarksRead, PeerId, ReplOp};
 use std::sync::Arc;
 use zerofan_store::{EntryId, MsgId, QueueEntry, StoredMessage};
@@ -238,6 +238,30 @@ impl Images {
             self.marks.stranded((from, id), kept.mark);
             self.restranded += 1;
         }
+    }
+
+    /// The marks of the messages the copy of `client` holds (queued or in
+    /// flight): the node that serves it from this copy has them, should
+    /// the old owner relay them too (see `moves`).
+    pub(crate) fn marks_of(&self, client: &str) -> HashSet<Mark> {
+        let Some((img, owner)) = self
+            .by_client
+            .get(client)
+            .and_then(|i| Some((i, i.owner?)))
+            .filter(|_| !self.marks.of.is_empty())
+        else {
+            return HashSet::default();
+        };
+        let inflight = img
+            .inflight
+            .iter()
+            .filter_map(|(_, _, e)| e.as_ref().map(|(_, e)| e.msg));
+        img.queue
+            .values()
+            .map(|e| e.msg)
+            .chain(inflight)
+            .filter_map(|m| self.marks.of.get(&(owner, m)).copied())
+            .collect()
     }
 
     /// Stranded entries the owners' own replaced, and those kept past a

@@ -610,3 +610,125 @@ fn an_owner_told_stale_confirms_nothing_it_queued_in_that_session() {
     node_0_paused(&mut cl, false);
     assert_refused(&mut cl, p);
 }
+
+/// Node 0 comes back restarted still owning "s", and hands it over to
+/// node 1 (its client back there) before node 2 sends it again what node
+/// 2 stranded for it meanwhile: node 0 relays it, as a match of the moving
+/// session, and node 1, whose copy had it (the same mark), drops it.
+/// Before, the client got it twice.
+#[test]
+fn a_message_sent_again_to_an_owner_that_handed_over_is_not_delivered_twice() {
+    let mut cl = Cluster::new(3, 3);
+    let (s0, _) = cl.persistent_at(0, "s", 1);
+    cl.hs[0].subscribe(s0.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(s0);
+    for i in 1..3 {
+        cl.hs[i].b.set_peer_away(remote(0), true);
+        cl.linked[i][0] = false;
+        cl.linked[0][i] = false;
+    }
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "while-away", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
+
+    // Back restarted (what the links held for it gone), node 2's resend
+    // not yet sent: "s" moves to node 1, which serves its copy; node 2
+    // does not hear of that yet.
+    for i in 1..3 {
+        cl.wires[i][0].clear();
+        cl.linked[i][0] = true;
+        cl.linked[0][i] = true;
+        cl.hs[i].b.set_peer_away(remote(0), false);
+    }
+    cl.pump();
+    cl.linked[1][2] = false;
+    let conn = cl.persistent_waiting(1, "s");
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    let prev = prev_owner(0, 1);
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s1 = Cx { node: 1, conn };
+    let out = cl.out(s1);
+    assert!(present(&out));
+    assert_eq!(drain(&mut cl, s1, out), ["while-away"]);
+
+    // Node 2 finds node 0 new to its link and sends it again, then hears
+    // of the move.
+    cl.hs[2].b.peer_joined(remote(0));
+    cl.hs[2].b.peer_reset(remote(0));
+    cl.pump();
+    assert_eq!(cl.hs[2].b.metrics().stranded_resent, 1);
+    cl.linked[1][2] = true;
+    cl.pump();
+    let out = cl.out(s1);
+    assert_eq!(drain(&mut cl, s1, out), Vec::<String>::new(), "had it");
+    assert_eq!(cl.hs[1].b.metrics().moves_relayed_had, 1);
+}
+
+/// Node 0 was paused: node 2's message for "s" was stranded in the copies
+/// and waits on node 2's link to node 0. The client comes back on node 1,
+/// which node 0 hands the session to as it wakes; only then does node 0
+/// read the message, and relays it (node 2 has not switched yet). Node
+/// 1's copy had it: once. Before, the relay was queued too, and the
+/// client got it twice.
+#[test]
+fn a_message_an_owner_reads_after_it_let_go_is_not_relayed_to_the_copy_that_had_it() {
+    let mut cl = Cluster::new(3, 3);
+    let (s0, _) = cl.persistent_at(0, "s", 1);
+    cl.hs[0].subscribe(s0.conn, "t", opts(QoS::ExactlyOnce));
+    cl.pump();
+    cl.lose(s0);
+    // Paused: what the others write for it waits on their links.
+    for i in 1..3 {
+        cl.hs[i].b.set_peer_away(remote(0), true);
+        cl.linked[i][0] = false;
+    }
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "while-paused", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
+
+    // It wakes to the claim first (the leader's word comes on its own
+    // link), and hands "s" over to node 1.
+    let conn = cl.persistent_waiting(1, "s");
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    let prev = prev_owner(0, 1);
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    // Node 2 hears of the move after it reads node 0's link.
+    cl.linked[1][2] = false;
+    cl.pump();
+    let s1 = Cx { node: 1, conn };
+    let out = cl.out(s1);
+    assert!(present(&out));
+    assert_eq!(out.payloads(), ["while-paused"]);
+
+    // Node 0 reads its link now: the message, relayed to node 1.
+    cl.linked[2][0] = true;
+    cl.pump();
+    assert_eq!(cl.hs[0].b.metrics().moves_relayed_messages, 1);
+    cl.linked[1][2] = true;
+    for i in 1..3 {
+        cl.linked[i][0] = true;
+        cl.hs[i].b.set_peer_away(remote(0), false);
+    }
+    cl.pump();
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "had it");
+    assert_eq!(cl.hs[1].b.metrics().moves_relayed_had, 1);
+}
