@@ -11,10 +11,14 @@ subscribers (MQTT 5 and 3.1.1, on different nodes) and QoS 1 and QoS 2
 publishers on every node publish all along. One fault at a time, chosen
 by the seed, the cluster healthy again before the next:
 
-- kill: a node killed (`kill -9`) and restarted from its data dir;
+- kill: a node killed (`kill -9`) and restarted from its data dir 1-3 s later
+  (`--down-max`);
 - pause: a node stopped (SIGSTOP) for 1-5 s, past its lease, then resumed;
-- cut: a node cut off from the others by the proxy for 2-6 s, then healed;
-- move: a subscriber leaves its node and connects to the next one.
+- cut: a node cut off from the others by the proxy for 2-6 s (`--cut-max`), then
+  healed;
+- move: a subscriber leaves its node and connects to the next one;
+- split (only with `--faults ...,split`): a node and the next one cut from
+  each other for 2-6 s, both still reaching the third.
 
 Clients reconnect to the next live node, as a client given several servers
 would (one paho client per subscriber throughout, so a QoS 2 delivery past
@@ -289,9 +293,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cut-max", type=float, default=6,
+                    help="longest partition, seconds (past 10 s the leader hands a cut-off "
+                         "node's client ids to another node)")
+    ap.add_argument("--down-max", type=float, default=3,
+                    help="longest time a killed node stays down, seconds (likewise)")
+    ap.add_argument("--faults", default="kill,pause,cut,move",
+                    help="the kinds of fault to draw from, among kill, pause, cut, move and "
+                         "split (two nodes cut from each other only, 2 s to --cut-max)")
     ap.add_argument("--hold", type=float, default=0,
                     help="seconds to keep the cluster up after a broken promise, to look")
     args = ap.parse_args()
+    kinds = args.faults.split(",")
+    unknown = set(kinds) - {"kill", "pause", "cut", "move", "split"}
+    if unknown:
+        ap.error(f"unknown faults: {', '.join(sorted(unknown))}")
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="zerofan-soak-"))
     proxy = Partitioner()
@@ -325,13 +341,13 @@ def main() -> int:
             time.sleep(rng.uniform(2, 5))  # traffic between faults
             if not healthy(ns, SETTLE):
                 raise AssertionError(f"the cluster did not recover in {SETTLE} s")
-            fault = rng.choice(["kill", "pause", "cut", "move"])
+            fault = rng.choice(kinds)
             node = rng.choice(ns)
             faults[fault] += 1
             timeline.append((time.monotonic() - started, fault, node.node_id))
             if fault == "kill":
                 node.kill()
-                time.sleep(rng.uniform(1, 3))
+                time.sleep(rng.uniform(1, args.down_max))
                 node.start()
             elif fault == "pause":
                 node.broker.proc.send_signal(signal.SIGSTOP)
@@ -339,7 +355,14 @@ def main() -> int:
                 node.broker.proc.send_signal(signal.SIGCONT)
             elif fault == "cut":
                 proxy.cut(node.node_id)
-                time.sleep(rng.uniform(2, 6))
+                time.sleep(rng.uniform(2, args.cut_max))
+                proxy.heal()
+            elif fault == "split":
+                other = ns[(ns.index(node) + 1) % len(ns)]
+                timeline[-1] = (timeline[-1][0], f"split from node {other.node_id} of",
+                                node.node_id)
+                proxy.split(node.node_id, other.node_id)
+                time.sleep(rng.uniform(2, args.cut_max))
                 proxy.heal()
             else:
                 rng.choice(subs).move()

@@ -523,6 +523,8 @@ class Partitioner:
     def __init__(self):
         self.lock = threading.Lock()
         self.cut_off: set[int] = set()
+        # Pairs of nodes cut from each other only (`split`).
+        self.pairs: set[frozenset[int]] = set()
         self.conns: list[tuple[int, int, socket.socket, socket.socket]] = []
         self.listeners: list[socket.socket] = []
         self.targets: dict[int, int] = {}
@@ -541,7 +543,7 @@ class Partitioner:
         return ls.getsockname()[1]
 
     def _blocked(self, a: int, b: int) -> bool:
-        return (a in self.cut_off) != (b in self.cut_off)
+        return (a in self.cut_off) != (b in self.cut_off) or frozenset((a, b)) in self.pairs
 
     def _accept(self, ls: socket.socket, node: int):
         while not self.stop.is_set():
@@ -611,21 +613,33 @@ class Partitioner:
     def cut(self, node: int):
         with self.lock:
             self.cut_off = {node}
-            keep = []
-            for sender, target, a, b in self.conns:
-                if self._blocked(sender, target):
-                    for s in (a, b):
-                        try:
-                            s.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
-                else:
-                    keep.append((sender, target, a, b))
-            self.conns = keep
+            self._close_blocked()
+
+    def split(self, a: int, b: int):
+        """Cut `a` and `b` from each other only: both still reach the
+        others (a partial partition)."""
+        with self.lock:
+            self.pairs.add(frozenset((a, b)))
+            self._close_blocked()
+
+    def _close_blocked(self):
+        """Close the connections now blocked (the lock held)."""
+        keep = []
+        for sender, target, a, b in self.conns:
+            if self._blocked(sender, target):
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+            else:
+                keep.append((sender, target, a, b))
+        self.conns = keep
 
     def heal(self):
         with self.lock:
             self.cut_off = set()
+            self.pairs = set()
 
     def close(self):
         self.stop.set()
