@@ -1222,24 +1222,35 @@ impl Broker {
     }
 
     /// Whether `conn`'s granted claim, which resumes a session that `prev`
-    /// owned, still has no copy here written under `prev`'s epoch once the
-    /// handover wait is over (`prev` away, dead, or silent): the shell then
-    /// asks the other nodes for one ([`Broker::ask_for_copy`]) and waits a
-    /// bounded time, woken by [`Broker::take_handover_news`]. A node
-    /// outside the dead owner's replica set would otherwise serve a clean
-    /// session while the replicas hold the copy.
+    /// owned, needs another node's copy once the handover wait is over
+    /// (`prev` away, dead, or silent): the shell then asks the other nodes
+    /// ([`Broker::ask_for_copy`]) and waits, while this is true, a bounded
+    /// time, woken by [`Broker::take_handover_news`]. Asked when no copy
+    /// here was written under `prev`'s epoch: a node outside the dead
+    /// owner's replica set would otherwise serve a clean session while the
+    /// replicas hold the copy. Asked too when `prev` is away from here:
+    /// cut off from this node only (a partial partition), it went on
+    /// without this copy, acknowledging what the others hold. Once asked,
+    /// true until a copy came or every node asked answered.
     pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
         let Some(client) = self.claims.resumes(conn) else {
             return false;
         };
-        self.repl.on()
-            && !self.serves(client)
-            && prev.epoch > 0
-            && self.peers.any()
-            // The old owner said it handed over what it had (maybe
-            // nothing: a clean session there).
-            && !self.claims.was_handed(client)
-            && self.repl.images.is_current(client, prev) != Some(true)
+        if !self.repl.on() || self.serves(client) || prev.epoch == 0 || !self.peers.any() {
+            return false;
+        }
+        // The old owner said it handed over what it had (maybe nothing: a
+        // clean session there), or a node sent its copy.
+        if self.claims.was_handed(client) {
+            return false;
+        }
+        if let Some(waiting) = self.claims.copy_asked(client) {
+            return waiting;
+        }
+        match self.repl.images.is_current(client, prev) {
+            Some(true) => prev.peer.is_some_and(|p| !self.peers.is_live(p)),
+            _ => true,
+        }
     }
 
     /// Ask every reachable node for a copy of `conn`'s session written
@@ -1249,22 +1260,45 @@ impl Broker {
             return;
         };
         self.metrics.copies_asked += 1;
-        for p in self.peers.reachable() {
+        let have = self.repl.images.is_current(&client, prev) == Some(true);
+        let peers = self.peers.reachable();
+        for &p in &peers {
             self.peers.send(
                 p,
                 PeerEvent::CopyWanted {
                     client: client.clone(),
                     epoch: prev.epoch,
+                    have,
                 },
             );
         }
+        self.claims.asked_copy(&client, peers);
     }
 
     /// `from` asks for the copy of `client` written under `epoch`: sent when
-    /// kept here, then the handover mark (nothing otherwise: another node
-    /// may keep it).
-    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64) {
-        let Some(ops) = self.repl.images.copy_ops(client, epoch) else {
+    /// kept here, then the handover mark; `NoCopy` otherwise. When `from`
+    /// has that copy itself, only if its owner is live here: this copy
+    /// kept up with it then (the owner waits for its live replicas), and
+    /// is no older than the asker's.
+    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64, have: bool) {
+        let kept_up = || {
+            self.repl
+                .images
+                .owner(client)
+                .is_some_and(|o| self.peers.is_live(o))
+        };
+        let ops = if have && !kept_up() {
+            None
+        } else {
+            self.repl.images.copy_ops(client, epoch)
+        };
+        let Some(ops) = ops else {
+            self.peers.send(
+                from,
+                PeerEvent::NoCopy {
+                    client: client.into(),
+                },
+            );
             return;
         };
         self.metrics.copies_sent += 1;
@@ -1734,11 +1768,18 @@ impl Broker {
     fn unchain(&mut self, gone: Option<PeerId>) {
         let peers = &self.peers;
         let free = self.moves.unchain(|p| peers.seen_by(p), gone);
-        for answer in free {
-            match answer {
-                Answer::Seen(p, seq) => self.durable_seen_unmoved(p, seq),
-                Answer::Ack(conn, out) => self.send_publish_ack_unmoved(conn, out),
+        let mut refused = Vec::new();
+        for (answer, refuse) in free {
+            match (answer, refuse) {
+                (Answer::Seen(p, seq), false) => self.durable_seen_unmoved(p, seq),
+                (Answer::Ack(conn, out), false) => self.send_publish_ack_unmoved(conn, out),
+                (Answer::Seen(p, seq), true) => self.peers.send(p, PeerEvent::Refused { seq }),
+                (Answer::Ack(conn, _), true) => refused.push(conn),
             }
+        }
+        if !refused.is_empty() {
+            let now = self.last_stamp.0;
+            self.refuse_acks(now, refused.into_iter());
         }
     }
 
@@ -5152,7 +5193,10 @@ impl Broker {
             PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::ReplicaStale { clients } => self.replica_stale(now, from, clients),
-            PeerEvent::Handover { client } => self.claims.handed_over(client),
+            PeerEvent::Handover { client } => {
+                self.claims.copy_answered(&client, from);
+                self.claims.handed_over(client);
+            }
             PeerEvent::Relaying { client } => self.relaying(now, from, client),
             PeerEvent::Relayed {
                 client,
@@ -5194,7 +5238,12 @@ impl Broker {
                 self.move_flushed(now, &client, Some(from));
                 self.moves.flushed_arriving(&client, from);
             }
-            PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
+            PeerEvent::CopyWanted {
+                client,
+                epoch,
+                have,
+            } => self.offer_copy(from, &client, epoch, have),
+            PeerEvent::NoCopy { client } => self.claims.copy_answered(&client, from),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(session).and_then(|s| s.conn);
                 if let Some(conn) = conn {

@@ -14,6 +14,7 @@
 //! [`Broker::client_taken`]: super::Broker::client_taken
 
 use super::ids::ConnId;
+use super::peer::PeerId;
 use std::collections::{HashMap, HashSet, VecDeque};
 use zerofan_codec::Connect;
 
@@ -55,6 +56,10 @@ pub(crate) struct Claims {
     handed: VecDeque<Box<str>>,
     /// A handover arrived since the shell last looked.
     handed_new: bool,
+    /// Client ids whose claim asked the other nodes for a copy
+    /// (`PeerEvent::CopyWanted`), with the nodes yet to answer. Oldest
+    /// first, at most [`MAX_HANDED`], like `handed`.
+    asked: VecDeque<(Box<str>, Vec<PeerId>)>,
 }
 
 /// Most handovers remembered (see [`Claims::handed`]).
@@ -147,6 +152,38 @@ impl Claims {
         if !self.handed.is_empty() {
             self.handed.retain(|c| &**c != client);
         }
+        if !self.asked.is_empty() {
+            self.asked.retain(|(c, _)| &**c != client);
+        }
+    }
+
+    /// `client`'s claim asked `peers` for a copy.
+    pub(crate) fn asked_copy(&mut self, client: &str, peers: Vec<PeerId>) {
+        self.asked.retain(|(c, _)| &**c != client);
+        if self.asked.len() >= MAX_HANDED {
+            self.asked.pop_front();
+        }
+        self.asked.push_back((client.into(), peers));
+    }
+
+    /// `from` answered the ask for `client`'s copy (a copy and its mark,
+    /// or none).
+    pub(crate) fn copy_answered(&mut self, client: &str, from: PeerId) {
+        if let Some((_, peers)) = self.asked.iter_mut().find(|(c, _)| &**c == client) {
+            peers.retain(|p| *p != from);
+            if peers.is_empty() {
+                self.handed_new = true;
+            }
+        }
+    }
+
+    /// Whether `client`'s claim asked for a copy: `Some(true)` while a
+    /// node asked has not answered.
+    pub(crate) fn copy_asked(&self, client: &str) -> Option<bool> {
+        self.asked
+            .iter()
+            .find(|(c, _)| &**c == client)
+            .map(|(_, peers)| !peers.is_empty())
     }
 
     /// The client id of `conn`'s claim, answered now, if its client left

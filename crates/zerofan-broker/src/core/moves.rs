@@ -476,12 +476,15 @@ impl Moves {
     }
 
     /// The chained answers free now, in order (`seen` as for
-    /// [`Moves::chain`]; `gone` nodes are waited for no more).
+    /// [`Moves::chain`]), each with whether it is refused: a `gone` node,
+    /// waited for no more, never confirmed the relays it waited for, which
+    /// may be lost with that node's link (cut off from this node only, it
+    /// may serve the session all the same).
     pub(crate) fn unchain(
         &mut self,
         seen: impl Fn(PeerId) -> u64,
         gone: Option<PeerId>,
-    ) -> Vec<Answer> {
+    ) -> Vec<(Answer, bool)> {
         if let Some(g) = gone {
             self.relayed_to.retain(|r| r.to != g);
         }
@@ -490,8 +493,9 @@ impl Moves {
             if c.needs.iter().any(|&(p, f)| Some(p) != gone && seen(p) < f) {
                 break;
             }
+            let refused = c.needs.iter().any(|&(p, f)| Some(p) == gone && seen(p) < f);
             if let Some(c) = self.chained.pop_front() {
-                free.push(c.answer);
+                free.push((c.answer, refused));
             }
         }
         free

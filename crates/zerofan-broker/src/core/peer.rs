@@ -175,14 +175,26 @@ pub enum PeerEvent {
         client: Box<str>,
     },
     /// The sender was granted `client` under a claim whose previous owner
-    /// held it at `epoch`, is not there to hand it over (away, dead), and
-    /// the sender keeps no copy written under that epoch: a receiver that
-    /// keeps one sends it (its full image, then [`PeerEvent::Handover`]).
+    /// held it at `epoch` and is not there to hand it over (away, dead):
+    /// a receiver that keeps a copy written under that epoch sends it
+    /// (its full image, then [`PeerEvent::Handover`]); one that does not
+    /// answers [`PeerEvent::NoCopy`].
     CopyWanted {
         /// The client id.
         client: Box<str>,
         /// The previous owner's claim epoch.
         epoch: u64,
+        /// The sender keeps such a copy itself, but was cut off from the
+        /// owner, which went on without it (a partial partition): only a
+        /// copy kept by a node the owner is live to may be newer, and
+        /// only such a copy is sent.
+        have: bool,
+    },
+    /// The answer to [`PeerEvent::CopyWanted`] of a node that sends no
+    /// copy.
+    NoCopy {
+        /// The client id.
+        client: Box<str>,
     },
     /// The sender, the old owner of `client`'s persistent session, keeps
     /// relaying what matches its subscriptions to the receiver, the new

@@ -29,7 +29,8 @@ use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
 /// stranded message's mark, and so may a replicated message. 3: a
 /// replicated full image says how far its owner had read other nodes'
 /// marks. 4: `Refused`, a fence's negative answer. 5: a relayed message
-/// carries its mark.
+/// carries its mark; `CopyWanted` says whether its sender has a copy, and
+/// `NoCopy` answers it.
 pub const VERSION: u8 = 5;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
@@ -63,6 +64,7 @@ const MOVED: u8 = 23;
 const FLUSHED: u8 = 24;
 const STRANDED: u8 = 25;
 const REFUSED: u8 = 26;
+const NO_COPY: u8 = 27;
 
 /// What one frame holds.
 // Nearly every frame is an `Event`: boxing it to shrink the rare others
@@ -231,9 +233,18 @@ impl FrameEncoder {
                 self.scratch.put_u8(HANDOVER);
                 put_str(&mut self.scratch, client)?;
             }
-            PeerEvent::CopyWanted { client, epoch } => {
+            PeerEvent::CopyWanted {
+                client,
+                epoch,
+                have,
+            } => {
                 self.scratch.put_u8(COPY_WANTED);
                 self.scratch.put_u64(*epoch);
+                self.scratch.put_u8(u8::from(*have));
+                put_str(&mut self.scratch, client)?;
+            }
+            PeerEvent::NoCopy { client } => {
+                self.scratch.put_u8(NO_COPY);
                 put_str(&mut self.scratch, client)?;
             }
             PeerEvent::Relaying { client } => {
@@ -609,13 +620,18 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         }
         COPY_WANTED => {
             let epoch = get_u64(&mut f)?;
+            let have = get_u8(&mut f)? != 0;
             let client = get_str(&mut f)?;
             end(&f)?;
             PeerEvent::CopyWanted {
                 client: client.as_str().into(),
                 epoch,
+                have,
             }
         }
+        NO_COPY => PeerEvent::NoCopy {
+            client: get_client(&mut f)?,
+        },
         RELAYING => PeerEvent::Relaying {
             client: get_client(&mut f)?,
         },
@@ -1156,9 +1172,13 @@ mod tests {
             any::<u64>().prop_map(|seq| PeerEvent::Refused { seq }),
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
-            ("[a-z/]{0,12}", any::<u64>()).prop_map(|(c, epoch)| PeerEvent::CopyWanted {
-                client: c.into(),
-                epoch
+            "[a-z/]{0,12}".prop_map(|c| PeerEvent::NoCopy { client: c.into() }),
+            ("[a-z/]{0,12}", any::<u64>(), any::<bool>()).prop_map(|(c, epoch, have)| {
+                PeerEvent::CopyWanted {
+                    client: c.into(),
+                    epoch,
+                    have,
+                }
             }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Relaying { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::RelayDone { client: c.into() }),

@@ -43,6 +43,7 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
             tokio::task::spawn_local(async move {
                 let got = claim(&c, &req.client_id).await;
                 drop(slot);
+                tracing::debug!(client_id = %req.client_id, ?got, "claim answered");
                 // A node never linked to has no peer id, and no copy here.
                 let prev = got.and_then(|(_, p)| p).map(|(node, epoch)| PreviousOwner {
                     peer: s.links.as_ref().and_then(|l| l.known_peer(node)),
@@ -74,8 +75,10 @@ async fn wait_for_handover(shared: &Shared, conn: crate::core::ConnId, prev: &Pr
         tracing::debug!(%conn, "no handover from the old owner in time");
     }
     if !shared.broker.borrow().wants_copy(conn, prev) {
+        tracing::debug!(%conn, ?prev, "no copy wanted from the other nodes");
         return;
     }
+    tracing::debug!(%conn, ?prev, "asking the other nodes for a copy");
     shared.broker.borrow_mut().ask_for_copy(conn, prev);
     shared.dispatch();
     if !wait_until_not(shared, |b| b.wants_copy(conn, prev)).await {

@@ -313,3 +313,22 @@ fn a_full_hold_is_queued_and_the_relay_still_taken() {
     assert_eq!(cl.hs[1].b.metrics().moves_relay_dropped, 0);
     assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
 }
+
+/// Node 0 relays node 2's message to node 1, but its link to node 1 is
+/// cut (node 1 reaches node 2, a partial partition) and node 1 goes away
+/// from node 0 before it confirmed the relay: node 0 refuses node 2's
+/// fence, and node 2 disconnects its publisher instead of acknowledging,
+/// so the client publishes it again. Before, node 0 answered node 2's
+/// fence as if node 1 had the relay.
+#[test]
+fn a_relay_the_new_owner_never_confirmed_is_refused() {
+    let mut cl = Cluster::new(3, 3);
+    let (p, _s1) = moved_while_node_2_lags(&mut cl);
+    cl.linked[0][1] = false;
+    publish_at(&mut cl, p, "m1", 1);
+    assert_eq!(cl.hs[0].b.metrics().moves_relayed_messages, 1);
+    assert!(acks(&cl.out(p)).is_empty(), "waits for node 1");
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    cl.pump();
+    assert_refused(&mut cl, p);
+}
