@@ -1184,7 +1184,7 @@ impl Broker {
             self.lease.claimed(conn);
             self.replica_epoch(connect.client_id.as_str(), epoch);
             // An image kept here becomes the session; the replicas get it.
-            let had = self.install_replica(now, &connect);
+            let had = self.install_replica(now, &connect, prev.and_then(|p| p.peer));
             let client = connect.client_id.clone();
             let resumed = !connect.clean_start;
             self.handle_connect(now, conn, *connect, true);
@@ -3032,6 +3032,19 @@ impl Broker {
     /// Queue `msg` for the sessions the router finds in `scope`, and send it
     /// on to the peers it finds.
     fn deliver(&mut self, now: Instant, msg: Rc<Message>, scope: Scope<'_>) -> usize {
+        self.deliver_held(now, msg, scope, None)
+    }
+
+    /// [`Broker::deliver`] of a message a peer wrote to its store as `held`
+    /// (peer, id): not queued again for a session served here from a copy
+    /// of that peer's that held it (see `strand::Strands::held`).
+    fn deliver_held(
+        &mut self,
+        now: Instant,
+        msg: Rc<Message>,
+        scope: Scope<'_>,
+        held: Option<(PeerId, MsgId)>,
+    ) -> usize {
         let sessions = &self.sessions;
         let online = |s: SessionId| sessions.get(s).is_some_and(|x| x.conn.is_some());
         // A peer's session ids are not ours: No Local is for local publishers.
@@ -3049,6 +3062,16 @@ impl Broker {
         for hit in routed.by_ref() {
             if !self.may_deliver(hit.session, msg.topic.as_str()) {
                 continue;
+            }
+            if let Some((from, id)) = held {
+                let had = self
+                    .sessions
+                    .get(hit.session)
+                    .is_some_and(|s| self.strands.held(&s.client_id, from, id));
+                if had {
+                    self.metrics.forwarded_had += 1;
+                    continue;
+                }
             }
             count += 1;
             let item = Queued {
@@ -3079,6 +3102,7 @@ impl Broker {
         // The last forward takes the message itself when nothing else
         // holds it (fan-in: no subscriber here), rather than a copy.
         let mut last = None;
+        let id = msg.stored().get();
         for f in routed.forwards.drain(..) {
             if self.peers.congested(f.peer) {
                 if msg.qos == QoS::AtMostOnce {
@@ -3105,6 +3129,7 @@ impl Broker {
                         msg,
                         direct,
                         shares,
+                        id,
                     },
                 );
             }
@@ -3118,6 +3143,7 @@ impl Broker {
                     msg,
                     direct,
                     shares,
+                    id,
                 },
             );
         }
@@ -3197,6 +3223,7 @@ impl Broker {
         // One identity on every node, the away ones included, so that
         // copies that get the message twice keep it once.
         let mark = self.strands.mark(self.durable.unix_ms(now));
+        let id = msg.stored().get();
         let peers: Vec<PeerId> = self.peers.ids().collect();
         for peer in peers {
             let f = forwards.iter().find(|f| f.peer == peer);
@@ -3217,6 +3244,7 @@ impl Broker {
                     msg,
                     direct,
                     shares,
+                    id,
                 }
             } else {
                 PeerEvent::Stranded(Box::new(super::peer::Stranded {
@@ -3782,6 +3810,7 @@ impl Broker {
                         msg: item.msg.for_peer(),
                         direct: false,
                         shares: vec![share.into()],
+                        id: None,
                     };
                     self.peers.send(peer, event);
                     continue;
@@ -5152,6 +5181,7 @@ impl Broker {
                 mut msg,
                 direct,
                 shares,
+                id,
             } => {
                 self.metrics.peer_received += 1;
                 self.peers.handled(from, msg.size() as u64);
@@ -5161,7 +5191,10 @@ impl Broker {
                     direct,
                     shares: &shares,
                 };
-                self.deliver(now, Rc::new(msg), scope);
+                let held = id
+                    .filter(|_| self.strands.holds_from(from, now))
+                    .map(|id| (from, id));
+                self.deliver_held(now, Rc::new(msg), scope, held);
             }
             PeerEvent::Stranded(st) => {
                 let super::peer::Stranded {
@@ -5988,6 +6021,7 @@ impl Broker {
         &mut self,
         now: Instant,
         connect: &zerofan_codec::Connect,
+        prev: Option<PeerId>,
     ) -> HashSet<super::strand::Mark> {
         let client = connect.client_id.as_str();
         if !self.repl.images.has(client) {
@@ -6001,11 +6035,17 @@ impl Broker {
             return HashSet::default();
         }
         let had = self.repl.images.marks_of(client);
+        // The copy's ids are its owner's: the previous owner's also when
+        // another node sent it (see `Images::copy_ops`).
+        let ids = prev.or(owner).map(|p| (p, self.repl.images.ids_of(client)));
         let rs = self.repl.images.take(client, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
             return HashSet::default();
         };
+        if let Some((from, ids)) = ids {
+            self.strands.hold(client, from, ids, now);
+        }
         log_taken(client, owner, &rs);
         let will = rs.will.clone();
         self.restore(
@@ -6091,12 +6131,16 @@ impl Broker {
         };
         let owner = self.repl.images.subscribed_owner(client_id);
         let had = self.repl.images.marks_of(client_id);
+        let ids = owner.map(|p| (p, self.repl.images.ids_of(client_id)));
         let mut disk = super::replica::Disk::new(&mut self.durable);
         let rs = self.repl.images.take(client_id, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
             return false;
         };
+        if let Some((from, ids)) = ids {
+            self.strands.hold(client_id, from, ids, now);
+        }
         log_taken(client_id, owner, &rs);
 
         self.replica_epoch(client_id, epoch);

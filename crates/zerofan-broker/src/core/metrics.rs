@@ -465,6 +465,14 @@ counters! {
                 "zerofan_cluster_moves_relayed_had_total",
                 "Relayed messages dropped because the copy the session was served from held them already.",
             )),
+        /// Messages a peer forwarded that a session served here from a copy
+        /// of that peer's held already (skipped for that session).
+        pub forwarded_had: u64 = CounterDef::NEW
+            .sys("cluster/forwarded_had")
+            .prom(Family::new(
+                "zerofan_cluster_forwarded_had_total",
+                "Forwarded messages skipped for a session served from a copy that held them already.",
+            )),
         /// Moves whose held messages reached the session's queue bound and
         /// were queued before the relay ended.
         pub moves_hold_overflows: u64 = CounterDef::NEW

@@ -83,6 +83,11 @@ pub enum PeerEvent {
         /// The shared groups (`$share/{group}/{filter}`) for which the
         /// sender chose the receiver: one of its members gets the message.
         shares: Vec<Arc<str>>,
+        /// The sender's store id of the message, when it wrote it for
+        /// persistent sessions of its own: a receiver that took one of
+        /// those sessions from a copy skips it there when the copy held
+        /// it (see `strand::Strands::held`).
+        id: Option<zerofan_store::MsgId>,
     },
     /// A message for the persistent sessions of nodes away from the
     /// sender as well (see `strand`); boxed, as it is rare and larger than

@@ -22,6 +22,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofan_codec::{MqttStr, Packet, Protocol, PublishHeader, QoS};
+use zerofan_store::MsgId;
 
 /// The format version this build writes and reads; a frame of another is
 /// refused, so nodes of different formats fail at their first frame
@@ -164,9 +165,10 @@ impl FrameEncoder {
                 msg,
                 direct,
                 shares,
+                id,
             } => {
                 self.scratch.put_u8(PUBLISH);
-                put_publish(&mut self.scratch, msg, *direct, shares, now)?;
+                put_publish(&mut self.scratch, msg, *direct, shares, *id, now)?;
                 payload = Some(msg.payload.clone());
                 publish = Some(msg.qos);
             }
@@ -183,7 +185,7 @@ impl FrameEncoder {
                 for o in owners {
                     self.scratch.put_u16(o.0);
                 }
-                put_publish(&mut self.scratch, msg, *direct, shares, now)?;
+                put_publish(&mut self.scratch, msg, *direct, shares, None, now)?;
                 payload = Some(msg.payload.clone());
                 publish = Some(msg.qos);
             }
@@ -539,11 +541,12 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             }
         }
         PUBLISH => {
-            let (msg, direct, shares) = get_publish(f, now)?;
+            let (msg, direct, shares, id) = get_publish(f, now)?;
             PeerEvent::Publish {
                 msg,
                 direct,
                 shares,
+                id,
             }
         }
         STRANDED => {
@@ -552,7 +555,7 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             for _ in 0..n {
                 owners.push(PeerId(get_u16(&mut f)?));
             }
-            let (msg, direct, shares) = get_publish(f, now)?;
+            let (msg, direct, shares, _) = get_publish(f, now)?;
             PeerEvent::Stranded(Box::new(Stranded {
                 owners,
                 msg,
@@ -749,13 +752,17 @@ fn put_publish(
     msg: &Message,
     direct: bool,
     shares: &[Arc<str>],
+    id: Option<MsgId>,
     now: Instant,
 ) -> Result<(), WireError> {
     let mark = msg.mark();
-    out.put_u8(u8::from(direct) | (u8::from(mark.is_some()) << 1));
+    out.put_u8(u8::from(direct) | (u8::from(mark.is_some()) << 1) | (u8::from(id.is_some()) << 2));
     if let Some(m) = mark {
         out.put_u64(m.node());
         out.put_u64(m.seq());
+    }
+    if let Some(id) = id {
+        out.put_u64(id.0);
     }
     let n = u16::try_from(shares.len()).map_err(|_| WireError("too many groups"))?;
     out.put_u16(n);
@@ -767,10 +774,19 @@ fn put_publish(
 
 /// [`put_publish`] read back: the message (with its mark), `direct` and
 /// the groups.
-fn get_publish(mut f: Bytes, now: Instant) -> Result<(Message, bool, Vec<Arc<str>>), WireError> {
+#[allow(clippy::type_complexity)]
+fn get_publish(
+    mut f: Bytes,
+    now: Instant,
+) -> Result<(Message, bool, Vec<Arc<str>>, Option<MsgId>), WireError> {
     let flags = get_u8(&mut f)?;
     let mark = if flags & 2 != 0 {
         Some(Mark::new(get_u64(&mut f)?, get_u64(&mut f)?))
+    } else {
+        None
+    };
+    let id = if flags & 4 != 0 {
+        Some(MsgId(get_u64(&mut f)?))
     } else {
         None
     };
@@ -781,7 +797,7 @@ fn get_publish(mut f: Bytes, now: Instant) -> Result<(Message, bool, Vec<Arc<str
     }
     let mut msg = get_message(f, now)?;
     msg.set_mark(mark);
-    Ok((msg, flags & 1 != 0, shares))
+    Ok((msg, flags & 1 != 0, shares, id))
 }
 
 fn get_u8(f: &mut Bytes) -> Result<u8, WireError> {
@@ -904,6 +920,7 @@ mod tests {
                 msg: expiring,
                 direct: true,
                 shares: vec!["$share/g/a/+".into(), "$share/h/#".into()],
+                id: Some(MsgId(41)),
             },
             PeerEvent::Hold {
                 session: SessionId(9),
@@ -930,11 +947,13 @@ mod tests {
             msg,
             direct,
             shares,
+            id,
         } = &got[2]
         else {
             panic!("{:?}", got[2]);
         };
         assert!(*direct);
+        assert_eq!(*id, Some(MsgId(41)));
         assert_eq!(shares.len(), 2);
         assert_eq!(&*shares[1], "$share/h/#");
         assert_eq!(msg.topic.as_str(), "a/b");
@@ -1010,6 +1029,7 @@ mod tests {
             msg: m,
             direct: true,
             shares: Vec::new(),
+            id: None,
         };
         let f = FrameEncoder::default().encode(&ev, now).unwrap();
         // Encoding did not copy the payload: the second chunk is it.
@@ -1038,6 +1058,7 @@ mod tests {
                 msg: message("a", b"xyz", QoS::AtMostOnce, false, Properties::default()),
                 direct: true,
                 shares: Vec::new(),
+                id: None,
             },
         ];
         let all = wire(&sent, now);
@@ -1099,6 +1120,7 @@ mod tests {
             ),
             direct: false,
             shares: vec!["$share/g/a/b".into()],
+            id: Some(MsgId(7)),
         }];
         let whole = wire(&sent, now);
         for cut in LEN + 1..whole.len() {
@@ -1130,8 +1152,9 @@ mod tests {
                 proptest::collection::vec("[a-z]{1,6}", 0..3),
                 proptest::option::of("[a-z ]{0,10}"),
                 proptest::option::of((any::<u64>(), any::<u64>())),
+                proptest::option::of(any::<u64>()),
             )
-                .prop_map(|(t, p, q, retain, direct, shares, ct, mark)| {
+                .prop_map(|(t, p, q, retain, direct, shares, ct, mark, id)| {
                     let qos = [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce][usize::from(q)];
                     let props = Properties {
                         content_type: ct.map(|c| MqttStr::try_from(c.as_str()).unwrap()),
@@ -1143,6 +1166,7 @@ mod tests {
                         msg,
                         direct,
                         shares: shares.into_iter().map(Into::into).collect(),
+                        id: id.map(MsgId),
                     }
                 }),
             (
@@ -1218,8 +1242,9 @@ mod tests {
                 // Debug covers every field (a decoded message's private
                 // fields are those of a fresh message: compare the rest).
                 match (g, s) {
-                    (PeerEvent::Publish { msg: a, direct: da, shares: sa },
-                     PeerEvent::Publish { msg: b, direct: db, shares: sb }) => {
+                    (PeerEvent::Publish { msg: a, direct: da, shares: sa, id: ia },
+                     PeerEvent::Publish { msg: b, direct: db, shares: sb, id: ib }) => {
+                        prop_assert_eq!(ia, ib);
                         prop_assert_eq!(&a.topic, &b.topic);
                         prop_assert_eq!(&a.payload, &b.payload);
                         prop_assert_eq!(a.qos, b.qos);

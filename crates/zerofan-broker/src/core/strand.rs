@@ -26,12 +26,13 @@
 //! stranded and as the owner's own, and drop the stranded entry
 //! (`Images::strand` and `Images::unstrand`).
 
-use super::hash::HashMap;
+use super::hash::{HashMap, HashSet};
 use super::message::Message;
 use super::peer::PeerId;
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
+use zerofan_store::MsgId;
 
 /// How long a message stranded for a node is kept for it, should it come
 /// back restarted: a restart takes seconds.
@@ -89,6 +90,21 @@ impl MarksRead {
     }
 }
 
+/// The messages a copy held when its session was served from it, by the
+/// store id of the node that owned it (`from`). That node may not have
+/// known yet, cut off from this one (a partial partition): it went on
+/// queueing its publishers' messages in the session, and forwarded them
+/// here for other subscribers, on a link that delivers them only once it
+/// heals. Those the copy held are the session's already, and are skipped
+/// for it; the others are new to it. Kept [`KEEP_FOR`]: a cut heals in
+/// seconds.
+#[derive(Debug)]
+struct Held {
+    from: PeerId,
+    ids: HashSet<MsgId>,
+    until: Instant,
+}
+
 /// A message stranded for a node at a time, with its mark.
 type Kept = (Instant, Rc<Message>, Option<Mark>);
 
@@ -121,6 +137,9 @@ pub(crate) struct Strands {
     /// from the node that gave them, in order): see [`MarksRead`].
     /// Bounded by the peers.
     read: HashMap<PeerId, Mark>,
+    /// Per session served here from a copy: the old owner's store ids of
+    /// the messages that copy held, for a while (see [`Held`]).
+    held: HashMap<Box<str>, Held>,
     /// This node's id in the cluster (0: none, no marks given).
     node: u64,
     /// The last mark's count.
@@ -240,6 +259,34 @@ impl Strands {
         if !self.taken.is_empty() {
             self.taken.remove(client);
         }
+        if !self.held.is_empty() {
+            self.held.remove(client);
+        }
+    }
+
+    /// `client`'s session is served here from a copy that held the
+    /// messages `ids` of `from`'s store (see [`Held`]).
+    pub(crate) fn hold(&mut self, client: &str, from: PeerId, ids: HashSet<MsgId>, now: Instant) {
+        if ids.is_empty() {
+            return;
+        }
+        self.held.retain(|_, h| h.until > now);
+        let until = now + KEEP_FOR;
+        self.held.insert(client.into(), Held { from, ids, until });
+    }
+
+    /// Whether a session here was served from a copy of `from`'s lately.
+    #[inline]
+    pub(crate) fn holds_from(&self, from: PeerId, now: Instant) -> bool {
+        !self.held.is_empty() && self.held.values().any(|h| h.from == from && h.until > now)
+    }
+
+    /// Whether `client`'s session was served from a copy that held `from`'s
+    /// message `id`.
+    pub(crate) fn held(&self, client: &str, from: PeerId, id: MsgId) -> bool {
+        self.held
+            .get(client)
+            .is_some_and(|h| h.from == from && h.ids.contains(&id))
     }
 }
 

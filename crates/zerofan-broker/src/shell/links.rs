@@ -304,6 +304,7 @@ impl Links {
                 msg: st.msg.for_peer(),
                 direct: st.direct,
                 shares: std::mem::take(&mut st.shares),
+                id: None,
             };
             *e = publish;
         }
@@ -344,6 +345,7 @@ impl Links {
                 msg: st.msg,
                 direct: st.direct,
                 shares: st.shares,
+                id: None,
             };
         }
         PeerEvent::Stranded(st)

@@ -264,6 +264,24 @@ impl Images {
             .collect()
     }
 
+    /// The store ids, in its owner's store, of the messages the copy of
+    /// `client` holds (queued or in flight): see `strand::Strands::held`.
+    pub(crate) fn ids_of(&self, client: &str) -> HashSet<MsgId> {
+        let Some(img) = self.by_client.get(client) else {
+            return HashSet::default();
+        };
+        let inflight = img
+            .inflight
+            .iter()
+            .filter_map(|(_, _, e)| e.as_ref().map(|(_, e)| e.msg));
+        img.queue
+            .values()
+            .map(|e| e.msg)
+            .chain(inflight)
+            .filter(|m| m.0 < STRANDED_BASE)
+            .collect()
+    }
+
     /// Stranded entries the owners' own replaced, and those kept past a
     /// full image, since the last call.
     pub(crate) fn take_unstranded(&mut self) -> (u64, u64) {

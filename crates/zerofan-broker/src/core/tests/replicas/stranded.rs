@@ -802,3 +802,46 @@ fn a_failover_from_a_dead_owner_sends_no_copy_and_waits_for_none() {
     assert!(present(&out));
     assert_eq!(drain(&mut cl, s, out), ["queued"]);
 }
+
+/// Node 0 and node 1 cut from each other only. Node 0's own publisher's
+/// message goes into its "s" (and node 2's copy of it), and to node 1 for
+/// a subscriber there, on the cut link. The client of "s" comes back on
+/// node 1, which serves node 2's copy, message included. The cut heals
+/// and node 0's message arrives: node 1's subscriber gets it, "s" not
+/// again. Before, "s" got it twice.
+#[test]
+fn a_message_forwarded_across_a_healed_cut_is_not_queued_again_for_a_taken_session() {
+    let mut cl = Cluster::new(3, 3);
+    cl.offline_at(0, "s", 1, "t");
+    let (o, _) = cl.connect(1, "o", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(o.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.away(0, 1, true);
+    let (p0, _) = cl.connect(0, "p0", Protocol::V5, true, 0);
+    cl.send(
+        p0,
+        Packet::Publish(publish("t", "during-split", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p0)), [(1, "puback")]);
+
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    assert!(cl.hs[1].b.wants_copy(conn, &prev));
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s = Cx { node: 1, conn };
+    let out = cl.out(s);
+    assert!(present(&out));
+    assert_eq!(drain(&mut cl, s, out), ["during-split"]);
+
+    cl.away(0, 1, false);
+    assert_eq!(cl.out(o).payloads(), ["during-split"]);
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), Vec::<String>::new(), "had it");
+    assert_eq!(cl.hs[1].b.metrics().forwarded_had, 1);
+}
