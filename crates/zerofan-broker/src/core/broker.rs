@@ -1281,6 +1281,9 @@ impl Broker {
     /// kept up with it then (the owner waits for its live replicas), and
     /// is no older than the asker's.
     fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64, have: bool) {
+        if epoch > 0 {
+            self.repl.images.superseded(client, epoch);
+        }
         let kept_up = || {
             self.repl
                 .images

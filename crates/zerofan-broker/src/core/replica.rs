@@ -1063,6 +1063,15 @@ impl Images {
             .claimed(client, epoch, &|c| by_client.contains_key(c));
     }
 
+    /// Another node was granted `client` under a claim after the one at
+    /// `epoch` (it asks for the copy written under that one): changes
+    /// naming `epoch` are stale from now on, so that its owner, cut off
+    /// from that node, is told so rather than confirmed what the copy
+    /// sent there lacks.
+    pub(crate) fn superseded(&mut self, client: &str, epoch: u64) {
+        self.claimed(client, epoch.saturating_add(1));
+    }
+
     /// The image of `client` owned by `from`, if any.
     fn owned(&mut self, from: PeerId, client: &str) -> Option<&mut Image> {
         self.by_client

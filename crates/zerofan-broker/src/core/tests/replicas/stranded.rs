@@ -845,3 +845,31 @@ fn a_message_forwarded_across_a_healed_cut_is_not_queued_again_for_a_taken_sessi
     assert_eq!(drain(&mut cl, s, out), Vec::<String>::new(), "had it");
     assert_eq!(cl.hs[1].b.metrics().forwarded_had, 1);
 }
+
+/// Node 0 and node 1 cut from each other only; node 1, granted "s", has
+/// node 2's copy. Before node 1 writes its own image to node 2, node 2's
+/// publisher sends a message for "s" to node 0, which queues it and
+/// replicates it to node 2 under its old claim: node 2 answers that it is
+/// stale, so node 0 confirms nothing and node 2 refuses its publisher,
+/// which publishes again. Before, node 2 applied it to the copy that node
+/// 1's image was to replace, and the publisher waited on (here: was never
+/// answered); the long run (seed 12) lost such messages, acknowledged.
+#[test]
+fn an_owner_cut_off_from_the_new_owner_confirms_nothing_after_the_copy_was_sent() {
+    let mut cl = Cluster::new(3, 3);
+    cl.offline_at(0, "s", 1, "t");
+    cl.away(0, 1, true);
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
+    // What node 1 writes now waits: its image reaches node 2 only later.
+    cl.linked[1][2] = false;
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "in-the-gap", QoS::AtLeastOnce, 1)),
+    );
+    assert_refused(&mut cl, p2);
+}
