@@ -6061,7 +6061,9 @@ impl Broker {
         let Some(sid) = self.sessions.of_client(&connect.client_id) else {
             return HashSet::default();
         };
-        self.note_taken(client, owner);
+        // Taken from the previous owner's session, also when another node
+        // sent the copy: what is stranded for that owner is this one's.
+        self.note_taken(client, prev.or(owner));
         self.metrics.replica_installs += 1;
         self.restage(sid, will);
         had

@@ -873,3 +873,42 @@ fn an_owner_cut_off_from_the_new_owner_confirms_nothing_after_the_copy_was_sent(
     );
     assert_refused(&mut cl, p2);
 }
+
+/// Node 1 serves "s" from the copy node 2 sent (node 0, its owner, cut
+/// off from node 1). Node 2 then finds node 0 away too, and strands its
+/// next message for node 0's sessions: node 1 queues it for "s", taken
+/// from node 0, though node 2 sent the copy. Before, node 1 counted "s"
+/// as taken from node 2, which is live, and left the message out: lost
+/// once acknowledged.
+#[test]
+fn a_session_served_from_a_copy_another_node_sent_gets_what_is_stranded_for_its_owner() {
+    let mut cl = Cluster::new(3, 3);
+    cl.offline_at(0, "s", 1, "t");
+    cl.away(0, 1, true);
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    // Node 2 does not hear yet that "s" is served at node 1.
+    cl.linked[1][2] = false;
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .claim_answered_from(now, conn, true, 2, Some(prev));
+    cl.pump();
+    let s = Cx { node: 1, conn };
+    assert!(present(&cl.out(s)));
+
+    cl.hs[2].b.set_peer_away(remote(0), true);
+    cl.linked[2][0] = false;
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(
+        p2,
+        Packet::Publish(publish("t", "stranded", QoS::AtLeastOnce, 1)),
+    );
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), ["stranded"]);
+    cl.linked[1][2] = true;
+    cl.pump();
+    assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
+}
