@@ -1184,7 +1184,7 @@ impl Broker {
             self.lease.claimed(conn);
             self.replica_epoch(connect.client_id.as_str(), epoch);
             // An image kept here becomes the session; the replicas get it.
-            let had = self.install_replica(now, &connect, prev.and_then(|p| p.peer));
+            let had = self.install_replica(now, &connect, prev);
             let client = connect.client_id.clone();
             let resumed = !connect.clean_start;
             self.handle_connect(now, conn, *connect, true);
@@ -6024,7 +6024,7 @@ impl Broker {
         &mut self,
         now: Instant,
         connect: &zerofan_codec::Connect,
-        prev: Option<PeerId>,
+        prev: Option<super::PreviousOwner>,
     ) -> HashSet<super::strand::Mark> {
         let client = connect.client_id.as_str();
         if !self.repl.images.has(client) {
@@ -6038,9 +6038,15 @@ impl Broker {
             return HashSet::default();
         }
         let had = self.repl.images.marks_of(client);
-        // The copy's ids are its owner's: the previous owner's also when
-        // another node sent it (see `Images::copy_ops`).
-        let ids = prev.or(owner).map(|p| (p, self.repl.images.ids_of(client)));
+        // The copy's ids are the previous owner's when it wrote the copy
+        // under its claim, also when another node sent it (see
+        // `Images::copy_ops`); not those of an older copy: ids of another
+        // store would match other messages.
+        let ids = prev
+            .filter(|p| self.repl.images.is_current(client, p) == Some(true))
+            .and_then(|p| p.peer)
+            .map(|p| (p, self.repl.images.ids_of(client)));
+        let prev = prev.and_then(|p| p.peer);
         let rs = self.repl.images.take(client, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
@@ -6136,16 +6142,12 @@ impl Broker {
         };
         let owner = self.repl.images.subscribed_owner(client_id);
         let had = self.repl.images.marks_of(client_id);
-        let ids = owner.map(|p| (p, self.repl.images.ids_of(client_id)));
         let mut disk = super::replica::Disk::new(&mut self.durable);
         let rs = self.repl.images.take(client_id, &mut disk);
         self.metrics.store_errors += disk.errors;
         let Some(rs) = rs else {
             return false;
         };
-        if let Some((from, ids)) = ids {
-            self.strands.hold(client_id, from, ids, now);
-        }
         log_taken(client_id, owner, &rs);
 
         self.replica_epoch(client_id, epoch);
