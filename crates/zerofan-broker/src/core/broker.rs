@@ -1228,10 +1228,8 @@ impl Broker {
     /// time, woken by [`Broker::take_handover_news`]. Asked when no copy
     /// here was written under `prev`'s epoch: a node outside the dead
     /// owner's replica set would otherwise serve a clean session while the
-    /// replicas hold the copy. Asked too when `prev` is away from here:
-    /// cut off from this node only (a partial partition), it went on
-    /// without this copy, acknowledging what the others hold. Once asked,
-    /// true until a copy came or every node asked answered.
+    /// replicas hold the copy. Once asked, true until a copy came or every
+    /// node asked answered.
     pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
         let Some(client) = self.claims.resumes(conn) else {
             return false;
@@ -1247,10 +1245,12 @@ impl Broker {
         if let Some(waiting) = self.claims.copy_asked(client) {
             return waiting;
         }
-        match self.repl.images.is_current(client, prev) {
-            Some(true) => prev.peer.is_some_and(|p| !self.peers.is_live(p)),
-            _ => true,
-        }
+        // A current copy here is served as it is, also when `prev` is away
+        // from this node only (a partial partition) and went on without
+        // it: another node's copy is not surely better (a node the owner
+        // is live to may not have marked a paused owner away yet, and lack
+        // what this one stranded), so it is not asked for.
+        self.repl.images.is_current(client, prev) != Some(true)
     }
 
     /// Ask every reachable node for a copy of `conn`'s session written
