@@ -11,7 +11,7 @@
 //! owner's copies hold already is not queued again.
 
 use super::super::hash::{HashMap, HashSet};
-use super::{Disk, Images, Mark, MarksRead, PeerId, ReplOp};
+use super::{Disk, Image, Images, Mark, MarksRead, PeerId, ReplOp};
 use std::sync::Arc;
 use zerofan_store::{EntryId, MsgId, QueueEntry, StoredMessage};
 
@@ -252,14 +252,7 @@ impl Images {
         else {
             return HashSet::default();
         };
-        let inflight = img
-            .inflight
-            .iter()
-            .filter_map(|(_, _, e)| e.as_ref().map(|(_, e)| e.msg));
-        img.queue
-            .values()
-            .map(|e| e.msg)
-            .chain(inflight)
+        held_msgs(img)
             .filter_map(|m| self.marks.of.get(&(owner, m)).copied())
             .collect()
     }
@@ -270,16 +263,7 @@ impl Images {
         let Some(img) = self.by_client.get(client) else {
             return HashSet::default();
         };
-        let inflight = img
-            .inflight
-            .iter()
-            .filter_map(|(_, _, e)| e.as_ref().map(|(_, e)| e.msg));
-        img.queue
-            .values()
-            .map(|e| e.msg)
-            .chain(inflight)
-            .filter(|m| m.0 < STRANDED_BASE)
-            .collect()
+        held_msgs(img).filter(|m| m.0 < STRANDED_BASE).collect()
     }
 
     /// Stranded entries the owners' own replaced, and those kept past a
@@ -299,4 +283,13 @@ impl Images {
         self.stranded_next = self.stranded_next.saturating_add(1).max(floor);
         self.stranded_next
     }
+}
+
+/// The messages a copy references, queued or in flight (repeats included).
+fn held_msgs(img: &Image) -> impl Iterator<Item = MsgId> + '_ {
+    let inflight = img
+        .inflight
+        .iter()
+        .filter_map(|(_, _, e)| e.as_ref().map(|(_, e)| e.msg));
+    img.queue.values().map(|e| e.msg).chain(inflight)
 }
