@@ -1260,7 +1260,6 @@ impl Broker {
             return;
         };
         self.metrics.copies_asked += 1;
-        let have = self.repl.images.is_current(&client, prev) == Some(true);
         let peers = self.peers.reachable();
         for &p in &peers {
             self.peers.send(
@@ -1268,7 +1267,6 @@ impl Broker {
                 PeerEvent::CopyWanted {
                     client: client.clone(),
                     epoch: prev.epoch,
-                    have,
                 },
             );
         }
@@ -1276,26 +1274,12 @@ impl Broker {
     }
 
     /// `from` asks for the copy of `client` written under `epoch`: sent when
-    /// kept here, then the handover mark; `NoCopy` otherwise. When `from`
-    /// has that copy itself, only if its owner is live here: this copy
-    /// kept up with it then (the owner waits for its live replicas), and
-    /// is no older than the asker's.
-    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64, have: bool) {
+    /// kept here, then the handover mark; `NoCopy` otherwise.
+    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64) {
         if epoch > 0 {
             self.repl.images.superseded(client, epoch);
         }
-        let kept_up = || {
-            self.repl
-                .images
-                .owner(client)
-                .is_some_and(|o| self.peers.is_live(o))
-        };
-        let ops = if have && !kept_up() {
-            None
-        } else {
-            self.repl.images.copy_ops(client, epoch)
-        };
-        let Some(ops) = ops else {
+        let Some(ops) = self.repl.images.copy_ops(client, epoch) else {
             self.peers.send(
                 from,
                 PeerEvent::NoCopy {
@@ -5274,11 +5258,7 @@ impl Broker {
                 self.move_flushed(now, &client, Some(from));
                 self.moves.flushed_arriving(&client, from);
             }
-            PeerEvent::CopyWanted {
-                client,
-                epoch,
-                have,
-            } => self.offer_copy(from, &client, epoch, have),
+            PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
             PeerEvent::NoCopy { client } => self.claims.copy_answered(&client, from),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(session).and_then(|s| s.conn);

@@ -189,11 +189,6 @@ pub enum PeerEvent {
         client: Box<str>,
         /// The previous owner's claim epoch.
         epoch: u64,
-        /// The sender keeps such a copy itself, but was cut off from the
-        /// owner, which went on without it (a partial partition): only a
-        /// copy kept by a node the owner is live to may be newer, and
-        /// only such a copy is sent.
-        have: bool,
     },
     /// The answer to [`PeerEvent::CopyWanted`] of a node that sends no
     /// copy.

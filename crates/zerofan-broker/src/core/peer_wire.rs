@@ -30,8 +30,8 @@ use zerofan_store::MsgId;
 /// stranded message's mark, and so may a replicated message. 3: a
 /// replicated full image says how far its owner had read other nodes'
 /// marks. 4: `Refused`, a fence's negative answer. 5: a relayed message
-/// carries its mark; `CopyWanted` says whether its sender has a copy, and
-/// `NoCopy` answers it.
+/// carries its mark, a forwarded publish its sender's store id, and
+/// `NoCopy` answers `CopyWanted`.
 pub const VERSION: u8 = 5;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
@@ -235,14 +235,9 @@ impl FrameEncoder {
                 self.scratch.put_u8(HANDOVER);
                 put_str(&mut self.scratch, client)?;
             }
-            PeerEvent::CopyWanted {
-                client,
-                epoch,
-                have,
-            } => {
+            PeerEvent::CopyWanted { client, epoch } => {
                 self.scratch.put_u8(COPY_WANTED);
                 self.scratch.put_u64(*epoch);
-                self.scratch.put_u8(u8::from(*have));
                 put_str(&mut self.scratch, client)?;
             }
             PeerEvent::NoCopy { client } => {
@@ -623,13 +618,11 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         }
         COPY_WANTED => {
             let epoch = get_u64(&mut f)?;
-            let have = get_u8(&mut f)? != 0;
             let client = get_str(&mut f)?;
             end(&f)?;
             PeerEvent::CopyWanted {
                 client: client.as_str().into(),
                 epoch,
-                have,
             }
         }
         NO_COPY => PeerEvent::NoCopy {
@@ -1197,12 +1190,9 @@ mod tests {
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::NoCopy { client: c.into() }),
-            ("[a-z/]{0,12}", any::<u64>(), any::<bool>()).prop_map(|(c, epoch, have)| {
-                PeerEvent::CopyWanted {
-                    client: c.into(),
-                    epoch,
-                    have,
-                }
+            ("[a-z/]{0,12}", any::<u64>()).prop_map(|(c, epoch)| PeerEvent::CopyWanted {
+                client: c.into(),
+                epoch
             }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Relaying { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::RelayDone { client: c.into() }),

@@ -885,12 +885,6 @@ impl Images {
 
     /// The node that wrote `client`'s image, when it has subscriptions (a
     /// session whose matches that node relays when it hands it over).
-    /// The owner of the copy of `client` (a copy read back from disk has
-    /// none known: `disk::RESTORED`).
-    pub(crate) fn owner(&self, client: &str) -> Option<PeerId> {
-        self.by_client.get(client).and_then(|i| i.owner)
-    }
-
     pub(crate) fn subscribed_owner(&self, client: &str) -> Option<PeerId> {
         self.by_client
             .get(client)
