@@ -307,6 +307,17 @@ impl Cluster {
         r
     }
 
+    /// `conn`'s claim at `node` is granted under `epoch`, from `prev`: the
+    /// session served there.
+    fn granted(&mut self, node: usize, conn: ConnId, epoch: u64, prev: PreviousOwner) -> Cx {
+        let now = self.hs[node].now;
+        self.hs[node]
+            .b
+            .claim_answered_from(now, conn, true, epoch, Some(prev));
+        self.pump();
+        Cx { node, conn }
+    }
+
     /// `a` and `b` cut from each other and marked away (or back).
     fn away(&mut self, a: usize, b: usize, away: bool) {
         self.hs[a].b.set_peer_away(remote(b), away);
@@ -2407,12 +2418,7 @@ fn a_takeover_at_a_node_without_a_copy_gets_the_session_from_its_owner() {
     assert!(!cl.hs[3].b.awaits_handover(conn, &prev));
     assert!(cl.hs[3].b.has_copy("x"), "the owner handed its image over");
     assert_eq!(cl.hs[0].b.metrics().sessions_handed_over, 1);
-    let now = cl.hs[3].now;
-    cl.hs[3]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let x3 = Cx { node: 3, conn };
+    let x3 = cl.granted(3, conn, 2, prev);
     let out = cl.out(x3);
     assert!(present(&out), "node 3 served a clean session");
     assert_eq!(out.payloads(), ["queued"]);
@@ -2465,12 +2471,8 @@ fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
     );
     let sent: u64 = (1..3).map(|n| cl.hs[n].b.metrics().copies_sent).sum();
     assert_eq!(sent, 2, "both replicas keep one");
-    let now = cl.hs[3].now;
-    cl.hs[3]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let out = cl.out(Cx { node: 3, conn });
+    let s = cl.granted(3, conn, 2, prev);
+    let out = cl.out(s);
     assert!(present(&out), "node 3 served a clean session");
     assert_eq!(out.payloads(), ["queued"]);
     assert_eq!(cl.hs[3].b.metrics().stale_copies_refused, 0);
@@ -2549,12 +2551,8 @@ fn a_takeover_waits_for_the_old_owners_last_changes() {
     cl.pump();
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev));
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let out = cl.out(Cx { node: 1, conn });
+    let s = cl.granted(1, conn, 2, prev);
+    let out = cl.out(s);
     assert!(present(&out));
     assert_eq!(out.payloads(), ["last"]);
 }

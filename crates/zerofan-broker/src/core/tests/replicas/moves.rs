@@ -23,12 +23,7 @@ fn moved_while(cl: &mut Cluster, lagging: &[usize]) -> (Cx, Cx) {
     cl.hs[0].b.client_taken_by(now, "s", Some(remote(1)));
     cl.pump();
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s1 = Cx { node: 1, conn };
+    let s1 = cl.granted(1, conn, 2, prev);
     assert!(present(&cl.out(s1)));
     (p, s1)
 }

@@ -386,12 +386,7 @@ fn publish_acked(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
 /// The claim of `conn` at node 1, from node 0 (epoch 1), is granted: the
 /// session served there, and what it gets at once.
 fn claimed_at_node_1(cl: &mut Cluster, conn: ConnId) -> (Cx, Vec<String>) {
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev_owner(0, 1)));
-    cl.pump();
-    let s1 = Cx { node: 1, conn };
+    let s1 = cl.granted(1, conn, 2, prev_owner(0, 1));
     let out = cl.out(s1);
     assert!(present(&out));
     (s1, drain(cl, s1, out))
@@ -597,12 +592,7 @@ fn an_owner_told_stale_confirms_nothing_it_queued_in_that_session() {
     );
 
     let conn = cl.persistent_waiting(2, "s");
-    let now = cl.hs[2].now;
-    cl.hs[2]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev_owner(0, 1)));
-    cl.pump();
-    let s2 = Cx { node: 2, conn };
+    let s2 = cl.granted(2, conn, 2, prev_owner(0, 1));
     let out = cl.out(s2);
     assert!(present(&out));
     assert!(out.publishes().is_empty(), "\"m\" was nowhere to take");
@@ -652,12 +642,7 @@ fn a_message_sent_again_to_an_owner_that_handed_over_is_not_delivered_twice() {
     cl.pump();
     let prev = prev_owner(0, 1);
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s1 = Cx { node: 1, conn };
+    let s1 = cl.granted(1, conn, 2, prev);
     let out = cl.out(s1);
     assert!(present(&out));
     assert_eq!(drain(&mut cl, s1, out), ["while-away"]);
@@ -744,12 +729,7 @@ fn a_failover_from_a_dead_owner_with_a_current_copy_asks_for_none() {
     let conn = cl.persistent_waiting(1, "s");
     let prev = prev_owner(0, 1);
     assert!(!cl.hs[1].b.wants_copy(conn, &prev));
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s = Cx { node: 1, conn };
+    let s = cl.granted(1, conn, 2, prev);
     let out = cl.out(s);
     assert!(present(&out));
     assert_eq!(drain(&mut cl, s, out), ["queued"]);
@@ -781,12 +761,7 @@ fn a_message_forwarded_across_a_healed_cut_is_not_queued_again_for_a_taken_sessi
     let prev = prev_owner(0, 1);
     cl.hs[1].b.ask_for_copy(conn, &prev);
     cl.pump();
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s = Cx { node: 1, conn };
+    let s = cl.granted(1, conn, 2, prev);
     let out = cl.out(s);
     assert!(present(&out));
     assert_eq!(drain(&mut cl, s, out), ["during-split"]);
@@ -843,12 +818,7 @@ fn a_session_served_from_a_copy_another_node_sent_gets_what_is_stranded_for_its_
     cl.pump();
     // Node 2 does not hear yet that "s" is served at node 1.
     cl.linked[1][2] = false;
-    let now = cl.hs[1].now;
-    cl.hs[1]
-        .b
-        .claim_answered_from(now, conn, true, 2, Some(prev));
-    cl.pump();
-    let s = Cx { node: 1, conn };
+    let s = cl.granted(1, conn, 2, prev);
     assert!(present(&cl.out(s)));
 
     cl.hs[2].b.set_peer_away(remote(0), true);
