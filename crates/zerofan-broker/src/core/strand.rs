@@ -140,6 +140,10 @@ pub(crate) struct Strands {
     /// Per session served here from a copy: the old owner's store ids of
     /// the messages that copy held, for a while (see [`Held`]).
     held: HashMap<Box<str>, Held>,
+    /// Per node, until when a session served from its copy may still hold
+    /// its ids: one lookup per message from it, not a walk of `held`.
+    /// Bounded by the peers.
+    held_until: HashMap<PeerId, Instant>,
     /// This node's id in the cluster (0: none, no marks given).
     node: u64,
     /// The last mark's count.
@@ -273,12 +277,14 @@ impl Strands {
         self.held.retain(|_, h| h.until > now);
         let until = now + KEEP_FOR;
         self.held.insert(client.into(), Held { from, ids, until });
+        let last = self.held_until.entry(from).or_insert(until);
+        *last = (*last).max(until);
     }
 
     /// Whether a session here was served from a copy of `from`'s lately.
     #[inline]
     pub(crate) fn holds_from(&self, from: PeerId, now: Instant) -> bool {
-        !self.held.is_empty() && self.held.values().any(|h| h.from == from && h.until > now)
+        !self.held.is_empty() && self.held_until.get(&from).is_some_and(|&u| u > now)
     }
 
     /// Whether `client`'s session was served from a copy that held `from`'s
