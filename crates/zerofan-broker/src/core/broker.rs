@@ -1226,10 +1226,13 @@ impl Broker {
     /// (`prev` away, dead, or silent): the shell then asks the other nodes
     /// ([`Broker::ask_for_copy`]) and waits, while this is true, a bounded
     /// time, woken by [`Broker::take_handover_news`]. Asked when no copy
-    /// here was written under `prev`'s epoch: a node outside the dead
+    /// here was written under `prev`'s epoch (a node outside the dead
     /// owner's replica set would otherwise serve a clean session while the
-    /// replicas hold the copy. Once asked, true until a copy came or every
-    /// node asked answered.
+    /// replicas hold the copy), and when the one here was, for a newer one
+    /// (`prev`, cut off from this node only, may have gone on with the
+    /// others: see `replica::previous`); not when the version of the one
+    /// here is not known (read back from disk). Once asked, true until a
+    /// copy came or every node asked answered.
     pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
         let Some(client) = self.claims.resumes(conn) else {
             return false;
@@ -1245,41 +1248,47 @@ impl Broker {
         if let Some(waiting) = self.claims.copy_asked(client) {
             return waiting;
         }
-        // A current copy here is served as it is, also when `prev` is away
-        // from this node only (a partial partition) and went on without
-        // it: another node's copy is not surely better (a node the owner
-        // is live to may not have marked a paused owner away yet, and lack
-        // what this one stranded), so it is not asked for.
         self.repl.images.is_current(client, prev) != Some(true)
+            || self.repl.images.version(client) > 0
     }
 
-    /// Ask every reachable node for a copy of `conn`'s session written
-    /// under `prev`'s epoch (see [`Broker::wants_copy`]).
+    /// Ask every reachable node but `prev` (the owner, which keeps no copy
+    /// of its own session) for a copy of `conn`'s session written under
+    /// `prev`'s epoch, newer than a current one here (see
+    /// [`Broker::wants_copy`]).
     pub fn ask_for_copy(&mut self, conn: ConnId, prev: &super::PreviousOwner) {
         let Some(client) = self.claims.resumes(conn).map(Box::<str>::from) else {
             return;
         };
         self.metrics.copies_asked += 1;
-        let peers = self.peers.reachable();
+        let have = if self.repl.images.is_current(&client, prev) == Some(true) {
+            self.repl.images.version(&client)
+        } else {
+            0
+        };
+        let mut peers = self.peers.reachable();
+        peers.retain(|p| Some(*p) != prev.peer);
         for &p in &peers {
             self.peers.send(
                 p,
                 PeerEvent::CopyWanted {
                     client: client.clone(),
                     epoch: prev.epoch,
+                    have,
                 },
             );
         }
         self.claims.asked_copy(&client, peers);
     }
 
-    /// `from` asks for the copy of `client` written under `epoch`: sent when
-    /// kept here, then the handover mark; `NoCopy` otherwise.
-    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64) {
+    /// `from` asks for the copy of `client` written under `epoch`, newer
+    /// than its own at version `have`: sent when kept here, then the
+    /// handover mark; `NoCopy` otherwise.
+    fn offer_copy(&mut self, from: PeerId, client: &str, epoch: u64, have: u64) {
         if epoch > 0 {
             self.repl.images.superseded(client, epoch);
         }
-        let Some(ops) = self.repl.images.copy_ops(client, epoch) else {
+        let Some(ops) = self.repl.images.copy_ops(client, epoch, have) else {
             self.peers.send(
                 from,
                 PeerEvent::NoCopy {
@@ -5258,7 +5267,11 @@ impl Broker {
                 self.move_flushed(now, &client, Some(from));
                 self.moves.flushed_arriving(&client, from);
             }
-            PeerEvent::CopyWanted { client, epoch } => self.offer_copy(from, &client, epoch),
+            PeerEvent::CopyWanted {
+                client,
+                epoch,
+                have,
+            } => self.offer_copy(from, &client, epoch, have),
             PeerEvent::NoCopy { client } => self.claims.copy_answered(&client, from),
             PeerEvent::Hold { session, hold } => {
                 let conn = self.sessions.get(session).and_then(|s| s.conn);
@@ -5760,6 +5773,7 @@ impl Broker {
         ops: Vec<super::replica::ReplOp>,
     ) {
         let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
+        let had = self.repl.images.batches_had;
         let (stale, forgotten) = (
             self.repl.images.fence.stale,
             self.repl.images.fence.forgotten,
@@ -5772,6 +5786,7 @@ impl Broker {
                 .apply_durable(from, ops, now_ms, &mut self.durable);
         self.metrics.replica_ops_applied += self.repl.images.applied - applied;
         self.metrics.replica_ops_refused += self.repl.images.refused - refused;
+        self.metrics.replica_batches_had += self.repl.images.batches_had - had;
         self.metrics.replica_entries_unwritten += self.repl.images.take_unwritten();
         let (replaced, unread) = self.repl.images.take_unstranded();
         self.metrics.stranded_replaced += replaced;

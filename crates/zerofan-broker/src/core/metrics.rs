@@ -391,12 +391,22 @@ counters! {
                 "Sessions whose full image went to the node that took their client id over (not a replica).",
             )),
         /// Granted claims that asked the other nodes for a copy of their
-        /// session (its previous owner away and none kept here).
+        /// session (its previous owner did not hand it over): any, when
+        /// none is kept here, or a newer one.
         pub copies_asked: u64 = CounterDef::NEW
             .sys("cluster/copies_asked")
             .prom(Family::new(
                 "zerofan_cluster_copies_asked_total",
-                "Granted claims that asked other nodes for a copy of their session (none kept here).",
+                "Granted claims whose previous owner did not hand over that asked other nodes for a copy of their session (a newer one, when one is kept here).",
+            )),
+        /// Batches of a session's changes not applied because the copy
+        /// here held them already: another node's copy no newer than it,
+        /// or its owner's changes its link delivered late.
+        pub replica_batches_had: u64 = CounterDef::NEW
+            .sys("cluster/replica_batches_had")
+            .prom(Family::new(
+                "zerofan_cluster_replica_batches_had_total",
+                "Batches of a session copy's changes (or another node's copy of it) not applied because the copy here held them already.",
             )),
         /// Copies kept here sent to a node that asked for one.
         pub copies_sent: u64 = CounterDef::NEW

@@ -180,15 +180,19 @@ pub enum PeerEvent {
         client: Box<str>,
     },
     /// The sender was granted `client` under a claim whose previous owner
-    /// held it at `epoch` and is not there to hand it over (away, dead):
-    /// a receiver that keeps a copy written under that epoch sends it
-    /// (its full image, then [`PeerEvent::Handover`]); one that does not
-    /// answers [`PeerEvent::NoCopy`].
+    /// held it at `epoch` and did not hand it over (away, dead, silent):
+    /// a receiver that keeps a copy written under that epoch, newer than
+    /// the sender's (see `replica::previous`), sends it (its full image,
+    /// then [`PeerEvent::Handover`]); one that does not answers
+    /// [`PeerEvent::NoCopy`].
     CopyWanted {
         /// The client id.
         client: Box<str>,
         /// The previous owner's claim epoch.
         epoch: u64,
+        /// The version of the sender's copy under that epoch (0: it has
+        /// none, or does not know it).
+        have: u64,
     },
     /// The answer to [`PeerEvent::CopyWanted`] of a node that sends no
     /// copy.

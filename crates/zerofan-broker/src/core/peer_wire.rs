@@ -31,8 +31,9 @@ use zerofan_store::MsgId;
 /// replicated full image says how far its owner had read other nodes'
 /// marks. 4: `Refused`, a fence's negative answer. 5: a relayed message
 /// carries its mark, a forwarded publish its sender's store id, and
-/// `NoCopy` answers `CopyWanted`.
-pub const VERSION: u8 = 5;
+/// `NoCopy` answers `CopyWanted`. 6: a replicated batch names its
+/// session's version, and `CopyWanted` the asker's.
+pub const VERSION: u8 = 6;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;
@@ -235,9 +236,14 @@ impl FrameEncoder {
                 self.scratch.put_u8(HANDOVER);
                 put_str(&mut self.scratch, client)?;
             }
-            PeerEvent::CopyWanted { client, epoch } => {
+            PeerEvent::CopyWanted {
+                client,
+                epoch,
+                have,
+            } => {
                 self.scratch.put_u8(COPY_WANTED);
                 self.scratch.put_u64(*epoch);
+                self.scratch.put_u64(*have);
                 put_str(&mut self.scratch, client)?;
             }
             PeerEvent::NoCopy { client } => {
@@ -618,11 +624,13 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         }
         COPY_WANTED => {
             let epoch = get_u64(&mut f)?;
+            let have = get_u64(&mut f)?;
             let client = get_str(&mut f)?;
             end(&f)?;
             PeerEvent::CopyWanted {
                 client: client.as_str().into(),
                 epoch,
+                have,
             }
         }
         NO_COPY => PeerEvent::NoCopy {
@@ -1190,9 +1198,12 @@ mod tests {
             any::<u64>().prop_map(|bytes| PeerEvent::Consumed { bytes }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Handover { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::NoCopy { client: c.into() }),
-            ("[a-z/]{0,12}", any::<u64>()).prop_map(|(c, epoch)| PeerEvent::CopyWanted {
-                client: c.into(),
-                epoch
+            ("[a-z/]{0,12}", any::<u64>(), any::<u64>()).prop_map(|(c, epoch, have)| {
+                PeerEvent::CopyWanted {
+                    client: c.into(),
+                    epoch,
+                    have,
+                }
             }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Relaying { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::RelayDone { client: c.into() }),

@@ -167,6 +167,11 @@ pub enum ReplOp {
         client: Box<str>,
         /// The sender's claim epoch.
         epoch: u64,
+        /// How many batches of `client`'s changes its owner had made under
+        /// that claim, this one included (0: not counted): of two copies
+        /// written under one claim, the higher holds more of the owner's
+        /// changes (see `previous`).
+        version: u64,
     },
     /// The receiver left the sender's replica set: forget every copy of
     /// the sender's sessions (one operation, however many there are).
@@ -576,9 +581,11 @@ impl Replication {
 
     /// `client`'s epoch as an operation to put before its changes, if known.
     pub(crate) fn epoch_op(&self, client: &str) -> Option<ReplOp> {
+        let (epoch, version) = self.rec.borrow().epochs.get_versioned(client)?;
         Some(ReplOp::Epoch {
             client: client.into(),
-            epoch: self.epoch(client)?,
+            epoch,
+            version,
         })
     }
 
@@ -793,6 +800,9 @@ struct Image {
     /// last written, stored with it (0: none known): read back at start,
     /// it fences the copy and judges it at a claim (see `previous`).
     epoch: u64,
+    /// The version of the owner's last batch applied (see
+    /// `ReplOp::Epoch`; 0: not known, as for a copy read back from disk).
+    version: u64,
 }
 
 /// What a replica holds of other nodes' sessions. Each message is kept
@@ -831,6 +841,9 @@ pub(crate) struct Images {
     /// Stranded entries kept past a full image since the last
     /// `take_unstranded`.
     restranded: u64,
+    /// Copies another node sent that were not newer than the one here,
+    /// left unapplied (see `previous`).
+    pub(crate) batches_had: u64,
 }
 
 impl Default for Images {
@@ -852,8 +865,22 @@ impl Default for Images {
             marks: stranded::Marks::default(),
             unstranded: 0,
             restranded: 0,
+            batches_had: 0,
         }
     }
+}
+
+/// Whose changes a batch applied to the images holds.
+enum Batch {
+    /// The owner's (or a new owner's): the versions it names follow them.
+    Owners,
+    /// Another node's newer copy of `client`, standing for the owner's;
+    /// then the stranded entries of the copy it replaced, unless it holds
+    /// them (see `previous`).
+    Copy(Box<str>, Vec<stranded::Unread>),
+    /// Messages this node strands for an owner away: no part of its
+    /// changes, so no version.
+    Stranded,
 }
 
 fn msg_size(m: &StoredMessage) -> usize {
@@ -933,13 +960,34 @@ impl Images {
 
     /// Apply `ops` from `from`. Operations on a session another node owns
     /// now are ignored: `Session` or `Reset` from a new owner starts the
-    /// image over.
+    /// image over. A copy another node sent under the same claim as the
+    /// one here replaces it only when newer, as its owner's (see
+    /// `previous`).
     /// `now_ms` (UNIX milliseconds) tells which images expired: they
     /// make room when the images are full.
     pub(crate) fn apply(
         &mut self,
         from: PeerId,
         ops: Vec<ReplOp>,
+        now_ms: u64,
+        disk: &mut Disk<'_>,
+    ) {
+        match self.judge_batch(from, &ops) {
+            previous::Copy::Owners => self.apply_batch(from, ops, Batch::Owners, now_ms, disk),
+            previous::Copy::Older => self.batches_had += 1,
+            previous::Copy::Newer { owner, kept } => {
+                let (client, ops) = self.as_owners(ops, now_ms);
+                self.apply_batch(owner, ops, Batch::Copy(client, kept), now_ms, disk);
+            }
+        }
+    }
+
+    /// [`Images::apply`] of `ops`, as `from`'s.
+    fn apply_batch(
+        &mut self,
+        from: PeerId,
+        ops: Vec<ReplOp>,
+        batch: Batch,
         now_ms: u64,
         disk: &mut Disk<'_>,
     ) {
@@ -952,12 +1000,25 @@ impl Images {
             Vec::new()
         };
         let mut left_out: HashSet<Box<str>> = HashSet::default();
-        // The epochs this batch names (see `fence`).
-        let mut epochs: HashMap<Box<str>, u64> = HashMap::default();
-        for (n, op) in ops.into_iter().enumerate() {
+        // The epochs and versions this batch names (see `fence`), with the
+        // client ids it changes without one (version 0); those whose
+        // changes the copy here holds already (see `previous`).
+        let mut epochs: HashMap<Box<str>, (u64, u64)> = HashMap::default();
+        let mut had: HashSet<Box<str>> = HashSet::default();
+        let mut ops = ops.into_iter().enumerate().peekable();
+        while let Some((n, op)) = ops.next() {
             let op = match op {
-                ReplOp::Epoch { client, epoch } => {
-                    epochs.insert(client, epoch);
+                ReplOp::Epoch {
+                    client,
+                    epoch,
+                    version,
+                } => {
+                    let full = matches!(ops.peek(), Some((_, ReplOp::Reset { .. })));
+                    if !full && self.holds_version(from, &client, epoch, version) {
+                        self.batches_had += 1;
+                        had.insert(client.clone());
+                    }
+                    epochs.insert(client, (epoch, version));
                     continue;
                 }
                 ReplOp::ForgetOwner => {
@@ -967,7 +1028,17 @@ impl Images {
                 op => op,
             };
             if let Some(c) = op.client() {
-                let epoch = epochs.get(c).copied().unwrap_or(0);
+                if !had.is_empty() && had.contains(c) {
+                    continue;
+                }
+                let epoch = match epochs.get(c) {
+                    Some(e) => e.0,
+                    None if matches!(batch, Batch::Stranded) => 0,
+                    None => {
+                        epochs.insert(c.into(), (0, 0));
+                        0
+                    }
+                };
                 if !self.fenced(from, c, epoch, disk) {
                     continue;
                 }
@@ -986,6 +1057,16 @@ impl Images {
         }
         if !left_out.is_empty() {
             self.write_left_out(from, left_out, disk);
+        }
+        for (c, (epoch, version)) in epochs {
+            if let Some(img) = self.by_client.get_mut(&c) {
+                if img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
+                    img.version = version;
+                }
+            }
+        }
+        if let Batch::Copy(c, kept) = batch {
+            self.merge_stranded(from, &c, kept, &mut fresh, now_ms, disk);
         }
         for id in fresh {
             let key = (from, id);
@@ -1200,7 +1281,7 @@ impl Images {
                 self.bytes += size;
                 self.messages.insert(key, (msg, 0));
                 if let Some(m) = mark {
-                    self.marks.owners(key, m);
+                    self.marks.named(key, m);
                 }
                 fresh.push(id);
                 true
@@ -1385,7 +1466,7 @@ impl Images {
     }
 
     /// The image of `client` in the store's recovery form, kept.
-    fn snapshot(&self, client: &str) -> Option<RecoveredSession> {
+    pub(crate) fn snapshot(&self, client: &str) -> Option<RecoveredSession> {
         let img = self.by_client.get(client)?;
         let owner = img.owner?;
         let entry = |id: EntryId, e: &QueueEntry| {
@@ -1431,17 +1512,25 @@ impl Images {
     }
 
     /// The operations that rebuild the copy of `client` at another node,
-    /// when it was written under the claim of `epoch` (see
-    /// `PeerEvent::CopyWanted`): the entry and message ids are its owner's,
-    /// unique per sender as the receiver keys them.
-    pub(crate) fn copy_ops(&self, client: &str, epoch: u64) -> Option<Vec<ReplOp>> {
-        if epoch == 0 || self.by_client.get(client)?.epoch != epoch {
+    /// when it was written under the claim of `epoch` and holds more of
+    /// its owner's changes than the asker's (version `have`, 0: none
+    /// there; see `PeerEvent::CopyWanted`): the entry and message ids are
+    /// its owner's, unique per sender as the receiver keys them, with the
+    /// messages' marks.
+    pub(crate) fn copy_ops(&self, client: &str, epoch: u64, have: u64) -> Option<Vec<ReplOp>> {
+        let img = self.by_client.get(client)?;
+        if epoch == 0 || img.epoch != epoch || (have > 0 && img.version <= have) {
             return None;
         }
+        let (owner, version) = (img.owner?, img.version);
         let rs = self.snapshot(client)?;
         let c = || -> Box<str> { client.into() };
         let mut ops = vec![
-            ReplOp::Epoch { client: c(), epoch },
+            ReplOp::Epoch {
+                client: c(),
+                epoch,
+                version,
+            },
             ReplOp::Reset {
                 client: c(),
                 meta: rs.meta,
@@ -1462,7 +1551,7 @@ impl Images {
                 ops.push(ReplOp::Message {
                     id: e.entry.msg,
                     msg: e.message,
-                    mark: None,
+                    mark: self.marks.mark_of((owner, e.entry.msg)),
                 });
             }
             ops.push(ReplOp::Enqueue {

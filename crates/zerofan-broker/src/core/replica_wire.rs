@@ -168,10 +168,15 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
                 buf.put_u8(CLEAR_WILL);
                 put_str(&mut buf, client)?;
             }
-            ReplOp::Epoch { client, epoch } => {
+            ReplOp::Epoch {
+                client,
+                epoch,
+                version,
+            } => {
                 buf.put_u8(EPOCH);
                 put_str(&mut buf, client)?;
                 buf.put_u64(*epoch);
+                buf.put_u64(*version);
             }
             ReplOp::ForgetOwner => buf.put_u8(FORGET_OWNER),
         }
@@ -403,6 +408,7 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
             EPOCH => ReplOp::Epoch {
                 client: get_str(f)?,
                 epoch: get_u64(f)?,
+                version: get_u64(f)?,
             },
             FORGET_OWNER => ReplOp::ForgetOwner,
             SET_WILL => {
@@ -633,6 +639,7 @@ mod tests {
             ReplOp::Epoch {
                 client: c.clone(),
                 epoch: u64::MAX - 1,
+                version: 7,
             },
             ReplOp::ForgetOwner,
             ReplOp::Drop { client: c },

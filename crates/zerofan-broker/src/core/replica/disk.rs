@@ -310,6 +310,7 @@ impl Drops {
             out.push(ReplOp::Epoch {
                 client: client.into(),
                 epoch,
+                version: 0,
             });
         }
         out.push(ReplOp::Reset {

@@ -25,26 +25,35 @@
 use super::ReplOp;
 use crate::core::hash::{HashMap, HashSet};
 
-/// The owner's side: the epoch of each client id it copies, and which of
-/// them the batch being recorded has named already.
+/// The owner's side: the epoch of each client id it copies, with how many
+/// batches of its changes went out under it (its version, see
+/// `ReplOp::Epoch`), and which of them the batch being recorded has named
+/// already.
 #[derive(Debug, Default)]
 pub(crate) struct Epochs {
     /// Bounded by the sessions here: set when a claim is granted, gone
     /// when the session ends or moves (see `Replication::end_epoch`).
-    by_client: HashMap<Box<str>, u64>,
+    by_client: HashMap<Box<str>, (u64, u64)>,
     /// Client ids whose epoch the batch being recorded carries already.
     stamped: HashSet<Box<str>>,
 }
 
 impl Epochs {
     pub(super) fn set(&mut self, client: &str, epoch: u64) {
-        if self.by_client.insert(client.into(), epoch) != Some(epoch) {
-            // A new claim within one batch: its changes name it again.
+        if self.get(client) != Some(epoch) {
+            // A new claim counts its batches from none; within one batch
+            // its changes name it again.
+            self.by_client.insert(client.into(), (epoch, 0));
             self.stamped.remove(client);
         }
     }
 
     pub(super) fn get(&self, client: &str) -> Option<u64> {
+        self.by_client.get(client).map(|e| e.0)
+    }
+
+    /// The epoch and the version of the last batch that named it.
+    pub(super) fn get_versioned(&self, client: &str) -> Option<(u64, u64)> {
         self.by_client.get(client).copied()
     }
 
@@ -52,16 +61,19 @@ impl Epochs {
         self.by_client.remove(client);
     }
 
-    /// Before the batch's first change of `client`: its epoch, if known.
+    /// Before the batch's first change of `client`: its epoch, if known,
+    /// and the batch's version.
     pub(super) fn stamp(&mut self, client: &str, ops: &mut Vec<ReplOp>) {
-        let Some(&epoch) = self.by_client.get(client) else {
+        let Some((epoch, version)) = self.by_client.get_mut(client) else {
             return;
         };
         if !self.stamped.contains(client) {
             self.stamped.insert(client.into());
+            *version += 1;
             ops.push(ReplOp::Epoch {
                 client: client.into(),
-                epoch,
+                epoch: *epoch,
+                version: *version,
             });
         }
     }

@@ -11,8 +11,22 @@
 //! left before the answer, raise the epoch too. The log skips the
 //! claimant's own earlier claims when it names the previous owner, so a
 //! retry on this node still finds the owner before it.
+//!
+//! Copies written under that epoch may still differ: an owner cut off
+//! from one replica only (a partial partition) goes on with the others,
+//! and the copy it left behind lacks what it acknowledged since. So each
+//! batch an owner sends names how many batches of the session's changes
+//! it made under its claim (its version, see `ReplOp::Epoch`), and a claim
+//! whose old owner did not hand over asks the other nodes for a copy
+//! newer than its own (`PeerEvent::CopyWanted`). Only a newer one replaces
+//! it ([`Copy`]), keeping the stranded entries it lacks: they are no
+//! part of the owner's changes, and the node that sent it may not have
+//! had them all. A copy read back from disk has no version (0): it is
+//! served as it is.
 
-use super::{disk, Disk, Images, PeerId};
+use super::stranded::{Unread, STRANDED_BASE};
+use super::{disk, Disk, Images, PeerId, ReplOp};
+use crate::core::hash::HashMap;
 
 /// The owner before a granted claim, as the cluster's log had it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +38,114 @@ pub struct PreviousOwner {
     pub epoch: u64,
 }
 
+/// What a batch is to the copies here.
+#[derive(Debug)]
+pub(super) enum Copy {
+    /// Changes of the sessions `from` owns, or a full image from a new
+    /// owner, or a copy over none here (or one of another claim, or of no
+    /// known version): applied as they come.
+    Owners,
+    /// Another node's copy of a session under the same claim as the one
+    /// here, newer: it replaces it as `owner`'s (the owner of the copy
+    /// here), so that what is stranded for `owner` still finds it; the
+    /// stranded entries `kept` of the one it replaces are queued again
+    /// unless it holds them (see `Images::merge_stranded`).
+    Newer { owner: PeerId, kept: Vec<Unread> },
+    /// Another node's copy under the same claim, not newer: ignored.
+    Older,
+}
+
 impl Images {
+    /// What `ops` from `from` are: another node's copy (`Images::copy_ops`:
+    /// its epoch, then a full image, of one session) of a session copied
+    /// here under the same claim is judged by its version.
+    pub(super) fn judge_batch(&self, from: PeerId, ops: &[ReplOp]) -> Copy {
+        let (
+            Some(ReplOp::Epoch {
+                client,
+                epoch,
+                version,
+            }),
+            Some(ReplOp::Reset { client: reset, .. }),
+        ) = (ops.first(), ops.get(1))
+        else {
+            return Copy::Owners;
+        };
+        let Some(img) = self.by_client.get(client).filter(|_| client == reset) else {
+            return Copy::Owners;
+        };
+        let Some(owner) = img.owner.filter(|o| *o != from && *o != disk::RESTORED) else {
+            return Copy::Owners;
+        };
+        if *epoch == 0 || img.epoch != *epoch || img.version == 0 {
+            return Copy::Owners;
+        }
+        if *version <= img.version {
+            return Copy::Older;
+        }
+        Copy::Newer {
+            owner,
+            kept: self.all_stranded(client),
+        }
+    }
+
+    /// Whether the copy of `client` here, `from`'s under the claim of
+    /// `epoch`, holds the changes of `from`'s batch at `version` already
+    /// (its link delivered them late).
+    pub(super) fn holds_version(
+        &self,
+        from: PeerId,
+        client: &str,
+        epoch: u64,
+        version: u64,
+    ) -> bool {
+        version > 0
+            && self
+                .by_client
+                .get(client)
+                .is_some_and(|i| i.owner == Some(from) && i.epoch == epoch && i.version >= version)
+    }
+
+    /// Another node's newer copy (see [`Copy::Newer`]) with the ids it gave
+    /// its own stranded entries and messages replaced by fresh ones here:
+    /// those of its owner are the owner's, the same on every node, but
+    /// those of two nodes' stranded ones may meet. Returns its client id.
+    pub(super) fn as_owners(
+        &mut self,
+        mut ops: Vec<ReplOp>,
+        now_ms: u64,
+    ) -> (Box<str>, Vec<ReplOp>) {
+        let mut ids: HashMap<u64, u64> = HashMap::default();
+        let mut fresh = |id: &mut u64, images: &mut Images| {
+            if *id >= STRANDED_BASE {
+                *id = *ids
+                    .entry(*id)
+                    .or_insert_with(|| images.next_stranded(now_ms));
+            }
+        };
+        let mut client = None;
+        for op in &mut ops {
+            match op {
+                ReplOp::Message { id, .. } => fresh(&mut id.0, self),
+                ReplOp::Enqueue { entry, item, .. } => {
+                    fresh(&mut entry.0, self);
+                    fresh(&mut item.msg.0, self);
+                }
+                ReplOp::Dequeue { entry, .. } | ReplOp::Send { entry, .. } => {
+                    fresh(&mut entry.0, self)
+                }
+                ReplOp::Reset { client: c, .. } if client.is_none() => client = Some(c.clone()),
+                _ => {}
+            }
+        }
+        (client.unwrap_or_default(), ops)
+    }
+
+    /// The version of the copy of `client` (0: none, or not known).
+    pub(crate) fn version(&self, client: &str) -> u64 {
+        self.by_client.get(client).map_or(0, |i| i.version)
+    }
+
     /// Drop the image of `client` unless it is the copy `prev` wrote under
     /// its epoch. True when one was dropped.
     pub(crate) fn refuse_stale(

@@ -27,7 +27,7 @@ pub(super) struct Unread {
 
 /// Ids of stranded entries and messages start here: an owner's store
 /// counts from 1 and never gets near.
-const STRANDED_BASE: u64 = 1 << 62;
+pub(super) const STRANDED_BASE: u64 = 1 << 62;
 
 /// The marks of the messages held that have one, found both ways: each
 /// held message's mark, and per owner and mark the owner's message and the
@@ -42,9 +42,25 @@ pub(super) struct Marks {
 
 impl Marks {
     /// The owner's message `key` was stranded elsewhere as `mark`.
-    pub(super) fn owners(&mut self, key: (PeerId, MsgId), mark: Mark) {
+    fn owners(&mut self, key: (PeerId, MsgId), mark: Mark) {
         self.of.insert(key, mark);
         self.owners.insert((key.0, mark), key.1);
+    }
+
+    /// The mark of the message `key`, if it has one.
+    pub(super) fn mark_of(&self, key: (PeerId, MsgId)) -> Option<Mark> {
+        self.of.get(&key).copied()
+    }
+
+    /// The message `key`, named by its sender with `mark`: the owner's
+    /// own, or one stranded (by this node, or by the node that sent its
+    /// copy: see `Images::copy_ops`).
+    pub(super) fn named(&mut self, key: (PeerId, MsgId), mark: Mark) {
+        if key.1 .0 >= STRANDED_BASE {
+            self.stranded(key, mark);
+        } else {
+            self.owners(key, mark);
+        }
     }
 
     /// The message `key` held here was stranded as `mark`.
@@ -146,7 +162,9 @@ impl Images {
             }
             ops.push(op);
         }
-        let errors = self.apply_durable(owner, ops, now_ms, durable);
+        let mut disk = Disk::new(durable);
+        self.apply_batch(owner, ops, super::Batch::Stranded, now_ms, &mut disk);
+        let errors = disk.errors;
         if let Some(m) = mark {
             if self.messages.contains_key(&(owner, id)) {
                 self.marks.stranded((owner, id), m);
@@ -191,16 +209,39 @@ impl Images {
         client: &str,
         read: &MarksRead,
     ) -> Vec<Unread> {
-        let Some(img) = self.by_client.get(client).filter(|i| i.owner == Some(from)) else {
-            return Vec::new();
-        };
+        match self.by_client.get(client) {
+            Some(img) if img.owner == Some(from) => {
+                self.stranded_entries(img, from, |m| !read.covers(m))
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Every stranded entry of the copy of `client`, which another node's
+    /// newer copy replaces (see `previous`): that copy may lack some.
+    pub(super) fn all_stranded(&self, client: &str) -> Vec<Unread> {
+        match self.by_client.get(client) {
+            Some(img) => match img.owner {
+                Some(owner) => self.stranded_entries(img, owner, |_| true),
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        }
+    }
+
+    fn stranded_entries(
+        &self,
+        img: &Image,
+        owner: PeerId,
+        keep: impl Fn(Mark) -> bool,
+    ) -> Vec<Unread> {
         img.queue
             .range(EntryId(STRANDED_BASE)..)
             .filter_map(|(&entry, item)| {
-                let key = (from, item.msg);
+                let key = (owner, item.msg);
                 let mark = *self.marks.of.get(&key)?;
                 let msg = self.messages.get(&key)?.0.clone();
-                (!read.covers(mark)).then(|| Unread {
+                keep(mark).then(|| Unread {
                     entry,
                     item: item.clone(),
                     msg,
@@ -208,6 +249,26 @@ impl Images {
                 })
             })
             .collect()
+    }
+
+    /// Queue again, in the copy of `client` that another node's newer one
+    /// replaced (applied now, as `owner`'s), the stranded entries of the
+    /// one here whose marks it lacks.
+    pub(super) fn merge_stranded(
+        &mut self,
+        owner: PeerId,
+        client: &str,
+        kept: Vec<Unread>,
+        fresh: &mut Vec<MsgId>,
+        now_ms: u64,
+        disk: &mut Disk<'_>,
+    ) {
+        let held = self.marks_of(client);
+        for k in kept {
+            if !held.contains(&k.mark) {
+                self.restrand(owner, client, k, fresh, now_ms, disk);
+            }
+        }
     }
 
     /// Queue again, in the copy of `client` started over, a stranded
@@ -278,7 +339,7 @@ impl Images {
     /// A fresh id for a stranded entry or message: above the owners' ids,
     /// rising, and rising across restarts too (it starts from the clock),
     /// so that one read back from the store is never given again.
-    fn next_stranded(&mut self, now_ms: u64) -> u64 {
+    pub(super) fn next_stranded(&mut self, now_ms: u64) -> u64 {
         let floor = STRANDED_BASE | (now_ms.min((1 << 41) - 1) << 20);
         self.stranded_next = self.stranded_next.saturating_add(1).max(floor);
         self.stranded_next

@@ -2283,6 +2283,7 @@ fn a_copy_stores_its_epoch_when_it_rises_and_reads_it_back() {
     let epoch = |e| ReplOp::Epoch {
         client: "c".into(),
         epoch: e,
+        version: 0,
     };
     let (store, _) = open();
     let (mut d, counts) = counted(OnDisk(store));
@@ -2351,6 +2352,7 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
         ReplOp::Epoch {
             client: "c".into(),
             epoch: 3,
+            version: 1,
         },
         session_op(),
         op_message(1, "a", 1),
@@ -2388,6 +2390,92 @@ fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
     let rs = back.take("c", &mut Disk::new(&mut d)).expect("copy");
     let payloads: Vec<&[u8]> = rs.queue.iter().map(|e| &e.message.payload[..]).collect();
     assert_eq!(payloads, [b"a".as_slice(), b"b".as_slice()]);
+}
+
+/// Copies written under one claim are judged by their version: another
+/// node's copy no newer than the one here is ignored, a newer one
+/// replaces it and stands for the owner's; an owner's changes that the
+/// copy holds already (its link delivered them late) are not applied
+/// again, but a full image at the same version is.
+#[test]
+fn copies_under_one_claim_are_judged_by_their_version() {
+    let (mut d, _) = counted(Log::default());
+    let mut images = Images::default();
+    let epoch = |version| ReplOp::Epoch {
+        client: "c".into(),
+        epoch: 3,
+        version,
+    };
+    let reset = || ReplOp::Reset {
+        client: "c".into(),
+        meta: SessionMeta::default(),
+        read: None,
+    };
+    let queue = |images: &mut Images| {
+        let rs = images.snapshot("c").expect("copy");
+        rs.queue
+            .iter()
+            .map(|e| String::from_utf8_lossy(&e.message.payload).into_owned())
+            .collect::<Vec<_>>()
+    };
+    images.apply_durable(
+        OWNER,
+        vec![
+            epoch(1),
+            session_op(),
+            op_message(1, "a", 1),
+            op_enqueue(10, 1, 1),
+        ],
+        0,
+        &mut d,
+    );
+    images.apply_durable(
+        OWNER,
+        vec![epoch(2), op_message(2, "b", 1), op_enqueue(11, 2, 1)],
+        0,
+        &mut d,
+    );
+    assert_eq!(images.version("c"), 2);
+
+    // Late: batch 2 again.
+    images.apply_durable(
+        OWNER,
+        vec![epoch(2), op_message(3, "late", 1), op_enqueue(12, 3, 1)],
+        0,
+        &mut d,
+    );
+    assert_eq!(queue(&mut images), ["a", "b"]);
+
+    // Another node's copy at the same version: ignored.
+    let other = PeerId(2);
+    let copy = |version, payloads: &[&str]| {
+        let mut ops = vec![epoch(version), reset()];
+        for (i, p) in payloads.iter().enumerate() {
+            ops.push(op_message(i as u64 + 1, p, 1));
+            ops.push(op_enqueue(i as u64 + 10, i as u64 + 1, 1));
+        }
+        ops
+    };
+    images.apply_durable(other, copy(2, &["x"]), 0, &mut d);
+    assert_eq!(queue(&mut images), ["a", "b"]);
+    assert_eq!(images.batches_had, 2);
+
+    // A newer one replaces it, as the owner's: the owner's next batch
+    // applies to it.
+    images.apply_durable(other, copy(4, &["a", "b", "c"]), 0, &mut d);
+    assert_eq!(queue(&mut images), ["a", "b", "c"]);
+    assert_eq!(images.version("c"), 4);
+    images.apply_durable(
+        OWNER,
+        vec![epoch(5), op_message(4, "d", 1), op_enqueue(13, 4, 1)],
+        0,
+        &mut d,
+    );
+    assert_eq!(queue(&mut images), ["a", "b", "c", "d"]);
+
+    // The owner's full image at the version held applies.
+    images.apply_durable(OWNER, copy(5, &["e"]), 0, &mut d);
+    assert_eq!(queue(&mut images), ["e"]);
 }
 
 // ----- a takeover at a node that holds no copy -------------------------------
