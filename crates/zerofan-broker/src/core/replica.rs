@@ -973,9 +973,9 @@ impl Images {
         disk: &mut Disk<'_>,
     ) {
         match self.judge_batch(from, &ops) {
-            previous::Copy::Owners => self.apply_batch(from, ops, Batch::Owners, now_ms, disk),
-            previous::Copy::Older => self.batches_had += 1,
-            previous::Copy::Newer { owner, kept } => {
+            previous::Judged::Owners => self.apply_batch(from, ops, Batch::Owners, now_ms, disk),
+            previous::Judged::Older => self.batches_had += 1,
+            previous::Judged::Newer { owner, kept } => {
                 let (client, ops) = self.as_owners(ops, now_ms);
                 self.apply_batch(owner, ops, Batch::Copy(client, kept), now_ms, disk);
             }

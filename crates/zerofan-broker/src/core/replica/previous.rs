@@ -19,7 +19,7 @@
 //! it made under its claim (its version, see `ReplOp::Epoch`), and a claim
 //! whose old owner did not hand over asks the other nodes for a copy
 //! newer than its own (`PeerEvent::CopyWanted`). Only a newer one replaces
-//! it ([`Copy`]), keeping the stranded entries it lacks: they are no
+//! it ([`Judged`]), keeping the stranded entries it lacks: they are no
 //! part of the owner's changes, and the node that sent it may not have
 //! had them all. A copy read back from disk has no version (0): it is
 //! served as it is.
@@ -40,7 +40,7 @@ pub struct PreviousOwner {
 
 /// What a batch is to the copies here.
 #[derive(Debug)]
-pub(super) enum Copy {
+pub(super) enum Judged {
     /// Changes of the sessions `from` owns, or a full image from a new
     /// owner, or a copy over none here (or one of another claim, or of no
     /// known version): applied as they come.
@@ -59,7 +59,7 @@ impl Images {
     /// What `ops` from `from` are: another node's copy (`Images::copy_ops`:
     /// its epoch, then a full image, of one session) of a session copied
     /// here under the same claim is judged by its version.
-    pub(super) fn judge_batch(&self, from: PeerId, ops: &[ReplOp]) -> Copy {
+    pub(super) fn judge_batch(&self, from: PeerId, ops: &[ReplOp]) -> Judged {
         let (
             Some(ReplOp::Epoch {
                 client,
@@ -69,21 +69,21 @@ impl Images {
             Some(ReplOp::Reset { client: reset, .. }),
         ) = (ops.first(), ops.get(1))
         else {
-            return Copy::Owners;
+            return Judged::Owners;
         };
         let Some(img) = self.by_client.get(client).filter(|_| client == reset) else {
-            return Copy::Owners;
+            return Judged::Owners;
         };
         let Some(owner) = img.owner.filter(|o| *o != from && *o != disk::RESTORED) else {
-            return Copy::Owners;
+            return Judged::Owners;
         };
         if *epoch == 0 || img.epoch != *epoch || img.version == 0 {
-            return Copy::Owners;
+            return Judged::Owners;
         }
         if *version <= img.version {
-            return Copy::Older;
+            return Judged::Older;
         }
-        Copy::Newer {
+        Judged::Newer {
             owner,
             kept: self.all_stranded(client),
         }
@@ -106,7 +106,7 @@ impl Images {
                 .is_some_and(|i| i.owner == Some(from) && i.epoch == epoch && i.version >= version)
     }
 
-    /// Another node's newer copy (see [`Copy::Newer`]) with the ids it gave
+    /// Another node's newer copy (see [`Judged::Newer`]) with the ids it gave
     /// its own stranded entries and messages replaced by fresh ones here:
     /// those of its owner are the owner's, the same on every node, but
     /// those of two nodes' stranded ones may meet. Returns its client id.
