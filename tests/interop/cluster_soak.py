@@ -419,7 +419,8 @@ def main() -> int:
                               "moves_relay_dropped", "moves_relayed_had", "fenced_takeovers",
                               "lease_expiries", "lost_handed", "acks_refused", "stranded_sent", "stranded_kept",
                               "stranded_queued", "stranded_resent",
-                              "stranded_replaced", "stranded_unread")}
+                              "stranded_replaced", "stranded_unread", "copies_asked",
+                              "copies_sent", "replica_batches_had")}
         acked = sum(len(v) for v in h.acked.values())
         print(f"soak: {time.monotonic() - started:.0f} s, seed {args.seed}; faults "
               f"{dict(sorted(faults.items()))}; acknowledged {acked} "
