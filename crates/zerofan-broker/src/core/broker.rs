@@ -3971,6 +3971,13 @@ impl Broker {
 
     /// [`Broker::durable_seen`], no move in the way.
     fn durable_seen_unmoved(&mut self, from: super::peer::PeerId, seq: u64) {
+        // What this link read changed so far (the peer's publishes before
+        // its fence, queued in persistent sessions) goes to the replicas
+        // now, not at the read's end: `Seen` promises it, so it waits for
+        // their answers too.
+        if self.repl.reading() && self.repl.has_recorded() {
+            self.flush_replication();
+        }
         // And once the replicas have what this node replicated so far.
         if self.replica_holds_seen(from, seq) {
             return;

@@ -589,6 +589,11 @@ impl Replication {
         })
     }
 
+    /// Whether operations were recorded since the last `take_ops`.
+    pub(crate) fn has_recorded(&self) -> bool {
+        !self.rec.borrow().ops.is_empty()
+    }
+
     /// The recorded operations since the last call.
     pub(crate) fn take_ops(&mut self) -> Vec<ReplOp> {
         let mut r = self.rec.borrow_mut();

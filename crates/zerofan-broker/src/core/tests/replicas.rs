@@ -212,6 +212,9 @@ impl Cluster {
                     }
                     let mut buf = self.wires[from][to].split();
                     let h = &mut self.hs[to];
+                    // What one wire holds is one link read, as the shell
+                    // reads it (see `Broker::begin_peer_read`).
+                    h.b.begin_peer_read();
                     while let Some(frame) = self.dec.decode(&mut buf, h.now).unwrap() {
                         moved = true;
                         match frame {
@@ -219,6 +222,7 @@ impl Cluster {
                             _ => unreachable!("only the shell sends these"),
                         }
                     }
+                    h.b.end_peer_read();
                 }
             }
             if !moved {
