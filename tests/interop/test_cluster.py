@@ -773,6 +773,59 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
         assert not errors, "\n".join(errors)
 
 
+def test_a_node_cut_off_from_the_owner_only_serves_the_newer_copy(tmp_path):
+    """A partial partition: the owner of a persistent session and another
+    node are cut from each other only, both reaching the leader (the third
+    node). The owner goes on without that node's copy after 2 s and
+    acknowledges with the leader's; the client then comes back on the cut
+    node, whose own copy lacks those messages: it asks the others for a
+    newer copy, takes the leader's, and the client gets every acknowledged
+    message (before: none of them)."""
+    proxy = Partitioner()
+    fronts = {i: proxy.front(i) for i in (1, 2, 3)}
+    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
+    http = {n.node_id: free_port() for n in ns}
+    for n in ns:
+        proxy.targets[n.node_id] = n.cluster_port
+        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
+                   "--http", f"127.0.0.1:{http[n.node_id]}"]
+    made: list[PahoClient] = []
+    try:
+        ns[0].start()
+        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+        for n in ns[1:]:
+            n.start(join=ns[0])
+        s = wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+        leader = ns[next(m["node_id"] for m in s["members"] if m["role"] == "leader") - 1]
+        owner, other = [n for n in ns if n is not leader]
+        sub = _persistent_served(owner, "kept", 5)
+        made.append(sub)
+        assert sub.subscribe("split/#", 1) == [1]
+        sub.close()
+
+        proxy.split(owner.node_id, other.node_id)
+        p = served(leader, "split-pub")
+        made.append(p)
+        for i in range(5):
+            p.publish("split/x", f"m{i}".encode(), qos=1)
+
+        back = _persistent_served(other, "kept", 5)
+        made.append(back)
+        got = [back.expect_message().payload for _ in range(5)]
+        assert got == [f"m{i}".encode() for i in range(5)]
+        assert metric(http[leader.node_id], "zerofan_cluster_copies_sent_total") >= 1
+        proxy.heal()
+    finally:
+        for c in made:
+            c.close()
+        proxy.close()
+        errors = []
+        for n in ns:
+            if n.broker is not None and n.broker.terminate() != 0:
+                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
+        assert not errors, "\n".join(errors)
+
+
 def _persistent(node: Node, cid: str, version: int, connect: bool = True) -> PahoClient:
     if version == 5:
         return PahoClient(node.broker, client_id=cid, clean=False, connect=connect,
