@@ -651,14 +651,9 @@ class Partitioner:
                 b.close()
 
 
-def test_a_partition_made_by_a_proxy_heals(tmp_path):
-    """Every node-to-node path goes through a proxy. The node that leads and
-    owns a client id is cut off: the majority elects a leader and serves;
-    the client id moves to the majority side only once the cut node's lease
-    ran out (it dropped the client with 0x9C): at most one owner at any
-    time (cluster_check); publishes on the majority side keep flowing.
-    Healed, the cut node rejoins and routes again, and serves the id only
-    through a new claim."""
+def _proxied_nodes(tmp_path) -> tuple[Partitioner, list[Node], dict[int, int]]:
+    """Three nodes (not started) whose node-to-node paths all go through a
+    proxy, each with an HTTP port (returned by node id)."""
     proxy = Partitioner()
     fronts = {i: proxy.front(i) for i in (1, 2, 3)}
     ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
@@ -667,6 +662,40 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
         proxy.targets[n.node_id] = n.cluster_port
         n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
                    "--http", f"127.0.0.1:{http[n.node_id]}"]
+    return proxy, ns, http
+
+
+def _start_proxied(ns: list[Node]) -> dict:
+    """Start node 1, then join the others to it; the status once all three
+    are voters with a leader."""
+    ns[0].start()
+    wait_status(ns[0], voters_with_leader(1), "node 1 alone")
+    for n in ns[1:]:
+        n.start(join=ns[0])
+    return wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+
+
+def _shut_proxied(made: list[PahoClient], proxy: Partitioner, ns: list[Node]):
+    """Close the clients, the proxy and the nodes; every node must exit 0."""
+    for c in made:
+        c.close()
+    proxy.close()
+    errors = []
+    for n in ns:
+        if n.broker is not None and n.broker.terminate() != 0:
+            errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
+    assert not errors, "\n".join(errors)
+
+
+def test_a_partition_made_by_a_proxy_heals(tmp_path):
+    """Every node-to-node path goes through a proxy. The node that leads and
+    owns a client id is cut off: the majority elects a leader and serves;
+    the client id moves to the majority side only once the cut node's lease
+    ran out (it dropped the client with 0x9C): at most one owner at any
+    time (cluster_check); publishes on the majority side keep flowing.
+    Healed, the cut node rejoins and routes again, and serves the id only
+    through a new claim."""
+    proxy, ns, http = _proxied_nodes(tmp_path)
     made: list[PahoClient] = []
 
     def client(node: Node, **kw) -> PahoClient:
@@ -676,11 +705,7 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
 
     h = History()
     try:
-        ns[0].start()
-        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
-        for n in ns[1:]:
-            n.start(join=ns[0])
-        s = wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+        s = _start_proxied(ns)
         assert all(m["cluster_addr"] != n.cluster_addr for m in s["members"] for n in ns)
         leader = next(m["node_id"] for m in s["members"] if m["role"] == "leader")
         cut = ns[leader - 1]
@@ -763,14 +788,7 @@ def test_a_partition_made_by_a_proxy_heals(tmp_path):
         assert h.owner_problems() == []
         assert h.problems(list(subs)) == []
     finally:
-        for c in made:
-            c.close()
-        proxy.close()
-        errors = []
-        for n in ns:
-            if n.broker is not None and n.broker.terminate() != 0:
-                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
-        assert not errors, "\n".join(errors)
+        _shut_proxied(made, proxy, ns)
 
 
 def test_a_node_cut_off_from_the_owner_only_serves_the_newer_copy(tmp_path):
@@ -781,21 +799,10 @@ def test_a_node_cut_off_from_the_owner_only_serves_the_newer_copy(tmp_path):
     node, whose own copy lacks those messages: it asks the others for a
     newer copy, takes the leader's, and the client gets every acknowledged
     message (before: none of them)."""
-    proxy = Partitioner()
-    fronts = {i: proxy.front(i) for i in (1, 2, 3)}
-    ns = [Node(i, free_port(), free_port(), tmp_path / f"n{i}") for i in (1, 2, 3)]
-    http = {n.node_id: free_port() for n in ns}
-    for n in ns:
-        proxy.targets[n.node_id] = n.cluster_port
-        n.extra = ["--cluster-advertise", f"127.0.0.1:{fronts[n.node_id]}",
-                   "--http", f"127.0.0.1:{http[n.node_id]}"]
+    proxy, ns, http = _proxied_nodes(tmp_path)
     made: list[PahoClient] = []
     try:
-        ns[0].start()
-        wait_status(ns[0], voters_with_leader(1), "node 1 alone")
-        for n in ns[1:]:
-            n.start(join=ns[0])
-        s = wait_status(ns[0], voters_with_leader(3), "3 members through the proxies")
+        s = _start_proxied(ns)
         leader = ns[next(m["node_id"] for m in s["members"] if m["role"] == "leader") - 1]
         owner, other = [n for n in ns if n is not leader]
         sub = _persistent_served(owner, "kept", 5)
@@ -816,14 +823,7 @@ def test_a_node_cut_off_from_the_owner_only_serves_the_newer_copy(tmp_path):
         assert metric(http[leader.node_id], "zerofan_cluster_copies_sent_total") >= 1
         proxy.heal()
     finally:
-        for c in made:
-            c.close()
-        proxy.close()
-        errors = []
-        for n in ns:
-            if n.broker is not None and n.broker.terminate() != 0:
-                errors.append(f"node {n.node_id} exited {n.broker.returncode}\n{n.broker.log()}")
-        assert not errors, "\n".join(errors)
+        _shut_proxied(made, proxy, ns)
 
 
 def _persistent(node: Node, cid: str, version: int, connect: bool = True) -> PahoClient:

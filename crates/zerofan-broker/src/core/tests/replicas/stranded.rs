@@ -383,6 +383,15 @@ fn publish_acked(cl: &mut Cluster, p: Cx, payload: &str, id: u16) {
     assert_eq!(acks(&cl.out(p)), [(id, "puback")]);
 }
 
+/// "s"'s client back at node 1, whose claim (node 0's at epoch 1 before
+/// it) asks the other nodes for a copy.
+fn asking_at_node_1(cl: &mut Cluster) -> (ConnId, PreviousOwner) {
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    (conn, prev)
+}
+
 /// The claim of `conn` at node 1, from node 0 (epoch 1), is granted: the
 /// session served there, and what it gets at once.
 fn claimed_at_node_1(cl: &mut Cluster, conn: ConnId) -> (Cx, Vec<String>) {
@@ -642,10 +651,8 @@ fn a_message_sent_again_to_an_owner_that_handed_over_is_not_delivered_twice() {
     cl.pump();
     let prev = prev_owner(0, 1);
     assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
-    let s1 = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s1);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s1, out), ["while-away"]);
+    let (s1, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["while-away"]);
 
     // Node 2 finds node 0 new to its link and sends it again, then hears
     // of the move.
@@ -739,10 +746,8 @@ fn a_node_cut_off_from_the_owner_only_serves_the_newer_copy() {
     cl.pump();
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
     assert_eq!(cl.hs[2].b.metrics().copies_sent, 1);
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["during-split"]);
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["during-split"]);
 }
 
 /// The owner dies: every node's copy kept up with it alike, so none is
@@ -765,10 +770,8 @@ fn a_failover_from_a_dead_owner_sends_no_copy_and_waits_for_none() {
     cl.pump();
     assert!(cl.hs[1].b.take_handover_news(), "the shell is woken");
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["queued"]);
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["queued"]);
     assert_eq!(cl.hs[2].b.metrics().copies_sent, 0);
 }
 
@@ -785,16 +788,12 @@ fn a_copy_no_newer_than_the_askers_is_not_sent() {
     cl.hs[1].b.set_peer_away(remote(0), true);
     cl.linked[1][0] = false;
     cl.linked[0][1] = false;
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, prev) = asking_at_node_1(&mut cl);
     cl.publish_acked(1, "t", "stranded");
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
     assert_eq!(cl.hs[2].b.metrics().copies_sent, 0);
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["stranded"]);
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["stranded"]);
 }
 
 /// Node 0 cut off from node 1 only went on with node 2's copy, so node
@@ -808,9 +807,7 @@ fn a_newer_copy_keeps_what_the_askers_copy_had_stranded() {
     cl.offline_at(0, "s", 1, "t");
     cl.away(0, 1, true);
     cl.publish_acked(2, "t", "kept-up");
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, prev) = asking_at_node_1(&mut cl);
     // Node 2's copy (and its answer to what node 1 strands) wait.
     cl.linked[2][1] = false;
     let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
@@ -823,10 +820,8 @@ fn a_newer_copy_keeps_what_the_askers_copy_had_stranded() {
     cl.pump();
     assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["kept-up", "stranded"]);
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["kept-up", "stranded"]);
 }
 
 /// As above, but node 1's publisher's message comes after node 2's copy
@@ -839,9 +834,7 @@ fn a_newer_copy_takes_what_is_stranded_for_the_owner_until_it_is_served() {
     cl.offline_at(0, "s", 1, "t");
     cl.away(0, 1, true);
     cl.publish_acked(2, "t", "kept-up");
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, prev) = asking_at_node_1(&mut cl);
     cl.pump();
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
     let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
@@ -850,10 +843,8 @@ fn a_newer_copy_takes_what_is_stranded_for_the_owner_until_it_is_served() {
         Packet::Publish(publish("t", "stranded", QoS::AtLeastOnce, 1)),
     );
     assert_eq!(acks(&cl.out(p1)), [(1, "puback")]);
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["kept-up", "stranded"]);
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["kept-up", "stranded"]);
 }
 
 /// Node 0 and node 1 cut from each other only. Node 0's own publisher's
@@ -877,14 +868,10 @@ fn a_message_forwarded_across_a_healed_cut_is_not_queued_again_for_a_taken_sessi
     );
     assert_eq!(acks(&cl.out(p0)), [(1, "puback")]);
 
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, _) = asking_at_node_1(&mut cl);
     cl.pump();
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["during-split"]);
+    let (s, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["during-split"]);
 
     cl.away(0, 1, false);
     assert_eq!(cl.out(o).payloads(), ["during-split"]);
@@ -906,9 +893,7 @@ fn an_owner_cut_off_from_the_new_owner_confirms_nothing_after_the_copy_was_sent(
     let mut cl = Cluster::new(3, 3);
     cl.offline_at(0, "s", 1, "t");
     cl.away(0, 1, true);
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, prev) = asking_at_node_1(&mut cl);
     cl.pump();
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 answered");
     // What node 1 writes now waits: its image reaches node 2 only later.
@@ -933,17 +918,13 @@ fn a_session_served_from_a_copy_another_node_sent_gets_what_is_stranded_for_its_
     cl.offline_at(0, "s", 1, "t");
     cl.away(0, 1, true);
     cl.publish_acked(2, "t", "kept-up");
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    cl.hs[1].b.ask_for_copy(conn, &prev);
+    let (conn, _) = asking_at_node_1(&mut cl);
     cl.pump();
     assert_eq!(cl.hs[2].b.metrics().copies_sent, 1);
     // Node 2 does not hear yet that "s" is served at node 1.
     cl.linked[1][2] = false;
-    let s = cl.granted(1, conn, 2, prev);
-    let out = cl.out(s);
-    assert!(present(&out));
-    assert_eq!(drain(&mut cl, s, out), ["kept-up"]);
+    let (s, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["kept-up"]);
 
     cl.hs[2].b.set_peer_away(remote(0), true);
     cl.linked[2][0] = false;
