@@ -1288,7 +1288,17 @@ impl Broker {
         if epoch > 0 {
             self.repl.images.superseded(client, epoch);
         }
-        let Some(ops) = self.repl.images.copy_ops(client, epoch, have) else {
+        let ops = self.repl.images.copy_ops(client, epoch, have);
+        tracing::debug!(
+            client,
+            ?from,
+            epoch,
+            have,
+            version = self.repl.images.version(client),
+            sent = ops.is_some(),
+            "copy asked for"
+        );
+        let Some(ops) = ops else {
             self.peers.send(
                 from,
                 PeerEvent::NoCopy {
@@ -5491,6 +5501,16 @@ impl Broker {
             self.moves_peer_gone(peer);
         }
         let ready = self.peers.set_away(peer, away);
+        if away && !ready.is_empty() {
+            // Confirmed by every other peer, and `peer` was sent nothing
+            // they promise (what it was sent and did not confirm was
+            // refused above).
+            tracing::debug!(
+                ?peer,
+                released = ready.len(),
+                "answers no longer wait for a node away"
+            );
+        }
         self.release_deferred(ready);
         self.replica_answered(peer, None);
         // Back, it gets full images (what it missed may have been dropped

@@ -474,6 +474,15 @@ impl Peers {
         // Waiting on it, and for a message that crossed to it: a node new
         // to this one (a first link) has lost nothing.
         let lost = |d: u64| d > seen && d <= upto.min(seq);
+        tracing::debug!(
+            ?peer,
+            seen,
+            upto,
+            seq,
+            waiting = self.deferred.len(),
+            first = self.deferred.front().map(|d| d.0),
+            "answers that crossed to a node checked"
+        );
         if !self.deferred.iter().any(|d| lost(d.0)) {
             return Vec::new();
         }
