@@ -846,8 +846,9 @@ pub(crate) struct Images {
     /// Stranded entries kept past a full image since the last
     /// `take_unstranded`.
     restranded: u64,
-    /// Copies another node sent that were not newer than the one here,
-    /// left unapplied (see `previous`).
+    /// Batches left unapplied because the copy here held them already:
+    /// another node's copy no newer than it, or its owner's batch that a
+    /// link delivered late (see `previous`).
     pub(crate) batches_had: u64,
 }
 
@@ -1064,6 +1065,9 @@ impl Images {
             self.write_left_out(from, left_out, disk);
         }
         for (c, (epoch, version)) in epochs {
+            if had.contains(&c) {
+                continue;
+            }
             if let Some(img) = self.by_client.get_mut(&c) {
                 if img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
                     img.version = version;

@@ -2441,14 +2441,16 @@ fn copies_under_one_claim_are_judged_by_their_version() {
     );
     assert_eq!(images.version("c"), 2);
 
-    // Late: batch 2 again.
+    // Late: batch 2 again, then batch 1; the version stays.
     images.apply_durable(
         OWNER,
         vec![epoch(2), op_message(3, "late", 1), op_enqueue(12, 3, 1)],
         0,
         &mut d,
     );
+    images.apply_durable(OWNER, vec![epoch(1), op_enqueue(12, 3, 1)], 0, &mut d);
     assert_eq!(queue(&mut images), ["a", "b"]);
+    assert_eq!(images.version("c"), 2);
 
     // Another node's copy at the same version: ignored.
     let other = PeerId(2);
@@ -2462,7 +2464,7 @@ fn copies_under_one_claim_are_judged_by_their_version() {
     };
     images.apply_durable(other, copy(2, &["x"]), 0, &mut d);
     assert_eq!(queue(&mut images), ["a", "b"]);
-    assert_eq!(images.batches_had, 2);
+    assert_eq!(images.batches_had, 3);
 
     // A newer one replaces it, as the owner's: the owner's next batch
     // applies to it.
