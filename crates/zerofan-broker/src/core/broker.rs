@@ -3238,11 +3238,8 @@ impl Broker {
                 self.metrics.peer_forwarded += 1;
             }
             // Sent all the same (an acknowledged message is never
-            // dropped); its publisher waits until the peer drains. Counted
-            // as crossed either way: a peer that goes away before it
-            // confirms gets the acknowledgement refused.
-            let congested = self.peers.congested(peer);
-            if self.peers.crossed(peer, size, true) || congested {
+            // dropped); its publisher waits until the peer drains.
+            if self.peers.congested(peer) || self.peers.crossed(peer, size, true) {
                 self.hold_publisher(msg);
             }
             let (direct, shares) = f.map_or((false, Vec::new()), |f| (f.direct, f.shares.clone()));
