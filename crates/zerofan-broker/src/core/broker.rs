@@ -3238,8 +3238,14 @@ impl Broker {
                 self.metrics.peer_forwarded += 1;
             }
             // Sent all the same (an acknowledged message is never
-            // dropped); its publisher waits until the peer drains.
-            if self.peers.congested(peer) || self.peers.crossed(peer, size, true) {
+            // dropped); its publisher waits until the peer drains. A node
+            // not away counts as crossed, congested or not: if it goes away
+            // before it confirms, the acknowledgement is refused. An away
+            // one does not: what is stranded for it is kept here and in its
+            // copies, so a later away marking of it refuses nothing.
+            let durable = !self.peers.is_away(peer);
+            let congested = self.peers.congested(peer);
+            if self.peers.crossed(peer, size, durable) || congested {
                 self.hold_publisher(msg);
             }
             let (direct, shares) = f.map_or((false, Vec::new()), |f| (f.direct, f.shares.clone()));

@@ -237,6 +237,61 @@ fn a_node_cut_off_acknowledges_nothing_its_replicas_lack() {
     }
 }
 
+/// Node 2 is away from node 0, so node 0 strands its publisher's message
+/// (node 2's "s2" matches) and sends it to node 1 for "s" as well; node 1's
+/// link is down (its queue full: congested) but node 1 not yet away. When
+/// node 1 goes away without confirming it, the acknowledgement is refused.
+/// Before, a congested peer was not counted as crossed on this path, so
+/// nothing was refused and the publisher was acknowledged a message that
+/// neither node 1 nor any copy of "s" had (the long run's loss around a
+/// cut: 6 messages at s3b, 78b5a54 seed 1).
+#[test]
+fn a_stranded_message_to_a_congested_node_that_goes_away_is_refused() {
+    let mut cl = Cluster::new(3, 3);
+    cl.offline_at(1, "s", 1, "t");
+    cl.offline_at(2, "s2", 1, "t");
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    cl.cut(0, 2, true);
+    cl.cut(0, 1, true);
+    cl.hs[0].b.set_peer_congested(remote(1), true);
+    let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [], "waits for node 1");
+    cl.hs[0].b.set_peer_away(remote(1), true);
+    assert_refused(&mut cl, p);
+}
+
+/// The other side of the test above: node 2, away (its link down, so
+/// congested too), is sent the stranded message for its own "s2", which
+/// is kept for it here and in the copies. When its link comes back (it
+/// restarted) and it is marked away again before node 1 confirms, nothing
+/// is refused: the message was never its to confirm. Counting every
+/// stranded crossing as durable (affe526) refused this publisher in the
+/// rejoin test of `tests/interop/test_cluster.py`.
+#[test]
+fn a_stranded_message_to_an_away_node_is_not_refused_for_it_later() {
+    let mut cl = Cluster::new(3, 3);
+    cl.offline_at(1, "s", 1, "t");
+    cl.offline_at(2, "s2", 1, "t");
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    cl.cut(0, 2, true);
+    cl.hs[0].b.set_peer_congested(remote(2), true);
+    let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+    cl.cut(0, 1, true);
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [], "waits for node 1");
+    cl.hs[0].b.set_peer_congested(remote(2), false);
+    cl.hs[0].b.peer_reset(remote(2));
+    cl.hs[0].b.set_peer_away(remote(2), false);
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    assert_eq!(cl.hs[0].b.metrics().acks_refused, 0);
+    cl.cut(0, 1, false);
+    cl.pump();
+    let out = cl.out(p);
+    assert_eq!(acks(&out), [(1, "puback")]);
+    assert!(!out.closed);
+}
+
 /// The owner comes back without a restart: its link brings it what was
 /// stranded for it, which is not kept for later. A restart after that
 /// sends it nothing again (its session may have left and come back since:
