@@ -3362,6 +3362,12 @@ impl Broker {
                 continue;
             }
             self.metrics.stranded_queued += 1;
+            tracing::debug!(
+                client = ?self.sessions.get(hit.session).map(|s| &*s.client_id),
+                ?owners,
+                payload = %payload_head(&msg.payload),
+                "stranded queued in a session here"
+            );
             let item = Queued {
                 msg: msg.clone(),
                 qos: hit.qos,
@@ -5126,7 +5132,7 @@ impl Broker {
     /// what it subscribes to, forwards what they subscribe to, and keeps
     /// their retained messages (see [`Broker::handle_peer`]).
     pub fn set_peers(&mut self, me: PeerId, all: &[PeerId]) {
-        self.peers = Peers::new(me, all.iter().copied());
+        self.peers = Peers::new(me, all.iter().copied(), self.durable.started_ms());
         self.router.set_peered(self.peers.me());
     }
 
@@ -5181,6 +5187,7 @@ impl Broker {
                 add,
                 seq,
             } => {
+                tracing::debug!(?from, %filter, ?group, add, seq, "a node's interest");
                 self.router
                     .peer_interest(from, &filter, group.as_deref(), add);
                 // Behind any `Fence` still waiting for the store: `Seen`
@@ -5533,6 +5540,7 @@ impl Broker {
     /// been lost with the link).
     pub fn peer_reset(&mut self, peer: PeerId) {
         // What it had not confirmed went with its old state.
+        tracing::debug!(?peer, "a node's state reset: its interests forgotten");
         self.refuse_unconfirmed(peer);
         self.router.forget_peer(peer);
         for conn in self.peers.release_held_by(peer) {

@@ -251,6 +251,11 @@ impl Durable {
         self.log.is_some()
     }
 
+    /// UNIX milliseconds when the log was attached (0 without one).
+    pub(crate) fn started_ms(&self) -> u64 {
+        self.anchor.1
+    }
+
     /// UNIX milliseconds of `at`.
     pub(crate) fn unix_ms(&self, at: Instant) -> u64 {
         let (i, ms) = self.anchor;

@@ -348,12 +348,24 @@ impl Slot {
 }
 
 impl Peers {
-    /// Peers `others` of the core `me`.
-    pub(crate) fn new(me: PeerId, others: impl IntoIterator<Item = PeerId>) -> Self {
+    /// Peers `others` of the core `me`, started at UNIX milliseconds
+    /// `started_ms`. Change numbers start from that clock, as marks do
+    /// (`Strands::mark`): a restarted node gives none its former self
+    /// gave, so a peer's late answer to that self (a `Seen` it held for
+    /// its replicas, sent once the new link is up) cannot pass for an
+    /// answer to this one and release an acknowledgement early.
+    pub(crate) fn new(
+        me: PeerId,
+        others: impl IntoIterator<Item = PeerId>,
+        started_ms: u64,
+    ) -> Self {
+        // Room for a million changes a millisecond before the count runs
+        // ahead of the clock.
+        let first = started_ms.min((1 << 43) - 1) << 20;
         let mut slots: Vec<Slot> = others
             .into_iter()
             .filter(|&p| p != me)
-            .map(|id| Slot::new(id, 0, true))
+            .map(|id| Slot::new(id, first, true))
             .collect();
         slots.sort_by_key(|s| s.id);
         slots.dedup_by_key(|s| s.id);
@@ -362,7 +374,7 @@ impl Peers {
             slots,
             holding: Vec::new(),
             held_for: Vec::new(),
-            seq: 0,
+            seq: first,
             deferred: Default::default(),
             owed: Default::default(),
         }
@@ -734,6 +746,9 @@ impl Peers {
 
     /// `peer` has seen our changes up to `seq`: what may go now.
     pub(crate) fn seen(&mut self, peer: PeerId, seq: u64) -> Vec<(super::ids::ConnId, Deferred)> {
+        // None of ours is past `self.seq`: a higher answer was meant for a
+        // former self of this node (see `Peers::new`).
+        let seq = seq.min(self.seq);
         if let Some(s) = self.slot(peer) {
             s.seen = s.seen.max(seq);
         }

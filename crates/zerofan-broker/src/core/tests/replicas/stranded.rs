@@ -994,3 +994,37 @@ fn a_session_served_from_a_copy_another_node_sent_gets_what_is_stranded_for_its_
     cl.pump();
     assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
 }
+
+/// Node 2, owner of "s", is killed; a message stranded for it is served
+/// from node 1's copy when "s" comes back there. Node 2 then restarts from
+/// its disk, where "s" is still its own: node 0 sends it again what it
+/// stranded for it. "s" must not get it a second time, neither at node 1
+/// (node 2 hands the session over when it hears of the claim) nor where it
+/// goes next (node 2's copies of "s").
+#[test]
+fn a_restarted_owner_sends_nothing_again_to_a_session_taken_meanwhile() {
+    let dir = Dir::new("strand-taken-restart");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.offline_at(2, "s", 1, "t");
+    cl.kill(2);
+    cl.publish_acked(0, "t", "m");
+    let (s, out) = cl.persistent_after(1, "s", 2, 2, 1);
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s).packets);
+    assert_eq!(drain(&mut cl, s, all), ["m"]);
+    cl.restart_on(2, &dir);
+    assert_eq!(cl.hs[0].b.metrics().stranded_resent, 1, "not sent again");
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    let out = cl.out(s);
+    assert_eq!(drain(&mut cl, s, out), Vec::<String>::new());
+    cl.lose(s);
+    let (s0, out) = cl.persistent_after(0, "s", 3, 1, 2);
+    assert!(present(&out));
+    let mut all = out;
+    all.packets.extend(cl.out(s0).packets);
+    assert_eq!(drain(&mut cl, s0, all), Vec::<String>::new());
+}
