@@ -3934,6 +3934,7 @@ impl Broker {
     pub fn set_durable_log(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
         // Persistent sessions' operations are also recorded for replicas.
         self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
+        self.repl.start_at(now_unix_ms);
     }
 
     /// The store's counters (log size, fsyncs, bytes written...), when a

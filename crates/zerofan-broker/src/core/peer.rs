@@ -282,6 +282,14 @@ pub struct PeerBatch {
     pub events: Vec<PeerEvent>,
 }
 
+/// The number before a run's first change, for a run started at UNIX
+/// milliseconds `started_ms`: later than any change of an earlier run,
+/// with room for a million changes a millisecond before the count runs
+/// ahead of the clock (see [`Peers::new`]).
+pub(crate) fn first_change(started_ms: u64) -> u64 {
+    started_ms.min((1 << 43) - 1) << 20
+}
+
 /// This core's view of its peers: who it is, who they are, what waits to be
 /// sent to each, and which of them cannot take more for now.
 #[derive(Debug, Default)]
@@ -359,9 +367,7 @@ impl Peers {
         others: impl IntoIterator<Item = PeerId>,
         started_ms: u64,
     ) -> Self {
-        // Room for a million changes a millisecond before the count runs
-        // ahead of the clock.
-        let first = started_ms.min((1 << 43) - 1) << 20;
+        let first = first_change(started_ms);
         let mut slots: Vec<Slot> = others
             .into_iter()
             .filter(|&p| p != me)

@@ -620,6 +620,16 @@ impl Replication {
         std::mem::replace(&mut self.current, set)
     }
 
+    /// Number this run's changes from UNIX milliseconds `started_ms`, as
+    /// the peers' are (`peer::first_change`): a replica's late answer to
+    /// this node's former self cannot pass for an answer to this one.
+    /// Only before the first change.
+    pub(crate) fn start_at(&mut self, started_ms: u64) {
+        if self.seq == 0 {
+            self.seq = super::peer::first_change(started_ms);
+        }
+    }
+
     /// The change number the next [`Replication::stamp`] gives.
     pub(crate) fn next_seq(&self) -> u64 {
         self.seq + 1
@@ -692,7 +702,9 @@ impl Replication {
         if forget {
             self.sent.remove(&peer);
         } else if let Some(s) = self.sent.get_mut(&peer) {
-            s.1 = s.1.max(seq);
+            // None of ours is past `self.seq`: a higher answer was meant
+            // for a former self of this node.
+            s.1 = s.1.max(seq.min(self.seq));
             let sent = &self.sent;
             self.drops
                 .settle(|d| sent.values().all(|(sent, acked)| *acked >= d || *sent < d));
@@ -1605,5 +1617,29 @@ impl Images {
     /// Forget the image of `client` (a clean start took its id).
     pub(crate) fn forget(&mut self, client: &str, disk: &mut Disk<'_>) {
         self.drop_image(client, disk);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica's answer to this node's former self (numbered from that
+    /// run's start, or from 0 before runs were numbered from the clock)
+    /// releases nothing waiting for this run's changes.
+    #[test]
+    fn a_late_answer_to_a_former_self_releases_nothing() {
+        let mut r = Replication::default();
+        r.start_at(1_000);
+        let seq = r.stamp(&[PeerId(1)]);
+        assert!(r.wait_seen(PeerId(2), 7, &|_| false));
+        let none = |_| false;
+        let ready = r.answered(PeerId(1), 5_000, false, &none);
+        assert!(
+            ready.waiters.is_empty(),
+            "released by the former self's answer"
+        );
+        let ready = r.answered(PeerId(1), seq, false, &none);
+        assert_eq!(ready.waiters.len(), 1);
     }
 }
