@@ -1617,6 +1617,10 @@ impl Broker {
 
     /// A message the old owner relayed for `client`'s session.
     fn relayed(&mut self, now: Instant, from: PeerId, client: &str, item: Queued) {
+        tracing::debug!(client, ?from,
+            arriving = self.moves.arriving_of(client, from).is_some(),
+            payload = %payload_head(&item.msg.payload),
+            "relayed message received");
         if let Some(sid) = self.moves.arriving_of(client, from) {
             if self.moves.had(sid, &item) {
                 self.metrics.moves_relayed_had += 1;
@@ -1666,6 +1670,9 @@ impl Broker {
         self.announce_moved(client);
         self.timers.arm(now + MOVE_TIMEOUT, Timer::Moves);
         if let Some(sid) = sid.filter(|_| resumed) {
+            if !early.is_empty() {
+                tracing::debug!(client, early = early.len(), "early relays queued");
+            }
             for item in early {
                 if self.moves.had(sid, &item) {
                     self.metrics.moves_relayed_had += 1;
@@ -1684,6 +1691,15 @@ impl Broker {
         };
         self.metrics.moves_arrived += 1;
         let (held, answers) = a.into_parts();
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let client = self.sessions.get(sid).map(|s| s.client_id.to_string());
+            let held: Vec<String> = held
+                .iter()
+                .take(16)
+                .map(|q| payload_head(&q.msg.payload).into_owned())
+                .collect();
+            tracing::debug!(?client, ?held, "a move here ended: what it held queued");
+        }
         self.queue_and_answer(now, sid, held, answers);
     }
 
@@ -3078,6 +3094,12 @@ impl Broker {
                     self.metrics.forwarded_had += 1;
                     continue;
                 }
+                tracing::debug!(
+                    client = ?self.sessions.get(hit.session).map(|s| &*s.client_id),
+                    ?from,
+                    payload = %payload_head(&msg.payload),
+                    "an old owner's stored message queued in a session taken from it"
+                );
             }
             count += 1;
             let item = Queued {

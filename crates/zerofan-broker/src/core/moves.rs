@@ -301,10 +301,17 @@ impl Moves {
             return None;
         }
         let deadline = now + MOVE_TIMEOUT;
+        // The old owner relays what it sends before its own `Flushed`, also
+        // when it was not reachable here a moment ago (its link back after
+        // a restart): its direct copies are dropped, not held as well.
+        let mut before = nodes;
+        if !before.contains(&e.from) {
+            before.push(e.from);
+        }
         let a = Arriving {
             client: e.client,
             from: e.from,
-            before: nodes,
+            before,
             held: Vec::new(),
             held_nodes: Vec::new(),
             held_conns: Vec::new(),

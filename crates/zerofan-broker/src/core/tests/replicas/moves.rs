@@ -327,3 +327,91 @@ fn a_relay_the_new_owner_never_confirmed_is_refused() {
     cl.pump();
     assert_refused(&mut cl, p);
 }
+
+/// Node 2, owner of "s", is killed; node 1 serves "s" from its copy while
+/// node 2, restarted, relays it (it heard of the claim before its links
+/// were up). Node 2 was away at node 1 when "s" arrived there, and node
+/// 1's `Moved` was lost with node 2's former link, so node 2 relays what
+/// its own publisher sends and also sends it to node 1 directly. The
+/// direct copy must be dropped, as it is when the old owner is reachable:
+/// before, node 1 held it until the relay ended and queued it again, a
+/// QoS 2 message delivered twice (the long run's duplicate after a
+/// restart, b6d1d22 seed 1).
+#[test]
+fn an_old_owner_back_from_a_restart_is_relayed_not_also_held() {
+    let dir = Dir::new("moves-old-owner-restart");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.offline_at(2, "s", 1, "t");
+    cl.kill(2);
+    let conn = cl.persistent_waiting(1, "s");
+    for i in 0..2 {
+        cl.linked[i][2] = false;
+        cl.linked[2][i] = false;
+    }
+    cl.restart_on(2, &dir);
+    // Node 2 hears of the claim before its links are up; its link to node
+    // 1 comes first (node 1 still has node 2 away).
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.hs[1].b.peer_reset(remote(2));
+    cl.linked[2][1] = true;
+    cl.pump();
+    let prev = PreviousOwner {
+        peer: Some(remote(2)),
+        epoch: 1,
+    };
+    let s1 = cl.granted(1, conn, 2, prev);
+    // Node 1's link to node 2 starts over: what it queued (`Moved`) is
+    // dropped, its state goes anew.
+    cl.wires[1][2].clear();
+    cl.hs[1].b.peer_joined(remote(2));
+    cl.hs[1].b.set_peer_away(remote(2), false);
+    cl.linked[1][2] = true;
+    cl.pump();
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "x", QoS::ExactlyOnce, 1)));
+    let mut got = served_payloads(&mut cl, s1);
+    for node in 0..3 {
+        let later = cl.hs[node].now + Duration::from_secs(6);
+        cl.hs[node].now = later;
+        cl.hs[node].b.handle_timeout(later);
+    }
+    cl.pump();
+    got.extend(served_payloads(&mut cl, s1));
+    assert_eq!(got, ["x"]);
+}
+
+/// What `s` gets now, acknowledged as it goes (QoS 1 and 2).
+fn served_payloads(cl: &mut Cluster, s: Cx) -> Vec<String> {
+    let mut got = Vec::new();
+    let mut out = cl.out(s);
+    for _ in 0..10 {
+        let mut any = false;
+        for p in &out.packets {
+            match p {
+                Packet::Publish(p) => {
+                    any = true;
+                    got.push(String::from_utf8_lossy(&p.payload).into_owned());
+                    let a = ack(p.packet_id);
+                    let reply = match p.qos {
+                        QoS::ExactlyOnce => Packet::PubRec(a),
+                        _ => Packet::PubAck(a),
+                    };
+                    cl.hs[s.node].send(s.conn, reply);
+                }
+                Packet::PubRel(a) => {
+                    any = true;
+                    cl.hs[s.node].send(s.conn, Packet::PubComp(ack(a.packet_id)));
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+        cl.pump();
+        out = cl.out(s);
+    }
+    got
+}

@@ -1028,3 +1028,97 @@ fn a_restarted_owner_sends_nothing_again_to_a_session_taken_meanwhile() {
     all.packets.extend(cl.out(s0).packets);
     assert_eq!(drain(&mut cl, s0, all), Vec::<String>::new());
 }
+
+/// Node 2, owner of "s" (QoS 2), queues "m" from its own publisher while
+/// cut off from both replicas, and is killed before it acknowledges it:
+/// only its disk has "m". "s" is served at node 1 from a copy without it.
+/// Node 2 restarts from its disk and then hears that node 1 took "s":
+/// whatever reaches "s" of node 2's "m" reaches it once, also after the
+/// handover's deadline.
+#[test]
+fn a_restarted_owners_unacknowledged_message_reaches_the_new_owner_once_at_most() {
+    for early in [false, true] {
+        let dir = Dir::new(&format!("restart-own-queue-{early}"));
+        let mut cl = Cluster::new(3, 3);
+        cl.on_disk(2, &dir);
+        let (s, _) = cl.persistent_at(2, "s", 1);
+        cl.hs[2].subscribe(s.conn, "t", opts(QoS::ExactlyOnce));
+        cl.pump();
+        cl.lose(s);
+        cl.cut(2, 0, true);
+        cl.cut(2, 1, true);
+        let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+        cl.send(p, Packet::Publish(publish("t", "m", QoS::ExactlyOnce, 1)));
+        assert_eq!(acks(&cl.out(p)), [], "acknowledged without the replicas");
+        cl.kill(2);
+        let conn = cl.persistent_waiting(1, "s");
+        let prev = PreviousOwner {
+            peer: Some(remote(2)),
+            epoch: 1,
+        };
+        let mut got = Vec::new();
+        let mut s1 = None;
+        if !early {
+            let c = cl.granted(1, conn, 2, prev);
+            let out = cl.out(c);
+            got.extend(drain2(&mut cl, c, out));
+            s1 = Some(c);
+        }
+        // Node 2 restarts and hears of the claim before its links are up.
+        cl.restart_on(2, &dir);
+        let now = cl.hs[2].now;
+        assert_eq!(cl.hs[2].b.queued_messages("s"), Some(1), "m not read back");
+        cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+        assert_eq!(cl.hs[2].b.metrics().moves_relayed, 1);
+        for i in 0..2 {
+            cl.linked[i][2] = true;
+            cl.linked[2][i] = true;
+            cl.hs[i].b.peer_joined(remote(2));
+            cl.hs[i].b.set_peer_away(remote(2), false);
+        }
+        cl.pump();
+        let s1 = match s1 {
+            Some(c) => c,
+            None => cl.granted(1, conn, 2, prev),
+        };
+        let out = cl.out(s1);
+        got.extend(drain2(&mut cl, s1, out));
+        for node in 0..3 {
+            let later = cl.hs[node].now + Duration::from_secs(6);
+            cl.hs[node].now = later;
+            cl.hs[node].b.handle_timeout(later);
+        }
+        cl.pump();
+        let out = cl.out(s1);
+        got.extend(drain2(&mut cl, s1, out));
+        assert!(got.iter().filter(|g| *g == "m").count() <= 1, "{got:?}");
+    }
+}
+
+/// Every payload a QoS 2 subscriber `s` gets, completing each delivery.
+fn drain2(cl: &mut Cluster, s: Cx, mut out: Out) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let mut any = false;
+        for p in out.packets.iter() {
+            match p {
+                Packet::Publish(p) => {
+                    any = true;
+                    got.push(String::from_utf8_lossy(&p.payload).into_owned());
+                    cl.hs[s.node].send(s.conn, Packet::PubRec(ack(p.packet_id)));
+                }
+                Packet::PubRel(a) => {
+                    any = true;
+                    cl.hs[s.node].send(s.conn, Packet::PubComp(ack(a.packet_id)));
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+        cl.pump();
+        out = cl.out(s);
+    }
+    got
+}
