@@ -363,6 +363,16 @@ impl Cluster {
         out
     }
 
+    /// Every node `secs` later, its timers fired (past `MOVE_TIMEOUT`: 6).
+    fn later(&mut self, secs: u64) {
+        for h in &mut self.hs {
+            let t = h.now + Duration::from_secs(secs);
+            h.now = t;
+            h.b.handle_timeout(t);
+        }
+        self.pump();
+    }
+
     fn lose(&mut self, c: Cx) {
         let now = self.hs[c.node].now;
         self.hs[c.node].b.connection_lost(now, c.conn);
@@ -376,6 +386,40 @@ fn assert_refused(cl: &mut Cluster, p: Cx) {
     let out = cl.out(p);
     assert!(acks(&out).is_empty(), "acknowledged: {:?}", out.packets);
     assert!(out.closed, "refused, so that the client publishes it again");
+}
+
+/// Every payload `s` gets, from `out` on, acknowledged as it goes: PUBACK
+/// at QoS 1, PUBREC then PUBCOMP at QoS 2.
+fn acked_payloads(cl: &mut Cluster, s: Cx, mut out: Out) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let mut any = false;
+        for p in &out.packets {
+            match p {
+                Packet::Publish(p) => {
+                    any = true;
+                    got.push(String::from_utf8_lossy(&p.payload).into_owned());
+                    let a = ack(p.packet_id);
+                    let reply = match p.qos {
+                        QoS::ExactlyOnce => Packet::PubRec(a),
+                        _ => Packet::PubAck(a),
+                    };
+                    cl.hs[s.node].send(s.conn, reply);
+                }
+                Packet::PubRel(a) => {
+                    any = true;
+                    cl.hs[s.node].send(s.conn, Packet::PubComp(ack(a.packet_id)));
+                }
+                _ => {}
+            }
+        }
+        if !any {
+            break;
+        }
+        cl.pump();
+        out = cl.out(s);
+    }
+    got
 }
 
 fn acks(out: &Out) -> Vec<(u16, &'static str)> {
