@@ -1617,11 +1617,11 @@ impl Broker {
 
     /// A message the old owner relayed for `client`'s session.
     fn relayed(&mut self, now: Instant, from: PeerId, client: &str, item: Queued) {
-        tracing::debug!(client, ?from,
-            arriving = self.moves.arriving_of(client, from).is_some(),
+        let arriving = self.moves.arriving_of(client, from);
+        tracing::debug!(client, ?from, arriving = arriving.is_some(),
             payload = %payload_head(&item.msg.payload),
             "relayed message received");
-        if let Some(sid) = self.moves.arriving_of(client, from) {
+        if let Some(sid) = arriving {
             if self.moves.had(sid, &item) {
                 self.metrics.moves_relayed_had += 1;
                 return;

@@ -282,12 +282,12 @@ pub struct PeerBatch {
     pub events: Vec<PeerEvent>,
 }
 
-/// The number before a run's first change, for a run started at UNIX
-/// milliseconds `started_ms`: later than any change of an earlier run,
-/// with room for a million changes a millisecond before the count runs
-/// ahead of the clock (see [`Peers::new`]).
-pub(crate) fn first_change(started_ms: u64) -> u64 {
-    started_ms.min((1 << 43) - 1) << 20
+/// The least a count taken at UNIX milliseconds `ms` starts from: above
+/// any count taken at an earlier millisecond, with room for a million a
+/// millisecond before the count runs ahead of the clock. A run's change
+/// numbers start there (see [`Peers::new`]), and so do strand marks.
+pub(crate) fn count_from_clock(ms: u64) -> u64 {
+    ms.min((1 << 43) - 1) << 20
 }
 
 /// This core's view of its peers: who it is, who they are, what waits to be
@@ -367,7 +367,7 @@ impl Peers {
         others: impl IntoIterator<Item = PeerId>,
         started_ms: u64,
     ) -> Self {
-        let first = first_change(started_ms);
+        let first = count_from_clock(started_ms);
         let mut slots: Vec<Slot> = others
             .into_iter()
             .filter(|&p| p != me)

@@ -621,12 +621,12 @@ impl Replication {
     }
 
     /// Number this run's changes from UNIX milliseconds `started_ms`, as
-    /// the peers' are (`peer::first_change`): a replica's late answer to
+    /// the peers' are (`peer::count_from_clock`): a replica's late answer to
     /// this node's former self cannot pass for an answer to this one.
     /// Only before the first change.
     pub(crate) fn start_at(&mut self, started_ms: u64) {
         if self.seq == 0 {
-            self.seq = super::peer::first_change(started_ms);
+            self.seq = super::peer::count_from_clock(started_ms);
         }
     }
 

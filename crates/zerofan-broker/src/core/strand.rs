@@ -161,9 +161,7 @@ impl Strands {
         if self.node == 0 {
             return None;
         }
-        // Room for a million a millisecond before the count runs ahead of
-        // the clock.
-        let floor = now_ms.min((1 << 43) - 1) << 20;
+        let floor = super::peer::count_from_clock(now_ms);
         self.seq = self.seq.saturating_add(1).max(floor);
         Some(Mark::new(self.node, self.seq))
     }
