@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import threading
@@ -71,7 +72,36 @@ def zerofan_bin() -> Path:
     return target / "release" / "zerofan"
 
 
+_ports_given: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port to listen on, below the kernel's range of source ports for
+    outgoing connections. A port from that range (what binding to port 0
+    gives) can be taken as another connection's source port between this
+    check and the broker's own bind: a start that failed with "Address
+    already in use". Never the same port twice in one test run."""
+    high = _ephemeral_low() - 1
+    low = max(10000, high - 12000)
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
