@@ -1332,6 +1332,13 @@ impl Broker {
         self.sessions.has_client(client) && self.moves.leaving_of(client).is_none()
     }
 
+    /// Whether this node relays `client`'s session to its new owner
+    /// (tests).
+    #[cfg(test)]
+    pub(crate) fn moves_leaving(&self, client: &str) -> bool {
+        self.moves.leaving_of(client).is_some()
+    }
+
     /// The packet ids in flight in this node's copy of `client`'s
     /// session, with their phase (tests).
     #[cfg(test)]
@@ -1577,10 +1584,59 @@ impl Broker {
         self.repl.unrecord(&l.client);
     }
 
-    /// `node` (`None`: this one) flushed `client`'s move.
-    fn move_flushed(&mut self, now: Instant, client: &str, node: Option<PeerId>) {
-        if let Some(sid) = self.moves.flushed_leaving(client, node) {
+    /// `nodes` (`None`: this one) flushed `client`'s move to `to` (`None`:
+    /// the latest).
+    fn move_flushed(
+        &mut self,
+        now: Instant,
+        client: &str,
+        nodes: &[Option<PeerId>],
+        to: Option<PeerId>,
+    ) {
+        if let Some(sid) = self.moves.flushed_leaving(client, nodes, to) {
             self.leave_over(now, sid, false);
+        }
+    }
+
+    /// Keep what this node said of `client`'s move (see `Moves::told`).
+    fn told(&mut self, now: Instant, client: &str, to: Option<PeerId>) {
+        if self.moves.told(client, to, now + MOVE_TIMEOUT) {
+            self.metrics.moves_told_forgotten += 1;
+        }
+    }
+
+    /// `peer`'s link started over: the moves this node announced or
+    /// flushed lately, whose word may have gone with what was queued for
+    /// it, are said again.
+    fn retell_moves(&mut self, peer: PeerId) {
+        let now = self.last_stamp.0;
+        let sessions = &self.sessions;
+        let moves = &mut self.moves;
+        let again = moves.retell(peer, now, |c| sessions.has_client(c));
+        for r in again {
+            self.metrics.moves_retold += 1;
+            let (event, client, to) = match r {
+                super::moves::Retell::Moved(client) => {
+                    let e = PeerEvent::Moved {
+                        client: client.clone(),
+                    };
+                    (e, client, None)
+                }
+                super::moves::Retell::Flushed(client, to) => {
+                    let e = PeerEvent::Flushed {
+                        client: client.clone(),
+                        to: Some(to),
+                    };
+                    (e, client, Some(to))
+                }
+            };
+            tracing::debug!(
+                ?peer,
+                client = &*client,
+                ?to,
+                "a move said again to a node back"
+            );
+            self.peers.send(peer, event);
         }
     }
 
@@ -1597,7 +1653,7 @@ impl Broker {
         // relays); the nodes are told to flush, which ends the relay.
         if self.serves(&client) {
             self.moves.forget_relay(&client, None);
-            self.announce_moved(&client);
+            self.announce_moved(now, &client);
             return;
         }
         let forgot = self.moves.expect_relay(client, from, now + MOVE_TIMEOUT);
@@ -1606,13 +1662,15 @@ impl Broker {
 
     /// Every node hears that `client`'s session is served here (`Moved`)
     /// and that this node sends its matches here from now on (`Flushed`).
-    fn announce_moved(&mut self, client: &str) {
+    fn announce_moved(&mut self, now: Instant, client: &str) {
         self.peers.send_all(|| PeerEvent::Moved {
             client: client.into(),
         });
         self.peers.send_all(|| PeerEvent::Flushed {
             client: client.into(),
+            to: None,
         });
+        self.told(now, client, None);
     }
 
     /// A message the old owner relayed for `client`'s session.
@@ -1667,7 +1725,7 @@ impl Broker {
         // The subscriptions reach every node before `Moved`, on the same
         // links.
         self.announce();
-        self.announce_moved(client);
+        self.announce_moved(now, client);
         self.timers.arm(now + MOVE_TIMEOUT, Timer::Moves);
         if let Some(sid) = sid.filter(|_| resumed) {
             if !early.is_empty() {
@@ -5313,12 +5371,18 @@ impl Broker {
                 // subscriptions (announced before, on the same link).
                 self.peers.send_all(|| PeerEvent::Flushed {
                     client: client.clone(),
+                    to: None,
                 });
-                self.move_flushed(now, &client, None);
+                self.told(now, &client, Some(from));
+                // The new owner flushed too: its own `Flushed` follows its
+                // `Moved` at once (a `Moved` said again comes alone).
+                self.move_flushed(now, &client, &[None, Some(from)], Some(from));
             }
-            PeerEvent::Flushed { client } => {
-                self.move_flushed(now, &client, Some(from));
-                self.moves.flushed_arriving(&client, from);
+            PeerEvent::Flushed { client, to } => {
+                self.move_flushed(now, &client, &[Some(from)], to);
+                if to.is_none() || to == self.peers.me() {
+                    self.moves.flushed_arriving(&client, from);
+                }
             }
             PeerEvent::CopyWanted {
                 client,
@@ -5467,6 +5531,7 @@ impl Broker {
             };
             self.peers.send(peer, PeerEvent::Stranded(Box::new(again)));
         }
+        self.retell_moves(peer);
     }
 
     /// `peer`'s link is back to the same node (not restarted): it gets

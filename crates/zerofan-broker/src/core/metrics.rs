@@ -460,6 +460,21 @@ counters! {
                 "zerofan_cluster_moves_timed_out_total",
                 "Session moves that ended at their 5 s deadline before every node had switched.",
             )),
+        /// Moves said again to a node whose link started over.
+        pub moves_retold: u64 = CounterDef::NEW
+            .sys("cluster/moves_retold")
+            .prom(Family::new(
+                "zerofan_cluster_moves_retold_total",
+                "Session moves announced or flushed again to a node whose link started over (it restarted).",
+            )),
+        /// Moves forgotten before their time to keep the bound on those
+        /// kept to be said again.
+        pub moves_told_forgotten: u64 = CounterDef::NEW
+            .sys("cluster/moves_told_forgotten")
+            .prom(Family::new(
+                "zerofan_cluster_moves_told_forgotten_total",
+                "Session moves not kept to be said again (over 1,024 within 5 s): a node restarted meanwhile waits for their deadline.",
+            )),
         /// Relayed messages for no moving session here (counted, dropped).
         pub moves_relay_dropped: u64 = CounterDef::NEW
             .sys("cluster/moves_relay_dropped")

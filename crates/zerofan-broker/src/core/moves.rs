@@ -29,6 +29,14 @@
 //!
 //! A move that has not finished after [`MOVE_TIMEOUT`], or whose other end
 //! goes away, ends all the same: what is held is queued, the relay stops.
+//!
+//! A link that starts over (its node restarted) drops what was queued on
+//! it, a `Moved` or a `Flushed` among it. So each node keeps, for
+//! [`MOVE_TIMEOUT`], the moves it announced and those it flushed, and
+//! says them again to a node whose link starts over ([`Retell`]): a move
+//! whose old owner restarted ends once its nodes have switched, not at its
+//! deadline. Said again, a flush names the new owner, so that no other
+//! move of the same client takes it.
 
 use super::hash::HashSet;
 use super::ids::{ConnId, SessionId};
@@ -47,6 +55,11 @@ pub(crate) const MOVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// that are kept; past it the oldest is forgotten (its relays dropped,
 /// counted).
 const MAX_EXPECTED: usize = 1024;
+
+/// Moves announced or flushed within [`MOVE_TIMEOUT`] that are kept to
+/// be said again; past it the oldest is forgotten (counted): a node whose
+/// link starts over then leaves that move to its deadline.
+const MAX_TOLD: usize = 1024;
 
 /// An answer that waits for a move (see the module's doc).
 #[derive(Debug)]
@@ -67,6 +80,27 @@ pub(crate) struct Moves {
     relayed_to: Vec<RelayFence>,
     /// Answers waiting for nodes to have our relays, in the order given.
     chained: VecDeque<Chained>,
+    /// What this node said of moves lately (oldest first).
+    told: VecDeque<Told>,
+}
+
+/// A move this node announced (`to: None`: it is the new owner) or
+/// flushed (`to`: the new owner), until `until`.
+#[derive(Debug)]
+struct Told {
+    client: Box<str>,
+    to: Option<PeerId>,
+    until: Instant,
+}
+
+/// What to say again to a node whose link started over.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Retell {
+    /// `Moved`: this node serves the session (announced after its
+    /// subscriptions, which the link's new start carries first).
+    Moved(Box<str>),
+    /// `Flushed`, naming the new owner.
+    Flushed(Box<str>, PeerId),
 }
 
 /// At the old owner: a session handed over, its matches relayed.
@@ -196,19 +230,71 @@ impl Moves {
         ));
     }
 
-    /// `node` (`None`: this one) flushed `client`'s move: its session when
-    /// the relay is over (end it with [`Moves::take_leaving`]).
+    /// `nodes` (`None`: this one) flushed `client`'s move to `to` (`None`:
+    /// not said, the latest): its session when the relay is over (end it
+    /// with [`Moves::take_leaving`]). A flush of a move to another node is
+    /// not this one's.
     pub(crate) fn flushed_leaving(
         &mut self,
         client: &str,
-        node: Option<PeerId>,
+        nodes: &[Option<PeerId>],
+        to: Option<PeerId>,
     ) -> Option<SessionId> {
         let (sid, l) = self
             .leaving
             .iter_mut()
             .find(|(_, l)| &*l.client == client)?;
-        l.waiting.retain(|n| *n != node);
+        if to.is_some_and(|t| t != l.to) {
+            return None;
+        }
+        l.waiting.retain(|n| !nodes.contains(n));
         l.waiting.is_empty().then_some(*sid)
+    }
+
+    /// This node announced `client`'s move here (`to: None`) or flushed
+    /// its move to `to`: kept until `until`, to be said again (see
+    /// [`Moves::retell`]). Returns whether an older one was forgotten to
+    /// keep the bound.
+    pub(crate) fn told(&mut self, client: &str, to: Option<PeerId>, until: Instant) -> bool {
+        self.told.retain(|t| &*t.client != client);
+        let forgot = self.told.len() >= MAX_TOLD;
+        if forgot {
+            self.told.pop_front();
+        }
+        self.told.push_back(Told {
+            client: client.into(),
+            to,
+            until,
+        });
+        forgot
+    }
+
+    /// What to say again to `peer`, whose link started over at `now`: the
+    /// moves told within [`MOVE_TIMEOUT`], but not a flush of a move to
+    /// `peer` itself (it needs none: it heard of its own move first hand).
+    /// `serves` says whether this node still has a session it announced
+    /// (one moving away again is not said to be here).
+    pub(crate) fn retell(
+        &mut self,
+        peer: PeerId,
+        now: Instant,
+        serves: impl Fn(&str) -> bool,
+    ) -> Vec<Retell> {
+        while self.told.front().is_some_and(|t| t.until <= now) {
+            self.told.pop_front();
+        }
+        let leaving = |c: &str| self.leaving.iter().any(|(_, l)| &*l.client == c);
+        self.told
+            .iter()
+            .filter_map(|t| match t.to {
+                None if serves(&t.client) && !leaving(&t.client) => {
+                    Some(Retell::Moved(t.client.clone()))
+                }
+                None => None,
+                Some(to) if to == peer => None,
+                Some(to) => Some(Retell::Flushed(t.client.clone(), to)),
+            })
+            .collect()
     }
 
     /// Stop relaying `sid` (done, timed out, or its client back).
@@ -553,5 +639,52 @@ impl Arriving {
     /// What was held, in order, and the answers that waited for it.
     pub(crate) fn into_parts(self) -> (Vec<Queued>, Vec<Answer>) {
         (self.held, self.answers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush that names another new owner is not this move's (a move of
+    /// the same client before or after), so the relay still waits.
+    #[test]
+    fn a_flush_of_a_move_to_another_node_is_not_taken() {
+        let now = Instant::now();
+        let mut m = Moves::default();
+        let (to, other, node) = (PeerId(1), PeerId(3), Some(PeerId(2)));
+        m.leave(SessionId(7), "c", to, vec![None, node], now + MOVE_TIMEOUT);
+        assert_eq!(m.flushed_leaving("c", &[node], Some(other)), None);
+        assert_eq!(m.flushed_leaving("c", &[node], Some(to)), None);
+        assert_eq!(m.leaving(SessionId(7)).map(|l| l.waiting.len()), Some(1));
+        assert_eq!(m.flushed_leaving("c", &[None], None), Some(SessionId(7)));
+    }
+
+    /// Said again: what this node announced while it still serves it, and
+    /// what it flushed except to the new owner itself; nothing past the
+    /// deadline; at most `MAX_TOLD` kept.
+    #[test]
+    fn moves_told_are_said_again_until_their_deadline() {
+        let now = Instant::now();
+        let until = now + MOVE_TIMEOUT;
+        let mut m = Moves::default();
+        assert!(!m.told("a", None, until));
+        assert!(!m.told("gone", None, until));
+        assert!(!m.told("b", Some(PeerId(1)), until));
+        assert!(!m.told("c", Some(PeerId(2)), until));
+        let serves = |c: &str| c != "gone";
+        assert_eq!(
+            m.retell(PeerId(2), now, serves),
+            [
+                Retell::Moved("a".into()),
+                Retell::Flushed("b".into(), PeerId(1))
+            ]
+        );
+        assert_eq!(m.retell(PeerId(2), until, serves), []);
+        for i in 0..MAX_TOLD {
+            assert!(!m.told(&i.to_string(), None, until));
+        }
+        assert!(m.told("over", None, until), "the oldest forgotten");
+        assert_eq!(m.retell(PeerId(2), now, |_| true).len(), MAX_TOLD);
     }
 }

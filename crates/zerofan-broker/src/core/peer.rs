@@ -239,6 +239,11 @@ pub enum PeerEvent {
     Flushed {
         /// The client id.
         client: Box<str>,
+        /// The new owner (a cluster link carries its node id), when the
+        /// flush is sent again on a link that started over: only that
+        /// move's old owner takes it. `None`: the move of the latest
+        /// `Moved`, as the links are ordered.
+        to: Option<PeerId>,
     },
 }
 

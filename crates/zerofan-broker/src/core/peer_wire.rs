@@ -32,8 +32,9 @@ use zerofan_store::MsgId;
 /// marks. 4: `Refused`, a fence's negative answer. 5: a relayed message
 /// carries its mark, a forwarded publish its sender's store id, and
 /// `NoCopy` answers `CopyWanted`. 6: a replicated batch names its
-/// session's version, and `CopyWanted` the asker's.
-pub const VERSION: u8 = 6;
+/// session's version, and `CopyWanted` the asker's. 7: `Flushed` may name
+/// the move's new owner.
+pub const VERSION: u8 = 7;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.
 pub const MAX_FRAME: usize = zerofan_codec::MAX_REMAINING_LENGTH as usize + 5 + 1024 * 1024;
@@ -289,8 +290,10 @@ impl FrameEncoder {
                 self.scratch.put_u8(MOVED);
                 put_str(&mut self.scratch, client)?;
             }
-            PeerEvent::Flushed { client } => {
+            PeerEvent::Flushed { client, to } => {
                 self.scratch.put_u8(FLUSHED);
+                // 0 is no node (node ids start at 1).
+                self.scratch.put_u16(to.map_or(0, |p| p.0));
                 put_str(&mut self.scratch, client)?;
             }
         }
@@ -672,9 +675,13 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
         MOVED => PeerEvent::Moved {
             client: get_client(&mut f)?,
         },
-        FLUSHED => PeerEvent::Flushed {
-            client: get_client(&mut f)?,
-        },
+        FLUSHED => {
+            let to = get_u16(&mut f)?;
+            PeerEvent::Flushed {
+                to: (to != 0).then_some(PeerId(to)),
+                client: get_client(&mut f)?,
+            }
+        }
         SYNC => {
             end(&f)?;
             return Ok(LinkFrame::Sync);
@@ -1208,7 +1215,12 @@ mod tests {
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Relaying { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::RelayDone { client: c.into() }),
             "[a-z/]{0,12}".prop_map(|c| PeerEvent::Moved { client: c.into() }),
-            "[a-z/]{0,12}".prop_map(|c| PeerEvent::Flushed { client: c.into() }),
+            ("[a-z/]{0,12}", proptest::option::of(1u16..)).prop_map(|(c, to)| {
+                PeerEvent::Flushed {
+                    client: c.into(),
+                    to: to.map(PeerId),
+                }
+            }),
             (
                 "[a-z/]{0,12}",
                 topic,

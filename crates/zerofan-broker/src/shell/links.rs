@@ -286,11 +286,26 @@ impl Links {
         self.ids.borrow().get(&node).copied()
     }
 
-    /// Peer ids are this node's own (in the order first seen): the nodes a
-    /// message is stranded for cross as node ids, which fit 16 bits
-    /// (`cluster::MAX_NODE_ID`, checked at start). Should none be left,
-    /// the message crosses as a plain publish (an empty list would mean
-    /// the receiver's own sessions).
+    /// Peer ids are this node's own (in the order first seen): those an
+    /// event names cross as node ids, which fit 16 bits
+    /// (`cluster::MAX_NODE_ID`, checked at start). Returns false for an
+    /// event not to send: a flush naming a node with no id (never linked).
+    fn to_wire(&self, e: &mut PeerEvent) -> bool {
+        if let PeerEvent::Flushed { to: Some(p), .. } = e {
+            let mut one = vec![*p];
+            self.owners_to_nodes(&mut one);
+            match one.first() {
+                Some(n) => *p = *n,
+                None => return false,
+            }
+        }
+        self.stranded_to_wire(e);
+        true
+    }
+
+    /// The nodes a message is stranded for cross as node ids. Should none
+    /// be left, the message crosses as a plain publish (an empty list
+    /// would mean the receiver's own sessions).
     fn stranded_to_wire(&self, e: &mut PeerEvent) {
         let PeerEvent::Stranded(st) = e else {
             return;
@@ -324,16 +339,35 @@ impl Links {
         });
     }
 
-    /// A stranded message's node ids as this node's peer ids. Owners it
-    /// never linked to hold no copy here: when none is left, the message
-    /// is for the subscribers here only (an empty list would mean the
-    /// receiver's own sessions, see `core::strand`).
-    fn nodes_to_owners(&self, event: PeerEvent) -> PeerEvent {
-        let PeerEvent::Stranded(mut st) = event else {
-            return event;
+    /// The node ids an event names as this node's peer ids (`None`: an
+    /// event to drop, a flush of a move to a node never linked here, which
+    /// no move here waits for).
+    ///
+    /// A stranded message's owners it never linked to hold no copy here:
+    /// when none is left, the message is for the subscribers here only (an
+    /// empty list would mean the receiver's own sessions, see
+    /// `core::strand`).
+    fn nodes_to_owners(&self, event: PeerEvent) -> Option<PeerEvent> {
+        let mut st = match event {
+            PeerEvent::Stranded(st) => st,
+            PeerEvent::Flushed {
+                client,
+                to: Some(n),
+            } => {
+                let to = if u64::from(n.0) == self.me {
+                    PeerId(0)
+                } else {
+                    self.known_peer(u64::from(n.0))?
+                };
+                return Some(PeerEvent::Flushed {
+                    client,
+                    to: Some(to),
+                });
+            }
+            other => return Some(other),
         };
         if st.owners.is_empty() {
-            return PeerEvent::Stranded(st);
+            return Some(PeerEvent::Stranded(st));
         }
         st.owners = st
             .owners
@@ -341,14 +375,14 @@ impl Links {
             .filter_map(|n| self.known_peer(u64::from(n.0)))
             .collect();
         if st.owners.is_empty() {
-            return PeerEvent::Publish {
+            return Some(PeerEvent::Publish {
                 msg: st.msg,
                 direct: st.direct,
                 shares: st.shares,
                 id: None,
-            };
+            });
         }
-        PeerEvent::Stranded(st)
+        Some(PeerEvent::Stranded(st))
     }
 
     /// Encode what the core has for other nodes into their queues (from
@@ -360,9 +394,7 @@ impl Links {
             let Some(mut batch) = batch else {
                 return;
             };
-            for e in &mut batch.events {
-                self.stranded_to_wire(e);
-            }
+            batch.events.retain_mut(|e| self.to_wire(e));
             let mut congested = false;
             {
                 let mut queues = self.queues.borrow_mut();
@@ -1057,7 +1089,9 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
             let mut broker = shared.broker.borrow_mut();
             match frame {
                 Ok(Some(LinkFrame::Event(e))) => {
-                    broker.handle_peer(now, peer, links.nodes_to_owners(e))
+                    if let Some(e) = links.nodes_to_owners(e) {
+                        broker.handle_peer(now, peer, e)
+                    }
                 }
                 Ok(Some(LinkFrame::Sync)) => {
                     broker.peer_reset(peer);
@@ -1325,17 +1359,57 @@ mod tests {
             }))
         };
         match links.nodes_to_owners(stranded(owners)) {
-            PeerEvent::Stranded(st) => assert_eq!(st.owners, [nine, seven]),
+            Some(PeerEvent::Stranded(st)) => assert_eq!(st.owners, [nine, seven]),
             other => panic!("{other:?}"),
         }
         match links.nodes_to_owners(stranded(vec![PeerId(5)])) {
-            PeerEvent::Publish { direct, .. } => assert!(direct),
+            Some(PeerEvent::Publish { direct, .. }) => assert!(direct),
             other => panic!("{other:?}"),
         }
         match links.nodes_to_owners(stranded(Vec::new())) {
-            PeerEvent::Stranded(st) => assert!(st.owners.is_empty()),
+            Some(PeerEvent::Stranded(st)) => assert!(st.owners.is_empty()),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A flush said again names the move's new owner: it crosses as its
+    /// node id and comes back as the receiver's peer id (this node's own
+    /// id as peer 0); one naming a node the receiver never linked to is
+    /// dropped, and one naming a node the sender has no id for is not sent.
+    #[test]
+    fn a_flushed_moves_new_owner_crosses_as_a_node_id() {
+        let links = Links::new(1);
+        let nine = links.peer_of(9).unwrap();
+        let flushed = |to: Option<PeerId>| PeerEvent::Flushed {
+            client: "c".into(),
+            to,
+        };
+        let mut e = flushed(Some(nine));
+        assert!(links.to_wire(&mut e));
+        assert!(
+            matches!(
+                e,
+                PeerEvent::Flushed {
+                    to: Some(PeerId(9)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!links.to_wire(&mut flushed(Some(PeerId(40)))), "no node");
+        let mut plain = flushed(None);
+        assert!(links.to_wire(&mut plain));
+        assert!(matches!(plain, PeerEvent::Flushed { to: None, .. }));
+        let back = |n: u16| links.nodes_to_owners(flushed(Some(PeerId(n))));
+        assert!(matches!(back(9), Some(PeerEvent::Flushed { to: Some(p), .. }) if p == nine));
+        assert!(matches!(
+            back(1),
+            Some(PeerEvent::Flushed {
+                to: Some(PeerId(0)),
+                ..
+            })
+        ));
+        assert!(back(5).is_none(), "never linked");
     }
 
     /// The frames queued for peer 1, decoded.

@@ -378,3 +378,62 @@ fn an_old_owner_back_from_a_restart_is_relayed_not_also_held() {
     got.extend(acked_payloads(&mut cl, s1, out));
     assert_eq!(got, ["x"]);
 }
+
+/// As above, and node 0's link to node 2 starts over too, after node 0
+/// flushed node 1's move: both words node 2's relay waits for (node 1's
+/// `Moved`, node 0's `Flushed`) went with the dropped queues. Said again
+/// on the new links, they end the move at once; before, it waited out
+/// its 5 s deadline, and what node 1 held for the session with it.
+#[test]
+fn a_move_whose_old_owner_restarted_ends_when_its_links_start_over() {
+    let dir = Dir::new("moves-old-owner-restart-retold");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.offline_at(2, "s", 1, "t");
+    let (p0, _) = cl.connect(0, "p0", Protocol::V5, true, 0);
+    cl.kill(2);
+    let conn = cl.persistent_waiting(1, "s");
+    for i in 0..2 {
+        cl.linked[i][2] = false;
+        cl.linked[2][i] = false;
+    }
+    cl.restart_on(2, &dir);
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.hs[1].b.peer_reset(remote(2));
+    cl.linked[2][1] = true;
+    cl.linked[2][0] = true;
+    cl.pump();
+    let prev = PreviousOwner {
+        peer: Some(remote(2)),
+        epoch: 1,
+    };
+    let s1 = cl.granted(1, conn, 2, prev);
+    // Node 0 heard node 1's `Moved` and flushed, to node 2 as well.
+    assert!(
+        !cl.wires[0][2].is_empty(),
+        "node 0's flush waits for node 2"
+    );
+    assert!(cl.hs[2].b.moves_leaving("s"), "node 2 relays");
+    // Both links to node 2 start over: what they queued is dropped.
+    for i in 0..2 {
+        cl.wires[i][2].clear();
+        cl.hs[i].b.peer_joined(remote(2));
+        cl.hs[i].b.set_peer_away(remote(2), false);
+        cl.linked[i][2] = true;
+    }
+    cl.pump();
+    assert!(!cl.hs[2].b.moves_leaving("s"), "relay over, no time passed");
+    assert_eq!(cl.hs[1].b.metrics().moves_arrived, 1);
+    assert_eq!(cl.hs[2].b.metrics().moves_timed_out, 0);
+    assert!(cl.hs[0].b.metrics().moves_retold >= 1);
+    // What any node publishes now reaches the session at once, once.
+    let (p2, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(p2, Packet::Publish(publish("t", "x", QoS::ExactlyOnce, 1)));
+    cl.send(p0, Packet::Publish(publish("t", "y", QoS::ExactlyOnce, 1)));
+    let out = cl.out(s1);
+    let got = acked_payloads(&mut cl, s1, out);
+    assert_eq!(got, ["x", "y"]);
+    cl.later(6);
+    assert_eq!(cl.out(s1).payloads(), Vec::<String>::new(), "nothing twice");
+}
