@@ -4015,6 +4015,8 @@ impl Broker {
         // Persistent sessions' operations are also recorded for replicas.
         self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
         self.repl.start_at(now_unix_ms);
+        // Peers given first count from the same clock.
+        self.peers.start_at(now_unix_ms);
     }
 
     /// The store's counters (log size, fsyncs, bytes written...), when a

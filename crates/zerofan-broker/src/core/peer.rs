@@ -393,6 +393,21 @@ impl Peers {
 
     /// Add `peer` (a node that joined). It starts as having seen every
     /// change so far: it gets the full state instead (`peer_joined`).
+    /// Count from the clock at UNIX milliseconds `started_ms` (see
+    /// [`Peers::new`]) when peers came before it: only while every peer
+    /// has seen every change and nothing waits, so no number given out
+    /// is skipped for a peer that has not answered it. Never backwards.
+    pub(crate) fn start_at(&mut self, started_ms: u64) {
+        let first = count_from_clock(started_ms);
+        let idle = self.deferred.is_empty() && self.slots.iter().all(|s| s.seen == self.seq);
+        if first > self.seq && idle {
+            self.seq = first;
+            for s in &mut self.slots {
+                s.seen = first;
+            }
+        }
+    }
+
     pub(crate) fn add(&mut self, peer: PeerId) {
         if Some(peer) == self.me || self.slot(peer).is_some() {
             return;
@@ -817,4 +832,27 @@ pub fn shard_of(client_id: &[u8], shards: usize) -> usize {
     }
     // `shards` is at most a few hundred: the cast back cannot truncate.
     (h % shards.max(1) as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Peers given before the log count from the log's clock once it
+    /// comes, but only while nothing is unanswered; never backwards.
+    #[test]
+    fn peers_given_before_the_log_count_from_its_clock() {
+        let ms = 1_700_000_000_000;
+        let mut p = Peers::new(PeerId(0), [PeerId(1)], 0);
+        assert_eq!(p.last_seq(), 0);
+        p.start_at(ms);
+        assert_eq!(p.last_seq(), count_from_clock(ms));
+        assert!(p.caught_up(), "the peer counts as having seen it");
+        p.start_at(ms - 1);
+        assert_eq!(p.last_seq(), count_from_clock(ms), "never backwards");
+        let mut busy = Peers::new(PeerId(0), [PeerId(1)], 0);
+        let change = busy.stamp();
+        busy.start_at(ms);
+        assert_eq!(busy.last_seq(), change, "a change unanswered: kept");
+    }
 }
