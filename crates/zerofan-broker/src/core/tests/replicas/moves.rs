@@ -328,6 +328,35 @@ fn a_relay_the_new_owner_never_confirmed_is_refused() {
     assert_refused(&mut cl, p);
 }
 
+/// Node 2, owner of "s" (subscribed to "t"), is killed; "s" connects to
+/// node 1, and node 2 restarts with no link up. It hears of the claim
+/// before its links are, so it relays "s" to node 1; its links to
+/// `linked` come up first (node 1 still has node 2 away, and node 0 too).
+/// Returns the session served at node 1, from its copy.
+fn served_while_the_old_owner_restarts(cl: &mut Cluster, dir: &Dir, linked: &[usize]) -> Cx {
+    cl.on_disk(2, dir);
+    cl.offline_at(2, "s", 1, "t");
+    cl.kill(2);
+    let conn = cl.persistent_waiting(1, "s");
+    for i in 0..2 {
+        cl.linked[i][2] = false;
+        cl.linked[2][i] = false;
+    }
+    cl.restart_on(2, dir);
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.hs[1].b.peer_reset(remote(2));
+    for &i in linked {
+        cl.linked[2][i] = true;
+    }
+    cl.pump();
+    let prev = PreviousOwner {
+        peer: Some(remote(2)),
+        epoch: 1,
+    };
+    cl.granted(1, conn, 2, prev)
+}
+
 /// Node 2, owner of "s", is killed; node 1 serves "s" from its copy while
 /// node 2, restarted, relays it (it heard of the claim before its links
 /// were up). Node 2 was away at node 1 when "s" arrived there, and node
@@ -341,27 +370,7 @@ fn a_relay_the_new_owner_never_confirmed_is_refused() {
 fn an_old_owner_back_from_a_restart_is_relayed_not_also_held() {
     let dir = Dir::new("moves-old-owner-restart");
     let mut cl = Cluster::new(3, 3);
-    cl.on_disk(2, &dir);
-    cl.offline_at(2, "s", 1, "t");
-    cl.kill(2);
-    let conn = cl.persistent_waiting(1, "s");
-    for i in 0..2 {
-        cl.linked[i][2] = false;
-        cl.linked[2][i] = false;
-    }
-    cl.restart_on(2, &dir);
-    // Node 2 hears of the claim before its links are up; its link to node
-    // 1 comes first (node 1 still has node 2 away).
-    let now = cl.hs[2].now;
-    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
-    cl.hs[1].b.peer_reset(remote(2));
-    cl.linked[2][1] = true;
-    cl.pump();
-    let prev = PreviousOwner {
-        peer: Some(remote(2)),
-        epoch: 1,
-    };
-    let s1 = cl.granted(1, conn, 2, prev);
+    let s1 = served_while_the_old_owner_restarts(&mut cl, &dir, &[1]);
     // Node 1's link to node 2 starts over: what it queued (`Moved`) is
     // dropped, its state goes anew.
     cl.wires[1][2].clear();
@@ -388,27 +397,8 @@ fn an_old_owner_back_from_a_restart_is_relayed_not_also_held() {
 fn a_move_whose_old_owner_restarted_ends_when_its_links_start_over() {
     let dir = Dir::new("moves-old-owner-restart-retold");
     let mut cl = Cluster::new(3, 3);
-    cl.on_disk(2, &dir);
-    cl.offline_at(2, "s", 1, "t");
     let (p0, _) = cl.connect(0, "p0", Protocol::V5, true, 0);
-    cl.kill(2);
-    let conn = cl.persistent_waiting(1, "s");
-    for i in 0..2 {
-        cl.linked[i][2] = false;
-        cl.linked[2][i] = false;
-    }
-    cl.restart_on(2, &dir);
-    let now = cl.hs[2].now;
-    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
-    cl.hs[1].b.peer_reset(remote(2));
-    cl.linked[2][1] = true;
-    cl.linked[2][0] = true;
-    cl.pump();
-    let prev = PreviousOwner {
-        peer: Some(remote(2)),
-        epoch: 1,
-    };
-    let s1 = cl.granted(1, conn, 2, prev);
+    let s1 = served_while_the_old_owner_restarts(&mut cl, &dir, &[0, 1]);
     // Node 0 heard node 1's `Moved` and flushed, to node 2 as well.
     assert!(
         !cl.wires[0][2].is_empty(),
