@@ -30,12 +30,14 @@ use bytes::Bytes;
 use std::borrow::Cow;
 
 /// The format this build writes and the newest it reads. Version 2 added
-/// the `Epoch` record; the layout is otherwise version 1's, which this
-/// build still reads (and marks as 2 when it opens it). The version rose
-/// because a version-1 decoder takes an unknown record kind for a damaged
-/// tail and cuts the log there: an older build must refuse a newer store
-/// rather than silently drop everything after the first new record.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// the `Epoch` record, version 3 a version after its epoch; the layout is
+/// otherwise version 1's, and this build still reads versions 1 and 2 (an
+/// `Epoch` record without a version has version 0) and marks the store as
+/// 3 when it opens it. The version rises with each new field because an
+/// older decoder takes what it does not know for a damaged tail and cuts
+/// the log there: an older build must refuse a newer store rather than
+/// silently drop everything after the first new record.
+pub(crate) const FORMAT_VERSION: u32 = 3;
 /// First bytes of every log file.
 pub(crate) const MAGIC: &[u8; 8] = b"ZFSTORE\0";
 /// Size of the log header.
@@ -159,7 +161,7 @@ mod kind {
 /// | 14 | `Qos2Done` | key u32, packet id u16 |
 /// | 15 | `Will` | key u32, due ms u64, has expiry u8, [expiry u32], msg |
 /// | 16 | `ClearWill` | key u32 |
-/// | 17 | `Epoch` | key u32, epoch u64 (format 2) |
+/// | 17 | `Epoch` | key u32, epoch u64 (format 2), version u64 (format 3) |
 ///
 /// Message fields: flags u8 (bits 0-1 qos, 2 retain, 3 has expiry, 4 payload
 /// format indicator, 5 content type, 6 response topic, 7 correlation data),
@@ -243,6 +245,7 @@ pub(crate) enum Record<'a> {
     Epoch {
         key: u32,
         epoch: u64,
+        version: u64,
     },
 }
 
@@ -443,10 +446,15 @@ fn encode_body(rec: &Record<'_>, b: &mut Vec<u8>) -> Result<(), &'static str> {
             b.push(kind::CLEAR_WILL);
             put_u32(b, *key);
         }
-        Record::Epoch { key, epoch } => {
+        Record::Epoch {
+            key,
+            epoch,
+            version,
+        } => {
             b.push(kind::EPOCH);
             put_u32(b, *key);
             put_u64(b, *epoch);
+            put_u64(b, *version);
         }
     }
     Ok(())
@@ -711,6 +719,8 @@ pub(crate) fn decode(body: &[u8]) -> Result<Record<'_>, Bad> {
         kind::EPOCH => Record::Epoch {
             key: r.u32()?,
             epoch: r.u64()?,
+            // Format 2 wrote none.
+            version: if r.pos < r.buf.len() { r.u64()? } else { 0 },
         },
         _ => return Err("unknown record kind"),
     };
@@ -904,6 +914,7 @@ mod tests {
             Record::Epoch {
                 key: 1,
                 epoch: u64::MAX - 3,
+                version: u64::MAX - 4,
             },
         ];
         for rec in &recs {
@@ -933,5 +944,21 @@ mod tests {
                 Frame::Valid { end: true, .. }
             ));
         }
+    }
+
+    /// Format 2 wrote an `Epoch` without a version: read as version 0.
+    #[test]
+    fn a_format_2_epoch_has_version_0() {
+        let mut body = vec![kind::EPOCH];
+        body.extend_from_slice(&7u32.to_le_bytes());
+        body.extend_from_slice(&5u64.to_le_bytes());
+        let want = Record::Epoch {
+            key: 7,
+            epoch: 5,
+            version: 0,
+        };
+        assert_eq!(decode(&body), Ok(want));
+        body.extend_from_slice(&[1, 2, 3]);
+        assert!(decode(&body).is_err(), "a short version is damage");
     }
 }

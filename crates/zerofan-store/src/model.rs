@@ -558,12 +558,12 @@ impl Model {
                     continue;
                 }
             };
-            let epoch = match s.epoch.map(body) {
-                None => 0,
-                Some(Some(Record::Epoch { epoch, .. })) => epoch,
+            let (epoch, version) = match s.epoch.map(body) {
+                None => (0, 0),
+                Some(Some(Record::Epoch { epoch, version, .. })) => (epoch, version),
                 Some(_) => {
                     bad += 1;
-                    0
+                    (0, 0)
                 }
             };
             let mut subscriptions = Vec::new();
@@ -644,6 +644,7 @@ impl Model {
                 incoming_qos2,
                 will,
                 epoch,
+                version,
             });
         }
         let mut retained = Vec::new();

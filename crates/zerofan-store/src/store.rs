@@ -496,8 +496,24 @@ impl Store {
     /// before, goes when the session does, and comes back as
     /// [`crate::RecoveredSession::epoch`].
     pub fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+        self.set_epoch_at(client_id, epoch, 0)
+    }
+
+    /// [`Store::set_epoch`] with a version of the session under that
+    /// epoch (a cluster replica's: how far its copy follows the owner),
+    /// read back as [`crate::RecoveredSession::version`].
+    pub fn set_epoch_at(
+        &mut self,
+        client_id: &str,
+        epoch: u64,
+        version: u64,
+    ) -> Result<(), StoreError> {
         let key = self.key(client_id)?;
-        self.stage(&Record::Epoch { key, epoch })
+        self.stage(&Record::Epoch {
+            key,
+            epoch,
+            version,
+        })
     }
 
     /// Hand everything staged since the last commit to the writer thread, as

@@ -281,6 +281,9 @@ pub struct RecoveredSession {
     pub will: Option<StoredWill>,
     /// The epoch last recorded with [`crate::Store::set_epoch`] (0: none).
     pub epoch: u64,
+    /// The version recorded with it ([`crate::Store::set_epoch_at`]; 0:
+    /// none).
+    pub version: u64,
 }
 
 /// One subscription after a restart.

@@ -592,14 +592,14 @@ fn newer_format_is_refused_with_a_clear_message() {
     store.close().unwrap();
     let manifest = dir.path().join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    assert!(text.contains("format=2"), "{text}");
-    std::fs::write(&manifest, text.replace("format=2", "format=7")).unwrap();
+    assert!(text.contains("format=3"), "{text}");
+    std::fs::write(&manifest, text.replace("format=3", "format=7")).unwrap();
     let err = Store::open(dir.path(), manual()).unwrap_err();
     assert!(matches!(
         err,
         StoreError::NewerFormat {
             found: 7,
-            supported: 2,
+            supported: 3,
             ..
         }
     ));
@@ -625,20 +625,20 @@ fn newer_format_is_refused_with_a_clear_message() {
 }
 
 /// The log of a store whose format version is set back to 1 (whose layout
-/// is version 2's without `Epoch` records).
+/// is version 3's without `Epoch` records).
 fn as_version_1(dir: &Path) {
     let manifest = dir.join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(&manifest, text.replace("format=2", "format=1")).unwrap();
+    std::fs::write(&manifest, text.replace("format=3", "format=1")).unwrap();
     let file = log_file(dir);
     let mut data = std::fs::read(&file).unwrap();
-    assert_eq!(data[8..12], 2u32.to_le_bytes());
+    assert_eq!(data[8..12], 3u32.to_le_bytes());
     data[8..12].copy_from_slice(&1u32.to_le_bytes());
     std::fs::write(&file, &data).unwrap();
 }
 
 #[test]
-fn a_version_1_store_is_read_and_marked_as_version_2() {
+fn a_version_1_store_is_read_and_marked_as_version_3() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, _) = Store::open(dir.path(), manual()).unwrap();
     store.put_session("c", meta(60)).unwrap();
@@ -652,17 +652,48 @@ fn a_version_1_store_is_read_and_marked_as_version_2() {
     assert_eq!(rec.sessions.len(), 1);
     assert_eq!(rec.sessions[0].queue.len(), 1);
     assert_eq!(rec.sessions[0].epoch, 0);
-    // Marked as version 2 before anything of version 2 is written: a
-    // version-1 build refuses it rather than cut the log at an `Epoch`.
+    // Marked as version 3 before anything of version 3 is written: an
+    // older build refuses it rather than cut the log at an `Epoch`.
     let text = std::fs::read_to_string(dir.path().join("MANIFEST")).unwrap();
-    assert!(text.contains("format=2"), "{text}");
+    assert!(text.contains("format=3"), "{text}");
     let data = std::fs::read(log_file(dir.path())).unwrap();
-    assert_eq!(data[8..12], 2u32.to_le_bytes());
+    assert_eq!(data[8..12], 3u32.to_le_bytes());
     store.set_epoch("c", 4).unwrap();
     store.close().unwrap();
     let (_, rec) = reopen(dir.path());
     assert_eq!(rec.sessions[0].epoch, 4);
     assert_eq!(rec.sessions[0].queue.len(), 1);
+}
+
+/// A version goes with the epoch, replaced with it, kept by compaction,
+/// and 0 where none was given.
+#[test]
+fn a_version_is_kept_with_its_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut store, _) = Store::open(dir.path(), manual()).unwrap();
+    store.put_session("a", meta(60)).unwrap();
+    store.put_session("b", meta(60)).unwrap();
+    store.set_epoch_at("a", 2, 10).unwrap();
+    store.set_epoch_at("a", 2, 11).unwrap();
+    store.set_epoch("b", 3).unwrap();
+    store.commit().unwrap();
+    store.close().unwrap();
+    let versions = |r: &Recovered| -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = r
+            .sessions
+            .iter()
+            .map(|s| (s.client_id.clone(), s.epoch, s.version))
+            .collect();
+        v.sort();
+        v
+    };
+    let want = vec![("a".to_string(), 2, 11), ("b".to_string(), 3, 0)];
+    let (mut store, rec) = reopen(dir.path());
+    assert_eq!(versions(&rec), want);
+    store.compact().unwrap();
+    store.close().unwrap();
+    let (_, rec) = reopen(dir.path());
+    assert_eq!(versions(&rec), want);
 }
 
 #[test]

@@ -1266,6 +1266,9 @@ impl Broker {
         } else {
             0
         };
+        if let Some(owner) = prev.peer.filter(|_| have > 0) {
+            self.repl.images.asked_to_better(&client, owner);
+        }
         let mut peers = self.peers.reachable();
         peers.retain(|p| Some(*p) != prev.peer);
         for &p in &peers {

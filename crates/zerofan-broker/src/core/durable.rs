@@ -75,9 +75,10 @@ pub trait DurableLog {
     fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError>;
     /// The will was published or cancelled.
     fn clear_will(&mut self, client_id: &str) -> Result<(), StoreError>;
-    /// Record the ownership epoch a session is held under (replaces the
-    /// one before; goes with the session). A replica's copies carry it.
-    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError>;
+    /// Record the ownership epoch a session is held under, and its
+    /// version under it (replaces the ones before; goes with the session).
+    /// A replica's copies carry them.
+    fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError>;
     /// Hand what is staged to the writer; never blocks.
     fn commit(&mut self) -> Result<Lsn, StoreError>;
     /// The highest durable LSN (cheap).

@@ -408,10 +408,10 @@ impl DurableLog for Mirror {
         });
         Ok(())
     }
-    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
+    fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
         // Not recorded: only a replica's copies store an epoch, and owners
         // name theirs with `ReplOp::Epoch`.
-        self.inner.set_epoch(client_id, epoch)
+        self.inner.set_epoch(client_id, epoch, version)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.inner.commit()
@@ -862,7 +862,15 @@ pub(crate) struct Images {
     /// another node's copy no newer than it, or its owner's batch that a
     /// link delivered late (see `previous`).
     pub(crate) batches_had: u64,
+    /// Copies read back from disk that a claim asked the other nodes to
+    /// better, with the owner the claim named (see `previous`). Oldest
+    /// first, at most [`MAX_ASKED`].
+    asked: VecDeque<(Box<str>, PeerId)>,
 }
+
+/// Copies read back from disk remembered as asked to be bettered: as many
+/// claims as wait for copies at once (`claims::MAX_HANDED`).
+const MAX_ASKED: usize = 1024;
 
 impl Default for Images {
     fn default() -> Self {
@@ -884,6 +892,7 @@ impl Default for Images {
             unstranded: 0,
             restranded: 0,
             batches_had: 0,
+            asked: VecDeque::new(),
         }
     }
 }
@@ -997,6 +1006,12 @@ impl Images {
                 let (client, ops) = self.as_owners(ops, now_ms);
                 self.apply_batch(owner, ops, Batch::Copy(client, kept), now_ms, disk);
             }
+            previous::Judged::NewerThanRead { client, owner } => {
+                self.asked.retain(|(c, _)| *c != client);
+                self.drop_image(&client, disk);
+                let (client, ops) = self.as_owners(ops, now_ms);
+                self.apply_batch(owner, ops, Batch::Copy(client, Vec::new()), now_ms, disk);
+            }
         }
     }
 
@@ -1082,6 +1097,11 @@ impl Images {
             }
             if let Some(img) = self.by_client.get_mut(&c) {
                 if img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
+                    if version > img.version && disk.on() {
+                        // With the batch's changes, so that a copy read
+                        // back from disk is judged by it (`previous`).
+                        disk.set_epoch(&c, img.epoch, version);
+                    }
                     img.version = version;
                 }
             }
@@ -1131,7 +1151,7 @@ impl Images {
         if let Some(img) = self.by_client.get_mut(client) {
             if known > img.epoch {
                 img.epoch = known;
-                disk.set_epoch(client, known);
+                disk.set_epoch(client, known, img.version);
             }
         }
     }
@@ -1528,6 +1548,7 @@ impl Images {
             will: img.will.as_deref().cloned(),
             // The session's own store keeps none (see `disk`).
             epoch: 0,
+            version: 0,
         };
         Some(rs)
     }
@@ -1541,6 +1562,11 @@ impl Images {
     pub(crate) fn copy_ops(&self, client: &str, epoch: u64, have: u64) -> Option<Vec<ReplOp>> {
         let img = self.by_client.get(client)?;
         if epoch == 0 || img.epoch != epoch || (have > 0 && img.version <= have) {
+            return None;
+        }
+        // Read back from disk, its ids are this node's own: only for an
+        // asker with no copy, which keys them as this node's.
+        if have > 0 && img.owner == Some(disk::RESTORED) {
             return None;
         }
         let (owner, version) = (img.owner?, img.version);

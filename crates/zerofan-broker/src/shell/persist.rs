@@ -257,8 +257,8 @@ impl DurableLog for SharedStore {
     fn clear_will(&mut self, client_id: &str) -> Result<(), StoreError> {
         self.with(|s| s.clear_will(client_id))
     }
-    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
-        self.with(|s| s.set_epoch(client_id, epoch))
+    fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
+        self.with(|s| s.set_epoch_at(client_id, epoch, version))
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         let pinned = std::mem::take(&mut self.pinned);
@@ -349,8 +349,8 @@ impl DurableLog for Store {
     fn clear_will(&mut self, client_id: &str) -> Result<(), StoreError> {
         Store::clear_will(self, client_id)
     }
-    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
-        Store::set_epoch(self, client_id, epoch)
+    fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
+        Store::set_epoch_at(self, client_id, epoch, version)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         Store::commit(self)

@@ -11,7 +11,8 @@
 //!
 //! Each copy also stores the newest claim epoch known for its client id
 //! (`Store::set_epoch`, written when it rises, in the same commit as the
-//! changes it fences).
+//! changes it fences), and its version under it: the owner's last batch
+//! it holds (written with each batch that raises it).
 //!
 //! At start the copies are read back as images owned by [`RESTORED`]: the
 //! node numbering of the run that wrote them is gone. Their epochs are read
@@ -144,8 +145,8 @@ impl<'a> Disk<'a> {
     pub(super) fn clear_will(&mut self, client: &str) {
         self.run(|l| l.clear_will(&name(client)));
     }
-    pub(super) fn set_epoch(&mut self, client: &str, epoch: u64) {
-        self.run(|l| l.set_epoch(&name(client), epoch));
+    pub(super) fn set_epoch(&mut self, client: &str, epoch: u64, version: u64) {
+        self.run(|l| l.set_epoch(&name(client), epoch, version));
     }
 }
 
@@ -248,6 +249,7 @@ impl Images {
                     .collect(),
                 qos2: rs.incoming_qos2.into_iter().collect(),
                 will: rs.will.map(Box::new),
+                version: rs.version,
                 ..Image::default()
             };
             let mut hold = |id: MsgId, m: &std::sync::Arc<StoredMessage>| {

@@ -21,8 +21,10 @@
 //! newer than its own (`PeerEvent::CopyWanted`). Only a newer one replaces
 //! it ([`Judged`]), keeping the stranded entries it lacks: they are no
 //! part of the owner's changes, and the node that sent it may not have
-//! had them all. A copy read back from disk has no version (0): it is
-//! served as it is.
+//! had them all. A copy read back from disk has the version it had when
+//! written (a store of format 2 kept none: 0), and is judged by it the
+//! same way; a newer copy replaces it as the sender's
+//! ([`Judged::NewerThanRead`]). One with no version is served as it is.
 
 use super::stranded::{Unread, STRANDED_BASE};
 use super::{disk, Disk, Images, PeerId, ReplOp};
@@ -53,6 +55,13 @@ pub(super) enum Judged {
     Newer { owner: PeerId, kept: Vec<Unread> },
     /// Another node's copy under the same claim, not newer: ignored.
     Older,
+    /// Another node's copy under the same claim as a copy of `client`
+    /// read back from disk, newer than it, which a claim here asked for
+    /// naming `owner`: that one goes, and the copy is applied as
+    /// `owner`'s, as `Newer` is (the ids it carries are the owner's).
+    /// Nothing of the one read back is kept: its entries have no marks,
+    /// so its stranded ones cannot be told from the sender's.
+    NewerThanRead { client: Box<str>, owner: PeerId },
 }
 
 impl Images {
@@ -74,7 +83,7 @@ impl Images {
         let Some(img) = self.by_client.get(client).filter(|_| client == reset) else {
             return Judged::Owners;
         };
-        let Some(owner) = img.owner.filter(|o| *o != from && *o != disk::RESTORED) else {
+        let Some(owner) = img.owner.filter(|o| *o != from) else {
             return Judged::Owners;
         };
         if *epoch == 0 || img.epoch != *epoch || img.version == 0 {
@@ -82,6 +91,18 @@ impl Images {
         }
         if *version <= img.version {
             return Judged::Older;
+        }
+        if owner == disk::RESTORED {
+            // Read back: only a copy a claim here asked for, from the
+            // owner it named (keyed by no owner, its ids would meet
+            // other nodes' ids).
+            return match self.asked.iter().find(|(c, _)| c == client) {
+                Some(&(_, owner)) => Judged::NewerThanRead {
+                    client: client.clone(),
+                    owner,
+                },
+                None => Judged::Owners,
+            };
         }
         Judged::Newer {
             owner,
@@ -139,6 +160,24 @@ impl Images {
             }
         }
         (client.unwrap_or_default(), ops)
+    }
+
+    /// A claim here asks the other nodes for a copy of `client` newer
+    /// than the one read back from disk here, naming `owner` as the
+    /// owner before it (see [`Judged::NewerThanRead`]).
+    pub(crate) fn asked_to_better(&mut self, client: &str, owner: PeerId) {
+        let read_back = self
+            .by_client
+            .get(client)
+            .is_some_and(|i| i.owner == Some(disk::RESTORED) && i.version > 0);
+        self.asked.retain(|(c, _)| &**c != client);
+        if !read_back {
+            return;
+        }
+        if self.asked.len() >= super::MAX_ASKED {
+            self.asked.pop_front();
+        }
+        self.asked.push_back((client.into(), owner));
     }
 
     /// The version of the copy of `client` (0: none, or not known).

@@ -119,8 +119,8 @@ impl DurableLog for Fake {
         self.log(format!("clear_will {client_id}"));
         Ok(())
     }
-    fn set_epoch(&mut self, client_id: &str, epoch: u64) -> Result<(), StoreError> {
-        self.log(format!("set_epoch {client_id} {epoch}"));
+    fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
+        self.log(format!("set_epoch {client_id} {epoch} {version}"));
         Ok(())
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
@@ -460,6 +460,7 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
                 incoming_qos2: vec![4],
                 will: None,
                 epoch: 0,
+                version: 0,
             },
             RecoveredSession {
                 client_id: "expired".into(),
@@ -473,6 +474,7 @@ fn restore_rebuilds_sessions_queues_inflight_and_retained() {
                 incoming_qos2: Vec::new(),
                 will: None,
                 epoch: 0,
+                version: 0,
             },
         ],
         report: Default::default(),

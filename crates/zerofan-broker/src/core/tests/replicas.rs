@@ -93,7 +93,7 @@ impl DurableLog for Log {
     fn clear_will(&mut self, _: &str) -> Result<(), StoreError> {
         Ok(())
     }
-    fn set_epoch(&mut self, _: &str, _: u64) -> Result<(), StoreError> {
+    fn set_epoch(&mut self, _: &str, _: u64, _: u64) -> Result<(), StoreError> {
         Ok(())
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
@@ -758,6 +758,7 @@ fn a_restored_session_is_imaged_only_once_claimed_again() {
         incoming_qos2: Vec::new(),
         will: None,
         epoch: 0,
+        version: 0,
     };
     cl.hs[0].b.restore(
         zerofan_store::Recovered {
@@ -1149,8 +1150,8 @@ impl DurableLog for OnDisk {
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
     }
-    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
-        self.0.set_epoch(c, epoch)
+    fn set_epoch(&mut self, c: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
+        self.0.set_epoch_at(c, epoch, version)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         let lsn = self.0.commit()?;
@@ -1603,9 +1604,9 @@ impl<L: DurableLog> DurableLog for Counted<L> {
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
         self.0.clear_will(c)
     }
-    fn set_epoch(&mut self, c: &str, epoch: u64) -> Result<(), StoreError> {
+    fn set_epoch(&mut self, c: &str, epoch: u64, version: u64) -> Result<(), StoreError> {
         self.count("epoch");
-        self.0.set_epoch(c, epoch)
+        self.0.set_epoch(c, epoch, version)
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.count("commit");

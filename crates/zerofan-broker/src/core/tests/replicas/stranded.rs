@@ -1089,3 +1089,57 @@ fn a_restarted_owners_unacknowledged_message_reaches_the_new_owner_once_at_most(
         assert!(got.iter().filter(|g| *g == "m").count() <= 1, "{got:?}");
     }
 }
+
+/// Node 1, a replica on disk, is killed while node 0, the owner, goes on
+/// with node 2's copy; then node 0 dies and node 1 restarts. Its copy,
+/// read back from disk, lacks what was acknowledged while it was down;
+/// node 2's has it. The client comes back on node 1: it must find it.
+#[test]
+fn a_copy_read_back_from_disk_that_missed_changes_is_not_served_as_it_is() {
+    let dir = Dir::new("stale-disk-copy");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(1, &dir);
+    cl.offline_at(0, "s", 1, "t");
+    cl.publish_acked(2, "t", "before");
+    assert_eq!(cl.hs[1].b.metrics().store_errors, 0, "its version written");
+    cl.kill(1);
+    cl.publish_acked(2, "t", "while-down");
+    cl.kill(0);
+    cl.restart_on(1, &dir);
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its version is known");
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
+    assert_eq!(cl.hs[2].b.metrics().copies_sent, 1, "node 2's is newer");
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["before", "while-down"]);
+}
+
+/// The other way round: node 2 was cut off from node 0, the owner, which
+/// went on with node 1's copy; node 0 dies, node 1 restarts. Node 1's
+/// copy read back from disk is the newer one: node 2's does not replace
+/// it, and the client back on node 1 finds everything.
+#[test]
+fn a_copy_read_back_from_disk_is_kept_over_an_older_one() {
+    let dir = Dir::new("newer-disk-copy");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(1, &dir);
+    cl.offline_at(0, "s", 1, "t");
+    cl.publish_acked(1, "t", "before");
+    cl.away(0, 2, true);
+    cl.publish_acked(1, "t", "while-cut");
+    cl.kill(0);
+    cl.kill(1);
+    cl.restart_on(1, &dir);
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its version is known");
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
+    assert_eq!(cl.hs[2].b.metrics().copies_sent, 0, "node 2's is older");
+    let (_, got) = claimed_at_node_1(&mut cl, conn);
+    assert_eq!(got, ["before", "while-cut"]);
+}
