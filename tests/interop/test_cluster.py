@@ -1154,6 +1154,50 @@ def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients)
     assert h.problems(list(subs)) == []
 
 
+def test_a_replica_restarted_after_missing_messages_gets_them_from_another(nodes, clients):
+    """Node 2, a replica of node 1's persistent sessions, is killed (-9);
+    node 3 publishes, acknowledged with node 3's copy alone; node 1, the
+    owner, is killed too, and node 2 restarts from its data dir. Both
+    subscribers reconnect to node 2: its copies, read back from disk, lack
+    what was acknowledged while it was down, and their version says so, so
+    node 2 takes node 3's newer copies. Every acknowledged message arrives,
+    QoS 2 ones once (before 2026-11-30 the second round was lost)."""
+    ns = nodes(3, http=True)
+    subs = {"r5": 5, "r3": 311}
+    for name, version in subs.items():
+        c = _persistent(ns[0], name, version)
+        assert c.subscribe("r/#", 2) == [2]
+        c.disconnect()
+    p = clients(ns[2])
+    h = History()
+    n = 20
+    h.qos.update({"q1": 1, "q2": 2})
+
+    def publish_round(first: int):
+        sent = []
+        for i in range(first, first + n):
+            sent.append(("q1", i, p.publish("r/1", payload("q1", i), qos=1, wait=False)))
+            sent.append(("q2", i, p.publish("r/2", payload("q2", i), qos=2, wait=False)))
+        for who, i, info in sent:
+            info.wait_for_publish(3 * WAIT)
+            assert info.is_published(), (who, i)
+            h.acked[who].add(i)
+
+    publish_round(0)
+    ns[1].kill()
+    publish_round(n)
+    ns[0].kill()
+    ns[1].start()
+    for name, version in subs.items():
+        c = _persistent_served(ns[1], name, version, timeout=3 * WAIT)
+        assert c.session_present, f"{name}: session not present on the restarted node 2"
+        drain(c, 4 * n, h, name)
+        c.assert_no_message(0.3)
+        c.close()
+    assert h.problems(list(subs)) == []
+    assert metric(ns[2].http_port, "zerofan_cluster_copies_sent_total") >= 1, \
+        cluster_figures(ns)
+
 class Follower:
     """A persistent subscriber that, when its node sends it away, follows
     the Server Reference (MQTT 5), or else connects to the first other node

@@ -176,10 +176,17 @@ impl Store {
             .name("zerofan-store-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| StoreError::io(&dir, e))?;
+        // New ids count from the clock, past any of the last run: that run
+        // may have handed out ids whose records never reached the disk
+        // (staged, or written and not yet synced when it was killed), and a
+        // cluster's replicas hold its messages and entries by those ids;
+        // one given again would stand for another message there.
+        let opened_ms = options.opened_ms.unwrap_or_else(now_ms);
+        let first = ids_from_clock(opened_ms);
         let store = Store {
             dir,
-            next_msg: model.max_msg + 1,
-            next_entry: model.max_entry + 1,
+            next_msg: (model.max_msg + 1).max(first),
+            next_entry: (model.max_entry + 1).max(first),
             next_key: model.max_key.saturating_add(1),
             model,
             staged: Vec::with_capacity(64 << 10),
@@ -787,4 +794,18 @@ fn remove_leftovers(dir: &Path, generation: u64) {
             }
         }
     }
+}
+
+/// The first id a store opened at UNIX milliseconds `ms` gives: the
+/// milliseconds times 2²⁰, so a later run starts past every id an earlier
+/// one could give (over a million a millisecond), and below the ids a
+/// cluster replica keeps for its own entries (2⁶², reached in 2109).
+fn ids_from_clock(ms: u64) -> u64 {
+    ms.min((1 << 42) - 1) << 20
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -215,6 +215,10 @@ pub struct Options {
     pub compact_min_bytes: u64,
     /// Compact once at least this fraction of the log is garbage.
     pub compact_garbage_ratio: f64,
+    /// The time of opening, in UNIX milliseconds (`None`: the clock's):
+    /// the first new message and entry ids count from it (see
+    /// [`crate::Store::open`]).
+    pub opened_ms: Option<u64>,
 }
 
 impl Default for Options {
@@ -224,6 +228,7 @@ impl Default for Options {
             on_durable: None,
             compact_min_bytes: 64 << 20,
             compact_garbage_ratio: 0.5,
+            opened_ms: None,
         }
     }
 }
@@ -235,6 +240,7 @@ impl std::fmt::Debug for Options {
             .field("on_durable", &self.on_durable.as_ref().map(|_| "Fn(Lsn)"))
             .field("compact_min_bytes", &self.compact_min_bytes)
             .field("compact_garbage_ratio", &self.compact_garbage_ratio)
+            .field("opened_ms", &self.opened_ms)
             .finish()
     }
 }

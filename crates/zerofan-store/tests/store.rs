@@ -1022,3 +1022,34 @@ fn a_panicking_notifier_fails_the_store_instead_of_hanging_it() {
     let waited = later.and_then(|l| store.wait_durable(l));
     assert!(matches!(waited, Err(StoreError::Failed(_))), "{waited:?}");
 }
+
+/// A run that handed out ids and was killed before their records reached
+/// the disk: the next run, opened later, gives none of them again (a
+/// cluster's replicas may hold a message or an entry by such an id).
+#[test]
+fn ids_a_killed_run_gave_are_not_given_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = |ms| Options {
+        opened_ms: Some(ms),
+        ..manual()
+    };
+    let (mut store, _) = Store::open(dir.path(), opened(1_000)).unwrap();
+    store.put_session("c", meta(60)).unwrap();
+    let kept = store.put_message(&msg("t", b"kept")).unwrap();
+    store.enqueue("c", &entry(kept)).unwrap();
+    store.close().unwrap();
+    // Staged, never committed: gone with the run.
+    let (mut store, _) = Store::open(dir.path(), opened(1_001)).unwrap();
+    let lost = store.put_message(&msg("t", b"lost")).unwrap();
+    let lost_entry = store.enqueue("c", &entry(lost)).unwrap();
+    drop(store);
+    let (mut store, rec) = Store::open(dir.path(), opened(1_002)).unwrap();
+    assert_eq!(rec.sessions[0].queue.len(), 1, "only what was committed");
+    let again = store.put_message(&msg("t", b"again")).unwrap();
+    let again_entry = store.enqueue("c", &entry(again)).unwrap();
+    assert!(
+        again.0 > lost.0 && lost.0 > kept.0,
+        "{kept:?} {lost:?} {again:?}"
+    );
+    assert!(again_entry.0 > lost_entry.0);
+}

@@ -1166,6 +1166,24 @@ impl DurableLog for OnDisk {
 /// A fresh store dir for `name`, removed when dropped.
 struct Dir(std::path::PathBuf);
 
+/// A store's options, each open later than the one before, as a restart
+/// is (new ids count from the time of opening; tests run faster than the
+/// clock's milliseconds).
+fn store_options() -> zerofan_store::Options {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let ms = now.max(LAST.fetch_add(1, Ordering::Relaxed) + 1);
+    LAST.fetch_max(ms, Ordering::Relaxed);
+    zerofan_store::Options {
+        opened_ms: Some(ms),
+        ..zerofan_store::Options::default()
+    }
+}
+
 impl Dir {
     fn new(name: &str) -> Dir {
         let d = std::env::temp_dir().join(format!("zerofan-{name}-{}", std::process::id()));
@@ -1184,8 +1202,7 @@ impl Cluster {
     /// Start `node` over on the store in `dir` (a kill -9 and a restart:
     /// what its links held is gone; the others see a new incarnation).
     fn restart_on(&mut self, node: usize, dir: &Dir) {
-        let (store, recovered) =
-            zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+        let (store, recovered) = zerofan_store::Store::open(&dir.0, store_options()).unwrap();
         let mut h = H::with(Config {
             sys_interval: 0,
             ..Config::default()
@@ -1224,8 +1241,7 @@ impl Cluster {
 
     /// Put `node` on a real store in `dir` (before anything was written).
     fn on_disk(&mut self, node: usize, dir: &Dir) {
-        let (store, _) =
-            zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+        let (store, _) = zerofan_store::Store::open(&dir.0, store_options()).unwrap();
         let now = self.hs[node].now;
         self.hs[node]
             .b
@@ -1830,7 +1846,7 @@ fn refused_batch() -> Vec<ReplOp> {
 #[test]
 fn a_restarted_replica_reads_back_what_its_batches_left() {
     let dir = Dir::new("replica-batch");
-    let open = || zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+    let open = || zerofan_store::Store::open(&dir.0, store_options()).unwrap();
     let (store, _) = open();
     let (mut d, _) = counted(OnDisk(store));
     let mut images = Images::default();
@@ -2330,7 +2346,7 @@ fn a_restarted_replica_still_refuses_an_older_owners_changes() {
 #[test]
 fn a_copy_stores_its_epoch_when_it_rises_and_reads_it_back() {
     let dir = Dir::new("replica-epoch-writes");
-    let open = || zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+    let open = || zerofan_store::Store::open(&dir.0, store_options()).unwrap();
     let epoch = |e| ReplOp::Epoch {
         client: "c".into(),
         epoch: e,
@@ -2395,7 +2411,7 @@ fn a_copy_stores_its_epoch_when_it_rises_and_reads_it_back() {
 #[test]
 fn a_restarted_owner_naming_no_epoch_still_writes_the_copy_read_back() {
     let dir = Dir::new("replica-epoch-owner-restart");
-    let open = || zerofan_store::Store::open(&dir.0, zerofan_store::Options::default()).unwrap();
+    let open = || zerofan_store::Store::open(&dir.0, store_options()).unwrap();
     let (store, _) = open();
     let (mut d, _) = counted(OnDisk(store));
     let mut images = Images::default();

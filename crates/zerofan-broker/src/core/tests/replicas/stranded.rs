@@ -1143,3 +1143,77 @@ fn a_copy_read_back_from_disk_is_kept_over_an_older_one() {
     let (_, got) = claimed_at_node_1(&mut cl, conn);
     assert_eq!(got, ["before", "while-cut"]);
 }
+
+/// Node 2, owner of "s", restarts: "s" is read back from its store, not
+/// claimed again. A publisher on node 2 sends "m" for it, acknowledged;
+/// then "s" is claimed at node 1 (node 2 hands it over): the session at
+/// node 1 has "m".
+#[test]
+fn a_message_for_a_restored_session_acknowledged_is_kept_when_claimed_elsewhere() {
+    let dir = Dir::new("restored-owner-ack");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.offline_at(2, "s", 1, "t");
+    cl.kill(2);
+    cl.restart_on(2, &dir);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let conn = cl.persistent_waiting(1, "s");
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    let prev = prev_owner(2, 1);
+    assert!(!cl.hs[1].b.awaits_handover(conn, &prev), "handed over");
+    let s1 = cl.granted(1, conn, 2, prev);
+    let out = cl.out(s1);
+    assert!(present(&out));
+    assert_eq!(drain(&mut cl, s1, out), ["m"], "acknowledged, so kept");
+}
+
+/// Node 2, owner of "s", is killed after "old" reached its replicas but
+/// before its own disk kept it (its log is cut back here to what it held
+/// before). Restarted, it takes "new" for "s", read back from its store,
+/// and hands "s" to node 1: each message arrives once, as itself. Before,
+/// the restarted store gave "new" the id "old" had had, node 1's copy
+/// took it for "old" (held by that id already), and "new" was lost while
+/// "old" came twice (a long run's loss and duplicate, 2026-11-30, seed 1).
+#[test]
+fn a_restarted_owner_gives_no_id_its_former_self_gave() {
+    let dir = Dir::new("restarted-owner-ids");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.offline_at(2, "s", 1, "t");
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    cl.send(
+        p,
+        Packet::Publish(publish("t", "first", QoS::AtLeastOnce, 1)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")], "on node 2's disk");
+    let log = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "zlog"))
+        .unwrap();
+    let kept = std::fs::metadata(&log).unwrap().len();
+    cl.send(p, Packet::Publish(publish("t", "old", QoS::AtLeastOnce, 2)));
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    cl.kill(2);
+    let f = std::fs::OpenOptions::new().write(true).open(&log).unwrap();
+    f.set_len(kept).unwrap();
+    drop(f);
+    cl.restart_on(2, &dir);
+    let (p, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
+    cl.send(p, Packet::Publish(publish("t", "new", QoS::AtLeastOnce, 1)));
+    assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let conn = cl.persistent_waiting(1, "s");
+    let now = cl.hs[2].now;
+    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
+    cl.pump();
+    let s1 = cl.granted(1, conn, 2, prev_owner(2, 1));
+    let out = cl.out(s1);
+    assert!(present(&out));
+    let mut got = drain(&mut cl, s1, out);
+    got.sort();
+    assert_eq!(got, ["first", "new", "old"]);
+}
