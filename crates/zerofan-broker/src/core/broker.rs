@@ -1603,7 +1603,7 @@ impl Broker {
 
     /// Keep what this node said of `client`'s move (see `Moves::told`).
     fn told(&mut self, now: Instant, client: &str, to: Option<PeerId>) {
-        if self.moves.told(client, to, now + MOVE_TIMEOUT) {
+        if self.moves.told(client, to, now) {
             self.metrics.moves_told_forgotten += 1;
         }
     }

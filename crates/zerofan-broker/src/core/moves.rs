@@ -252,10 +252,11 @@ impl Moves {
     }
 
     /// This node announced `client`'s move here (`to: None`) or flushed
-    /// its move to `to`: kept until `until`, to be said again (see
-    /// [`Moves::retell`]). Returns whether an older one was forgotten to
-    /// keep the bound.
-    pub(crate) fn told(&mut self, client: &str, to: Option<PeerId>, until: Instant) -> bool {
+    /// its move to `to`, at `now`: kept for [`MOVE_TIMEOUT`], to be said
+    /// again (see [`Moves::retell`]). Returns whether one still in its
+    /// time was forgotten to keep the bound.
+    pub(crate) fn told(&mut self, client: &str, to: Option<PeerId>, now: Instant) -> bool {
+        self.forget_told(now);
         self.told.retain(|t| &*t.client != client);
         let forgot = self.told.len() >= MAX_TOLD;
         if forgot {
@@ -264,9 +265,15 @@ impl Moves {
         self.told.push_back(Told {
             client: client.into(),
             to,
-            until,
+            until: now + MOVE_TIMEOUT,
         });
         forgot
+    }
+
+    fn forget_told(&mut self, now: Instant) {
+        while self.told.front().is_some_and(|t| t.until <= now) {
+            self.told.pop_front();
+        }
     }
 
     /// What to say again to `peer`, whose link started over at `now`: the
@@ -280,9 +287,7 @@ impl Moves {
         now: Instant,
         serves: impl Fn(&str) -> bool,
     ) -> Vec<Retell> {
-        while self.told.front().is_some_and(|t| t.until <= now) {
-            self.told.pop_front();
-        }
+        self.forget_told(now);
         let leaving = |c: &str| self.leaving.iter().any(|(_, l)| &*l.client == c);
         self.told
             .iter()
@@ -668,10 +673,10 @@ mod tests {
         let now = Instant::now();
         let until = now + MOVE_TIMEOUT;
         let mut m = Moves::default();
-        assert!(!m.told("a", None, until));
-        assert!(!m.told("gone", None, until));
-        assert!(!m.told("b", Some(PeerId(1)), until));
-        assert!(!m.told("c", Some(PeerId(2)), until));
+        assert!(!m.told("a", None, now));
+        assert!(!m.told("gone", None, now));
+        assert!(!m.told("b", Some(PeerId(1)), now));
+        assert!(!m.told("c", Some(PeerId(2)), now));
         let serves = |c: &str| c != "gone";
         assert_eq!(
             m.retell(PeerId(2), now, serves),
@@ -682,9 +687,12 @@ mod tests {
         );
         assert_eq!(m.retell(PeerId(2), until, serves), []);
         for i in 0..MAX_TOLD {
-            assert!(!m.told(&i.to_string(), None, until));
+            assert!(!m.told(&i.to_string(), None, now));
         }
-        assert!(m.told("over", None, until), "the oldest forgotten");
+        assert!(m.told("over", None, now), "the oldest forgotten");
         assert_eq!(m.retell(PeerId(2), now, |_| true).len(), MAX_TOLD);
+        // Past their time they make room without counting.
+        assert!(!m.told("later", None, until));
+        assert_eq!(m.retell(PeerId(2), until, |_| true).len(), 1);
     }
 }
