@@ -833,6 +833,15 @@ def _persistent(node: Node, cid: str, version: int, connect: bool = True) -> Pah
     return PahoClient(node.broker, client_id=cid, version=311, clean=False, connect=connect)
 
 
+def _offline_at(node: Node, subs: dict[str, int], topic_filter: str):
+    """Persistent subscribers `subs` (client id: MQTT version) subscribe to
+    `topic_filter` at QoS 2 on `node`, then go offline."""
+    for name, version in subs.items():
+        c = _persistent(node, name, version)
+        assert c.subscribe(topic_filter, 2) == [2]
+        c.disconnect()
+
+
 def _persistent_served(node: Node, cid: str, version: int,
                        timeout: float = WAIT) -> PahoClient:
     """`_persistent` once `node` serves it: while the cluster fails over (a
@@ -857,10 +866,7 @@ def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
     there with every acknowledged message, QoS 2 ones exactly once."""
     ns = nodes(3)
     subs = {"s5": 5, "s3": 311}
-    for name, version in subs.items():
-        c = _persistent(ns[0], name, version)
-        assert c.subscribe("p/#", 2) == [2]
-        c.disconnect()
+    _offline_at(ns[0], subs, "p/#")
     p = clients(ns[1])
     h = History()
     n = 100
@@ -917,10 +923,7 @@ def test_messages_acknowledged_while_the_owner_is_dead_reach_its_sessions(nodes,
     was lost."""
     ns = nodes(3, http=True)
     subs = {"s5": 5, "s3": 311}
-    for name, version in subs.items():
-        c = _persistent(ns[0], name, version)
-        assert c.subscribe("p/#", 2) == [2]
-        c.disconnect()
+    _offline_at(ns[0], subs, "p/#")
     h = History()
     h.qos.update({"q1": 1, "q2": 2})
     pub = served(ns[1], "pub")
@@ -1126,10 +1129,7 @@ def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients)
     node 2's disk, with every acknowledged message, QoS 2 ones once."""
     ns = nodes(3)
     subs = {"d5": 5, "d3": 311}
-    for name, version in subs.items():
-        c = _persistent(ns[0], name, version)
-        assert c.subscribe("d/#", 2) == [2]
-        c.disconnect()
+    _offline_at(ns[0], subs, "d/#")
     p = clients(ns[2])
     h = History()
     n = 50
@@ -1164,10 +1164,7 @@ def test_a_replica_restarted_after_missing_messages_gets_them_from_another(nodes
     QoS 2 ones once (before 2026-11-30 the second round was lost)."""
     ns = nodes(3, http=True)
     subs = {"r5": 5, "r3": 311}
-    for name, version in subs.items():
-        c = _persistent(ns[0], name, version)
-        assert c.subscribe("r/#", 2) == [2]
-        c.disconnect()
+    _offline_at(ns[0], subs, "r/#")
     p = clients(ns[2])
     h = History()
     n = 20

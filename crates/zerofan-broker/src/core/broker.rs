@@ -1266,8 +1266,8 @@ impl Broker {
         } else {
             0
         };
-        if let Some(owner) = prev.peer.filter(|_| have > 0) {
-            self.repl.images.asked_to_better(&client, owner);
+        if let Some(owner) = prev.peer {
+            self.repl.images.asked_for_copy(&client, owner);
         }
         let mut peers = self.peers.reachable();
         peers.retain(|p| Some(*p) != prev.peer);

@@ -862,14 +862,14 @@ pub(crate) struct Images {
     /// another node's copy no newer than it, or its owner's batch that a
     /// link delivered late (see `previous`).
     pub(crate) batches_had: u64,
-    /// Copies read back from disk that a claim asked the other nodes to
-    /// better, with the owner the claim named (see `previous`). Oldest
-    /// first, at most [`MAX_ASKED`].
+    /// Client ids whose claim asked the other nodes for a copy, none or
+    /// one read back from disk being here, with the owner the claim named
+    /// (see `previous`). Oldest first, at most [`MAX_ASKED`].
     asked: VecDeque<(Box<str>, PeerId)>,
 }
 
-/// Copies read back from disk remembered as asked to be bettered: as many
-/// claims as wait for copies at once (`claims::MAX_HANDED`).
+/// Copies asked for that are remembered: as many claims as wait for
+/// copies at once (`claims::MAX_HANDED`).
 const MAX_ASKED: usize = 1024;
 
 impl Default for Images {
@@ -1006,7 +1006,7 @@ impl Images {
                 let (client, ops) = self.as_owners(ops, now_ms);
                 self.apply_batch(owner, ops, Batch::Copy(client, kept), now_ms, disk);
             }
-            previous::Judged::NewerThanRead { client, owner } => {
+            previous::Judged::Asked { client, owner } => {
                 self.asked.retain(|(c, _)| *c != client);
                 self.drop_image(&client, disk);
                 let (client, ops) = self.as_owners(ops, now_ms);

@@ -24,7 +24,7 @@
 //! had them all. A copy read back from disk has the version it had when
 //! written (a store of format 2 kept none: 0), and is judged by it the
 //! same way; a newer copy replaces it as the sender's
-//! ([`Judged::NewerThanRead`]). One with no version is served as it is.
+//! ([`Judged::Asked`]). One with no version is served as it is.
 
 use super::stranded::{Unread, STRANDED_BASE};
 use super::{disk, Disk, Images, PeerId, ReplOp};
@@ -55,13 +55,14 @@ pub(super) enum Judged {
     Newer { owner: PeerId, kept: Vec<Unread> },
     /// Another node's copy under the same claim, not newer: ignored.
     Older,
-    /// Another node's copy under the same claim as a copy of `client`
-    /// read back from disk, newer than it, which a claim here asked for
-    /// naming `owner`: that one goes, and the copy is applied as
-    /// `owner`'s, as `Newer` is (the ids it carries are the owner's).
-    /// Nothing of the one read back is kept: its entries have no marks,
-    /// so its stranded ones cannot be told from the sender's.
-    NewerThanRead { client: Box<str>, owner: PeerId },
+    /// Another node's copy of `client` that a claim here asked for, naming
+    /// `owner`, over none here or newer than a copy read back from disk
+    /// under the same claim: that one goes, and the copy is applied as
+    /// `owner`'s, as `Newer` is (the ids it carries are the owner's;
+    /// applied as the sender's, they could meet those of the sender's own
+    /// messages here). Nothing of one read back is kept: its entries have
+    /// no marks, so its stranded ones cannot be told from the sender's.
+    Asked { client: Box<str>, owner: PeerId },
 }
 
 impl Images {
@@ -80,8 +81,20 @@ impl Images {
         else {
             return Judged::Owners;
         };
-        let Some(img) = self.by_client.get(client).filter(|_| client == reset) else {
+        if client != reset {
             return Judged::Owners;
+        }
+        let asked = || {
+            self.asked
+                .iter()
+                .find(|(c, o)| c == client && *o != from)
+                .map(|&(_, owner)| Judged::Asked {
+                    client: client.clone(),
+                    owner,
+                })
+        };
+        let Some(img) = self.by_client.get(client) else {
+            return asked().unwrap_or(Judged::Owners);
         };
         let Some(owner) = img.owner.filter(|o| *o != from) else {
             return Judged::Owners;
@@ -93,16 +106,10 @@ impl Images {
             return Judged::Older;
         }
         if owner == disk::RESTORED {
-            // Read back: only a copy a claim here asked for, from the
-            // owner it named (keyed by no owner, its ids would meet
-            // other nodes' ids).
-            return match self.asked.iter().find(|(c, _)| c == client) {
-                Some(&(_, owner)) => Judged::NewerThanRead {
-                    client: client.clone(),
-                    owner,
-                },
-                None => Judged::Owners,
-            };
+            // Read back: only a copy a claim here asked for, as the owner
+            // it named (keyed by no owner, its ids would meet other
+            // nodes' ids).
+            return asked().unwrap_or(Judged::Owners);
         }
         Judged::Newer {
             owner,
@@ -162,16 +169,16 @@ impl Images {
         (client.unwrap_or_default(), ops)
     }
 
-    /// A claim here asks the other nodes for a copy of `client` newer
-    /// than the one read back from disk here, naming `owner` as the
-    /// owner before it (see [`Judged::NewerThanRead`]).
-    pub(crate) fn asked_to_better(&mut self, client: &str, owner: PeerId) {
-        let read_back = self
+    /// A claim here asks the other nodes for a copy of `client`, naming
+    /// `owner` as the owner before it: kept when no copy is here, or one
+    /// read back from disk (see [`Judged::Asked`]).
+    pub(crate) fn asked_for_copy(&mut self, client: &str, owner: PeerId) {
+        let none_or_read_back = self
             .by_client
             .get(client)
-            .is_some_and(|i| i.owner == Some(disk::RESTORED) && i.version > 0);
+            .is_none_or(|i| i.owner == Some(disk::RESTORED) && i.version > 0);
         self.asked.retain(|(c, _)| &**c != client);
-        if !read_back {
+        if !none_or_read_back {
             return;
         }
         if self.asked.len() >= super::MAX_ASKED {

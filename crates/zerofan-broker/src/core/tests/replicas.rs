@@ -2872,3 +2872,52 @@ fn a_late_answer_to_a_restarted_nodes_former_self_releases_nothing() {
     cl.cut(0, 1, false);
     assert_eq!(acks(&cl.out(p2)), [(1, "puback")]);
 }
+
+/// A copy asked for over none here carries its owner's ids, which may be
+/// those of another owner's messages here: node 1 (`OWNER`) sends its copy
+/// of "x", whose owner (peer 0 here) numbered its message 5, and node 1's
+/// own "c" queues node 1's message 5. Kept as node 1's, the copy's entry
+/// took "mine" for "theirs".
+#[test]
+fn a_copy_asked_for_over_none_here_is_kept_as_its_owners() {
+    let (mut d, _) = counted(Log::default());
+    let mut images = Images::default();
+    images.apply_durable(
+        OWNER,
+        vec![session_op(), op_message(5, "mine", 1), op_enqueue(10, 5, 1)],
+        0,
+        &mut d,
+    );
+    let x = || -> Box<str> { "x".into() };
+    let copy = vec![
+        ReplOp::Epoch {
+            client: x(),
+            epoch: 1,
+            version: 7,
+        },
+        ReplOp::Reset {
+            client: x(),
+            meta: SessionMeta {
+                expiry_interval: 3600,
+                ..SessionMeta::default()
+            },
+            read: None,
+        },
+        op_message(5, "theirs", 1),
+        ReplOp::Enqueue {
+            client: x(),
+            entry: EntryId(10),
+            item: QueueEntry {
+                msg: MsgId(5),
+                qos: 1,
+                ..QueueEntry::default()
+            },
+        },
+    ];
+    images.asked_for_copy("x", PeerId(0));
+    images.apply_durable(OWNER, copy, 0, &mut d);
+    let payloads = |c: &str| shape(&images.snapshot(c).unwrap()).0;
+    assert_eq!(payloads("x"), ["theirs"]);
+    assert_eq!(payloads("c"), ["mine"]);
+    assert_eq!(images.version("x"), 7);
+}

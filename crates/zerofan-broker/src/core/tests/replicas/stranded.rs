@@ -1106,15 +1106,21 @@ fn a_copy_read_back_from_disk_that_missed_changes_is_not_served_as_it_is() {
     cl.publish_acked(2, "t", "while-down");
     cl.kill(0);
     cl.restart_on(1, &dir);
+    assert_eq!(read_back_and_served(&mut cl, 1), ["before", "while-down"]);
+}
+
+/// Node 1, restarted with a copy of "s" read back from disk (node 0, the
+/// owner, dead), serves it: it asks the other nodes for a newer copy (the
+/// version of its own is known), `sent` come. What the client gets.
+fn read_back_and_served(cl: &mut Cluster, sent: u64) -> Vec<String> {
     let conn = cl.persistent_waiting(1, "s");
     let prev = prev_owner(0, 1);
     assert!(cl.hs[1].b.wants_copy(conn, &prev), "its version is known");
     cl.hs[1].b.ask_for_copy(conn, &prev);
     cl.pump();
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
-    assert_eq!(cl.hs[2].b.metrics().copies_sent, 1, "node 2's is newer");
-    let (_, got) = claimed_at_node_1(&mut cl, conn);
-    assert_eq!(got, ["before", "while-down"]);
+    assert_eq!(cl.hs[2].b.metrics().copies_sent, sent, "copies sent");
+    claimed_at_node_1(cl, conn).1
 }
 
 /// The other way round: node 2 was cut off from node 0, the owner, which
@@ -1133,15 +1139,8 @@ fn a_copy_read_back_from_disk_is_kept_over_an_older_one() {
     cl.kill(0);
     cl.kill(1);
     cl.restart_on(1, &dir);
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its version is known");
-    cl.hs[1].b.ask_for_copy(conn, &prev);
-    cl.pump();
-    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
-    assert_eq!(cl.hs[2].b.metrics().copies_sent, 0, "node 2's is older");
-    let (_, got) = claimed_at_node_1(&mut cl, conn);
-    assert_eq!(got, ["before", "while-cut"]);
+    // Node 2's is older: none sent.
+    assert_eq!(read_back_and_served(&mut cl, 0), ["before", "while-cut"]);
 }
 
 /// Node 2, owner of "s", restarts: "s" is read back from its store, not
