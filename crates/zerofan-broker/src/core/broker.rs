@@ -1153,6 +1153,7 @@ impl Broker {
         let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
         if let Some(client) = &client {
             self.claims.settle_handover(client);
+            self.repl.images.claim_answered(client);
             // Its client is back before the relay to its new owner ended:
             // the session here is that owner's now (its handover awaited).
             if let Some(sid) = self.moves.leaving_of(client) {
@@ -1266,8 +1267,8 @@ impl Broker {
         } else {
             0
         };
-        if let Some(owner) = prev.peer {
-            self.repl.images.asked_for_copy(&client, owner);
+        if prev.peer.is_some() {
+            self.repl.images.asked_for_copy(&client, *prev);
         }
         let mut peers = self.peers.reachable();
         peers.retain(|p| Some(*p) != prev.peer);

@@ -865,7 +865,7 @@ pub(crate) struct Images {
     /// Client ids whose claim asked the other nodes for a copy, none or
     /// one read back from disk being here, with the owner the claim named
     /// (see `previous`). Oldest first, at most [`MAX_ASKED`].
-    asked: VecDeque<(Box<str>, PeerId)>,
+    asked: VecDeque<(Box<str>, previous::PreviousOwner)>,
 }
 
 /// Copies asked for that are remembered: as many claims as wait for

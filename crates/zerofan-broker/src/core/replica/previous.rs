@@ -23,8 +23,9 @@
 //! part of the owner's changes, and the node that sent it may not have
 //! had them all. A copy read back from disk has the version it had when
 //! written (a store of format 2 kept none: 0), and is judged by it the
-//! same way; a newer copy replaces it as the sender's
-//! ([`Judged::Asked`]). One with no version is served as it is.
+//! same way; one with no version is served as it is. A copy asked for over
+//! none here, or newer than one read back, is applied as the previous
+//! owner's ([`Judged::Asked`]).
 
 use super::stranded::{Unread, STRANDED_BASE};
 use super::{disk, Disk, Images, PeerId, ReplOp};
@@ -87,8 +88,9 @@ impl Images {
         let asked = || {
             self.asked
                 .iter()
-                .find(|(c, o)| c == client && *o != from)
-                .map(|&(_, owner)| Judged::Asked {
+                .find(|(c, p)| c == client && p.peer != Some(from) && p.epoch == *epoch)
+                .and_then(|(_, p)| p.peer)
+                .map(|owner| Judged::Asked {
                     client: client.clone(),
                     owner,
                 })
@@ -170,9 +172,10 @@ impl Images {
     }
 
     /// A claim here asks the other nodes for a copy of `client`, naming
-    /// `owner` as the owner before it: kept when no copy is here, or one
-    /// read back from disk (see [`Judged::Asked`]).
-    pub(crate) fn asked_for_copy(&mut self, client: &str, owner: PeerId) {
+    /// `prev` as the owner before it: kept, when no copy is here or one
+    /// read back from disk, until the claim is answered
+    /// ([`Images::claim_answered`]; see [`Judged::Asked`]).
+    pub(crate) fn asked_for_copy(&mut self, client: &str, prev: PreviousOwner) {
         let none_or_read_back = self
             .by_client
             .get(client)
@@ -184,7 +187,15 @@ impl Images {
         if self.asked.len() >= super::MAX_ASKED {
             self.asked.pop_front();
         }
-        self.asked.push_back((client.into(), owner));
+        self.asked.push_back((client.into(), prev));
+    }
+
+    /// `client`'s claim here was answered: the copies it asked for came
+    /// (or every node said it had none).
+    pub(crate) fn claim_answered(&mut self, client: &str) {
+        if !self.asked.is_empty() {
+            self.asked.retain(|(c, _)| &**c != client);
+        }
     }
 
     /// The version of the copy of `client` (0: none, or not known).

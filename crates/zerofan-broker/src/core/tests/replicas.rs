@@ -2914,7 +2914,11 @@ fn a_copy_asked_for_over_none_here_is_kept_as_its_owners() {
             },
         },
     ];
-    images.asked_for_copy("x", PeerId(0));
+    let prev = PreviousOwner {
+        peer: Some(PeerId(0)),
+        epoch: 1,
+    };
+    images.asked_for_copy("x", prev);
     images.apply_durable(OWNER, copy, 0, &mut d);
     let payloads = |c: &str| shape(&images.snapshot(c).unwrap()).0;
     assert_eq!(payloads("x"), ["theirs"]);
