@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! data dir/
-//!   MANIFEST            "zerofan-store format=2 generation=7\n" (replaced atomically)
+//!   MANIFEST            "zerofan-store format=3 generation=7\n" (replaced atomically)
 //!   log-000007.zlog     the live log; older generations are deleted
 //!
 //! log    = header frame*
