@@ -391,8 +391,6 @@ impl Peers {
         }
     }
 
-    /// Add `peer` (a node that joined). It starts as having seen every
-    /// change so far: it gets the full state instead (`peer_joined`).
     /// Count from the clock at UNIX milliseconds `started_ms` (see
     /// [`Peers::new`]) when peers came before it: only while every peer
     /// has seen every change and nothing waits, so no number given out
@@ -408,6 +406,8 @@ impl Peers {
         }
     }
 
+    /// Add `peer` (a node that joined). It starts as having seen every
+    /// change so far: it gets the full state instead (`peer_joined`).
     pub(crate) fn add(&mut self, peer: PeerId) {
         if Some(peer) == self.me || self.slot(peer).is_some() {
             return;
