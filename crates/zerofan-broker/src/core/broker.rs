@@ -1619,27 +1619,14 @@ impl Broker {
         let again = moves.retell(peer, now, |c| sessions.has_client(c));
         for r in again {
             self.metrics.moves_retold += 1;
-            let (event, client, to) = match r {
-                super::moves::Retell::Moved(client) => {
-                    let e = PeerEvent::Moved {
-                        client: client.clone(),
-                    };
-                    (e, client, None)
-                }
-                super::moves::Retell::Flushed(client, to) => {
-                    let e = PeerEvent::Flushed {
-                        client: client.clone(),
-                        to: Some(to),
-                    };
-                    (e, client, Some(to))
-                }
+            tracing::debug!(?peer, said = ?r, "a move said again to a node back");
+            let event = match r {
+                super::moves::Retell::Moved(client) => PeerEvent::Moved { client },
+                super::moves::Retell::Flushed(client, to) => PeerEvent::Flushed {
+                    client,
+                    to: Some(to),
+                },
             };
-            tracing::debug!(
-                ?peer,
-                client = &*client,
-                ?to,
-                "a move said again to a node back"
-            );
             self.peers.send(peer, event);
         }
     }

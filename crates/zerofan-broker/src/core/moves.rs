@@ -288,11 +288,10 @@ impl Moves {
         serves: impl Fn(&str) -> bool,
     ) -> Vec<Retell> {
         self.forget_told(now);
-        let leaving = |c: &str| self.leaving.iter().any(|(_, l)| &*l.client == c);
         self.told
             .iter()
             .filter_map(|t| match t.to {
-                None if serves(&t.client) && !leaving(&t.client) => {
+                None if serves(&t.client) && self.leaving_of(&t.client).is_none() => {
                     Some(Retell::Moved(t.client.clone()))
                 }
                 None => None,

@@ -292,10 +292,8 @@ impl Links {
     /// event not to send: a flush naming a node with no id (never linked).
     fn to_wire(&self, e: &mut PeerEvent) -> bool {
         if let PeerEvent::Flushed { to: Some(p), .. } = e {
-            let mut one = vec![*p];
-            self.owners_to_nodes(&mut one);
-            match one.first() {
-                Some(n) => *p = *n,
+            match self.node_of(*p) {
+                Some(n) => *p = n,
                 None => return false,
             }
         }
@@ -326,17 +324,20 @@ impl Links {
     }
 
     fn owners_to_nodes(&self, owners: &mut Vec<PeerId>) {
-        let ids = self.ids.borrow();
-        owners.retain_mut(|p| {
-            let node = ids.iter().find(|(_, q)| **q == *p).map(|(n, _)| *n);
-            match node.and_then(|n| u16::try_from(n).ok()) {
-                Some(n) => {
-                    *p = PeerId(n);
-                    true
-                }
-                None => false,
+        owners.retain_mut(|p| match self.node_of(*p) {
+            Some(n) => {
+                *p = n;
+                true
             }
+            None => false,
         });
+    }
+
+    /// The node id of this node's peer `p`, as it crosses (16 bits).
+    fn node_of(&self, p: PeerId) -> Option<PeerId> {
+        let ids = self.ids.borrow();
+        let node = ids.iter().find(|(_, q)| **q == p).map(|(n, _)| *n)?;
+        u16::try_from(node).ok().map(PeerId)
     }
 
     /// The node ids an event names as this node's peer ids (`None`: an
