@@ -842,6 +842,33 @@ def _offline_at(node: Node, subs: dict[str, int], topic_filter: str):
         c.disconnect()
 
 
+def _publish_q1_q2(p: PahoClient, prefix: str, seqs: range, h: History,
+                   timeout: float = WAIT):
+    """Publish q1's and q2's messages `seqs` on PREFIX/1 (QoS 1) and
+    PREFIX/2 (QoS 2), all in flight at once; wait for every acknowledgement
+    and record it."""
+    h.qos.update({"q1": 1, "q2": 2})
+    sent = []
+    for i in seqs:
+        sent.append(("q1", i, p.publish(f"{prefix}/1", payload("q1", i), qos=1, wait=False)))
+        sent.append(("q2", i, p.publish(f"{prefix}/2", payload("q2", i), qos=2, wait=False)))
+    for who, i, info in sent:
+        info.wait_for_publish(timeout)
+        assert info.is_published(), (who, i)
+        h.acked[who].add(i)
+
+
+def _resumed_on_restarted_node_2(node: Node, subs: dict[str, int], n: int, h: History):
+    """Each of `subs` reconnects to `node` (restarted node 2), finds its
+    session there and exactly `n` messages."""
+    for name, version in subs.items():
+        c = _persistent_served(node, name, version, timeout=3 * WAIT)
+        assert c.session_present, f"{name}: session not present on the restarted node 2"
+        drain(c, n, h, name)
+        c.assert_no_message(0.3)
+        c.close()
+
+
 def _persistent_served(node: Node, cid: str, version: int,
                        timeout: float = WAIT) -> PahoClient:
     """`_persistent` once `node` serves it: while the cluster fails over (a
@@ -870,15 +897,7 @@ def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
     p = clients(ns[1])
     h = History()
     n = 100
-    h.qos.update({"q1": 1, "q2": 2})
-    sent = []
-    for i in range(n):
-        sent.append(("q1", i, p.publish("p/1", payload("q1", i), qos=1, wait=False)))
-        sent.append(("q2", i, p.publish("p/2", payload("q2", i), qos=2, wait=False)))
-    for who, i, info in sent:
-        info.wait_for_publish(WAIT)
-        assert info.is_published(), (who, i)
-        h.acked[who].add(i)
+    _publish_q1_q2(p, "p", range(n), h)
     killed = time.monotonic()
     ns[0].kill()
     served = None
@@ -1133,24 +1152,11 @@ def test_losing_the_owner_and_restarting_a_replica_loses_nothing(nodes, clients)
     p = clients(ns[2])
     h = History()
     n = 50
-    h.qos.update({"q1": 1, "q2": 2})
-    sent = []
-    for i in range(n):
-        sent.append(("q1", i, p.publish("d/1", payload("q1", i), qos=1, wait=False)))
-        sent.append(("q2", i, p.publish("d/2", payload("q2", i), qos=2, wait=False)))
-    for who, i, info in sent:
-        info.wait_for_publish(WAIT)
-        assert info.is_published(), (who, i)
-        h.acked[who].add(i)
+    _publish_q1_q2(p, "d", range(n), h)
     ns[0].kill()
     ns[1].kill()
     ns[1].start()
-    for name, version in subs.items():
-        c = _persistent_served(ns[1], name, version, timeout=3 * WAIT)
-        assert c.session_present, f"{name}: session not present on the restarted node 2"
-        drain(c, 2 * n, h, name)
-        c.assert_no_message(0.3)
-        c.close()
+    _resumed_on_restarted_node_2(ns[1], subs, 2 * n, h)
     assert h.problems(list(subs)) == []
 
 
@@ -1168,32 +1174,17 @@ def test_a_replica_restarted_after_missing_messages_gets_them_from_another(nodes
     p = clients(ns[2])
     h = History()
     n = 20
-    h.qos.update({"q1": 1, "q2": 2})
-
-    def publish_round(first: int):
-        sent = []
-        for i in range(first, first + n):
-            sent.append(("q1", i, p.publish("r/1", payload("q1", i), qos=1, wait=False)))
-            sent.append(("q2", i, p.publish("r/2", payload("q2", i), qos=2, wait=False)))
-        for who, i, info in sent:
-            info.wait_for_publish(3 * WAIT)
-            assert info.is_published(), (who, i)
-            h.acked[who].add(i)
-
-    publish_round(0)
+    _publish_q1_q2(p, "r", range(n), h, timeout=3 * WAIT)
     ns[1].kill()
-    publish_round(n)
+    # Acknowledged once node 1 finds node 2 away.
+    _publish_q1_q2(p, "r", range(n, 2 * n), h, timeout=3 * WAIT)
     ns[0].kill()
     ns[1].start()
-    for name, version in subs.items():
-        c = _persistent_served(ns[1], name, version, timeout=3 * WAIT)
-        assert c.session_present, f"{name}: session not present on the restarted node 2"
-        drain(c, 4 * n, h, name)
-        c.assert_no_message(0.3)
-        c.close()
+    _resumed_on_restarted_node_2(ns[1], subs, 4 * n, h)
     assert h.problems(list(subs)) == []
     assert metric(ns[2].http_port, "zerofan_cluster_copies_sent_total") >= 1, \
         cluster_figures(ns)
+
 
 class Follower:
     """A persistent subscriber that, when its node sends it away, follows
