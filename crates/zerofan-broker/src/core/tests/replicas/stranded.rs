@@ -1158,6 +1158,13 @@ fn a_message_for_a_restored_session_acknowledged_is_kept_when_claimed_elsewhere(
     let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
     cl.send(p, Packet::Publish(publish("t", "m", QoS::AtLeastOnce, 1)));
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
+    let got = handed_from_node_2_to_node_1(&mut cl);
+    assert_eq!(got, ["m"], "acknowledged, so kept");
+}
+
+/// "s", owned by node 2, is claimed at node 1: node 2 hands it over and
+/// node 1 serves it. What the client gets.
+fn handed_from_node_2_to_node_1(cl: &mut Cluster) -> Vec<String> {
     let conn = cl.persistent_waiting(1, "s");
     let now = cl.hs[2].now;
     cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
@@ -1167,7 +1174,7 @@ fn a_message_for_a_restored_session_acknowledged_is_kept_when_claimed_elsewhere(
     let s1 = cl.granted(1, conn, 2, prev);
     let out = cl.out(s1);
     assert!(present(&out));
-    assert_eq!(drain(&mut cl, s1, out), ["m"], "acknowledged, so kept");
+    drain(cl, s1, out)
 }
 
 /// Node 2, owner of "s", is killed after "old" reached its replicas but
@@ -1205,14 +1212,7 @@ fn a_restarted_owner_gives_no_id_its_former_self_gave() {
     let (p, _) = cl.connect(2, "p2", Protocol::V5, true, 0);
     cl.send(p, Packet::Publish(publish("t", "new", QoS::AtLeastOnce, 1)));
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
-    let conn = cl.persistent_waiting(1, "s");
-    let now = cl.hs[2].now;
-    cl.hs[2].b.client_taken_by(now, "s", Some(remote(1)));
-    cl.pump();
-    let s1 = cl.granted(1, conn, 2, prev_owner(2, 1));
-    let out = cl.out(s1);
-    assert!(present(&out));
-    let mut got = drain(&mut cl, s1, out);
+    let mut got = handed_from_node_2_to_node_1(&mut cl);
     got.sort();
     assert_eq!(got, ["first", "new", "old"]);
 }
