@@ -4,7 +4,7 @@
 // Debian's mosquitto on a free port. Stopping sends SIGTERM and expects exit 0.
 import { spawn } from 'node:child_process';
 import {
-  mkdtempSync, writeFileSync, readFileSync, existsSync, openSync, closeSync,
+  mkdtempSync, writeFileSync, readFileSync, existsSync, openSync, closeSync, rmSync,
 } from 'node:fs';
 import { createServer, connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -106,7 +106,9 @@ export async function startBroker(settings = {}) {
     async stop() {
       if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
       const { code, signal } = await withTimeout(exited, 10_000, 'broker exit after SIGTERM');
-      if (code !== 0) throw new Error(`broker exited with ${code} (signal ${signal}) after SIGTERM`);
+      // Kept when the broker failed: its stderr log is there.
+      if (code !== 0) throw new Error(`broker exited with ${code} (signal ${signal}) after SIGTERM; its files: ${dir}`);
+      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -4,7 +4,7 @@
 // API; kicks a client through the page; keeps a screenshot under
 // $CARGO_TARGET_DIR (or target/) as dashboard.png. zerofan only.
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { once } from 'node:events';
 import { tmpdir } from 'node:os';
@@ -44,6 +44,7 @@ itest(import.meta.url, 'dashboard shows clients and stats, kicks a client', asyn
     await browser.close();
     for (const c of clients) c.end(true);
     await broker.stop();
+    rmSync(dir, { recursive: true, force: true });
   });
   for (const id of ['dash-alpha', 'dash-beta', 'dash-gamma']) {
     clients.push(await connect(broker, { clientId: id }));

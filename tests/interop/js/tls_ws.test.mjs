@@ -3,7 +3,7 @@
 // Python `cryptography` package from the interop venv).
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, readFileSync, existsSync, openSync, closeSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync, openSync, closeSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -80,7 +80,8 @@ after(async () => {
   if (!proc) return;
   const exited = new Promise((resolve) => proc.once('exit', (code) => resolve(code)));
   proc.kill('SIGTERM');
-  assert.equal(await withTimeout(exited, 10_000, 'exit'), 0);
+  assert.equal(await withTimeout(exited, 10_000, 'exit'), 0, `zerofan's files: ${dir}`);
+  rmSync(dir, { recursive: true, force: true });
 });
 
 const t = skip ? (name) => itest(import.meta.url, name, (tc) => tc.skip('zerofan only')) : (name, fn) => itest(import.meta.url, name, fn);
