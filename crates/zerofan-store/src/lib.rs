@@ -52,7 +52,7 @@ mod types;
 mod writer;
 
 pub use error::StoreError;
-pub use store::Store;
+pub use store::{unix_ms, Store};
 pub use types::{
     DurableNotifier, EntryId, FsyncPolicy, InflightPhase, Lsn, MessageProperties, MsgId, Options,
     QueueEntry, Recovered, RecoveredEntry, RecoveredInflight, RecoveredRetained, RecoveredSession,

@@ -181,7 +181,7 @@ impl Store {
         // (staged, or written and not yet synced when it was killed), and a
         // cluster's replicas hold its messages and entries by those ids;
         // one given again would stand for another message there.
-        let opened_ms = options.opened_ms.unwrap_or_else(now_ms);
+        let opened_ms = options.opened_ms.unwrap_or_else(unix_ms);
         let first = ids_from_clock(opened_ms);
         let store = Store {
             dir,
@@ -804,7 +804,9 @@ fn ids_from_clock(ms: u64) -> u64 {
     ms.min((1 << 42) - 1) << 20
 }
 
-fn now_ms() -> u64 {
+/// The wall clock in UNIX milliseconds (0 before 1970), what store ids and
+/// the broker's cluster counts are taken from.
+pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -229,9 +229,7 @@ async fn lease_loop(
 /// Start the claim and ownership tasks of shard 0: from now on every
 /// CONNECT with a client id waits for its claim.
 pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandle<()>> {
-    let unix_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let unix_ms = zerofan_store::unix_ms();
     {
         let mut b = shared.broker.borrow_mut();
         b.set_claims(true);

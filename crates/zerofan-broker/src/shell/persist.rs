@@ -19,7 +19,7 @@ use crate::core::durable::DurableLog;
 use crate::core::Broker;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tokio::sync::Notify;
 use zerofan_store::{
     EntryId, FsyncPolicy, Lsn, MsgId, Options, QueueEntry, Recovered, SessionMeta, Store,
@@ -154,9 +154,7 @@ impl Opened {
 /// returns what the release loop waits on.
 pub fn attach(broker: &mut Broker, part: ShardStore) -> Arc<Notify> {
     let now = Instant::now();
-    let unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let unix_ms = zerofan_store::unix_ms();
     let truncated = part.recovered.report.truncated_bytes;
     let log: Box<dyn DurableLog> = match part.log {
         ShardLog::Own(store) => store,
