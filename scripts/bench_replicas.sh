@@ -10,6 +10,11 @@
 # qos1 with persistent sessions (ZEROFAN_BENCH_SESSION_EXPIRY), the
 # publisher on node 1 and the subscriber on node 2 (whose replicas are
 # nodes 1 and 3). Same config for both: fsync = "always".
+#
+# After each run it prints the CPU time each broker spent during it (all
+# its threads, from /proc), in microseconds per message received: on a
+# machine whose cores the brokers share, the figure that says what each
+# node would need on cores of its own.
 set -euo pipefail
 T=${1:-target}
 W=${2:-1024}
@@ -39,12 +44,24 @@ print(" ".join(str(s.getsockname()[1]) for s in ss))
 MQTT=("" "$P1" "$P2" "$P3")
 LINK=("" "$C1" "$C2" "$C3")
 
+cpu_ticks() { # CPU time of every broker, in clock ticks, one per line
+    for p in "${PIDS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat"; done
+}
+
 run_bench() { # label port [sub_port]
     local extra=()
     [ -n "${3:-}" ] && extra=(--sub-port "$3")
     echo "== $1 (window $W, ${S}s)"
-    ZEROFAN_BENCH_SESSION_EXPIRY=300 "$BENCH" qos1 --port "$2" --protocol 5 \
-        --duration "$S" --window "$W" "${extra[@]}"
+    local before out
+    before=$(cpu_ticks)
+    out=$(ZEROFAN_BENCH_SESSION_EXPIRY=300 "$BENCH" qos1 --port "$2" --protocol 5 \
+        --duration "$S" --window "$W" "${extra[@]}")
+    echo "$out"
+    # The bench's row: "qos1  1:1 window=… 256B  rate  MiB/s  sent  recv …".
+    local recv
+    recv=$(echo "$out" | awk '$1 == "qos1" { print $7 }')
+    paste <(echo "$before") <(cpu_ticks) | awk -v n="$recv" -v hz="$(getconf CLK_TCK)" '
+        n > 0 { printf "node %d: %.2f us of CPU per message\n", NR, ($2 - $1) / hz * 1e6 / n }'
 }
 
 wait_members() { # cluster addr, count
