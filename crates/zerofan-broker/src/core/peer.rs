@@ -338,6 +338,8 @@ struct Slot {
     /// The last durable fence after a QoS 1/2 message crossed to it: an
     /// acknowledgement waiting on a later one lost nothing with it.
     durable_upto: u64,
+    /// A `Fence` not queued yet (its change number), see [`Slot::push`].
+    fence: Option<u64>,
 }
 
 impl Slot {
@@ -356,6 +358,35 @@ impl Slot {
             consumed: 0,
             crossed_durable: false,
             durable_upto: 0,
+            fence: None,
+        }
+    }
+
+    /// Queue `event`. A `Fence` waits, in `fence`, until the next event
+    /// that is not a `Publish` or the end of the batch, and a later fence
+    /// replaces it: a fence asks the receiver to answer once what came
+    /// before it is durable, so one moved past publishes answers later for
+    /// more, and one per batch of publishes does what one per publish did.
+    /// The receiver sends its copies to its replicas at each fence (their
+    /// answers are part of its `Seen`): one per publish made a replica
+    /// batch of every message.
+    fn push(&mut self, event: PeerEvent) {
+        match event {
+            PeerEvent::Fence { seq } => {
+                self.fence = Some(self.fence.map_or(seq, |f| f.max(seq)));
+            }
+            PeerEvent::Publish { .. } => self.outbox.push(event),
+            event => {
+                self.queue_fence();
+                self.outbox.push(event);
+            }
+        }
+    }
+
+    /// Queue the fence that waits, if any.
+    fn queue_fence(&mut self) {
+        if let Some(seq) = self.fence.take() {
+            self.outbox.push(PeerEvent::Fence { seq });
         }
     }
 }
@@ -617,14 +648,14 @@ impl Peers {
     /// Queue `event` for `peer`.
     pub(crate) fn send(&mut self, peer: PeerId, event: PeerEvent) {
         if let Some(s) = self.slot(peer) {
-            s.outbox.push(event);
+            s.push(event);
         }
     }
 
     /// Queue an event for every peer; `make` builds each one's copy.
     pub(crate) fn send_all(&mut self, mut make: impl FnMut() -> PeerEvent) {
         for s in &mut self.slots {
-            s.outbox.push(make());
+            s.push(make());
         }
     }
 
@@ -790,6 +821,7 @@ impl Peers {
     /// The next peer's batch of events, if any waits.
     pub(crate) fn poll(&mut self) -> Option<PeerBatch> {
         for s in &mut self.slots {
+            s.queue_fence();
             // Confirmed with whatever else goes to it this turn (a Hold
             // first), or alone once it adds up to `CONFIRM_AT`.
             if s.consumed >= CONFIRM_AT || (s.consumed > 0 && !s.outbox.is_empty()) {
@@ -854,5 +886,65 @@ mod tests {
         let change = busy.stamp();
         busy.start_at(ms);
         assert_eq!(busy.last_seq(), change, "a change unanswered: kept");
+    }
+
+    fn publish() -> PeerEvent {
+        let topic = zerofan_codec::MqttStr::try_from("t").unwrap();
+        PeerEvent::Publish {
+            msg: Message::owned(
+                topic,
+                bytes::Bytes::from_static(b"m"),
+                zerofan_codec::QoS::AtLeastOnce,
+                false,
+                zerofan_codec::Props::default(),
+                None,
+            ),
+            direct: true,
+            shares: Vec::new(),
+            id: None,
+        }
+    }
+
+    /// What one batch to `PeerId(1)` holds, as `P` (publish), `F(seq)`
+    /// (fence) or `other`.
+    fn shape(p: &mut Peers) -> Vec<String> {
+        let batch = p.poll().expect("a batch");
+        assert_eq!(batch.to, PeerId(1));
+        let shape = batch
+            .events
+            .iter()
+            .map(|e| match e {
+                PeerEvent::Publish { .. } => "P".to_string(),
+                PeerEvent::Fence { seq } => format!("F{seq}"),
+                _ => "other".to_string(),
+            })
+            .collect();
+        assert!(p.poll().is_none(), "one batch");
+        shape
+    }
+
+    /// A durable fence after every publish is sent once per batch, after
+    /// the publishes, naming the last: the receiver sends its copies to
+    /// its replicas at each fence, so one per publish made a replica batch
+    /// of every message. Any other event queues the waiting fence first.
+    #[test]
+    fn fences_after_publishes_go_once_per_batch() {
+        let mut p = Peers::new(PeerId(0), [PeerId(1)], 0);
+        for seq in 1..=3 {
+            p.send(PeerId(1), publish());
+            p.send_all(|| PeerEvent::Fence { seq });
+        }
+        assert_eq!(shape(&mut p), ["P", "P", "P", "F3"]);
+
+        p.send(PeerId(1), publish());
+        p.send(PeerId(1), PeerEvent::Fence { seq: 4 });
+        p.send(PeerId(1), PeerEvent::Seen { seq: 9 });
+        p.send(PeerId(1), publish());
+        p.send(PeerId(1), PeerEvent::Fence { seq: 5 });
+        assert_eq!(shape(&mut p), ["P", "F4", "other", "P", "F5"]);
+
+        p.send(PeerId(1), PeerEvent::Fence { seq: 6 });
+        assert_eq!(shape(&mut p), ["F6"], "a fence alone goes too");
+        assert!(p.poll().is_none());
     }
 }

@@ -438,6 +438,34 @@ fn present(out: &Out) -> bool {
     out.connack().unwrap().session_present
 }
 
+/// Publishes read together at one node cross to a persistent session's
+/// owner as one link read, and reach its replicas as one batch each, all
+/// acknowledged: the publisher's node fences its publishes once per batch,
+/// not after each (the owner sends its replicas what it has at each fence).
+#[test]
+fn publishes_read_together_reach_the_replicas_in_one_batch() {
+    let mut cl = Cluster::new(3, 3);
+    let (sub, _) = cl.persistent(1, "sub");
+    cl.hs[1].subscribe(sub.conn, "t/#", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.lose(sub);
+    let (publ, _) = cl.connect(0, "pub", Protocol::V5, true, 0);
+    let batches = cl.hs[1].b.metrics().replicated_batches;
+    let n = 10u16;
+    for i in 1..=n {
+        let m = publish("t/a", &format!("m{i}"), QoS::AtLeastOnce, i);
+        cl.hs[0].send(publ.conn, Packet::Publish(m));
+    }
+    cl.pump();
+    let expect: Vec<(u16, &str)> = (1..=n).map(|i| (i, "puback")).collect();
+    assert_eq!(acks(&cl.out(publ)), expect);
+    assert_eq!(
+        cl.hs[1].b.metrics().replicated_batches - batches,
+        2,
+        "one batch to each of the two replicas"
+    );
+}
+
 /// The owner of a persistent session dies; the client reconnects to
 /// another node and finds everything that was acknowledged: queued QoS 1
 /// and 2 messages, a delivery in flight, one past PUBREC, and an inbound
