@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Replicated persistent QoS 1 against single-node persistent QoS 1
-# (BENCHMARKS.md, "Cluster: replicated persistent sessions").
+# (BENCHMARKS.md, the section of that name).
 #
 #   scripts/bench_replicas.sh [TARGET_DIR] [WINDOW] [SECONDS]
 #
