@@ -284,6 +284,15 @@ impl Cluster {
         self.connect(node, id, Protocol::V5, false, 3600)
     }
 
+    /// A persistent session at `node` subscribed to `filter`, its
+    /// connection gone: what matches is queued for it (and copied).
+    fn offline_subscriber(&mut self, node: usize, id: &str, filter: &str, qos: QoS) {
+        let (sub, _) = self.persistent(node, id);
+        self.hs[node].subscribe(sub.conn, filter, opts(qos));
+        self.pump();
+        self.lose(sub);
+    }
+
     /// A persistent session whose claim has `epoch`.
     fn persistent_at(&mut self, node: usize, id: &str, epoch: u64) -> (Cx, Out) {
         self.epoch = epoch;
@@ -445,10 +454,7 @@ fn present(out: &Out) -> bool {
 #[test]
 fn publishes_read_together_reach_the_replicas_in_one_batch() {
     let mut cl = Cluster::new(3, 3);
-    let (sub, _) = cl.persistent(1, "sub");
-    cl.hs[1].subscribe(sub.conn, "t/#", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(1, "sub", "t/#", QoS::AtLeastOnce);
     let (publ, _) = cl.connect(0, "pub", Protocol::V5, true, 0);
     let batches = cl.hs[1].b.metrics().replicated_batches;
     let n = 10u16;
@@ -642,10 +648,7 @@ fn a_persistent_session_survives_its_owner() {
 #[test]
 fn a_takeover_moves_the_session_to_the_new_owner() {
     let mut cl = Cluster::new(3, 3);
-    let (sub, _) = cl.persistent(0, "sub");
-    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(0, "sub", "t", QoS::AtLeastOnce);
     let (publ, _) = cl.connect(1, "pub", Protocol::V5, true, 0);
     cl.send(
         publ,
@@ -815,10 +818,7 @@ fn a_restored_session_is_imaged_only_once_claimed_again() {
 #[test]
 fn an_away_replica_is_not_waited_for_and_gets_full_images_when_back() {
     let mut cl = Cluster::new(3, 3);
-    let (sub, _) = cl.persistent(0, "sub");
-    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(0, "sub", "t", QoS::AtLeastOnce);
     cl.cut(0, 2, true);
     let (p, _) = cl.connect(1, "p", Protocol::V5, true, 0);
     cl.send(
@@ -887,10 +887,7 @@ fn expired_images_make_room_when_full() {
 #[test]
 fn an_away_replica_is_replaced_and_the_stand_in_drops_its_copy_after() {
     let mut cl = Cluster::new(3, 2);
-    let (sub, _) = cl.persistent(0, "sub");
-    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(0, "sub", "t", QoS::AtLeastOnce);
     assert_eq!(cl.hs[1].b.replica_images().0, 1);
     assert_eq!(cl.hs[2].b.replica_images().0, 0, "two copies: node 0 and 1");
     cl.cut(0, 1, true);
@@ -1438,10 +1435,7 @@ fn a_clean_takeover_drops_the_copy_a_restarted_replica_read_back() {
 #[test]
 fn an_answer_lost_with_a_link_queue_is_asked_again() {
     let mut cl = Cluster::new(3, 3);
-    let (sub, _) = cl.persistent(2, "sub");
-    cl.hs[2].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(2, "sub", "t", QoS::AtLeastOnce);
     let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
     // Node 0's answers to node 2 pile up in its queue, then the queue goes.
     cl.linked[0][2] = false;
@@ -1534,10 +1528,7 @@ fn a_drained_node_hands_its_sessions_over() {
 #[test]
 fn an_offline_session_is_adopted_from_its_copy() {
     let mut cl = Cluster::new(3, 3);
-    let (sub, _) = cl.persistent(0, "off");
-    cl.hs[0].subscribe(sub.conn, "t", opts(QoS::AtLeastOnce));
-    cl.pump();
-    cl.lose(sub);
+    cl.offline_subscriber(0, "off", "t", QoS::AtLeastOnce);
     let (publ, _) = cl.connect(2, "pub", Protocol::V5, true, 0);
     cl.send(
         publ,
