@@ -118,7 +118,8 @@ pub enum PeerEvent {
     /// on until the receiver has made durable what it wrote for the
     /// sender's events so far (a persistent session's queue entry): the
     /// receiver answers [`PeerEvent::Seen`] once its store has it (at once
-    /// without a store).
+    /// without a store). One goes after the publishes of a batch, not
+    /// after each (see `Slot::push`).
     Fence {
         /// The sender's change number.
         seq: u64,
@@ -905,8 +906,8 @@ mod tests {
         }
     }
 
-    /// What one batch to `PeerId(1)` holds, as `P` (publish), `F(seq)`
-    /// (fence) or `other`.
+    /// What one batch to `PeerId(1)` holds: `P` for a publish, `F` and
+    /// its change number for a fence, `other` for the rest.
     fn shape(p: &mut Peers) -> Vec<String> {
         let batch = p.poll().expect("a batch");
         assert_eq!(batch.to, PeerId(1));
