@@ -196,6 +196,21 @@ def drain(c: PahoClient, n: int, h: History, name: str, timeout: float = WAIT):
         h.received[name].append(c.expect_message(timeout).payload)
 
 
+def receive_all(c: PahoClient, want: set, h: History, name: str) -> set:
+    """Record what `c` receives until it has had every (publisher, seq) of
+    `want` or WAIT passed; returns what it had (duplicates allowed)."""
+    got = set()
+    deadline = time.monotonic() + WAIT
+    while want - got and time.monotonic() < deadline:
+        try:
+            m = c.expect_message(max(0.1, deadline - time.monotonic()))
+        except AssertionError:
+            break
+        h.received[name].append(m.payload)
+        got.add(parse(m.payload))
+    return got
+
+
 def test_checker_finds_each_broken_promise():
     """The checker itself: each promise broken once, each found."""
     h = History()
@@ -338,13 +353,7 @@ def test_losing_a_node_and_rejoining(nodes, clients):
             p.close()
             p = clients(ns[0])
         h.acked["p"].add(i)
-    want = {("p", i) for i in range(20)}
-    got = set()
-    deadline = time.monotonic() + WAIT
-    while want - got and time.monotonic() < deadline:
-        m = on2.expect_message(max(0.1, deadline - time.monotonic()))
-        h.received["on2"].append(m.payload)
-        got.add(parse(m.payload))
+    receive_all(on2, {("p", i) for i in range(20)}, h, "on2")
     assert h.problems(["on2"]) == []
     s = wait_status(ns[0], lambda s: any(m["node_id"] == 3 and not m["healthy"]
                                          for m in s["members"]), "node 3 unhealthy")
@@ -997,15 +1006,7 @@ def test_messages_acknowledged_while_the_owner_is_dead_reach_its_sessions(nodes,
     for name, version in subs.items():
         c = _persistent_served(ns[2], name, version)
         assert c.session_present, f"{name}: session not present on node 3"
-        got = set()
-        deadline = time.monotonic() + WAIT
-        while want - got and time.monotonic() < deadline:
-            try:
-                m = c.expect_message(max(0.1, deadline - time.monotonic()))
-            except AssertionError:
-                break
-            h.received[name].append(m.payload)
-            got.add(parse(m.payload))
+        got = receive_all(c, want, h, name)
         c.close()
         lost = sorted(want - got)
         assert not lost, f"{name}: {len(lost)} of {len(want)} missing, first {lost[:5]}"
