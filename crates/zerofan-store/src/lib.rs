@@ -46,6 +46,7 @@
 
 mod error;
 mod format;
+pub mod hash;
 mod model;
 mod store;
 mod types;

@@ -8,12 +8,13 @@
 //! recovery replays the log, so both always agree on what is live.
 
 use crate::format::{self, MsgBody, Record};
+use crate::hash::{HashMap, HashSet};
 use crate::types::{
     EntryId, InflightPhase, MsgId, QueueEntry, RecoveredEntry, RecoveredInflight,
     RecoveredRetained, RecoveredSession, RecoveredSubscription, SessionMeta, StoredMessage,
     StoredWill,
 };
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Where one record lies in the log.
@@ -212,10 +213,10 @@ impl Model {
                         SessionSlot {
                             client,
                             meta: span,
-                            subs: HashMap::new(),
+                            subs: HashMap::default(),
                             queue: BTreeMap::new(),
-                            inflight: HashMap::new(),
-                            qos2: HashMap::new(),
+                            inflight: HashMap::default(),
+                            qos2: HashMap::default(),
                             will: None,
                             epoch: None,
                         },
@@ -499,7 +500,7 @@ impl Model {
                 _ => None,
             }
         };
-        let mut messages: HashMap<u64, Arc<StoredMessage>> = HashMap::new();
+        let mut messages: HashMap<u64, Arc<StoredMessage>> = HashMap::default();
         for (&id, m) in &self.msgs {
             match body(m.span) {
                 Some(Record::Message {

@@ -44,17 +44,13 @@ pub(crate) fn is_copy(name: &str) -> bool {
     name.starts_with(TAG)
 }
 
-fn name(client: &str) -> String {
-    let mut n = String::with_capacity(TAG.len() + client.len());
-    n.push_str(TAG);
-    n.push_str(client);
-    n
-}
-
 /// The node's store as the images write to it (none with `--memory`).
 /// Failures are counted, not fatal: the copy in memory goes on.
 pub(crate) struct Disk<'a> {
     log: Option<&'a mut dyn DurableLog>,
+    /// The store name of the copy last written (`TAG` + client id), kept
+    /// so that a batch's operations do not allocate one each.
+    name: String,
     /// Store operations that failed.
     pub(crate) errors: u64,
 }
@@ -63,6 +59,7 @@ impl<'a> Disk<'a> {
     pub(crate) fn new(durable: &'a mut Durable) -> Self {
         Disk {
             log: durable.log_mut(),
+            name: String::new(),
             errors: 0,
         }
     }
@@ -77,7 +74,28 @@ impl<'a> Disk<'a> {
         f: impl FnOnce(&mut dyn DurableLog) -> Result<T, StoreError>,
     ) -> Option<T> {
         let log = self.log.as_deref_mut()?;
-        match f(log) {
+        let r = f(log);
+        self.count(r)
+    }
+
+    /// `f` on the store with the copy's name of `client`.
+    fn run_on<T>(
+        &mut self,
+        client: &str,
+        f: impl FnOnce(&mut dyn DurableLog, &str) -> Result<T, StoreError>,
+    ) -> Option<T> {
+        let log = self.log.as_deref_mut()?;
+        if self.name.get(TAG.len()..) != Some(client) {
+            self.name.clear();
+            self.name.push_str(TAG);
+            self.name.push_str(client);
+        }
+        let r = f(log, &self.name);
+        self.count(r)
+    }
+
+    fn count<T>(&mut self, r: Result<T, StoreError>) -> Option<T> {
+        match r {
             Ok(v) => Some(v),
             Err(e) => {
                 self.errors += 1;
@@ -90,63 +108,62 @@ impl<'a> Disk<'a> {
     }
 
     pub(super) fn put_session(&mut self, client: &str, meta: SessionMeta) {
-        self.run(|l| l.put_session(&name(client), meta));
+        self.run_on(client, |l, n| l.put_session(n, meta));
     }
     pub(super) fn drop_session(&mut self, client: &str) {
-        self.run(|l| l.drop_session(&name(client)));
+        self.run_on(client, |l, n| l.drop_session(n));
     }
     pub(super) fn subscribe(&mut self, client: &str, f: &str, o: SubOptions, id: Option<u32>) {
-        self.run(|l| l.subscribe(&name(client), f, o, id));
+        self.run_on(client, |l, n| l.subscribe(n, f, o, id));
     }
     pub(super) fn unsubscribe(&mut self, client: &str, filter: &str) {
-        self.run(|l| l.unsubscribe(&name(client), filter));
+        self.run_on(client, |l, n| l.unsubscribe(n, filter));
     }
     pub(super) fn dequeue(&mut self, client: &str, entry: EntryId) {
-        self.run(|l| l.dequeue(&name(client), entry));
+        self.run_on(client, |l, n| l.dequeue(n, entry));
     }
     pub(super) fn send(&mut self, client: &str, entry: EntryId, pid: u16) {
-        self.run(|l| l.send(&name(client), entry, pid));
+        self.run_on(client, |l, n| l.send(n, entry, pid));
     }
     pub(super) fn pubrec(&mut self, client: &str, pid: u16) {
-        self.run(|l| l.pubrec(&name(client), pid));
+        self.run_on(client, |l, n| l.pubrec(n, pid));
     }
     /// A delivery past PUBREC named by a full image: the store keeps such
     /// a packet id only as an inflight entry, so it gets an empty one.
     pub(super) fn past_pubrec(&mut self, client: &str, pid: u16) {
-        let n = name(client);
         let empty = StoredMessage {
             qos: 2,
             ..StoredMessage::default()
         };
-        self.run(|l| {
+        self.run_on(client, |l, n| {
             let msg = l.put_message(&empty)?;
             let entry = QueueEntry {
                 msg,
                 qos: 2,
                 ..QueueEntry::default()
             };
-            let e = l.enqueue(&n, &entry)?;
-            l.send(&n, e, pid)?;
-            l.pubrec(&n, pid)
+            let e = l.enqueue(n, &entry)?;
+            l.send(n, e, pid)?;
+            l.pubrec(n, pid)
         });
     }
     pub(super) fn complete(&mut self, client: &str, pid: u16) {
-        self.run(|l| l.complete(&name(client), pid));
+        self.run_on(client, |l, n| l.complete(n, pid));
     }
     pub(super) fn qos2_received(&mut self, client: &str, pid: u16) {
-        self.run(|l| l.qos2_received(&name(client), pid));
+        self.run_on(client, |l, n| l.qos2_received(n, pid));
     }
     pub(super) fn qos2_released(&mut self, client: &str, pid: u16) {
-        self.run(|l| l.qos2_released(&name(client), pid));
+        self.run_on(client, |l, n| l.qos2_released(n, pid));
     }
     pub(super) fn set_will(&mut self, client: &str, will: &StoredWill) {
-        self.run(|l| l.set_will(&name(client), will));
+        self.run_on(client, |l, n| l.set_will(n, will));
     }
     pub(super) fn clear_will(&mut self, client: &str) {
-        self.run(|l| l.clear_will(&name(client)));
+        self.run_on(client, |l, n| l.clear_will(n));
     }
     pub(super) fn set_epoch(&mut self, client: &str, epoch: u64, version: u64) {
-        self.run(|l| l.set_epoch(&name(client), epoch, version));
+        self.run_on(client, |l, n| l.set_epoch(n, epoch, version));
     }
 }
 
@@ -193,7 +210,7 @@ impl Images {
             msg,
             ..item.clone()
         };
-        disk.run(|l| l.enqueue(&name(client), &entry))
+        disk.run_on(client, |l, n| l.enqueue(n, &entry))
     }
 
     /// Take the copies out of what the store read back (`sessions` keeps
