@@ -5,11 +5,13 @@
 #   scripts/bench_replicas.sh [TARGET_DIR] [WINDOW] [SECONDS]
 #
 # REPLICAS=1 runs the cluster without copies (the cost of the hop alone).
+# SUB_NODE=1 puts the subscriber on node 1 with the publisher (the cost of
+# the copies alone: no message crosses to another node but as a copy).
 #
 # One zerofan alone, then a 3-node cluster (replicas = 3): zerofan-bench
 # qos1 with persistent sessions (ZEROFAN_BENCH_SESSION_EXPIRY), the
-# publisher on node 1 and the subscriber on node 2 (whose replicas are
-# nodes 1 and 3). Same config for both: fsync = "always".
+# publisher on node 1 and the subscriber on node SUB_NODE (2 unless set;
+# its replicas are the two others). Same config for both: fsync = "always".
 #
 # After each run it prints the CPU time each broker spent during it (all
 # its threads, from /proc), in microseconds per message received: on a
@@ -30,6 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 R=${REPLICAS:-3}
+SUB=${SUB_NODE:-2}
+case "$SUB" in 1 | 2 | 3) ;; *)
+    echo "SUB_NODE must be 1, 2 or 3" >&2
+    exit 2
+    ;;
+esac
 printf 'max_queued_messages = 100000\nfsync = "always"\n' >"$DIR/bench.toml"
 
 # Free ports, all taken at once (so they differ) and let go just before
@@ -103,4 +111,4 @@ for i in 1 2 3; do
 done
 wait_members "127.0.0.1:$C1" 3
 sleep 1
-run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node 2" "$P1" "$P2"
+run_bench "3 nodes, replicas $R, publisher on node 1, subscriber on node $SUB" "$P1" "${MQTT[$SUB]}"
