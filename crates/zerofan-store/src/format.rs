@@ -5,6 +5,8 @@
 //! data dir/
 //!   MANIFEST            "zerofan-store format=3 generation=7\n" (replaced atomically)
 //!   log-000007.zlog     the live log; older generations are deleted
+//!   CLOCK               "zerofan-store clock=1764460800000\n": UNIX ms a run may
+//!                       have counted to, saved every second (see `clock`)
 //!
 //! log    = header frame*
 //! header = "ZFSTORE\0" (8) | format version u32 | reserved u32 (0) | generation u64

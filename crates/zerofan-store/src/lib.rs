@@ -44,6 +44,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod clock;
 mod error;
 mod format;
 pub mod hash;
@@ -52,8 +53,9 @@ mod store;
 mod types;
 mod writer;
 
+pub use clock::unix_ms;
 pub use error::StoreError;
-pub use store::{unix_ms, Store};
+pub use store::Store;
 pub use types::{
     DurableNotifier, EntryId, FsyncPolicy, InflightPhase, Lsn, MessageProperties, MsgId, Options,
     QueueEntry, Recovered, RecoveredEntry, RecoveredInflight, RecoveredRetained, RecoveredSession,

@@ -2,6 +2,7 @@
 //! the caller's thread (no I/O, no locks); [`Store::commit`] hands them to the
 //! writer thread as one unit and returns its [`Lsn`].
 
+use crate::clock::{self, unix_ms};
 use crate::error::StoreError;
 use crate::format::{self, MsgBody, Record, HEADER_LEN};
 use crate::model::{Model, Span};
@@ -54,6 +55,8 @@ pub struct Store {
     compact_min_bytes: u64,
     compact_garbage_ratio: f64,
     truncated_bytes: u64,
+    /// UNIX milliseconds this run counts from (see `clock`).
+    counts_from_ms: u64,
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
 }
@@ -86,6 +89,7 @@ impl Store {
         };
         let manifest_path = dir.join(format::MANIFEST);
         let mut manifest_version = format::FORMAT_VERSION;
+        let mut fresh = false;
         let generation = match std::fs::read(&manifest_path) {
             Ok(bytes) => {
                 let text = String::from_utf8_lossy(&bytes);
@@ -109,6 +113,7 @@ impl Store {
                     .and_then(|()| f.sync_all())
                     .map_err(|e| StoreError::io(&path, e))?;
                 writer::write_manifest(&dir, 1).map_err(|e| StoreError::io(&dir, e))?;
+                fresh = true;
                 1
             }
             Err(e) => return Err(StoreError::io(&manifest_path, e)),
@@ -159,6 +164,24 @@ impl Store {
                 to = format::FORMAT_VERSION, "zerofan store: marked as the newer format");
         }
 
+        // New ids count from the clock, past any of the last run: that run
+        // may have handed out ids whose records never reached the disk
+        // (staged, or written and not yet synced when it was killed), and a
+        // cluster's replicas hold its messages and entries by those ids;
+        // one given again would stand for another message there. Past the
+        // last run's saved clock too, should the wall clock be behind it.
+        let read_ms = options.opened_ms.unwrap_or_else(unix_ms);
+        let floor = clock::floor(&dir, &path, fresh);
+        if floor > read_ms.saturating_add(clock::AHEAD.as_millis() as u64) {
+            tracing::warn!(
+                dir = %dir.display(),
+                behind_ms = floor - read_ms,
+                "zerofan store: the wall clock is behind what an earlier run saw; counting from that instead"
+            );
+        }
+        let counts_from_ms = read_ms.max(floor);
+        clock::save(&dir, counts_from_ms).map_err(|e| StoreError::io(&dir, e))?;
+
         let file = OpenOptions::new()
             .append(true)
             .open(&path)
@@ -171,18 +194,13 @@ impl Store {
             file,
             policy: options.fsync,
             notify: options.on_durable.clone(),
+            counts_from_ms,
         };
         let handle = std::thread::Builder::new()
             .name("zerofan-store-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| StoreError::io(&dir, e))?;
-        // New ids count from the clock, past any of the last run: that run
-        // may have handed out ids whose records never reached the disk
-        // (staged, or written and not yet synced when it was killed), and a
-        // cluster's replicas hold its messages and entries by those ids;
-        // one given again would stand for another message there.
-        let opened_ms = options.opened_ms.unwrap_or_else(unix_ms);
-        let first = ids_from_clock(opened_ms);
+        let first = ids_from_clock(counts_from_ms);
         let store = Store {
             dir,
             next_msg: (model.max_msg + 1).max(first),
@@ -201,6 +219,7 @@ impl Store {
             compact_min_bytes: options.compact_min_bytes,
             compact_garbage_ratio: options.compact_garbage_ratio,
             truncated_bytes: report.truncated_bytes,
+            counts_from_ms,
             shared,
             writer: Some(handle),
         };
@@ -656,6 +675,14 @@ impl Store {
         }
     }
 
+    /// UNIX milliseconds this run's counts start from: the clock when the
+    /// store was opened, or the clock an earlier run saved in the dir if
+    /// that is later (see the `CLOCK` file in the format). The broker's
+    /// cluster counts start there too, as the store's ids do.
+    pub fn counts_from_ms(&self) -> u64 {
+        self.counts_from_ms
+    }
+
     /// Counters, for metrics and tests.
     pub fn stats(&self) -> StoreStats {
         StoreStats {
@@ -787,6 +814,7 @@ fn remove_leftovers(dir: &Path, generation: u64) {
         let name = e.file_name();
         let name = name.to_string_lossy();
         let stale = name == "MANIFEST.tmp"
+            || clock::is_leftover(&name)
             || format::parse_log_name(&name).is_some_and(|g| g != generation);
         if stale {
             if let Err(err) = std::fs::remove_file(e.path()) {
@@ -802,12 +830,4 @@ fn remove_leftovers(dir: &Path, generation: u64) {
 /// cluster replica keeps for its own entries (2⁶², reached in 2109).
 fn ids_from_clock(ms: u64) -> u64 {
     ms.min((1 << 42) - 1) << 20
-}
-
-/// The wall clock in UNIX milliseconds (0 before 1970), what store ids and
-/// the broker's cluster counts are taken from.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -8,6 +8,7 @@
 //! notifier. Compaction plans travel through the same inbox, so they run
 //! exactly between the commits before and after them.
 
+use crate::clock;
 use crate::format::{self, HEADER_LEN};
 use crate::types::{DurableNotifier, FsyncPolicy, Lsn};
 use std::collections::VecDeque;
@@ -85,6 +86,9 @@ pub(crate) struct Writer {
     pub file: File,
     pub policy: FsyncPolicy,
     pub notify: Option<DurableNotifier>,
+    /// The store's counts start here; the clock saved is never below it
+    /// (see `clock`).
+    pub counts_from_ms: u64,
 }
 
 impl Writer {
@@ -108,6 +112,9 @@ impl Writer {
         let mut written: Lsn = self.shared.durable.load(Ordering::Acquire);
         let mut synced: Lsn = written;
         let mut last_sync = Instant::now();
+        // Saved at open already.
+        let mut clock_due = Instant::now() + clock::SAVE_EVERY;
+        let mut clock_failed = false;
         loop {
             let (chunks, shutdown) = {
                 let mut inbox = self.shared.lock();
@@ -115,33 +122,40 @@ impl Writer {
                     if !inbox.chunks.is_empty() || inbox.shutdown {
                         break;
                     }
-                    match self.policy {
-                        FsyncPolicy::Interval(every) if synced < written => {
-                            let due = last_sync + every;
-                            let now = Instant::now();
-                            if now >= due {
-                                break;
-                            }
-                            inbox = self
-                                .shared
-                                .work
-                                .wait_timeout(inbox, due - now)
-                                .unwrap_or_else(|e| e.into_inner())
-                                .0;
-                        }
-                        _ => {
-                            inbox = self
-                                .shared
-                                .work
-                                .wait(inbox)
-                                .unwrap_or_else(|e| e.into_inner());
+                    let now = Instant::now();
+                    let mut until = clock_due;
+                    if let FsyncPolicy::Interval(every) = self.policy {
+                        if synced < written {
+                            until = until.min(last_sync + every);
                         }
                     }
+                    if now >= until {
+                        break;
+                    }
+                    inbox = self
+                        .shared
+                        .work
+                        .wait_timeout(inbox, until - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                 }
                 (std::mem::take(&mut inbox.chunks), inbox.shutdown)
             };
+            if Instant::now() >= clock_due {
+                let ms = clock::unix_ms().max(self.counts_from_ms);
+                if let Err(e) = clock::save(&self.dir, ms) {
+                    // Only the guard against a clock stepping back is
+                    // weaker; the log goes on.
+                    if !clock_failed {
+                        tracing::warn!(dir = %self.dir.display(), error = %e, "zerofan store: could not save the clock");
+                        clock_failed = true;
+                    }
+                }
+                clock_due = Instant::now() + clock::SAVE_EVERY;
+            }
             let mut spare = Vec::new();
             let mut compacted = false;
+            let idle = chunks.is_empty() && !shutdown;
             for chunk in chunks {
                 match chunk {
                     Chunk::Data { mut buf, lsn } => {
@@ -183,7 +197,9 @@ impl Writer {
                 // Written to the operating system: survives the process.
                 FsyncPolicy::Interval(_) | FsyncPolicy::Never => written,
             };
-            self.shared.rounds.fetch_add(1, Ordering::Relaxed);
+            if !idle || sync_now {
+                self.shared.rounds.fetch_add(1, Ordering::Relaxed);
+            }
             let advanced = durable > self.shared.durable.load(Ordering::Acquire);
             if advanced {
                 self.shared.durable.store(durable, Ordering::Release);

@@ -1053,3 +1053,59 @@ fn ids_a_killed_run_gave_are_not_given_again() {
     );
     assert!(again_entry.0 > lost_entry.0);
 }
+
+/// A run whose wall clock was ahead of the next one's (a machine that
+/// booted before its clock was set, a clock NTP stepped back): the next
+/// run still gives none of the ids the former one gave, committed or not,
+/// counting past the clock that run saved in the dir.
+#[test]
+fn ids_stay_past_a_run_whose_clock_was_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = unix_ms();
+    let opened = |ms| Options {
+        opened_ms: Some(ms),
+        ..manual()
+    };
+    let (mut store, _) = Store::open(dir.path(), opened(now)).unwrap();
+    store.put_session("c", meta(60)).unwrap();
+    let kept = store.put_message(&msg("t", b"kept")).unwrap();
+    store.enqueue("c", &entry(kept)).unwrap();
+    store.close().unwrap();
+    let (mut store, _) = Store::open(dir.path(), opened(now + 1)).unwrap();
+    let lost = store.put_message(&msg("t", b"lost")).unwrap();
+    let lost_entry = store.enqueue("c", &entry(lost)).unwrap();
+    drop(store);
+    // An hour behind: counting from this clock would give `lost` again.
+    let (mut store, rec) = Store::open(dir.path(), opened(now - 3_600_000)).unwrap();
+    assert_eq!(rec.sessions[0].queue.len(), 1, "only what was committed");
+    assert!(store.counts_from_ms() > now, "{}", store.counts_from_ms());
+    let again = store.put_message(&msg("t", b"again")).unwrap();
+    let again_entry = store.enqueue("c", &entry(again)).unwrap();
+    assert!(again.0 > lost.0, "{kept:?} {lost:?} {again:?}");
+    assert!(again_entry.0 > lost_entry.0);
+}
+
+/// The writer thread saves the clock while the store is open, idle or not.
+#[test]
+fn an_open_store_saves_its_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = Store::open(dir.path(), manual()).unwrap();
+    let saved = || {
+        std::fs::read_to_string(dir.path().join("CLOCK"))
+            .ok()
+            .and_then(|t| {
+                t.trim_end()
+                    .strip_prefix("zerofan-store clock=")?
+                    .parse::<u64>()
+                    .ok()
+            })
+    };
+    let first = saved().expect("saved at open");
+    assert_eq!(first, store.counts_from_ms());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while saved().is_none_or(|ms| ms <= first) {
+        assert!(std::time::Instant::now() < deadline, "not saved again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.close().unwrap();
+}

@@ -3299,7 +3299,7 @@ impl Broker {
         let mut count = 0;
         // One identity on every node, the away ones included, so that
         // copies that get the message twice keep it once.
-        let mark = self.strands.mark(self.durable.unix_ms(now));
+        let mark = self.strands.mark(self.durable.count_ms(now));
         let id = msg.stored().get();
         let peers: Vec<PeerId> = self.peers.ids().collect();
         for peer in peers {
@@ -4004,10 +4004,10 @@ impl Broker {
     /// used only to convert deadlines to and from the store's UNIX time.
     pub fn set_durable_log(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
         // Persistent sessions' operations are also recorded for replicas.
-        self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
-        self.repl.start_at(now_unix_ms);
+        let from = self.durable.attach(self.repl.wrap(log), now, now_unix_ms);
+        self.repl.start_at(from);
         // Peers given first count from the same clock.
-        self.peers.start_at(now_unix_ms);
+        self.peers.start_at(from);
     }
 
     /// The store's counters (log size, fsyncs, bytes written...), when a
@@ -5206,7 +5206,7 @@ impl Broker {
     /// what it subscribes to, forwards what they subscribe to, and keeps
     /// their retained messages (see [`Broker::handle_peer`]).
     pub fn set_peers(&mut self, me: PeerId, all: &[PeerId]) {
-        self.peers = Peers::new(me, all.iter().copied(), self.durable.started_ms());
+        self.peers = Peers::new(me, all.iter().copied(), self.durable.counts_from_ms());
         self.router.set_peered(self.peers.me());
     }
 

@@ -87,6 +87,12 @@ pub trait DurableLog {
     fn stats(&self) -> Option<StoreStats> {
         None
     }
+    /// UNIX milliseconds this run's counts start from at least: a former
+    /// run's clock, saved by the store, should the wall clock now be
+    /// behind it (`Store::counts_from_ms`); 0 for a log that keeps none.
+    fn counts_from_ms(&self) -> u64 {
+        0
+    }
 }
 
 /// The stored id of a [`Message`], set once it has been written (0: not
@@ -129,6 +135,8 @@ pub(crate) struct Durable {
     dirty: bool,
     /// (instant, UNIX ms) of the same moment.
     anchor: (Instant, u64),
+    /// UNIX ms this run's counts start from (see `count_ms`).
+    counts_from: u64,
     /// Acknowledgements of the current event, waiting for its commit.
     pending: Vec<(ConnId, Outgoing)>,
     /// Acknowledgements waiting for their LSN to be durable, in LSN order.
@@ -160,6 +168,7 @@ impl Durable {
             log: None,
             dirty: false,
             anchor: (now, 0),
+            counts_from: 0,
             pending: Vec::new(),
             held: VecDeque::new(),
             held_per_conn: HashMap::default(),
@@ -252,9 +261,10 @@ impl Durable {
         self.log.is_some()
     }
 
-    /// UNIX milliseconds when the log was attached (0 without one).
-    pub(crate) fn started_ms(&self) -> u64 {
-        self.anchor.1
+    /// UNIX milliseconds this run's counts started from (0 without a log):
+    /// the wall clock when the log was attached, or later (see `attach`).
+    pub(crate) fn counts_from_ms(&self) -> u64 {
+        self.anchor.1.max(self.counts_from)
     }
 
     /// UNIX milliseconds of `at`.
@@ -308,10 +318,26 @@ impl Durable {
         }
     }
 
-    /// Attach `log`; `now_unix_ms` is the wall clock at `now`.
-    pub(crate) fn attach(&mut self, log: Box<dyn DurableLog>, now: Instant, now_unix_ms: u64) {
+    /// Attach `log`; `now_unix_ms` is the wall clock at `now`. Returns
+    /// the UNIX ms this run's counts start from: the clock, or what the
+    /// log saved of a former run's if later.
+    pub(crate) fn attach(
+        &mut self,
+        log: Box<dyn DurableLog>,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> u64 {
+        self.counts_from = now_unix_ms.max(log.counts_from_ms());
         self.log = Some(log);
         self.anchor = (now, now_unix_ms);
+        self.counts_from
+    }
+
+    /// UNIX ms by the clock the cluster's counts take (change numbers,
+    /// strand marks): the wall clock at `at`, never before where this
+    /// run's counts started. Deadlines keep the wall clock (`unix_ms`).
+    pub(crate) fn count_ms(&self, at: Instant) -> u64 {
+        self.unix_ms(at).max(self.counts_from)
     }
 
     /// The log's counters, when one is attached.

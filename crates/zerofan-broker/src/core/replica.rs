@@ -422,6 +422,9 @@ impl DurableLog for Mirror {
     fn stats(&self) -> Option<StoreStats> {
         self.inner.stats()
     }
+    fn counts_from_ms(&self) -> u64 {
+        self.inner.counts_from_ms()
+    }
 }
 
 /// What waits for the replicas.

@@ -280,6 +280,12 @@ impl DurableLog for SharedStore {
             Err(p) => Some(p.into_inner().stats()),
         }
     }
+    fn counts_from_ms(&self) -> u64 {
+        match self.store.lock() {
+            Ok(s) => s.counts_from_ms(),
+            Err(p) => p.into_inner().counts_from_ms(),
+        }
+    }
 }
 
 /// Release held acknowledgements whenever the store reports progress.
@@ -358,6 +364,9 @@ impl DurableLog for Store {
     }
     fn stats(&self) -> Option<StoreStats> {
         Some(Store::stats(self))
+    }
+    fn counts_from_ms(&self) -> u64 {
+        Store::counts_from_ms(self)
     }
 }
 

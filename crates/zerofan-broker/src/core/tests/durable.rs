@@ -24,6 +24,8 @@ struct Fake {
     next_entry: u64,
     lsn: Lsn,
     staged: bool,
+    /// What the log says a former run's clock was (see `counts_from_ms`).
+    counts_from: u64,
 }
 
 impl Fake {
@@ -135,6 +137,9 @@ impl DurableLog for Fake {
     fn durable_lsn(&self) -> Lsn {
         self.shared.durable.get()
     }
+    fn counts_from_ms(&self) -> u64 {
+        self.counts_from
+    }
 }
 
 fn durable_h() -> (H, Rc<Shared>) {
@@ -146,10 +151,36 @@ fn durable_h() -> (H, Rc<Shared>) {
         next_entry: 0,
         lsn: 0,
         staged: false,
+        counts_from: 0,
     };
     let now = h.now;
     h.b.set_durable_log(Box::new(fake), now, 1_000_000);
     (h, shared)
+}
+
+/// A store whose former run saw a later clock than this one (the wall
+/// clock stepped back across the restart): the change numbers this run
+/// gives its peers start past that clock, not past the wall clock, so
+/// none is one the former run gave.
+#[test]
+fn counts_start_past_the_clock_a_former_run_saved() {
+    use crate::core::peer::{count_from_clock, PeerId};
+    let wall = 1_000_000;
+    for (saved, from) in [(0, wall), (wall + 3_600_000, wall + 3_600_000)] {
+        let mut h = H::new();
+        let fake = Fake {
+            shared: Rc::new(Shared::default()),
+            next_msg: 0,
+            next_entry: 0,
+            lsn: 0,
+            staged: false,
+            counts_from: saved,
+        };
+        let now = h.now;
+        h.b.set_durable_log(Box::new(fake), now, wall);
+        h.b.set_peers(PeerId(0), &[PeerId(0), PeerId(1)]);
+        assert_eq!(h.b.peer_seq(), count_from_clock(from), "saved {saved}");
+    }
 }
 
 fn take(shared: &Shared) -> Vec<String> {
