@@ -303,6 +303,45 @@ def test_truncated_log_recovers(durable):
     assert "truncat" in durable.stderr().lower() or "torn" in durable.stderr().lower()
 
 
+def _saved_clock(data: Path) -> int | None:
+    try:
+        text = (data / "CLOCK").read_text()
+    except FileNotFoundError:
+        return None
+    prefix = "zerofan-store clock="
+    return int(text.strip()[len(prefix):]) if text.startswith(prefix) else None
+
+
+def test_a_clock_behind_the_last_run_is_counted_past(durable):
+    """The store saves its clock in the data dir (CLOCK) every second. A
+    restart whose wall clock is behind the last run's (it stepped back)
+    counts from past the saved time, says so in its log, and serves what
+    the last run acknowledged."""
+    b = durable.start()
+    sub = persistent(b, "dur-clock")
+    assert sub.subscribe("dur/clock", 1) == [1]
+    sub.disconnect()
+    p = PahoClient(b, version=5)
+    p.publish("dur/clock", b"before", qos=1)
+    p.close()
+    first = _saved_clock(durable.data)
+    assert first is not None, "no CLOCK in the data dir"
+    deadline = time.monotonic() + 10
+    while (_saved_clock(durable.data) or 0) <= first:
+        assert time.monotonic() < deadline, "the clock was not saved again"
+        time.sleep(0.05)
+    durable.kill9()
+    ahead = first + 3_600_000  # as if the clock had stepped back an hour
+    (durable.data / "CLOCK").write_text(f"zerofan-store clock={ahead}\n")
+    b = durable.start()
+    assert "wall clock is behind" in durable.stderr(), durable.stderr()
+    assert (_saved_clock(durable.data) or 0) >= ahead + 60_000
+    sub = persistent(b, "dur-clock")
+    assert sub.session_present
+    assert sub.expect_message().payload == b"before"
+    sub.close()
+
+
 def test_newer_format_is_refused(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
