@@ -6,7 +6,8 @@
 //! group commit, one fsync for every commit that arrived while the previous
 //! fsync ran. Then it publishes the highest durable LSN and calls the
 //! notifier. Compaction plans travel through the same inbox, so they run
-//! exactly between the commits before and after them.
+//! exactly between the commits before and after them. Once a second, busy
+//! or idle, it also saves the store's clock (see `clock`).
 
 use crate::clock;
 use crate::format::{self, HEADER_LEN};
