@@ -5595,6 +5595,12 @@ impl Broker {
             self.moves_peer_gone(peer);
         }
         let ready = self.peers.set_away(peer, away);
+        if away {
+            // Its congestion holds no publisher while it is away.
+            for conn in self.peers.release_held() {
+                self.wake(conn);
+            }
+        }
         if away && !ready.is_empty() {
             // Confirmed by every other peer, and `peer` was sent nothing
             // they promise (what it was sent and did not confirm was

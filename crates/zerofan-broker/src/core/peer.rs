@@ -346,6 +346,11 @@ struct Slot {
 impl Slot {
     /// `id`, having seen our changes up to `seen`, `windowed` when a
     /// shard of this process.
+    /// Congested, and not away (see [`Peers::congested`]).
+    fn holds_publishers(&self) -> bool {
+        self.congested && !self.away
+    }
+
     fn new(id: PeerId, seen: u64, windowed: bool) -> Slot {
         Slot {
             id,
@@ -571,6 +576,12 @@ impl Peers {
         refused
     }
 
+    /// The connections held for a congested peer or a full window, when
+    /// none is any more (a congested peer went away).
+    pub(crate) fn release_held(&mut self) -> Vec<super::ids::ConnId> {
+        self.release()
+    }
+
     /// `peer` is unreachable (`away`), or back: while away, what waits
     /// for every peer goes without it. Returns what may go now.
     pub(crate) fn set_away(
@@ -662,8 +673,12 @@ impl Peers {
 
     /// Whether `peer` cannot take more for now (see
     /// [`Broker::set_peer_congested`](super::Broker::set_peer_congested)).
+    /// Never an away one: nothing waits for it, and its link's queue,
+    /// which no one drains while it is away, drops what is past its bound
+    /// (what is stranded for its sessions is kept by their copies), so
+    /// holding publishers for it would stop them until it came back.
     pub(crate) fn congested(&self, peer: PeerId) -> bool {
-        self.slot_ref(peer).is_some_and(|s| s.congested)
+        self.slot_ref(peer).is_some_and(Slot::holds_publishers)
     }
 
     /// Mark `peer` congested or not. Returns the connections to read again
@@ -685,7 +700,7 @@ impl Peers {
         if self
             .slots
             .iter()
-            .any(|s| s.congested || s.unconfirmed > WINDOW)
+            .any(|s| s.holds_publishers() || s.unconfirmed > WINDOW)
         {
             Vec::new()
         } else {

@@ -22,9 +22,11 @@
 //!
 //! Bounded: past [`QUEUE_BYTES`] the node is congested, as a full shard
 //! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
-//! until it drains). Past [`QUEUE_HARD`] (a node that stays away) its
-//! queued messages are dropped, counted; the other events stay, so that
-//! its routes and the acknowledgements waiting on it stay right.
+//! until it drains), unless it is away: nothing drains its queue then and
+//! nothing waits for it, so it holds no publisher. Past [`QUEUE_HARD`] (a
+//! node that stays away) its queued messages are dropped, counted; the
+//! other events stay, so that its routes and the acknowledgements waiting
+//! on it stay right.
 
 use super::state::Shared;
 use crate::core::peer_wire::{EncodedFrame, FrameDecoder, FrameEncoder, LinkFrame};

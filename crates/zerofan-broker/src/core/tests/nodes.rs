@@ -391,6 +391,34 @@ fn an_away_node_is_not_waited_for_until_it_is_back() {
     assert!(!subacked(&out), "waited for again once back");
 }
 
+/// A node away (dead, cut off) holds no publisher for its link's full
+/// queue: nothing drains that queue until it is back, and nothing waits
+/// for it meanwhile. Before, QoS 1 publishers whose messages matched a
+/// subscription there stopped cluster-wide once 8 MiB had queued for it.
+#[test]
+fn a_congested_node_holds_publishers_only_while_it_is_not_away() {
+    let mut n = Nodes::full_mesh(2);
+    let s = n.client(1, "s");
+    n.subscribe(s, "t", QoS::AtLeastOnce);
+    let p = n.client(0, "p");
+    n.hs[0].b.set_peer_congested(remote(1), true);
+    n.publish(p, "t", "1", QoS::AtLeastOnce, 1, false);
+    assert!(n.hs[0].b.held(p.conn), "held while node 1 drains");
+    n.linked[0][1] = false;
+    n.linked[1][0] = false;
+    n.hs[0].b.set_peer_away(remote(1), true);
+    assert!(!n.hs[0].b.held(p.conn), "let go once node 1 is away");
+    let mut woken = Vec::new();
+    n.hs[0].b.take_wakeups(&mut woken);
+    assert!(woken.contains(&p.conn), "and woken");
+    n.publish(p, "t", "2", QoS::AtLeastOnce, 2, false);
+    assert!(!n.hs[0].b.held(p.conn), "not held again while it is away");
+    // Back, its queue still full: held again until it drains.
+    n.hs[0].b.set_peer_away(remote(1), false);
+    n.publish(p, "t", "3", QoS::AtLeastOnce, 3, false);
+    assert!(n.hs[0].b.held(p.conn), "held again once back");
+}
+
 #[test]
 fn retained_changes_made_on_both_sides_of_a_partition_converge() {
     let mut n = Nodes::full_mesh(2);
