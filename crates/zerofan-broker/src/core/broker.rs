@@ -5597,7 +5597,7 @@ impl Broker {
         let ready = self.peers.set_away(peer, away);
         if away {
             // Its congestion holds no publisher while it is away.
-            for conn in self.peers.release_held() {
+            for conn in self.peers.release() {
                 self.wake(conn);
             }
         }

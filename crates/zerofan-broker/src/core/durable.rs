@@ -264,7 +264,7 @@ impl Durable {
     /// UNIX milliseconds this run's counts started from (0 without a log):
     /// the wall clock when the log was attached, or later (see `attach`).
     pub(crate) fn counts_from_ms(&self) -> u64 {
-        self.anchor.1.max(self.counts_from)
+        self.counts_from
     }
 
     /// UNIX milliseconds of `at`.

@@ -346,11 +346,6 @@ struct Slot {
 impl Slot {
     /// `id`, having seen our changes up to `seen`, `windowed` when a
     /// shard of this process.
-    /// Congested, and not away (see [`Peers::congested`]).
-    fn holds_publishers(&self) -> bool {
-        self.congested && !self.away
-    }
-
     fn new(id: PeerId, seen: u64, windowed: bool) -> Slot {
         Slot {
             id,
@@ -366,6 +361,11 @@ impl Slot {
             durable_upto: 0,
             fence: None,
         }
+    }
+
+    /// Congested, and not away (see [`Peers::congested`]).
+    fn holds_publishers(&self) -> bool {
+        self.congested && !self.away
     }
 
     /// Queue `event`. A `Fence` waits, in `fence`, until the next event
@@ -576,12 +576,6 @@ impl Peers {
         refused
     }
 
-    /// The connections held for a congested peer or a full window, when
-    /// none is any more (a congested peer went away).
-    pub(crate) fn release_held(&mut self) -> Vec<super::ids::ConnId> {
-        self.release()
-    }
-
     /// `peer` is unreachable (`away`), or back: while away, what waits
     /// for every peer goes without it. Returns what may go now.
     pub(crate) fn set_away(
@@ -695,8 +689,8 @@ impl Peers {
     }
 
     /// The connections held for a congested peer or a full window, when
-    /// none is any more.
-    fn release(&mut self) -> Vec<super::ids::ConnId> {
+    /// none is any more (also when a congested peer went away).
+    pub(crate) fn release(&mut self) -> Vec<super::ids::ConnId> {
         if self
             .slots
             .iter()
