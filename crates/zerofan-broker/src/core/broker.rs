@@ -3389,14 +3389,25 @@ impl Broker {
         }
         let stored = Arc::new(to_stored(msg, &self.durable));
         let now_ms = self.durable.unix_ms(now);
+        let bound = super::replica::QueueBound {
+            messages: self.config.max_queued_messages,
+            bytes: self.config.max_queued_bytes,
+            drop_oldest: self.config.queue_full == QueueFull::DropOldest,
+        };
         for &owner in owners {
-            let (kept, errors) =
-                self.repl
-                    .images
-                    .strand(owner, stored.clone(), mark, now_ms, &mut self.durable);
-            self.metrics.stranded_kept += kept as u64;
-            self.metrics.store_errors += errors;
-            tracing::debug!(?owner, kept, ?mark,
+            let done = self.repl.images.strand(
+                owner,
+                stored.clone(),
+                mark,
+                now_ms,
+                bound,
+                &mut self.durable,
+            );
+            self.metrics.stranded_kept += done.kept as u64;
+            self.metrics.stranded_dropped += done.dropped as u64;
+            self.metrics.store_errors += done.errors;
+            let kept = done.kept;
+            tracing::debug!(?owner, kept, dropped = done.dropped, ?mark,
                 payload = %payload_head(&msg.payload),
                 "stranded in the copies here");
         }

@@ -522,6 +522,14 @@ counters! {
                 "zerofan_cluster_stranded_kept_total",
                 "Queue entries added to the copies kept here of an away node's persistent sessions, for messages published while it was away.",
             )),
+        /// Stranded entries the copies here left out or dropped to keep
+        /// within the session's queue bounds (see `strand`).
+        pub stranded_dropped: u64 = CounterDef::NEW
+            .sys("cluster/stranded_dropped")
+            .prom(Family::new(
+                "zerofan_cluster_stranded_dropped_total",
+                "Messages published while a node was away that the copies kept here of its persistent sessions left out (or dropped to make room, with queue_full = \"drop_oldest\") because the session's queue was at max_queued_messages or max_queued_bytes.",
+            )),
         /// Stranded entries in the copies here dropped because the owner,
         /// back, queued the same message itself (see `strand`).
         pub stranded_replaced: u64 = CounterDef::NEW

@@ -41,6 +41,7 @@ mod batch;
 mod disk;
 mod fence;
 mod previous;
+mod queue;
 mod read;
 mod stranded;
 mod window;
@@ -48,6 +49,7 @@ pub(crate) use disk::{Disk, Drops};
 pub(crate) use fence::Fence;
 pub use previous::PreviousOwner;
 pub(crate) use read::joins_read;
+pub(crate) use stranded::QueueBound;
 
 /// One durable operation of a persistent session, as an owner sends it to
 /// its replicas. Entry and message ids are the owner's.
@@ -802,8 +804,7 @@ struct Image {
     owner: Option<PeerId>,
     meta: SessionMeta,
     subs: BTreeMap<Box<str>, (SubOptions, Option<u32>)>,
-    /// By the owner's entry id (ascending: queue order).
-    queue: BTreeMap<EntryId, QueueEntry>,
+    queue: queue::Queue,
     /// By send order: (packet id, phase, entry), found by packet id
     /// without a scan (see `window`).
     inflight: window::Window,
@@ -1349,8 +1350,10 @@ impl Images {
                 } else {
                     self.enqueue_on_disk(key, &client, &item, disk)
                 };
+                let mut size = 0;
                 if let Some(m) = self.messages.get_mut(&key) {
                     m.1 += 1;
+                    size = msg_size(&m.0);
                 }
                 if let Some(i) = self.by_client.get_mut(&*client) {
                     if let Some(l) = local {
@@ -1360,7 +1363,7 @@ impl Images {
                         i.quiet.push(entry);
                         self.unwritten += 1;
                     }
-                    i.queue.insert(entry, item);
+                    i.queue.insert(entry, item, size);
                 }
                 self.unstrand(key, &client, disk);
                 true

@@ -281,7 +281,7 @@ impl Images {
             for e in rs.queue {
                 hold(e.entry.msg, &e.message);
                 img.local.insert(e.id, e.id);
-                img.queue.insert(e.id, e.entry);
+                img.queue.insert(e.id, e.entry, msg_size(&e.message));
             }
             for f in rs.inflight {
                 let entry = f.entry.map(|e| {

@@ -88,30 +88,57 @@ impl Marks {
     }
 }
 
+/// The bounds of a session's offline queue (the config's), which a copy
+/// keeps to when it queues a stranded message: past them the new message
+/// is left out of that copy, or with `drop_oldest` the oldest stranded
+/// entries make room. The owner's own entries are never dropped here: the
+/// copy holds them as the owner wrote them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QueueBound {
+    pub(crate) messages: usize,
+    pub(crate) bytes: usize,
+    pub(crate) drop_oldest: bool,
+}
+
+/// What [`Images::strand`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stranded {
+    /// Copies that queued the message.
+    pub(crate) kept: usize,
+    /// Entries a full copy left out: the new message, or older stranded
+    /// ones that made room for it.
+    pub(crate) dropped: usize,
+    /// The store's errors.
+    pub(crate) errors: u64,
+}
+
 impl Images {
     /// Queue `msg`, stranded as `mark`, in every copy of `owner`'s
-    /// sessions here that a subscription matches, written to the store
-    /// before the answer as a replicated change is; not when the owner's
-    /// copies have it already. Returns how many copies took it, and the
-    /// store's errors.
+    /// sessions here that a subscription matches, within `bound`, written
+    /// to the store before the answer as a replicated change is; not when
+    /// the owner's copies have it already.
     pub(crate) fn strand(
         &mut self,
         owner: PeerId,
         msg: Arc<StoredMessage>,
         mark: Option<Mark>,
         now_ms: u64,
+        bound: QueueBound,
         durable: &mut crate::core::durable::Durable,
-    ) -> (usize, u64) {
+    ) -> Stranded {
+        let mut done = Stranded::default();
         if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
-            return (0, 0);
+            return done;
         }
         if mark.is_some_and(|m| self.marks.owners.contains_key(&(owner, m))) {
-            return (0, 0);
+            return done;
         }
         let Ok(topic) = std::str::from_utf8(&msg.topic) else {
-            return (0, 0);
+            return done;
         };
+        let size = msg.topic.len() + msg.payload.len();
         let mut hits = Vec::new();
+        let mut room = Vec::new();
         for (client, img) in &self.by_client {
             if img.owner != Some(owner) {
                 continue;
@@ -130,22 +157,47 @@ impl Images {
                 ids.extend(*id);
             }
             // QoS 0 is not kept for absent clients.
-            if qos > 0 {
-                hits.push(ReplOp::Enqueue {
-                    client: client.clone(),
-                    entry: EntryId(0),
-                    item: QueueEntry {
-                        msg: MsgId(0),
-                        qos,
-                        retain,
-                        subscription_ids: ids,
-                        share: None,
-                    },
-                });
+            if qos == 0 {
+                continue;
             }
+            if !img.queue.fits(bound.messages, bound.bytes, size) {
+                let made = bound
+                    .drop_oldest
+                    .then(|| {
+                        img.queue
+                            .room(EntryId(STRANDED_BASE), bound.messages, bound.bytes, size)
+                    })
+                    .flatten();
+                match made {
+                    Some(old) => {
+                        done.dropped += old.len();
+                        room.extend(old.into_iter().map(|e| (client.clone(), e)));
+                    }
+                    None => {
+                        done.dropped += 1;
+                        continue;
+                    }
+                }
+            }
+            hits.push(ReplOp::Enqueue {
+                client: client.clone(),
+                entry: EntryId(0),
+                item: QueueEntry {
+                    msg: MsgId(0),
+                    qos,
+                    retain,
+                    subscription_ids: ids,
+                    share: None,
+                },
+            });
+        }
+        let mut disk = Disk::new(durable);
+        for (client, entry) in room {
+            self.dequeue(owner, &client, entry, &mut disk);
         }
         if hits.is_empty() {
-            return (0, 0);
+            done.errors = disk.errors;
+            return done;
         }
         let taken = hits.len();
         let id = MsgId(self.next_stranded(now_ms));
@@ -162,15 +214,15 @@ impl Images {
             }
             ops.push(op);
         }
-        let mut disk = Disk::new(durable);
         self.apply_batch(owner, ops, super::Batch::Stranded, now_ms, &mut disk);
-        let errors = disk.errors;
         if let Some(m) = mark {
             if self.messages.contains_key(&(owner, id)) {
                 self.marks.stranded((owner, id), m);
             }
         }
-        (taken, errors)
+        done.kept = taken;
+        done.errors = disk.errors;
+        done
     }
 
     /// The owner queued its message `key` for `client`: if it was

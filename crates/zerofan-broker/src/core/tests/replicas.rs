@@ -1561,7 +1561,7 @@ fn an_offline_session_is_adopted_from_its_copy() {
 // ----- what a replica writes of one batch ----------------------------------
 
 use crate::core::durable::Durable;
-use crate::core::replica::{Disk, Images, ReplOp};
+use crate::core::replica::{Disk, Images, QueueBound, ReplOp};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;

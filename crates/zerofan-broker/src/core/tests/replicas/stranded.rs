@@ -95,6 +95,32 @@ fn a_message_acknowledged_while_the_owner_is_away_reaches_its_session_elsewhere(
     assert_eq!(drain(&mut cl, s, out), ["after"]);
 }
 
+/// What is stranded for a dead owner's session stays within the
+/// session's queue bound in its copies: acknowledged all the same (the
+/// owner would have left it out too), counted, and the session served
+/// elsewhere gets the first `max_queued_messages`.
+#[test]
+fn a_dead_owners_copies_keep_to_the_queue_bound() {
+    let mut cl = Cluster::with(3, 3, || Config {
+        max_queued_messages: 2,
+        ..Config::default()
+    });
+    owner_lost(&mut cl);
+    let (p1, _) = cl.connect(1, "p1", Protocol::V5, true, 0);
+    for (pid, text) in (1..).zip(["m1", "m2", "m3", "m4"]) {
+        cl.send(
+            p1,
+            Packet::Publish(publish("t", text, QoS::AtLeastOnce, pid)),
+        );
+        assert_eq!(acks(&cl.out(p1)), [(pid, "puback")]);
+    }
+    for h in &cl.hs[1..] {
+        assert_eq!(h.b.metrics().stranded_kept, 2);
+        assert_eq!(h.b.metrics().stranded_dropped, 2);
+    }
+    assert_eq!(back_at(&mut cl, 2), ["m1", "m2"]);
+}
+
 /// The client is back on node 2 before node 1 learns its subscription is
 /// there: node 1 strands its message for node 0's sessions, and node 2
 /// queues it for the session it took from node 0, once. The
@@ -569,6 +595,88 @@ fn a_full_image_from_a_woken_owner_keeps_what_was_stranded_for_it() {
     assert_eq!(got, ["m1", "m2"]);
 }
 
+const UNBOUNDED: QueueBound = QueueBound {
+    messages: usize::MAX,
+    bytes: usize::MAX,
+    drop_oldest: false,
+};
+
+/// A copy of "c" subscribed to "t" whose owner queued `queued` messages,
+/// then each of `stranded` stranded in it within `bound`: what the copy
+/// then holds, and what the strands left out or dropped.
+fn stranded_within(bound: QueueBound, queued: &[&str], stranded: &[&str]) -> (Vec<String>, usize) {
+    let (mut d, _) = counted(Log::default());
+    let mut images = Images::default();
+    let subscribe = ReplOp::Subscribe {
+        client: "c".into(),
+        filter: "t".into(),
+        options: SubOptions {
+            qos: 1,
+            ..SubOptions::default()
+        },
+        id: None,
+    };
+    let mut ops = vec![session_op(), subscribe];
+    for (i, text) in (1..).zip(queued) {
+        ops.push(op_message(i, text, 1));
+        ops.push(op_enqueue(i, i, 1));
+    }
+    images.apply_durable(OWNER, ops, 0, &mut d);
+    let mut dropped = 0;
+    for text in stranded {
+        let done = images.strand(OWNER, stored(text, 1), None, 0, bound, &mut d);
+        assert_eq!(done.errors, 0);
+        dropped += done.dropped;
+    }
+    let mut disk = Disk::new(&mut d);
+    let held = shape(&images.take("c", &mut disk).expect("image")).0;
+    (held, dropped)
+}
+
+/// A copy keeps its stranded entries within the session's queue bounds:
+/// past them the new message is left out, or with drop_oldest the oldest
+/// stranded entries make room; the owner's own entries stay. Before, a
+/// dead owner's copies grew to the images' byte cap (256 MiB) whatever
+/// `max_queued_messages` said.
+#[test]
+fn a_copy_strands_within_the_sessions_queue_bounds() {
+    let bound = |messages, bytes, drop_oldest| QueueBound {
+        messages,
+        bytes,
+        drop_oldest,
+    };
+    // Each message is "t" and its payload: 3 bytes here.
+    let (held, dropped) = stranded_within(bound(3, 1000, false), &["o1", "o2"], &["s1", "s2"]);
+    assert_eq!(
+        (held, dropped),
+        (vec!["o1".into(), "o2".into(), "s1".into()], 1)
+    );
+    let (held, dropped) = stranded_within(bound(3, 1000, true), &["o1", "o2"], &["s1", "s2", "s3"]);
+    assert_eq!(
+        (held, dropped),
+        (vec!["o1".into(), "o2".into(), "s3".into()], 2)
+    );
+    // The owner's entries fill it: nothing stranded fits, either way.
+    for drop_oldest in [false, true] {
+        let (held, dropped) = stranded_within(bound(2, 1000, drop_oldest), &["o1", "o2"], &["s1"]);
+        assert_eq!((held, dropped), (vec!["o1".into(), "o2".into()], 1));
+    }
+    // Bytes bound too: 9 bytes hold three messages.
+    let (held, dropped) = stranded_within(bound(100, 9, false), &["o1"], &["s1", "s2", "s3"]);
+    assert_eq!(
+        (held, dropped),
+        (vec!["o1".into(), "s1".into(), "s2".into()], 1)
+    );
+    let (held, dropped) = stranded_within(bound(100, 9, true), &["o1"], &["s1", "s2", "s3"]);
+    assert_eq!(
+        (held, dropped),
+        (vec!["o1".into(), "s2".into(), "s3".into()], 1)
+    );
+    // One message alone may pass the bytes bound, as in a session.
+    let (held, dropped) = stranded_within(bound(100, 1, false), &[], &["s1", "s2"]);
+    assert_eq!((held, dropped), (vec!["s1".into()], 1));
+}
+
 /// A full image from the owner replaces its copy here, but keeps the
 /// stranded entries whose messages the owner had not read when it wrote
 /// the image (marks past what it says it read); those it had read go, and
@@ -592,8 +700,8 @@ fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
         images.apply_durable(OWNER, vec![session_op(), subscribe.clone()], 0, &mut d);
         for (seq, text) in [(5, "read"), (9, "unread")] {
             let mark = Some(Mark::new(2, seq));
-            let (kept, _) = images.strand(OWNER, stored(text, 1), mark, 0, &mut d);
-            assert_eq!(kept, 1);
+            let done = images.strand(OWNER, stored(text, 1), mark, 0, UNBOUNDED, &mut d);
+            assert_eq!(done.kept, 1);
         }
         let reset = ReplOp::Reset {
             client: "c".into(),
