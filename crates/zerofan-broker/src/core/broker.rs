@@ -5596,6 +5596,11 @@ impl Broker {
         self.end_event();
     }
 
+    /// Whether `peer` is away (see [`Broker::set_peer_away`]).
+    pub fn is_peer_away(&self, peer: PeerId) -> bool {
+        self.peers.is_away(peer)
+    }
+
     /// `peer` cannot be reached (`away`: a node whose link is down), or is
     /// back. While it is away, a SUBACK or an acknowledgement that waits
     /// for every peer does not wait for it; when its link is up again it

@@ -773,6 +773,9 @@ pub struct ShellStats {
     pub cluster_received_bytes: u64,
     /// Messages for other nodes dropped because a link's queue overflowed.
     pub cluster_dropped_messages: u64,
+    /// Other frames dropped from an away node's overflowing link queue:
+    /// replica operations, and state a later frame sets anew.
+    pub cluster_shed_frames: u64,
     /// Links to other nodes (re)connected.
     pub cluster_link_connects: u64,
     /// Frames written to other cluster nodes.
@@ -833,6 +836,7 @@ impl ShellStats {
         self.cluster_forwarded_bytes += o.cluster_forwarded_bytes;
         self.cluster_received_bytes += o.cluster_received_bytes;
         self.cluster_dropped_messages += o.cluster_dropped_messages;
+        self.cluster_shed_frames += o.cluster_shed_frames;
         self.cluster_link_connects += o.cluster_link_connects;
         self.cluster_frames_sent += o.cluster_frames_sent;
         self.cluster_frames_received += o.cluster_frames_received;

@@ -126,9 +126,26 @@ pub struct EncodedFrame {
     pub len: usize,
     /// A PUBLISH (droppable when the link's queue overflows), and its QoS.
     pub publish: Option<QoS>,
-    /// Operations for a replica (droppable too: the node gets full images
-    /// again when it is back, see `Broker::set_peer_away`).
+    /// Operations for a replica (droppable too while the node is away: it
+    /// gets full images again when it is back, see
+    /// `Broker::set_peer_away`).
     pub replica: bool,
+    /// What the frame sets on its receiver, if a later frame with the same
+    /// key sets it anew.
+    pub state: Option<StateKey>,
+}
+
+/// The state a frame sets on its receiver that a later frame with the same
+/// key replaces whole: a node's interest in a filter (added or not), a
+/// topic's retained message (a newer one, or none). Of several such frames
+/// not yet sent, the last tells the receiver all it needs, so an
+/// overflowing queue keeps only that one (`shell::links`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StateKey {
+    /// A filter and its shared group.
+    Interest(Box<str>, Option<Box<str>>),
+    /// A retained message's topic.
+    Retain(MqttStr),
 }
 
 /// Writes frames; counts what it wrote.
@@ -147,6 +164,7 @@ impl FrameEncoder {
         let start = self.begin();
         let mut payload = None;
         let mut publish = None;
+        let mut state = None;
         match event {
             PeerEvent::Interest {
                 filter,
@@ -162,6 +180,7 @@ impl FrameEncoder {
                 if let Some(g) = group {
                     put_str(&mut self.scratch, g)?;
                 }
+                state = Some(StateKey::Interest(filter.clone(), group.clone()));
             }
             PeerEvent::Publish {
                 msg,
@@ -203,6 +222,7 @@ impl FrameEncoder {
                 self.scratch.put_u64(stamp.node);
                 put_message(&mut self.scratch, msg, now)?;
                 payload = Some(msg.payload.clone());
+                state = Some(StateKey::Retain(msg.topic.clone()));
             }
             PeerEvent::Seen { seq } => {
                 self.scratch.put_u8(SEEN);
@@ -297,7 +317,9 @@ impl FrameEncoder {
                 put_str(&mut self.scratch, client)?;
             }
         }
-        self.finish(start, payload, publish)
+        let mut f = self.finish(start, payload, publish)?;
+        f.state = state;
+        Ok(f)
     }
 
     /// The frame that tells the receiver a full state follows.
@@ -310,6 +332,7 @@ impl FrameEncoder {
             len: 0,
             publish: None,
             replica: false,
+            state: None,
         })
     }
 
@@ -352,6 +375,7 @@ impl FrameEncoder {
             len: 0,
             publish: None,
             replica: false,
+            state: None,
         })
     }
 
@@ -365,6 +389,7 @@ impl FrameEncoder {
             len: 0,
             publish: None,
             replica: false,
+            state: None,
         })
     }
 
@@ -404,7 +429,8 @@ impl FrameEncoder {
             chunks,
             len: LEN + body,
             publish: None,
-            replica: false,
+            replica: true,
+            state: None,
         })
     }
 
@@ -432,6 +458,7 @@ impl FrameEncoder {
             len: LEN + body,
             publish,
             replica: false,
+            state: None,
         })
     }
 }

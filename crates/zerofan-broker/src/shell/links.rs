@@ -24,9 +24,11 @@
 //! inbox is (QoS 0 for it dropped and counted, QoS 1/2 publishers not read
 //! until it drains), unless it is away: nothing drains its queue then and
 //! nothing waits for it, so it holds no publisher. Past [`QUEUE_HARD`] (a
-//! node that stays away) its queued messages are dropped, counted; the
-//! other events stay, so that its routes and the acknowledgements waiting
-//! on it stay right.
+//! node that stays away) the queue is shed ([`Queue::shed`]): its
+//! messages are dropped, counted, so are its replica operations while it
+//! is away, and of several interests in one filter or retained messages
+//! of one topic the last stays; the other events stay, so that its routes
+//! and the acknowledgements waiting on it stay right.
 
 use super::state::Shared;
 use crate::core::peer_wire::{EncodedFrame, FrameDecoder, FrameEncoder, LinkFrame};
@@ -148,6 +150,8 @@ pub struct LinkStats {
     pub received_frames: Cell<u64>,
     /// Messages dropped because a node's queue passed [`QUEUE_HARD`].
     pub dropped_messages: Cell<u64>,
+    /// Other frames dropped then (see [`Queue::shed`]).
+    pub shed_frames: Cell<u64>,
     /// Links (re)connected.
     pub connects: Cell<u64>,
     /// Failed dials.
@@ -167,6 +171,8 @@ struct Queue {
     node: u64,
     frames: VecDeque<EncodedFrame>,
     bytes: usize,
+    /// Shed past this many bytes (see [`Queue::shed`]).
+    shed_at: usize,
     /// The number of the frame at the front (frames are numbered per
     /// incarnation of the node, from its first link).
     base: u64,
@@ -180,6 +186,69 @@ struct Queue {
     /// Dial now (see [`Links::redial`]).
     redial: Rc<Notify>,
     writer: Option<JoinHandle<()>>,
+}
+
+impl Queue {
+    fn new(node: u64, wake: Rc<Notify>, redial: Rc<Notify>) -> Self {
+        Queue {
+            node,
+            frames: VecDeque::new(),
+            bytes: 0,
+            shed_at: QUEUE_HARD,
+            base: 0,
+            sent: 0,
+            peer_incarnation: None,
+            congested: false,
+            wake,
+            redial,
+            writer: None,
+        }
+    }
+
+    /// Past [`QUEUE_HARD`], or twice what the last shedding kept (which
+    /// the node's state alone may pass: shedding again at once would
+    /// drop nothing and cost a pass over the queue each time).
+    fn overflows(&mut self) -> bool {
+        self.shed_at = self.shed_at.min(QUEUE_HARD.max(2 * self.bytes));
+        self.bytes > self.shed_at
+    }
+
+    /// Drop from the frames not yet written what the node can do without:
+    /// every message; replica operations while it is `away` (back, it
+    /// gets full images); and each frame that sets state a later one sets
+    /// anew (an interest, a retained message: `StateKey`). The other
+    /// events stay, so that its routes and the acknowledgements waiting on
+    /// it stay right; the state frames kept are bounded by the filters and
+    /// retained topics this node has. Returns the messages and the other
+    /// frames dropped.
+    fn shed(&mut self, away: bool) -> (u64, u64) {
+        let mut keep = vec![true; self.frames.len()];
+        {
+            let mut later = std::collections::HashSet::new();
+            for (i, f) in self.frames.iter().enumerate().skip(self.sent).rev() {
+                keep[i] = f.publish.is_none()
+                    && !(away && f.replica)
+                    && f.state.as_ref().is_none_or(|k| later.insert(k));
+            }
+        }
+        let (mut messages, mut other) = (0, 0);
+        let mut i = 0;
+        self.frames.retain(|f| {
+            let kept = keep[i];
+            i += 1;
+            if !kept {
+                if f.publish.is_some() {
+                    messages += 1;
+                } else {
+                    other += 1;
+                }
+            }
+            kept
+        });
+        self.bytes = self.frames.iter().map(|f| f.len).sum();
+        self.shed_at = QUEUE_HARD.max(2 * self.bytes);
+        (messages, other)
+    }
 }
 
 /// The links of one node (shard 0 of it: a cluster runs one shard).
@@ -416,19 +485,11 @@ impl Links {
                         }
                     }
                 }
-                if q.bytes > QUEUE_HARD {
-                    let before = q.frames.len();
-                    let mut i = 0;
-                    let sent = q.sent;
-                    q.frames.retain(|f| {
-                        i += 1;
-                        i <= sent || (f.publish.is_none() && !f.replica)
-                    });
-                    bump(
-                        &self.stats.dropped_messages,
-                        (before - q.frames.len()) as u64,
-                    );
-                    q.bytes = q.frames.iter().map(|f| f.len).sum();
+                if q.overflows() {
+                    let away = shared.broker.borrow().is_peer_away(batch.to);
+                    let (messages, other) = q.shed(away);
+                    bump(&self.stats.dropped_messages, messages);
+                    bump(&self.stats.shed_frames, other);
                 }
                 if q.bytes > QUEUE_BYTES && !q.congested {
                     q.congested = true;
@@ -487,6 +548,7 @@ impl Links {
         st.cluster_forwarded_bytes += s.forwarded_bytes.get();
         st.cluster_received_bytes += s.received_bytes.get();
         st.cluster_dropped_messages += s.dropped_messages.get();
+        st.cluster_shed_frames += s.shed_frames.get();
         st.cluster_link_connects += s.connects.get();
         st.cluster_frames_sent += s.sent_frames.get();
         st.cluster_frames_received += s.received_frames.get();
@@ -569,21 +631,10 @@ async fn follow_members(
             };
             let wake = Rc::new(Notify::new());
             let redial = Rc::new(Notify::new());
-            links.queues.borrow_mut().insert(
-                peer,
-                Queue {
-                    node,
-                    frames: VecDeque::new(),
-                    bytes: 0,
-                    base: 0,
-                    sent: 0,
-                    peer_incarnation: None,
-                    congested: false,
-                    wake: wake.clone(),
-                    redial: redial.clone(),
-                    writer: None,
-                },
-            );
+            links
+                .queues
+                .borrow_mut()
+                .insert(peer, Queue::new(node, wake.clone(), redial.clone()));
             // Its state is queued again when the first link is up.
             shared.broker.borrow_mut().add_peer(peer);
             let w = tokio::task::spawn_local(write_link(
@@ -1299,18 +1350,7 @@ mod tests {
         let links = Links::new(1);
         links.queues.borrow_mut().insert(
             PeerId(1),
-            Queue {
-                node: 2,
-                frames: VecDeque::new(),
-                bytes: 0,
-                base: 0,
-                sent: 0,
-                peer_incarnation: None,
-                congested: false,
-                wake: Rc::new(Notify::new()),
-                redial: Rc::new(Notify::new()),
-                writer: None,
-            },
+            Queue::new(2, Rc::new(Notify::new()), Rc::new(Notify::new())),
         );
         shared.links = Some(links);
         (shared, conn)
@@ -1512,6 +1552,157 @@ mod tests {
             }
         );
         assert_eq!(next, BACKOFF_MIN, "every node is dialed at once");
+    }
+
+    /// What `q` holds, one word per frame: its event and sequence number.
+    fn described(q: &Queue) -> Vec<String> {
+        let mut buf = bytes::BytesMut::new();
+        for f in &q.frames {
+            for c in &f.chunks {
+                buf.extend_from_slice(c);
+            }
+        }
+        let mut dec = crate::core::peer_wire::FrameDecoder::default();
+        let mut out = Vec::new();
+        while let Some(f) = dec.decode(&mut buf, Instant::now()).unwrap() {
+            out.push(match f {
+                LinkFrame::Event(PeerEvent::Interest {
+                    filter, add, seq, ..
+                }) => format!("{}{filter}{seq}", if add { '+' } else { '-' }),
+                LinkFrame::Event(PeerEvent::Retain { msg, seq, .. }) => {
+                    format!("r{}{seq}", String::from_utf8_lossy(&msg.payload))
+                }
+                LinkFrame::Event(PeerEvent::Publish { .. }) => "publish".into(),
+                LinkFrame::Event(PeerEvent::Replicate { seq, .. }) => format!("replicate{seq}"),
+                LinkFrame::Event(PeerEvent::Seen { seq }) => format!("seen{seq}"),
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    /// Shedding an overflowing queue: of the frames not written yet, every
+    /// message goes, replica operations while the node is away, and each
+    /// interest or retained message that a later frame sets anew; the
+    /// rest stays in order. Before, interests and retained messages for a
+    /// node that stayed away queued without bound, and so did replica
+    /// operations (their frames were never marked droppable).
+    #[test]
+    fn shedding_keeps_the_last_state_and_what_the_node_needs() {
+        let now = Instant::now();
+        let interest = |filter: &str, add, seq| PeerEvent::Interest {
+            filter: filter.into(),
+            group: None,
+            add,
+            seq,
+        };
+        let msg = |topic: &str, payload: &'static str| {
+            crate::core::Message::from_publish(
+                Publish {
+                    qos: QoS::AtLeastOnce,
+                    retain: true,
+                    topic: topic.try_into().unwrap(),
+                    payload: Bytes::from_static(payload.as_bytes()),
+                    ..Publish::default()
+                },
+                None,
+                now,
+            )
+        };
+        let retain = |topic: &str, payload, seq| PeerEvent::Retain {
+            msg: msg(topic, payload),
+            seq,
+            stamp: crate::core::Stamp { hlc: seq, node: 1 },
+        };
+        let events = || {
+            vec![
+                interest("f", true, 1),
+                retain("r", "a", 2),
+                interest("f", false, 3),
+                PeerEvent::Publish {
+                    msg: msg("f", "m"),
+                    direct: false,
+                    shares: Vec::new(),
+                    id: None,
+                },
+                PeerEvent::Replicate {
+                    seq: 4,
+                    ops: Vec::new(),
+                },
+                retain("r", "b", 5),
+                retain("q", "c", 6),
+                interest("f", true, 7),
+                PeerEvent::Seen { seq: 8 },
+                interest("g", true, 9),
+            ]
+        };
+        let queue = |sent| {
+            let mut q = Queue::new(2, Rc::new(Notify::new()), Rc::new(Notify::new()));
+            let mut enc = FrameEncoder::default();
+            for e in events() {
+                let f = enc.encode(&e, now).unwrap();
+                q.bytes += f.len;
+                q.frames.push_back(f);
+            }
+            q.sent = sent;
+            q
+        };
+
+        let mut q = queue(0);
+        assert_eq!(q.shed(false), (1, 3));
+        assert_eq!(
+            described(&q),
+            ["replicate4", "rb5", "rc6", "+f7", "seen8", "+g9"]
+        );
+        assert_eq!(q.bytes, q.frames.iter().map(|f| f.len).sum::<usize>());
+        let mut q = queue(0);
+        assert_eq!(q.shed(true), (1, 4));
+        assert_eq!(described(&q), ["rb5", "rc6", "+f7", "seen8", "+g9"]);
+        // Written frames stay, whatever follows them.
+        let mut q = queue(2);
+        assert_eq!(q.shed(true), (1, 2));
+        assert_eq!(
+            described(&q),
+            ["+f1", "ra2", "rb5", "rc6", "+f7", "seen8", "+g9"]
+        );
+    }
+
+    /// A node away gets a retained message per publish to its topic: past
+    /// the hard bound its queue keeps the last one, and sheds again only
+    /// once it has doubled, whatever the number of retained publishes.
+    #[test]
+    fn retained_publishes_for_a_node_away_stay_bounded() {
+        let (shared, conn) = linked();
+        shared.broker.borrow_mut().set_peer_away(PeerId(1), true);
+        shared.dispatch();
+        let big = Bytes::from(vec![1u8; 64 * 1024]);
+        for i in 0..2_000u32 {
+            let topic = format!("r/{}", i % 4);
+            shared.broker.borrow_mut().handle_packet(
+                Instant::now(),
+                conn,
+                Packet::Publish(Publish {
+                    qos: QoS::AtMostOnce,
+                    retain: true,
+                    topic: topic.as_str().try_into().unwrap(),
+                    payload: big.clone(),
+                    ..Publish::default()
+                }),
+            );
+            shared.dispatch();
+            assert!(queued(&shared).1 <= QUEUE_HARD, "at {i}");
+        }
+        let shed = shared.links.as_ref().unwrap().stats.shed_frames.get();
+        assert!(shed > 1_000, "{shed}");
+        // Each topic's last retained message is there.
+        let last: Vec<LinkFrame> = frames(&shared);
+        for t in 0..4 {
+            let topic = format!("r/{t}");
+            let kept = last.iter().filter(|f| {
+                matches!(f, LinkFrame::Event(PeerEvent::Retain { msg, .. }) if msg.topic.as_str() == topic)
+            });
+            assert!(kept.count() >= 1, "{topic}");
+        }
     }
 
     #[test]

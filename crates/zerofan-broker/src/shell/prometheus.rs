@@ -346,6 +346,12 @@ pub fn render(s: &Snapshot) -> String {
         st.cluster_dropped_messages as f64,
     );
     e.single(
+        "zerofan_cluster_shed_frames_total",
+        Counter,
+        "Frames other than messages dropped from an overflowing link queue: replica operations for a node away (it gets full images when back), and interests or retained messages that a later frame in the queue sets anew.",
+        st.cluster_shed_frames as f64,
+    );
+    e.single(
         "zerofan_cluster_link_connects_total",
         Counter,
         "Links to other cluster nodes connected or reconnected.",
