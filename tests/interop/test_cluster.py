@@ -1203,6 +1203,70 @@ def test_a_replica_restarted_after_missing_messages_gets_them_from_another(nodes
         cluster_figures(ns)
 
 
+def test_a_replica_paused_past_its_link_bound_is_copied_anew(nodes, clients):
+    """Node 3, a replica of node 1's persistent sessions, is paused
+    (SIGSTOP). While it sleeps, QoS 1 and QoS 2 messages are acknowledged
+    for the offline session "w5", between two floods of 80 MiB for the
+    online persistent session "wf": node 1's link queue for node 3 passes
+    its bound and sheds the replica operations, those that queued w5's
+    messages included (before 2026-11-30 it kept them all, so a replica
+    left dead cost its owner memory without bound). Woken, node 3 gets
+    full images again. Node 1 is killed (-9), and w5 finds every message
+    on node 3, QoS 2 ones once, from node 3's own copy."""
+    ns = nodes(3, http=True)
+    _offline_at(ns[0], {"w5": 5}, "w/q/#")
+    flooded = _persistent(ns[0], "wf", 5)
+    assert flooded.subscribe("w/big", 1) == [1]
+    p = clients(ns[1])
+    body = b"x" * (512 << 10)
+
+    def flood(n: int = 160):
+        sent = [p.publish("w/big", b"%d:" % i + body, qos=1, wait=False) for i in range(n)]
+        for info in sent:
+            info.wait_for_publish(3 * WAIT)
+            assert info.is_published()
+        got = [flooded.expect_message(3 * WAIT).payload.split(b":", 1)[0] for _ in range(n)]
+        assert got == [b"%d" % i for i in range(n)]
+
+    h = History()
+    ns[2].broker.proc.send_signal(signal.SIGSTOP)
+    try:
+        flood()
+        _publish_q1_q2(p, "w/q", range(20), h, timeout=3 * WAIT)
+        shed = metric(ns[0].http_port, "zerofan_cluster_shed_frames_total")
+        flood()
+        assert metric(ns[0].http_port, "zerofan_cluster_shed_frames_total") > shed, \
+            cluster_figures(ns)
+    finally:
+        ns[2].broker.proc.send_signal(signal.SIGCONT)
+    flooded.close()
+    # Node 3 is waited for again once a publish no longer skips it; what
+    # node 1 wrote for it before then (full images included) it has.
+    h.qos["pr"] = 1
+    skipped = lambda: metric(ns[0].http_port, "zerofan_cluster_replica_waits_skipped_total")
+    deadline = time.monotonic() + 3 * WAIT
+    probes = 0
+    while True:
+        before = skipped()
+        p.publish("w/q/probe", payload("pr", probes), qos=1)
+        h.acked["pr"].add(probes)
+        probes += 1
+        if skipped() == before:
+            break
+        assert time.monotonic() < deadline, cluster_figures(ns)
+        time.sleep(0.2)
+    ns[0].kill()
+    c = _persistent_served(ns[2], "w5", 5, timeout=3 * WAIT)
+    assert c.session_present
+    drain(c, 40 + probes, h, "w5")
+    c.assert_no_message(0.3)
+    c.close()
+    assert h.problems(["w5"]) == [], cluster_figures(ns)
+    # Node 3 served its own copy: it did not need node 2's.
+    assert metric(ns[1].http_port, "zerofan_cluster_copies_sent_total") == 0, \
+        cluster_figures(ns)
+
+
 class Follower:
     """A persistent subscriber that, when its node sends it away, follows
     the Server Reference (MQTT 5), or else connects to the first other node
