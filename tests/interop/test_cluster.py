@@ -311,6 +311,38 @@ def test_shared_group_spans_nodes(nodes, clients):
         "the group's members on other nodes got none"
 
 
+def test_a_shared_group_member_on_a_dead_node_takes_no_turn(nodes, clients):
+    """A shared group has a member on node 2 and one on node 3; node 3 is
+    killed (-9) and not removed. Every message node 1 acknowledges reaches
+    the member on node 2: once node 3 is away, its member takes no turn
+    (before 2026-11-30 it kept half of them, acknowledged and lost)."""
+    ns = nodes(3)
+    m2 = clients(ns[1])
+    assert m2.subscribe("$share/g/d/#", 1) == [1]
+    m3 = clients(ns[2])
+    assert m3.subscribe("$share/g/d/#", 1) == [1]
+    ns[2].kill()
+    m3.close()
+    p = clients(ns[0])
+    h = History()
+    h.qos["p"] = 1
+    refused = 0
+    n = 30
+    for i in range(n):
+        # Before node 1 sees node 3 go, a message whose turn is node 3's
+        # waits for its answer and is refused once node 3 is away (the
+        # publisher disconnected, not acknowledged): sent again.
+        while not _acked_or_refused(p, "d/x", payload("p", i), 1):
+            assert not p.disconnects.empty(), f"p:{i} neither acknowledged nor refused"
+            refused += 1
+            assert refused <= 3, "refused again and again"
+            p.close()
+            p = clients(ns[0])
+        h.acked["p"].add(i)
+    receive_all(m2, {("p", i) for i in range(n)}, h, "m2")
+    assert h.shared_problems(["m2"]) == []
+
+
 def test_retained_is_seen_from_every_node(nodes, clients):
     ns = nodes(3)
     clients(ns[1]).publish("r/kept", b"v1", qos=1, retain=True)

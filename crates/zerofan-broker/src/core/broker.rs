@@ -5585,6 +5585,7 @@ impl Broker {
         self.moves_peer_gone(peer);
         self.strands.peer_left(peer);
         self.router.forget_peer(peer);
+        self.router.set_away(peer, false);
         let (wake, ready) = self.peers.remove(peer);
         self.router.set_peered(self.peers.me());
         for conn in wake {
@@ -5611,6 +5612,7 @@ impl Broker {
             self.moves_peer_gone(peer);
         }
         let ready = self.peers.set_away(peer, away);
+        self.router.set_away(peer, away);
         if away {
             // Its congestion holds no publisher while it is away.
             for conn in self.peers.release() {

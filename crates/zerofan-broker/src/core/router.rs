@@ -137,6 +137,9 @@ pub(crate) struct Router {
     /// This core's id when it has peers: then subscription changes are
     /// announced and publishes forwarded.
     me: Option<PeerId>,
+    /// Peers away (see `Broker::set_peer_away`): a shared group's turn
+    /// skips them while a member elsewhere is left. A few at most.
+    away: Vec<SessionId>,
     announcements: Vec<Announcement>,
     direct: Vec<SubEntry>,
     shared: Vec<(SubEntry, Arc<str>)>,
@@ -168,6 +171,17 @@ impl Router {
             }
         }
         self.me = me;
+    }
+
+    /// `peer` is away (or back): while it is, a shared group's turn goes
+    /// to its members only when no other core has one, so that a dead
+    /// node's members do not take messages the others would deliver.
+    pub(crate) fn set_away(&mut self, peer: PeerId, away: bool) {
+        let session = SessionId(u64::from(peer.0));
+        self.away.retain(|&s| s != session);
+        if away {
+            self.away.push(session);
+        }
     }
 
     /// Forget every interest of `peer` (it left, or resends them all).
@@ -275,9 +289,10 @@ impl Router {
         };
         let me = self.me?;
         let mine = SessionId(u64::from(me.0));
+        let away = &self.away;
         self.shards
             .group_mut(plain, group)
-            .and_then(|g| g.pick(|s| s != mine).filter(|e| e.session != mine))
+            .and_then(|g| g.pick_other(mine, |s| !away.contains(&s)))
             .and_then(|e| u16::try_from(e.session.0).ok().map(PeerId))
     }
 
@@ -356,6 +371,7 @@ impl Router {
         let mine = SessionId(u64::from(me.0));
         let forwards = &mut self.forwards;
         let local_shares = &mut self.local_shares;
+        let away = &self.away;
         self.shards.for_each_match(topic, |hit| match hit {
             Hit::Direct(e) => {
                 if e.session != mine {
@@ -365,9 +381,10 @@ impl Router {
                 }
             }
             Hit::Shared(g) => {
-                // Round robin over the cores with members; the chosen core
-                // picks one of its own.
-                if let Some(e) = g.pick(|_| true) {
+                // Round robin over the cores with members, those away
+                // skipped while another has one; the chosen core picks
+                // one of its own.
+                if let Some(e) = g.pick(|s| !away.contains(&s)) {
                     if e.session == mine {
                         local_shares.push(g.key.clone());
                     } else if let Some(f) = forward_to(forwards, e.session) {

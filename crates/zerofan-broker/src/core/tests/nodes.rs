@@ -391,6 +391,63 @@ fn an_away_node_is_not_waited_for_until_it_is_back() {
     assert!(!subacked(&out), "waited for again once back");
 }
 
+/// A shared group's turn skips a node that is away while a member is
+/// left elsewhere: a node's own members and the other live node's share
+/// the messages, and the away node gets none; once back it takes turns
+/// again. Before, it kept its turn: with a member on a dead node, a
+/// third of the group's messages here went to its link, acknowledged and
+/// never delivered. With members only on away nodes, a message still goes
+/// to one (it may come back).
+#[test]
+fn a_shared_group_skips_members_on_a_node_away() {
+    let mut n = Nodes::full_mesh(3);
+    let members: Vec<Cx> = (0..3).map(|i| n.client(i, &format!("m{i}"))).collect();
+    for &m in &members {
+        n.subscribe(m, "$share/g/t", QoS::AtLeastOnce);
+    }
+    let p = n.client(0, "p");
+    n.linked[0][2] = false;
+    n.linked[2][0] = false;
+    n.hs[0].b.set_peer_away(remote(2), true);
+    for pid in 1..=6 {
+        n.publish(p, "t", &format!("{pid}"), QoS::AtLeastOnce, pid, false);
+    }
+    let got: Vec<usize> = members.iter().map(|&m| n.out(m).payloads().len()).collect();
+    assert_eq!(got, [3, 3, 0], "node 2, away, skipped");
+
+    n.hs[0].b.set_peer_away(remote(2), false);
+    n.linked[0][2] = true;
+    n.linked[2][0] = true;
+    for pid in 7..=12 {
+        n.publish(p, "t", &format!("{pid}"), QoS::AtLeastOnce, pid, false);
+    }
+    let got: Vec<usize> = members.iter().map(|&m| n.out(m).payloads().len()).collect();
+    assert_eq!(got, [2, 2, 2], "back: every node takes its turn");
+
+    // Every other member gone (their unacknowledged messages handed to
+    // the one left): the away node's member is still chosen.
+    for &m in &members[..2] {
+        n.hs[m.node].send(
+            m.conn,
+            Packet::Unsubscribe(zerofan_codec::Unsubscribe {
+                packet_id: 2,
+                properties: Default::default(),
+                filters: vec![s_("$share/g/t")],
+            }),
+        );
+    }
+    n.pump();
+    n.linked[0][2] = false;
+    n.linked[2][0] = false;
+    n.hs[0].b.set_peer_away(remote(2), true);
+    n.publish(p, "t", "last", QoS::AtLeastOnce, 13, false);
+    n.linked[0][2] = true;
+    n.linked[2][0] = true;
+    n.pump();
+    let got = n.out(members[2]).payloads();
+    assert_eq!(got.last().map(String::as_str), Some("last"), "{got:?}");
+}
+
 /// A node away (dead, cut off) holds no publisher for its link's full
 /// queue: nothing drains that queue until it is back, and nothing waits
 /// for it meanwhile. Before, QoS 1 publishers whose messages matched a
