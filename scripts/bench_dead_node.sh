@@ -12,13 +12,15 @@
 # MODE=stranded: a persistent '#' session owned by node 3, offline, before
 # the kill; clean publisher on node 1, clean subscriber on node 2: each
 # message is stranded for node 3's session in the copies on nodes 1 and 2.
+# MODE=forwarded: clean publisher on node 1, clean subscriber on node 2,
+# nothing on node 3: what queues for it is the rest (fences).
 set -euo pipefail
 T=${1:-target}
 RUNS=${2:-8}
 S=${3:-5}
 MODE=${MODE:-replicated}
-case "$MODE" in replicated | stranded) ;; *)
-    echo "MODE must be replicated or stranded" >&2
+case "$MODE" in replicated | stranded | forwarded) ;; *)
+    echo "MODE must be replicated, stranded or forwarded" >&2
     exit 2
     ;;
 esac
@@ -70,7 +72,7 @@ kill -9 "${PIDS[2]}"
 # Past the 2 s after which the others stop waiting for it.
 sleep 4
 for r in $(seq 1 "$RUNS"); do
-    if [ "$MODE" = stranded ]; then
+    if [ "$MODE" != replicated ]; then
         sub=(--sub-port "$P2")
         expiry=0
     else

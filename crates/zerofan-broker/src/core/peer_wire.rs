@@ -137,15 +137,19 @@ pub struct EncodedFrame {
 
 /// The state a frame sets on its receiver that a later frame with the same
 /// key replaces whole: a node's interest in a filter (added or not), a
-/// topic's retained message (a newer one, or none). Of several such frames
-/// not yet sent, the last tells the receiver all it needs, so an
-/// overflowing queue keeps only that one (`shell::links`).
+/// topic's retained message (a newer one, or none), how far the sender's
+/// changes must be durable before the receiver answers (a fence, whose
+/// answer covers every earlier one). Of several such frames not yet sent,
+/// the last tells the receiver all it needs, so an overflowing queue keeps
+/// only that one (`shell::links`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StateKey {
     /// A filter and its shared group.
     Interest(Box<str>, Option<Box<str>>),
     /// A retained message's topic.
     Retain(MqttStr),
+    /// A `Fence`: its answer, `Seen`, counts up to its change number.
+    Fence,
 }
 
 /// Writes frames; counts what it wrote.
@@ -231,6 +235,7 @@ impl FrameEncoder {
             PeerEvent::Fence { seq } => {
                 self.scratch.put_u8(FENCE);
                 self.scratch.put_u64(*seq);
+                state = Some(StateKey::Fence);
             }
             PeerEvent::Refused { seq } => {
                 self.scratch.put_u8(REFUSED);

@@ -26,8 +26,8 @@
 //! nothing waits for it, so it holds no publisher. Past [`QUEUE_HARD`] (a
 //! node that stays away) the queue is shed ([`Queue::shed`]): its
 //! messages are dropped, counted, so are its replica operations while it
-//! is away, and of several interests in one filter or retained messages
-//! of one topic the last stays; the other events stay, so that its routes
+//! is away, and of several interests in one filter, retained messages of
+//! one topic or fences the last stays; the other events stay, so that its routes
 //! and the acknowledgements waiting on it stay right.
 
 use super::state::Shared;
@@ -118,8 +118,14 @@ pub struct LinkSetup {
 
 /// Queued bytes past which a node is congested.
 pub const QUEUE_BYTES: usize = 8 << 20;
-/// Queued bytes past which its queued messages are dropped.
+/// Queued memory past which the queue is shed ([`Queue::shed`]): its
+/// frames' bytes and [`FRAME_COST`] each.
 pub const QUEUE_HARD: usize = 64 << 20;
+/// What a queued frame holds beside its bytes (the frame itself, 80 bytes
+/// in the queue, and its list of chunks): a fence of 14 bytes costs about
+/// 140 in all, so a bound on bytes alone let 64 MiB of fences take over
+/// 600 MiB.
+const FRAME_COST: usize = 128;
 /// Most bytes handed to one vectored write.
 const WRITE_BATCH: usize = 1 << 20;
 /// A node whose link stays down this long is away: SUBACKs and
@@ -205,22 +211,28 @@ impl Queue {
         }
     }
 
+    /// The memory the queue holds, as [`QUEUE_HARD`] counts it.
+    fn weight(&self) -> usize {
+        self.bytes + self.frames.len() * FRAME_COST
+    }
+
     /// Past [`QUEUE_HARD`], or twice what the last shedding kept (which
     /// the node's state alone may pass: shedding again at once would
     /// drop nothing and cost a pass over the queue each time).
     fn overflows(&mut self) -> bool {
-        self.shed_at = self.shed_at.min(QUEUE_HARD.max(2 * self.bytes));
-        self.bytes > self.shed_at
+        let weight = self.weight();
+        self.shed_at = self.shed_at.min(QUEUE_HARD.max(2 * weight));
+        weight > self.shed_at
     }
 
     /// Drop from the frames not yet written what the node can do without:
     /// every message; replica operations while it is `away` (back, it
     /// gets full images); and each frame that sets state a later one sets
-    /// anew (an interest, a retained message: `StateKey`). The other
-    /// events stay, so that its routes and the acknowledgements waiting on
-    /// it stay right; the state frames kept are bounded by the filters and
-    /// retained topics this node has. Returns the messages and the other
-    /// frames dropped.
+    /// anew (an interest, a retained message, a fence: `StateKey`). The
+    /// other events stay, so that its routes and the acknowledgements
+    /// waiting on it stay right; the state frames kept are bounded by the
+    /// filters and retained topics this node has. Returns the messages and
+    /// the other frames dropped.
     fn shed(&mut self, away: bool) -> (u64, u64) {
         let mut keep = vec![true; self.frames.len()];
         {
@@ -246,7 +258,7 @@ impl Queue {
             kept
         });
         self.bytes = self.frames.iter().map(|f| f.len).sum();
-        self.shed_at = QUEUE_HARD.max(2 * self.bytes);
+        self.shed_at = QUEUE_HARD.max(2 * self.weight());
         (messages, other)
     }
 }
@@ -1575,6 +1587,7 @@ mod tests {
                 LinkFrame::Event(PeerEvent::Publish { .. }) => "publish".into(),
                 LinkFrame::Event(PeerEvent::Replicate { seq, .. }) => format!("replicate{seq}"),
                 LinkFrame::Event(PeerEvent::Seen { seq }) => format!("seen{seq}"),
+                LinkFrame::Event(PeerEvent::Fence { seq }) => format!("fence{seq}"),
                 other => format!("{other:?}"),
             });
         }
@@ -1583,8 +1596,9 @@ mod tests {
 
     /// Shedding an overflowing queue: of the frames not written yet, every
     /// message goes, replica operations while the node is away, and each
-    /// interest or retained message that a later frame sets anew; the
-    /// rest stays in order. Before, interests and retained messages for a
+    /// interest, retained message or fence that a later frame sets anew;
+    /// the rest stays in order. Before, interests, retained messages and
+    /// fences (one per loop turn that forwarded a QoS 1/2 message) for a
     /// node that stayed away queued without bound, and so did replica
     /// operations (their frames were never marked droppable).
     #[test]
@@ -1629,11 +1643,13 @@ mod tests {
                     seq: 4,
                     ops: Vec::new(),
                 },
+                PeerEvent::Fence { seq: 4 },
                 retain("r", "b", 5),
                 retain("q", "c", 6),
                 interest("f", true, 7),
                 PeerEvent::Seen { seq: 8 },
                 interest("g", true, 9),
+                PeerEvent::Fence { seq: 9 },
             ]
         };
         let queue = |sent| {
@@ -1649,22 +1665,46 @@ mod tests {
         };
 
         let mut q = queue(0);
-        assert_eq!(q.shed(false), (1, 3));
+        assert_eq!(q.shed(false), (1, 4));
         assert_eq!(
             described(&q),
-            ["replicate4", "rb5", "rc6", "+f7", "seen8", "+g9"]
+            ["replicate4", "rb5", "rc6", "+f7", "seen8", "+g9", "fence9"]
         );
         assert_eq!(q.bytes, q.frames.iter().map(|f| f.len).sum::<usize>());
         let mut q = queue(0);
-        assert_eq!(q.shed(true), (1, 4));
-        assert_eq!(described(&q), ["rb5", "rc6", "+f7", "seen8", "+g9"]);
-        // Written frames stay, whatever follows them.
-        let mut q = queue(2);
-        assert_eq!(q.shed(true), (1, 2));
+        assert_eq!(q.shed(true), (1, 5));
         assert_eq!(
             described(&q),
-            ["+f1", "ra2", "rb5", "rc6", "+f7", "seen8", "+g9"]
+            ["rb5", "rc6", "+f7", "seen8", "+g9", "fence9"]
         );
+        // Written frames stay, whatever follows them.
+        let mut q = queue(2);
+        assert_eq!(q.shed(true), (1, 3));
+        assert_eq!(
+            described(&q),
+            ["+f1", "ra2", "rb5", "rc6", "+f7", "seen8", "+g9", "fence9"]
+        );
+    }
+
+    /// A fence goes to every node at each loop turn that forwarded a QoS
+    /// 1/2 message, so a node away gets many: small frames that hold far
+    /// more memory than their bytes. The queue counts that memory, and
+    /// keeps the last fence. Before, they were never shed, and a bound on
+    /// bytes would have let them take over 600 MiB.
+    #[test]
+    fn fences_for_a_node_away_are_bounded_by_their_memory() {
+        let mut q = Queue::new(2, Rc::new(Notify::new()), Rc::new(Notify::new()));
+        let mut enc = FrameEncoder::default();
+        let mut seq = 0;
+        while !q.overflows() {
+            seq += 1;
+            let f = enc.encode(&PeerEvent::Fence { seq }, Instant::now()).unwrap();
+            q.bytes += f.len;
+            q.frames.push_back(f);
+        }
+        assert!(q.bytes < QUEUE_HARD / 8, "{} bytes", q.bytes);
+        assert_eq!(q.shed(true), (0, seq - 1));
+        assert_eq!(described(&q), [format!("fence{seq}")]);
     }
 
     /// A node away gets a retained message per publish to its topic: past
