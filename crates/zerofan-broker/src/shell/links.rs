@@ -1698,7 +1698,9 @@ mod tests {
         let mut seq = 0;
         while !q.overflows() {
             seq += 1;
-            let f = enc.encode(&PeerEvent::Fence { seq }, Instant::now()).unwrap();
+            let f = enc
+                .encode(&PeerEvent::Fence { seq }, Instant::now())
+                .unwrap();
             q.bytes += f.len;
             q.frames.push_back(f);
         }
