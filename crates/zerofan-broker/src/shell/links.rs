@@ -27,8 +27,8 @@
 //! node that stays away) the queue is shed ([`Queue::shed`]): its
 //! messages are dropped, counted, so are its replica operations while it
 //! is away, and of several interests in one filter, retained messages of
-//! one topic or fences the last stays; the other events stay, so that its routes
-//! and the acknowledgements waiting on it stay right.
+//! one topic or fences the last stays; the other events stay, so that its
+//! routes and the acknowledgements waiting on it stay right.
 
 use super::state::Shared;
 use crate::core::peer_wire::{EncodedFrame, FrameDecoder, FrameEncoder, LinkFrame};
@@ -177,7 +177,7 @@ struct Queue {
     node: u64,
     frames: VecDeque<EncodedFrame>,
     bytes: usize,
-    /// Shed past this many bytes (see [`Queue::shed`]).
+    /// Shed past this weight ([`Queue::weight`], see [`Queue::overflows`]).
     shed_at: usize,
     /// The number of the frame at the front (frames are numbered per
     /// incarnation of the node, from its first link).
