@@ -323,22 +323,12 @@ def test_a_shared_group_member_on_a_dead_node_takes_no_turn(nodes, clients):
     assert m3.subscribe("$share/g/d/#", 1) == [1]
     ns[2].kill()
     m3.close()
-    p = clients(ns[0])
     h = History()
     h.qos["p"] = 1
-    refused = 0
     n = 30
-    for i in range(n):
-        # Before node 1 sees node 3 go, a message whose turn is node 3's
-        # waits for its answer and is refused once node 3 is away (the
-        # publisher disconnected, not acknowledged): sent again.
-        while not _acked_or_refused(p, "d/x", payload("p", i), 1):
-            assert not p.disconnects.empty(), f"p:{i} neither acknowledged nor refused"
-            refused += 1
-            assert refused <= 3, "refused again and again"
-            p.close()
-            p = clients(ns[0])
-        h.acked["p"].add(i)
+    # Before node 1 sees node 3 go, a message whose turn is node 3's waits
+    # for its answer and is refused once node 3 is away: sent again.
+    _publish_sent_again_if_refused(clients, ns[0], "d/x", n, h)
     receive_all(m2, {("p", i) for i in range(n)}, h, "m2")
     assert h.shared_problems(["m2"]) == []
 
@@ -369,22 +359,12 @@ def test_losing_a_node_and_rejoining(nodes, clients):
     # cannot see it, and messages flow between nodes 1 and 2.
     on2 = clients(ns[1])
     assert on2.subscribe("k/#", 1) == [1]
-    p = clients(ns[0])
     h = History()
     h.qos["p"] = 1
-    refused = 0
-    for i in range(20):
-        # Published before node 1 has seen node 3 go, a message crosses to
-        # it too and waits for its answer; once node 3 is away, that wait
-        # ends in a refusal (the publisher disconnected, not acknowledged).
-        # A client then sends it again, on a new connection.
-        while not _acked_or_refused(p, "k/x", payload("p", i), 1):
-            assert not p.disconnects.empty(), f"p:{i} neither acknowledged nor refused"
-            refused += 1
-            assert refused <= 3, "refused again and again"
-            p.close()
-            p = clients(ns[0])
-        h.acked["p"].add(i)
+    # Published before node 1 has seen node 3 go, a message crosses to it
+    # too and waits for its answer; once node 3 is away, that wait ends in
+    # a refusal, and it is sent again.
+    p = _publish_sent_again_if_refused(clients, ns[0], "k/x", 20, h)
     receive_all(on2, {("p", i) for i in range(20)}, h, "on2")
     assert h.problems(["on2"]) == []
     s = wait_status(ns[0], lambda s: any(m["node_id"] == 3 and not m["healthy"]
@@ -970,6 +950,26 @@ def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
     # The time is a figure for BENCHMARKS.md, not asserted here (a loaded
     # machine stretches elections).
     print(f"failover: session served on node 3 {served:.2f} s after kill -9 of its owner")
+
+
+def _publish_sent_again_if_refused(clients, node: Node, topic: str, n: int,
+                                   h: History) -> PahoClient:
+    """Publish p's messages 0..n at QoS 1 on `node`, each acknowledged
+    before the next. One the broker refuses (the publisher disconnected,
+    not acknowledged: a node it crossed to went away) is sent again on a
+    new connection, as a client would, at most 3 times in all. Returns the
+    publisher."""
+    p = clients(node)
+    refused = 0
+    for i in range(n):
+        while not _acked_or_refused(p, topic, payload("p", i), 1):
+            assert not p.disconnects.empty(), f"p:{i} neither acknowledged nor refused"
+            refused += 1
+            assert refused <= 3, "refused again and again"
+            p.close()
+            p = clients(node)
+        h.acked["p"].add(i)
+    return p
 
 
 def _acked_or_refused(c: PahoClient, topic: str, body: bytes, qos: int) -> bool:

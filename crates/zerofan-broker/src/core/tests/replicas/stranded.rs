@@ -601,13 +601,9 @@ const UNBOUNDED: QueueBound = QueueBound {
     drop_oldest: false,
 };
 
-/// A copy of "c" subscribed to "t" whose owner queued `queued` messages,
-/// then each of `stranded` stranded in it within `bound`: what the copy
-/// then holds, and what the strands left out or dropped.
-fn stranded_within(bound: QueueBound, queued: &[&str], stranded: &[&str]) -> (Vec<String>, usize) {
-    let (mut d, _) = counted(Log::default());
-    let mut images = Images::default();
-    let subscribe = ReplOp::Subscribe {
+/// Client "c" subscribes to "t" at QoS 1.
+fn c_subscribes_to_t() -> ReplOp {
+    ReplOp::Subscribe {
         client: "c".into(),
         filter: "t".into(),
         options: SubOptions {
@@ -615,8 +611,16 @@ fn stranded_within(bound: QueueBound, queued: &[&str], stranded: &[&str]) -> (Ve
             ..SubOptions::default()
         },
         id: None,
-    };
-    let mut ops = vec![session_op(), subscribe];
+    }
+}
+
+/// A copy of "c" subscribed to "t" whose owner queued `queued` messages,
+/// then each of `stranded` stranded in it within `bound`: what the copy
+/// then holds, and what the strands left out or dropped.
+fn stranded_within(bound: QueueBound, queued: &[&str], stranded: &[&str]) -> (Vec<String>, usize) {
+    let (mut d, _) = counted(Log::default());
+    let mut images = Images::default();
+    let mut ops = vec![session_op(), c_subscribes_to_t()];
     for (i, text) in (1..).zip(queued) {
         ops.push(op_message(i, text, 1));
         ops.push(op_enqueue(i, i, 1));
@@ -688,15 +692,7 @@ fn a_full_image_keeps_only_the_stranded_entries_its_owner_had_not_read() {
     let copy = |read: Option<MarksRead>| {
         let (mut d, _) = counted(Log::default());
         let mut images = Images::default();
-        let subscribe = ReplOp::Subscribe {
-            client: "c".into(),
-            filter: "t".into(),
-            options: SubOptions {
-                qos: 1,
-                ..SubOptions::default()
-            },
-            id: None,
-        };
+        let subscribe = c_subscribes_to_t();
         images.apply_durable(OWNER, vec![session_op(), subscribe.clone()], 0, &mut d);
         for (seq, text) in [(5, "read"), (9, "unread")] {
             let mark = Some(Mark::new(2, seq));
