@@ -23,7 +23,7 @@
 //! failover (`Images::take`), their expiry, or a drop at their epoch, a
 //! newer one, or none (an owner restarted from its own store names none).
 
-use super::{Image, Images, ReplOp};
+use super::{msg_size, Image, Images, ReplOp};
 use crate::core::durable::{Durable, DurableLog};
 use crate::core::peer::PeerId;
 use std::collections::VecDeque;
@@ -165,10 +165,6 @@ impl<'a> Disk<'a> {
     pub(super) fn set_epoch(&mut self, client: &str, epoch: u64, version: u64) {
         self.run_on(client, |l, n| l.set_epoch(n, epoch, version));
     }
-}
-
-fn msg_size(m: &StoredMessage) -> usize {
-    m.topic.len() + m.payload.len()
 }
 
 impl Images {

@@ -136,7 +136,7 @@ impl Images {
         let Ok(topic) = std::str::from_utf8(&msg.topic) else {
             return done;
         };
-        let size = msg.topic.len() + msg.payload.len();
+        let size = super::msg_size(&msg);
         let mut hits = Vec::new();
         let mut room = Vec::new();
         for (client, img) in &self.by_client {
