@@ -1471,8 +1471,13 @@ mod tests {
     fn frames(shared: &Shared) -> Vec<LinkFrame> {
         let links = shared.links.as_ref().unwrap();
         let q = links.queues.borrow();
+        decoded(q.get(&PeerId(1)).unwrap())
+    }
+
+    /// The frames `q` holds, as the node reads them.
+    fn decoded(q: &Queue) -> Vec<LinkFrame> {
         let mut buf = bytes::BytesMut::new();
-        for f in &q.get(&PeerId(1)).unwrap().frames {
+        for f in &q.frames {
             for c in &f.chunks {
                 buf.extend_from_slice(c);
             }
@@ -1568,16 +1573,9 @@ mod tests {
 
     /// What `q` holds, one word per frame: its event and sequence number.
     fn described(q: &Queue) -> Vec<String> {
-        let mut buf = bytes::BytesMut::new();
-        for f in &q.frames {
-            for c in &f.chunks {
-                buf.extend_from_slice(c);
-            }
-        }
-        let mut dec = crate::core::peer_wire::FrameDecoder::default();
-        let mut out = Vec::new();
-        while let Some(f) = dec.decode(&mut buf, Instant::now()).unwrap() {
-            out.push(match f {
+        decoded(q)
+            .into_iter()
+            .map(|f| match f {
                 LinkFrame::Event(PeerEvent::Interest {
                     filter, add, seq, ..
                 }) => format!("{}{filter}{seq}", if add { '+' } else { '-' }),
@@ -1589,9 +1587,8 @@ mod tests {
                 LinkFrame::Event(PeerEvent::Seen { seq }) => format!("seen{seq}"),
                 LinkFrame::Event(PeerEvent::Fence { seq }) => format!("fence{seq}"),
                 other => format!("{other:?}"),
-            });
-        }
-        out
+            })
+            .collect()
     }
 
     /// Shedding an overflowing queue: of the frames not written yet, every
