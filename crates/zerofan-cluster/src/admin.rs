@@ -98,6 +98,15 @@ pub(crate) enum Request {
         client_id: String,
         new_owner: u64,
     },
+    /// `node_id` takes `client_id` only if `owner` still owns it (at
+    /// `epoch`; 0: any) and `owner`'s lease has run out: never fenced (see
+    /// `Cluster::claim_orphan`).
+    ClaimOrphan {
+        client_id: String,
+        node_id: u64,
+        owner: u64,
+        epoch: u64,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -120,6 +129,8 @@ pub(crate) enum Reply {
     Error(String),
     Removed(RemoveReport),
     Drained(DrainReport),
+    /// A `ClaimOrphan`'s owner no longer owns the client id.
+    Moved,
 }
 
 /// How long an admin exchange may take (a join waits for the new node to

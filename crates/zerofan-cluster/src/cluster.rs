@@ -108,6 +108,41 @@ pub struct Members {
     pub nodes: BTreeMap<u64, Member>,
 }
 
+/// What [`Cluster::claim_orphan`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanClaim {
+    /// This node owns the client id now: the claim's epoch, and the owner
+    /// before it with that owner's epoch (as [`Cluster::claim_from`] gives
+    /// it).
+    Claimed {
+        /// The new epoch.
+        epoch: u64,
+        /// The owner before this node, and its epoch.
+        previous: Option<(u64, u64)>,
+    },
+    /// The named owner does not own it any more (another claim moved it
+    /// on, or it was released): nothing to do.
+    Moved,
+}
+
+/// What the leader's table says of a conditional claim (see
+/// [`Cluster::claim_orphan`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Orphan {
+    /// The owner no longer holds the client id (at that epoch).
+    Moved,
+    /// The owner is the leader: alive, it is never taken from.
+    Leads,
+    /// The owner's lease may still run for this long.
+    Wait(Duration),
+    /// The owner has surely let go: the claim may be written.
+    Free,
+}
+
+/// How long a leader may take to confirm, with a quorum, that its table
+/// is up to date before it answers a conditional claim.
+const READ_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Node-to-node connections served at once; past it new ones are closed
 /// (counted).
 const MAX_CONNECTIONS: usize = 256;
@@ -500,6 +535,46 @@ impl Cluster {
         }
     }
 
+    /// Take `client_id` for this node only if `owner` still owns it (at
+    /// `epoch`; 0: any epoch) and `owner` has surely let go of it: its lease
+    /// ran out on the leader's view (`grants().takeover(owner, now)` is
+    /// Ok). For a node holding a copy of the session of an owner that
+    /// died: unlike [`Cluster::claim`], it never fences a live owner, and
+    /// never takes the id from a node that took it meanwhile (pass the
+    /// epoch seen, so that the owner's own later claim counts as a move).
+    /// Err: try again later (the owner's lease may still run, or the owner
+    /// is the leader itself; no leader; the write failed).
+    pub async fn claim_orphan(
+        &self,
+        client_id: &str,
+        owner: u64,
+        epoch: u64,
+    ) -> Result<OrphanClaim, ClusterError> {
+        let req = admin::Request::ClaimOrphan {
+            client_id: client_id.to_string(),
+            node_id: self.inner.id,
+            owner,
+            epoch,
+        };
+        let sent = Instant::now();
+        match self.inner.on_leader(req, false).await {
+            Reply::Claimed {
+                owner,
+                epoch,
+                previous,
+            } if owner == self.inner.id => {
+                // Committed by a quorum after `sent`: as good as a renewal.
+                self.inner.renewed(sent);
+                Ok(OrphanClaim::Claimed { epoch, previous })
+            }
+            Reply::Moved => Ok(OrphanClaim::Moved),
+            Reply::Error(e) => Err(ClusterError::Refused(e)),
+            other => Err(ClusterError::Refused(format!(
+                "unexpected answer {other:?}"
+            ))),
+        }
+    }
+
     /// Forget `client_id` unless a later claim has moved it on.
     pub async fn release(&self, client_id: &str, epoch: u64) -> Result<(), ClusterError> {
         let req = admin::Request::Release {
@@ -684,6 +759,7 @@ impl Inner {
                     admin::Request::Status
                         | admin::Request::Renew { .. }
                         | admin::Request::Claim { .. }
+                        | admin::Request::ClaimOrphan { .. }
                         | admin::Request::Release { .. }
                 );
                 let answer = if let admin::Request::Remove { drain_ms, .. } = req {
@@ -762,11 +838,19 @@ impl Inner {
                             }
                         }
                         SmReply::Refused(why) => Reply::Error(why),
-                        SmReply::None => Reply::Error("claim answered nothing".into()),
+                        SmReply::None | SmReply::Moved => {
+                            Reply::Error("claim answered nothing".into())
+                        }
                     },
                     Err(e) => write_error(e),
                 }
             }
+            admin::Request::ClaimOrphan {
+                client_id,
+                node_id,
+                owner,
+                epoch,
+            } => self.claim_orphan(client_id, node_id, owner, epoch).await,
             admin::Request::Release { client_id, epoch } => {
                 match self
                     .raft
@@ -1003,27 +1087,46 @@ impl Inner {
         report
     }
 
-    /// The client ids `node_id` still owns after its drain go to `target`
-    /// (each fenced on `node_id` and claimed for `target` as a takeover
-    /// would), which is then told to serve them from its copies. Returns
-    /// how many it took.
+    /// The client ids `node_id` still owns (after its drain, or once it
+    /// is lost) go to `target` (each fenced on `node_id` and claimed for
+    /// `target` as a takeover would), which is then told to serve them
+    /// from its copies. Returns how many it took.
     async fn hand_over(&self, node_id: u64, target: u64) -> u64 {
-        let ids: Vec<String> = {
-            let sm = self.sm.lock();
-            sm.owners
-                .iter()
-                .filter(|(_, (owner, _))| *owner == node_id)
-                .map(|(id, _)| id.clone())
-                .collect()
-        };
+        let ids = self.owned_by(node_id);
+        self.hand_over_ids(node_id, target, ids).await
+    }
+
+    /// The client ids `node_id` owns, as applied here.
+    fn owned_by(&self, node_id: u64) -> Vec<String> {
+        let sm = self.sm.lock();
+        sm.owners
+            .iter()
+            .filter(|(_, (owner, _))| *owner == node_id)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// [`Inner::hand_over`] of `ids`, a snapshot of those `node_id` owned:
+    /// each may have moved on since (its client reconnected to another
+    /// node during the drain, or another node took it with
+    /// [`Cluster::claim_orphan`]). Such an id is left to its new owner:
+    /// skipped before the fence (which would reach that live owner), and
+    /// claimed only on the condition that `node_id` still owns it when the
+    /// claim is applied (else `Moved`: neither counted nor adopted).
+    async fn hand_over_ids(&self, node_id: u64, target: u64, ids: Vec<String>) -> u64 {
         let mut claimed = Vec::new();
         for id in ids {
+            if self.sm.owner(&id).map(|(owner, _)| owner) != Some(node_id) {
+                continue;
+            }
             if self.let_go(&id, target).await.is_err() {
                 continue;
             }
-            let cmd = Command::Claim {
+            let cmd = Command::ClaimOrphan {
                 client_id: id.clone(),
                 node: target,
+                owner: node_id,
+                epoch: 0,
             };
             if let Ok(r) = self.raft.client_write(cmd).await {
                 if matches!(r.data, SmReply::Claimed { owner, .. } if owner == target) {
@@ -1474,6 +1577,88 @@ impl Inner {
         }
     }
 
+    /// Where a conditional claim of `client_id` from `owner` (at `epoch`;
+    /// 0: any) stands on this leader's table and leases.
+    fn orphan(&self, client_id: &str, owner: u64, epoch: u64) -> Orphan {
+        match self.sm.owner(client_id) {
+            Some((o, e)) if o == owner && (epoch == 0 || e == epoch) => {}
+            _ => return Orphan::Moved,
+        }
+        if owner == self.id {
+            return Orphan::Leads;
+        }
+        match self.grants().takeover(owner, Instant::now()) {
+            Ok(()) => Orphan::Free,
+            Err(wait) => Orphan::Wait(wait),
+        }
+    }
+
+    /// The leader's side of [`Cluster::claim_orphan`]: written only once
+    /// the owner's lease has surely run out; no fence is ever sent, so a
+    /// live owner, which keeps renewing, keeps its client id.
+    async fn claim_orphan(&self, client_id: String, node_id: u64, owner: u64, epoch: u64) -> Reply {
+        // The table must hold every entry committed before the request,
+        // or a claim the claimant has already applied could read as moved.
+        match timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Reply::Error(format!("leadership not confirmed: {e}")),
+            Err(_) => return Reply::Error("leadership not confirmed by a quorum in time".into()),
+        }
+        let mut state = self.orphan(&client_id, owner, epoch);
+        if let Orphan::Wait(wait) = state {
+            if wait <= lease::CLAIM_HOLD {
+                // Due soon: answer when it is due (checked again then, as
+                // for a claim: this node may have lost the lead meanwhile).
+                tokio::time::sleep(wait).await;
+                state = self.orphan(&client_id, owner, epoch);
+            }
+        }
+        match state {
+            Orphan::Free => {}
+            Orphan::Moved => return Reply::Moved,
+            Orphan::Leads => {
+                return Reply::Error(format!(
+                    "client id {client_id:?} is owned by node {owner}, the leader, which is alive"
+                ))
+            }
+            Orphan::Wait(wait) => {
+                return Reply::Error(format!(
+                    "client id {client_id:?}: node {owner}'s lease may still run: \
+                     try again in {} ms",
+                    wait.as_millis()
+                ))
+            }
+        }
+        // The state machine checks the owner again, in log order: a claim
+        // committed since the check above wins, and this one answers Moved.
+        let cmd = Command::ClaimOrphan {
+            client_id,
+            node: node_id,
+            owner,
+            epoch,
+        };
+        match self.raft.client_write(cmd).await {
+            Ok(r) => match r.data {
+                SmReply::Claimed {
+                    owner,
+                    epoch,
+                    previous,
+                } => {
+                    self.grants().answered(node_id, Instant::now());
+                    Reply::Claimed {
+                        owner,
+                        epoch,
+                        previous,
+                    }
+                }
+                SmReply::Moved => Reply::Moved,
+                SmReply::Refused(why) => Reply::Error(why),
+                SmReply::None => Reply::Error("claim answered nothing".into()),
+            },
+            Err(e) => write_error(e),
+        }
+    }
+
     /// A renewal (or claim) sent at `sent` was confirmed by a quorum.
     fn renewed(&self, sent: Instant) {
         let (held, until) = {
@@ -1562,5 +1747,80 @@ mod tests {
         assert!(peer_allowed("127.0.0.1".parse().unwrap(), false, false));
         assert!(peer_allowed(v6, false, false));
         assert!(REFUSED_NON_LOOPBACK.contains("insecure = true"));
+    }
+
+    fn config(id: u64, dir: &tempfile::TempDir, join: Option<SocketAddr>) -> ClusterConfig {
+        ClusterConfig {
+            node_id: id,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            join,
+            data_dir: dir.path().join(format!("n{id}")),
+            advertise: Some(format!("127.0.0.1:{}", 1880 + id).parse().unwrap()),
+            insecure: false,
+            tls: None,
+            lease: lease::DEFAULT_LEASE,
+            advertise_cluster: None,
+        }
+    }
+
+    async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < deadline, "within 10 s: {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A hand-over works from a snapshot of the client ids the drained (or
+    /// lost) node owned. One that another node took meanwhile (its client
+    /// reconnected there during the drain) stays with that node: no fence
+    /// reaches it, it loses nothing, the target does not adopt it; the
+    /// others go to the target.
+    #[tokio::test]
+    async fn a_hand_over_leaves_an_id_that_moved_on_with_its_new_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+        let seed = Some(n1.local_addr());
+        let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
+        let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
+        let mut members = n3.members();
+        timeout(
+            Duration::from_secs(10),
+            members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
+        )
+        .await
+        .expect("3 voters seen by node 3")
+        .unwrap();
+        assert_eq!(n1.members().borrow().leader, Some(1));
+        let mut fences3 = n3.take_fences().expect("fences");
+        let mut lost3 = n3.take_ownership_lost().expect("losses");
+        let mut adopts1 = n1.take_adopts().expect("adopts");
+        assert_eq!(n2.claim("a").await.unwrap(), (2, 1));
+        assert_eq!(n2.claim("b").await.unwrap(), (2, 1));
+        let ids = n1.inner.owned_by(2);
+        assert_eq!(ids, ["a", "b"]);
+
+        // After the snapshot, "b"'s client reconnects to node 3.
+        assert_eq!(n3.claim("b").await.unwrap(), (3, 2));
+        assert_eq!(n1.inner.hand_over_ids(2, 1, ids).await, 1);
+        assert_eq!(n1.owner("a"), Some((1, 2)));
+        assert_eq!(n1.owner("b"), Some((3, 2)), "taken from its new owner");
+        assert_eq!(adopts1.try_recv().ok().as_deref(), Some("a"));
+        assert!(adopts1.try_recv().is_err(), "only \"a\" adopted");
+
+        // Once node 3 applied everything the leader wrote: it kept "b",
+        // was never fenced, and heard of no loss.
+        assert_eq!(n1.claim("sync").await.unwrap(), (1, 1));
+        until("node 3 applied the leader's writes", || {
+            n3.owner("sync").is_some()
+        })
+        .await;
+        assert_eq!(n3.owner("a"), Some((1, 2)));
+        assert_eq!(n3.owner("b"), Some((3, 2)));
+        assert!(fences3.try_recv().is_err(), "the new owner was fenced");
+        assert!(lost3.try_recv().is_err(), "the new owner lost the id");
+        n1.shutdown().await;
+        n2.shutdown().await;
+        n3.shutdown().await;
     }
 }

@@ -92,55 +92,21 @@ impl SmShared {
 
     fn apply_command(&self, data: &mut SmData, cmd: Command) -> Reply {
         match cmd {
-            Command::Claim { client_id, node } => {
-                let prev = data.owners.get(&client_id).copied();
-                if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
-                    data.refused += 1;
-                    return Reply::Refused("client id table full".into());
+            Command::Claim { client_id, node } => self.claim(data, client_id, node),
+            Command::ClaimOrphan {
+                client_id,
+                node,
+                owner,
+                epoch,
+            } => match data.owners.get(&client_id) {
+                // Decided here, in log order, not on the leader's view
+                // before the write: a claim or release committed in between
+                // wins, and this one changes nothing.
+                Some(&(o, e)) if o == owner && (epoch == 0 || e == epoch) => {
+                    self.claim(data, client_id, node)
                 }
-                let base = prev
-                    .map(|(_, e)| e)
-                    .or_else(|| data.released.get(&client_id).copied())
-                    .unwrap_or(0);
-                let epoch = base + 1;
-                data.released.remove(&client_id);
-                // The claimant's own earlier claims (retries that
-                // committed, clients that left before the answer) wrote
-                // nothing another node could hold: name the owner before.
-                let previous = match prev {
-                    Some((old, _)) if old == node => data.previous.get(&client_id).copied(),
-                    Some(p) => {
-                        data.previous.insert(client_id.clone(), p);
-                        Some(p)
-                    }
-                    None => {
-                        data.previous.remove(&client_id);
-                        None
-                    }
-                };
-                data.owners.insert(client_id.clone(), (node, epoch));
-                data.claims += 1;
-                if let Some((old, _)) = prev {
-                    if old != node {
-                        data.fenced_takeovers += 1;
-                        if old == self.local {
-                            let lost = OwnershipLost {
-                                client_id,
-                                new_owner: node,
-                                epoch,
-                            };
-                            if self.events.try_send(lost).is_err() {
-                                self.events_dropped.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                }
-                Reply::Claimed {
-                    owner: node,
-                    epoch,
-                    previous,
-                }
-            }
+                _ => Reply::Moved,
+            },
             Command::Release { client_id, epoch } => {
                 if let Some(&(_, held)) = data.owners.get(&client_id) {
                     if held == epoch {
@@ -154,6 +120,60 @@ impl SmShared {
                 }
                 Reply::None
             }
+        }
+    }
+
+    /// `node` takes `client_id` (a [`Command::Claim`], or a
+    /// [`Command::ClaimOrphan`] whose owner matched): the epoch rises above
+    /// the last one, the owner before is named, and the local node hears
+    /// when it lost the id.
+    fn claim(&self, data: &mut SmData, client_id: String, node: u64) -> Reply {
+        let prev = data.owners.get(&client_id).copied();
+        if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
+            data.refused += 1;
+            return Reply::Refused("client id table full".into());
+        }
+        let base = prev
+            .map(|(_, e)| e)
+            .or_else(|| data.released.get(&client_id).copied())
+            .unwrap_or(0);
+        let epoch = base + 1;
+        data.released.remove(&client_id);
+        // The claimant's own earlier claims (retries that committed, clients
+        // that left before the answer) wrote nothing another node could
+        // hold: name the owner before.
+        let previous = match prev {
+            Some((old, _)) if old == node => data.previous.get(&client_id).copied(),
+            Some(p) => {
+                data.previous.insert(client_id.clone(), p);
+                Some(p)
+            }
+            None => {
+                data.previous.remove(&client_id);
+                None
+            }
+        };
+        data.owners.insert(client_id.clone(), (node, epoch));
+        data.claims += 1;
+        if let Some((old, _)) = prev {
+            if old != node {
+                data.fenced_takeovers += 1;
+                if old == self.local {
+                    let lost = OwnershipLost {
+                        client_id,
+                        new_owner: node,
+                        epoch,
+                    };
+                    if self.events.try_send(lost).is_err() {
+                        self.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        Reply::Claimed {
+            owner: node,
+            epoch,
+            previous,
         }
     }
 }
@@ -361,5 +381,67 @@ mod tests {
         sm.apply_command(&mut d, release);
         assert!(d.previous.is_empty());
         assert_eq!(claim(&sm, &mut d, 1), claimed(7, 1, None));
+    }
+
+    fn orphan(sm: &SmShared, data: &mut SmData, node: u64, owner: u64, epoch: u64) -> Reply {
+        let cmd = Command::ClaimOrphan {
+            client_id: "c".into(),
+            node,
+            owner,
+            epoch,
+        };
+        sm.apply_command(data, cmd)
+    }
+
+    /// A conditional claim takes the client id only from the owner (and
+    /// epoch) it names; one that lost the race to another claim changes
+    /// nothing, so a node taking a dead owner's session never takes it from
+    /// whoever took it first.
+    #[test]
+    fn an_orphan_claim_takes_only_from_the_named_owner() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let sm = SmShared::new(1, tx);
+        let mut d = SmData::default();
+        assert_eq!(orphan(&sm, &mut d, 2, 1, 0), Reply::Moved, "no owner");
+        assert!(d.owners.is_empty());
+        assert_eq!(claim(&sm, &mut d, 1), claimed(1, 1, None));
+        assert_eq!(claim(&sm, &mut d, 1), claimed(2, 1, None));
+        let before = (d.owners.clone(), d.previous.clone(), d.claims);
+        // Wrong owner, wrong epoch (older or newer): nothing changes, and a
+        // refusal is not a full table.
+        for (owner, epoch) in [(3, 0), (3, 2), (1, 1), (1, 3)] {
+            assert_eq!(orphan(&sm, &mut d, 2, owner, epoch), Reply::Moved);
+        }
+        assert_eq!((d.owners.clone(), d.previous.clone(), d.claims), before);
+        assert_eq!((d.refused, d.fenced_takeovers), (0, 0));
+        assert!(rx.try_recv().is_err(), "no loss heard");
+        // Owner and epoch match: taken as a claim would, and node 1 (this
+        // node) hears it lost the id.
+        assert_eq!(orphan(&sm, &mut d, 2, 1, 2), claimed(3, 2, Some((1, 2))));
+        assert_eq!(d.owners.get("c"), Some(&(2, 3)));
+        assert_eq!((d.claims, d.fenced_takeovers), (3, 1));
+        assert_eq!(
+            rx.try_recv().ok(),
+            Some(OwnershipLost {
+                client_id: "c".into(),
+                new_owner: 2,
+                epoch: 3
+            })
+        );
+        // A second taker naming the same dead owner finds it moved.
+        assert_eq!(orphan(&sm, &mut d, 3, 1, 2), Reply::Moved);
+        assert_eq!(orphan(&sm, &mut d, 3, 1, 0), Reply::Moved);
+        assert_eq!(d.owners.get("c"), Some(&(2, 3)));
+        // Epoch 0 matches whatever epoch the owner holds.
+        assert_eq!(orphan(&sm, &mut d, 3, 2, 0), claimed(4, 3, Some((2, 3))));
+        // Released: there is no owner to take it from.
+        let release = Command::Release {
+            client_id: "c".into(),
+            epoch: 4,
+        };
+        sm.apply_command(&mut d, release);
+        assert_eq!(orphan(&sm, &mut d, 2, 3, 0), Reply::Moved);
+        assert!(d.owners.is_empty());
+        assert_eq!(d.released.get("c"), Some(&4));
     }
 }

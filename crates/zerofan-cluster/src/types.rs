@@ -32,6 +32,21 @@ pub enum Command {
         /// Epoch the releasing owner holds.
         epoch: u64,
     },
+    /// `node` takes `client_id` as [`Command::Claim`] does, but only if
+    /// `owner` still owns it at `epoch` (0: any epoch); else nothing
+    /// changes (a later claim or a release moved it on first). A node
+    /// holding a copy of a dead owner's session takes it this way, and
+    /// never from whoever took it meanwhile.
+    ClaimOrphan {
+        /// MQTT client id.
+        client_id: String,
+        /// Node that takes it.
+        node: u64,
+        /// Node that must still own it.
+        owner: u64,
+        /// Epoch `owner` must still hold; 0: any.
+        epoch: u64,
+    },
 }
 
 /// What applying a log entry answered.
@@ -53,6 +68,9 @@ pub enum Reply {
     },
     /// The claim was refused (the table of client ids is full).
     Refused(String),
+    /// A [`Command::ClaimOrphan`] found the client id no longer held by
+    /// the named owner (at that epoch): nothing changed.
+    Moved,
 }
 
 openraft::declare_raft_types!(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, timeout, Instant};
-use zerofan_cluster::{Cluster, ClusterConfig, OwnershipLost};
+use zerofan_cluster::{Cluster, ClusterConfig, OrphanClaim, OwnershipLost};
 
 fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) -> ClusterConfig {
     ClusterConfig {
@@ -238,5 +238,100 @@ async fn a_dead_leaders_client_id_moves_within_five_seconds() {
         "survivors kept their leases"
     );
     n2.shutdown().await;
+    n3.shutdown().await;
+}
+
+/// A node holding a copy of a dead owner's session takes its client id
+/// with `claim_orphan`: never while the owner lives (it keeps renewing its
+/// lease: no fence reaches it, it keeps the id, also past the time its
+/// lease would have run out), only once the owner's lease has run out
+/// after its death; a second taker naming the same owner finds it moved.
+#[tokio::test]
+async fn an_orphan_claim_never_fences_a_live_owner_and_takes_a_dead_ones_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+    let seed = Some(n1.local_addr());
+    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
+    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
+    let mut members = n3.members();
+    timeout(
+        Duration::from_secs(20),
+        members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
+    )
+    .await
+    .expect("3 voters seen by node 3")
+    .unwrap();
+    let mut fences2 = n2.take_fences().expect("fences");
+    let mut lost2 = n2.take_ownership_lost().expect("losses");
+    assert_eq!(n2.claim("dev").await.unwrap(), (2, 1));
+    assert_eq!(n1.claim("led").await.unwrap(), (1, 1));
+    assert_eq!(n3.members().borrow().leader, Some(1));
+
+    // Another owner or epoch than the table's: moved, answered at once.
+    assert_eq!(
+        n3.claim_orphan("dev", 3, 0).await.unwrap(),
+        OrphanClaim::Moved
+    );
+    assert_eq!(
+        n3.claim_orphan("dev", 2, 7).await.unwrap(),
+        OrphanClaim::Moved
+    );
+    assert_eq!(
+        n3.claim_orphan("nobody", 2, 0).await.unwrap(),
+        OrphanClaim::Moved
+    );
+    // The leader owns it: alive, never taken.
+    assert!(n3.claim_orphan("led", 1, 1).await.is_err());
+
+    // Node 2 lives and renews: refused, try after try, for longer than its
+    // lease could run after a last renewal.
+    let live = Instant::now() + zerofan_cluster::grant_after(zerofan_cluster::DEFAULT_LEASE);
+    while Instant::now() < live + Duration::from_millis(300) {
+        let r = n3.claim_orphan("dev", 2, 1).await;
+        assert!(r.is_err(), "taken from a live owner: {r:?}");
+        sleep(Duration::from_millis(300)).await;
+    }
+    assert!(fences2.try_recv().is_err(), "the live owner was fenced");
+    assert!(lost2.try_recv().is_err(), "the live owner lost the id");
+    assert!(*n2.lease().borrow(), "the owner kept its lease");
+    for n in [&n1, &n2, &n3] {
+        assert_eq!(n.owner("dev"), Some((2, 1)));
+        assert_eq!(n.owner("led"), Some((1, 1)));
+    }
+
+    // Node 2 dies: taken once its lease has surely run out.
+    let lease2 = n2.lease_until();
+    n2.shutdown().await;
+    drop(n2);
+    let ran_out = lease2.borrow().expect("node 2 held a lease").1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        assert!(Instant::now() < deadline, "not taken within 10 s");
+        match n3.claim_orphan("dev", 2, 1).await {
+            Ok(r) => break r,
+            Err(_) => sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert!(
+        std::time::Instant::now() > ran_out,
+        "taken before the dead owner's lease ran out"
+    );
+    assert_eq!(
+        taken,
+        OrphanClaim::Claimed {
+            epoch: 2,
+            previous: Some((2, 1))
+        }
+    );
+    // A second taker of the dead owner's session: already moved on.
+    assert_eq!(
+        n1.claim_orphan("dev", 2, 0).await.unwrap(),
+        OrphanClaim::Moved
+    );
+    until("both survivors applied the orphan claim", || {
+        [&n1, &n3].iter().all(|n| n.owner("dev") == Some((3, 2)))
+    })
+    .await;
+    n1.shutdown().await;
     n3.shutdown().await;
 }
