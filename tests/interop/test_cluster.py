@@ -333,6 +333,38 @@ def test_a_shared_group_member_on_a_dead_node_takes_no_turn(nodes, clients):
     assert h.shared_problems(["m2"]) == []
 
 
+def test_the_will_of_a_client_connected_to_a_dead_node_is_published(nodes, clients):
+    """A persistent MQTT 5 client with a will is connected to node 1 when
+    node 1 is killed (-9): it never sends DISCONNECT, and node 1 cannot
+    publish the will. A node holding a copy of the session takes its client
+    id once node 1's lease ran out and publishes the will, once (before
+    2026-11-30 it was never published). A client that disconnected cleanly
+    from node 1 leaves no will to publish."""
+    ns = nodes(3)
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+    dev = clients(ns[0], client_id="dev", clean=False, connect_props=expiry,
+                  will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
+                        "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
+    quiet = clients(ns[0], client_id="quiet", clean=False, connect_props=expiry,
+                    will={"topic": "will/quiet", "payload": b"quiet gone", "qos": 1})
+    quiet.disconnect()
+    # The copies have the armed will once a round trip through node 1 is
+    # done (the subscription's SUBACK waits for every node).
+    assert dev.subscribe("dev/in", 1) == [1]
+    ns[0].kill()
+    dev.close()
+    m = watch.expect_message(WAIT)
+    assert (m.topic, m.payload) == ("will/dev", b"dev gone")
+    watch.assert_no_message(1.0)
+    # The session was kept: the client finds it on any node.
+    back = _persistent_served(ns[2], "dev", 5)
+    assert back.session_present
+    back.close()
+    watch.assert_no_message(0.5)
+
+
 def test_retained_is_seen_from_every_node(nodes, clients):
     ns = nodes(3)
     clients(ns[1]).publish("r/kept", b"v1", qos=1, retain=True)

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! data dir/
-//!   MANIFEST            "zerofan-store format=3 generation=7\n" (replaced atomically)
+//!   MANIFEST            "zerofan-store format=4 generation=7\n" (replaced atomically)
 //!   log-000007.zlog     the live log; older generations are deleted
 //!   CLOCK               "zerofan-store clock=1764460800000\n": UNIX ms a run may
 //!                       have counted to, saved every second (see `clock`)
@@ -32,14 +32,14 @@ use bytes::Bytes;
 use std::borrow::Cow;
 
 /// The format this build writes and the newest it reads. Version 2 added
-/// the `Epoch` record, version 3 a version after its epoch; the layout is
-/// otherwise version 1's, and this build still reads versions 1 and 2 (an
-/// `Epoch` record without a version has version 0) and marks the store as
-/// 3 when it opens it. The version rises with each new field because an
+/// the `Epoch` record, version 3 a version after its epoch, version 4 the
+/// `ArmedWill` record; the layout is otherwise version 1's, and this build
+/// still reads versions 1 to 3 (an `Epoch` record without a version has
+/// version 0) and marks the store as 4 when it opens it. The version rises with each new field because an
 /// older decoder takes what it does not know for a damaged tail and cuts
 /// the log there: an older build must refuse a newer store rather than
 /// silently drop everything after the first new record.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// First bytes of every log file.
 pub(crate) const MAGIC: &[u8; 8] = b"ZFSTORE\0";
 /// Size of the log header.
@@ -138,6 +138,7 @@ mod kind {
     pub const WILL: u8 = 15;
     pub const CLEAR_WILL: u8 = 16;
     pub const EPOCH: u8 = 17;
+    pub const ARMED_WILL: u8 = 18;
 }
 
 /// One record: a change to the stored state. Sessions are named by a small
@@ -164,6 +165,7 @@ mod kind {
 /// | 15 | `Will` | key u32, due ms u64, has expiry u8, [expiry u32], msg |
 /// | 16 | `ClearWill` | key u32 |
 /// | 17 | `Epoch` | key u32, epoch u64 (format 2), version u64 (format 3) |
+/// | 18 | `Will`, armed (format 4) | key u32, delay u32, has expiry u8, [expiry u32], msg |
 ///
 /// Message fields: flags u8 (bits 0-1 qos, 2 retain, 3 has expiry, 4 payload
 /// format indicator, 5 content type, 6 response topic, 7 correlation data),
@@ -238,6 +240,9 @@ pub(crate) enum Record<'a> {
     Will {
         key: u32,
         due_ms: u64,
+        /// Armed: its client is connected, and this is its Will Delay
+        /// Interval in seconds (`due_ms` is then 0 and not used).
+        armed: Option<u32>,
         expiry: Option<u32>,
         msg: MsgBody<'a>,
     },
@@ -435,12 +440,22 @@ fn encode_body(rec: &Record<'_>, b: &mut Vec<u8>) -> Result<(), &'static str> {
         Record::Will {
             key,
             due_ms,
+            armed,
             expiry,
             msg,
         } => {
-            b.push(kind::WILL);
-            put_u32(b, *key);
-            put_u64(b, *due_ms);
+            match armed {
+                Some(delay) => {
+                    b.push(kind::ARMED_WILL);
+                    put_u32(b, *key);
+                    put_u32(b, *delay);
+                }
+                None => {
+                    b.push(kind::WILL);
+                    put_u32(b, *key);
+                    put_u64(b, *due_ms);
+                }
+            }
             put_opt_u32(b, *expiry);
             put_msg(b, msg)?;
         }
@@ -620,7 +635,8 @@ impl<'a> Reader<'a> {
 /// always parses later) but not copied.
 pub(crate) fn decode(body: &[u8]) -> Result<Record<'_>, Bad> {
     let mut r = Reader { buf: body, pos: 0 };
-    let rec = match r.u8()? {
+    let k = r.u8()?;
+    let rec = match k {
         kind::MESSAGE => {
             let id = r.u64()?;
             let raw = r.rest();
@@ -704,15 +720,20 @@ pub(crate) fn decode(body: &[u8]) -> Result<Record<'_>, Bad> {
             key: r.u32()?,
             pid: r.u16()?,
         },
-        kind::WILL => {
+        kind::WILL | kind::ARMED_WILL => {
             let key = r.u32()?;
-            let due_ms = r.u64()?;
+            let (due_ms, armed) = if k == kind::WILL {
+                (r.u64()?, None)
+            } else {
+                (0, Some(r.u32()?))
+            };
             let expiry = r.opt_u32()?;
             let raw = r.rest();
             parse_message(raw)?;
             Record::Will {
                 key,
                 due_ms,
+                armed,
                 expiry,
                 msg: MsgBody::Raw(raw),
             }
@@ -909,7 +930,15 @@ mod tests {
             Record::Will {
                 key: 1,
                 due_ms: 7,
+                armed: None,
                 expiry: None,
+                msg: MsgBody::Msg(&m),
+            },
+            Record::Will {
+                key: 1,
+                due_ms: 0,
+                armed: Some(30),
+                expiry: Some(9),
                 msg: MsgBody::Msg(&m),
             },
             Record::ClearWill { key: 1 },
@@ -934,7 +963,22 @@ mod tests {
                     let MsgBody::Raw(raw) = msg else { panic!() };
                     assert_eq!(materialize_message(raw).unwrap(), m);
                 }
-                (Record::Will { .. }, Record::Will { msg, .. }) => {
+                (
+                    Record::Will {
+                        due_ms,
+                        armed,
+                        expiry,
+                        ..
+                    },
+                    Record::Will {
+                        msg,
+                        due_ms: d,
+                        armed: a,
+                        expiry: e,
+                        ..
+                    },
+                ) => {
+                    assert_eq!((due_ms, armed, expiry), (d, a, e));
                     let MsgBody::Raw(raw) = msg else { panic!() };
                     assert_eq!(materialize_message(raw).unwrap(), m);
                 }

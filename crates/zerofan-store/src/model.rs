@@ -617,6 +617,7 @@ impl Model {
                 None => None,
                 Some(Some(Record::Will {
                     due_ms,
+                    armed,
                     expiry,
                     msg: MsgBody::Raw(raw),
                     ..
@@ -624,6 +625,7 @@ impl Model {
                     Ok(message) => Some(StoredWill {
                         message,
                         due_at_ms: due_ms,
+                        armed,
                         message_expiry_interval: expiry,
                     }),
                     Err(_) => {

@@ -506,6 +506,7 @@ impl Store {
         self.stage(&Record::Will {
             key,
             due_ms: will.due_at_ms,
+            armed: will.armed,
             expiry: will.message_expiry_interval,
             msg: MsgBody::Msg(&will.message),
         })

@@ -125,14 +125,20 @@ pub struct SessionMeta {
     pub expires_at_ms: Option<u64>,
 }
 
-/// A will waiting out its delay (or its session's end).
+/// A will waiting out its delay (or its session's end), or, armed, the
+/// will of a client still connected.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct StoredWill {
     /// The will message. Its `expires_at_ms` is not used: a will's expiry
     /// starts when it is published, see `message_expiry_interval`.
     pub message: StoredMessage,
-    /// When the will is due, milliseconds since the UNIX epoch.
+    /// When the will is due, milliseconds since the UNIX epoch (0 when
+    /// armed).
     pub due_at_ms: u64,
+    /// Armed: its client is still connected (to another node, whose
+    /// replica this is), and this is its Will Delay Interval in seconds;
+    /// it is due that long after the connection is known to be lost.
+    pub armed: Option<u32>,
     /// The will's Message Expiry Interval in seconds, counted from publication.
     pub message_expiry_interval: Option<u32>,
 }

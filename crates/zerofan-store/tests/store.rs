@@ -153,6 +153,7 @@ fn build_everything(store: &mut Store) -> StoredMessage {
     let will = StoredWill {
         message: full.clone(),
         due_at_ms: 1_700_000_000_999,
+        armed: None,
         message_expiry_interval: Some(30),
     };
     store
@@ -167,6 +168,18 @@ fn build_everything(store: &mut Store) -> StoredMessage {
     store.set_will("c1", &will).unwrap();
     store.set_will("c2", &will).unwrap();
     store.clear_will("c2").unwrap();
+    // Armed (a replica's copy of a connected client's will), then set
+    // again as a pending will, then armed again: the last one counts.
+    let armed = StoredWill {
+        message: msg("w/c3", b"gone"),
+        due_at_ms: 0,
+        armed: Some(45),
+        message_expiry_interval: None,
+    };
+    store.put_session("c3", meta(60)).unwrap();
+    store.set_will("c3", &armed).unwrap();
+    store.set_will("c3", &will).unwrap();
+    store.set_will("c3", &armed).unwrap();
     // Retained: one replaced, one cleared.
     let r1 = store.put_message(&msg("r/1", b"first")).unwrap();
     store.set_retained("r/1", r1).unwrap();
@@ -193,7 +206,7 @@ fn check_everything(r: &Recovered, full: &StoredMessage) {
     assert_eq!(r.report.live_messages, 4);
 
     let names: Vec<&str> = r.sessions.iter().map(|s| s.client_id.as_str()).collect();
-    assert_eq!(names, ["c1", "c2"]);
+    assert_eq!(names, ["c1", "c2", "c3"]);
     let c1 = &r.sessions[0];
     assert_eq!(c1.epoch, 7);
     assert_eq!(r.sessions[1].epoch, 0);
@@ -247,6 +260,10 @@ fn check_everything(r: &Recovered, full: &StoredMessage) {
     let c2 = &r.sessions[1];
     assert_eq!(c2.meta, meta(5));
     assert!(c2.will.is_none());
+    let c3 = r.sessions.iter().find(|s| s.client_id.as_str() == "c3");
+    let w3 = c3.and_then(|s| s.will.as_ref()).expect("c3's armed will");
+    assert_eq!(w3.armed, Some(45));
+    assert_eq!(&w3.message.payload[..], b"gone");
     assert_eq!(c2.queue.len(), 1);
     // One message, one allocation, shared by every reference.
     assert!(Arc::ptr_eq(&c2.queue[0].message, &c1.queue[0].message));
@@ -592,14 +609,14 @@ fn newer_format_is_refused_with_a_clear_message() {
     store.close().unwrap();
     let manifest = dir.path().join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    assert!(text.contains("format=3"), "{text}");
-    std::fs::write(&manifest, text.replace("format=3", "format=7")).unwrap();
+    assert!(text.contains("format=4"), "{text}");
+    std::fs::write(&manifest, text.replace("format=4", "format=7")).unwrap();
     let err = Store::open(dir.path(), manual()).unwrap_err();
     assert!(matches!(
         err,
         StoreError::NewerFormat {
             found: 7,
-            supported: 3,
+            supported: 4,
             ..
         }
     ));
@@ -625,20 +642,20 @@ fn newer_format_is_refused_with_a_clear_message() {
 }
 
 /// The log of a store whose format version is set back to 1 (whose layout
-/// is version 3's without `Epoch` records).
+/// is version 4's without `Epoch` and `ArmedWill` records).
 fn as_version_1(dir: &Path) {
     let manifest = dir.join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    std::fs::write(&manifest, text.replace("format=3", "format=1")).unwrap();
+    std::fs::write(&manifest, text.replace("format=4", "format=1")).unwrap();
     let file = log_file(dir);
     let mut data = std::fs::read(&file).unwrap();
-    assert_eq!(data[8..12], 3u32.to_le_bytes());
+    assert_eq!(data[8..12], 4u32.to_le_bytes());
     data[8..12].copy_from_slice(&1u32.to_le_bytes());
     std::fs::write(&file, &data).unwrap();
 }
 
 #[test]
-fn a_version_1_store_is_read_and_marked_as_version_3() {
+fn a_version_1_store_is_read_and_marked_as_version_4() {
     let dir = tempfile::tempdir().unwrap();
     let (mut store, _) = Store::open(dir.path(), manual()).unwrap();
     store.put_session("c", meta(60)).unwrap();
@@ -652,12 +669,12 @@ fn a_version_1_store_is_read_and_marked_as_version_3() {
     assert_eq!(rec.sessions.len(), 1);
     assert_eq!(rec.sessions[0].queue.len(), 1);
     assert_eq!(rec.sessions[0].epoch, 0);
-    // Marked as version 3 before anything of version 3 is written: an
+    // Marked as version 4 before anything of version 4 is written: an
     // older build refuses it rather than cut the log at an `Epoch`.
     let text = std::fs::read_to_string(dir.path().join("MANIFEST")).unwrap();
-    assert!(text.contains("format=3"), "{text}");
+    assert!(text.contains("format=4"), "{text}");
     let data = std::fs::read(log_file(dir.path())).unwrap();
-    assert_eq!(data[8..12], 3u32.to_le_bytes());
+    assert_eq!(data[8..12], 4u32.to_le_bytes());
     store.set_epoch("c", 4).unwrap();
     store.close().unwrap();
     let (_, rec) = reopen(dir.path());

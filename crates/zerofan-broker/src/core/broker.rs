@@ -12,11 +12,10 @@ use super::deliver::{
     fits, held_remote, high_water, into_delivery, low_water, make_delivery, HOLD_SLACK, QUEUE_KEEP,
 };
 use super::durable::{
-    forget_entries, from_stored, placeholder, sub_options, to_stored, will_message, EventEnd,
+    forget_entries, from_stored, placeholder, stored_will, sub_options, to_stored, EventEnd,
 };
 use super::durable::{
     DurableLog, EntryId, MsgId, QueueEntry, Recovered, SessionMeta, StoreStats, StoredMessage,
-    StoredWill,
 };
 use super::hash::{HashMap, HashSet};
 use super::http_auth::{login_body, AclAction, AuthRequest, HttpAnswer, Lookup};
@@ -157,6 +156,7 @@ pub struct Broker {
     /// CONNECTs waiting for the cluster to give this node their client id
     /// (see `claims`).
     claims: super::claims::Claims,
+    orphans: super::orphans::Orphans,
     /// The cluster node's ownership lease (see `lease`).
     lease: super::lease::Lease,
     /// The cluster-wide order of retained changes (see `retain_order`).
@@ -218,6 +218,7 @@ impl Broker {
             others: None,
             events: Default::default(),
             claims: Default::default(),
+            orphans: Default::default(),
             lease: Default::default(),
             retain_order: Default::default(),
             repl: Default::default(),
@@ -819,6 +820,10 @@ impl Broker {
             c.send_window = self.config.max_inflight;
         }
         c.will = will.map(|w| Box::new(own_will(w)));
+        self.dur_will_armed(sid);
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
         if let Some(at) = c.keep_alive_deadline(self.started) {
             // Keep alive's own entry, re-armed only when it fires; the
             // connect timeout's ends once connected (see `handle_timeout`).
@@ -1121,9 +1126,58 @@ impl Broker {
         self.claims.take_requests(out);
     }
 
-    /// Whether [`Broker::take_claims`] has something.
+    /// Whether [`Broker::take_claims`] or [`Broker::take_orphans`] has
+    /// something.
     pub fn has_claims(&self) -> bool {
-        self.claims.has_requests()
+        self.claims.has_requests() || self.orphans.has_requests()
+    }
+
+    /// Copies of an away node's sessions whose wills this node would
+    /// publish, should the cluster give it their client ids (see
+    /// `orphans`): the shell claims each with `Cluster::claim_orphan`
+    /// while [`Broker::orphan_pending`], and answers
+    /// [`Broker::orphan_claimed`] or [`Broker::orphan_given_up`].
+    pub fn take_orphans(&mut self, out: &mut Vec<super::OrphanRequest>) {
+        self.orphans.take_requests(out);
+    }
+
+    /// Whether `client`'s claim from `owner` is still worth trying:
+    /// `owner` is away and the copy here is still its, with a will.
+    pub fn orphan_pending(&self, client: &str, owner: PeerId) -> bool {
+        self.peers.is_away(owner)
+            && !self.serves(client)
+            && self.repl.images.holds_will_of(client, owner)
+    }
+
+    /// The cluster gave this node `client`, an orphan, under `epoch`
+    /// (`prev`: the owner before): its copy here becomes an offline
+    /// session of this node's, whose will is due after its delay.
+    pub fn orphan_claimed(
+        &mut self,
+        now: Instant,
+        client: &str,
+        epoch: u64,
+        prev: Option<super::PreviousOwner>,
+    ) {
+        self.orphans.answered(client);
+        if let Some(prev) = prev {
+            self.refuse_stale_copy(client, &prev);
+        }
+        if self.adopt_replica_at(now, client, epoch) {
+            self.metrics.orphans_adopted += 1;
+            tracing::info!(
+                client_id = client,
+                epoch,
+                "adopted a session of a node away to publish its client's will"
+            );
+        } else {
+            self.end_event();
+        }
+    }
+
+    /// `client`'s orphan claim ended without it (moved on, owner back).
+    pub fn orphan_given_up(&mut self, client: &str) {
+        self.orphans.answered(client);
     }
 
     /// The cluster's answer to `conn`'s claim: its CONNECT goes on, or,
@@ -1533,11 +1587,15 @@ impl Broker {
             // Kept until every node sends the new owner what matches it.
             Some(to) if relayed => {
                 self.leave_relaying(now, sid, client_id, to);
+                self.will_moved(sid);
                 self.repl.unrecord(client_id);
                 self.end_event();
                 return;
             }
-            Some(to) => self.hand_over(sid, client_id, to),
+            Some(to) => {
+                self.hand_over(sid, client_id, to);
+                self.will_moved(sid);
+            }
             None => {}
         }
         self.end_session(now, sid);
@@ -1550,6 +1608,17 @@ impl Broker {
 
 // A persistent session moving between live nodes (see `moves`).
 impl Broker {
+    /// A will waiting for its delay went with its session to the node
+    /// that took it over (in the image it holds or was just sent): that
+    /// node publishes it when due, unless a connection there cancelled it
+    /// already (MQTT-3.1.3-9). Ending the session here must not publish
+    /// it too.
+    fn will_moved(&mut self, sid: SessionId) {
+        if let Some(s) = self.sessions.get_mut(sid) {
+            s.take_pending_will();
+        }
+    }
+
     /// At the old owner, instead of ending `sid` at once: hand it over to
     /// `to` and relay its matches there until every node has flushed.
     fn leave_relaying(&mut self, now: Instant, sid: SessionId, client: &str, to: PeerId) {
@@ -4369,7 +4438,7 @@ impl Broker {
         if !self.durable.on() {
             return;
         }
-        let Some(s) = self.sessions.get(sid) else {
+        let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         if s.expiry_interval == 0 {
@@ -4382,20 +4451,55 @@ impl Broker {
                 .expires_at(self.started)
                 .map(|at| self.durable.unix_ms(at)),
         };
-        let will = s.pending_will().map(|w| {
-            let mut message = to_stored(&will_message(&w.will), &self.durable);
-            message.expires_at_ms = None;
-            StoredWill {
-                message,
-                due_at_ms: self.durable.unix_ms(w.at),
-                message_expiry_interval: w.will.properties.message_expiry_interval,
-            }
-        });
+        let will = s
+            .pending_will()
+            .map(|w| stored_will(&w.will, &self.durable, self.durable.unix_ms(w.at), None));
+        // The replicas' armed will went with the connection unless it is
+        // pending now (replaced below).
+        let disarmed = std::mem::take(&mut s.will_armed) && will.is_none();
         let errors = &mut self.metrics.store_errors;
         self.durable.stage(errors, |l| l.put_session(&client, meta));
         if let Some(w) = will {
             self.durable.stage(errors, |l| l.set_will(&client, &w));
+        } else if disarmed {
+            self.durable.stage(errors, |l| l.clear_will(&client));
         }
+    }
+
+    /// In a cluster: the client of persistent session `sid` connected with
+    /// a will. Its replicas keep it armed, so that one of them publishes
+    /// it should this node die with the client connected (see
+    /// `replica::orphans`); this node's own store does not (the `Mirror`
+    /// keeps it from the store): after a restart here the session is
+    /// another node's or its client's again.
+    pub(crate) fn dur_will_armed(&mut self, sid: SessionId) {
+        if !self.durable.on() || !self.repl.on() {
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        if !s.stored || s.expiry_interval == 0 {
+            return;
+        }
+        let will = s
+            .conn
+            .and_then(|c| self.conns.get(&c))
+            .and_then(|c| c.will.as_deref());
+        let Some(will) = will else {
+            if std::mem::take(&mut s.will_armed) {
+                let client = s.client_id.clone();
+                self.durable
+                    .stage(&mut self.metrics.store_errors, |l| l.clear_will(&client));
+            }
+            return;
+        };
+        s.will_armed = true;
+        let delay = will.properties.will_delay_interval.unwrap_or(0);
+        let w = stored_will(will, &self.durable, 0, Some(delay));
+        let client = s.client_id.clone();
+        self.durable
+            .stage(&mut self.metrics.store_errors, |l| l.set_will(&client, &w));
     }
 
     /// A will waiting for its delay was published.
@@ -4566,7 +4670,15 @@ impl Broker {
                     Some(m) => {
                         let mut properties = m.properties.into_inner();
                         properties.message_expiry_interval = w.message_expiry_interval;
-                        let at = self.durable.instant(w.due_at_ms);
+                        // Armed (a copy of a dead node's session, its client
+                        // connected there): its connection is lost as of now.
+                        let at = match w.armed {
+                            Some(delay) => {
+                                let delay = delay.min(s.expiry_interval);
+                                super::message::later(now, delay).unwrap_or(now)
+                            }
+                            None => self.durable.instant(w.due_at_ms),
+                        };
                         s.set_pending_will(Box::new(PendingWill {
                             will: Will {
                                 topic: m.topic,
@@ -5610,6 +5722,11 @@ impl Broker {
         if away {
             self.refuse_unconfirmed(peer);
             self.moves_peer_gone(peer);
+            // Its clients' wills, should it be dead (see `orphans`).
+            if self.repl.on() {
+                let wills = self.repl.images.wills_of(peer);
+                self.orphans.found(peer, wills);
+            }
         }
         let ready = self.peers.set_away(peer, away);
         self.router.set_away(peer, away);
@@ -6131,27 +6248,22 @@ impl Broker {
                 pid: *pid,
             });
         }
-        if let Some(w) = s.pending_will() {
-            let will = &w.will;
-            let mut message = to_stored(
-                &super::message::Message::owned(
-                    will.topic.clone(),
-                    will.payload.clone(),
-                    will.qos,
-                    will.retain,
-                    will.properties.clone(),
-                    None,
-                ),
-                d,
-            );
-            message.expires_at_ms = None;
+        let connected = s
+            .conn
+            .and_then(|c| self.conns.get(&c))
+            .and_then(|c| c.will.as_deref());
+        let will = match (s.pending_will(), connected) {
+            (Some(w), _) => Some(stored_will(&w.will, d, d.unix_ms(w.at), None)),
+            (None, Some(w)) if s.will_armed => {
+                let delay = w.properties.will_delay_interval.unwrap_or(0);
+                Some(stored_will(w, d, 0, Some(delay)))
+            }
+            _ => None,
+        };
+        if let Some(will) = will {
             ops.push(super::replica::ReplOp::SetWill {
                 client: client.clone(),
-                will: Box::new(StoredWill {
-                    message,
-                    due_at_ms: d.unix_ms(w.at),
-                    message_expiry_interval: will.properties.message_expiry_interval,
-                }),
+                will: Box::new(will),
             });
         }
     }
@@ -6197,7 +6309,6 @@ impl Broker {
             self.strands.hold(client, from, ids, now);
         }
         log_taken(client, owner, &rs);
-        let will = rs.will.clone();
         self.restore(
             Recovered {
                 sessions: vec![rs],
@@ -6212,7 +6323,7 @@ impl Broker {
         // sent the copy: what is stranded for that owner is this one's.
         self.note_taken(client, prev.or(owner));
         self.metrics.replica_installs += 1;
-        self.restage(sid, will);
+        self.restage(sid);
         had
     }
 
@@ -6292,7 +6403,6 @@ impl Broker {
         log_taken(client_id, owner, &rs);
 
         self.replica_epoch(client_id, epoch);
-        let will = rs.will.clone();
         let recovered = Recovered {
             sessions: vec![rs],
             ..Default::default()
@@ -6303,7 +6413,7 @@ impl Broker {
         };
         self.metrics.replica_installs += 1;
         self.note_taken(client_id, owner);
-        self.restage(sid, will);
+        self.restage(sid);
         self.claimed(&id);
         self.arrive(now, client_id, true, had);
         self.end_event();
@@ -6311,13 +6421,17 @@ impl Broker {
     }
 
     /// Write an installed session to this node's store: its ids were the
-    /// old owner's.
-    fn restage(&mut self, sid: SessionId, will: Option<StoredWill>) {
+    /// old owner's. Its will is pending here (an armed copy's counts from
+    /// now, see `restore`).
+    fn restage(&mut self, sid: SessionId) {
         let (d, base) = (&self.durable, self.started);
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
         let client = s.client_id.clone();
+        let will = s
+            .pending_will()
+            .map(|w| stored_will(&w.will, d, d.unix_ms(w.at), None));
         s.stored = true;
         let meta = SessionMeta {
             expiry_interval: s.expiry_interval,

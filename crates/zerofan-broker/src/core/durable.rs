@@ -541,6 +541,20 @@ pub(super) fn sub_options(o: &SubscriptionOptions) -> SubOptions {
     }
 }
 
+/// A will as the store and the replicas keep it: due at `due_at_ms`, or
+/// armed with its delay (its client still connected).
+pub(super) fn stored_will(w: &Will, d: &Durable, due_at_ms: u64, armed: Option<u32>) -> StoredWill {
+    let mut message = to_stored(&will_message(w), d);
+    // A will's expiry counts from its publication.
+    message.expires_at_ms = None;
+    StoredWill {
+        message,
+        due_at_ms,
+        armed,
+        message_expiry_interval: w.properties.message_expiry_interval,
+    }
+}
+
 /// The message a will becomes (for storing it).
 pub(super) fn will_message(w: &Will) -> Message {
     Message::owned(

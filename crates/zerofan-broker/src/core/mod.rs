@@ -71,6 +71,8 @@
 //! Durability and cluster:
 //! - [`durable`]: `Durable`, the durable log, staging and held acks.
 //! - `claims`: client ids a cluster must grant before a CONNECT goes on.
+//! - `orphans`: the wills of a dead node's clients, published by a node
+//!   that holds a copy of their session.
 //! - `drain`: a node being removed sends its clients to another node.
 //!
 //! Observability:
@@ -104,6 +106,7 @@ mod metrics;
 mod moment;
 mod moves;
 mod observe;
+mod orphans;
 mod outbox;
 mod peer;
 pub mod peer_wire;
@@ -144,6 +147,7 @@ pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
 pub use observe::{
     Gauges, LatencyHistogram, ReloadOutcome, ShardFigures, StoreFigures, LATENCY_BUCKETS,
 };
+pub use orphans::OrphanRequest;
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId, Stranded};
 pub use replica::PreviousOwner;

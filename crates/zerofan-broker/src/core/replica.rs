@@ -396,7 +396,11 @@ impl DurableLog for Mirror {
         Ok(())
     }
     fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError> {
-        self.inner.set_will(client_id, will)?;
+        // An armed will is for the replicas only (see
+        // `Broker::dur_will_armed`).
+        if will.armed.is_none() {
+            self.inner.set_will(client_id, will)?;
+        }
         self.rec.borrow_mut().push(ReplOp::SetWill {
             client: client_id.into(),
             will: Box::new(will.clone()),
@@ -943,6 +947,27 @@ impl Images {
 
     /// The node that wrote `client`'s image, when it has subscriptions (a
     /// session whose matches that node relays when it hands it over).
+    /// Client ids of `owner`'s copies that hold a will (armed or
+    /// pending): should `owner` be dead, a node holding them publishes it
+    /// (see `orphans`).
+    pub(crate) fn wills_of(&self, owner: PeerId) -> Vec<Box<str>> {
+        if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
+            return Vec::new();
+        }
+        self.by_client
+            .iter()
+            .filter(|(_, i)| i.owner == Some(owner) && i.will.is_some())
+            .map(|(c, _)| c.clone())
+            .collect()
+    }
+
+    /// Whether the copy of `client` here is `owner`'s and holds a will.
+    pub(crate) fn holds_will_of(&self, client: &str, owner: PeerId) -> bool {
+        self.by_client
+            .get(client)
+            .is_some_and(|i| i.owner == Some(owner) && i.will.is_some())
+    }
+
     pub(crate) fn subscribed_owner(&self, client: &str) -> Option<PeerId> {
         self.by_client
             .get(client)

@@ -33,6 +33,8 @@ const CLEAR_WILL: u8 = 15;
 /// unfenced changes.
 const EPOCH: u8 = 16;
 const FORGET_OWNER: u8 = 17;
+/// A will whose client is still connected (link format 8).
+const ARMED_WILL: u8 = 18;
 /// Room reserved per operation: an enqueue of a 23-byte client id, or a
 /// message's header with a short topic, fits.
 const OP_HEAD: usize = 64;
@@ -152,9 +154,18 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
                 buf.put_u16(*pid);
             }
             ReplOp::SetWill { client, will } => {
-                buf.put_u8(SET_WILL);
-                put_str(&mut buf, client)?;
-                buf.put_u64(will.due_at_ms);
+                match will.armed {
+                    Some(delay) => {
+                        buf.put_u8(ARMED_WILL);
+                        put_str(&mut buf, client)?;
+                        buf.put_u32(delay);
+                    }
+                    None => {
+                        buf.put_u8(SET_WILL);
+                        put_str(&mut buf, client)?;
+                        buf.put_u64(will.due_at_ms);
+                    }
+                }
                 match will.message_expiry_interval {
                     Some(i) => {
                         buf.put_u8(1);
@@ -411,9 +422,13 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
                 version: get_u64(f)?,
             },
             FORGET_OWNER => ReplOp::ForgetOwner,
-            SET_WILL => {
+            SET_WILL | ARMED_WILL => {
                 let client = get_str(f)?;
-                let due_at_ms = get_u64(f)?;
+                let (due_at_ms, armed) = if tag == SET_WILL {
+                    (get_u64(f)?, None)
+                } else {
+                    (0, Some(get_u32(f)?))
+                };
                 let message_expiry_interval = match get_u8(f)? {
                     0 => None,
                     _ => Some(get_u32(f)?),
@@ -424,6 +439,7 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
                     will: Box::new(StoredWill {
                         message,
                         due_at_ms,
+                        armed,
                         message_expiry_interval,
                     }),
                 }
@@ -632,7 +648,17 @@ mod tests {
                 will: Box::new(StoredWill {
                     message: msg(b"gone"),
                     due_at_ms: 99,
+                    armed: None,
                     message_expiry_interval: Some(10),
+                }),
+            },
+            ReplOp::SetWill {
+                client: c.clone(),
+                will: Box::new(StoredWill {
+                    message: msg(b"armed"),
+                    due_at_ms: 0,
+                    armed: Some(30),
+                    message_expiry_interval: None,
                 }),
             },
             ReplOp::ClearWill { client: c.clone() },

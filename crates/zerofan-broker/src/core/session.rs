@@ -169,6 +169,10 @@ pub(crate) struct Session {
     /// the session is re-attached at once, so `detach` leaves its queue
     /// as it is (no offline trim, no compaction copies).
     pub resuming: bool,
+    /// In a cluster: the replicas hold the will of the connected client
+    /// (armed, see `Broker::dur_will_armed`), which must go when the
+    /// connection ends without publishing or scheduling it.
+    pub will_armed: bool,
     /// Subscriptions by full filter (including `$share/...`); one without
     /// a table of its own (see `submap.rs`). Here rather than in `Flight`:
     /// a device that subscribes once and then idles would otherwise pay
@@ -239,6 +243,7 @@ impl Session {
             queue: SessionQueue::default(),
             stored: false,
             resuming: false,
+            will_armed: false,
             subscriptions: Default::default(),
             flight: None,
         }

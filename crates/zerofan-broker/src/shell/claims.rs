@@ -6,14 +6,14 @@
 
 use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
-use crate::core::PreviousOwner;
+use crate::core::{OrphanRequest, PreviousOwner};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use zerofan_cluster::{Cluster, Members, NodeStream, OwnershipLost};
+use zerofan_cluster::{Cluster, Members, NodeStream, OrphanClaim, OwnershipLost};
 
 /// How long a CONNECT waits for its claim (retried meanwhile while the
 /// cluster has no leader) before it is refused with 0x88.
@@ -28,12 +28,37 @@ const CLAIMS_IN_FLIGHT: usize = 256;
 /// when nothing), as it did before handovers.
 const HANDOVER_WAIT: Duration = Duration::from_secs(2);
 
+/// Orphan claims (see `core/orphans.rs`) in flight at once; the others
+/// wait their turn, each in a task of its own (at most one per copy kept
+/// here).
+const ORPHANS_IN_FLIGHT: usize = 64;
+/// First pause between tries of an orphan claim that the leader refused
+/// for now (the owner's lease may still run, no leader), doubled up to
+/// [`ORPHAN_PAUSE_MAX`]: an owner only cut off from this node keeps
+/// renewing, and its copies here are tried again this rarely until its
+/// link is back.
+const ORPHAN_PAUSE: Duration = Duration::from_millis(250);
+/// Longest pause between tries of an orphan claim.
+const ORPHAN_PAUSE_MAX: Duration = Duration::from_secs(8);
+
 /// Claim what the core asks for, until aborted.
 pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
     let slots = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT));
+    let orphan_slots = Arc::new(Semaphore::new(ORPHANS_IN_FLIGHT));
     let mut asked = Vec::new();
+    let mut orphans = Vec::new();
     loop {
         shared.claim_wake.notified().await;
+        shared.broker.borrow_mut().take_orphans(&mut orphans);
+        for req in orphans.drain(..) {
+            let (s, c, slots) = (shared.clone(), cluster.clone(), orphan_slots.clone());
+            tokio::task::spawn_local(async move {
+                let Ok(_slot) = slots.acquire_owned().await else {
+                    return;
+                };
+                claim_orphan(&s, &c, &req).await;
+            });
+        }
         shared.broker.borrow_mut().take_claims(&mut asked);
         for req in asked.drain(..) {
             let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -129,6 +154,50 @@ async fn claim(cluster: &Cluster, client_id: &str) -> Option<(u64, Option<(u64, 
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Take `req`'s client id from its away owner, once the cluster says
+/// that owner let go of it (its lease ran out), and tell the core; tried
+/// while the core says it is worth it ([`Broker::orphan_pending`]).
+///
+/// [`Broker::orphan_pending`]: crate::core::Broker::orphan_pending
+async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
+    let client = &*req.client_id;
+    let node = shared.links.as_ref().and_then(|l| l.node_id(req.owner));
+    let mut pause = ORPHAN_PAUSE;
+    loop {
+        let pending = shared.broker.borrow().orphan_pending(client, req.owner);
+        let Some(node) = node.filter(|_| pending) else {
+            shared.broker.borrow_mut().orphan_given_up(client);
+            return;
+        };
+        match cluster.claim_orphan(client, node, 0).await {
+            Ok(OrphanClaim::Claimed { epoch, previous }) => {
+                tracing::debug!(client_id = client, from = node, epoch, "orphan claimed");
+                let prev = previous.map(|(node, epoch)| PreviousOwner {
+                    peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
+                    epoch,
+                });
+                shared
+                    .broker
+                    .borrow_mut()
+                    .orphan_claimed(Instant::now(), client, epoch, prev);
+                shared.dispatch();
+                return;
+            }
+            Ok(OrphanClaim::Moved) => {
+                tracing::debug!(client_id = client, from = node, "orphan moved on");
+                shared.broker.borrow_mut().orphan_given_up(client);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(client_id = client, from = node, error = %e,
+                    "orphan claim refused for now");
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(ORPHAN_PAUSE_MAX);
     }
 }
 

@@ -418,9 +418,13 @@ impl Links {
 
     /// The node id of this node's peer `p`, as it crosses (16 bits).
     fn node_of(&self, p: PeerId) -> Option<PeerId> {
+        u16::try_from(self.node_id(p)?).ok().map(PeerId)
+    }
+
+    /// The node whose peer id is `p`.
+    pub(super) fn node_id(&self, p: PeerId) -> Option<u64> {
         let ids = self.ids.borrow();
-        let node = ids.iter().find(|(_, q)| **q == p).map(|(n, _)| *n)?;
-        u16::try_from(node).ok().map(PeerId)
+        ids.iter().find(|(_, q)| **q == p).map(|(n, _)| *n)
     }
 
     /// The node ids an event names as this node's peer ids (`None`: an

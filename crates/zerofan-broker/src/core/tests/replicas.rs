@@ -262,11 +262,37 @@ impl Cluster {
         clean: bool,
         expiry: u32,
     ) -> (Cx, Out) {
-        let (conn, out) = self.hs[node].connect_with(id, protocol, clean, |c| {
+        self.connect_with(node, id, protocol, clean, |c| {
             if protocol == Protocol::V5 {
                 c.properties.session_expiry_interval = Some(expiry);
             }
+        })
+    }
+
+    /// A persistent MQTT 5 client at `node`, still connected, with a will
+    /// on `will/<id>` ("gone") of `delay` seconds.
+    fn with_will(&mut self, node: usize, id: &str, delay: u32) -> Cx {
+        let topic = format!("will/{id}");
+        let (cx, out) = self.connect_with(node, id, Protocol::V5, false, |c| {
+            c.properties.session_expiry_interval = Some(3600);
+            let mut w = will(&topic, "gone");
+            w.properties.will_delay_interval = Some(delay);
+            c.will = Some(w);
         });
+        assert_eq!(out.connack().map(|c| c.reason), Some(ReasonCode::SUCCESS));
+        cx
+    }
+
+    /// [`Cluster::connect`], the CONNECT made by `f`.
+    fn connect_with(
+        &mut self,
+        node: usize,
+        id: &str,
+        protocol: Protocol,
+        clean: bool,
+        f: impl FnOnce(&mut Connect),
+    ) -> (Cx, Out) {
+        let (conn, out) = self.hs[node].connect_with(id, protocol, clean, f);
         assert!(out.connack().is_none(), "CONNACK before the claim");
         let mut asked: Vec<ClaimRequest> = Vec::new();
         self.hs[node].b.take_claims(&mut asked);
@@ -2943,4 +2969,128 @@ fn a_copy_asked_for_over_none_here_is_kept_as_its_owners() {
     assert_eq!(payloads("x"), ["theirs"]);
     assert_eq!(payloads("c"), ["mine"]);
     assert_eq!(images.version("x"), 7);
+}
+
+/// The orphans `node` asks the cluster for (see `core/orphans.rs`).
+fn orphans(cl: &mut Cluster, node: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    cl.hs[node].b.take_orphans(&mut out);
+    out.into_iter().map(|r| r.client_id.into()).collect()
+}
+
+/// A client connected to a node that dies sends no DISCONNECT, and that
+/// node cannot publish its will: every node with a copy of the session
+/// holds the will armed and asks for the client id; the one the cluster
+/// grants it to publishes the will, once, and keeps the session.
+#[test]
+fn a_dead_owners_connected_clients_will_is_published_by_a_replica() {
+    let mut cl = Cluster::new(3, 3);
+    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 0);
+    cl.epoch = 0;
+    // Alive, node 0 is nobody's orphan.
+    assert!(orphans(&mut cl, 1).is_empty());
+    cl.kill(0);
+    for n in [1, 2] {
+        assert_eq!(orphans(&mut cl, n), ["dev"], "node {n}");
+        assert!(cl.hs[n].b.orphan_pending("dev", remote(0)));
+        // Asked once until answered.
+        cl.hs[n].b.set_peer_away(remote(0), true);
+        assert!(orphans(&mut cl, n).is_empty());
+    }
+    assert!(
+        cl.out(w).publishes().is_empty(),
+        "no will before a node has the id"
+    );
+
+    // Node 2 is granted the id (node 1's conditional claim finds it moved
+    // on): the will goes out at once (no delay), from node 2.
+    let now = cl.hs[2].now;
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.pump();
+    cl.later(1);
+    assert_eq!(cl.out(w).payloads(), ["gone"]);
+    assert_eq!(cl.hs[2].b.metrics().orphans_adopted, 1);
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 1);
+    // Node 1's copy is node 2's now: nothing to claim any more.
+    assert!(!cl.hs[1].b.orphan_pending("dev", remote(0)));
+    cl.hs[1].b.orphan_given_up("dev");
+    // Published once, and not again when the client comes back.
+    let (dev, out) = cl.persistent_after(2, "dev", 3, 2, 2);
+    assert!(present(&out), "the session was kept");
+    cl.lose(dev);
+    cl.later(5);
+    assert!(cl.out(w).publishes().is_empty());
+}
+
+/// An orphaned will waits its delay (counted from the adoption), and the
+/// client coming back meanwhile cancels it, as on one node.
+#[test]
+fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
+    let mut cl = Cluster::new(3, 3);
+    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 30);
+    cl.with_will(0, "cam", 30);
+    cl.epoch = 0;
+    cl.kill(0);
+    let mut asked = orphans(&mut cl, 1);
+    asked.sort();
+    assert_eq!(asked, ["cam", "dev"]);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    let now = cl.hs[1].now;
+    cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.hs[1].b.orphan_claimed(now, "cam", 2, Some(prev));
+    cl.pump();
+    cl.later(20);
+    assert!(cl.out(w).publishes().is_empty(), "before the delay");
+    // "dev" is back (on node 2, taken from node 1); "cam" is not.
+    let (_dev, out) = cl.persistent_after(2, "dev", 3, 1, 2);
+    assert!(present(&out));
+    let now = cl.hs[1].now;
+    cl.hs[1].b.client_taken_by(now, "dev", Some(remote(2)));
+    cl.pump();
+    cl.later(15);
+    let got = cl.out(w);
+    let topics: Vec<String> = got
+        .publishes()
+        .iter()
+        .map(|p| p.topic.to_string())
+        .collect();
+    assert_eq!(topics, ["will/cam"]);
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "cancelled: dev came back");
+    assert_eq!(cl.hs[1].b.metrics().wills_published, 1);
+}
+
+/// A client that disconnects cleanly leaves no will behind on the
+/// replicas: its node's death later publishes nothing.
+#[test]
+fn a_clean_disconnect_disarms_the_replicas_will() {
+    let mut cl = Cluster::new(3, 3);
+    let dev = cl.with_will(0, "dev", 0);
+    cl.send(
+        dev,
+        Packet::Disconnect(Disconnect {
+            reason: ReasonCode::SUCCESS,
+            properties: Default::default(),
+        }),
+    );
+    // Connected again without a will: none armed either.
+    let (_cam, _) = cl.persistent(0, "cam");
+    cl.kill(0);
+    assert!(orphans(&mut cl, 1).is_empty());
+    assert!(orphans(&mut cl, 2).is_empty());
 }

@@ -1,0 +1,85 @@
+//! Wills of a dead node's clients. A client connected to a node that dies
+//! sends no DISCONNECT, and that node cannot publish its will any more.
+//!
+//! - The owner: the replicas of a persistent session keep the will of its
+//!   connected client armed (see `Broker::dur_will_armed`), and drop it
+//!   when the connection ends without one to publish.
+//! - A replica: when a node is away, every copy of its sessions kept here
+//!   that holds a will (armed, or pending: its client left before the node
+//!   died, the will waiting for its delay) is an orphan. The shell asks
+//!   the cluster for its client id on condition that the away node still
+//!   owns it and its lease ran out (`Cluster::claim_orphan`: never taken
+//!   from a live owner, so a node only cut off from this one keeps its
+//!   clients). Of the nodes holding copies, the one granted adopts its copy
+//!   as an offline session of its own whose will is due after its delay
+//!   (see `Broker::restore`), published as any lost connection's; the
+//!   other nodes find the id moved on.
+//!
+//! Bounded by the copies: at most one request per copy kept here.
+
+use super::hash::HashSet;
+use super::peer::PeerId;
+
+/// A copy's client id the shell must claim from its away owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrphanRequest {
+    /// The client id.
+    pub client_id: Box<str>,
+    /// The node that owned it and is away.
+    pub owner: PeerId,
+}
+
+/// Orphans found and not answered yet.
+#[derive(Debug, Default)]
+pub(crate) struct Orphans {
+    requests: Vec<OrphanRequest>,
+    /// Asked for and not answered: not asked again meanwhile.
+    asked: HashSet<Box<str>>,
+}
+
+impl Orphans {
+    /// `owner` is away: these copies of its sessions hold wills.
+    pub(crate) fn found(&mut self, owner: PeerId, clients: Vec<Box<str>>) {
+        for client_id in clients {
+            if self.asked.insert(client_id.clone()) {
+                self.requests.push(OrphanRequest { client_id, owner });
+            }
+        }
+    }
+
+    pub(crate) fn take_requests(&mut self, out: &mut Vec<OrphanRequest>) {
+        out.append(&mut self.requests);
+    }
+
+    pub(crate) fn has_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// `client`'s claim ended (granted, moved on, or given up): it may be
+    /// asked for again.
+    pub(crate) fn answered(&mut self, client: &str) {
+        self.asked.remove(client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_is_asked_for_once_until_answered() {
+        let mut o = Orphans::default();
+        o.found(PeerId(1), vec!["a".into(), "b".into()]);
+        o.found(PeerId(1), vec!["a".into()]);
+        let mut out = Vec::new();
+        o.take_requests(&mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(!o.has_requests());
+        o.answered("a");
+        o.found(PeerId(1), vec!["a".into(), "b".into()]);
+        out.clear();
+        o.take_requests(&mut out);
+        let names: Vec<&str> = out.iter().map(|r| &*r.client_id).collect();
+        assert_eq!(names, ["a"]);
+    }
+}
