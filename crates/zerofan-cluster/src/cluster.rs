@@ -823,27 +823,7 @@ impl Inner {
                     client_id,
                     node: node_id,
                 };
-                match self.raft.client_write(cmd).await {
-                    Ok(r) => match r.data {
-                        SmReply::Claimed {
-                            owner,
-                            epoch,
-                            previous,
-                        } => {
-                            self.grants().answered(node_id, Instant::now());
-                            Reply::Claimed {
-                                owner,
-                                epoch,
-                                previous,
-                            }
-                        }
-                        SmReply::Refused(why) => Reply::Error(why),
-                        SmReply::None | SmReply::Moved => {
-                            Reply::Error("claim answered nothing".into())
-                        }
-                    },
-                    Err(e) => write_error(e),
-                }
+                self.write_claim(cmd, node_id).await
             }
             admin::Request::ClaimOrphan {
                 client_id,
@@ -1637,6 +1617,12 @@ impl Inner {
             owner,
             epoch,
         };
+        self.write_claim(cmd, node_id).await
+    }
+
+    /// Commit a claim for `node_id` (`Claim` or `ClaimOrphan`) and answer
+    /// what applying it said; granted, it counts as `node_id`'s renewal.
+    async fn write_claim(&self, cmd: Command, node_id: u64) -> Reply {
         match self.raft.client_write(cmd).await {
             Ok(r) => match r.data {
                 SmReply::Claimed {
@@ -1651,6 +1637,7 @@ impl Inner {
                         previous,
                     }
                 }
+                // Only a `ClaimOrphan` answers it.
                 SmReply::Moved => Reply::Moved,
                 SmReply::Refused(why) => Reply::Error(why),
                 SmReply::None => Reply::Error("claim answered nothing".into()),

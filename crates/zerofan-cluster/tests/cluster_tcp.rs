@@ -28,13 +28,13 @@ async fn until(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn claims_fence_links_flow_and_status_names_everyone() {
-    let dir = tempfile::tempdir().unwrap();
-    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+/// Nodes 1 (the first leader), 2 and 3, once node 3 sees all three as
+/// voters.
+async fn three(dir: &tempfile::TempDir) -> (Cluster, Cluster, Cluster) {
+    let n1 = Cluster::start(config(1, dir, None)).await.unwrap();
     let seed = Some(n1.local_addr());
-    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
-    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
+    let n2 = Cluster::start(config(2, dir, seed)).await.unwrap();
+    let n3 = Cluster::start(config(3, dir, seed)).await.unwrap();
     let mut members = n3.members();
     timeout(
         Duration::from_secs(20),
@@ -43,8 +43,15 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
     .await
     .expect("3 voters seen by node 3")
     .unwrap();
+    (n1, n2, n3)
+}
+
+#[tokio::test]
+async fn claims_fence_links_flow_and_status_names_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (n1, n2, n3) = three(&dir).await;
     assert_eq!(
-        members.borrow().nodes[&2].mqtt_addr.as_deref(),
+        n3.members().borrow().nodes[&2].mqtt_addr.as_deref(),
         Some("127.0.0.1:1882")
     );
 
@@ -190,18 +197,7 @@ async fn bad_frames_close_only_their_connection() {
 #[tokio::test]
 async fn a_dead_leaders_client_id_moves_within_five_seconds() {
     let dir = tempfile::tempdir().unwrap();
-    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
-    let seed = Some(n1.local_addr());
-    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
-    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
-    let mut members = n3.members();
-    timeout(
-        Duration::from_secs(20),
-        members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
-    )
-    .await
-    .expect("3 voters seen by node 3")
-    .unwrap();
+    let (n1, n2, n3) = three(&dir).await;
     assert_eq!(n1.claim("dev").await.unwrap(), (1, 1));
     assert_eq!(n3.members().borrow().leader, Some(1));
     // Let every node renew a few times, so the death comes mid-lease.
@@ -249,18 +245,7 @@ async fn a_dead_leaders_client_id_moves_within_five_seconds() {
 #[tokio::test]
 async fn an_orphan_claim_never_fences_a_live_owner_and_takes_a_dead_ones_id() {
     let dir = tempfile::tempdir().unwrap();
-    let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
-    let seed = Some(n1.local_addr());
-    let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
-    let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
-    let mut members = n3.members();
-    timeout(
-        Duration::from_secs(20),
-        members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
-    )
-    .await
-    .expect("3 voters seen by node 3")
-    .unwrap();
+    let (n1, n2, n3) = three(&dir).await;
     let mut fences2 = n2.take_fences().expect("fences");
     let mut lost2 = n2.take_ownership_lost().expect("losses");
     assert_eq!(n2.claim("dev").await.unwrap(), (2, 1));
