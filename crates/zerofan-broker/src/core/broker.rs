@@ -1441,6 +1441,19 @@ impl Broker {
     /// epoch rather than none (the copies before it would look stale).
     /// A CONNECT that never completed leaves its session as it was, so a
     /// clean-start one is served the same way.
+    /// `client`'s claim, which the shell answered as refused for want of
+    /// time (its CONNECT got 0x88), was granted after all, under `epoch`
+    /// (`prev`: the owner before): served as one whose client left.
+    pub fn claim_granted_late(
+        &mut self,
+        now: Instant,
+        client: &str,
+        epoch: u64,
+        prev: Option<super::PreviousOwner>,
+    ) {
+        self.serve_left(now, client, epoch, prev);
+    }
+
     fn serve_left(
         &mut self,
         now: Instant,

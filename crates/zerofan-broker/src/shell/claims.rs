@@ -7,7 +7,9 @@
 use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
 use crate::core::{OrphanRequest, PreviousOwner};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,9 +68,14 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
             };
             let (s, c) = (shared.clone(), cluster.clone());
             tokio::task::spawn_local(async move {
-                let got = claim(&c, &req.client_id).await;
+                let (got, late) = match claim(&c, &req.client_id).await {
+                    Claimed::Granted(epoch, prev) => (Some((epoch, prev)), None),
+                    Claimed::Refused => (None, None),
+                    Claimed::Late(attempt) => (None, Some(attempt)),
+                };
                 drop(slot);
-                tracing::debug!(client_id = %req.client_id, ?got, "claim answered");
+                tracing::debug!(client_id = %req.client_id, ?got, late = late.is_some(),
+                    "claim answered");
                 // A node never linked to has no peer id, and no copy here.
                 let prev = got.and_then(|(_, p)| p).map(|(node, epoch)| PreviousOwner {
                     peer: s.links.as_ref().and_then(|l| l.known_peer(node)),
@@ -85,9 +92,59 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
                     prev,
                 );
                 s.dispatch();
+                if let Some(attempt) = late {
+                    claim_late(&s, &c, &req.client_id, attempt).await;
+                }
             });
         }
     }
+}
+
+/// A claim attempt: the owner, its epoch and the owner before.
+type Attempt<'a> = Pin<Box<dyn Future<Output = ClaimResult> + 'a>>;
+type ClaimResult = Result<(u64, u64, Option<(u64, u64)>), zerofan_cluster::ClusterError>;
+
+/// What [`claim`] got.
+enum Claimed<'a> {
+    /// This node owns the client id: the epoch, and the owner before.
+    Granted(u64, Option<(u64, u64)>),
+    /// Another node's, or no leader to ask in time.
+    Refused,
+    /// The attempt in flight at the deadline, which may still commit (a
+    /// leader waiting out the old owner's lease): see [`claim_late`].
+    Late(Attempt<'a>),
+}
+
+/// The attempt that was in flight when `client`'s CONNECT was refused for
+/// want of an answer (0x88), awaited to its end: when it did commit,
+/// this node owns the client id with nothing served under it, and the
+/// node the client goes to next would judge its own copy older than this
+/// node's epoch and start the session clean (seen in a soak on
+/// 2026-11-30: a subscriber lost what its copies held). The session is
+/// served here instead, as for a claim whose client left before the
+/// answer (its copy here, if any, goes on offline), unless a newer claim
+/// took the id on meanwhile.
+async fn claim_late(shared: &Shared, cluster: &Cluster, client: &str, attempt: Attempt<'_>) {
+    let Ok(Ok((owner, epoch, prev))) = tokio::time::timeout(CLAIM_TIMEOUT, attempt).await else {
+        return;
+    };
+    if owner != cluster.node_id() || cluster.owner(client).is_some_and(|(_, e)| e > epoch) {
+        return;
+    }
+    tracing::info!(
+        client_id = client,
+        epoch,
+        "a claim refused for want of time was granted"
+    );
+    let prev = prev.map(|(node, epoch)| PreviousOwner {
+        peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
+        epoch,
+    });
+    shared
+        .broker
+        .borrow_mut()
+        .claim_granted_late(Instant::now(), client, epoch, prev);
+    shared.dispatch();
 }
 
 /// Until the old owner has handed `conn`'s session over, at most
@@ -133,24 +190,26 @@ pub(super) async fn wait_until_not(
     }
 }
 
-/// The epoch under which this node now owns `client_id`, if it does, and
-/// the owner before it (node, epoch). A claim that fails for want of a
-/// leader is tried again until [`CLAIM_TIMEOUT`].
-async fn claim(cluster: &Cluster, client_id: &str) -> Option<(u64, Option<(u64, u64)>)> {
+/// Whether this node now owns `client_id`, with the epoch and the owner
+/// before it (node, epoch). A claim that fails for want of a leader is
+/// tried again until [`CLAIM_TIMEOUT`].
+async fn claim<'a>(cluster: &'a Cluster, client_id: &'a str) -> Claimed<'a> {
     let deadline = tokio::time::Instant::now() + CLAIM_TIMEOUT;
     let mut pause = Duration::from_millis(20);
     loop {
-        match tokio::time::timeout_at(deadline, cluster.claim_from(client_id)).await {
-            Ok(Ok((owner, epoch, prev))) => {
-                return (owner == cluster.node_id()).then_some((epoch, prev))
+        let mut attempt: Attempt<'a> = Box::pin(cluster.claim_from(client_id));
+        match tokio::time::timeout_at(deadline, &mut attempt).await {
+            Ok(Ok((owner, epoch, prev))) if owner == cluster.node_id() => {
+                return Claimed::Granted(epoch, prev)
             }
+            Ok(Ok(_)) => return Claimed::Refused,
             Ok(Err(e)) => {
                 tracing::debug!(client_id, error = %e, "claim failed; retrying");
             }
-            Err(_) => return None,
+            Err(_) => return Claimed::Late(attempt),
         }
         if tokio::time::Instant::now() + pause >= deadline {
-            return None;
+            return Claimed::Refused;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(500));
