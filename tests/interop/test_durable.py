@@ -352,7 +352,7 @@ def test_newer_format_is_refused(tmp_path):
                        capture_output=True, timeout=20, cwd=tmp_path)
     assert r.returncode != 0
     err = r.stderr.decode()
-    assert "99" in err and "up to version 3" in err, err
+    assert "99" in err and "up to version 4" in err, err
 
 
 @pytest.mark.parametrize("after", [4, 2])
