@@ -1433,14 +1433,6 @@ impl Broker {
         self.metrics.store_errors += disk.errors;
     }
 
-    /// `client` was granted here, but its client left before the answer.
-    /// The claim moved the id all the same (its old owner ended the
-    /// session), so the copy kept here, if current, becomes the session,
-    /// offline, as a drained node's do (see [`Broker::adopt_replica_at`]):
-    /// the next claim, on any node, finds this node's copy under this
-    /// epoch rather than none (the copies before it would look stale).
-    /// A CONNECT that never completed leaves its session as it was, so a
-    /// clean-start one is served the same way.
     /// `client`'s claim, which the shell answered as refused for want of
     /// time (its CONNECT got 0x88), was granted after all, under `epoch`
     /// (`prev`: the owner before): served as one whose client left.
@@ -1454,6 +1446,14 @@ impl Broker {
         self.serve_left(now, client, epoch, prev);
     }
 
+    /// `client` was granted here, but its client left before the answer.
+    /// The claim moved the id all the same (its old owner ended the
+    /// session), so the copy kept here, if current, becomes the session,
+    /// offline, as a drained node's do (see [`Broker::adopt_replica_at`]):
+    /// the next claim, on any node, finds this node's copy under this
+    /// epoch rather than none (the copies before it would look stale).
+    /// A CONNECT that never completed leaves its session as it was, so a
+    /// clean-start one is served the same way.
     fn serve_left(
         &mut self,
         now: Instant,
