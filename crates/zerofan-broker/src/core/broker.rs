@@ -1551,10 +1551,42 @@ impl Broker {
     /// outside the replica set otherwise had no copy to serve, and the
     /// client found a clean session.
     pub fn client_taken_by(&mut self, now: Instant, client_id: &str, to: Option<PeerId>) {
+        self.client_taken_from(now, client_id, to, 0);
+    }
+
+    /// [`Broker::client_taken_by`], with the epoch this node held the id
+    /// under (0: not known). Held with no session here (a claim that
+    /// committed after its CONNECT gave up, or after an error answered
+    /// it), the copy kept here was the session: it is adopted under that
+    /// epoch first, and moves on as a session does. Otherwise `to` would
+    /// judge its own copy older than this node's epoch and start clean.
+    pub fn client_taken_from(
+        &mut self,
+        now: Instant,
+        client_id: &str,
+        to: Option<PeerId>,
+        held: u64,
+    ) {
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
+        // Not a copy of `to`'s own: the session moved there already.
+        let copy_owner = self.repl.images.owner_of(client_id);
+        if to.is_some()
+            && held > 0
+            && copy_owner.is_some()
+            && copy_owner != to
+            && !self.sessions.has_client(&id)
+            && self.adopt_replica_at(now, client_id, held)
+        {
+            self.metrics.claims_left += 1;
+            tracing::info!(
+                client_id,
+                epoch = held,
+                "a client id held here with no session: its copy adopted to move on"
+            );
+        }
         let mut sid = self.sessions.of_client(&id);
         if let Some(s) = sid.filter(|&s| self.moves.is_arriving(s)) {
             // Moving on before its move here ended: what it holds goes to

@@ -961,6 +961,11 @@ impl Images {
             .collect()
     }
 
+    /// The owner of the copy of `client` here.
+    pub(crate) fn owner_of(&self, client: &str) -> Option<PeerId> {
+        self.by_client.get(client).and_then(|i| i.owner)
+    }
+
     /// Whether the copy of `client` here is `owner`'s and holds a will.
     pub(crate) fn holds_will_of(&self, client: &str, owner: PeerId) -> bool {
         self.by_client

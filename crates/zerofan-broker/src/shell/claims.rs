@@ -282,10 +282,15 @@ pub(super) async fn lost_loop(
             .links
             .as_ref()
             .and_then(|k| k.known_peer(l.new_owner));
+        // Each claim raises the epoch by one over its owner's. Known only
+        // for the latest claim: one re-applied after a restart must not
+        // make a copy here a session again.
+        let latest = cluster.owner(&l.client_id) == Some((l.new_owner, l.epoch));
+        let held = if latest { l.epoch.saturating_sub(1) } else { 0 };
         shared
             .broker
             .borrow_mut()
-            .client_taken_by(Instant::now(), &l.client_id, to);
+            .client_taken_from(Instant::now(), &l.client_id, to, held);
         shared.dispatch();
     }
 }
@@ -293,7 +298,11 @@ pub(super) async fn lost_loop(
 /// Drop the connection of a client id the leader is about to give to
 /// another node (a fence: see `zerofan_cluster`'s leases), until the
 /// cluster stops.
-async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost>) {
+async fn fence_loop(
+    shared: Rc<Shared>,
+    cluster: Arc<Cluster>,
+    mut fences: mpsc::Receiver<OwnershipLost>,
+) {
     while let Some(f) = fences.recv().await {
         tracing::debug!(client_id = %f.client_id, new_owner = f.new_owner,
             "client id about to be claimed by another node");
@@ -301,10 +310,15 @@ async fn fence_loop(shared: Rc<Shared>, mut fences: mpsc::Receiver<OwnershipLost
             .links
             .as_ref()
             .and_then(|k| k.known_peer(f.new_owner));
+        // The claim is not applied yet: the table still names this node.
+        let held = cluster
+            .owner(&f.client_id)
+            .filter(|(owner, _)| *owner == cluster.node_id())
+            .map_or(0, |(_, epoch)| epoch);
         shared
             .broker
             .borrow_mut()
-            .client_taken_by(Instant::now(), &f.client_id, to);
+            .client_taken_from(Instant::now(), &f.client_id, to, held);
         shared.dispatch();
     }
 }
@@ -377,7 +391,11 @@ pub(super) fn start(shared: &Rc<Shared>, cluster: Arc<Cluster>) -> Vec<JoinHandl
         tasks.push(tokio::task::spawn_local(adopt));
     }
     if let Some(fences) = cluster.take_fences() {
-        tasks.push(tokio::task::spawn_local(fence_loop(shared.clone(), fences)));
+        tasks.push(tokio::task::spawn_local(fence_loop(
+            shared.clone(),
+            cluster.clone(),
+            fences,
+        )));
     }
     tasks.push(tokio::task::spawn_local(lease_loop(
         shared.clone(),

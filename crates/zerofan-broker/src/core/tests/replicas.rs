@@ -3094,3 +3094,44 @@ fn a_clean_disconnect_disarms_the_replicas_will() {
     assert!(orphans(&mut cl, 1).is_empty());
     assert!(orphans(&mut cl, 2).is_empty());
 }
+
+/// A node that holds a client id with no session there (its claim
+/// committed after the CONNECT gave up) is taken over by another node:
+/// its copy was the session, adopted and handed on, so the new owner
+/// serves it whole rather than judge its own copy older than that claim.
+#[test]
+fn a_client_id_held_without_a_session_hands_its_copy_on() {
+    let mut cl = Cluster::new(3, 3);
+    cl.epoch = 1;
+    cl.offline_subscriber(0, "sub", "t/#", QoS::AtLeastOnce);
+    cl.epoch = 0;
+    let p = cl.publish_acked(1, "t/a", "m0");
+    cl.send(
+        p,
+        Packet::Publish(publish("t/a", "m1", QoS::AtLeastOnce, 2)),
+    );
+    assert_eq!(acks(&cl.out(p)), [(2, "puback")]);
+    cl.kill(0);
+    // Node 1 got the id under epoch 2 and served nothing; node 2's claim
+    // takes it from node 1 (the fence reaches node 1 first).
+    let now = cl.hs[1].now;
+    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(2)), 2);
+    cl.pump();
+    let (sub, out) = cl.persistent_after(2, "sub", 3, 1, 2);
+    assert!(present(&out), "the session started clean");
+    let mut got = out.payloads();
+    got.extend(cl.out(sub).payloads());
+    assert_eq!(got, ["m0", "m1"]);
+    assert_eq!(cl.hs[1].b.metrics().claims_left, 1);
+    // The same loss heard again (late): node 1's copy is node 2's own now,
+    // not a session to adopt.
+    cl.later(10);
+    let now = cl.hs[1].now;
+    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(2)), 2);
+    cl.pump();
+    assert_eq!(
+        cl.hs[1].b.metrics().claims_left,
+        1,
+        "adopted the new owner's copy"
+    );
+}
