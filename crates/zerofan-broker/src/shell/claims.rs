@@ -76,11 +76,7 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
                 drop(slot);
                 tracing::debug!(client_id = %req.client_id, ?got, late = late.is_some(),
                     "claim answered");
-                // A node never linked to has no peer id, and no copy here.
-                let prev = got.and_then(|(_, p)| p).map(|(node, epoch)| PreviousOwner {
-                    peer: s.links.as_ref().and_then(|l| l.known_peer(node)),
-                    epoch,
-                });
+                let prev = got.and_then(|(_, p)| p).map(|p| previous_owner(&s, p));
                 if let Some(prev) = prev {
                     wait_for_handover(&s, req.conn, &prev).await;
                 }
@@ -97,6 +93,16 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
                 }
             });
         }
+    }
+}
+
+/// The owner before a claim, (node, epoch) as the cluster's log had it,
+/// as the core names it: a node never linked to has no peer id (and no
+/// copy here).
+fn previous_owner(shared: &Shared, (node, epoch): (u64, u64)) -> PreviousOwner {
+    PreviousOwner {
+        peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
+        epoch,
     }
 }
 
@@ -136,10 +142,7 @@ async fn claim_late(shared: &Shared, cluster: &Cluster, client: &str, attempt: A
         epoch,
         "a claim refused for want of time was granted"
     );
-    let prev = prev.map(|(node, epoch)| PreviousOwner {
-        peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
-        epoch,
-    });
+    let prev = prev.map(|p| previous_owner(shared, p));
     shared
         .broker
         .borrow_mut()
@@ -234,10 +237,7 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
         match cluster.claim_orphan(client, node, 0).await {
             Ok(OrphanClaim::Claimed { epoch, previous }) => {
                 tracing::debug!(client_id = client, from = node, epoch, "orphan claimed");
-                let prev = previous.map(|(node, epoch)| PreviousOwner {
-                    peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
-                    epoch,
-                });
+                let prev = previous.map(|p| previous_owner(shared, p));
                 shared
                     .broker
                     .borrow_mut()
