@@ -1571,12 +1571,16 @@ impl Broker {
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };
-        // Not a copy of `to`'s own: the session moved there already.
-        let copy_owner = self.repl.images.owner_of(client_id);
+        // Only a copy written under an earlier claim than the one held
+        // here (a loss re-applied after a restart names an old one), and
+        // not `to`'s own (the session moved there already).
+        let older = self
+            .repl
+            .images
+            .owner_of(client_id)
+            .is_some_and(|(owner, epoch)| Some(owner) != to && epoch > 0 && epoch < held);
         if to.is_some()
-            && held > 0
-            && copy_owner.is_some()
-            && copy_owner != to
+            && older
             && !self.sessions.has_client(&id)
             && self.adopt_replica_at(now, client_id, held)
         {

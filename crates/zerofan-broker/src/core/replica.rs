@@ -961,9 +961,11 @@ impl Images {
             .collect()
     }
 
-    /// The owner of the copy of `client` here.
-    pub(crate) fn owner_of(&self, client: &str) -> Option<PeerId> {
-        self.by_client.get(client).and_then(|i| i.owner)
+    /// The owner of the copy of `client` here, and the newest claim epoch
+    /// known when it was last written (0: none).
+    pub(crate) fn owner_of(&self, client: &str) -> Option<(PeerId, u64)> {
+        let i = self.by_client.get(client)?;
+        Some((i.owner?, i.epoch))
     }
 
     /// Whether the copy of `client` here is `owner`'s and holds a will.

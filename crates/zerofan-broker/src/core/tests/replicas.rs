@@ -3134,4 +3134,13 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
         1,
         "adopted the new owner's copy"
     );
+    // An old loss re-applied after a restart (node 1 held the id under
+    // epoch 2, the copy here was written under 3): nothing to adopt.
+    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(0)), 2);
+    cl.pump();
+    assert_eq!(
+        cl.hs[1].b.metrics().claims_left,
+        1,
+        "adopted a copy newer than the claim held"
+    );
 }
