@@ -12,7 +12,8 @@ use super::deliver::{
     fits, held_remote, high_water, into_delivery, low_water, make_delivery, HOLD_SLACK, QUEUE_KEEP,
 };
 use super::durable::{
-    forget_entries, from_stored, placeholder, stored_will, sub_options, to_stored, EventEnd,
+    armed_will, forget_entries, from_stored, placeholder, stored_will, sub_options, to_stored,
+    EventEnd,
 };
 use super::durable::{
     DurableLog, EntryId, MsgId, QueueEntry, Recovered, SessionMeta, StoreStats, StoredMessage,
@@ -4544,8 +4545,7 @@ impl Broker {
             return;
         };
         s.will_armed = true;
-        let delay = will.properties.will_delay_interval.unwrap_or(0);
-        let w = stored_will(will, &self.durable, 0, Some(delay));
+        let w = armed_will(will, &self.durable);
         let client = s.client_id.clone();
         self.durable
             .stage(&mut self.metrics.store_errors, |l| l.set_will(&client, &w));
@@ -6303,10 +6303,7 @@ impl Broker {
             .and_then(|c| c.will.as_deref());
         let will = match (s.pending_will(), connected) {
             (Some(w), _) => Some(stored_will(&w.will, d, d.unix_ms(w.at), None)),
-            (None, Some(w)) if s.will_armed => {
-                let delay = w.properties.will_delay_interval.unwrap_or(0);
-                Some(stored_will(w, d, 0, Some(delay)))
-            }
+            (None, Some(w)) if s.will_armed => Some(armed_will(w, d)),
             _ => None,
         };
         if let Some(will) = will {

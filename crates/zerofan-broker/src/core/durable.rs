@@ -555,6 +555,13 @@ pub(super) fn stored_will(w: &Will, d: &Durable, due_at_ms: u64, armed: Option<u
     }
 }
 
+/// The will of a connected client, armed: due its delay after the
+/// connection is known to be lost (see `Broker::dur_will_armed`).
+pub(super) fn armed_will(w: &Will, d: &Durable) -> StoredWill {
+    let delay = w.properties.will_delay_interval.unwrap_or(0);
+    stored_will(w, d, 0, Some(delay))
+}
+
 /// The message a will becomes (for storing it).
 pub(super) fn will_message(w: &Will) -> Message {
     Message::owned(

@@ -830,6 +830,13 @@ struct Image {
     version: u64,
 }
 
+impl Image {
+    /// Whether this copy is `owner`'s and holds a will (see `orphans`).
+    fn holds_will_of(&self, owner: PeerId) -> bool {
+        self.owner == Some(owner) && self.will.is_some()
+    }
+}
+
 /// What a replica holds of other nodes' sessions. Each message is kept
 /// once per owner, counted by the entries that reference it.
 #[derive(Debug)]
@@ -945,8 +952,6 @@ impl Images {
         self.by_client.contains_key(client)
     }
 
-    /// The node that wrote `client`'s image, when it has subscriptions (a
-    /// session whose matches that node relays when it hands it over).
     /// Client ids of `owner`'s copies that hold a will (armed or
     /// pending): should `owner` be dead, a node holding them publishes it
     /// (see `orphans`).
@@ -956,7 +961,7 @@ impl Images {
         }
         self.by_client
             .iter()
-            .filter(|(_, i)| i.owner == Some(owner) && i.will.is_some())
+            .filter(|(_, i)| i.holds_will_of(owner))
             .map(|(c, _)| c.clone())
             .collect()
     }
@@ -972,9 +977,11 @@ impl Images {
     pub(crate) fn holds_will_of(&self, client: &str, owner: PeerId) -> bool {
         self.by_client
             .get(client)
-            .is_some_and(|i| i.owner == Some(owner) && i.will.is_some())
+            .is_some_and(|i| i.holds_will_of(owner))
     }
 
+    /// The node that wrote `client`'s image, when it has subscriptions (a
+    /// session whose matches that node relays when it hands it over).
     pub(crate) fn subscribed_owner(&self, client: &str) -> Option<PeerId> {
         self.by_client
             .get(client)
