@@ -8,7 +8,7 @@ use crate::frame::{self, Hello, Kind, LARGE_FRAME, SMALL_FRAME};
 use crate::lease::{self, Grants, Holder};
 use crate::log_store::LogStore;
 use crate::network::{self, Heard, RaftRequest, TcpNetworkFactory};
-use crate::state_machine::{OwnershipLost, SmShared, StateMachine};
+use crate::state_machine::{held_by, OwnershipLost, SmShared, StateMachine};
 use crate::tls::{self, ClusterTls, NodeStream};
 use crate::types::{Command, NodeInfo, Raft, Reply as SmReply};
 use openraft::error::{ClientWriteError, RaftError};
@@ -517,17 +517,12 @@ impl Cluster {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
         };
-        let sent = Instant::now();
-        match self.inner.on_leader(req, false).await {
+        match self.ask_claim(req).await {
             Reply::Claimed {
                 owner,
                 epoch,
                 previous,
-            } => {
-                // Committed by a quorum after `sent`: as good as a renewal.
-                self.inner.renewed(sent);
-                Ok((owner, epoch, previous))
-            }
+            } => Ok((owner, epoch, previous)),
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
@@ -556,23 +551,30 @@ impl Cluster {
             owner,
             epoch,
         };
-        let sent = Instant::now();
-        match self.inner.on_leader(req, false).await {
+        match self.ask_claim(req).await {
             Reply::Claimed {
                 owner,
                 epoch,
                 previous,
-            } if owner == self.inner.id => {
-                // Committed by a quorum after `sent`: as good as a renewal.
-                self.inner.renewed(sent);
-                Ok(OrphanClaim::Claimed { epoch, previous })
-            }
+            } if owner == self.inner.id => Ok(OrphanClaim::Claimed { epoch, previous }),
             Reply::Moved => Ok(OrphanClaim::Moved),
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
             ))),
         }
+    }
+
+    /// Send a claim (`Claim` or `ClaimOrphan`) to the leader. Granted, it
+    /// was committed by a quorum after it was sent: as good as a renewal
+    /// of this node's lease.
+    async fn ask_claim(&self, req: admin::Request) -> Reply {
+        let sent = Instant::now();
+        let reply = self.inner.on_leader(req, false).await;
+        if matches!(reply, Reply::Claimed { owner, .. } if owner == self.inner.id) {
+            self.inner.renewed(sent);
+        }
+        reply
     }
 
     /// Forget `client_id` unless a later claim has moved it on.
@@ -1096,7 +1098,7 @@ impl Inner {
     async fn hand_over_ids(&self, node_id: u64, target: u64, ids: Vec<String>) -> u64 {
         let mut claimed = Vec::new();
         for id in ids {
-            if self.sm.owner(&id).map(|(owner, _)| owner) != Some(node_id) {
+            if !held_by(self.sm.owner(&id), node_id, 0) {
                 continue;
             }
             if self.let_go(&id, target).await.is_err() {
@@ -1560,9 +1562,8 @@ impl Inner {
     /// Where a conditional claim of `client_id` from `owner` (at `epoch`;
     /// 0: any) stands on this leader's table and leases.
     fn orphan(&self, client_id: &str, owner: u64, epoch: u64) -> Orphan {
-        match self.sm.owner(client_id) {
-            Some((o, e)) if o == owner && (epoch == 0 || e == epoch) => {}
-            _ => return Orphan::Moved,
+        if !held_by(self.sm.owner(client_id), owner, epoch) {
+            return Orphan::Moved;
         }
         if owner == self.id {
             return Orphan::Leads;

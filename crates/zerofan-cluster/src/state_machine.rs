@@ -63,6 +63,12 @@ pub struct SmShared {
     events_dropped: AtomicU64,
 }
 
+/// Whether `entry`, a client id's owner and epoch, is `owner`'s (at
+/// `epoch`; 0: any): the condition of a [`Command::ClaimOrphan`].
+pub(crate) fn held_by(entry: Option<(u64, u64)>, owner: u64, epoch: u64) -> bool {
+    entry.is_some_and(|(o, e)| o == owner && (epoch == 0 || e == epoch))
+}
+
 impl SmShared {
     /// For node `local`; ownership losses go to `events` (bounded: when full
     /// they are dropped and counted; the epoch still fences the old owner).
@@ -98,15 +104,16 @@ impl SmShared {
                 node,
                 owner,
                 epoch,
-            } => match data.owners.get(&client_id) {
+            } => {
                 // Decided here, in log order, not on the leader's view
                 // before the write: a claim or release committed in between
                 // wins, and this one changes nothing.
-                Some(&(o, e)) if o == owner && (epoch == 0 || e == epoch) => {
+                if held_by(data.owners.get(&client_id).copied(), owner, epoch) {
                     self.claim(data, client_id, node)
+                } else {
+                    Reply::Moved
                 }
-                _ => Reply::Moved,
-            },
+            }
             Command::Release { client_id, epoch } => {
                 if let Some(&(_, held)) = data.owners.get(&client_id) {
                     if held == epoch {
