@@ -33,12 +33,13 @@ use std::borrow::Cow;
 
 /// The format this build writes and the newest it reads. Version 2 added
 /// the `Epoch` record, version 3 a version after its epoch, version 4 the
-/// `ArmedWill` record; the layout is otherwise version 1's, and this build
-/// still reads versions 1 to 3 (an `Epoch` record without a version has
-/// version 0) and marks the store as 4 when it opens it. The version rises with each new field because an
-/// older decoder takes what it does not know for a damaged tail and cuts
-/// the log there: an older build must refuse a newer store rather than
-/// silently drop everything after the first new record.
+/// armed `Will` record (kind 18); the layout is otherwise version 1's,
+/// and this build still reads versions 1 to 3 (an `Epoch` record without
+/// a version has version 0) and marks the store as 4 when it opens it.
+/// The version rises with each new field because an older decoder takes
+/// what it does not know for a damaged tail and cuts the log there: an
+/// older build must refuse a newer store rather than silently drop
+/// everything after the first new record.
 pub(crate) const FORMAT_VERSION: u32 = 4;
 /// First bytes of every log file.
 pub(crate) const MAGIC: &[u8; 8] = b"ZFSTORE\0";

@@ -642,7 +642,7 @@ fn newer_format_is_refused_with_a_clear_message() {
 }
 
 /// The log of a store whose format version is set back to 1 (whose layout
-/// is version 4's without `Epoch` and `ArmedWill` records).
+/// is version 4's without `Epoch` records and armed wills).
 fn as_version_1(dir: &Path) {
     let manifest = dir.join("MANIFEST");
     let text = std::fs::read_to_string(&manifest).unwrap();

@@ -282,9 +282,10 @@ pub(super) async fn lost_loop(
             .links
             .as_ref()
             .and_then(|k| k.known_peer(l.new_owner));
-        // Each claim raises the epoch by one over its owner's. Known only
-        // for the latest claim: one re-applied after a restart must not
-        // make a copy here a session again.
+        // Each claim raises the epoch by one over its owner's. Passed only
+        // for the latest claim as applied here; a claim re-applied after a
+        // restart may still look the latest mid-replay, and the core then
+        // adopts no copy written under a later claim than the one held.
         let latest = cluster.owner(&l.client_id) == Some((l.new_owner, l.epoch));
         let held = if latest { l.epoch.saturating_sub(1) } else { 0 };
         shared
