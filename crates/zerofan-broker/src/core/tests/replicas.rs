@@ -2971,6 +2971,15 @@ fn a_copy_asked_for_over_none_here_is_kept_as_its_owners() {
     assert_eq!(images.version("x"), 7);
 }
 
+/// Three nodes, and a clean client on node 1 subscribed to `will/#`.
+fn watching_wills() -> (Cluster, Cx) {
+    let mut cl = Cluster::new(3, 3);
+    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
+    cl.pump();
+    (cl, w)
+}
+
 /// The orphans `node` asks the cluster for (see `core/orphans.rs`).
 fn orphans(cl: &mut Cluster, node: usize) -> Vec<String> {
     let mut out = Vec::new();
@@ -2984,10 +2993,7 @@ fn orphans(cl: &mut Cluster, node: usize) -> Vec<String> {
 /// grants it to publishes the will, once, and keeps the session.
 #[test]
 fn a_dead_owners_connected_clients_will_is_published_by_a_replica() {
-    let mut cl = Cluster::new(3, 3);
-    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
-    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
-    cl.pump();
+    let (mut cl, w) = watching_wills();
     cl.epoch = 1;
     cl.with_will(0, "dev", 0);
     cl.epoch = 0;
@@ -3034,10 +3040,7 @@ fn a_dead_owners_connected_clients_will_is_published_by_a_replica() {
 /// client coming back meanwhile cancels it, as on one node.
 #[test]
 fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
-    let mut cl = Cluster::new(3, 3);
-    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
-    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
-    cl.pump();
+    let (mut cl, w) = watching_wills();
     cl.epoch = 1;
     cl.with_will(0, "dev", 30);
     cl.with_will(0, "cam", 30);
