@@ -367,6 +367,45 @@ def test_the_will_of_a_client_connected_to_a_dead_node_is_published(nodes, clien
     watch.assert_no_message(0.5)
 
 
+def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, clients):
+    """Clients with wills are connected to node 1 when it is killed (-9),
+    and reconnect to node 3 at once, as real clients do. Their connections
+    were lost with node 1: a will of delay 0 is published although the
+    client resumes its session, and one with a delay of 60 s when the client
+    comes back with a clean start (which ends the session); one with a delay
+    that resumes within it is not. Each once, whichever node serves them
+    first (before 2026-11-30, a client back on a node before any node took
+    its id for the will lost its will)."""
+    ns = nodes(3)
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+
+    def with_will(cid, delay):
+        return clients(ns[0], client_id=cid, clean=False, connect_props=expiry,
+                       will={"topic": f"will/{cid}", "payload": b"gone", "qos": 1,
+                             "props": props(PacketTypes.WILLMESSAGE,
+                                            WillDelayInterval=delay)})
+
+    olds = [with_will("now", 0), with_will("later", 60), with_will("clean", 60)]
+    # The copies have the armed wills once a round trip through node 1 is
+    # done (the SUBACK waits for every node).
+    assert olds[0].subscribe("now/in", 1) == [1]
+    ns[0].kill()
+    for c in olds:
+        c.close()
+    back = _persistent_served(ns[2], "now", 5)
+    assert back.session_present
+    later = _persistent_served(ns[2], "later", 5)
+    assert later.session_present
+    clean = served(ns[2], "clean")
+    got = sorted(watch.expect_message(WAIT).topic for _ in range(2))
+    assert got == ["will/clean", "will/now"]
+    watch.assert_no_message(2.0)
+    for c in (back, later, clean):
+        c.close()
+
+
 def test_retained_is_seen_from_every_node(nodes, clients):
     ns = nodes(3)
     clients(ns[1]).publish("r/kept", b"v1", qos=1, retain=True)

@@ -13,7 +13,7 @@ use super::deliver::{
 };
 use super::durable::{
     armed_will, forget_entries, from_stored, placeholder, stored_will, sub_options, to_stored,
-    EventEnd,
+    will_from_stored, EventEnd,
 };
 use super::durable::{
     DurableLog, EntryId, MsgId, QueueEntry, Recovered, SessionMeta, StoreStats, StoredMessage,
@@ -798,9 +798,15 @@ impl Broker {
             s.protocol = protocol;
             s.expiry_interval = expiry;
             s.set_expires_at(self.started, None);
-            // Reconnecting before the will delay passed cancels the will (MQTT-3.1.3-9).
-            let cancelled = s.take_pending_will().is_some();
-            self.dur_connected(sid, cancelled);
+            // Reconnecting before the will delay passed cancels the will
+            // (MQTT-3.1.3-9). One due already is published: the copy of a
+            // dead node's session, whose connection was lost with its node
+            // (see `restore`), its delay 0 or over.
+            let pending = s.take_pending_will();
+            self.dur_connected(sid, pending.is_some());
+            if let Some(w) = pending.filter(|w| w.at <= now) {
+                self.publish_will(now, w.will);
+            }
         }
 
         let Some(c) = self.conns.get_mut(&conn) else {
@@ -4715,10 +4721,8 @@ impl Broker {
                     .extend(rs.incoming_qos2.iter().copied());
             }
             if let Some(w) = &rs.will {
-                match from_stored(&w.message, &self.durable) {
-                    Some(m) => {
-                        let mut properties = m.properties.into_inner();
-                        properties.message_expiry_interval = w.message_expiry_interval;
+                match will_from_stored(w, &self.durable) {
+                    Some(will) => {
                         // Armed (a copy of a dead node's session, its client
                         // connected there): its connection is lost as of now.
                         let at = match w.armed {
@@ -4728,16 +4732,7 @@ impl Broker {
                             }
                             None => self.durable.instant(w.due_at_ms),
                         };
-                        s.set_pending_will(Box::new(PendingWill {
-                            will: Will {
-                                topic: m.topic,
-                                payload: m.payload,
-                                qos: m.qos,
-                                retain: m.retain,
-                                properties: properties.into(),
-                            },
-                            at,
-                        }));
+                        s.set_pending_will(Box::new(PendingWill { will, at }));
                     }
                     None => damaged += 1,
                 }
@@ -6330,12 +6325,29 @@ impl Broker {
             return HashSet::default();
         }
         let owner = self.repl.images.subscribed_owner(client);
-        let mut disk = super::replica::Disk::new(&mut self.durable);
         if connect.clean_start || self.sessions.has_client(&connect.client_id) {
+            // A clean start ends the session the copy holds (one served
+            // here is ended by `handle_connect`): its will is published
+            // (MQTT-3.1.3-9), the connection it was armed for lost with
+            // its dead node, or its delay left to run when the session
+            // moved here.
+            let will = self
+                .repl
+                .images
+                .will_of(client)
+                .filter(|_| !self.sessions.has_client(&connect.client_id))
+                .map(|w| will_from_stored(w, &self.durable));
+            let mut disk = super::replica::Disk::new(&mut self.durable);
             self.repl.images.forget(client, &mut disk);
             self.metrics.store_errors += disk.errors;
+            match will {
+                Some(Some(w)) => self.publish_will(now, w),
+                Some(None) => self.metrics.store_restore_skipped += 1,
+                None => {}
+            }
             return HashSet::default();
         }
+        let mut disk = super::replica::Disk::new(&mut self.durable);
         let had = self.repl.images.marks_of(client);
         // The copy's ids are the previous owner's when it wrote the copy
         // under its claim, also when another node sent it (see

@@ -562,6 +562,21 @@ pub(super) fn armed_will(w: &Will, d: &Durable) -> StoredWill {
     stored_will(w, d, 0, Some(delay))
 }
 
+/// The will a stored one holds (none: its record is damaged); when it is
+/// due is the caller's.
+pub(super) fn will_from_stored(w: &StoredWill, d: &Durable) -> Option<Will> {
+    let m = from_stored(&w.message, d)?;
+    let mut properties = m.properties.into_inner();
+    properties.message_expiry_interval = w.message_expiry_interval;
+    Some(Will {
+        topic: m.topic,
+        payload: m.payload,
+        qos: m.qos,
+        retain: m.retain,
+        properties: properties.into(),
+    })
+}
+
 /// The message a will becomes (for storing it).
 pub(super) fn will_message(w: &Will) -> Message {
     Message::owned(

@@ -980,6 +980,11 @@ impl Images {
             .is_some_and(|i| i.holds_will_of(owner))
     }
 
+    /// The will the copy of `client` here holds (armed or pending).
+    pub(crate) fn will_of(&self, client: &str) -> Option<&StoredWill> {
+        self.by_client.get(client)?.will.as_deref()
+    }
+
     /// The node that wrote `client`'s image, when it has subscriptions (a
     /// session whose matches that node relays when it hands it over).
     pub(crate) fn subscribed_owner(&self, client: &str) -> Option<PeerId> {

@@ -3078,6 +3078,56 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
     assert_eq!(cl.hs[1].b.metrics().wills_published, 1);
 }
 
+/// A dead node's client back on another node before any node adopted
+/// its session: the will armed for the connection lost with that node is
+/// published when due (its delay 0, or a clean start ending the session,
+/// MQTT-3.1.3-9), and cancelled by a return within its delay, as on one
+/// node.
+#[test]
+fn a_dead_owners_client_back_elsewhere_has_its_due_will_published() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "now", 0);
+    cl.with_will(0, "later", 30);
+    cl.with_will(0, "clean", 30);
+    cl.epoch = 0;
+    cl.kill(0);
+    let topics = |cl: &mut Cluster| -> Vec<String> {
+        let got = cl.out(w);
+        got.publishes()
+            .iter()
+            .map(|p| p.topic.to_string())
+            .collect()
+    };
+
+    let (_now, out) = cl.persistent_after(2, "now", 2, 0, 1);
+    assert!(present(&out), "the session was kept");
+    assert_eq!(topics(&mut cl), ["will/now"], "delay 0: due at the loss");
+
+    let (_later, out) = cl.persistent_after(2, "later", 2, 0, 1);
+    assert!(present(&out));
+    assert!(topics(&mut cl).is_empty(), "back within its delay");
+
+    cl.prev = Some(PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    });
+    cl.epoch = 2;
+    let (_clean, out) = cl.connect(2, "clean", Protocol::V5, true, 0);
+    cl.prev = None;
+    cl.epoch = 0;
+    assert!(!present(&out));
+    assert_eq!(topics(&mut cl), ["will/clean"], "a clean start ends it");
+
+    cl.later(60);
+    assert!(topics(&mut cl).is_empty(), "each once, the cancelled none");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 2);
+    // The copies elsewhere are the new owner's: no orphan left to claim.
+    for c in ["now", "later", "clean"] {
+        assert!(!cl.hs[1].b.orphan_pending(c, remote(0)), "{c}");
+    }
+}
+
 /// A client that disconnects cleanly leaves no will behind on the
 /// replicas: its node's death later publishes nothing.
 #[test]

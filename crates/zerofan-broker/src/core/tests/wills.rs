@@ -87,6 +87,25 @@ fn will_delay_waits_and_reconnect_cancels() {
     );
 }
 
+/// The delay is over when the client comes back, the timer not run yet
+/// (it runs at the shell's next tick): the will is due, and published,
+/// not cancelled.
+#[test]
+fn a_will_due_at_reconnect_is_published() {
+    let mut h = H::new();
+    let w = watcher(&mut h);
+    let c = with_will(&mut h, "d", Some(10), 100);
+    h.b.connection_lost(h.now, c);
+    h.now += std::time::Duration::from_secs(10);
+    let (_, out) = h.connect_with("d", Protocol::V5, false, |c| {
+        c.properties.session_expiry_interval = Some(100)
+    });
+    assert!(out.connack().unwrap().session_present);
+    assert_eq!(h.out(w).payloads(), ["gone"]);
+    h.secs(20);
+    assert!(h.out(w).publishes().is_empty(), "once");
+}
+
 #[test]
 fn will_delay_is_cut_short_by_session_end() {
     let mut h = H::new();
