@@ -6325,6 +6325,15 @@ impl Broker {
             return HashSet::default();
         }
         let owner = self.repl.images.subscribed_owner(client);
+        // A will armed for a connection to a live node is that node's to
+        // publish, when this claim makes it close the connection; one
+        // armed for a node away was lost with it.
+        let armed_live = self
+            .repl
+            .images
+            .owner_of(client)
+            .is_some_and(|(o, _)| self.peers.is_live(o));
+        let ours = |w: &zerofan_store::StoredWill| w.armed.is_none() || !armed_live;
         if connect.clean_start || self.sessions.has_client(&connect.client_id) {
             // A clean start ends the session the copy holds (one served
             // here is ended by `handle_connect`): its will is published
@@ -6335,7 +6344,7 @@ impl Broker {
                 .repl
                 .images
                 .will_of(client)
-                .filter(|_| !self.sessions.has_client(&connect.client_id))
+                .filter(|w| ours(w) && !self.sessions.has_client(&connect.client_id))
                 .map(|w| will_from_stored(w, &self.durable));
             let mut disk = super::replica::Disk::new(&mut self.durable);
             self.repl.images.forget(client, &mut disk);
@@ -6360,9 +6369,12 @@ impl Broker {
         let prev = prev.and_then(|p| p.peer);
         let rs = self.repl.images.take(client, &mut disk);
         self.metrics.store_errors += disk.errors;
-        let Some(rs) = rs else {
+        let Some(mut rs) = rs else {
             return HashSet::default();
         };
+        if rs.will.as_ref().is_some_and(|w| !ours(w)) {
+            rs.will = None;
+        }
         if let Some((from, ids)) = ids {
             self.strands.hold(client, from, ids, now);
         }

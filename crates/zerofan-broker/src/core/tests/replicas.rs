@@ -3128,6 +3128,34 @@ fn a_dead_owners_client_back_elsewhere_has_its_due_will_published() {
     }
 }
 
+/// A client connected to a live node comes back on another with a clean
+/// start: the old node publishes the will of the connection it closes
+/// (0x8E), and the new one does not publish its copy's armed will again.
+#[test]
+fn a_live_owners_client_taken_with_a_clean_start_has_its_will_published_once() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    let old = cl.with_will(0, "dev", 0);
+    cl.prev = Some(PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    });
+    cl.epoch = 2;
+    let (_new, out) = cl.connect(2, "dev", Protocol::V5, true, 0);
+    cl.prev = None;
+    cl.epoch = 0;
+    assert!(!present(&out));
+    assert!(cl.out(w).publishes().is_empty(), "node 0 holds the will");
+    let now = cl.hs[0].now;
+    cl.hs[0].b.client_taken_by(now, "dev", Some(remote(2)));
+    cl.pump();
+    assert!(cl.out(old).closed);
+    assert_eq!(cl.out(w).payloads(), ["gone"]);
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
 /// A client that disconnects cleanly leaves no will behind on the
 /// replicas: its node's death later publishes nothing.
 #[test]
