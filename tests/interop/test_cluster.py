@@ -367,6 +367,38 @@ def test_the_will_of_a_client_connected_to_a_dead_node_is_published(nodes, clien
     watch.assert_no_message(0.5)
 
 
+def test_the_will_of_a_clean_client_of_a_dead_node_is_published(nodes, clients):
+    """Clean clients (MQTT 5 Session Expiry 0, 3.1.1 clean session 1) with
+    wills are connected to node 1 when it is killed (-9). Their sessions
+    have no copies, but their wills do: a node holding one publishes it,
+    once, when node 1's lease ran out (before 2026-11-30 these wills were
+    lost with their node). A clean client that disconnected cleanly leaves
+    none."""
+    ns = nodes(3)
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    v5 = clients(ns[0], client_id="v5", connect_props=props(PacketTypes.CONNECT,
+                                                           SessionExpiryInterval=0),
+                 will={"topic": "will/v5", "payload": b"v5 gone", "qos": 1,
+                       "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=30)})
+    v3 = clients(ns[0], client_id="v3", version=311,
+                 will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
+    quiet = clients(ns[0], client_id="quiet", version=311,
+                    will={"topic": "will/quiet", "payload": b"quiet gone", "qos": 1})
+    quiet.disconnect()
+    # The copies hold the wills once a round trip through node 1 is done
+    # (the SUBACK waits for every node).
+    assert v5.subscribe("v5/in", 1) == [1]
+    killed = time.monotonic()
+    ns[0].kill()
+    v5.close()
+    v3.close()
+    got = sorted((m.topic, m.payload) for m in (watch.expect_message(WAIT) for _ in range(2)))
+    assert got == [("will/v3", b"v3 gone"), ("will/v5", b"v5 gone")]
+    print(f"failover: clean wills published {time.monotonic() - killed:.2f} s after kill -9")
+    watch.assert_no_message(2.0)
+
+
 def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, clients):
     """Clients with wills are connected to node 1 when it is killed (-9),
     and reconnect to node 3 at once, as real clients do. Their connections

@@ -158,6 +158,7 @@ pub struct Broker {
     /// (see `claims`).
     claims: super::claims::Claims,
     orphans: super::orphans::Orphans,
+    clean_wills: super::orphans::CleanWills,
     /// The cluster node's ownership lease (see `lease`).
     lease: super::lease::Lease,
     /// The cluster-wide order of retained changes (see `retain_order`).
@@ -220,6 +221,7 @@ impl Broker {
             events: Default::default(),
             claims: Default::default(),
             orphans: Default::default(),
+            clean_wills: Default::default(),
             lease: Default::default(),
             retain_order: Default::default(),
             repl: Default::default(),
@@ -1092,6 +1094,9 @@ impl Broker {
         };
         self.strands.ended(&s.client_id);
         self.dur_session_ended(&s.client_id, s.stored);
+        if !s.stored {
+            self.clean_will_ended(&s.client_id);
+        }
         if let Some(w) = s.take_pending_will() {
             self.publish_will(now, w.will);
         }
@@ -1170,6 +1175,10 @@ impl Broker {
         if let Some(prev) = prev {
             self.refuse_stale_copy(client, &prev);
         }
+        if self.repl.images.is_clean(client) {
+            self.clean_orphan_claimed(now, client, epoch);
+            return;
+        }
         if self.adopt_replica_at(now, client, epoch) {
             self.metrics.orphans_adopted += 1;
             tracing::info!(
@@ -1180,6 +1189,38 @@ impl Broker {
         } else {
             self.end_event();
         }
+    }
+
+    /// [`Broker::orphan_claimed`] of the copy of a clean session: its
+    /// client's connection was lost with its node, and its session with
+    /// it (expiry 0), so the will is published now. Nothing is served
+    /// here; the other copies go.
+    fn clean_orphan_claimed(&mut self, now: Instant, client: &str, epoch: u64) {
+        self.replica_epoch(client, epoch);
+        let will = self
+            .repl
+            .images
+            .will_of(client)
+            .map(|w| will_from_stored(w, &self.durable));
+        let mut disk = super::replica::Disk::new(&mut self.durable);
+        self.repl.images.forget(client, &mut disk);
+        self.metrics.store_errors += disk.errors;
+        match will {
+            Some(Some(w)) => {
+                self.metrics.orphans_adopted += 1;
+                tracing::info!(
+                    client_id = client,
+                    epoch,
+                    "published the will of a clean session of a node away"
+                );
+                self.publish_will(now, w);
+            }
+            Some(None) => self.metrics.store_restore_skipped += 1,
+            None => {}
+        }
+        self.drop_copies(client, Some(epoch), Vec::new());
+        self.repl.keep_epoch_if_claimed(client);
+        self.end_event();
     }
 
     /// `client`'s orphan claim ended without it (moved on, owner back).
@@ -6172,6 +6213,22 @@ impl Broker {
         for sid in sids {
             self.image_ops(sid, &mut ops, &mut named);
         }
+        if only.is_none() {
+            // Clean sessions' armed wills.
+            for (client, epoch) in self.clean_wills.iter() {
+                let Some(sid) = self.sessions.of_client(client) else {
+                    continue;
+                };
+                if epoch > 0 {
+                    ops.push(super::replica::ReplOp::Epoch {
+                        client: client.into(),
+                        epoch,
+                        version: 0,
+                    });
+                }
+                self.clean_will_ops(sid, &mut ops);
+            }
+        }
         if !ops.is_empty() {
             self.send_replicated(&targets, ops);
         }
@@ -6495,7 +6552,8 @@ impl Broker {
     /// now, see `restore`).
     fn restage(&mut self, sid: SessionId) {
         let (d, base) = (&self.durable, self.started);
-        let Some(s) = self.sessions.get_mut(sid) else {
+        // A clean session (a copy of one, its will armed) is never stored.
+        let Some(s) = self.sessions.get_mut(sid).filter(|s| s.expiry_interval > 0) else {
             return;
         };
         let client = s.client_id.clone();
@@ -6575,21 +6633,88 @@ impl Broker {
                 .is_some_and(|s| s.stored && s.expiry_interval > 0)
             {
                 self.repl.claim(client.as_str());
-            } else if self.repl.on() && !self.repl.current().is_empty() {
+            } else if self.repl.on() {
                 // A clean session ends the one it replaces: copies another
-                // owner left must not be resumed later.
-                let epoch = self.repl.epoch(client.as_str()).unwrap_or(0);
-                let ops = self
-                    .repl
-                    .drops
-                    .push(client.as_str(), self.repl.next_seq(), epoch);
-                self.metrics.replica_drops_forgotten = self.repl.drops.forgotten;
-                let targets = self.repl.current().to_vec();
-                self.send_replicated(&targets, ops);
+                // owner left must not be resumed later. Its client's will
+                // is armed there (see `clean_will_ops`).
+                let armed = self.arm_clean_will(sid);
+                self.drop_copies(client.as_str(), self.repl.epoch(client.as_str()), armed);
             }
             self.send_images(None, Some(sid));
         }
         self.repl.keep_epoch_if_claimed(client.as_str());
+    }
+
+    /// Send the replica set the drops of every copy of `client`, under
+    /// the claim of `epoch`, followed by `then` (remembered, see
+    /// `replica::Drops`).
+    fn drop_copies(&mut self, client: &str, epoch: Option<u64>, then: Vec<super::replica::ReplOp>) {
+        if self.repl.current().is_empty() {
+            return;
+        }
+        let epoch = epoch.unwrap_or(0);
+        let mut ops = self.repl.drops.push(client, self.repl.next_seq(), epoch);
+        ops.extend(then);
+        self.metrics.replica_drops_forgotten = self.repl.drops.forgotten;
+        let targets = self.repl.current().to_vec();
+        self.send_replicated(&targets, ops);
+    }
+
+    /// Clean session `sid` (expiry 0): its replicas keep the will of its
+    /// connected client armed in a copy of nothing else, so that one of
+    /// them publishes it should this node die with the client connected
+    /// (see `orphans`); the copy goes when the session ends here (see
+    /// `clean_will_ended`). Returns the operations that arm it (none
+    /// without a will).
+    fn arm_clean_will(&mut self, sid: SessionId) -> Vec<super::replica::ReplOp> {
+        let Some(s) = self.sessions.get(sid) else {
+            return Vec::new();
+        };
+        let has_will = s
+            .conn
+            .and_then(|c| self.conns.get(&c))
+            .is_some_and(|c| c.will.is_some());
+        if !has_will {
+            return Vec::new();
+        }
+        let epoch = self.repl.epoch(&s.client_id).unwrap_or(0);
+        self.clean_wills.arm(&s.client_id, epoch);
+        let mut ops = Vec::new();
+        self.clean_will_ops(sid, &mut ops);
+        ops
+    }
+
+    /// The operations that make a replica's copy of clean session `sid`:
+    /// its expiry (0) and its client's will, armed.
+    fn clean_will_ops(&self, sid: SessionId, ops: &mut Vec<super::replica::ReplOp>) {
+        let Some(s) = self.sessions.get(sid).filter(|s| !s.stored) else {
+            return;
+        };
+        let Some(will) = s
+            .conn
+            .and_then(|c| self.conns.get(&c))
+            .and_then(|c| c.will.as_deref())
+        else {
+            return;
+        };
+        let client: Box<str> = (*s.client_id).into();
+        ops.push(super::replica::ReplOp::Reset {
+            client: client.clone(),
+            meta: SessionMeta::default(),
+            read: None,
+        });
+        ops.push(super::replica::ReplOp::SetWill {
+            client,
+            will: Box::new(armed_will(will, &self.durable)),
+        });
+    }
+
+    /// `client`'s clean session ends here (its will published or not):
+    /// the copies that hold its will armed go.
+    fn clean_will_ended(&mut self, client: &str) {
+        if let Some(epoch) = self.clean_wills.disarm(client) {
+            self.drop_copies(client, Some(epoch), Vec::new());
+        }
     }
 
     /// `client` was granted to this node under the claim of `epoch`: its

@@ -15,10 +15,41 @@
 //!   (see `Broker::restore`), published as any lost connection's; the
 //!   other nodes find the id moved on.
 //!
+//! - A clean session (expiry 0) has no copies, but its client's will has
+//!   one: the owner sends its replicas a copy holding only that will,
+//!   armed ([`CleanWills`]), and drops it when the session ends here.
+//!
 //! Bounded by the copies: at most one request per copy kept here.
 
-use super::hash::HashSet;
+use super::hash::{HashMap, HashSet};
 use super::peer::PeerId;
+
+/// The owner's side: clean sessions here whose replicas hold their
+/// client's will armed, with the claim epoch it was sent under (the drop
+/// at the session's end names it; a newer claim of the same id, here,
+/// may have replaced the epoch the replication layer knows by then).
+/// Bounded by the sessions here: one entry per connected clean client
+/// with a will.
+#[derive(Debug, Default)]
+pub(crate) struct CleanWills {
+    armed: HashMap<Box<str>, u64>,
+}
+
+impl CleanWills {
+    pub(crate) fn arm(&mut self, client: &str, epoch: u64) {
+        self.armed.insert(client.into(), epoch);
+    }
+
+    /// `client`'s session ended: the epoch its will was armed under, if
+    /// it was.
+    pub(crate) fn disarm(&mut self, client: &str) -> Option<u64> {
+        self.armed.remove(client)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.armed.iter().map(|(c, e)| (&**c, *e))
+    }
+}
 
 /// A copy's client id the shell must claim from its away owner.
 #[derive(Clone, Debug, PartialEq, Eq)]

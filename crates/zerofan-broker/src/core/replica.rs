@@ -18,7 +18,9 @@
 //! - On disk: a replica writes what it holds to its own store before it
 //!   answers (see `disk`), each message once, and reads it back at start.
 //!
-//! Clean sessions write nothing to the store, so they cost nothing here.
+//! Clean sessions write nothing to the store, so they cost nothing here
+//! per message; only a connected clean client's will has a copy (see
+//! `orphans`), bounded apart from persistent sessions' copies.
 
 use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
@@ -847,6 +849,8 @@ pub(crate) struct Images {
     local_msg: HashMap<(PeerId, MsgId), MsgId>,
     /// Message bytes held (topic and payload).
     bytes: usize,
+    /// Images of clean sessions among them (see `held`).
+    clean: usize,
     max_images: usize,
     max_bytes: usize,
     /// Operations applied.
@@ -894,6 +898,7 @@ impl Default for Images {
             messages: HashMap::default(),
             local_msg: HashMap::default(),
             bytes: 0,
+            clean: 0,
             max_images: MAX_IMAGES,
             max_bytes: MAX_BYTES,
             applied: 0,
@@ -942,6 +947,17 @@ impl Images {
         self.by_client.len()
     }
 
+    /// Images held of clean sessions (`clean`) or of persistent ones:
+    /// each kind is bounded on its own, so that clean clients' wills never
+    /// take the room of persistent sessions' copies.
+    fn held(&self, clean: bool) -> usize {
+        if clean {
+            self.clean
+        } else {
+            self.by_client.len() - self.clean
+        }
+    }
+
     /// Message bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
@@ -978,6 +994,14 @@ impl Images {
         self.by_client
             .get(client)
             .is_some_and(|i| i.holds_will_of(owner))
+    }
+
+    /// Whether the copy of `client` here is of a clean session (expiry
+    /// 0): it holds only its client's will, armed (see `orphans`).
+    pub(crate) fn is_clean(&self, client: &str) -> bool {
+        self.by_client
+            .get(client)
+            .is_some_and(|i| i.meta.expiry_interval == 0)
     }
 
     /// The will the copy of `client` here holds (armed or pending).
@@ -1020,6 +1044,9 @@ impl Images {
         };
         if let Some(n) = img.owner.and_then(|o| self.per_owner.get_mut(&o)) {
             *n = n.saturating_sub(1);
+        }
+        if img.meta.expiry_interval == 0 {
+            self.clean = self.clean.saturating_sub(1);
         }
         disk.drop_session(client);
         let Some(owner) = img.owner else { return };
@@ -1295,23 +1322,33 @@ impl Images {
                 if over {
                     self.drop_image(&client, disk);
                 }
+                let clean = meta.expiry_interval == 0;
                 if !self.by_client.contains_key(&*client) {
-                    if self.by_client.len() >= self.max_images {
+                    if self.held(clean) >= self.max_images {
                         self.sweep(now_ms, disk);
                     }
-                    if self.by_client.len() >= self.max_images {
+                    if self.held(clean) >= self.max_images {
                         return false;
                     }
                     *self.per_owner.entry(from).or_default() += 1;
+                    self.clean += usize::from(clean);
                     self.by_client.insert(
                         client.clone(),
                         Image {
                             owner: Some(from),
+                            meta,
                             ..Image::default()
                         },
                     );
                 }
                 if let Some(i) = self.by_client.get_mut(&*client) {
+                    if (i.meta.expiry_interval == 0) != clean {
+                        self.clean = if clean {
+                            self.clean + 1
+                        } else {
+                            self.clean.saturating_sub(1)
+                        };
+                    }
                     i.meta = meta;
                 }
                 disk.put_session(&client, meta);

@@ -230,6 +230,13 @@ impl Images {
                 continue;
             };
             let client: Box<str> = client.into();
+            // A clean session's copy holds its client's will armed for a
+            // connection of the run before (see `orphans`): its owner, if
+            // alive, sends it again; read back, nobody would ever drop it.
+            if rs.meta.expiry_interval == 0 {
+                disk.drop_session(&client);
+                continue;
+            }
             let owner = RESTORED;
             let mut fresh = 0usize;
             let mut seen = std::collections::HashSet::new();

@@ -749,6 +749,16 @@ fn replicas_are_bounded_and_clean_sessions_are_not_copied() {
     assert_eq!(acks(&cl.out(p)), [(1, "puback")]);
     assert!(cl.hs[1].b.metrics().replica_ops_refused > refused);
     assert!(cl.hs[1].b.replica_images().1 <= 10);
+    // Clean clients' wills are bounded apart: they take no persistent
+    // session's room, nor it theirs.
+    clean_with_will(&mut cl, 0, "w1", Protocol::V5, 0);
+    clean_with_will(&mut cl, 0, "w2", Protocol::V5, 0);
+    assert!(cl.hs[1].b.has_copy("w1") && !cl.hs[1].b.has_copy("w2"));
+    assert_eq!(cl.hs[1].b.replica_images().0, 2);
+    let (c, _) = cl.persistent(0, "c");
+    cl.hs[0].subscribe(c.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    assert!(!cl.hs[1].b.has_copy("c"), "persistent copies still full");
 
     // Clean sessions: nothing replicated per message (a claim only tells
     // the replicas to drop any copy of that client id: 2 operations).
@@ -3154,6 +3164,148 @@ fn a_live_owners_client_taken_with_a_clean_start_has_its_will_published_once() {
     cl.later(60);
     assert!(cl.out(w).publishes().is_empty(), "once");
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
+/// A clean client (MQTT 5 expiry 0, 3.1.1 clean session) at `node`, still
+/// connected, with a will on `will/<id>` ("gone") of `delay` seconds.
+fn clean_with_will(cl: &mut Cluster, node: usize, id: &str, protocol: Protocol, delay: u32) -> Cx {
+    let topic = format!("will/{id}");
+    let (cx, out) = cl.connect_with(node, id, protocol, true, |c| {
+        let mut w = will(&topic, "gone");
+        if protocol == Protocol::V5 {
+            c.properties.session_expiry_interval = Some(0);
+            w.properties.will_delay_interval = Some(delay);
+        }
+        c.will = Some(w);
+    });
+    assert!(out.connack().is_some_and(|c| !c.session_present));
+    cx
+}
+
+/// A clean session has no copies, but its client's will has: a node with
+/// one asks for the client id once the will's node is dead, and the one
+/// the cluster grants it publishes the will, once, at once (the session,
+/// and so its delay, ended with the connection); the other copies go.
+#[test]
+fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "dev", Protocol::V5, 30);
+    clean_with_will(&mut cl, 0, "old", Protocol::V311, 0);
+    cl.connect(0, "plain", Protocol::V5, true, 0);
+    cl.epoch = 0;
+    assert!(cl.hs[1].b.has_copy("dev") && cl.hs[2].b.has_copy("old"));
+    assert!(
+        !cl.hs[1].b.has_copy("plain"),
+        "nothing of one without a will"
+    );
+    cl.kill(0);
+    for n in [1, 2] {
+        let mut asked = orphans(&mut cl, n);
+        asked.sort();
+        assert_eq!(asked, ["dev", "old"], "node {n}");
+    }
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    let now = cl.hs[2].now;
+    cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.hs[2].b.orphan_claimed(now, "old", 2, Some(prev));
+    cl.pump();
+    let got = cl.out(w);
+    let mut topics: Vec<String> = got
+        .publishes()
+        .iter()
+        .map(|p| p.topic.to_string())
+        .collect();
+    topics.sort();
+    assert_eq!(topics, ["will/dev", "will/old"]);
+    assert_eq!(cl.hs[2].b.metrics().orphans_adopted, 2);
+    assert!(!cl.hs[2].b.serves_client("dev"), "no session kept");
+    for c in ["dev", "old"] {
+        assert!(!cl.hs[1].b.orphan_pending(c, remote(0)), "{c}");
+        assert!(!cl.hs[1].b.has_copy(c) && !cl.hs[2].b.has_copy(c), "{c}");
+    }
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once");
+}
+
+/// The copy of a clean client's will goes with its session: a clean
+/// DISCONNECT, or a lost connection whose will its own node published,
+/// leaves no will for the node's death to publish again.
+#[test]
+fn a_clean_sessions_will_copy_goes_with_the_session() {
+    let (mut cl, w) = watching_wills();
+    let quiet = clean_with_will(&mut cl, 0, "quiet", Protocol::V5, 0);
+    let lost = clean_with_will(&mut cl, 0, "lost", Protocol::V311, 0);
+    assert!(cl.hs[1].b.has_copy("quiet") && cl.hs[1].b.has_copy("lost"));
+    cl.send(
+        quiet,
+        Packet::Disconnect(Disconnect {
+            reason: ReasonCode::SUCCESS,
+            properties: Default::default(),
+        }),
+    );
+    cl.lose(lost);
+    assert_eq!(cl.out(w).payloads(), ["gone"], "lost's, from node 0");
+    for n in [1, 2] {
+        assert!(!cl.hs[n].b.has_copy("quiet") && !cl.hs[n].b.has_copy("lost"));
+    }
+    cl.kill(0);
+    assert!(orphans(&mut cl, 1).is_empty());
+    assert!(orphans(&mut cl, 2).is_empty());
+}
+
+/// A dead node's clean client back on another node before any node took
+/// its id: the will of the connection lost with that node is published
+/// there, once; the other copy holder finds the id moved on.
+#[test]
+fn a_dead_owners_clean_client_back_elsewhere_has_its_will_published() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
+    cl.epoch = 0;
+    cl.kill(0);
+    cl.prev = Some(PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    });
+    cl.epoch = 2;
+    clean_with_will(&mut cl, 2, "dev", Protocol::V5, 0);
+    cl.prev = None;
+    cl.epoch = 0;
+    assert_eq!(cl.out(w).payloads(), ["gone"]);
+    assert!(!cl.hs[1].b.orphan_pending("dev", remote(0)));
+    // Node 2's client has a will of its own: armed on node 2's copies.
+    assert!(cl.hs[1].b.has_copy("dev"));
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once");
+}
+
+/// A replica does not read a clean client's will back from its disk (the
+/// connection it was armed for may be long gone, and nobody would drop
+/// it); its owner sends it again with its full images when the link is up.
+#[test]
+fn a_restarted_replica_gets_clean_wills_from_their_owner_not_its_disk() {
+    let dir = Dir::new("clean-will");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
+    cl.epoch = 0;
+    assert!(cl.hs[2].b.has_copy("dev"));
+    cl.kill(2);
+    cl.cut(0, 2, true);
+    cl.restart_on(2, &dir);
+    assert!(!cl.hs[2].b.has_copy("dev"), "read back from disk");
+    cl.cut(0, 2, false);
+    cl.hs[0].b.peer_joined(remote(2));
+    cl.hs[0].b.set_peer_away(remote(2), false);
+    cl.pump();
+    assert!(cl.hs[2].b.has_copy("dev"), "not sent again");
+    cl.kill(0);
+    assert_eq!(orphans(&mut cl, 2), ["dev"]);
 }
 
 /// A client that disconnects cleanly leaves no will behind on the
