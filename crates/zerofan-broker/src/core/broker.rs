@@ -6216,17 +6216,9 @@ impl Broker {
         if only.is_none() {
             // Clean sessions' armed wills.
             for (client, epoch) in self.clean_wills.iter() {
-                let Some(sid) = self.sessions.of_client(client) else {
-                    continue;
-                };
-                if epoch > 0 {
-                    ops.push(super::replica::ReplOp::Epoch {
-                        client: client.into(),
-                        epoch,
-                        version: 0,
-                    });
+                if let Some(sid) = self.sessions.of_client(client) {
+                    self.clean_will_ops(sid, epoch, &mut ops);
                 }
-                self.clean_will_ops(sid, &mut ops);
             }
         }
         if !ops.is_empty() {
@@ -6632,6 +6624,8 @@ impl Broker {
                 .get(sid)
                 .is_some_and(|s| s.stored && s.expiry_interval > 0)
             {
+                // Persistent now: its will is armed in its full image.
+                self.clean_wills.disarm(client.as_str());
                 self.repl.claim(client.as_str());
             } else if self.repl.on() {
                 // A clean session ends the one it replaces: copies another
@@ -6680,13 +6674,15 @@ impl Broker {
         let epoch = self.repl.epoch(&s.client_id).unwrap_or(0);
         self.clean_wills.arm(&s.client_id, epoch);
         let mut ops = Vec::new();
-        self.clean_will_ops(sid, &mut ops);
+        // The drops before them name the epoch.
+        self.clean_will_ops(sid, 0, &mut ops);
         ops
     }
 
-    /// The operations that make a replica's copy of clean session `sid`:
+    /// The operations that make a replica's copy of clean session `sid`,
+    /// under the claim of `epoch` (0: named before them, or not known):
     /// its expiry (0) and its client's will, armed.
-    fn clean_will_ops(&self, sid: SessionId, ops: &mut Vec<super::replica::ReplOp>) {
+    fn clean_will_ops(&self, sid: SessionId, epoch: u64, ops: &mut Vec<super::replica::ReplOp>) {
         let Some(s) = self.sessions.get(sid).filter(|s| !s.stored) else {
             return;
         };
@@ -6698,6 +6694,13 @@ impl Broker {
             return;
         };
         let client: Box<str> = (*s.client_id).into();
+        if epoch > 0 {
+            ops.push(super::replica::ReplOp::Epoch {
+                client: client.clone(),
+                epoch,
+                version: 0,
+            });
+        }
         ops.push(super::replica::ReplOp::Reset {
             client: client.clone(),
             meta: SessionMeta::default(),

@@ -376,12 +376,12 @@ counters! {
                 "Client ids granted here after their client left before the answer (its copy here served offline).",
             )),
         /// Copies of a dead node's sessions adopted here to publish their
-        /// wills (see `orphans`).
+        /// wills, clean sessions' wills published included (see `orphans`).
         pub orphans_adopted: u64 = CounterDef::NEW
             .sys("cluster/orphans_adopted")
             .prom(Family::new(
                 "zerofan_cluster_orphans_adopted_total",
-                "Sessions of a node away adopted here from their copies to publish their clients' wills.",
+                "Sessions of a node away adopted here from their copies to publish their clients' wills (a clean session's will: published, nothing kept).",
             )),
         /// Unanswered claims of clients that left, forgotten (too many).
         pub claims_left_forgotten: u64 = CounterDef::NEW
