@@ -420,6 +420,10 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
                                             WillDelayInterval=delay)})
 
     olds = [with_will("now", 0), with_will("later", 60), with_will("clean", 60)]
+    # A clean session's (expiry 0) client, back asking to resume.
+    olds.append(clients(ns[0], client_id="gone", connect_props=props(
+        PacketTypes.CONNECT, SessionExpiryInterval=0),
+        will={"topic": "will/gone", "payload": b"gone", "qos": 1}))
     # The copies have the armed wills once a round trip through node 1 is
     # done (the SUBACK waits for every node).
     assert olds[0].subscribe("now/in", 1) == [1]
@@ -431,10 +435,21 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
     later = _persistent_served(ns[2], "later", 5)
     assert later.session_present
     clean = served(ns[2], "clean")
-    got = sorted(watch.expect_message(WAIT).topic for _ in range(2))
-    assert got == ["will/clean", "will/now"]
+    deadline = time.monotonic() + WAIT
+    while True:
+        gone = PahoClient(ns[2].broker, client_id="gone", clean=False, connect=False,
+                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=0))
+        present, rc, _ = gone.connect(expect_rc=None)
+        if rc == 0:
+            break
+        gone.close()
+        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
+        time.sleep(0.2)
+    assert not present, "a clean session came back"
+    got = sorted(watch.expect_message(WAIT).topic for _ in range(3))
+    assert got == ["will/clean", "will/gone", "will/now"]
     watch.assert_no_message(2.0)
-    for c in (back, later, clean):
+    for c in (back, later, clean, gone):
         c.close()
 
 

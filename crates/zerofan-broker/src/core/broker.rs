@@ -6383,7 +6383,10 @@ impl Broker {
             .owner_of(client)
             .is_some_and(|(o, _)| self.peers.is_live(o));
         let ours = |w: &zerofan_store::StoredWill| w.armed.is_none() || !armed_live;
-        if connect.clean_start || self.sessions.has_client(&connect.client_id) {
+        // The copy of a clean session holds only its will: that session
+        // ended with its connection, and nothing is resumed.
+        let ended = connect.clean_start || self.repl.images.is_clean(client);
+        if ended || self.sessions.has_client(&connect.client_id) {
             // A clean start ends the session the copy holds (one served
             // here is ended by `handle_connect`): its will is published
             // (MQTT-3.1.3-9), the connection it was armed for lost with

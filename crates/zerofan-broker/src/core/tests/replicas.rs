@@ -3283,6 +3283,32 @@ fn a_dead_owners_clean_client_back_elsewhere_has_its_will_published() {
     assert!(cl.out(w).publishes().is_empty(), "once");
 }
 
+/// The same client asking to resume (MQTT 5 clean start 0, expiry 0):
+/// its will is published all the same, and it finds no session, the one
+/// it had having ended with its connection.
+#[test]
+fn a_dead_owners_clean_client_resuming_elsewhere_finds_no_session() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    let dev = clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
+    cl.hs[0].subscribe(dev.conn, "t", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.epoch = 0;
+    cl.kill(0);
+    cl.prev = Some(PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    });
+    cl.epoch = 2;
+    let (_dev, out) = cl.connect(2, "dev", Protocol::V5, false, 0);
+    cl.prev = None;
+    cl.epoch = 0;
+    assert!(!present(&out), "a clean session came back");
+    assert_eq!(cl.out(w).payloads(), ["gone"]);
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once");
+}
+
 /// A replica does not read a clean client's will back from its disk (the
 /// connection it was armed for may be long gone, and nobody would drop
 /// it); its owner sends it again with its full images when the link is up.
