@@ -6392,11 +6392,16 @@ impl Broker {
             // (MQTT-3.1.3-9), the connection it was armed for lost with
             // its dead node, or its delay left to run when the session
             // moved here.
+            // Only the copy the previous owner wrote: one of an owner
+            // before it (a clean start checks no copy's age first) had its
+            // will published by the node that took the id from that owner.
+            let current =
+                prev.is_some_and(|p| self.repl.images.is_current(client, &p) == Some(true));
             let will = self
                 .repl
                 .images
                 .will_of(client)
-                .filter(|w| ours(w) && !self.sessions.has_client(&connect.client_id))
+                .filter(|w| current && ours(w) && !self.sessions.has_client(&connect.client_id))
                 .map(|w| will_from_stored(w, &self.durable));
             let mut disk = super::replica::Disk::new(&mut self.durable);
             self.repl.images.forget(client, &mut disk);

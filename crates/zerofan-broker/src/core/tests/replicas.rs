@@ -3283,6 +3283,45 @@ fn a_dead_owners_clean_client_back_elsewhere_has_its_will_published() {
     assert!(cl.out(w).publishes().is_empty(), "once");
 }
 
+/// A copy of an owner before the previous one: the node that took the id
+/// from that owner (here for the will) published it, and the clean start
+/// that takes the id next, before that node's drop of the copy arrives,
+/// must not publish it again (found by `cluster_soak.py` with will
+/// clients, seed 17: a will published twice).
+#[test]
+fn a_clean_start_publishes_no_will_of_an_older_owners_copy() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
+    cl.epoch = 0;
+    cl.kill(0);
+    let now = cl.hs[1].now;
+    let from0 = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+    };
+    cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(from0));
+    // Node 1's drop of node 2's copy is still on its way.
+    cl.prev = Some(PreviousOwner {
+        peer: Some(remote(1)),
+        epoch: 2,
+    });
+    cl.epoch = 3;
+    let (cx, out) = cl.hs[2].connect_with("dev", Protocol::V5, true, |c| {
+        c.properties.session_expiry_interval = Some(0);
+    });
+    assert!(out.connack().is_none());
+    let mut asked = Vec::new();
+    cl.hs[2].b.take_claims(&mut asked);
+    let now = cl.hs[2].now;
+    cl.hs[2].b.claim_answered_from(now, cx, true, 3, cl.prev);
+    cl.prev = None;
+    cl.epoch = 0;
+    cl.pump();
+    assert_eq!(cl.out(w).payloads(), ["gone"], "once, from node 1");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
 /// The same client asking to resume (MQTT 5 clean start 0, expiry 0):
 /// its will is published all the same, and it finds no session, the one
 /// it had having ended with its connection.
