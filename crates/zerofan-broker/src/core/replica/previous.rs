@@ -104,14 +104,22 @@ impl Images {
         if *epoch == 0 || img.epoch != *epoch || img.version == 0 {
             return Judged::Owners;
         }
+        if owner == disk::RESTORED {
+            // Read back: only a copy a claim here asked for is another
+            // node's, judged by its version and applied as the owner it
+            // named (keyed by no owner, its ids would meet other nodes'
+            // ids). Any other is its owner's full image: it replaces the
+            // copy, whose owner is then known again (left as it was, the
+            // owner's next change would find a copy of nobody's and start
+            // one without what only a full image carries).
+            return match asked() {
+                Some(a) if *version > img.version => a,
+                Some(_) => Judged::Older,
+                None => Judged::Owners,
+            };
+        }
         if *version <= img.version {
             return Judged::Older;
-        }
-        if owner == disk::RESTORED {
-            // Read back: only a copy a claim here asked for, as the owner
-            // it named (keyed by no owner, its ids would meet other
-            // nodes' ids).
-            return asked().unwrap_or(Judged::Owners);
         }
         Judged::Newer {
             owner,

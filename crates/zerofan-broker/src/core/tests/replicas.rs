@@ -1433,6 +1433,49 @@ fn a_clean_takeover_drops_the_old_copies() {
     assert!(!present(&out), "a session that ended came back");
 }
 
+/// A replica that restarted reads its copies back, owned by nobody known;
+/// when its link is up the owner sends its full images, which replace
+/// them, also when a copy read back holds every change already (found by
+/// `cluster_soak.py`, seed 17: that batch was judged another node's older
+/// copy and left unapplied; the owner's next change of a session then
+/// dropped the copy of nobody's and started one from that change, without
+/// the messages queued before or the subscriptions, so the node that
+/// served the session after a failover lost messages acknowledged and
+/// routed it nothing new).
+#[test]
+fn a_restarted_replica_takes_its_owners_full_images_over_its_copies() {
+    let dir = Dir::new("full-batch");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(2, &dir);
+    cl.epoch = 1;
+    cl.offline_subscriber(0, "a", "t/#", QoS::AtLeastOnce);
+    cl.epoch = 2;
+    cl.offline_subscriber(0, "b", "t/#", QoS::AtLeastOnce);
+    cl.epoch = 0;
+    cl.publish_acked(1, "t/x", "m0");
+    cl.kill(2);
+    cl.restart_on(2, &dir);
+    // The owner goes on: each session queues a message (and their copies
+    // here with it).
+    cl.publish_acked(1, "t/x", "m1");
+    cl.kill(0);
+    let mut served = Vec::new();
+    for (id, epoch) in [("a", 1), ("b", 2)] {
+        assert!(cl.hs[2].b.has_copy(id), "{id}");
+        let (c, out) = cl.persistent_after(2, id, 3 + epoch, 0, epoch);
+        assert!(present(&out), "{id}");
+        let mut got = out.payloads();
+        got.extend(cl.out(c).payloads());
+        assert_eq!(got, ["m0", "m1"], "{id}");
+        served.push((id, c));
+    }
+    // Subscribed: a message after the failover reaches each.
+    cl.publish_acked(1, "t/x", "m2");
+    for (id, c) in served {
+        assert_eq!(cl.out(c).payloads(), ["m2"], "{id}: not subscribed");
+    }
+}
+
 /// The same while a replica is down: the drop waits in the link's queue,
 /// which its restart drops; the replica reads the old copy back from its
 /// disk, and gets the drop again when its link is up.
