@@ -93,7 +93,8 @@ class Sub(threading.Thread):
     """A persistent subscriber of soak/#, QoS 2, that reconnects to the next
     live node whenever its connection ends."""
 
-    def __init__(self, name: str, version: int, first: int, nodes: list[Node], h: History):
+    def __init__(self, name: str, version: int, first: int, nodes: list[Node], h: History,
+                 topic_filter: str = "soak/#"):
         super().__init__(daemon=True)
         self.name, self.version, self.nodes, self.h = name, version, nodes, h
         self.at = first
@@ -114,7 +115,7 @@ class Sub(threading.Thread):
         self.trace: collections.deque = collections.deque(maxlen=40)
         self.c.c.on_log = lambda _c, _u, _l, buf: self.trace.append((time.monotonic(), buf))
         self._connect()
-        assert self.c.subscribe("soak/#", 2) == [2]
+        assert self.c.subscribe(topic_filter, 2) == [2]
 
     def _on_message(self, client, userdata, msg):
         with self.lock:
@@ -253,6 +254,81 @@ class Pub(threading.Thread):
             shut(c)
 
 
+class WillClient(threading.Thread):
+    """A clean client (3.1.1 clean session 1) with a QoS 2 will on
+    soak-will/NAME whose payload names its connection (NAME:K). It never
+    disconnects of itself until the end (a normal DISCONNECT, no will), and
+    reconnects to the next live node whenever its connection ends; a
+    short keep alive finds a paused node."""
+
+    def __init__(self, name: str, first: int, nodes: list[Node]):
+        super().__init__(daemon=True)
+        self.name, self.nodes, self.at = name, nodes, first
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        # [start, end or None, node id] of each connection, K its index.
+        self.conns: list[list] = []
+
+    def _client(self) -> PahoClient | None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not self.stop.is_set():
+            node = self.nodes[self.at % len(self.nodes)]
+            if node.broker is not None and node.broker.alive():
+                k = len(self.conns)
+                c = PahoClient(node.broker, client_id=self.name, version=311, keepalive=5,
+                               connect=False,
+                               will={"topic": f"soak-will/{self.name}",
+                                     "payload": f"{self.name}:{k}".encode(), "qos": 2})
+                try:
+                    _, rc, _ = c.connect(expect_rc=None)
+                except Exception:  # refused, reset, no CONNACK in time
+                    rc = -1
+                if rc == 0:
+                    self.conns.append([time.monotonic(), None, node.node_id])
+                    return c
+                shut(c)
+            self.at += 1
+            self.stop.wait(0.2)
+        if not self.stop.is_set():
+            self.errors.append(f"{self.name}: no node served it for 90 s")
+        return None
+
+    def run(self):
+        c = self._client()
+        while c is not None and not self.stop.is_set():
+            try:
+                c.disconnects.get(timeout=0.2)
+            except Exception:
+                continue
+            self.conns[-1][1] = time.monotonic()
+            shut(c)
+            self.at += 1
+            c = self._client()
+        if c is not None:
+            shut(c)
+
+
+def will_problems(received: list[bytes], clients: list[WillClient]) -> tuple[list[str], list[str]]:
+    """Each connection's will at most once, none of a connection closed
+    normally (the last, at the end); and the wills of connections that
+    ended abnormally after lasting 3 s that never came (reported apart: a
+    node that lost its lease drops its clients without their wills, and
+    comes back owning their ids when no node took them meanwhile)."""
+    counts = Counter(received)
+    out, missing = [], []
+    for w in clients:
+        for k, (start, end, node) in enumerate(w.conns):
+            n = counts.pop(f"{w.name}:{k}".encode(), 0)
+            if n > 1:
+                out.append(f"will {w.name}:{k} (node {node}) published {n} times")
+            if end is None and n:
+                out.append(f"will {w.name}:{k} (node {node}) of a connection closed normally")
+            if end is not None and n == 0 and end - start >= 3:
+                missing.append(f"{w.name}:{k} node {node}")
+    out += [f"will {p!r} of no connection" for p in counts]
+    return out, missing
+
+
 def problems(h: History, subs: list[str], conns: dict[str, list[int]]) -> list[str]:
     """The checker's promises, order judged on first deliveries (a QoS 1
     message in flight at a fault is delivered again after later ones) and
@@ -323,6 +399,8 @@ def main() -> int:
     timeline: list[tuple[float, str, int]] = []
     subs: list[Sub] = []
     pubs: list[Pub] = []
+    wills: list[WillClient] = []
+    watch: Sub | None = None
     started = time.monotonic()
     wall = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     try:
@@ -334,7 +412,9 @@ def main() -> int:
         subs = [Sub("s5a", 5, 0, ns, h), Sub("s3b", 311, 1, ns, h), Sub("s5c", 5, 2, ns, h)]
         pubs = [Pub(f"q{qos}n{i}", qos, i, ns, h, limit=int(args.seconds * 60))
                 for i in range(3) for qos in (1, 2)]
-        for t in subs + pubs:
+        watch = Sub("w5", 5, 1, ns, h, "soak-will/#")
+        wills = [WillClient(f"will{i}", i, ns) for i in range(3)]
+        for t in subs + pubs + wills + [watch]:
             t.start()
         end = started + args.seconds
         while time.monotonic() < end:
@@ -379,9 +459,23 @@ def main() -> int:
                    for who, seqs in h.acked.items() if h.qos[who] >= 1):
                 break
             time.sleep(0.2)
-        for s in subs:
+        for w in wills:
+            w.stop.set()
+        for w in wills:
+            w.join(30)
+        # The last wills: a failover's claim, or the lost node's hand-over
+        # (10 s), then delivery to the watcher (bounded).
+        want = {f"{w.name}:{k}".encode() for w in wills
+                for k, (start, end, _) in enumerate(w.conns) if end is not None}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with watch.lock:
+                if want <= set(h.received["w5"]):
+                    break
+            time.sleep(0.2)
+        for s in subs + [watch]:
             s.stop.set()
-        for s in subs:
+        for s in subs + [watch]:
             s.join(30)
         # A subscriber that could not connect at the end: does a fresh
         # client with its id get a CONNACK? (Tells a stuck client id from
@@ -412,7 +506,9 @@ def main() -> int:
                             r.close()
                     print(f"  probe: a fresh {sub.name} at node {n.node_id}: {got}")
         found = problems(h, [s.name for s in subs], {p.who: p.conns for p in pubs})
-        found += [e for t in subs + pubs for e in t.errors]
+        found += [e for t in subs + pubs + wills + [watch] for e in t.errors]
+        will_found, wills_missing = will_problems(list(h.received["w5"]), wills)
+        found += will_found
         moves = {name: sum(metric(n.http_port, f"zerofan_cluster_{name}_total")
                            for n in live(ns))
                  for name in ("moves_relayed", "moves_relayed_messages", "moves_timed_out",
@@ -429,7 +525,11 @@ def main() -> int:
               f"subscriber reconnects {sum(s.reconnects for s in subs)}; "
               f"descriptors open here {len(os.listdir('/proc/self/fd'))}; "
               f"since the last restarts {moves}; "
+              f"wills: connections ended {sum(1 for w in wills for c in w.conns if c[1])}, "
+              f"published {len(h.received['w5'])}, missing {len(wills_missing)}; "
               f"problems {len(found)}")
+        if wills_missing:
+            print(f"  wills missing: {', '.join(wills_missing[:20])}")
         for f in found[:20]:
             print(f"  {f}")
         for s in subs:
@@ -471,7 +571,7 @@ def main() -> int:
                               f"{sent_to[who].get(first)}")
         return 1 if found else 0
     finally:
-        for t in subs + pubs:
+        for t in subs + pubs + wills + ([watch] if watch else []):
             t.stop.set()
         proxy.close()
         for n in ns:
