@@ -5836,7 +5836,15 @@ impl Broker {
         // Back, it gets full images (what it missed may have been dropped
         // from its full queue); away, another peer may take its place.
         let added = self.replica_set_changed();
-        if !away && !added.contains(&peer) && self.repl.current().contains(&peer) {
+        let images = !away && !added.contains(&peer) && self.repl.current().contains(&peer);
+        tracing::debug!(
+            ?peer,
+            away,
+            added = added.len(),
+            images,
+            "a node away or back"
+        );
+        if images {
             self.send_images(Some(peer), None);
         }
         self.end_event();
@@ -6220,6 +6228,9 @@ impl Broker {
                     self.clean_will_ops(sid, epoch, &mut ops);
                 }
             }
+        }
+        if only.is_none() {
+            self.metrics.replica_images_sent += targets.len() as u64;
         }
         if !ops.is_empty() {
             self.send_replicated(&targets, ops);

@@ -680,6 +680,14 @@ counters! {
                 "zerofan_cluster_replica_installs_total",
                 "Sessions taken over from a replica image kept here.",
             )),
+        /// Full images of this node's sessions sent to a replica (new to
+        /// the replica set, or back after being away).
+        pub replica_images_sent: u64 = CounterDef::NEW
+            .sys("cluster/replica_images_sent")
+            .prom(Family::new(
+                "zerofan_cluster_replica_images_sent_total",
+                "Times this node sent a replica the full images of its persistent sessions (the replica new to its replica set, or back after being away).",
+            )),
         /// Acknowledgements that went without an away replica's answer.
         pub replica_waits_skipped: u64 = CounterDef::NEW
             .sys("cluster/replica_waits_skipped")
