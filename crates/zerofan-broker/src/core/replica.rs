@@ -1113,6 +1113,8 @@ impl Images {
         // changes the copy here holds already (see `previous`).
         let mut epochs: HashMap<Box<str>, (u64, u64)> = HashMap::default();
         let mut had: HashSet<Box<str>> = HashSet::default();
+        // Client ids this batch carries a full image of.
+        let mut full: HashSet<Box<str>> = HashSet::default();
         let mut ops = ops.into_iter().enumerate().peekable();
         while let Some((n, op)) = ops.next() {
             let op = match op {
@@ -1151,6 +1153,9 @@ impl Images {
                     continue;
                 }
             }
+            if let ReplOp::Reset { client, .. } = &op {
+                full.insert(client.clone());
+            }
             let q = quiet.get(n).copied().unwrap_or(false);
             if q {
                 if let Some(c) = op.client().filter(|c| !left_out.contains(*c)) {
@@ -1171,7 +1176,13 @@ impl Images {
                 continue;
             }
             if let Some(img) = self.by_client.get_mut(&c) {
-                if img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
+                // A batch of the owner's missing before this one (shed
+                // from a link's queue while this node was away): the copy
+                // holds less than this version says, and keeps the last
+                // it holds whole until a full image, so that a claim
+                // here asks for a newer copy (see `previous`).
+                let whole = version <= img.version.saturating_add(1) || full.contains(&c);
+                if whole && img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
                     if version > img.version && disk.on() {
                         // With the batch's changes, so that a copy read
                         // back from disk is judged by it (`previous`).
@@ -1736,6 +1747,52 @@ impl Images {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn batch(client: &str, epoch: u64, version: u64, full: bool) -> Vec<ReplOp> {
+        let mut ops = vec![ReplOp::Epoch {
+            client: client.into(),
+            epoch,
+            version,
+        }];
+        let meta = SessionMeta {
+            expiry_interval: 60,
+            expires_at_ms: None,
+        };
+        ops.push(if full {
+            ReplOp::Reset {
+                client: client.into(),
+                meta,
+                read: None,
+            }
+        } else {
+            ReplOp::Session {
+                client: client.into(),
+                meta,
+            }
+        });
+        ops
+    }
+
+    /// A copy that missed a batch of its owner's (shed while this node was
+    /// away) does not claim the versions after it, until a full image.
+    #[test]
+    fn a_batch_missing_between_holds_the_copys_version() {
+        let mut im = Images::default();
+        let mut durable = crate::core::durable::Durable::memory(std::time::Instant::now());
+        let owner = PeerId(1);
+        let mut apply = |im: &mut Images, ops| {
+            im.apply(owner, ops, 0, &mut Disk::new(&mut durable));
+        };
+        apply(&mut im, batch("a", 3, 1, true));
+        apply(&mut im, batch("a", 3, 2, false));
+        assert_eq!(im.version("a"), 2);
+        // Version 3 lost.
+        apply(&mut im, batch("a", 3, 4, false));
+        apply(&mut im, batch("a", 3, 5, false));
+        assert_eq!(im.version("a"), 2, "holds 4 and 5, not 3");
+        apply(&mut im, batch("a", 3, 5, true));
+        assert_eq!(im.version("a"), 5, "whole again");
+    }
 
     /// A replica's answer to this node's former self (numbered from that
     /// run's start, or from 0 before runs were numbered from the clock)
