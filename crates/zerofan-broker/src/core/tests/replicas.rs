@@ -337,12 +337,26 @@ impl Cluster {
         prev: usize,
         prev_epoch: u64,
     ) -> (Cx, Out) {
+        self.after(epoch, prev, prev_epoch, |cl| cl.persistent(node, id))
+    }
+
+    /// `f`, the claims it makes granted under `epoch`, from `prev` (node)
+    /// at `prev_epoch`.
+    fn after<R>(
+        &mut self,
+        epoch: u64,
+        prev: usize,
+        prev_epoch: u64,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
         self.prev = Some(PreviousOwner {
             peer: Some(remote(prev)),
             epoch: prev_epoch,
         });
-        let r = self.persistent_at(node, id, epoch);
+        self.epoch = epoch;
+        let r = f(self);
         self.prev = None;
+        self.epoch = 0;
         r
     }
 
@@ -3161,14 +3175,7 @@ fn a_dead_owners_client_back_elsewhere_has_its_due_will_published() {
     assert!(present(&out));
     assert!(topics(&mut cl).is_empty(), "back within its delay");
 
-    cl.prev = Some(PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    });
-    cl.epoch = 2;
-    let (_clean, out) = cl.connect(2, "clean", Protocol::V5, true, 0);
-    cl.prev = None;
-    cl.epoch = 0;
+    let (_clean, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "clean", Protocol::V5, true, 0));
     assert!(!present(&out));
     assert_eq!(topics(&mut cl), ["will/clean"], "a clean start ends it");
 
@@ -3189,14 +3196,7 @@ fn a_live_owners_client_taken_with_a_clean_start_has_its_will_published_once() {
     let (mut cl, w) = watching_wills();
     cl.epoch = 1;
     let old = cl.with_will(0, "dev", 0);
-    cl.prev = Some(PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    });
-    cl.epoch = 2;
-    let (_new, out) = cl.connect(2, "dev", Protocol::V5, true, 0);
-    cl.prev = None;
-    cl.epoch = 0;
+    let (_new, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "dev", Protocol::V5, true, 0));
     assert!(!present(&out));
     assert!(cl.out(w).publishes().is_empty(), "node 0 holds the will");
     let now = cl.hs[0].now;
@@ -3310,14 +3310,7 @@ fn a_dead_owners_clean_client_back_elsewhere_has_its_will_published() {
     clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
     cl.epoch = 0;
     cl.kill(0);
-    cl.prev = Some(PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    });
-    cl.epoch = 2;
-    clean_with_will(&mut cl, 2, "dev", Protocol::V5, 0);
-    cl.prev = None;
-    cl.epoch = 0;
+    cl.after(2, 0, 1, |cl| clean_with_will(cl, 2, "dev", Protocol::V5, 0));
     assert_eq!(cl.out(w).payloads(), ["gone"]);
     assert!(!cl.hs[1].b.orphan_pending("dev", remote(0)));
     // Node 2's client has a will of its own: armed on node 2's copies.
@@ -3344,23 +3337,9 @@ fn a_clean_start_publishes_no_will_of_an_older_owners_copy() {
         epoch: 1,
     };
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(from0));
-    // Node 1's drop of node 2's copy is still on its way.
-    cl.prev = Some(PreviousOwner {
-        peer: Some(remote(1)),
-        epoch: 2,
-    });
-    cl.epoch = 3;
-    let (cx, out) = cl.hs[2].connect_with("dev", Protocol::V5, true, |c| {
-        c.properties.session_expiry_interval = Some(0);
-    });
-    assert!(out.connack().is_none());
-    let mut asked = Vec::new();
-    cl.hs[2].b.take_claims(&mut asked);
-    let now = cl.hs[2].now;
-    cl.hs[2].b.claim_answered_from(now, cx, true, 3, cl.prev);
-    cl.prev = None;
-    cl.epoch = 0;
-    cl.pump();
+    // Node 1's drop of node 2's copy is still on its way when node 2's
+    // claim is answered (the nodes are pumped after).
+    cl.after(3, 1, 2, |cl| cl.connect(2, "dev", Protocol::V5, true, 0));
     assert_eq!(cl.out(w).payloads(), ["gone"], "once, from node 1");
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
 }
@@ -3377,14 +3356,7 @@ fn a_dead_owners_clean_client_resuming_elsewhere_finds_no_session() {
     cl.pump();
     cl.epoch = 0;
     cl.kill(0);
-    cl.prev = Some(PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-    });
-    cl.epoch = 2;
-    let (_dev, out) = cl.connect(2, "dev", Protocol::V5, false, 0);
-    cl.prev = None;
-    cl.epoch = 0;
+    let (_dev, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "dev", Protocol::V5, false, 0));
     assert!(!present(&out), "a clean session came back");
     assert_eq!(cl.out(w).payloads(), ["gone"]);
     cl.later(60);
