@@ -1205,22 +1205,33 @@ impl Broker {
         let mut disk = super::replica::Disk::new(&mut self.durable);
         self.repl.images.forget(client, &mut disk);
         self.metrics.store_errors += disk.errors;
-        match will {
-            Some(Some(w)) => {
-                self.metrics.orphans_adopted += 1;
-                tracing::info!(
-                    client_id = client,
-                    epoch,
-                    "published the will of a clean session of a node away"
-                );
-                self.publish_will(now, w);
-            }
-            Some(None) => self.metrics.store_restore_skipped += 1,
-            None => {}
+        if self.publish_copy_will(now, will) {
+            self.metrics.orphans_adopted += 1;
+            tracing::info!(
+                client_id = client,
+                epoch,
+                "published the will of a clean session of a node away"
+            );
         }
         self.drop_copies(client, Some(epoch), Vec::new());
         self.repl.keep_epoch_if_claimed(client);
         self.end_event();
+    }
+
+    /// Publish the will a copy held (`None`: none; `Some(None)`: its
+    /// record could not be read, counted). True when published.
+    fn publish_copy_will(&mut self, now: Instant, will: Option<Option<Will>>) -> bool {
+        match will {
+            Some(Some(w)) => {
+                self.publish_will(now, w);
+                true
+            }
+            Some(None) => {
+                self.metrics.store_restore_skipped += 1;
+                false
+            }
+            None => false,
+        }
     }
 
     /// `client`'s orphan claim ended without it (moved on, owner back).
@@ -6228,8 +6239,6 @@ impl Broker {
                     self.clean_will_ops(sid, epoch, &mut ops);
                 }
             }
-        }
-        if only.is_none() {
             self.metrics.replica_images_sent += targets.len() as u64;
         }
         if !ops.is_empty() {
@@ -6402,10 +6411,9 @@ impl Broker {
             // here is ended by `handle_connect`): its will is published
             // (MQTT-3.1.3-9), the connection it was armed for lost with
             // its dead node, or its delay left to run when the session
-            // moved here.
-            // Only the copy the previous owner wrote: one of an owner
-            // before it (a clean start checks no copy's age first) had its
-            // will published by the node that took the id from that owner.
+            // moved here. Only from the copy the previous owner wrote: an
+            // older owner's will (a clean start checks no copy's age
+            // first) was published by the node that took the id from it.
             let current =
                 prev.is_some_and(|p| self.repl.images.is_current(client, &p) == Some(true));
             let will = self
@@ -6417,11 +6425,7 @@ impl Broker {
             let mut disk = super::replica::Disk::new(&mut self.durable);
             self.repl.images.forget(client, &mut disk);
             self.metrics.store_errors += disk.errors;
-            match will {
-                Some(Some(w)) => self.publish_will(now, w),
-                Some(None) => self.metrics.store_restore_skipped += 1,
-                None => {}
-            }
+            self.publish_copy_will(now, will);
             return HashSet::default();
         }
         let mut disk = super::replica::Disk::new(&mut self.durable);
@@ -6680,21 +6684,13 @@ impl Broker {
     /// `clean_will_ended`). Returns the operations that arm it (none
     /// without a will).
     fn arm_clean_will(&mut self, sid: SessionId) -> Vec<super::replica::ReplOp> {
-        let Some(s) = self.sessions.get(sid) else {
-            return Vec::new();
-        };
-        let has_will = s
-            .conn
-            .and_then(|c| self.conns.get(&c))
-            .is_some_and(|c| c.will.is_some());
-        if !has_will {
-            return Vec::new();
-        }
-        let epoch = self.repl.epoch(&s.client_id).unwrap_or(0);
-        self.clean_wills.arm(&s.client_id, epoch);
         let mut ops = Vec::new();
         // The drops before them name the epoch.
         self.clean_will_ops(sid, 0, &mut ops);
+        if let Some(s) = self.sessions.get(sid).filter(|_| !ops.is_empty()) {
+            let epoch = self.repl.epoch(&s.client_id).unwrap_or(0);
+            self.clean_wills.arm(&s.client_id, epoch);
+        }
         ops
     }
 
