@@ -983,6 +983,71 @@ def test_a_node_cut_off_from_the_owner_only_serves_the_newer_copy(tmp_path):
         _shut_proxied(made, proxy, ns)
 
 
+def test_a_node_cut_off_from_the_leader_only_leaves_its_clients_wills_to_the_next(tmp_path):
+    """A partial partition: the node serving two clients with wills (one
+    persistent, MQTT 5; one clean, 3.1.1) is cut off from the leader only,
+    and still reaches the third node. Its lease runs out: it drops both
+    clients (MQTT 5: 0x9C) and publishes neither will; its replicas keep
+    them armed. Both come back on the third node, which still reaches the
+    old one. Each will is published once, by whichever node takes the id
+    first: the leader (a copy holder that sees the old node away, see
+    `core/orphans.rs`), or the third node, which the leader tells that the
+    old node's lease ran out (`Previous::lapsed`; before 2026-11-30 it left
+    the will to the old node, which was live, and the will was lost). Which
+    one wins is a race; the core test
+    `a_lapsed_owners_client_back_elsewhere_has_its_due_will_published` and
+    `cluster_tcp.rs` pin the second path down."""
+    proxy, ns, http = _proxied_nodes(tmp_path)
+    made: list[PahoClient] = []
+
+    def client(node: Node, **kw) -> PahoClient:
+        c = PahoClient(node.broker, **kw)
+        made.append(c)
+        return c
+
+    try:
+        s = _start_proxied(ns)
+        leader = ns[next(m["node_id"] for m in s["members"] if m["role"] == "leader") - 1]
+        owner, other = [n for n in ns if n is not leader]
+        watch = client(leader)
+        assert watch.subscribe("will/#", 1) == [1]
+        dev = client(owner, client_id="dev", clean=False,
+                     connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
+                     will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
+                           "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
+        v3 = client(owner, client_id="v3", version=311,
+                    will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
+        # The copies hold the wills once a round trip through the owner is
+        # done (the SUBACK waits for every node).
+        assert dev.subscribe("dev/in", 1) == [1]
+        assert v3.subscribe("v3/in", 1) == [1]
+
+        proxy.split(owner.node_id, leader.node_id)
+        rc, _ = dev.expect_disconnect(timeout=WAIT)
+        assert rc == 0x9C, rc
+        v3.expect_disconnect(timeout=WAIT)
+        assert metric(http[owner.node_id], "zerofan_cluster_clients_fenced_total") >= 2
+        back = _persistent_served(other, "dev", 5)
+        made.append(back)
+        assert back.session_present
+        deadline = time.monotonic() + WAIT
+        while True:
+            again = PahoClient(other.broker, client_id="v3", version=311, connect=False)
+            made.append(again)
+            _, rc, _ = again.connect(expect_rc=None)
+            if rc == 0:
+                break
+            assert rc == 3 and time.monotonic() < deadline, f"CONNACK {rc}"
+            time.sleep(0.2)
+        got = sorted((m.topic, m.payload) for m in (watch.expect_message(WAIT) for _ in range(2)))
+        assert got == [("will/dev", b"dev gone"), ("will/v3", b"v3 gone")]
+        watch.assert_no_message(2.0)
+        assert metric(http[owner.node_id], "zerofan_wills_published_total") == 0
+        proxy.heal()
+    finally:
+        _shut_proxied(made, proxy, ns)
+
+
 def _persistent(node: Node, cid: str, version: int, connect: bool = True) -> PahoClient:
     if version == 5:
         return PahoClient(node.broker, client_id=cid, clean=False, connect=connect,

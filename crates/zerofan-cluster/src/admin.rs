@@ -125,6 +125,10 @@ pub(crate) enum Reply {
         epoch: u64,
         #[serde(default)]
         previous: Option<(u64, u64)>,
+        /// The owner before let go only because its lease ran out (see
+        /// [`crate::Previous::lapsed`]).
+        #[serde(default)]
+        lapsed: bool,
     },
     Error(String),
     Removed(RemoveReport),

@@ -108,6 +108,21 @@ pub struct Members {
     pub nodes: BTreeMap<u64, Member>,
 }
 
+/// The owner a claim took a client id from (see [`Cluster::claim_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Previous {
+    /// Its node id.
+    pub node: u64,
+    /// The epoch of its claim.
+    pub epoch: u64,
+    /// It let go only because its lease ran out: it answered no fence,
+    /// and dropped its clients when the lease ended, without their wills
+    /// (a node out of its lease publishes nothing). The wills its replicas
+    /// hold armed are the claimant's to publish, also where that node is
+    /// still reachable from the claimant (cut off from the leader only).
+    pub lapsed: bool,
+}
+
 /// What [`Cluster::claim_orphan`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OrphanClaim {
@@ -505,14 +520,13 @@ impl Cluster {
             .map(|(owner, epoch, _)| (owner, epoch))
     }
 
-    /// [`Cluster::claim`], with the owner before it that is not this node
-    /// and that owner's epoch, as the log's table had them when the claim
-    /// applied (`None`: no owner there).
-    #[allow(clippy::type_complexity)]
+    /// [`Cluster::claim`], with the owner before it that is not this node,
+    /// as the log's table had it when the claim applied (`None`: no owner
+    /// there).
     pub async fn claim_from(
         &self,
         client_id: &str,
-    ) -> Result<(u64, u64, Option<(u64, u64)>), ClusterError> {
+    ) -> Result<(u64, u64, Option<Previous>), ClusterError> {
         let req = admin::Request::Claim {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
@@ -522,7 +536,16 @@ impl Cluster {
                 owner,
                 epoch,
                 previous,
-            } => Ok((owner, epoch, previous)),
+                lapsed,
+            } => Ok((
+                owner,
+                epoch,
+                previous.map(|(node, epoch)| Previous {
+                    node,
+                    epoch,
+                    lapsed,
+                }),
+            )),
             Reply::Error(e) => Err(ClusterError::Refused(e)),
             other => Err(ClusterError::Refused(format!(
                 "unexpected answer {other:?}"
@@ -556,6 +579,7 @@ impl Cluster {
                 owner,
                 epoch,
                 previous,
+                ..
             } if owner == self.inner.id => Ok(OrphanClaim::Claimed { epoch, previous }),
             Reply::Moved => Ok(OrphanClaim::Moved),
             Reply::Error(e) => Err(ClusterError::Refused(e)),
@@ -814,18 +838,21 @@ impl Inner {
                         gone = self.let_go(&client_id, node_id).await;
                     }
                 }
-                if let Err(wait) = gone {
-                    return Reply::Error(format!(
-                        "client id {client_id:?} is owned by a node out of touch: \
-                         it may be taken in {} ms, when that node's lease has run out",
-                        wait.as_millis()
-                    ));
-                }
+                let lapsed = match gone {
+                    Ok(by_lease) => by_lease,
+                    Err(wait) => {
+                        return Reply::Error(format!(
+                            "client id {client_id:?} is owned by a node out of touch: \
+                             it may be taken in {} ms, when that node's lease has run out",
+                            wait.as_millis()
+                        ))
+                    }
+                };
                 let cmd = Command::Claim {
                     client_id,
                     node: node_id,
                 };
-                self.write_claim(cmd, node_id).await
+                self.write_claim(cmd, node_id, lapsed).await
             }
             admin::Request::ClaimOrphan {
                 client_id,
@@ -1527,14 +1554,17 @@ impl Inner {
 
     /// Before a claim by `claimant` takes `client_id` from another node:
     /// that node's lease has run out, or it drops the connection when told
-    /// (see `lease`). `Err(wait)` while neither.
-    async fn let_go(&self, client_id: &str, claimant: u64) -> Result<(), Duration> {
-        let owner = self.sm.owner(client_id).map(|o| o.0);
-        let Some(owner) = lease::must_fence(self.id, owner, claimant) else {
-            return Ok(());
+    /// (see `lease`). `Ok(Some(owner))`: by its lease (it dropped the
+    /// connection without its will), the owner (node, epoch) then;
+    /// `Ok(None)`: nothing to let go of, or it answered the fence;
+    /// `Err(wait)` while neither.
+    async fn let_go(&self, client_id: &str, claimant: u64) -> Result<Option<(u64, u64)>, Duration> {
+        let held = self.sm.owner(client_id);
+        let Some(owner) = lease::must_fence(self.id, held.map(|o| o.0), claimant) else {
+            return Ok(None);
         };
         let wait = match self.grants().takeover(owner, Instant::now()) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(held),
             Err(wait) => wait,
         };
         let addr = self.member_addr(owner);
@@ -1554,7 +1584,7 @@ impl Inner {
         )
         .await;
         match fenced {
-            Ok(Ok(Reply::Done)) => Ok(()),
+            Ok(Ok(Reply::Done)) => Ok(None),
             _ => Err(wait),
         }
     }
@@ -1618,12 +1648,17 @@ impl Inner {
             owner,
             epoch,
         };
-        self.write_claim(cmd, node_id).await
+        // Granted only once the owner's lease ran out.
+        self.write_claim(cmd, node_id, Some((owner, epoch))).await
     }
 
     /// Commit a claim for `node_id` (`Claim` or `ClaimOrphan`) and answer
     /// what applying it said; granted, it counts as `node_id`'s renewal.
-    async fn write_claim(&self, cmd: Command, node_id: u64) -> Reply {
+    /// `by_lease`: the owner (node, epoch; 0: any) that let go only because
+    /// its lease ran out (see [`Previous::lapsed`]), as judged before the
+    /// write; said only if it is still the owner the claim takes from (an
+    /// orphan claim may have moved the id on in between).
+    async fn write_claim(&self, cmd: Command, node_id: u64, by_lease: Option<(u64, u64)>) -> Reply {
         match self.raft.client_write(cmd).await {
             Ok(r) => match r.data {
                 SmReply::Claimed {
@@ -1635,6 +1670,9 @@ impl Inner {
                     Reply::Claimed {
                         owner,
                         epoch,
+                        lapsed: by_lease
+                            .zip(previous)
+                            .is_some_and(|((n, e), (pn, pe))| n == pn && (e == 0 || e == pe)),
                         previous,
                     }
                 }

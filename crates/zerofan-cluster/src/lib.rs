@@ -36,7 +36,7 @@ mod types;
 mod sim;
 
 pub use admin::{ClusterStatus, MemberStatus};
-pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members, OrphanClaim};
+pub use cluster::{Cluster, ClusterConfig, ClusterError, Member, Members, OrphanClaim, Previous};
 pub use drain::{DrainOrder, DrainReport, RemoveReport, DEFAULT_DRAIN, MAX_DRAIN};
 pub use lease::{grant_after, DEFAULT_LEASE, MIN_LEASE};
 pub use state_machine::{OwnershipLost, MAX_CLIENT_IDS};

@@ -4,7 +4,7 @@
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep, timeout, Instant};
-use zerofan_cluster::{Cluster, ClusterConfig, OrphanClaim, OwnershipLost};
+use zerofan_cluster::{Cluster, ClusterConfig, OrphanClaim, OwnershipLost, Previous};
 
 fn config(id: u64, dir: &tempfile::TempDir, join: Option<std::net::SocketAddr>) -> ClusterConfig {
     ClusterConfig {
@@ -59,7 +59,16 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
     // rises and node 2 hears it lost the client id.
     let mut lost2 = n2.take_ownership_lost().expect("receiver");
     assert_eq!(n2.claim("sensor-7").await.unwrap(), (2, 1));
-    assert_eq!(n3.claim("sensor-7").await.unwrap(), (3, 2));
+    // Taken from a live owner, which let go when fenced: not by its lease.
+    let fenced = Previous {
+        node: 2,
+        epoch: 1,
+        lapsed: false,
+    };
+    assert_eq!(
+        n3.claim_from("sensor-7").await.unwrap(),
+        (3, 2, Some(fenced))
+    );
     let ev = timeout(Duration::from_secs(10), lost2.recv())
         .await
         .unwrap();
@@ -216,8 +225,17 @@ async fn a_dead_leaders_client_id_moves_within_five_seconds() {
     let granted = loop {
         tries += 1;
         assert!(tries < 40, "not granted within 20 s");
-        match n3.claim("dev").await {
-            Ok((3, _)) => break died.elapsed(),
+        match n3.claim_from("dev").await {
+            Ok((3, _, prev)) => {
+                // Taken because the dead owner's lease ran out.
+                let lapsed = Previous {
+                    node: 1,
+                    epoch: 1,
+                    lapsed: true,
+                };
+                assert_eq!(prev, Some(lapsed));
+                break died.elapsed();
+            }
             Ok(other) => panic!("claimed for {other:?}"),
             Err(_) => sleep(Duration::from_millis(500)).await,
         }

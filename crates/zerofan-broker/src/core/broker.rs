@@ -27,6 +27,7 @@ use super::metrics::{Metrics, ShellStats};
 use super::moment::Moment;
 use super::moves::{Answer, Hit as MoveHit, MOVE_TIMEOUT};
 use super::observe::{Gauges, ReloadOutcome, ShardFigures, StoreFigures};
+use super::orphans::KeptWill;
 use super::outbox::{Outgoing, Transmit};
 use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
 use super::publish::{ack, topic_levels};
@@ -1551,8 +1552,28 @@ impl Broker {
     /// was renewed. Losing it drops every connection whose client id was
     /// claimed (see `lease`); CONNECTs are refused until it is back.
     pub fn cluster_lease(&mut self, now: Instant, held: bool) {
+        let was_lost = self.lease.lost();
         let conns = self.lease.set(held);
         self.fence_clients(now, conns);
+        if held && was_lost {
+            self.fenced_clean_wills_expire();
+        }
+    }
+
+    /// The lease is back: the wills of the clean clients it fenced are
+    /// not published any more (a claim now fences this node, which had
+    /// none to publish), and their copies go.
+    fn fenced_clean_wills_expire(&mut self) {
+        let gone: Vec<Box<str>> = self
+            .clean_wills
+            .iter()
+            .filter(|(c, _)| !self.sessions.has_client(c))
+            .map(|(c, _)| c.into())
+            .collect();
+        for client in gone {
+            self.clean_will_ended(&client);
+        }
+        self.end_event();
     }
 
     /// The cluster renewed this node's lease until `until`, by a renewal
@@ -1590,11 +1611,42 @@ impl Broker {
         self.refuse_acks(now, refused.into_iter());
         for conn in conns {
             self.metrics.clients_fenced += 1;
+            // Past its lease this node publishes no will: the node that
+            // takes the client id next does, from its copy (the claim says
+            // this node's lease ran out, see `install_replica`), so the
+            // replicas keep the will armed.
+            let kept = self.keep_armed_will(conn);
             // 0x88 is for CONNACK only; 0x9C sends the client to a node
             // that can serve it.
             self.close(now, conn, Some(ReasonCode::USE_ANOTHER_SERVER), false);
+            match kept {
+                Some(KeptWill::Persistent(sid)) => {
+                    if let Some(s) = self.sessions.get_mut(sid) {
+                        s.will_armed = true;
+                    }
+                }
+                // The session ended with the connection; its entry stays
+                // until the lease is back (see `cluster_lease`).
+                Some(KeptWill::Clean(client, epoch)) => self.clean_wills.arm(&client, epoch),
+                None => {}
+            }
         }
         self.end_event();
+    }
+
+    /// Before `conn` closes under a lost lease: its replicas' armed will is
+    /// not disarmed by the close (see `fence_clients`).
+    fn keep_armed_will(&mut self, conn: ConnId) -> Option<KeptWill> {
+        let Some(Phase::Connected(sid)) = self.conns.get(&conn).map(|c| c.phase()) else {
+            return None;
+        };
+        let s = self.sessions.get_mut(sid)?;
+        if std::mem::take(&mut s.will_armed) {
+            return Some(KeptWill::Persistent(sid));
+        }
+        let client: Box<str> = (*s.client_id).into();
+        let epoch = self.clean_wills.disarm(&client)?;
+        Some(KeptWill::Clean(client, epoch))
     }
 
     /// Another node took `client_id` over (a newer claim): its connection
@@ -6396,12 +6448,16 @@ impl Broker {
         let owner = self.repl.images.subscribed_owner(client);
         // A will armed for a connection to a live node is that node's to
         // publish, when this claim makes it close the connection; one
-        // armed for a node away was lost with it.
-        let armed_live = self
-            .repl
-            .images
-            .owner_of(client)
-            .is_some_and(|(o, _)| self.peers.is_live(o));
+        // armed for a node away was lost with it, and so was one of a node
+        // whose lease ran out (it dropped its clients without their wills,
+        // see `fence_clients`), even one still reachable from here.
+        let lapsed = prev.is_some_and(|p| p.lapsed);
+        let armed_live = !lapsed
+            && self
+                .repl
+                .images
+                .owner_of(client)
+                .is_some_and(|(o, _)| self.peers.is_live(o));
         let ours = |w: &zerofan_store::StoredWill| w.armed.is_none() || !armed_live;
         // The copy of a clean session holds only its will: that session
         // ended with its connection, and nothing is resumed.

@@ -18,11 +18,28 @@
 //! - A clean session (expiry 0) has no copies, but its client's will has
 //!   one: the owner sends its replicas a copy holding only that will,
 //!   armed ([`CleanWills`]), and drops it when the session ends here.
+//! - A node whose lease ran out drops its clients and publishes no will:
+//!   its copies keep them armed ([`KeptWill`]), for the node that takes a
+//!   client id because that lease ran out (the claim says so,
+//!   `PreviousOwner::lapsed`), also one that still reaches this node.
 //!
 //! Bounded by the copies: at most one request per copy kept here.
 
 use super::hash::{HashMap, HashSet};
+use super::ids::SessionId;
 use super::peer::PeerId;
+
+/// The owner's side: a will its replicas keep armed while its connection
+/// closes, because this node's lease ran out (`Broker::fence_clients`):
+/// the node that takes the client id next publishes it.
+#[derive(Debug)]
+pub(crate) enum KeptWill {
+    /// Of a persistent session, which stays (its copies' will stays armed).
+    Persistent(SessionId),
+    /// Of a clean session, which ends: its entry in [`CleanWills`], and the
+    /// epoch it was armed under.
+    Clean(Box<str>, u64),
+}
 
 /// The owner's side: clean sessions here whose replicas hold their
 /// client's will armed, with the claim epoch it was sent under (the drop

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use zerofan_cluster::{Cluster, Members, NodeStream, OrphanClaim, OwnershipLost};
+use zerofan_cluster::{Cluster, Members, NodeStream, OrphanClaim, OwnershipLost, Previous};
 
 /// How long a CONNECT waits for its claim (retried meanwhile while the
 /// cluster has no leader) before it is refused with 0x88.
@@ -96,24 +96,24 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
     }
 }
 
-/// The owner before a claim, (node, epoch) as the cluster's log had it,
-/// as the core names it: a node never linked to has no peer id (and no
-/// copy here).
-fn previous_owner(shared: &Shared, (node, epoch): (u64, u64)) -> PreviousOwner {
+/// The owner before a claim, as the cluster's log had it, as the core
+/// names it: a node never linked to has no peer id (and no copy here).
+fn previous_owner(shared: &Shared, p: Previous) -> PreviousOwner {
     PreviousOwner {
-        peer: shared.links.as_ref().and_then(|l| l.known_peer(node)),
-        epoch,
+        peer: shared.links.as_ref().and_then(|l| l.known_peer(p.node)),
+        epoch: p.epoch,
+        lapsed: p.lapsed,
     }
 }
 
 /// A claim attempt: the owner, its epoch and the owner before.
 type Attempt<'a> = Pin<Box<dyn Future<Output = ClaimResult> + 'a>>;
-type ClaimResult = Result<(u64, u64, Option<(u64, u64)>), zerofan_cluster::ClusterError>;
+type ClaimResult = Result<(u64, u64, Option<Previous>), zerofan_cluster::ClusterError>;
 
 /// What [`claim`] got.
 enum Claimed<'a> {
     /// This node owns the client id: the epoch, and the owner before.
-    Granted(u64, Option<(u64, u64)>),
+    Granted(u64, Option<Previous>),
     /// Another node's, or no leader to ask in time.
     Refused,
     /// The attempt in flight at the deadline, which may still commit (a
@@ -237,7 +237,18 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
         match cluster.claim_orphan(client, node, 0).await {
             Ok(OrphanClaim::Claimed { epoch, previous }) => {
                 tracing::debug!(client_id = client, from = node, epoch, "orphan claimed");
-                let prev = previous.map(|p| previous_owner(shared, p));
+                // Granted only once the owner's lease ran out.
+                let prev = previous.map(|(node, epoch)| {
+                    let lapsed = true;
+                    previous_owner(
+                        shared,
+                        Previous {
+                            node,
+                            epoch,
+                            lapsed,
+                        },
+                    )
+                });
                 shared
                     .broker
                     .borrow_mut()

@@ -39,6 +39,10 @@ pub struct PreviousOwner {
     pub peer: Option<PeerId>,
     /// The epoch of its claim.
     pub epoch: u64,
+    /// It let go only because its lease ran out: it dropped its clients
+    /// without their wills, which its copies keep armed for the node that
+    /// takes the id next (see `Broker::install_replica`).
+    pub lapsed: bool,
 }
 
 /// What a batch is to the copies here.

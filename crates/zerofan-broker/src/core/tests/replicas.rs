@@ -352,12 +352,30 @@ impl Cluster {
         self.prev = Some(PreviousOwner {
             peer: Some(remote(prev)),
             epoch: prev_epoch,
+            lapsed: false,
         });
         self.epoch = epoch;
         let r = f(self);
         self.prev = None;
         self.epoch = 0;
         r
+    }
+
+    /// [`Cluster::after`], `prev` having let go of the id only because its
+    /// lease ran out (`PreviousOwner::lapsed`).
+    fn after_lapse<R>(
+        &mut self,
+        epoch: u64,
+        prev: usize,
+        prev_epoch: u64,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
+        self.after(epoch, prev, prev_epoch, |cl| {
+            if let Some(p) = cl.prev.as_mut() {
+                p.lapsed = true;
+            }
+            f(cl)
+        })
     }
 
     /// `conn`'s claim at `node` is granted under `epoch`, from `prev`: the
@@ -2223,6 +2241,7 @@ fn prev_owner(node: usize, epoch: u64) -> PreviousOwner {
     PreviousOwner {
         peer: Some(remote(node)),
         epoch,
+        lapsed: false,
     }
 }
 
@@ -3029,6 +3048,7 @@ fn a_copy_asked_for_over_none_here_is_kept_as_its_owners() {
     let prev = PreviousOwner {
         peer: Some(PeerId(0)),
         epoch: 1,
+        lapsed: false,
     };
     images.asked_for_copy("x", prev);
     images.apply_durable(OWNER, copy, 0, &mut d);
@@ -3085,6 +3105,7 @@ fn a_dead_owners_connected_clients_will_is_published_by_a_replica() {
     let prev = PreviousOwner {
         peer: Some(remote(0)),
         epoch: 1,
+        lapsed: false,
     };
     cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.pump();
@@ -3119,6 +3140,7 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
     let prev = PreviousOwner {
         peer: Some(remote(0)),
         epoch: 1,
+        lapsed: false,
     };
     let now = cl.hs[1].now;
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
@@ -3251,6 +3273,7 @@ fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
     let prev = PreviousOwner {
         peer: Some(remote(0)),
         epoch: 1,
+        lapsed: false,
     };
     let now = cl.hs[2].now;
     cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
@@ -3335,6 +3358,7 @@ fn a_clean_start_publishes_no_will_of_an_older_owners_copy() {
     let from0 = PreviousOwner {
         peer: Some(remote(0)),
         epoch: 1,
+        lapsed: false,
     };
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(from0));
     // Node 1's drop of node 2's copy is still on its way when node 2's
@@ -3386,6 +3410,80 @@ fn a_restarted_replica_gets_clean_wills_from_their_owner_not_its_disk() {
     assert!(cl.hs[2].b.has_copy("dev"), "not sent again");
     cl.kill(0);
     assert_eq!(orphans(&mut cl, 2), ["dev"]);
+}
+
+/// A node whose lease ran out drops its clients and publishes none of
+/// their wills; its replicas keep them armed. A client back on another
+/// node that still reaches the old one (cut off from the leader only: a
+/// partial partition) is granted its id because that lease ran out, and
+/// that node publishes the will due, once, as for a dead node's client.
+#[test]
+fn a_lapsed_owners_client_back_elsewhere_has_its_due_will_published() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    let dev = cl.with_will(0, "dev", 0);
+    cl.with_will(0, "later", 30);
+    clean_with_will(&mut cl, 0, "cdev", Protocol::V311, 0);
+    cl.epoch = 0;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.pump();
+    assert!(cl.out(dev).closed);
+    assert!(cl.out(w).publishes().is_empty(), "none past the lease");
+    assert!(cl.hs[1].b.has_copy("cdev") && cl.hs[2].b.has_copy("cdev"));
+    let topics = |cl: &mut Cluster| -> Vec<String> {
+        let got = cl.out(w);
+        got.publishes()
+            .iter()
+            .map(|p| p.topic.to_string())
+            .collect()
+    };
+
+    // Node 0 is live here: only the claim says its lease ran out.
+    let (_dev, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "dev"));
+    assert!(present(&out), "the session was kept");
+    assert_eq!(topics(&mut cl), ["will/dev"], "delay 0: due at the loss");
+    let (_later, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "later"));
+    assert!(present(&out));
+    assert!(topics(&mut cl).is_empty(), "back within its delay");
+    cl.after_lapse(2, 0, 1, |cl| {
+        clean_with_will(cl, 2, "cdev", Protocol::V311, 0)
+    });
+    assert_eq!(topics(&mut cl), ["will/cdev"]);
+
+    // Node 0 learns of the claims when it is back in touch.
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, true);
+    for c in ["dev", "later", "cdev"] {
+        cl.hs[0].b.client_taken_by(now, c, Some(remote(2)));
+    }
+    cl.pump();
+    cl.later(60);
+    assert!(topics(&mut cl).is_empty(), "each once, the cancelled none");
+    assert_eq!(cl.hs[0].b.metrics().wills_published, 0);
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 2);
+}
+
+/// A node fenced by its lease that gets it back before another node took
+/// a clean client's id drops the copies of that client's will: a claim
+/// now fences it, and it has no will to publish. A persistent session's
+/// copy keeps its will armed, for a node that takes the session later.
+#[test]
+fn a_lease_back_drops_the_copies_of_fenced_clean_wills() {
+    let mut cl = Cluster::new(3, 3);
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "cdev", Protocol::V5, 0);
+    cl.with_will(0, "dev", 0);
+    cl.epoch = 0;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.pump();
+    assert!(cl.hs[1].b.has_copy("cdev"), "kept past the lease");
+    cl.hs[0].b.cluster_lease(now, true);
+    cl.pump();
+    assert!(!cl.hs[1].b.has_copy("cdev") && !cl.hs[2].b.has_copy("cdev"));
+    cl.kill(0);
+    assert_eq!(orphans(&mut cl, 1), ["dev"]);
 }
 
 /// A client that disconnects cleanly leaves no will behind on the

@@ -353,6 +353,7 @@ fn served_while_the_old_owner_restarts(cl: &mut Cluster, dir: &Dir, linked: &[us
     let prev = PreviousOwner {
         peer: Some(remote(2)),
         epoch: 1,
+        lapsed: false,
     };
     cl.granted(1, conn, 2, prev)
 }

@@ -1159,6 +1159,7 @@ fn a_restarted_owners_unacknowledged_message_reaches_the_new_owner_once_at_most(
         let prev = PreviousOwner {
             peer: Some(remote(2)),
             epoch: 1,
+            lapsed: false,
         };
         let mut got = Vec::new();
         let mut s1 = None;
