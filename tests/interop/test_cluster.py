@@ -453,6 +453,45 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
         c.close()
 
 
+def test_a_node_restarted_at_once_has_its_clients_wills_published(nodes, clients):
+    """A node (not the leader) serving two clients with wills (persistent
+    MQTT 5, delay 0; clean 3.1.1) is killed (-9) and started again at once,
+    before any other node took their ids for the wills (its lease of the
+    killed run may still run). The new run knows nothing of those
+    connections. The nodes holding copies see its new run link to them and
+    claim each id under the claim their copy names, with no lease to wait
+    for; the node granted publishes the will, once (before 2026-11-30 these
+    wills were lost: the copy holders gave up once the node was back)."""
+    ns = nodes(3)
+    s = wait_status(ns[0], voters_with_leader(3), "3 voters")
+    leader = next(m["node_id"] for m in s["members"] if m["role"] == "leader")
+    owner, watcher = [n for n in ns if n.node_id != leader]
+    watch = clients(ns[leader - 1])
+    assert watch.subscribe("will/#", 1) == [1]
+    dev = clients(owner, client_id="dev", clean=False,
+                  connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
+                  will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
+                        "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
+    v3 = clients(owner, client_id="v3", version=311,
+                 will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
+    # The copies hold the wills once a round trip through the owner is
+    # done (the SUBACK waits for every node).
+    assert dev.subscribe("dev/in", 1) == [1]
+    assert v3.subscribe("v3/in", 1) == [1]
+    owner.kill()
+    dev.close()
+    v3.close()
+    owner.start()
+    got = sorted((m.topic, m.payload) for m in (watch.expect_message(WAIT) for _ in range(2)))
+    assert got == [("will/dev", b"dev gone"), ("will/v3", b"v3 gone")]
+    watch.assert_no_message(2.0)
+    # The persistent session was kept: its client finds it.
+    back = _persistent_served(watcher, "dev", 5)
+    assert back.session_present
+    back.close()
+    watch.assert_no_message(0.5)
+
+
 def test_retained_is_seen_from_every_node(nodes, clients):
     ns = nodes(3)
     clients(ns[1]).publish("r/kept", b"v1", qos=1, retain=True)

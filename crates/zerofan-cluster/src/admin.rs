@@ -106,6 +106,10 @@ pub(crate) enum Request {
         node_id: u64,
         owner: u64,
         epoch: u64,
+        /// The owner restarted since it held the id under `epoch` (see
+        /// `Cluster::claim_restarted_orphan`).
+        #[serde(default)]
+        restarted: bool,
     },
 }
 

@@ -568,11 +568,43 @@ impl Cluster {
         owner: u64,
         epoch: u64,
     ) -> Result<OrphanClaim, ClusterError> {
+        self.ask_orphan(client_id, owner, epoch, false).await
+    }
+
+    /// [`Cluster::claim_orphan`] of a client id that `owner` held under
+    /// `epoch` (not 0) in a run of it that ended: the caller saw a new run
+    /// of `owner` link to it after that copy was written. Its connections
+    /// then are gone, so no lease needs to run out: granted as soon as
+    /// `owner` still holds the id under that very `epoch` (its new run
+    /// claims anew for any client that comes back to it, which moves the
+    /// id on). For the wills its former run never published.
+    pub async fn claim_restarted_orphan(
+        &self,
+        client_id: &str,
+        owner: u64,
+        epoch: u64,
+    ) -> Result<OrphanClaim, ClusterError> {
+        if epoch == 0 {
+            return Err(ClusterError::Refused(
+                "a restarted owner's claim needs its epoch".into(),
+            ));
+        }
+        self.ask_orphan(client_id, owner, epoch, true).await
+    }
+
+    async fn ask_orphan(
+        &self,
+        client_id: &str,
+        owner: u64,
+        epoch: u64,
+        restarted: bool,
+    ) -> Result<OrphanClaim, ClusterError> {
         let req = admin::Request::ClaimOrphan {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
             owner,
             epoch,
+            restarted,
         };
         match self.ask_claim(req).await {
             Reply::Claimed {
@@ -859,7 +891,11 @@ impl Inner {
                 node_id,
                 owner,
                 epoch,
-            } => self.claim_orphan(client_id, node_id, owner, epoch).await,
+                restarted,
+            } => {
+                self.claim_orphan(client_id, node_id, owner, epoch, restarted && epoch > 0)
+                    .await
+            }
             admin::Request::Release { client_id, epoch } => {
                 match self
                     .raft
@@ -1590,10 +1626,15 @@ impl Inner {
     }
 
     /// Where a conditional claim of `client_id` from `owner` (at `epoch`;
-    /// 0: any) stands on this leader's table and leases.
-    fn orphan(&self, client_id: &str, owner: u64, epoch: u64) -> Orphan {
+    /// 0: any) stands on this leader's table and leases; `restarted`: the
+    /// run of `owner` that held it under `epoch` ended (no lease to wait
+    /// for, see [`Cluster::claim_restarted_orphan`]).
+    fn orphan(&self, client_id: &str, owner: u64, epoch: u64, restarted: bool) -> Orphan {
         if !held_by(self.sm.owner(client_id), owner, epoch) {
             return Orphan::Moved;
+        }
+        if restarted {
+            return Orphan::Free;
         }
         if owner == self.id {
             return Orphan::Leads;
@@ -1607,7 +1648,14 @@ impl Inner {
     /// The leader's side of [`Cluster::claim_orphan`]: written only once
     /// the owner's lease has surely run out; no fence is ever sent, so a
     /// live owner, which keeps renewing, keeps its client id.
-    async fn claim_orphan(&self, client_id: String, node_id: u64, owner: u64, epoch: u64) -> Reply {
+    async fn claim_orphan(
+        &self,
+        client_id: String,
+        node_id: u64,
+        owner: u64,
+        epoch: u64,
+        restarted: bool,
+    ) -> Reply {
         // The table must hold every entry committed before the request,
         // or a claim the claimant has already applied could read as moved.
         match timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await {
@@ -1615,13 +1663,13 @@ impl Inner {
             Ok(Err(e)) => return Reply::Error(format!("leadership not confirmed: {e}")),
             Err(_) => return Reply::Error("leadership not confirmed by a quorum in time".into()),
         }
-        let mut state = self.orphan(&client_id, owner, epoch);
+        let mut state = self.orphan(&client_id, owner, epoch, restarted);
         if let Orphan::Wait(wait) = state {
             if wait <= lease::CLAIM_HOLD {
                 // Due soon: answer when it is due (checked again then, as
                 // for a claim: this node may have lost the lead meanwhile).
                 tokio::time::sleep(wait).await;
-                state = self.orphan(&client_id, owner, epoch);
+                state = self.orphan(&client_id, owner, epoch, restarted);
             }
         }
         match state {

@@ -1157,9 +1157,35 @@ impl Broker {
     /// Whether `client`'s claim from `owner` is still worth trying:
     /// `owner` is away and the copy here is still its, with a will.
     pub fn orphan_pending(&self, client: &str, owner: PeerId) -> bool {
-        self.peers.is_away(owner)
-            && !self.serves(client)
-            && self.repl.images.holds_will_of(client, owner)
+        if self.serves(client) {
+            return false;
+        }
+        self.orphans.captured(client, owner)
+            || (self.peers.is_away(owner) && self.repl.images.holds_will_of(client, owner))
+    }
+
+    /// `peer` restarted: a new run of it links here, and nothing that run
+    /// sent is applied yet. The connections of its former run are gone,
+    /// and so the wills armed in its copies here were never published; its
+    /// new run does not know them (its store keeps no armed will). Each is
+    /// claimed (see [`Broker::take_orphans`]) on condition that `peer`
+    /// still holds the id under the claim the copy was written under: a
+    /// client back on its new run, or anywhere, has a newer one. A node
+    /// restarted before a copy holder's claim for its death was granted
+    /// (its lease still ran) left such wills unpublished before.
+    pub fn peer_restarted(&mut self, peer: PeerId) {
+        if !self.repl.on() {
+            return;
+        }
+        let wills = self.repl.images.armed_wills_of(peer);
+        if !wills.is_empty() {
+            tracing::info!(
+                ?peer,
+                wills = wills.len(),
+                "a node restarted: claiming the wills armed for its former connections"
+            );
+        }
+        self.orphans.restarted(peer, wills);
     }
 
     /// The cluster gave this node `client`, an orphan, under `epoch`
@@ -1172,9 +1198,25 @@ impl Broker {
         epoch: u64,
         prev: Option<super::PreviousOwner>,
     ) {
+        // The will of a restarted owner's former connection, which its new
+        // run may have written over (or the copy gone).
+        let captured = self.orphans.take_captured(client);
         self.orphans.answered(client);
         if let Some(prev) = prev {
             self.refuse_stale_copy(client, &prev);
+        }
+        if let Some(will) = captured {
+            let mut disk = super::replica::Disk::new(&mut self.durable);
+            let kept = self.repl.images.rearm(client, will.clone(), &mut disk);
+            self.metrics.store_errors += disk.errors;
+            if !kept {
+                self.replica_epoch(client, epoch);
+                if self.publish_copy_will(now, Some(will_from_stored(&will, &self.durable))) {
+                    self.metrics.orphans_adopted += 1;
+                }
+                self.end_event();
+                return;
+            }
         }
         if self.repl.images.is_clean(client) {
             self.clean_orphan_claimed(now, client, epoch);
@@ -1185,7 +1227,7 @@ impl Broker {
             tracing::info!(
                 client_id = client,
                 epoch,
-                "adopted a session of a node away to publish its client's will"
+                "adopted a session of a node away or restarted to publish its client's will"
             );
         } else {
             self.end_event();
@@ -1211,7 +1253,7 @@ impl Broker {
             tracing::info!(
                 client_id = client,
                 epoch,
-                "published the will of a clean session of a node away"
+                "published the will of a clean session of a node away or restarted"
             );
         }
         self.drop_copies(client, Some(epoch), Vec::new());

@@ -381,7 +381,7 @@ counters! {
             .sys("cluster/orphans_adopted")
             .prom(Family::new(
                 "zerofan_cluster_orphans_adopted_total",
-                "Sessions of a node away adopted here from their copies to publish their clients' wills (a clean session's will: published, nothing kept).",
+                "Sessions of a node away or restarted adopted here from their copies to publish their clients' wills (a clean session's will: published, nothing kept).",
             )),
         /// Unanswered claims of clients that left, forgotten (too many).
         pub claims_left_forgotten: u64 = CounterDef::NEW

@@ -18,6 +18,14 @@
 //! - A clean session (expiry 0) has no copies, but its client's will has
 //!   one: the owner sends its replicas a copy holding only that will,
 //!   armed ([`CleanWills`]), and drops it when the session ends here.
+//! - A node restarted (a new run of it links here, see
+//!   `Broker::peer_restarted`) lost its former run's connections, and its
+//!   new run knows nothing of their wills: the wills armed in its copies
+//!   here are orphans too, claimed under the very claim each copy names
+//!   (`Cluster::claim_restarted_orphan`: no lease to wait for, and a client
+//!   back since has a newer claim). Before, a node restarted before a
+//!   copy holder's claim was granted was not away any more, and its
+//!   clients' wills were never published.
 //! - A node whose lease ran out drops its clients and publishes no will:
 //!   its copies keep them armed ([`KeptWill`]), for the node that takes a
 //!   client id because that lease ran out (the claim says so,
@@ -28,6 +36,7 @@
 use super::hash::{HashMap, HashSet};
 use super::ids::SessionId;
 use super::peer::PeerId;
+use zerofan_store::StoredWill;
 
 /// The owner's side: a will its replicas keep armed while its connection
 /// closes, because this node's lease ran out (`Broker::fence_clients`):
@@ -73,8 +82,14 @@ impl CleanWills {
 pub struct OrphanRequest {
     /// The client id.
     pub client_id: Box<str>,
-    /// The node that owned it and is away.
+    /// The node that owned it and is away (or restarted).
     pub owner: PeerId,
+    /// The claim of `owner` the copy was written under (0: any).
+    pub epoch: u64,
+    /// `owner` restarted since it wrote the copy (see
+    /// [`Orphans::restarted`]): the claim needs no lease to run out, only
+    /// `owner` to hold the id under `epoch` still.
+    pub restarted: bool,
 }
 
 /// Orphans found and not answered yet.
@@ -83,6 +98,10 @@ pub(crate) struct Orphans {
     requests: Vec<OrphanRequest>,
     /// Asked for and not answered: not asked again meanwhile.
     asked: HashSet<Box<str>>,
+    /// The armed wills of copies whose owner restarted, as they were
+    /// before its new run wrote over them, until their claim is answered.
+    /// Bounded by the copies: one per copy.
+    captured: HashMap<Box<str>, (PeerId, Box<StoredWill>)>,
 }
 
 impl Orphans {
@@ -90,9 +109,47 @@ impl Orphans {
     pub(crate) fn found(&mut self, owner: PeerId, clients: Vec<Box<str>>) {
         for client_id in clients {
             if self.asked.insert(client_id.clone()) {
-                self.requests.push(OrphanRequest { client_id, owner });
+                self.requests.push(OrphanRequest {
+                    client_id,
+                    owner,
+                    epoch: 0,
+                    restarted: false,
+                });
             }
         }
+    }
+
+    /// `owner` restarted: its former run's connections are gone, and with
+    /// them these copies' armed wills (client id, the claim it held the id
+    /// under, the will), which it never published and its new run does
+    /// not know. Each is claimed under that very claim (see
+    /// `Broker::peer_restarted`); one asked for already (its owner away
+    /// before) is asked again so.
+    pub(crate) fn restarted(
+        &mut self,
+        owner: PeerId,
+        wills: Vec<(Box<str>, u64, Box<StoredWill>)>,
+    ) {
+        for (client_id, epoch, will) in wills {
+            self.asked.insert(client_id.clone());
+            self.captured.insert(client_id.clone(), (owner, will));
+            self.requests.push(OrphanRequest {
+                client_id,
+                owner,
+                epoch,
+                restarted: true,
+            });
+        }
+    }
+
+    /// Whether `client`'s will was captured from a restarted `owner`.
+    pub(crate) fn captured(&self, client: &str, owner: PeerId) -> bool {
+        self.captured.get(client).is_some_and(|(o, _)| *o == owner)
+    }
+
+    /// The will captured for `client`, taken.
+    pub(crate) fn take_captured(&mut self, client: &str) -> Option<Box<StoredWill>> {
+        self.captured.remove(client).map(|(_, w)| w)
     }
 
     pub(crate) fn take_requests(&mut self, out: &mut Vec<OrphanRequest>) {
@@ -107,6 +164,7 @@ impl Orphans {
     /// asked for again.
     pub(crate) fn answered(&mut self, client: &str) {
         self.asked.remove(client);
+        self.captured.remove(client);
     }
 }
 

@@ -989,6 +989,39 @@ impl Images {
         Some((i.owner?, i.epoch))
     }
 
+    /// `owner`'s copies here whose will is armed (its client was connected
+    /// when the copy was last written), with the claim each was written
+    /// under; none of an unknown claim (see `orphans`).
+    pub(crate) fn armed_wills_of(&self, owner: PeerId) -> Vec<(Box<str>, u64, Box<StoredWill>)> {
+        if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
+            return Vec::new();
+        }
+        self.by_client
+            .iter()
+            .filter(|(_, i)| i.owner == Some(owner) && i.epoch > 0)
+            .filter_map(|(c, i)| {
+                let w = i.will.as_ref().filter(|w| w.armed.is_some())?;
+                Some((c.clone(), i.epoch, w.clone()))
+            })
+            .collect()
+    }
+
+    /// Give `client`'s copy `will` again (one its owner's restarted run
+    /// wrote over): false without a copy.
+    pub(crate) fn rearm(
+        &mut self,
+        client: &str,
+        will: Box<StoredWill>,
+        disk: &mut Disk<'_>,
+    ) -> bool {
+        let Some(i) = self.by_client.get_mut(client) else {
+            return false;
+        };
+        disk.set_will(client, &will);
+        i.will = Some(will);
+        true
+    }
+
     /// Whether the copy of `client` here is `owner`'s and holds a will.
     pub(crate) fn holds_will_of(&self, client: &str, owner: PeerId) -> bool {
         self.by_client

@@ -234,7 +234,14 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
             shared.broker.borrow_mut().orphan_given_up(client);
             return;
         };
-        match cluster.claim_orphan(client, node, 0).await {
+        let claim = if req.restarted {
+            cluster
+                .claim_restarted_orphan(client, node, req.epoch)
+                .await
+        } else {
+            cluster.claim_orphan(client, node, req.epoch).await
+        };
+        match claim {
             Ok(OrphanClaim::Claimed { epoch, previous }) => {
                 tracing::debug!(client_id = client, from = node, epoch, "orphan claimed");
                 // Granted only once the owner's lease ran out.

@@ -1138,7 +1138,13 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
         match tokio::time::timeout(HANDSHAKE, answer_hello(links, node, &mut stream, &mut buf))
             .await
         {
-            Ok(Ok(n)) => n,
+            Ok(Ok((n, restarted))) => {
+                if restarted {
+                    // Before anything of its new run is applied here.
+                    shared.broker.borrow_mut().peer_restarted(peer);
+                }
+                n
+            }
             Ok(Err(e)) => {
                 tracing::info!(node, error = %e, "link from node refused");
                 return;
@@ -1226,23 +1232,23 @@ async fn read_link(shared: Rc<Shared>, node: u64, peer: PeerId, mut stream: Box<
 }
 
 /// The reader's half of the handshake (see `handshake`): returns the
-/// number of the writer's next frame.
+/// number of the writer's next frame, and whether the writer is a new run
+/// of a node an earlier run of which linked here (it restarted).
 async fn answer_hello(
     links: &Links,
     node: u64,
     stream: &mut Box<dyn LinkIo>,
     buf: &mut BytesMut,
-) -> io::Result<u64> {
+) -> io::Result<(u64, bool)> {
     let LinkFrame::Hello(inc) = read_frame(stream, buf).await? else {
         return Err(bad("expected Hello"));
     };
-    let next = {
-        let mut applied = links.applied.borrow_mut();
-        let e = applied.entry(node).or_insert((inc, 0));
-        if e.0 != inc {
-            *e = (inc, 0);
-        }
-        e.1
+    // Recorded once the handshake is through: one cut short is told the
+    // same again next time.
+    let (next, restarted) = match links.applied.borrow().get(&node) {
+        Some(&(known, next)) if known == inc => (next, false),
+        Some(_) => (0, true),
+        None => (0, false),
     };
     let resume = LinkFrame::Resume {
         incarnation: links.incarnation,
@@ -1252,10 +1258,8 @@ async fn answer_hello(
     let LinkFrame::Start(first) = read_frame(stream, buf).await? else {
         return Err(bad("expected Start"));
     };
-    if let Some(e) = links.applied.borrow_mut().get_mut(&node) {
-        e.1 = first;
-    }
-    Ok(first)
+    links.applied.borrow_mut().insert(node, (inc, first));
+    Ok((first, restarted))
 }
 
 /// A static cluster for tests and fixed setups: the membership changes

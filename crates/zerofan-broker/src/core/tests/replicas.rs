@@ -1325,6 +1325,8 @@ impl Cluster {
             if self.dead[i] {
                 self.hs[node].b.set_peer_away(remote(i), true);
             } else if self.linked[node][i] {
+                // Its new run's link: before anything of that run.
+                self.hs[i].b.peer_restarted(remote(node));
                 self.hs[i].b.peer_joined(remote(node));
                 self.hs[i].b.set_peer_away(remote(node), false);
             }
@@ -3484,6 +3486,70 @@ fn a_lease_back_drops_the_copies_of_fenced_clean_wills() {
     assert!(!cl.hs[1].b.has_copy("cdev") && !cl.hs[2].b.has_copy("cdev"));
     cl.kill(0);
     assert_eq!(orphans(&mut cl, 1), ["dev"]);
+}
+
+/// A node restarted before a copy holder's claim for its death was
+/// granted (its lease still ran, or it came back at once) knows nothing of
+/// its former run's connections, whose wills its copies hold armed. Each
+/// node with a copy asks for the client id under the claim its copy names,
+/// as of a restarted owner (no lease to wait for: that run ended); the one
+/// granted publishes the will, once.
+#[test]
+fn a_restarted_owners_former_clients_wills_are_published_by_a_replica() {
+    let dir = Dir::new("restarted-owner-wills");
+    let mut cl = Cluster::new(3, 3);
+    cl.on_disk(0, &dir);
+    let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
+    cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
+    cl.pump();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 0);
+    clean_with_will(&mut cl, 0, "cdev", Protocol::V311, 0);
+    cl.epoch = 0;
+    cl.kill(0);
+    cl.restart_on(0, &dir);
+    for n in [1, 2] {
+        let mut out = Vec::new();
+        cl.hs[n].b.take_orphans(&mut out);
+        let mut asked: Vec<(String, u64)> = out
+            .iter()
+            .filter(|r| r.restarted && r.owner == remote(0))
+            .map(|r| (r.client_id.to_string(), r.epoch))
+            .collect();
+        asked.sort();
+        assert_eq!(asked, [("cdev".into(), 1), ("dev".into(), 1)], "node {n}");
+        assert!(
+            cl.hs[n].b.orphan_pending("dev", remote(0)),
+            "node 0 is back"
+        );
+    }
+    assert!(cl.out(w).publishes().is_empty());
+
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: true,
+    };
+    let now = cl.hs[2].now;
+    cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.hs[2].b.orphan_claimed(now, "cdev", 2, Some(prev));
+    cl.pump();
+    let got = cl.out(w);
+    let mut topics: Vec<String> = got
+        .publishes()
+        .iter()
+        .map(|p| p.topic.to_string())
+        .collect();
+    topics.sort();
+    assert_eq!(topics, ["will/cdev", "will/dev"]);
+    assert!(cl.hs[2].b.serves_client("dev"), "the session was adopted");
+    // Node 1's claims find the ids moved on.
+    for c in ["dev", "cdev"] {
+        cl.hs[1].b.orphan_given_up(c);
+        assert!(!cl.hs[1].b.orphan_pending(c, remote(0)), "{c}");
+    }
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once");
 }
 
 /// A client that disconnects cleanly leaves no will behind on the
