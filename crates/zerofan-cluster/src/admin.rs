@@ -106,10 +106,10 @@ pub(crate) enum Request {
         node_id: u64,
         owner: u64,
         epoch: u64,
-        /// The owner restarted since it held the id under `epoch` (see
-        /// `Cluster::claim_restarted_orphan`).
+        /// The connection under `epoch` is known to have ended (see
+        /// `Cluster::claim_ended`).
         #[serde(default)]
-        restarted: bool,
+        ended: bool,
     },
 }
 

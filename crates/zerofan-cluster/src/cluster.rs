@@ -571,14 +571,15 @@ impl Cluster {
         self.ask_orphan(client_id, owner, epoch, false).await
     }
 
-    /// [`Cluster::claim_orphan`] of a client id that `owner` held under
-    /// `epoch` (not 0) in a run of it that ended: the caller saw a new run
-    /// of `owner` link to it after that copy was written. Its connections
-    /// then are gone, so no lease needs to run out: granted as soon as
-    /// `owner` still holds the id under that very `epoch` (its new run
-    /// claims anew for any client that comes back to it, which moves the
-    /// id on). For the wills its former run never published.
-    pub async fn claim_restarted_orphan(
+    /// [`Cluster::claim_orphan`] of a client id whose connection under
+    /// `owner`'s claim `epoch` (not 0) is known to have ended: a run of
+    /// `owner` that ended (the caller saw a new run link to it after its
+    /// copy was written), or this node's own client dropped when its lease
+    /// ran out (`owner` this node, the lease back). No lease needs to run
+    /// out: granted as soon as `owner` still holds the id under that very
+    /// `epoch` (a client back since has a newer claim, which moves the id
+    /// on). For the wills those connections never had published.
+    pub async fn claim_ended(
         &self,
         client_id: &str,
         owner: u64,
@@ -586,7 +587,7 @@ impl Cluster {
     ) -> Result<OrphanClaim, ClusterError> {
         if epoch == 0 {
             return Err(ClusterError::Refused(
-                "a restarted owner's claim needs its epoch".into(),
+                "a claim of an ended connection needs its epoch".into(),
             ));
         }
         self.ask_orphan(client_id, owner, epoch, true).await
@@ -597,14 +598,14 @@ impl Cluster {
         client_id: &str,
         owner: u64,
         epoch: u64,
-        restarted: bool,
+        ended: bool,
     ) -> Result<OrphanClaim, ClusterError> {
         let req = admin::Request::ClaimOrphan {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
             owner,
             epoch,
-            restarted,
+            ended,
         };
         match self.ask_claim(req).await {
             Reply::Claimed {
@@ -891,9 +892,9 @@ impl Inner {
                 node_id,
                 owner,
                 epoch,
-                restarted,
+                ended,
             } => {
-                self.claim_orphan(client_id, node_id, owner, epoch, restarted && epoch > 0)
+                self.claim_orphan(client_id, node_id, owner, epoch, ended && epoch > 0)
                     .await
             }
             admin::Request::Release { client_id, epoch } => {
@@ -1626,14 +1627,14 @@ impl Inner {
     }
 
     /// Where a conditional claim of `client_id` from `owner` (at `epoch`;
-    /// 0: any) stands on this leader's table and leases; `restarted`: the
-    /// run of `owner` that held it under `epoch` ended (no lease to wait
-    /// for, see [`Cluster::claim_restarted_orphan`]).
-    fn orphan(&self, client_id: &str, owner: u64, epoch: u64, restarted: bool) -> Orphan {
+    /// 0: any) stands on this leader's table and leases; `ended`: the
+    /// connection under `epoch` is known to have ended (no lease to wait
+    /// for, see [`Cluster::claim_ended`]).
+    fn orphan(&self, client_id: &str, owner: u64, epoch: u64, ended: bool) -> Orphan {
         if !held_by(self.sm.owner(client_id), owner, epoch) {
             return Orphan::Moved;
         }
-        if restarted {
+        if ended {
             return Orphan::Free;
         }
         if owner == self.id {
@@ -1654,7 +1655,7 @@ impl Inner {
         node_id: u64,
         owner: u64,
         epoch: u64,
-        restarted: bool,
+        ended: bool,
     ) -> Reply {
         // The table must hold every entry committed before the request,
         // or a claim the claimant has already applied could read as moved.
@@ -1663,13 +1664,13 @@ impl Inner {
             Ok(Err(e)) => return Reply::Error(format!("leadership not confirmed: {e}")),
             Err(_) => return Reply::Error("leadership not confirmed by a quorum in time".into()),
         }
-        let mut state = self.orphan(&client_id, owner, epoch, restarted);
+        let mut state = self.orphan(&client_id, owner, epoch, ended);
         if let Orphan::Wait(wait) = state {
             if wait <= lease::CLAIM_HOLD {
                 // Due soon: answer when it is due (checked again then, as
                 // for a claim: this node may have lost the lead meanwhile).
                 tokio::time::sleep(wait).await;
-                state = self.orphan(&client_id, owner, epoch, restarted);
+                state = self.orphan(&client_id, owner, epoch, ended);
             }
         }
         match state {

@@ -340,7 +340,7 @@ async fn an_orphan_claim_never_fences_a_live_owner_and_takes_a_dead_ones_id() {
 }
 
 /// A copy holder that saw a new run of the owner link to it takes a client
-/// id that owner's former run held (`claim_restarted_orphan`): under that
+/// id that owner's former run held (`claim_ended`): under that
 /// very epoch only, at once (no lease to wait for: that run ended); a newer
 /// claim, or another taker first, moves it on.
 #[tokio::test]
@@ -348,14 +348,14 @@ async fn a_restarted_owners_former_claim_is_taken_under_its_epoch_only() {
     let dir = tempfile::tempdir().unwrap();
     let (n1, n2, n3) = three(&dir).await;
     assert_eq!(n2.claim("dev").await.unwrap(), (2, 1));
-    assert!(n3.claim_restarted_orphan("dev", 2, 0).await.is_err());
+    assert!(n3.claim_ended("dev", 2, 0).await.is_err());
     assert_eq!(
-        n3.claim_restarted_orphan("dev", 2, 7).await.unwrap(),
+        n3.claim_ended("dev", 2, 7).await.unwrap(),
         OrphanClaim::Moved
     );
     let asked = Instant::now();
     assert_eq!(
-        n3.claim_restarted_orphan("dev", 2, 1).await.unwrap(),
+        n3.claim_ended("dev", 2, 1).await.unwrap(),
         OrphanClaim::Claimed {
             epoch: 2,
             previous: Some((2, 1))
@@ -366,7 +366,7 @@ async fn a_restarted_owners_former_claim_is_taken_under_its_epoch_only() {
         "waited for a lease"
     );
     assert_eq!(
-        n1.claim_restarted_orphan("dev", 2, 1).await.unwrap(),
+        n1.claim_ended("dev", 2, 1).await.unwrap(),
         OrphanClaim::Moved
     );
     for n in [n1, n2, n3] {

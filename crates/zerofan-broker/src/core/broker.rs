@@ -27,7 +27,7 @@ use super::metrics::{Metrics, ShellStats};
 use super::moment::Moment;
 use super::moves::{Answer, Hit as MoveHit, MOVE_TIMEOUT};
 use super::observe::{Gauges, ReloadOutcome, ShardFigures, StoreFigures};
-use super::orphans::KeptWill;
+use super::orphans::{FencedWill, KeptWill};
 use super::outbox::{Outgoing, Transmit};
 use super::peer::{Deferred, PeerBatch, PeerEvent, PeerId, Peers};
 use super::publish::{ack, topic_levels};
@@ -1338,6 +1338,7 @@ impl Broker {
             }
         }
         if granted {
+            self.fenced_client_back(now, &connect, prev);
             self.lease.claimed(conn);
             self.replica_epoch(connect.client_id.as_str(), epoch);
             // An image kept here becomes the session; the replicas get it.
@@ -1599,23 +1600,119 @@ impl Broker {
         self.fence_clients(now, conns);
         if held && was_lost {
             self.fenced_clean_wills_expire();
+            // Whether each fenced will is still this node's to publish.
+            if let Some(me) = self.peers.me() {
+                self.orphans.confirm_fenced(me);
+            }
         }
     }
 
-    /// The lease is back: the wills of the clean clients it fenced are
-    /// not published any more (a claim now fences this node, which had
-    /// none to publish), and their copies go.
+    /// The lease is back: the copies of fenced clean clients' wills that
+    /// this node cannot settle (no claim known to ask under) go.
     fn fenced_clean_wills_expire(&mut self) {
         let gone: Vec<Box<str>> = self
             .clean_wills
             .iter()
-            .filter(|(c, _)| !self.sessions.has_client(c))
+            .filter(|(c, _)| !self.sessions.has_client(c) && !self.orphans.is_fenced(c))
             .map(|(c, _)| c.into())
             .collect();
         for client in gone {
             self.clean_will_ended(&client);
         }
         self.end_event();
+    }
+
+    /// Whether `client`'s fenced will waits for the cluster's answer (see
+    /// [`Orphaned::Fenced`]): the lease is held and it is not settled.
+    ///
+    /// [`Orphaned::Fenced`]: super::Orphaned::Fenced
+    pub fn fenced_pending(&self, client: &str) -> bool {
+        !self.lease.lost() && self.orphans.is_fenced(client)
+    }
+
+    /// The cluster's answer for `client`'s fenced will: `Some(epoch)`, the
+    /// id was still this node's under the claim it was fenced under, and
+    /// is now under `epoch`: the will is published when due (its delay
+    /// counted from the fence, and the session's end); `None`, another
+    /// node took the id meanwhile, which decided (`PreviousOwner::lapsed`).
+    pub fn fenced_will_answered(&mut self, now: Instant, client: &str, epoch: Option<u64>) {
+        self.orphans.answered(client);
+        let Some(f) = self.orphans.take_fenced(client) else {
+            return;
+        };
+        let clean = self.clean_wills.disarm(client).is_some();
+        let Some(epoch) = epoch else {
+            self.end_event();
+            return;
+        };
+        self.replica_epoch(client, epoch);
+        if clean {
+            self.drop_copies(client, Some(epoch), Vec::new());
+        }
+        let sid = self
+            .sessions
+            .of_client(client)
+            .filter(|&sid| self.sessions.get(sid).is_some_and(|s| s.conn.is_none()));
+        self.settle_fenced_will(now, sid, f);
+        self.end_event();
+    }
+
+    /// `connect`'s client is back here, granted anew, while its fenced will
+    /// waited for the cluster's answer. With no other owner in between
+    /// (`prev` none), the connection it was armed for was this node's, and
+    /// its will is settled as any lost connection's: published if due (a
+    /// clean start or a clean session ends the session), a delay still
+    /// running cancelled by the return.
+    fn fenced_client_back(
+        &mut self,
+        now: Instant,
+        connect: &zerofan_codec::Connect,
+        prev: Option<super::PreviousOwner>,
+    ) {
+        let client = connect.client_id.as_str();
+        let Some(f) = self.orphans.take_fenced(client) else {
+            return;
+        };
+        self.orphans.answered(client);
+        let clean = self.clean_wills.disarm(client).is_some();
+        if prev.is_some() {
+            return;
+        }
+        let delay = f.will.properties.will_delay_interval.unwrap_or(0);
+        let ended = clean || connect.clean_start || !self.sessions.has_client(&connect.client_id);
+        if ended || later(f.at, delay).is_none_or(|at| at <= now) {
+            self.metrics.fenced_wills_settled += 1;
+            self.publish_will(now, *f.will);
+        }
+    }
+
+    /// `f`'s connection was lost at `f.at`: publish its will now if due
+    /// (`sid`, its session, offline here, or gone), or leave it pending
+    /// for the rest of its delay.
+    fn settle_fenced_will(&mut self, now: Instant, sid: Option<SessionId>, f: FencedWill) {
+        self.metrics.fenced_wills_settled += 1;
+        let delay = f.will.properties.will_delay_interval.unwrap_or(0);
+        let Some((sid, expiry)) =
+            sid.and_then(|sid| Some((sid, self.sessions.get(sid)?.expiry_interval)))
+        else {
+            self.publish_will(now, *f.will);
+            return;
+        };
+        match later(f.at, delay.min(expiry)).filter(|at| *at > now) {
+            Some(at) => {
+                if let Some(s) = self.sessions.get_mut(sid) {
+                    s.set_pending_will(Box::new(PendingWill { will: *f.will, at }));
+                }
+                self.timers.arm(at, Timer::Will(sid));
+                // The copies' armed will becomes this pending one.
+                self.dur_detached(sid);
+            }
+            None => {
+                self.publish_will(now, *f.will);
+                // Disarms the copies' will.
+                self.dur_will_armed(sid);
+            }
+        }
     }
 
     /// The cluster renewed this node's lease until `until`, by a renewal
@@ -1657,7 +1754,7 @@ impl Broker {
             // takes the client id next does, from its copy (the claim says
             // this node's lease ran out, see `install_replica`), so the
             // replicas keep the will armed.
-            let kept = self.keep_armed_will(conn);
+            let kept = self.keep_armed_will(now, conn);
             // 0x88 is for CONNACK only; 0x9C sends the client to a node
             // that can serve it.
             self.close(now, conn, Some(ReasonCode::USE_ANOTHER_SERVER), false);
@@ -1677,18 +1774,36 @@ impl Broker {
     }
 
     /// Before `conn` closes under a lost lease: its replicas' armed will is
-    /// not disarmed by the close (see `fence_clients`).
-    fn keep_armed_will(&mut self, conn: ConnId) -> Option<KeptWill> {
-        let Some(Phase::Connected(sid)) = self.conns.get(&conn).map(|c| c.phase()) else {
+    /// not disarmed by the close (see `fence_clients`), and this node keeps
+    /// the will until the lease is back ([`FencedWill`]).
+    fn keep_armed_will(&mut self, now: Instant, conn: ConnId) -> Option<KeptWill> {
+        let c = self.conns.get(&conn)?;
+        let Phase::Connected(sid) = c.phase() else {
             return None;
         };
+        let will = c.will.clone();
         let s = self.sessions.get_mut(sid)?;
-        if std::mem::take(&mut s.will_armed) {
-            return Some(KeptWill::Persistent(sid));
-        }
         let client: Box<str> = (*s.client_id).into();
-        let epoch = self.clean_wills.disarm(&client)?;
-        Some(KeptWill::Clean(client, epoch))
+        let kept = if std::mem::take(&mut s.will_armed) {
+            KeptWill::Persistent(sid)
+        } else {
+            KeptWill::Clean(client.clone(), self.clean_wills.disarm(&client)?)
+        };
+        let epoch = match &kept {
+            KeptWill::Persistent(_) => self.repl.epoch(&client).unwrap_or(0),
+            KeptWill::Clean(_, epoch) => *epoch,
+        };
+        if let Some(will) = will.filter(|_| epoch > 0) {
+            self.orphans.fenced(
+                client,
+                FencedWill {
+                    epoch,
+                    will,
+                    at: now,
+                },
+            );
+        }
+        Some(kept)
     }
 
     /// Another node took `client_id` over (a newer claim): its connection
@@ -1721,6 +1836,12 @@ impl Broker {
         held: u64,
     ) {
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
+        // The node that took it decided for a fenced will (see
+        // `PreviousOwner::lapsed`).
+        if self.orphans.take_fenced(client_id).is_some() {
+            self.orphans.answered(client_id);
+            self.clean_wills.disarm(client_id);
+        }
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };

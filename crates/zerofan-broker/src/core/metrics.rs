@@ -383,6 +383,15 @@ counters! {
                 "zerofan_cluster_orphans_adopted_total",
                 "Sessions of a node away or restarted adopted here from their copies to publish their clients' wills (a clean session's will: published, nothing kept).",
             )),
+        /// Wills of clients dropped when this node's lease ran out, settled
+        /// here once it was back and the id still this node's (see
+        /// `orphans::FencedWill`).
+        pub fenced_wills_settled: u64 = CounterDef::NEW
+            .sys("cluster/fenced_wills_settled")
+            .prom(Family::new(
+                "zerofan_cluster_fenced_wills_settled_total",
+                "Wills of clients dropped when this node's lease ran out, published (or left pending for their delay) here once the lease was back and the client id still this node's.",
+            )),
         /// Unanswered claims of clients that left, forgotten (too many).
         pub claims_left_forgotten: u64 = CounterDef::NEW
             .sys("cluster/claims_left_forgotten")

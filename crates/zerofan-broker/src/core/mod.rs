@@ -147,7 +147,7 @@ pub use metrics::{Counted, CounterDef, Family, Label, Metrics, ShellStats, Sum};
 pub use observe::{
     Gauges, LatencyHistogram, ReloadOutcome, ShardFigures, StoreFigures, LATENCY_BUCKETS,
 };
-pub use orphans::OrphanRequest;
+pub use orphans::{OrphanRequest, Orphaned};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId, Stranded};
 pub use replica::PreviousOwner;

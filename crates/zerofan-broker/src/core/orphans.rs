@@ -22,20 +22,27 @@
 //!   `Broker::peer_restarted`) lost its former run's connections, and its
 //!   new run knows nothing of their wills: the wills armed in its copies
 //!   here are orphans too, claimed under the very claim each copy names
-//!   (`Cluster::claim_restarted_orphan`: no lease to wait for, and a client
+//!   (`Cluster::claim_ended`: no lease to wait for, and a client
 //!   back since has a newer claim). Before, a node restarted before a
 //!   copy holder's claim was granted was not away any more, and its
 //!   clients' wills were never published.
 //! - A node whose lease ran out drops its clients and publishes no will:
 //!   its copies keep them armed ([`KeptWill`]), for the node that takes a
 //!   client id because that lease ran out (the claim says so,
-//!   `PreviousOwner::lapsed`), also one that still reaches this node.
+//!   `PreviousOwner::lapsed`), also one that still reaches this node. The
+//!   node keeps them as well ([`FencedWill`]): once its lease is back it
+//!   claims each id under the claim it held it under
+//!   ([`Orphaned::Fenced`]); still its own, the will is its to publish.
+//!   The log orders that claim and any other node's, so one of them
+//!   publishes, once.
 //!
 //! Bounded by the copies: at most one request per copy kept here.
 
 use super::hash::{HashMap, HashSet};
 use super::ids::SessionId;
 use super::peer::PeerId;
+use std::time::Instant;
+use zerofan_codec::Will;
 use zerofan_store::StoredWill;
 
 /// The owner's side: a will its replicas keep armed while its connection
@@ -48,6 +55,20 @@ pub(crate) enum KeptWill {
     /// Of a clean session, which ends: its entry in [`CleanWills`], and the
     /// epoch it was armed under.
     Clean(Box<str>, u64),
+}
+
+/// The owner's side: the will of a connection this node dropped when its
+/// lease ran out, kept until the cluster says whether the client id is
+/// still this node's once the lease is back ([`Orphaned::Fenced`]): then
+/// this node publishes it; otherwise the node that took the id did, or
+/// not (see `PreviousOwner::lapsed`).
+#[derive(Debug)]
+pub(crate) struct FencedWill {
+    /// The claim the id was held under.
+    pub(crate) epoch: u64,
+    pub(crate) will: Box<Will>,
+    /// When the connection was dropped: the will's delay counts from then.
+    pub(crate) at: Instant,
 }
 
 /// The owner's side: clean sessions here whose replicas hold their
@@ -86,10 +107,25 @@ pub struct OrphanRequest {
     pub owner: PeerId,
     /// The claim of `owner` the copy was written under (0: any).
     pub epoch: u64,
-    /// `owner` restarted since it wrote the copy (see
-    /// [`Orphans::restarted`]): the claim needs no lease to run out, only
-    /// `owner` to hold the id under `epoch` still.
-    pub restarted: bool,
+    /// Why the will is unpublished.
+    pub why: Orphaned,
+}
+
+/// Why an [`OrphanRequest`]'s will was never published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphaned {
+    /// Its owner is away (dead, or cut off): claimed once its lease ran
+    /// out (`Cluster::claim_orphan`).
+    Away,
+    /// Its owner restarted since it wrote the copy (see
+    /// [`Orphans::restarted`]): the connection ended with that run, so no
+    /// lease needs to run out, only the owner to hold the id under `epoch`
+    /// still (`Cluster::claim_ended`).
+    Restarted,
+    /// This node's own client, dropped when its lease ran out ([`FencedWill`]);
+    /// `owner` is this node. The lease is back: the id is claimed under
+    /// `epoch` as for `Restarted`, and granted, the will is this node's.
+    Fenced,
 }
 
 /// Orphans found and not answered yet.
@@ -102,6 +138,9 @@ pub(crate) struct Orphans {
     /// before its new run wrote over them, until their claim is answered.
     /// Bounded by the copies: one per copy.
     captured: HashMap<Box<str>, (PeerId, Box<StoredWill>)>,
+    /// This node's own fenced wills. Bounded by the connections: one per
+    /// client connected when the lease ran out.
+    fenced: HashMap<Box<str>, FencedWill>,
 }
 
 impl Orphans {
@@ -113,7 +152,7 @@ impl Orphans {
                     client_id,
                     owner,
                     epoch: 0,
-                    restarted: false,
+                    why: Orphaned::Away,
                 });
             }
         }
@@ -137,7 +176,7 @@ impl Orphans {
                 client_id,
                 owner,
                 epoch,
-                restarted: true,
+                why: Orphaned::Restarted,
             });
         }
     }
@@ -145,6 +184,35 @@ impl Orphans {
     /// Whether `client`'s will was captured from a restarted `owner`.
     pub(crate) fn captured(&self, client: &str, owner: PeerId) -> bool {
         self.captured.get(client).is_some_and(|(o, _)| *o == owner)
+    }
+
+    /// `client`'s connection here was dropped when the lease ran out.
+    pub(crate) fn fenced(&mut self, client: Box<str>, will: FencedWill) {
+        self.fenced.insert(client, will);
+    }
+
+    /// The lease is back: ask for each fenced will's client id, this
+    /// node's (`me`) under the claim it was held under.
+    pub(crate) fn confirm_fenced(&mut self, me: PeerId) {
+        for (client, f) in &self.fenced {
+            if self.asked.insert(client.clone()) {
+                self.requests.push(OrphanRequest {
+                    client_id: client.clone(),
+                    owner: me,
+                    epoch: f.epoch,
+                    why: Orphaned::Fenced,
+                });
+            }
+        }
+    }
+
+    pub(crate) fn is_fenced(&self, client: &str) -> bool {
+        self.fenced.contains_key(client)
+    }
+
+    /// The fenced will of `client`, taken (it is settled).
+    pub(crate) fn take_fenced(&mut self, client: &str) -> Option<FencedWill> {
+        self.fenced.remove(client)
     }
 
     /// The will captured for `client`, taken.

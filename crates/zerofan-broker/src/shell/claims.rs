@@ -6,7 +6,7 @@
 
 use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
-use crate::core::{OrphanRequest, PreviousOwner};
+use crate::core::{OrphanRequest, Orphaned, PreviousOwner};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -225,6 +225,9 @@ async fn claim<'a>(cluster: &'a Cluster, client_id: &'a str) -> Claimed<'a> {
 ///
 /// [`Broker::orphan_pending`]: crate::core::Broker::orphan_pending
 async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
+    if req.why == Orphaned::Fenced {
+        return confirm_fenced(shared, cluster, req).await;
+    }
     let client = &*req.client_id;
     let node = shared.links.as_ref().and_then(|l| l.node_id(req.owner));
     let mut pause = ORPHAN_PAUSE;
@@ -234,10 +237,8 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
             shared.broker.borrow_mut().orphan_given_up(client);
             return;
         };
-        let claim = if req.restarted {
-            cluster
-                .claim_restarted_orphan(client, node, req.epoch)
-                .await
+        let claim = if req.why == Orphaned::Restarted {
+            cluster.claim_ended(client, node, req.epoch).await
         } else {
             cluster.claim_orphan(client, node, req.epoch).await
         };
@@ -276,6 +277,40 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(ORPHAN_PAUSE_MAX);
     }
+}
+
+/// Ask whether the client id of `req`'s fenced will is still this node's
+/// (see `Orphaned::Fenced`), and tell the core; tried while the core says
+/// it is worth it ([`Broker::fenced_pending`]).
+///
+/// [`Broker::fenced_pending`]: crate::core::Broker::fenced_pending
+async fn confirm_fenced(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
+    let client = &*req.client_id;
+    let mut pause = ORPHAN_PAUSE;
+    while shared.broker.borrow().fenced_pending(client) {
+        let answer = match cluster
+            .claim_ended(client, cluster.node_id(), req.epoch)
+            .await
+        {
+            Ok(OrphanClaim::Claimed { epoch, .. }) => Some(epoch),
+            Ok(OrphanClaim::Moved) => None,
+            Err(e) => {
+                tracing::debug!(client_id = client, error = %e, "fenced will not settled yet");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ORPHAN_PAUSE_MAX);
+                continue;
+            }
+        };
+        tracing::debug!(client_id = client, ?answer, "fenced will settled");
+        shared
+            .broker
+            .borrow_mut()
+            .fenced_will_answered(Instant::now(), client, answer);
+        shared.dispatch();
+        return;
+    }
+    // Lost the lease again (asked anew when it is back), or settled.
+    shared.broker.borrow_mut().orphan_given_up(client);
 }
 
 /// End the sessions whose client id another node claimed, until the

@@ -10,7 +10,7 @@ use crate::core::durable::{
     StoredWill, SubOptions,
 };
 use crate::core::peer_wire::{FrameDecoder, FrameEncoder, LinkFrame};
-use crate::core::{ClaimRequest, PeerId, PreviousOwner};
+use crate::core::{ClaimRequest, Orphaned, PeerId, PreviousOwner};
 use std::collections::HashMap;
 
 /// A store that keeps nothing but counts, and is durable at each commit
@@ -3466,26 +3466,121 @@ fn a_lapsed_owners_client_back_elsewhere_has_its_due_will_published() {
     assert_eq!(cl.hs[2].b.metrics().wills_published, 2);
 }
 
-/// A node fenced by its lease that gets it back before another node took
-/// a clean client's id drops the copies of that client's will: a claim
-/// now fences it, and it has no will to publish. A persistent session's
-/// copy keeps its will armed, for a node that takes the session later.
+/// A node fenced by its lease keeps the wills of the clients it dropped.
+/// Once the lease is back it asks for each client id under the claim it
+/// held it under; still its own, it publishes the will when due (its delay
+/// counted from the fence) and the copies' armed will goes; taken by
+/// another node meanwhile, that node decided, and nothing goes here. A
+/// fenced will of an unknown claim cannot be asked for: its clean copies
+/// go, as before.
 #[test]
-fn a_lease_back_drops_the_copies_of_fenced_clean_wills() {
-    let mut cl = Cluster::new(3, 3);
+fn a_lease_back_settles_the_fenced_wills_still_this_nodes() {
+    let (mut cl, w) = watching_wills();
     cl.epoch = 1;
     clean_with_will(&mut cl, 0, "cdev", Protocol::V5, 0);
     cl.with_will(0, "dev", 0);
+    cl.with_will(0, "later", 30);
+    cl.with_will(0, "taken", 0);
+    cl.with_will(0, "moved", 0);
     cl.epoch = 0;
     let now = cl.hs[0].now;
     cl.hs[0].b.cluster_lease(now, false);
     cl.pump();
-    assert!(cl.hs[1].b.has_copy("cdev"), "kept past the lease");
+    assert!(cl.out(w).publishes().is_empty(), "none past the lease");
+    // Another node took "taken" (its claim says whether to publish).
+    cl.hs[0].b.client_taken_by(now, "taken", Some(remote(2)));
+    cl.pump();
+    assert!(
+        orphans(&mut cl, 0).is_empty(),
+        "not before the lease is back"
+    );
+
+    cl.later(1);
+    let now = cl.hs[0].now;
     cl.hs[0].b.cluster_lease(now, true);
     cl.pump();
+    let mut asked = Vec::new();
+    cl.hs[0].b.take_orphans(&mut asked);
+    let mut asked: Vec<(String, u64, Orphaned)> = asked
+        .into_iter()
+        .map(|r| (r.client_id.to_string(), r.epoch, r.why))
+        .collect();
+    asked.sort_by(|a, b| a.0.cmp(&b.0));
+    let fenced = |c: &str| (c.to_string(), 1, Orphaned::Fenced);
+    assert_eq!(
+        asked,
+        [
+            fenced("cdev"),
+            fenced("dev"),
+            fenced("later"),
+            fenced("moved")
+        ]
+    );
+    assert!(cl.hs[1].b.has_copy("cdev"), "kept while asked");
+    assert!(cl.hs[0].b.fenced_pending("dev"));
+
+    for c in ["cdev", "dev", "later"] {
+        cl.hs[0].b.fenced_will_answered(now, c, Some(2));
+    }
+    cl.hs[0].b.fenced_will_answered(now, "moved", None);
+    cl.pump();
+    let topics = |cl: &mut Cluster| -> Vec<String> {
+        let got = cl.out(w);
+        let mut t: Vec<String> = got
+            .publishes()
+            .iter()
+            .map(|p| p.topic.to_string())
+            .collect();
+        t.sort();
+        t
+    };
+    assert_eq!(topics(&mut cl), ["will/cdev", "will/dev"]);
+    assert!(!cl.hs[0].b.fenced_pending("dev"));
     assert!(!cl.hs[1].b.has_copy("cdev") && !cl.hs[2].b.has_copy("cdev"));
+    // "later": 30 s from the fence, 1 s of which had passed.
+    cl.later(28);
+    assert!(topics(&mut cl).is_empty());
+    cl.later(2);
+    assert_eq!(topics(&mut cl), ["will/later"]);
+    cl.later(60);
+    assert!(topics(&mut cl).is_empty(), "each once");
+    assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 3);
+    // Settled here: no copy holds their wills armed any more (those of
+    // the ids taken elsewhere are their new owners' to settle).
     cl.kill(0);
-    assert_eq!(orphans(&mut cl, 1), ["dev"]);
+    let mut left = orphans(&mut cl, 1);
+    left.sort();
+    assert_eq!(left, ["moved", "taken"]);
+}
+
+/// A client dropped when its node's lease ran out comes back to that node
+/// before it settled the will: the connection was that node's, so its will
+/// is settled as any lost connection's (delay 0: published; a delay still
+/// running: cancelled by the return).
+#[test]
+fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "now", 0);
+    cl.with_will(0, "later", 30);
+    cl.epoch = 0;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.pump();
+    cl.hs[0].b.cluster_lease(now, true);
+    cl.pump();
+    cl.persistent_at(0, "now", 2);
+    cl.persistent_at(0, "later", 2);
+    let got = cl.out(w);
+    let topics: Vec<String> = got
+        .publishes()
+        .iter()
+        .map(|p| p.topic.to_string())
+        .collect();
+    assert_eq!(topics, ["will/now"]);
+    assert!(!cl.hs[0].b.fenced_pending("later"));
+    cl.later(60);
+    assert!(cl.out(w).publishes().is_empty(), "once, the cancelled none");
 }
 
 /// A node restarted before a copy holder's claim for its death was
@@ -3513,7 +3608,7 @@ fn a_restarted_owners_former_clients_wills_are_published_by_a_replica() {
         cl.hs[n].b.take_orphans(&mut out);
         let mut asked: Vec<(String, u64)> = out
             .iter()
-            .filter(|r| r.restarted && r.owner == remote(0))
+            .filter(|r| r.why == Orphaned::Restarted && r.owner == remote(0))
             .map(|r| (r.client_id.to_string(), r.epoch))
             .collect();
         asked.sort();
