@@ -144,14 +144,17 @@ pub(crate) struct Orphans {
 }
 
 impl Orphans {
-    /// `owner` is away: these copies of its sessions hold wills.
-    pub(crate) fn found(&mut self, owner: PeerId, clients: Vec<Box<str>>) {
-        for client_id in clients {
+    /// `owner` is away: these copies of its sessions hold wills (client
+    /// id, the claim the copy was written under, 0 if not known). Each is
+    /// claimed only from that claim: a copy that missed a later one (its
+    /// client back on `owner` since) is not the will to publish.
+    pub(crate) fn found(&mut self, owner: PeerId, clients: Vec<(Box<str>, u64)>) {
+        for (client_id, epoch) in clients {
             if self.asked.insert(client_id.clone()) {
                 self.requests.push(OrphanRequest {
                     client_id,
                     owner,
-                    epoch: 0,
+                    epoch,
                     why: Orphaned::Away,
                 });
             }
@@ -243,14 +246,14 @@ mod tests {
     #[test]
     fn a_copy_is_asked_for_once_until_answered() {
         let mut o = Orphans::default();
-        o.found(PeerId(1), vec!["a".into(), "b".into()]);
-        o.found(PeerId(1), vec!["a".into()]);
+        o.found(PeerId(1), vec![("a".into(), 1), ("b".into(), 0)]);
+        o.found(PeerId(1), vec![("a".into(), 1)]);
         let mut out = Vec::new();
         o.take_requests(&mut out);
         assert_eq!(out.len(), 2, "{out:?}");
         assert!(!o.has_requests());
         o.answered("a");
-        o.found(PeerId(1), vec!["a".into(), "b".into()]);
+        o.found(PeerId(1), vec![("a".into(), 1), ("b".into(), 0)]);
         out.clear();
         o.take_requests(&mut out);
         let names: Vec<&str> = out.iter().map(|r| &*r.client_id).collect();

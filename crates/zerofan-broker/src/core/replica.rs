@@ -399,7 +399,11 @@ impl DurableLog for Mirror {
     }
     fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError> {
         // An armed will is for the replicas only (see
-        // `Broker::dur_will_armed`).
+        // `Broker::dur_will_armed`), and a replica keeps its copies' armed
+        // wills in memory only: one read back after a restart may be stale
+        // (its client's clean DISCONNECT missed while this node was down),
+        // and published when the owner dies would be a will of a normal
+        // disconnect; the replicas that stayed up hold the current one.
         if will.armed.is_none() {
             self.inner.set_will(client_id, will)?;
         }
@@ -833,6 +837,15 @@ struct Image {
 }
 
 impl Image {
+    /// Whether this copy is written to this node's store: not one of a
+    /// clean session (expiry 0), which holds only its client's armed will
+    /// and is not read back after a restart (its owner sends it again, see
+    /// `disk::restore`), so writing it would cost a record per clean
+    /// CONNECT with a will, and its drop another, for nothing.
+    fn on_disk(&self) -> bool {
+        self.meta.expiry_interval > 0
+    }
+
     /// Whether this copy is `owner`'s and holds a will (see `orphans`).
     fn holds_will_of(&self, owner: PeerId) -> bool {
         self.owner == Some(owner) && self.will.is_some()
@@ -969,16 +982,17 @@ impl Images {
     }
 
     /// Client ids of `owner`'s copies that hold a will (armed or
-    /// pending): should `owner` be dead, a node holding them publishes it
-    /// (see `orphans`).
-    pub(crate) fn wills_of(&self, owner: PeerId) -> Vec<Box<str>> {
+    /// pending), with the claim each was written under (0: not known):
+    /// should `owner` be dead, a node holding them publishes it (see
+    /// `orphans`).
+    pub(crate) fn wills_of(&self, owner: PeerId) -> Vec<(Box<str>, u64)> {
         if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
             return Vec::new();
         }
         self.by_client
             .iter()
             .filter(|(_, i)| i.holds_will_of(owner))
-            .map(|(c, _)| c.clone())
+            .map(|(c, i)| (c.clone(), i.epoch))
             .collect()
     }
 
@@ -1017,7 +1031,9 @@ impl Images {
         let Some(i) = self.by_client.get_mut(client) else {
             return false;
         };
-        disk.set_will(client, &will);
+        if i.on_disk() {
+            disk.set_will(client, &will);
+        }
         i.will = Some(will);
         true
     }
@@ -1081,7 +1097,9 @@ impl Images {
         if img.meta.expiry_interval == 0 {
             self.clean = self.clean.saturating_sub(1);
         }
-        disk.drop_session(client);
+        if img.on_disk() {
+            disk.drop_session(client);
+        }
         let Some(owner) = img.owner else { return };
         for e in img.queue.values() {
             self.unref(owner, e.msg);
@@ -1216,7 +1234,7 @@ impl Images {
                 // here asks for a newer copy (see `previous`).
                 let whole = version <= img.version.saturating_add(1) || full.contains(&c);
                 if whole && img.owner == Some(from) && (epoch == 0 || img.epoch == epoch) {
-                    if version > img.version && disk.on() {
+                    if version > img.version && disk.on() && img.on_disk() {
                         // With the batch's changes, so that a copy read
                         // back from disk is judged by it (`previous`).
                         disk.set_epoch(&c, img.epoch, version);
@@ -1270,7 +1288,9 @@ impl Images {
         if let Some(img) = self.by_client.get_mut(client) {
             if known > img.epoch {
                 img.epoch = known;
-                disk.set_epoch(client, known, img.version);
+                if img.on_disk() {
+                    disk.set_epoch(client, known, img.version);
+                }
             }
         }
     }
@@ -1392,10 +1412,16 @@ impl Images {
                         } else {
                             self.clean.saturating_sub(1)
                         };
+                        if clean {
+                            // No longer kept on disk (see `Image::on_disk`).
+                            disk.drop_session(&client);
+                        }
                     }
                     i.meta = meta;
                 }
-                disk.put_session(&client, meta);
+                if !clean {
+                    disk.put_session(&client, meta);
+                }
                 // A copy started (over) under a known claim stores it.
                 self.keep_epoch(&client, disk);
                 for kept in unread {
@@ -1582,7 +1608,9 @@ impl Images {
             }
             ReplOp::SetWill { client, will } => match self.owned(from, &client) {
                 Some(i) => {
-                    disk.set_will(&client, &will);
+                    if i.on_disk() {
+                        disk.set_will(&client, &will);
+                    }
                     i.will = Some(will);
                     true
                 }
@@ -1592,7 +1620,7 @@ impl Images {
             ReplOp::Epoch { .. } | ReplOp::ForgetOwner => true,
             ReplOp::ClearWill { client } => {
                 if let Some(i) = self.owned(from, &client) {
-                    if i.will.take().is_some() {
+                    if i.will.take().is_some() && i.on_disk() {
                         disk.clear_will(&client);
                     }
                 }

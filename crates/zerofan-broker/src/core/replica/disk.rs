@@ -233,6 +233,7 @@ impl Images {
             // A clean session's copy holds its client's will armed for a
             // connection of the run before (see `orphans`): its owner, if
             // alive, sends it again; read back, nobody would ever drop it.
+            // (Builds since 2026-11-30 write none, see `Image::on_disk`.)
             if rs.meta.expiry_interval == 0 {
                 disk.drop_session(&client);
                 continue;
