@@ -871,7 +871,7 @@ impl Inner {
                         gone = self.let_go(&client_id, node_id).await;
                     }
                 }
-                let lapsed = match gone {
+                let by_lease = match gone {
                     Ok(by_lease) => by_lease,
                     Err(wait) => {
                         return Reply::Error(format!(
@@ -885,7 +885,7 @@ impl Inner {
                     client_id,
                     node: node_id,
                 };
-                self.write_claim(cmd, node_id, lapsed).await
+                self.write_claim(cmd, node_id, by_lease).await
             }
             admin::Request::ClaimOrphan {
                 client_id,

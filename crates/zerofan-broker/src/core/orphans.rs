@@ -36,7 +36,9 @@
 //!   The log orders that claim and any other node's, so one of them
 //!   publishes, once.
 //!
-//! Bounded by the copies: at most one request per copy kept here.
+//! Bounded by the copies: at most one request per copy kept here, and one
+//! more while its owner's restart is claimed; and by this node's clients
+//! (one fenced will each).
 
 use super::hash::{HashMap, HashSet};
 use super::ids::SessionId;

@@ -245,7 +245,8 @@ async fn claim_orphan(shared: &Shared, cluster: &Cluster, req: &OrphanRequest) {
         match claim {
             Ok(OrphanClaim::Claimed { epoch, previous }) => {
                 tracing::debug!(client_id = client, from = node, epoch, "orphan claimed");
-                // Granted only once the owner's lease ran out.
+                // Granted only once the owner's lease ran out, or its
+                // run ended: its connection's will is this node's.
                 let prev = previous.map(|(node, epoch)| {
                     let lapsed = true;
                     previous_owner(
