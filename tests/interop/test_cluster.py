@@ -453,6 +453,22 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
         c.close()
 
 
+def _with_wills(make, owner: Node) -> tuple[PahoClient, PahoClient]:
+    """Two clients of `owner` made by `make(node, **kw)`, with QoS 1 wills:
+    "dev", persistent MQTT 5 (will delay 0, on will/dev), and "v3", clean
+    3.1.1 (on will/v3); returned once the copies hold the wills (a round
+    trip through the owner: the SUBACK waits for every node)."""
+    dev = make(owner, client_id="dev", clean=False,
+               connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
+               will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
+                     "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
+    v3 = make(owner, client_id="v3", version=311,
+              will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
+    assert dev.subscribe("dev/in", 1) == [1]
+    assert v3.subscribe("v3/in", 1) == [1]
+    return dev, v3
+
+
 def test_a_node_restarted_at_once_has_its_clients_wills_published(nodes, clients):
     """A node (not the leader) serving two clients with wills (persistent
     MQTT 5, delay 0; clean 3.1.1) is killed (-9) and started again at once,
@@ -468,16 +484,7 @@ def test_a_node_restarted_at_once_has_its_clients_wills_published(nodes, clients
     owner, watcher = [n for n in ns if n.node_id != leader]
     watch = clients(ns[leader - 1])
     assert watch.subscribe("will/#", 1) == [1]
-    dev = clients(owner, client_id="dev", clean=False,
-                  connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
-                  will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
-                        "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
-    v3 = clients(owner, client_id="v3", version=311,
-                 will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
-    # The copies hold the wills once a round trip through the owner is
-    # done (the SUBACK waits for every node).
-    assert dev.subscribe("dev/in", 1) == [1]
-    assert v3.subscribe("v3/in", 1) == [1]
+    dev, v3 = _with_wills(clients, owner)
     owner.kill()
     dev.close()
     v3.close()
@@ -1050,16 +1057,7 @@ def test_a_node_cut_off_from_the_leader_only_leaves_its_clients_wills_to_the_nex
         owner, other = [n for n in ns if n is not leader]
         watch = client(leader)
         assert watch.subscribe("will/#", 1) == [1]
-        dev = client(owner, client_id="dev", clean=False,
-                     connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
-                     will={"topic": "will/dev", "payload": b"dev gone", "qos": 1,
-                           "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=0)})
-        v3 = client(owner, client_id="v3", version=311,
-                    will={"topic": "will/v3", "payload": b"v3 gone", "qos": 1})
-        # The copies hold the wills once a round trip through the owner is
-        # done (the SUBACK waits for every node).
-        assert dev.subscribe("dev/in", 1) == [1]
-        assert v3.subscribe("v3/in", 1) == [1]
+        dev, v3 = _with_wills(client, owner)
 
         proxy.split(owner.node_id, leader.node_id)
         rc, _ = dev.expect_disconnect(timeout=WAIT)

@@ -1670,20 +1670,47 @@ impl Broker {
         prev: Option<super::PreviousOwner>,
     ) {
         let client = connect.client_id.as_str();
+        if prev.is_some() {
+            self.fenced_will_gone(client);
+        } else {
+            self.fenced_will_returned(now, client, connect.clean_start);
+        }
+    }
+
+    /// `client`'s fenced will is settled at its client's return (here, or
+    /// elsewhere with this node fenced for it): published if due, as any
+    /// lost connection's (`ends`: the return ends the session), dropped
+    /// if its delay still runs.
+    fn fenced_will_returned(&mut self, now: Instant, client: &str, ends: bool) {
         let Some(f) = self.orphans.take_fenced(client) else {
             return;
         };
         self.orphans.answered(client);
         let clean = self.clean_wills.disarm(client).is_some();
-        if prev.is_some() {
-            return;
-        }
         let delay = f.will.properties.will_delay_interval.unwrap_or(0);
-        let ended = clean || connect.clean_start || !self.sessions.has_client(&connect.client_id);
+        let ended = clean || ends || !self.sessions.has_client(client);
         if ended || later(f.at, delay).is_none_or(|at| at <= now) {
             self.metrics.fenced_wills_settled += 1;
             self.publish_will(now, *f.will);
         }
+    }
+
+    /// `client`'s fenced will is another node's to settle (it took the id).
+    fn fenced_will_gone(&mut self, client: &str) {
+        if self.orphans.take_fenced(client).is_some() {
+            self.orphans.answered(client);
+            self.clean_wills.disarm(client);
+        }
+    }
+
+    /// The leader is about to give `client_id` to another node (`to`)
+    /// and this node let go (it answered the fence), so that node is told
+    /// the id was not taken by a lapsed lease and publishes no will of this
+    /// node's: a fenced will here is settled now, as at a return. Then as
+    /// [`Broker::client_taken_from`].
+    pub fn client_fenced(&mut self, now: Instant, client_id: &str, to: Option<PeerId>, held: u64) {
+        self.fenced_will_returned(now, client_id, false);
+        self.client_taken_from(now, client_id, to, held);
     }
 
     /// `f`'s connection was lost at `f.at`: publish its will now if due
@@ -1838,10 +1865,7 @@ impl Broker {
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         // The node that took it decided for a fenced will (see
         // `PreviousOwner::lapsed`).
-        if self.orphans.take_fenced(client_id).is_some() {
-            self.orphans.answered(client_id);
-            self.clean_wills.disarm(client_id);
-        }
+        self.fenced_will_gone(client_id);
         let Ok(id) = MqttStr::try_from(client_id) else {
             return;
         };

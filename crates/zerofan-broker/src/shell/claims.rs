@@ -373,7 +373,7 @@ async fn fence_loop(
         shared
             .broker
             .borrow_mut()
-            .client_taken_from(Instant::now(), &f.client_id, to, held);
+            .client_fenced(Instant::now(), &f.client_id, to, held);
         shared.dispatch();
     }
 }

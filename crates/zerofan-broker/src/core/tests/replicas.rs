@@ -3072,6 +3072,18 @@ fn watching_wills() -> (Cluster, Cx) {
     (cl, w)
 }
 
+/// The topics of the messages `w` got since last asked, sorted.
+fn topics(cl: &mut Cluster, w: Cx) -> Vec<String> {
+    let got = cl.out(w);
+    let mut t: Vec<String> = got
+        .publishes()
+        .iter()
+        .map(|p| p.topic.to_string())
+        .collect();
+    t.sort();
+    t
+}
+
 /// The orphans `node` asks the cluster for (see `core/orphans.rs`).
 fn orphans(cl: &mut Cluster, node: usize) -> Vec<String> {
     let mut out = Vec::new();
@@ -3167,13 +3179,7 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
     cl.hs[1].b.client_taken_by(now, "dev", Some(remote(2)));
     cl.pump();
     cl.later(15);
-    let got = cl.out(w);
-    let topics: Vec<String> = got
-        .publishes()
-        .iter()
-        .map(|p| p.topic.to_string())
-        .collect();
-    assert_eq!(topics, ["will/cam"]);
+    assert_eq!(topics(&mut cl, w), ["will/cam"]);
     cl.later(60);
     assert!(cl.out(w).publishes().is_empty(), "cancelled: dev came back");
     assert_eq!(cl.hs[1].b.metrics().wills_published, 1);
@@ -3193,28 +3199,24 @@ fn a_dead_owners_client_back_elsewhere_has_its_due_will_published() {
     cl.with_will(0, "clean", 30);
     cl.epoch = 0;
     cl.kill(0);
-    let topics = |cl: &mut Cluster| -> Vec<String> {
-        let got = cl.out(w);
-        got.publishes()
-            .iter()
-            .map(|p| p.topic.to_string())
-            .collect()
-    };
 
     let (_now, out) = cl.persistent_after(2, "now", 2, 0, 1);
     assert!(present(&out), "the session was kept");
-    assert_eq!(topics(&mut cl), ["will/now"], "delay 0: due at the loss");
+    assert_eq!(topics(&mut cl, w), ["will/now"], "delay 0: due at the loss");
 
     let (_later, out) = cl.persistent_after(2, "later", 2, 0, 1);
     assert!(present(&out));
-    assert!(topics(&mut cl).is_empty(), "back within its delay");
+    assert!(topics(&mut cl, w).is_empty(), "back within its delay");
 
     let (_clean, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "clean", Protocol::V5, true, 0));
     assert!(!present(&out));
-    assert_eq!(topics(&mut cl), ["will/clean"], "a clean start ends it");
+    assert_eq!(topics(&mut cl, w), ["will/clean"], "a clean start ends it");
 
     cl.later(60);
-    assert!(topics(&mut cl).is_empty(), "each once, the cancelled none");
+    assert!(
+        topics(&mut cl, w).is_empty(),
+        "each once, the cancelled none"
+    );
     assert_eq!(cl.hs[2].b.metrics().wills_published, 2);
     // The copies elsewhere are the new owner's: no orphan left to claim.
     for c in ["now", "later", "clean"] {
@@ -3291,14 +3293,7 @@ fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
     cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.hs[2].b.orphan_claimed(now, "old", 2, Some(prev));
     cl.pump();
-    let got = cl.out(w);
-    let mut topics: Vec<String> = got
-        .publishes()
-        .iter()
-        .map(|p| p.topic.to_string())
-        .collect();
-    topics.sort();
-    assert_eq!(topics, ["will/dev", "will/old"]);
+    assert_eq!(topics(&mut cl, w), ["will/dev", "will/old"]);
     assert_eq!(cl.hs[2].b.metrics().orphans_adopted, 2);
     assert!(!cl.hs[2].b.serves_client("dev"), "no session kept");
     for c in ["dev", "old"] {
@@ -3443,25 +3438,18 @@ fn a_lapsed_owners_client_back_elsewhere_has_its_due_will_published() {
     assert!(cl.out(dev).closed);
     assert!(cl.out(w).publishes().is_empty(), "none past the lease");
     assert!(cl.hs[1].b.has_copy("cdev") && cl.hs[2].b.has_copy("cdev"));
-    let topics = |cl: &mut Cluster| -> Vec<String> {
-        let got = cl.out(w);
-        got.publishes()
-            .iter()
-            .map(|p| p.topic.to_string())
-            .collect()
-    };
 
     // Node 0 is live here: only the claim says its lease ran out.
     let (_dev, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "dev"));
     assert!(present(&out), "the session was kept");
-    assert_eq!(topics(&mut cl), ["will/dev"], "delay 0: due at the loss");
+    assert_eq!(topics(&mut cl, w), ["will/dev"], "delay 0: due at the loss");
     let (_later, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "later"));
     assert!(present(&out));
-    assert!(topics(&mut cl).is_empty(), "back within its delay");
+    assert!(topics(&mut cl, w).is_empty(), "back within its delay");
     cl.after_lapse(2, 0, 1, |cl| {
         clean_with_will(cl, 2, "cdev", Protocol::V311, 0)
     });
-    assert_eq!(topics(&mut cl), ["will/cdev"]);
+    assert_eq!(topics(&mut cl, w), ["will/cdev"]);
 
     // Node 0 learns of the claims when it is back in touch.
     let now = cl.hs[0].now;
@@ -3471,7 +3459,10 @@ fn a_lapsed_owners_client_back_elsewhere_has_its_due_will_published() {
     }
     cl.pump();
     cl.later(60);
-    assert!(topics(&mut cl).is_empty(), "each once, the cancelled none");
+    assert!(
+        topics(&mut cl, w).is_empty(),
+        "each once, the cancelled none"
+    );
     assert_eq!(cl.hs[0].b.metrics().wills_published, 0);
     assert_eq!(cl.hs[2].b.metrics().wills_published, 2);
 }
@@ -3534,26 +3525,16 @@ fn a_lease_back_settles_the_fenced_wills_still_this_nodes() {
     }
     cl.hs[0].b.fenced_will_answered(now, "moved", None);
     cl.pump();
-    let topics = |cl: &mut Cluster| -> Vec<String> {
-        let got = cl.out(w);
-        let mut t: Vec<String> = got
-            .publishes()
-            .iter()
-            .map(|p| p.topic.to_string())
-            .collect();
-        t.sort();
-        t
-    };
-    assert_eq!(topics(&mut cl), ["will/cdev", "will/dev"]);
+    assert_eq!(topics(&mut cl, w), ["will/cdev", "will/dev"]);
     assert!(!cl.hs[0].b.fenced_pending("dev"));
     assert!(!cl.hs[1].b.has_copy("cdev") && !cl.hs[2].b.has_copy("cdev"));
     // "later": 30 s from the fence, 1 s of which had passed.
     cl.later(28);
-    assert!(topics(&mut cl).is_empty());
+    assert!(topics(&mut cl, w).is_empty());
     cl.later(2);
-    assert_eq!(topics(&mut cl), ["will/later"]);
+    assert_eq!(topics(&mut cl, w), ["will/later"]);
     cl.later(60);
-    assert!(topics(&mut cl).is_empty(), "each once");
+    assert!(topics(&mut cl, w).is_empty(), "each once");
     assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 3);
     // Settled here: no copy holds their wills armed any more (those of
     // the ids taken elsewhere are their new owners' to settle).
@@ -3581,16 +3562,43 @@ fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
     cl.pump();
     cl.persistent_at(0, "now", 2);
     cl.persistent_at(0, "later", 2);
-    let got = cl.out(w);
-    let topics: Vec<String> = got
-        .publishes()
-        .iter()
-        .map(|p| p.topic.to_string())
-        .collect();
-    assert_eq!(topics, ["will/now"]);
+    assert_eq!(topics(&mut cl, w), ["will/now"]);
     assert!(!cl.hs[0].b.fenced_pending("later"));
     cl.later(60);
     assert!(cl.out(w).publishes().is_empty(), "once, the cancelled none");
+}
+
+/// A node fenced by its lease, the lease back, answers the leader's fence
+/// for a client id another node claims before it settled that client's
+/// will. That node is told the id was let go (not lapsed) and publishes
+/// nothing of this node's, so this node settles the will at the fence, as
+/// at a return (the delay still running: cancelled); its own claim's
+/// answer later finds nothing left to publish.
+#[test]
+fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 0);
+    cl.with_will(0, "later", 30);
+    cl.epoch = 0;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.pump();
+    cl.hs[0].b.cluster_lease(now, true);
+    cl.pump();
+    for c in ["dev", "later"] {
+        cl.hs[0].b.client_fenced(now, c, Some(remote(2)), 1);
+    }
+    cl.pump();
+    assert_eq!(topics(&mut cl, w), ["will/dev"]);
+    cl.hs[0].b.fenced_will_answered(now, "dev", Some(2));
+    cl.hs[0].b.fenced_will_answered(now, "later", None);
+    cl.later(60);
+    assert!(
+        topics(&mut cl, w).is_empty(),
+        "once; the return cancelled later's"
+    );
+    assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 1);
 }
 
 /// A node restarted before a copy holder's claim for its death was
@@ -3639,14 +3647,7 @@ fn a_restarted_owners_former_clients_wills_are_published_by_a_replica() {
     cl.hs[2].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.hs[2].b.orphan_claimed(now, "cdev", 2, Some(prev));
     cl.pump();
-    let got = cl.out(w);
-    let mut topics: Vec<String> = got
-        .publishes()
-        .iter()
-        .map(|p| p.topic.to_string())
-        .collect();
-    topics.sort();
-    assert_eq!(topics, ["will/cdev", "will/dev"]);
+    assert_eq!(topics(&mut cl, w), ["will/cdev", "will/dev"]);
     assert!(cl.hs[2].b.serves_client("dev"), "the session was adopted");
     // Node 1's claims find the ids moved on.
     for c in ["dev", "cdev"] {
