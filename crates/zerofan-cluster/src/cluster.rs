@@ -1597,6 +1597,13 @@ impl Inner {
     /// `Err(wait)` while neither.
     async fn let_go(&self, client_id: &str, claimant: u64) -> Result<Option<(u64, u64)>, Duration> {
         let held = self.sm.owner(client_id);
+        if held.is_some_and(|(o, _)| o == self.id && o != claimant)
+            && !self.holder().held(Instant::now())
+        {
+            // This leader owns it and is out of its own lease: it dropped
+            // the connection as any node out of its lease does.
+            return Ok(held);
+        }
         let Some(owner) = lease::must_fence(self.id, held.map(|o| o.0), claimant) else {
             return Ok(None);
         };

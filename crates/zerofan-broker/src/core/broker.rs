@@ -6633,19 +6633,15 @@ impl Broker {
             return HashSet::default();
         }
         let owner = self.repl.images.subscribed_owner(client);
-        // A will armed for a connection to a live node is that node's to
-        // publish, when this claim makes it close the connection; one
-        // armed for a node away was lost with it, and so was one of a node
-        // whose lease ran out (it dropped its clients without their wills,
-        // see `fence_clients`), even one still reachable from here.
+        // A will armed for a connection of the previous owner is this
+        // node's to publish only if that owner let go because its lease
+        // ran out (dead, cut off, or alive and fenced by its lease: it
+        // dropped the connection without the will, see `fence_clients`),
+        // as the claim says. One that answered the leader's fence settles
+        // the will itself (`client_fenced`), whether it looks live from
+        // here or not (a paused node just woken up looks away).
         let lapsed = prev.is_some_and(|p| p.lapsed);
-        let armed_live = !lapsed
-            && self
-                .repl
-                .images
-                .owner_of(client)
-                .is_some_and(|(o, _)| self.peers.is_live(o));
-        let ours = |w: &zerofan_store::StoredWill| w.armed.is_none() || !armed_live;
+        let ours = |w: &zerofan_store::StoredWill| w.armed.is_none() || lapsed;
         // The copy of a clean session holds only its will: that session
         // ended with its connection, and nothing is resumed.
         let ended = connect.clean_start || self.repl.images.is_clean(client);

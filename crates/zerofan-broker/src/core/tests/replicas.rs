@@ -3200,15 +3200,15 @@ fn a_dead_owners_client_back_elsewhere_has_its_due_will_published() {
     cl.epoch = 0;
     cl.kill(0);
 
-    let (_now, out) = cl.persistent_after(2, "now", 2, 0, 1);
+    let (_now, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "now"));
     assert!(present(&out), "the session was kept");
     assert_eq!(topics(&mut cl, w), ["will/now"], "delay 0: due at the loss");
 
-    let (_later, out) = cl.persistent_after(2, "later", 2, 0, 1);
+    let (_later, out) = cl.after_lapse(2, 0, 1, |cl| cl.persistent(2, "later"));
     assert!(present(&out));
     assert!(topics(&mut cl, w).is_empty(), "back within its delay");
 
-    let (_clean, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "clean", Protocol::V5, true, 0));
+    let (_clean, out) = cl.after_lapse(2, 0, 1, |cl| cl.connect(2, "clean", Protocol::V5, true, 0));
     assert!(!present(&out));
     assert_eq!(topics(&mut cl, w), ["will/clean"], "a clean start ends it");
 
@@ -3340,7 +3340,7 @@ fn a_dead_owners_clean_client_back_elsewhere_has_its_will_published() {
     clean_with_will(&mut cl, 0, "dev", Protocol::V5, 0);
     cl.epoch = 0;
     cl.kill(0);
-    cl.after(2, 0, 1, |cl| clean_with_will(cl, 2, "dev", Protocol::V5, 0));
+    cl.after_lapse(2, 0, 1, |cl| clean_with_will(cl, 2, "dev", Protocol::V5, 0));
     assert_eq!(cl.out(w).payloads(), ["gone"]);
     assert!(!cl.hs[1].b.orphan_pending("dev", remote(0)));
     // Node 2's client has a will of its own: armed on node 2's copies.
@@ -3387,7 +3387,7 @@ fn a_dead_owners_clean_client_resuming_elsewhere_finds_no_session() {
     cl.pump();
     cl.epoch = 0;
     cl.kill(0);
-    let (_dev, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "dev", Protocol::V5, false, 0));
+    let (_dev, out) = cl.after_lapse(2, 0, 1, |cl| cl.connect(2, "dev", Protocol::V5, false, 0));
     assert!(!present(&out), "a clean session came back");
     assert_eq!(cl.out(w).payloads(), ["gone"]);
     cl.later(60);
@@ -3599,6 +3599,33 @@ fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
         "once; the return cancelled later's"
     );
     assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 1);
+}
+
+/// A paused node wakes up past its lease: it drops its client and keeps
+/// the will. The client is back on another node, which sees the paused
+/// node away; the woken node answers the leader's fence, so the claim says
+/// it let go (not lapsed) and the will is the woken node's to settle:
+/// published once, not also by the claimant as a will of a node away (the
+/// soak's seed 23 published it twice at 7ea270b).
+#[test]
+fn a_woken_nodes_will_is_published_once_when_it_answers_a_fence() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 0);
+    cl.epoch = 0;
+    for n in [1, 2] {
+        cl.hs[n].b.set_peer_away(remote(0), true);
+    }
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.hs[0].b.client_fenced(now, "dev", Some(remote(2)), 1);
+    let (_dev, out) = cl.persistent_after(2, "dev", 2, 0, 1);
+    assert!(present(&out));
+    cl.pump();
+    assert_eq!(topics(&mut cl, w), ["will/dev"]);
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
 }
 
 /// A node restarted before a copy holder's claim for its death was
