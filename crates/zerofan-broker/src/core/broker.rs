@@ -1637,10 +1637,9 @@ impl Broker {
     /// node took the id meanwhile, which decided (`PreviousOwner::lapsed`).
     pub fn fenced_will_answered(&mut self, now: Instant, client: &str, epoch: Option<u64>) {
         self.orphans.answered(client);
-        let Some(f) = self.orphans.take_fenced(client) else {
+        let Some((f, clean)) = self.take_fenced_will(client) else {
             return;
         };
-        let clean = self.clean_wills.disarm(client).is_some();
         let Some(epoch) = epoch else {
             self.end_event();
             return;
@@ -1682,11 +1681,9 @@ impl Broker {
     /// lost connection's (`ends`: the return ends the session), dropped
     /// if its delay still runs.
     fn fenced_will_returned(&mut self, now: Instant, client: &str, ends: bool) {
-        let Some(f) = self.orphans.take_fenced(client) else {
+        let Some((f, clean)) = self.take_fenced_will(client) else {
             return;
         };
-        self.orphans.answered(client);
-        let clean = self.clean_wills.disarm(client).is_some();
         let delay = f.will.properties.will_delay_interval.unwrap_or(0);
         let ended = clean || ends || !self.sessions.has_client(client);
         if ended || later(f.at, delay).is_none_or(|at| at <= now) {
@@ -1697,10 +1694,15 @@ impl Broker {
 
     /// `client`'s fenced will is another node's to settle (it took the id).
     fn fenced_will_gone(&mut self, client: &str) {
-        if self.orphans.take_fenced(client).is_some() {
-            self.orphans.answered(client);
-            self.clean_wills.disarm(client);
-        }
+        self.take_fenced_will(client);
+    }
+
+    /// `client`'s fenced will, taken to be settled: no longer asked for,
+    /// and its clean session's entry gone (true when it had one).
+    fn take_fenced_will(&mut self, client: &str) -> Option<(FencedWill, bool)> {
+        let f = self.orphans.take_fenced(client)?;
+        self.orphans.answered(client);
+        Some((f, self.clean_wills.disarm(client).is_some()))
     }
 
     /// The leader is about to give `client_id` to another node (`to`)

@@ -986,14 +986,19 @@ impl Images {
     /// should `owner` be dead, a node holding them publishes it (see
     /// `orphans`).
     pub(crate) fn wills_of(&self, owner: PeerId) -> Vec<(Box<str>, u64)> {
-        if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
-            return Vec::new();
-        }
-        self.by_client
-            .iter()
-            .filter(|(_, i)| i.holds_will_of(owner))
+        self.owned_by(owner)
+            .filter(|(_, i)| i.will.is_some())
             .map(|(c, i)| (c.clone(), i.epoch))
             .collect()
+    }
+
+    /// `owner`'s copies here (none scanned when it has none).
+    fn owned_by(&self, owner: PeerId) -> impl Iterator<Item = (&Box<str>, &Image)> {
+        let any = self.per_owner.get(&owner).is_some_and(|n| *n > 0);
+        self.by_client
+            .iter()
+            .take_while(move |_| any)
+            .filter(move |(_, i)| i.owner == Some(owner))
     }
 
     /// The owner of the copy of `client` here, and the newest claim epoch
@@ -1007,12 +1012,8 @@ impl Images {
     /// when the copy was last written), with the claim each was written
     /// under; none of an unknown claim (see `orphans`).
     pub(crate) fn armed_wills_of(&self, owner: PeerId) -> Vec<(Box<str>, u64, Box<StoredWill>)> {
-        if self.per_owner.get(&owner).is_none_or(|n| *n == 0) {
-            return Vec::new();
-        }
-        self.by_client
-            .iter()
-            .filter(|(_, i)| i.owner == Some(owner) && i.epoch > 0)
+        self.owned_by(owner)
+            .filter(|(_, i)| i.epoch > 0)
             .filter_map(|(c, i)| {
                 let w = i.will.as_ref().filter(|w| w.armed.is_some())?;
                 Some((c.clone(), i.epoch, w.clone()))
