@@ -17,6 +17,11 @@
 # its threads, from /proc), in microseconds per message received: on a
 # machine whose cores the brokers share, the figure that says what each
 # node would need on cores of its own.
+#
+# CPUS="0-3 4-7 8-11 12-15" pins node 1 (and the single node), node 2,
+# node 3 and the load generator to those cores (taskset lists); unset,
+# nothing is pinned. SINGLE_ARGS: more options for the single node only
+# (e.g. "--threads 1": a cluster node runs one thread).
 set -euo pipefail
 T=${1:-target}
 W=${2:-1024}
@@ -38,6 +43,18 @@ case "$SUB" in 1 | 2 | 3) ;; *)
     exit 2
     ;;
 esac
+read -r -a CPU <<<"${CPUS:-}"
+if [ -n "${CPUS:-}" ] && [ "${#CPU[@]}" != 4 ]; then
+    echo "CPUS must name four core lists: node 1, node 2, node 3, load generator" >&2
+    exit 2
+fi
+pin() { # node (1-3, 4: the load generator), command...
+    local n=$1
+    shift
+    # exec: a broker started in the background is then the process $! names.
+    if [ -n "${CPUS:-}" ]; then exec taskset -c "${CPU[$((n - 1))]}" "$@"; else exec "$@"; fi
+}
+read -r -a SINGLE <<<"${SINGLE_ARGS:-}"
 printf 'max_queued_messages = 100000\nfsync = "always"\n' >"$DIR/bench.toml"
 
 # Free ports, all taken at once (so they differ) and let go just before
@@ -62,7 +79,7 @@ run_bench() { # label port [sub_port]
     echo "== $1 (window $W, ${S}s)"
     local before out
     before=$(cpu_ticks)
-    out=$(ZEROFAN_BENCH_SESSION_EXPIRY=300 "$BENCH" qos1 --port "$2" --protocol 5 \
+    out=$(ZEROFAN_BENCH_SESSION_EXPIRY=300 pin 4 "$BENCH" qos1 --port "$2" --protocol 5 \
         --duration "$S" --window "$W" "${extra[@]}")
     echo "$out"
     # The bench's row: "qos1  1:1 window=… 256B  rate  MiB/s  sent  recv …".
@@ -91,7 +108,8 @@ sys.exit(0 if len(m) == '"$2"' and all(x["healthy"] for x in m) else 1)'; then
 }
 
 # Single node.
-"$BIN" --listen "127.0.0.1:$PS" --data-dir "$DIR/single" --config "$DIR/bench.toml" >/dev/null &
+pin 1 "$BIN" --listen "127.0.0.1:$PS" --data-dir "$DIR/single" --config "$DIR/bench.toml" \
+    "${SINGLE[@]}" >/dev/null &
 PIDS+=($!)
 sleep 1
 run_bench "single node, persistent" "$PS"
@@ -104,7 +122,7 @@ for i in 1 2 3; do
     cp "$DIR/bench.toml" "$DIR/c$i.toml"
     printf '[cluster]\nnode_id = %s\nlisten = "127.0.0.1:%s"\nreplicas = %s\n' $i "${LINK[$i]}" "$R" >>"$DIR/c$i.toml"
     [ "$i" != 1 ] && printf 'join = "127.0.0.1:%s"\n' "$C1" >>"$DIR/c$i.toml"
-    "$BIN" --listen "127.0.0.1:${MQTT[$i]}" \
+    pin "$i" "$BIN" --listen "127.0.0.1:${MQTT[$i]}" \
         --data-dir "$DIR/n$i" --config "$DIR/c$i.toml" >/dev/null &
     PIDS+=($!)
     if [ "$i" = 1 ]; then wait_members "127.0.0.1:$C1" 1; fi
