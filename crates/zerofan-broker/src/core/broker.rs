@@ -1191,6 +1191,15 @@ impl Broker {
     /// The cluster gave this node `client`, an orphan, under `epoch`
     /// (`prev`: the owner before): its copy here becomes an offline
     /// session of this node's, whose will is due after its delay.
+    ///
+    /// The next claim of the id may have committed right after this one,
+    /// and its owner's image reached this node before this answer (the
+    /// client came back elsewhere at once). That copy is the next owner's,
+    /// left as it is; the next owner was told this node held the id, and
+    /// publishes nothing. The will this claim was for is the one captured
+    /// when it was asked for: published if due at the loss, whatever the
+    /// copy became. One with a delay is not (whether the client's return
+    /// cancelled it is not known here).
     pub fn orphan_claimed(
         &mut self,
         now: Instant,
@@ -1199,13 +1208,34 @@ impl Broker {
         prev: Option<super::PreviousOwner>,
     ) {
         // The will of a restarted owner's former connection, which its new
-        // run may have written over (or the copy gone).
+        // run may have written over (or the copy gone), or one due at the
+        // loss of an away owner's connection.
         let captured = self.orphans.take_captured(client);
         self.orphans.answered(client);
+        if self
+            .repl
+            .images
+            .owner_of(client)
+            .is_some_and(|(_, e)| e > epoch)
+        {
+            let will = captured
+                .filter(|c| c.due)
+                .map(|c| will_from_stored(&c.will, &self.durable));
+            if self.publish_copy_will(now, will) {
+                self.metrics.orphans_adopted += 1;
+                tracing::info!(
+                    client_id = client,
+                    epoch,
+                    "published an orphan's will; the next owner's copy came first"
+                );
+            }
+            self.end_event();
+            return;
+        }
         if let Some(prev) = prev {
             self.refuse_stale_copy(client, &prev);
         }
-        if let Some(will) = captured {
+        if let Some(will) = captured.filter(|c| c.restarted()).map(|c| c.will) {
             let mut disk = super::replica::Disk::new(&mut self.durable);
             let kept = self.repl.images.rearm(client, will.clone(), &mut disk);
             self.metrics.store_errors += disk.errors;
@@ -1514,6 +1544,13 @@ impl Broker {
     #[cfg(test)]
     pub(crate) fn serves_client(&self, client: &str) -> bool {
         self.sessions.has_client(client)
+    }
+
+    /// The node whose copy of `client` is kept here, and the claim it was
+    /// last written under (tests).
+    #[cfg(test)]
+    pub(crate) fn copy_owner(&self, client: &str) -> Option<(PeerId, u64)> {
+        self.repl.images.owner_of(client)
     }
 
     /// Whether a copy of `client`'s session is kept here for another node.
@@ -1879,17 +1916,29 @@ impl Broker {
             .images
             .owner_of(client_id)
             .is_some_and(|(owner, epoch)| Some(owner) != to && epoch > 0 && epoch < held);
-        if to.is_some()
-            && older
-            && !self.sessions.has_client(&id)
-            && self.adopt_replica_at(now, client_id, held)
-        {
-            self.metrics.claims_left += 1;
-            tracing::info!(
-                client_id,
-                epoch = held,
-                "a client id held here with no session: its copy adopted to move on"
-            );
+        if to.is_some() && older && !self.sessions.has_client(&id) {
+            // Held by an orphan claim whose answer comes after this (the
+            // answer and the log reach this node apart): this adoption is
+            // that grant's, its will published (a clean session's ends
+            // here) or pending in the session now moving on. The will
+            // captured for the claim is not published again (see
+            // `Broker::orphan_claimed`); a restarted owner's goes back
+            // into the copy first, as the grant would have put it.
+            if let Some(c) = self.orphans.take_captured(client_id) {
+                if c.restarted() {
+                    let mut disk = super::replica::Disk::new(&mut self.durable);
+                    self.repl.images.rearm(client_id, c.will, &mut disk);
+                    self.metrics.store_errors += disk.errors;
+                }
+            }
+            if self.adopt_replica_at(now, client_id, held) {
+                self.metrics.claims_left += 1;
+                tracing::info!(
+                    client_id,
+                    epoch = held,
+                    "a client id held here with no session: its copy adopted to move on"
+                );
+            }
         }
         let mut sid = self.sessions.of_client(&id);
         if let Some(s) = sid.filter(|&s| self.moves.is_arriving(s)) {
@@ -6062,7 +6111,8 @@ impl Broker {
             // Its clients' wills, should it be dead (see `orphans`).
             if self.repl.on() {
                 let wills = self.repl.images.wills_of(peer);
-                self.orphans.found(peer, wills);
+                let armed = self.repl.images.armed_wills_of(peer);
+                self.orphans.found(peer, wills, armed);
             }
         }
         let ready = self.peers.set_away(peer, away);

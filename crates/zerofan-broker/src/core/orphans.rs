@@ -130,16 +130,49 @@ pub enum Orphaned {
     Fenced,
 }
 
+/// A copy's armed will, as `Images::armed_wills_of` finds it.
+#[derive(Debug)]
+pub(crate) struct ArmedWill {
+    pub(crate) client_id: Box<str>,
+    /// The claim the copy was written under.
+    pub(crate) epoch: u64,
+    pub(crate) will: Box<StoredWill>,
+    /// Due at once when its connection is lost: its session ends with it
+    /// (expiry 0), or its delay is 0.
+    pub(crate) due: bool,
+}
+
+/// A copy's armed will taken when its claim was asked for, kept until the
+/// claim is answered: the copy may be written over meanwhile (see
+/// `Broker::orphan_claimed`).
+#[derive(Debug)]
+pub(crate) struct Captured {
+    owner: PeerId,
+    /// Its owner restarted, rather than went away: its new run may write
+    /// over the copy.
+    restarted: bool,
+    pub(crate) will: Box<StoredWill>,
+    /// See [`ArmedWill::due`].
+    pub(crate) due: bool,
+}
+
+impl Captured {
+    pub(crate) fn restarted(&self) -> bool {
+        self.restarted
+    }
+}
+
 /// Orphans found and not answered yet.
 #[derive(Debug, Default)]
 pub(crate) struct Orphans {
     requests: Vec<OrphanRequest>,
     /// Asked for and not answered: not asked again meanwhile.
     asked: HashSet<Box<str>>,
-    /// The armed wills of copies whose owner restarted, as they were
-    /// before its new run wrote over them, until their claim is answered.
-    /// Bounded by the copies: one per copy.
-    captured: HashMap<Box<str>, (PeerId, Box<StoredWill>)>,
+    /// The armed wills of the copies asked for, as they were when asked,
+    /// until their claim is answered: of every copy whose owner
+    /// restarted, and of an away owner's copies whose will was due at the
+    /// loss. Bounded by the copies: one per copy.
+    captured: HashMap<Box<str>, Captured>,
     /// This node's own fenced wills. Bounded by the connections: one per
     /// client connected when the lease ran out.
     fenced: HashMap<Box<str>, FencedWill>,
@@ -149,8 +182,16 @@ impl Orphans {
     /// `owner` is away: these copies of its sessions hold wills (client
     /// id, the claim the copy was written under, 0 if not known). Each is
     /// claimed only from that claim: a copy that missed a later one (its
-    /// client back on `owner` since) is not the will to publish.
-    pub(crate) fn found(&mut self, owner: PeerId, clients: Vec<(Box<str>, u64)>) {
+    /// client back on `owner` since) is not the will to publish. `armed`:
+    /// those armed (see [`Orphans::restarted`]); the ones due at the loss
+    /// are kept as they are now, should a later owner's copy replace them
+    /// before the grant is applied here (see `Broker::orphan_claimed`).
+    pub(crate) fn found(
+        &mut self,
+        owner: PeerId,
+        clients: Vec<(Box<str>, u64)>,
+        armed: Vec<ArmedWill>,
+    ) {
         for (client_id, epoch) in clients {
             if self.asked.insert(client_id.clone()) {
                 self.requests.push(OrphanRequest {
@@ -158,6 +199,16 @@ impl Orphans {
                     owner,
                     epoch,
                     why: Orphaned::Away,
+                });
+            }
+        }
+        for a in armed.into_iter().filter(|a| a.due) {
+            if self.asked.contains(&a.client_id) {
+                self.captured.entry(a.client_id).or_insert(Captured {
+                    owner,
+                    restarted: false,
+                    will: a.will,
+                    due: true,
                 });
             }
         }
@@ -169,18 +220,22 @@ impl Orphans {
     /// not know. Each is claimed under that very claim (see
     /// `Broker::peer_restarted`); one asked for already (its owner away
     /// before) is asked again so.
-    pub(crate) fn restarted(
-        &mut self,
-        owner: PeerId,
-        wills: Vec<(Box<str>, u64, Box<StoredWill>)>,
-    ) {
-        for (client_id, epoch, will) in wills {
-            self.asked.insert(client_id.clone());
-            self.captured.insert(client_id.clone(), (owner, will));
+    pub(crate) fn restarted(&mut self, owner: PeerId, wills: Vec<ArmedWill>) {
+        for a in wills {
+            self.asked.insert(a.client_id.clone());
+            self.captured.insert(
+                a.client_id.clone(),
+                Captured {
+                    owner,
+                    restarted: true,
+                    will: a.will,
+                    due: a.due,
+                },
+            );
             self.requests.push(OrphanRequest {
-                client_id,
+                client_id: a.client_id,
                 owner,
-                epoch,
+                epoch: a.epoch,
                 why: Orphaned::Restarted,
             });
         }
@@ -188,7 +243,9 @@ impl Orphans {
 
     /// Whether `client`'s will was captured from a restarted `owner`.
     pub(crate) fn captured(&self, client: &str, owner: PeerId) -> bool {
-        self.captured.get(client).is_some_and(|(o, _)| *o == owner)
+        self.captured
+            .get(client)
+            .is_some_and(|c| c.restarted && c.owner == owner)
     }
 
     /// `client`'s connection here was dropped when the lease ran out.
@@ -221,8 +278,8 @@ impl Orphans {
     }
 
     /// The will captured for `client`, taken.
-    pub(crate) fn take_captured(&mut self, client: &str) -> Option<Box<StoredWill>> {
-        self.captured.remove(client).map(|(_, w)| w)
+    pub(crate) fn take_captured(&mut self, client: &str) -> Option<Captured> {
+        self.captured.remove(client)
     }
 
     pub(crate) fn take_requests(&mut self, out: &mut Vec<OrphanRequest>) {
@@ -248,14 +305,22 @@ mod tests {
     #[test]
     fn a_copy_is_asked_for_once_until_answered() {
         let mut o = Orphans::default();
-        o.found(PeerId(1), vec![("a".into(), 1), ("b".into(), 0)]);
-        o.found(PeerId(1), vec![("a".into(), 1)]);
+        o.found(
+            PeerId(1),
+            vec![("a".into(), 1), ("b".into(), 0)],
+            Vec::new(),
+        );
+        o.found(PeerId(1), vec![("a".into(), 1)], Vec::new());
         let mut out = Vec::new();
         o.take_requests(&mut out);
         assert_eq!(out.len(), 2, "{out:?}");
         assert!(!o.has_requests());
         o.answered("a");
-        o.found(PeerId(1), vec![("a".into(), 1), ("b".into(), 0)]);
+        o.found(
+            PeerId(1),
+            vec![("a".into(), 1), ("b".into(), 0)],
+            Vec::new(),
+        );
         out.clear();
         o.take_requests(&mut out);
         let names: Vec<&str> = out.iter().map(|r| &*r.client_id).collect();

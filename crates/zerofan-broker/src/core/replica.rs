@@ -24,6 +24,7 @@
 
 use super::hash::{HashMap, HashSet};
 use super::ids::ConnId;
+use super::orphans::ArmedWill;
 use super::outbox::Outgoing;
 use super::peer::PeerId;
 use super::strand::{Mark, MarksRead};
@@ -1011,12 +1012,17 @@ impl Images {
     /// `owner`'s copies here whose will is armed (its client was connected
     /// when the copy was last written), with the claim each was written
     /// under; none of an unknown claim (see `orphans`).
-    pub(crate) fn armed_wills_of(&self, owner: PeerId) -> Vec<(Box<str>, u64, Box<StoredWill>)> {
+    pub(crate) fn armed_wills_of(&self, owner: PeerId) -> Vec<ArmedWill> {
         self.owned_by(owner)
             .filter(|(_, i)| i.epoch > 0)
             .filter_map(|(c, i)| {
                 let w = i.will.as_ref().filter(|w| w.armed.is_some())?;
-                Some((c.clone(), i.epoch, w.clone()))
+                Some(ArmedWill {
+                    client_id: c.clone(),
+                    epoch: i.epoch,
+                    due: i.meta.expiry_interval == 0 || w.armed == Some(0),
+                    will: w.clone(),
+                })
             })
             .collect()
     }

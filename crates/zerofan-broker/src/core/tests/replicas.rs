@@ -3304,6 +3304,106 @@ fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
     assert!(cl.out(w).publishes().is_empty(), "once");
 }
 
+/// Node 1 is granted a dead node's client ids for their wills, and the
+/// claims of the node their clients came back to (node 2) commit right
+/// after; node 2's images reach node 1 before node 1 applies its grants
+/// (the soak's seed 25 at 7effd71). Node 1 publishes each will that was
+/// due at the loss (a clean session's, a delay of 0), once, from what it
+/// captured when it asked, and keeps node 2's copies; node 2, told node 1
+/// held the ids, publishes none. Before, node 1 dropped node 2's copies
+/// as stale and published nothing.
+#[test]
+fn a_granted_orphan_whose_copy_the_next_owner_replaced_has_its_will_published() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
+    clean_with_will(&mut cl, 0, "v5", Protocol::V5, 30);
+    cl.with_will(0, "now", 0);
+    cl.with_will(0, "later", 30);
+    cl.epoch = 0;
+    cl.kill(0);
+    let mut asked = orphans(&mut cl, 1);
+    asked.sort();
+    assert_eq!(asked, ["later", "now", "v3", "v5"]);
+
+    // Back on node 2 under claims after node 1's (2), from node 1.
+    cl.after(3, 1, 2, |cl| {
+        clean_with_will(cl, 2, "v3", Protocol::V311, 0);
+        clean_with_will(cl, 2, "v5", Protocol::V5, 30);
+        cl.persistent(2, "now");
+        cl.persistent(2, "later");
+    });
+    assert!(topics(&mut cl, w).is_empty(), "node 1 held the ids");
+    for c in ["v3", "v5", "now", "later"] {
+        assert_eq!(cl.hs[1].b.copy_owner(c), Some((remote(2), 3)), "{c}");
+    }
+
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: false,
+    };
+    let now = cl.hs[1].now;
+    for c in ["v3", "v5", "now", "later"] {
+        cl.hs[1].b.orphan_claimed(now, c, 2, Some(prev));
+    }
+    cl.pump();
+    assert_eq!(
+        topics(&mut cl, w),
+        ["will/now", "will/v3", "will/v5"],
+        "due at the loss; later's return may have cancelled it"
+    );
+    for c in ["v3", "v5", "now", "later"] {
+        assert_eq!(cl.hs[1].b.copy_owner(c), Some((remote(2), 3)), "{c} kept");
+        assert!(!cl.hs[1].b.serves_client(c), "{c}");
+    }
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
+/// As above, but node 1 learns that node 2 took the ids (the log) before
+/// the answer to its own orphan claims, and before node 2's images: it
+/// adopts its copies under its claim to move them on (see
+/// `Broker::client_taken_from`), which publishes the will due at the
+/// loss; the answer that comes after publishes nothing again (an
+/// interop test got one will twice so, 2026-11-30).
+#[test]
+fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "now", 0);
+    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
+    cl.epoch = 0;
+    cl.kill(0);
+    let mut asked = orphans(&mut cl, 1);
+    asked.sort();
+    assert_eq!(asked, ["now", "v3"]);
+    let now = cl.hs[1].now;
+    for c in ["now", "v3"] {
+        cl.hs[1].b.client_taken_from(now, c, Some(remote(2)), 2);
+    }
+    cl.pump();
+    cl.after(3, 1, 2, |cl| {
+        cl.persistent(2, "now");
+        clean_with_will(cl, 2, "v3", Protocol::V311, 0);
+    });
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: false,
+    };
+    let now = cl.hs[1].now;
+    for c in ["now", "v3"] {
+        cl.hs[1].b.orphan_claimed(now, c, 2, Some(prev));
+    }
+    cl.pump();
+    cl.later(60);
+    let got = topics(&mut cl, w);
+    assert_eq!(got, ["will/now", "will/v3"], "each once");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
 /// The copy of a clean client's will goes with its session: a clean
 /// DISCONNECT, or a lost connection whose will its own node published,
 /// leaves no will for the node's death to publish again.
