@@ -44,7 +44,7 @@ struct Cli {
 enum Cmd {
     /// N publishers -> one wildcard subscriber (default 10 publishers, QoS 0, 256 B).
     FanIn(RunOpts),
-    /// One publisher -> N subscribers of one topic (N = 1, 10, 100, 1000; 1 KiB).
+    /// One publisher (or `--publishers`) -> N subscribers of one topic (N = 1, 10, 100, 1000; 1 KiB).
     FanOut(RunOpts),
     /// Publishers -> a $share group of 2, 5 and 10 members.
     Shared(RunOpts),

@@ -147,20 +147,25 @@ pub async fn run(name: &str, t: &Target, k: &Knobs) -> Result<Vec<CaseResult>, S
                 vec![1, 10, 100, 1000]
             };
             let size = k.size.unwrap_or(1024);
+            // More than one publisher (`--publishers`): all on the one
+            // topic, so that every shard of a broker has publishers.
+            let pubs = k.publishers.unwrap_or(1).max(1);
             for n in k.subscribers.clone().unwrap_or(default) {
                 let window = (4096 / n.max(1) as u64).clamp(16, 256);
-                let mut f = k.flow(
-                    name,
-                    format!("subs={n} {}", size_label(size)),
-                    QoS::AtMostOnce,
-                    window,
-                );
+                let case = if pubs == 1 {
+                    format!("subs={n} {}", size_label(size))
+                } else {
+                    format!("subs={n} pubs={pubs} {}", size_label(size))
+                };
+                let mut f = k.flow(name, case, QoS::AtMostOnce, window);
                 let tp = topic(&format!("out{n}"));
-                f.publishers = vec![PubSpec {
-                    topic: tp.clone(),
-                    sizes: SizeDist::Fixed(size),
-                    fanout: n as u64,
-                }];
+                f.publishers = (0..pubs)
+                    .map(|_| PubSpec {
+                        topic: tp.clone(),
+                        sizes: SizeDist::Fixed(size),
+                        fanout: n as u64,
+                    })
+                    .collect();
                 f.subscribers = (0..n)
                     .map(|_| SubSpec {
                         filters: vec![tp.clone()],
