@@ -3404,6 +3404,41 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
 }
 
+/// A node holding copies is granted a dead node's client ids for their
+/// wills, and its own claims for those clients, back on it, commit right
+/// after; the answers come the other way round. The wills due at the
+/// loss are published once, from what was captured when asked.
+#[test]
+fn an_orphan_grant_answered_after_the_nodes_own_later_claim_publishes_the_will() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "now", 0);
+    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
+    cl.epoch = 0;
+    cl.kill(0);
+    let mut asked = orphans(&mut cl, 2);
+    asked.sort();
+    assert_eq!(asked, ["now", "v3"]);
+    cl.epoch = 3;
+    let (_now, out) = cl.persistent(2, "now");
+    assert!(present(&out), "the copy served");
+    clean_with_will(&mut cl, 2, "v3", Protocol::V311, 0);
+    cl.epoch = 0;
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: false,
+    };
+    let now = cl.hs[2].now;
+    for c in ["now", "v3"] {
+        cl.hs[2].b.orphan_claimed(now, c, 2, Some(prev));
+    }
+    cl.pump();
+    cl.later(60);
+    assert_eq!(topics(&mut cl, w), ["will/now", "will/v3"], "each once");
+    assert!(cl.hs[2].b.serves_client("now") && cl.hs[2].b.serves_client("v3"));
+}
+
 /// The copy of a clean client's will goes with its session: a clean
 /// DISCONNECT, or a lost connection whose will its own node published,
 /// leaves no will for the node's death to publish again.
