@@ -1196,11 +1196,10 @@ impl Broker {
     /// and its owner's image reached this node before this answer (the
     /// client came back elsewhere at once). That copy is the next owner's,
     /// left as it is; the next owner was told this node held the id, and
-    /// publishes nothing. Or the next claim was this node's own, answered
-    /// first: its session stays as it is. The will this claim was for is
-    /// the one captured when it was asked for: published if due at the
-    /// loss, whatever the copy became. One with a delay is not (whether
-    /// the client's return cancelled it is not known here).
+    /// publishes nothing. The will this claim was for is the one captured
+    /// when it was asked for: published if due at the loss, whatever the
+    /// copy became. One with a delay is not (whether the client's return
+    /// cancelled it is not known here).
     pub fn orphan_claimed(
         &mut self,
         now: Instant,
@@ -1213,17 +1212,17 @@ impl Broker {
         // loss of an away owner's connection.
         let captured = self.orphans.take_captured(client);
         self.orphans.answered(client);
-        // A later claim's: the next owner's copy, or this node's own
-        // session (its client came back here, and that claim's answer
-        // came first; a session here from before the dead owner's claim
-        // is not served under this grant either).
-        let later = self.serves(client)
-            || self
-                .repl
-                .images
-                .owner_of(client)
-                .is_some_and(|(_, e)| e > epoch);
-        if later {
+        // The next owner's copy. (This node's own later claim, answered
+        // first, names the dead owner as the one before, whose lease ran
+        // out: that claim published the copy's will, see
+        // `PreviousOwner::lapsed`, and the session served here makes the
+        // adoption below a no-op.)
+        if self
+            .repl
+            .images
+            .owner_of(client)
+            .is_some_and(|(_, e)| e > epoch)
+        {
             let will = captured
                 .filter(|c| c.due)
                 .map(|c| will_from_stored(&c.will, &self.durable));
@@ -1232,7 +1231,7 @@ impl Broker {
                 tracing::info!(
                     client_id = client,
                     epoch,
-                    "published an orphan's will; a later claim of its id came first"
+                    "published an orphan's will; the next owner's copy came first"
                 );
             }
             self.end_event();

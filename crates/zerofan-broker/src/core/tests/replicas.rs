@@ -3304,6 +3304,30 @@ fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
     assert!(cl.out(w).publishes().is_empty(), "once");
 }
 
+/// [`watching_wills`], node 0's clients made by `clients` under claim 1,
+/// then node 0 killed: `asker` asks for `ids` (sorted), and the orphan
+/// grants below name node 0 at 1 as the owner before.
+fn dead_owner_asked(
+    asker: usize,
+    ids: &[&str],
+    clients: impl FnOnce(&mut Cluster),
+) -> (Cluster, Cx, PreviousOwner) {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clients(&mut cl);
+    cl.epoch = 0;
+    cl.kill(0);
+    let mut asked = orphans(&mut cl, asker);
+    asked.sort();
+    assert_eq!(asked, ids);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: false,
+    };
+    (cl, w, prev)
+}
+
 /// Node 1 is granted a dead node's client ids for their wills, and the
 /// claims of the node their clients came back to (node 2) commit right
 /// after; node 2's images reach node 1 before node 1 applies its grants
@@ -3314,17 +3338,12 @@ fn a_dead_owners_clean_clients_will_is_published_by_a_replica() {
 /// as stale and published nothing.
 #[test]
 fn a_granted_orphan_whose_copy_the_next_owner_replaced_has_its_will_published() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
-    clean_with_will(&mut cl, 0, "v5", Protocol::V5, 30);
-    cl.with_will(0, "now", 0);
-    cl.with_will(0, "later", 30);
-    cl.epoch = 0;
-    cl.kill(0);
-    let mut asked = orphans(&mut cl, 1);
-    asked.sort();
-    assert_eq!(asked, ["later", "now", "v3", "v5"]);
+    let (mut cl, w, prev) = dead_owner_asked(1, &["later", "now", "v3", "v5"], |cl| {
+        clean_with_will(cl, 0, "v3", Protocol::V311, 0);
+        clean_with_will(cl, 0, "v5", Protocol::V5, 30);
+        cl.with_will(0, "now", 0);
+        cl.with_will(0, "later", 30);
+    });
 
     // Back on node 2 under claims after node 1's (2), from node 1.
     cl.after(3, 1, 2, |cl| {
@@ -3337,12 +3356,6 @@ fn a_granted_orphan_whose_copy_the_next_owner_replaced_has_its_will_published() 
     for c in ["v3", "v5", "now", "later"] {
         assert_eq!(cl.hs[1].b.copy_owner(c), Some((remote(2), 3)), "{c}");
     }
-
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-        lapsed: false,
-    };
     let now = cl.hs[1].now;
     for c in ["v3", "v5", "now", "later"] {
         cl.hs[1].b.orphan_claimed(now, c, 2, Some(prev));
@@ -3370,15 +3383,10 @@ fn a_granted_orphan_whose_copy_the_next_owner_replaced_has_its_will_published() 
 /// interop test got one will twice so, 2026-11-30).
 #[test]
 fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    cl.with_will(0, "now", 0);
-    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
-    cl.epoch = 0;
-    cl.kill(0);
-    let mut asked = orphans(&mut cl, 1);
-    asked.sort();
-    assert_eq!(asked, ["now", "v3"]);
+    let (mut cl, w, prev) = dead_owner_asked(1, &["now", "v3"], |cl| {
+        cl.with_will(0, "now", 0);
+        clean_with_will(cl, 0, "v3", Protocol::V311, 0);
+    });
     let now = cl.hs[1].now;
     for c in ["now", "v3"] {
         cl.hs[1].b.client_taken_from(now, c, Some(remote(2)), 2);
@@ -3388,11 +3396,6 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
         cl.persistent(2, "now");
         clean_with_will(cl, 2, "v3", Protocol::V311, 0);
     });
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-        lapsed: false,
-    };
     let now = cl.hs[1].now;
     for c in ["now", "v3"] {
         cl.hs[1].b.orphan_claimed(now, c, 2, Some(prev));
@@ -3402,41 +3405,6 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
     let got = topics(&mut cl, w);
     assert_eq!(got, ["will/now", "will/v3"], "each once");
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
-}
-
-/// A node holding copies is granted a dead node's client ids for their
-/// wills, and its own claims for those clients, back on it, commit right
-/// after; the answers come the other way round. The wills due at the
-/// loss are published once, from what was captured when asked.
-#[test]
-fn an_orphan_grant_answered_after_the_nodes_own_later_claim_publishes_the_will() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    cl.with_will(0, "now", 0);
-    clean_with_will(&mut cl, 0, "v3", Protocol::V311, 0);
-    cl.epoch = 0;
-    cl.kill(0);
-    let mut asked = orphans(&mut cl, 2);
-    asked.sort();
-    assert_eq!(asked, ["now", "v3"]);
-    cl.epoch = 3;
-    let (_now, out) = cl.persistent(2, "now");
-    assert!(present(&out), "the copy served");
-    clean_with_will(&mut cl, 2, "v3", Protocol::V311, 0);
-    cl.epoch = 0;
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-        lapsed: false,
-    };
-    let now = cl.hs[2].now;
-    for c in ["now", "v3"] {
-        cl.hs[2].b.orphan_claimed(now, c, 2, Some(prev));
-    }
-    cl.pump();
-    cl.later(60);
-    assert_eq!(topics(&mut cl, w), ["will/now", "will/v3"], "each once");
-    assert!(cl.hs[2].b.serves_client("now") && cl.hs[2].b.serves_client("v3"));
 }
 
 /// The copy of a clean client's will goes with its session: a clean
