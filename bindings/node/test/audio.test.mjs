@@ -10,17 +10,26 @@ import { startPulse, dominantFrequency, samplesOf } from './pulse.mjs'
 const DEVICE = process.env.ZF_AUDIO_DEVICE || 'alsa:pulse'
 const HEADER_LEN = 32
 
+// Packets per second by the stream clock over the last 100 of `ts`.
+function lastRate (ts) {
+  const n = ts.length
+  return n < 101 ? 0 : 100 / (Number(ts[n - 1] - ts[n - 101]) / 1e9)
+}
+
 test.before(async () => {
   await startPulse()
   // Warm-up: the null sink only runs once the tone reaches it, and the
-  // first seconds of a fresh server can stall; wait for 2 s of steady audio.
+  // first seconds of a fresh server can stall (once, in a CI rehearsal on
+  // 2026-11-30, at 70 packets/s just after 2 s of audio); wait for 2 s of
+  // audio whose last second came at the device's rate.
   const c = zf.capture({ device: DEVICE, sampleRate: 48000, channels: 1 })
-  let n = 0
+  const ts = []
   c.on('error', () => {})
-  c.on('data', () => n++)
+  c.on('data', (buf, info) => ts.push(info.timestampNs))
   const ended = new Promise((resolve) => c.on('end', resolve))
+  const steady = () => ts.length >= 200 && Math.abs(lastRate(ts) - 100) < 1
   try {
-    await until(() => n >= 200, 20000, 'warm-up audio from the PulseAudio monitor')
+    await until(steady, 20000, 'warm-up: steady audio from the PulseAudio monitor')
   } finally {
     c.stop()
     await ended
