@@ -1211,6 +1211,7 @@ impl Broker {
         // run may have written over (or the copy gone), or one due at the
         // loss of an away owner's connection.
         let captured = self.orphans.take_captured(client);
+        let lost_at = self.orphans.take_lost_at(client);
         self.orphans.answered(client);
         // The next owner's copy. (This node's own later claim, answered
         // first, names the dead owner as the one before, whose lease ran
@@ -1256,6 +1257,15 @@ impl Broker {
         if self.repl.images.is_clean(client) {
             self.clean_orphan_claimed(now, client, epoch);
             return;
+        }
+        if let Some(at) = lost_at {
+            // Lost when the owner's link went down: an armed will's delay
+            // counts from then (MQTT-3.1.3-9), not from this grant, which
+            // waited for the owner's lease.
+            let ms = self.durable.unix_ms(at);
+            let mut disk = super::replica::Disk::new(&mut self.durable);
+            self.repl.images.will_lost_at(client, ms, &mut disk);
+            self.metrics.store_errors += disk.errors;
         }
         if self.adopt_replica_at(now, client, epoch) {
             self.metrics.orphans_adopted += 1;
@@ -6110,6 +6120,14 @@ impl Broker {
     /// for every peer does not wait for it; when its link is up again it
     /// gets this core's state anew.
     pub fn set_peer_away(&mut self, peer: PeerId, away: bool) {
+        self.set_peer_away_since(peer, away, None);
+    }
+
+    /// [`Broker::set_peer_away`], `since`: when its link went down (`None`:
+    /// not known). Should it be dead, the connections of its clients were
+    /// lost by then, and the delay of a will adopted for one counts from
+    /// then rather than from the adoption (see [`Broker::orphan_claimed`]).
+    pub fn set_peer_away_since(&mut self, peer: PeerId, away: bool, since: Option<Instant>) {
         if away {
             self.refuse_unconfirmed(peer);
             self.moves_peer_gone(peer);
@@ -6117,7 +6135,7 @@ impl Broker {
             if self.repl.on() {
                 let wills = self.repl.images.wills_of(peer);
                 let armed = self.repl.images.armed_wills_of(peer);
-                self.orphans.found(peer, wills, armed);
+                self.orphans.found(peer, wills, armed, since);
             }
         }
         let ready = self.peers.set_away(peer, away);

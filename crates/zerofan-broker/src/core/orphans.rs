@@ -11,9 +11,10 @@
 //!   owns it and its lease ran out (`Cluster::claim_orphan`: never taken
 //!   from a live owner, so a node only cut off from this one keeps its
 //!   clients). Of the nodes holding copies, the one granted adopts its copy
-//!   as an offline session of its own whose will is due after its delay
-//!   (see `Broker::restore`), published as any lost connection's; the
-//!   other nodes find the id moved on.
+//!   as an offline session of its own whose will is due after its delay,
+//!   counted from when this node's link to the away node went down (see
+//!   `Broker::set_peer_away_since`), published as any lost connection's;
+//!   the other nodes find the id moved on.
 //!
 //! - A clean session (expiry 0) has no copies, but its client's will has
 //!   one: the owner sends its replicas a copy holding only that will,
@@ -176,6 +177,9 @@ pub(crate) struct Orphans {
     /// This node's own fenced wills. Bounded by the connections: one per
     /// client connected when the lease ran out.
     fenced: HashMap<Box<str>, FencedWill>,
+    /// When the away owner of a copy asked for lost its link here, until
+    /// the claim is answered. Bounded by the copies: one per copy.
+    lost_at: HashMap<Box<str>, Instant>,
 }
 
 impl Orphans {
@@ -191,9 +195,13 @@ impl Orphans {
         owner: PeerId,
         clients: Vec<(Box<str>, u64)>,
         armed: Vec<ArmedWill>,
+        since: Option<Instant>,
     ) {
         for (client_id, epoch) in clients {
             if self.asked.insert(client_id.clone()) {
+                if let Some(at) = since {
+                    self.lost_at.insert(client_id.clone(), at);
+                }
                 self.requests.push(OrphanRequest {
                     client_id,
                     owner,
@@ -282,6 +290,11 @@ impl Orphans {
         self.captured.remove(client)
     }
 
+    /// When `client`'s away owner lost its link here, taken.
+    pub(crate) fn take_lost_at(&mut self, client: &str) -> Option<Instant> {
+        self.lost_at.remove(client)
+    }
+
     pub(crate) fn take_requests(&mut self, out: &mut Vec<OrphanRequest>) {
         out.append(&mut self.requests);
     }
@@ -295,6 +308,7 @@ impl Orphans {
     pub(crate) fn answered(&mut self, client: &str) {
         self.asked.remove(client);
         self.captured.remove(client);
+        self.lost_at.remove(client);
     }
 }
 
@@ -309,8 +323,9 @@ mod tests {
             PeerId(1),
             vec![("a".into(), 1), ("b".into(), 0)],
             Vec::new(),
+            None,
         );
-        o.found(PeerId(1), vec![("a".into(), 1)], Vec::new());
+        o.found(PeerId(1), vec![("a".into(), 1)], Vec::new(), None);
         let mut out = Vec::new();
         o.take_requests(&mut out);
         assert_eq!(out.len(), 2, "{out:?}");
@@ -320,6 +335,7 @@ mod tests {
             PeerId(1),
             vec![("a".into(), 1), ("b".into(), 0)],
             Vec::new(),
+            None,
         );
         out.clear();
         o.take_requests(&mut out);

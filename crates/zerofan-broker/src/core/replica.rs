@@ -1045,6 +1045,28 @@ impl Images {
         true
     }
 
+    /// The connection `client`'s copy holds a will armed for was lost at
+    /// UNIX milliseconds `ms`: the will is pending, due its delay after
+    /// that (at most the session's expiry), as a will of a client that
+    /// left is.
+    pub(crate) fn will_lost_at(&mut self, client: &str, ms: u64, disk: &mut Disk<'_>) {
+        let Some(i) = self.by_client.get_mut(client) else {
+            return;
+        };
+        let expiry = i.meta.expiry_interval;
+        let on_disk = i.on_disk();
+        let Some(w) = i.will.as_mut() else {
+            return;
+        };
+        let Some(delay) = w.armed.take() else {
+            return;
+        };
+        w.due_at_ms = ms.saturating_add(u64::from(delay.min(expiry)) * 1000);
+        if on_disk {
+            disk.set_will(client, w);
+        }
+    }
+
     /// Whether the copy of `client` here is `owner`'s and holds a will.
     pub(crate) fn holds_will_of(&self, client: &str, owner: PeerId) -> bool {
         self.by_client

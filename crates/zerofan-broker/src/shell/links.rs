@@ -756,7 +756,12 @@ impl Away {
         if !self.marked {
             self.marked = true;
             tracing::info!(node, "node unreachable: not waited for");
-            shared.broker.borrow_mut().set_peer_away(peer, true);
+            // Its link went down at `since`: its clients' connections
+            // were lost by then, should it be dead.
+            shared
+                .broker
+                .borrow_mut()
+                .set_peer_away_since(peer, true, self.since);
             shared.dispatch();
         }
     }

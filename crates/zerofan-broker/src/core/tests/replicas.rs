@@ -240,14 +240,17 @@ impl Cluster {
     }
 
     /// `node` is killed: what it held is gone; the others mark it away (as
-    /// links do after 2 s).
+    /// links do after 2 s), its links down since now.
     fn kill(&mut self, node: usize) {
         self.dead[node] = true;
         for i in 0..self.hs.len() {
             self.wires[node][i].clear();
             self.wires[i][node].clear();
             if i != node {
-                self.hs[i].b.set_peer_away(remote(node), true);
+                let now = self.hs[i].now;
+                self.hs[i]
+                    .b
+                    .set_peer_away_since(remote(node), true, Some(now));
             }
         }
         self.pump();
@@ -3148,7 +3151,7 @@ fn a_dead_owners_connected_clients_will_is_published_by_a_replica() {
     assert!(cl.out(w).publishes().is_empty());
 }
 
-/// An orphaned will waits its delay (counted from the adoption), and the
+/// An orphaned will waits its delay (counted from the loss), and the
 /// client coming back meanwhile cancels it, as on one node.
 #[test]
 fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
@@ -3183,6 +3186,34 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
     cl.later(60);
     assert!(cl.out(w).publishes().is_empty(), "cancelled: dev came back");
     assert_eq!(cl.hs[1].b.metrics().wills_published, 1);
+}
+
+/// The delay of an orphaned will counts from the loss (its node's link
+/// down here), not from the grant, which waited for the dead node's
+/// lease (before, from the grant: 20 s late here).
+#[test]
+fn an_orphaned_wills_delay_counts_from_the_loss() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 30);
+    cl.epoch = 0;
+    cl.kill(0);
+    assert_eq!(orphans(&mut cl, 1), ["dev"]);
+    cl.later(20);
+    let prev = PreviousOwner {
+        peer: Some(remote(0)),
+        epoch: 1,
+        lapsed: false,
+    };
+    let now = cl.hs[1].now;
+    cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.pump();
+    cl.later(9);
+    assert!(topics(&mut cl, w).is_empty(), "29 s after the loss");
+    cl.later(2);
+    assert_eq!(topics(&mut cl, w), ["will/dev"], "31 s after the loss");
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
 }
 
 /// A dead node's client back on another node before any node adopted
