@@ -3193,18 +3193,10 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
 /// lease (before, from the grant: 20 s late here).
 #[test]
 fn an_orphaned_wills_delay_counts_from_the_loss() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    cl.with_will(0, "dev", 30);
-    cl.epoch = 0;
-    cl.kill(0);
-    assert_eq!(orphans(&mut cl, 1), ["dev"]);
+    let (mut cl, w, prev) = dead_owner_asked(1, &["dev"], |cl| {
+        cl.with_will(0, "dev", 30);
+    });
     cl.later(20);
-    let prev = PreviousOwner {
-        peer: Some(remote(0)),
-        epoch: 1,
-        lapsed: false,
-    };
     let now = cl.hs[1].now;
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.pump();
