@@ -1242,9 +1242,7 @@ impl Broker {
             self.refuse_stale_copy(client, &prev);
         }
         if let Some(will) = captured.filter(|c| c.restarted()).map(|c| c.will) {
-            let mut disk = super::replica::Disk::new(&mut self.durable);
-            let kept = self.repl.images.rearm(client, will.clone(), &mut disk);
-            self.metrics.store_errors += disk.errors;
+            let kept = self.with_copies(|im, d| im.rearm(client, will.clone(), d));
             if !kept {
                 self.replica_epoch(client, epoch);
                 if self.publish_copy_will(now, Some(will_from_stored(&will, &self.durable))) {
@@ -1263,9 +1261,7 @@ impl Broker {
             // counts from then (MQTT-3.1.3-9), not from this grant, which
             // waited for the owner's lease.
             let ms = self.durable.unix_ms(at);
-            let mut disk = super::replica::Disk::new(&mut self.durable);
-            self.repl.images.will_lost_at(client, ms, &mut disk);
-            self.metrics.store_errors += disk.errors;
+            self.with_copies(|im, d| im.will_lost_at(client, ms, d));
         }
         if self.adopt_replica_at(now, client, epoch) {
             self.metrics.orphans_adopted += 1;
@@ -1290,9 +1286,7 @@ impl Broker {
             .images
             .will_of(client)
             .map(|w| will_from_stored(w, &self.durable));
-        let mut disk = super::replica::Disk::new(&mut self.durable);
-        self.repl.images.forget(client, &mut disk);
-        self.metrics.store_errors += disk.errors;
+        self.with_copies(|im, d| im.forget(client, d));
         if self.publish_copy_will(now, will) {
             self.metrics.orphans_adopted += 1;
             tracing::info!(
@@ -1579,13 +1573,23 @@ impl Broker {
     /// clean one says so (session present 0). The shell has asked the
     /// other nodes for a current copy first (see [`Broker::wants_copy`]).
     fn refuse_stale_copy(&mut self, client: &str, prev: &super::PreviousOwner) {
-        let mut disk = super::replica::Disk::new(&mut self.durable);
-        if self.repl.images.refuse_stale(client, prev, &mut disk) {
+        if self.with_copies(|im, d| im.refuse_stale(client, prev, d)) {
             self.metrics.stale_copies_refused += 1;
             tracing::warn!(client_id = %client, prev_epoch = prev.epoch,
                 "session copy here is older than the previous owner's: starting clean");
         }
+    }
+
+    /// `f` on the copies kept here, writing through this node's store; the
+    /// store errors it met are counted.
+    fn with_copies<R>(
+        &mut self,
+        f: impl FnOnce(&mut super::replica::Images, &mut super::replica::Disk<'_>) -> R,
+    ) -> R {
+        let mut disk = super::replica::Disk::new(&mut self.durable);
+        let r = f(&mut self.repl.images, &mut disk);
         self.metrics.store_errors += disk.errors;
+        r
     }
 
     /// `client`'s claim, which the shell answered as refused for want of
@@ -1941,9 +1945,7 @@ impl Broker {
             // into the copy first, as the grant would have put it.
             if let Some(c) = self.orphans.take_captured(client_id) {
                 if c.restarted() {
-                    let mut disk = super::replica::Disk::new(&mut self.durable);
-                    self.repl.images.rearm(client_id, c.will, &mut disk);
-                    self.metrics.store_errors += disk.errors;
+                    self.with_copies(|im, d| im.rearm(client_id, c.will, d));
                 }
             }
             if self.adopt_replica_at(now, client_id, held) {
@@ -6736,13 +6738,10 @@ impl Broker {
                 .will_of(client)
                 .filter(|w| current && ours(w) && !self.sessions.has_client(&connect.client_id))
                 .map(|w| will_from_stored(w, &self.durable));
-            let mut disk = super::replica::Disk::new(&mut self.durable);
-            self.repl.images.forget(client, &mut disk);
-            self.metrics.store_errors += disk.errors;
+            self.with_copies(|im, d| im.forget(client, d));
             self.publish_copy_will(now, will);
             return HashSet::default();
         }
-        let mut disk = super::replica::Disk::new(&mut self.durable);
         let had = self.repl.images.marks_of(client);
         // The copy's ids are the previous owner's when it wrote the copy
         // under its claim, also when another node sent it (see
@@ -6753,9 +6752,7 @@ impl Broker {
             .and_then(|p| p.peer)
             .map(|p| (p, self.repl.images.ids_of(client)));
         let prev = prev.and_then(|p| p.peer);
-        let rs = self.repl.images.take(client, &mut disk);
-        self.metrics.store_errors += disk.errors;
-        let Some(mut rs) = rs else {
+        let Some(mut rs) = self.with_copies(|im, d| im.take(client, d)) else {
             return HashSet::default();
         };
         if rs.will.as_ref().is_some_and(|w| !ours(w)) {
@@ -6850,10 +6847,7 @@ impl Broker {
         };
         let owner = self.repl.images.subscribed_owner(client_id);
         let had = self.repl.images.marks_of(client_id);
-        let mut disk = super::replica::Disk::new(&mut self.durable);
-        let rs = self.repl.images.take(client_id, &mut disk);
-        self.metrics.store_errors += disk.errors;
-        let Some(rs) = rs else {
+        let Some(rs) = self.with_copies(|im, d| im.take(client_id, d)) else {
             return false;
         };
         log_taken(client_id, owner, &rs);
