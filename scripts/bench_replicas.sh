@@ -73,12 +73,25 @@ cpu_ticks() { # CPU time of every broker, in clock ticks, one per line
     for p in "${PIDS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat"; done
 }
 
+thread_ticks() { # "node thread ticks" for every thread of every broker, by name
+    local i=0
+    for p in "${PIDS[@]}"; do
+        i=$((i + 1))
+        for t in /proc/"$p"/task/*; do
+            # The name is in parentheses and may hold spaces: fields after it.
+            printf '%s %s %s\n' "$i" "$(tr ' ' _ <"$t/comm")" \
+                "$(sed 's/.*) //' "$t/stat" | awk '{print $12 + $13}')"
+        done
+    done | awk '{ s[$1 " " $2] += $3 } END { for (k in s) print k, s[k] }' | sort
+}
+
 run_bench() { # label port [sub_port]
     local extra=()
     [ -n "${3:-}" ] && extra=(--sub-port "$3")
     echo "== $1 (window $W, ${S}s)"
-    local before out
+    local before out threads_before
     before=$(cpu_ticks)
+    threads_before=$(thread_ticks)
     out=$(ZEROFAN_BENCH_SESSION_EXPIRY=300 pin 4 "$BENCH" qos1 --port "$2" --protocol 5 \
         --duration "$S" --window "$W" "${extra[@]}")
     echo "$out"
@@ -87,6 +100,14 @@ run_bench() { # label port [sub_port]
     recv=$(echo "$out" | awk '$1 == "qos1" { print $7 }')
     paste <(echo "$before") <(cpu_ticks) | awk -v n="$recv" -v hz="$(getconf CLK_TCK)" '
         n > 0 { printf "node %d: %.2f us of CPU per message\n", NR, ($2 - $1) / hz * 1e6 / n }'
+    # By thread (THREADS=1): which thread of a node bounds it on cores of
+    # its own (a cluster node runs its core on one thread).
+    if [ -n "${THREADS:-}" ]; then
+        join <(echo "$threads_before" | awk '{print $1 "/" $2, $3}' | sort) \
+            <(thread_ticks | awk '{print $1 "/" $2, $3}' | sort) |
+            awk -v n="$recv" -v hz="$(getconf CLK_TCK)" '
+                n > 0 && $3 > $2 { printf "  node/thread %s: %.2f us per message\n", $1, ($3 - $2) / hz * 1e6 / n }'
+    fi
 }
 
 wait_members() { # cluster addr, count

@@ -5849,7 +5849,7 @@ impl Broker {
                     self.wake(conn);
                 }
             }
-            PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops),
+            PeerEvent::Replicate { seq, ops } => self.replica_ops(now, from, seq, ops.into_ops()),
             PeerEvent::ReplicaAck { seq } => self.replica_answered(from, Some(seq)),
             PeerEvent::ReplicaStale { clients } => self.replica_stale(now, from, clients),
             PeerEvent::Handover { client } => {
@@ -6318,22 +6318,17 @@ impl Broker {
             .filter(|op| !matches!(op, super::replica::ReplOp::Epoch { .. }))
             .count() as u64;
         let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
-        let mut ops = Some(ops);
-        for (i, p) in targets.iter().enumerate() {
+        // One batch for every replica, encoded once (see `ReplBatch`).
+        let ops = super::replica::ReplBatch::new(ops);
+        for p in targets {
             self.metrics.replicated_ops += n;
             self.metrics.replicated_batches += 1;
             self.metrics.replicated_bytes += bytes as u64;
-            // The last replica gets the operations themselves.
-            let ops = if i + 1 == targets.len() {
-                ops.take()
-            } else {
-                ops.clone()
-            };
             self.peers.send(
                 *p,
                 PeerEvent::Replicate {
                     seq,
-                    ops: ops.unwrap_or_default(),
+                    ops: ops.clone(),
                 },
             );
         }

@@ -151,7 +151,7 @@ pub use orphans::{OrphanRequest, Orphaned};
 pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId, Stranded};
 pub use replica::PreviousOwner;
-pub use replica::ReplOp;
+pub use replica::{ReplBatch, ReplOp};
 pub use retain_order::Stamp;
 pub use slots::ConnTable;
 pub use strand::Mark;

@@ -155,8 +155,8 @@ pub enum PeerEvent {
     Replicate {
         /// The sender's replication change number.
         seq: u64,
-        /// The operations, oldest first.
-        ops: Vec<super::replica::ReplOp>,
+        /// The operations, oldest first, shared by every replica.
+        ops: super::replica::ReplBatch,
     },
     /// The receiver keeps the sender's [`PeerEvent::Replicate`]s up to `seq`.
     ReplicaAck {

@@ -411,14 +411,16 @@ impl FrameEncoder {
     fn finish_parts(
         &mut self,
         start: usize,
-        ops: &[super::replica::ReplOp],
+        ops: &super::replica::ReplBatch,
     ) -> Result<EncodedFrame, WireError> {
-        // A header and a payload per message at most, and the rest.
-        let mut parts = Vec::with_capacity(ops.len() * 2 + 1);
-        if let Err(e) = super::replica_wire::encode(ops, &mut parts) {
-            self.scratch.truncate(start);
-            return Err(e);
-        }
+        // Encoded once for every link that sends the batch.
+        let parts = match ops.wire() {
+            Ok(parts) => parts,
+            Err(e) => {
+                self.scratch.truncate(start);
+                return Err(e);
+            }
+        };
         let extra: usize = parts.iter().map(Bytes::len).sum();
         let body = self.scratch.len() - start - LEN + extra;
         if body > MAX_FRAME {
@@ -427,8 +429,9 @@ impl FrameEncoder {
         }
         let len = u32::try_from(body).map_err(|_| WireError("frame too large"))?;
         self.scratch[start..start + LEN].copy_from_slice(&len.to_be_bytes());
-        let mut chunks = vec![self.scratch.split().freeze()];
-        chunks.extend(parts);
+        let mut chunks = Vec::with_capacity(parts.len() + 1);
+        chunks.push(self.scratch.split().freeze());
+        chunks.extend_from_slice(parts);
         self.frames += 1;
         self.bytes += (LEN + body) as u64;
         Ok(EncodedFrame {
@@ -639,7 +642,10 @@ pub fn decode_body(mut f: Bytes, now: Instant) -> Result<LinkFrame, WireError> {
             let seq = get_u64(&mut f)?;
             let ops = super::replica_wire::decode(&mut f)?;
             end(&f)?;
-            PeerEvent::Replicate { seq, ops }
+            PeerEvent::Replicate {
+                seq,
+                ops: ops.into(),
+            }
         }
         REPLICA_ACK => {
             let seq = get_u64(&mut f)?;

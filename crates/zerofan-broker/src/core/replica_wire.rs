@@ -678,7 +678,7 @@ mod tests {
         let ops = every_op();
         let ev = PeerEvent::Replicate {
             seq: 42,
-            ops: ops.clone(),
+            ops: ops.clone().into(),
         };
         let f = FrameEncoder::default().encode(&ev, now).unwrap();
         // The payloads are chunks of their own: the publisher's Bytes.
@@ -693,6 +693,7 @@ mod tests {
             panic!("not a Replicate frame");
         };
         assert_eq!(seq, 42);
+        let back = back.into_ops();
         assert_eq!(back, ops);
         let Some(ReplOp::Message { msg, .. }) =
             back.iter().find(|op| matches!(op, ReplOp::Message { .. }))

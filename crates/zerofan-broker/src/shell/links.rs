@@ -1651,7 +1651,7 @@ mod tests {
                 },
                 PeerEvent::Replicate {
                     seq: 4,
-                    ops: Vec::new(),
+                    ops: Vec::new().into(),
                 },
                 PeerEvent::Fence { seq: 4 },
                 retain("r", "b", 5),

@@ -652,7 +652,7 @@ fn an_empty_replicated_change_is_answered_without_a_new_commit() {
         ids[0],
         PeerEvent::Replicate {
             seq: 7,
-            ops: Vec::new(),
+            ops: Vec::new().into(),
         },
     );
     let mut answered = false;

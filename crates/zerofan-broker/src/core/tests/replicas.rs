@@ -2042,7 +2042,8 @@ fn a_link_reads_batches_commit_once() {
             session_op(),
             op_message(entry, "m", 1),
             op_enqueue(entry, entry, 1),
-        ],
+        ]
+        .into(),
     };
     let b = &mut cl.hs[1].b;
     b.begin_peer_read();
