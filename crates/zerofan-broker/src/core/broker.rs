@@ -1256,13 +1256,7 @@ impl Broker {
             self.clean_orphan_claimed(now, client, epoch);
             return;
         }
-        if let Some(at) = lost_at {
-            // Lost when the owner's link went down: an armed will's delay
-            // counts from then (MQTT-3.1.3-9), not from this grant, which
-            // waited for the owner's lease.
-            let ms = self.durable.unix_ms(at);
-            self.with_copies(|im, d| im.will_lost_at(client, ms, d));
-        }
+        self.orphan_lost_at(client, lost_at);
         if self.adopt_replica_at(now, client, epoch) {
             self.metrics.orphans_adopted += 1;
             tracing::info!(
@@ -1272,6 +1266,17 @@ impl Broker {
             );
         } else {
             self.end_event();
+        }
+    }
+
+    /// The copy of `client` is adopted for its will, its owner's link down
+    /// here since `lost_at`: the connection its will is armed for was
+    /// lost then, and its delay counts from then (MQTT-3.1.3-9), not from
+    /// the adoption, which waited for the owner's lease.
+    fn orphan_lost_at(&mut self, client: &str, lost_at: Option<Instant>) {
+        if let Some(at) = lost_at {
+            let ms = self.durable.unix_ms(at);
+            self.with_copies(|im, d| im.will_lost_at(client, ms, d));
         }
     }
 
@@ -1947,6 +1952,12 @@ impl Broker {
                 if c.restarted() {
                     self.with_copies(|im, d| im.rearm(client_id, c.will, d));
                 }
+            }
+            // As the grant would: a clean session's will is due at once
+            // whenever it was lost.
+            let lost_at = self.orphans.take_lost_at(client_id);
+            if !self.repl.images.is_clean(client_id) {
+                self.orphan_lost_at(client_id, lost_at);
             }
             if self.adopt_replica_at(now, client_id, held) {
                 self.metrics.claims_left += 1;

@@ -3209,6 +3209,35 @@ fn an_orphaned_wills_delay_counts_from_the_loss() {
     assert!(topics(&mut cl, w).is_empty(), "once");
 }
 
+/// As above, but the id moves on from the granted node (here to node 2,
+/// which adopts it without a client, as a node given a removed node's
+/// ids does) before the grant's answer: node 1 adopts its copy to move
+/// it on (see `Broker::client_taken_from`), and the will's delay still
+/// counts from the loss (before, from that adoption: 20 s late).
+#[test]
+fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
+    let (mut cl, w, prev) = dead_owner_asked(1, &["dev"], |cl| {
+        cl.with_will(0, "dev", 30);
+    });
+    cl.later(20);
+    let now = cl.hs[1].now;
+    cl.hs[1].b.client_taken_from(now, "dev", Some(remote(2)), 2);
+    cl.pump();
+    let now = cl.hs[2].now;
+    assert!(cl.hs[2].b.adopt_replica(now, "dev"), "node 2 has the image");
+    cl.pump();
+    cl.later(9);
+    assert!(topics(&mut cl, w).is_empty(), "29 s after the loss");
+    cl.later(2);
+    assert_eq!(topics(&mut cl, w), ["will/dev"], "31 s after the loss");
+    let now = cl.hs[1].now;
+    cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.pump();
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
+    assert_eq!(cl.hs[1].b.metrics().wills_published, 0);
+}
+
 /// A dead node's client back on another node before any node adopted
 /// its session: the will armed for the connection lost with that node is
 /// published when due (its delay 0, or a clean start ending the session,
