@@ -81,6 +81,11 @@ pub trait DurableLog {
     fn set_epoch(&mut self, client_id: &str, epoch: u64, version: u64) -> Result<(), StoreError>;
     /// Hand what is staged to the writer; never blocks.
     fn commit(&mut self) -> Result<Lsn, StoreError>;
+    /// The log a replica's copies of other nodes' sessions are written
+    /// to: this one, or for a log that also records what it is told for
+    /// this node's replicas (`replica::Mirror`), the log under it, as
+    /// copies are not replicated further.
+    fn copies(&mut self) -> &mut dyn DurableLog;
     /// The highest durable LSN (cheap).
     fn durable_lsn(&self) -> Lsn;
     /// The store's counters, if it has any.

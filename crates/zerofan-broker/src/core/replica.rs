@@ -402,11 +402,8 @@ impl DurableLog for Mirror {
     }
     fn set_will(&mut self, client_id: &str, will: &StoredWill) -> Result<(), StoreError> {
         // An armed will is for the replicas only (see
-        // `Broker::dur_will_armed`), and a replica keeps its copies' armed
-        // wills in memory only: one read back after a restart may be stale
-        // (its client's clean DISCONNECT missed while this node was down),
-        // and published when the owner dies would be a will of a normal
-        // disconnect; the replicas that stayed up hold the current one.
+        // `Broker::dur_will_armed`), which keep it in memory only (see
+        // `Disk::set_will`).
         if will.armed.is_none() {
             self.inner.set_will(client_id, will)?;
         }
@@ -430,6 +427,12 @@ impl DurableLog for Mirror {
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.inner.commit()
+    }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        // Not recorded: a copy's message recorded as one this node's
+        // sessions might send cost a clone and a map entry per message
+        // (and each other operation a client id allocated to be dropped).
+        self.inner.copies()
     }
     fn durable_lsn(&self) -> Lsn {
         self.inner.durable_lsn()

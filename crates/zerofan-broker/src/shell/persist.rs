@@ -268,6 +268,9 @@ impl DurableLog for SharedStore {
             s.commit()
         })
     }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
+    }
     fn durable_lsn(&self) -> Lsn {
         match self.store.lock() {
             Ok(s) => s.durable_lsn(),
@@ -358,6 +361,9 @@ impl DurableLog for Store {
     }
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         Store::commit(self)
+    }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
     }
     fn durable_lsn(&self) -> Lsn {
         Store::durable_lsn(self)

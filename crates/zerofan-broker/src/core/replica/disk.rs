@@ -58,7 +58,7 @@ pub(crate) struct Disk<'a> {
 impl<'a> Disk<'a> {
     pub(crate) fn new(durable: &'a mut Durable) -> Self {
         Disk {
-            log: durable.log_mut(),
+            log: durable.log_mut().map(DurableLog::copies),
             name: String::new(),
             errors: 0,
         }
@@ -156,7 +156,15 @@ impl<'a> Disk<'a> {
     pub(super) fn qos2_released(&mut self, client: &str, pid: u16) {
         self.run_on(client, |l, n| l.qos2_released(n, pid));
     }
+    /// An armed will stays in memory: one read back after a restart may
+    /// be stale (its client's clean DISCONNECT missed while this node was
+    /// down), and published when the owner dies would be a will of a
+    /// normal disconnect; the replicas that stayed up hold the current
+    /// one.
     pub(super) fn set_will(&mut self, client: &str, will: &StoredWill) {
+        if will.armed.is_some() {
+            return;
+        }
         self.run_on(client, |l, n| l.set_will(n, will));
     }
     pub(super) fn clear_will(&mut self, client: &str) {

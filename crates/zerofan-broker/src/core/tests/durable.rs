@@ -134,6 +134,9 @@ impl DurableLog for Fake {
         }
         Ok(self.lsn)
     }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
+    }
     fn durable_lsn(&self) -> Lsn {
         self.shared.durable.get()
     }

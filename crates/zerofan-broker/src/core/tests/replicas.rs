@@ -103,6 +103,9 @@ impl DurableLog for Log {
         }
         Ok(self.lsn)
     }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
+    }
     fn durable_lsn(&self) -> Lsn {
         match &self.sync {
             Some(s) if !s.fast.get() => s.durable.get(),
@@ -1254,6 +1257,9 @@ impl DurableLog for OnDisk {
         self.0.wait_durable(lsn)?;
         Ok(lsn)
     }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
+    }
     fn durable_lsn(&self) -> Lsn {
         self.0.durable_lsn()
     }
@@ -1753,6 +1759,7 @@ impl<L: DurableLog> DurableLog for Counted<L> {
         self.0.qos2_released(c, pid)
     }
     fn set_will(&mut self, c: &str, w: &StoredWill) -> Result<(), StoreError> {
+        self.count("will");
         self.0.set_will(c, w)
     }
     fn clear_will(&mut self, c: &str) -> Result<(), StoreError> {
@@ -1765,6 +1772,9 @@ impl<L: DurableLog> DurableLog for Counted<L> {
     fn commit(&mut self) -> Result<Lsn, StoreError> {
         self.count("commit");
         self.0.commit()
+    }
+    fn copies(&mut self) -> &mut dyn DurableLog {
+        self
     }
     fn durable_lsn(&self) -> Lsn {
         self.0.durable_lsn()
@@ -2021,6 +2031,26 @@ fn a_restarted_replica_reads_back_what_its_batches_left() {
     let mut disk = Disk::new(&mut d);
     let rs = back.take("c", &mut disk).expect("copy read back");
     assert_eq!(shape(&rs), expect);
+}
+
+/// A replica writes a copy's will to its store once it waits for its
+/// delay, not while its client is connected (armed: kept in memory, see
+/// `Disk::set_will`, which writes past the recording `Mirror`).
+#[test]
+fn a_replica_stores_a_pending_will_not_an_armed_one() {
+    let mut cl = Cluster::new(3, 3);
+    let counts = Counts::default();
+    let now = cl.hs[1].now;
+    cl.hs[1].b.set_durable_log(
+        Box::new(Counted(Log::default(), counts.clone())),
+        now,
+        1_000_000,
+    );
+    let dev = cl.with_will(0, "dev", 30);
+    assert!(cl.hs[1].b.has_copy("dev"));
+    assert_eq!(counts.borrow().get("will"), None, "armed: not stored");
+    cl.lose(dev);
+    assert_eq!(counts.borrow().get("will"), Some(&1), "pending: stored");
 }
 
 /// The batches of one link read are applied as one core event: one commit
