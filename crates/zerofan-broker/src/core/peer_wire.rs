@@ -153,6 +153,11 @@ pub enum StateKey {
     Fence,
 }
 
+/// Room left in the scratch buffer below which a frame starts a new
+/// block of [`HEADS_BLOCK`] bytes (a head may still outgrow it).
+const HEAD_ROOM: usize = 512;
+const HEADS_BLOCK: usize = 16 * 1024;
+
 /// Writes frames; counts what it wrote.
 #[derive(Debug, Default)]
 pub struct FrameEncoder {
@@ -400,6 +405,13 @@ impl FrameEncoder {
     }
 
     fn begin(&mut self) -> usize {
+        // Each frame's head is split off the scratch buffer and shared
+        // with the writer: room for many heads at once makes one
+        // allocation serve them all. Grown from empty, every frame
+        // allocated its head anew and reallocated it as it grew.
+        if self.scratch.capacity() - self.scratch.len() < HEAD_ROOM {
+            self.scratch.reserve(HEADS_BLOCK);
+        }
         let start = self.scratch.len();
         self.scratch.put_u32(0);
         self.scratch.put_u8(VERSION);
