@@ -81,6 +81,9 @@ pub(crate) enum Request {
     Claim {
         client_id: String,
         node_id: u64,
+        /// The claimant's client starts clean (passed on in the fence).
+        #[serde(default)]
+        clean_start: bool,
     },
     Release {
         client_id: String,
@@ -97,6 +100,10 @@ pub(crate) enum Request {
     Fence {
         client_id: String,
         new_owner: u64,
+        /// The new owner's client starts clean: the session here ends
+        /// with the connection (see [`crate::OwnershipLost::clean_start`]).
+        #[serde(default)]
+        clean_start: bool,
     },
     /// `node_id` takes `client_id` only if `owner` still owns it (at
     /// `epoch`; 0: any) and `owner`'s lease has run out: never fenced (see

@@ -527,9 +527,21 @@ impl Cluster {
         &self,
         client_id: &str,
     ) -> Result<(u64, u64, Option<Previous>), ClusterError> {
+        self.claim_starting(client_id, false).await
+    }
+
+    /// [`Cluster::claim_from`] for a client that connects with
+    /// `clean_start`: the owner it is taken from hears so in its fence
+    /// ([`OwnershipLost::clean_start`]).
+    pub async fn claim_starting(
+        &self,
+        client_id: &str,
+        clean_start: bool,
+    ) -> Result<(u64, u64, Option<Previous>), ClusterError> {
         let req = admin::Request::Claim {
             client_id: client_id.to_string(),
             node_id: self.inner.id,
+            clean_start,
         };
         match self.ask_claim(req).await {
             Reply::Claimed {
@@ -860,15 +872,19 @@ impl Inner {
     async fn as_leader(&self, req: admin::Request) -> Reply {
         match req {
             admin::Request::Status => Reply::Status(Box::new(self.local_status())),
-            admin::Request::Claim { client_id, node_id } => {
-                let mut gone = self.let_go(&client_id, node_id).await;
+            admin::Request::Claim {
+                client_id,
+                node_id,
+                clean_start,
+            } => {
+                let mut gone = self.let_go(&client_id, node_id, clean_start).await;
                 if let Err(wait) = gone {
                     if wait <= lease::CLAIM_HOLD {
                         // Due soon: answer when it is due rather than have
                         // the claimant retry, checked again then (this
                         // node may have lost the lead meanwhile).
                         tokio::time::sleep(wait).await;
-                        gone = self.let_go(&client_id, node_id).await;
+                        gone = self.let_go(&client_id, node_id, clean_start).await;
                     }
                 }
                 let by_lease = match gone {
@@ -910,11 +926,13 @@ impl Inner {
             admin::Request::Fence {
                 client_id,
                 new_owner,
+                clean_start,
             } => {
                 let fence = OwnershipLost {
                     client_id,
                     new_owner,
                     epoch: 0,
+                    clean_start,
                 };
                 match self.fences_tx.try_send(fence) {
                     Ok(()) => Reply::Done,
@@ -1165,7 +1183,7 @@ impl Inner {
             if !held_by(self.sm.owner(&id), node_id, 0) {
                 continue;
             }
-            if self.let_go(&id, target).await.is_err() {
+            if self.let_go(&id, target, false).await.is_err() {
                 continue;
             }
             let cmd = Command::ClaimOrphan {
@@ -1594,8 +1612,14 @@ impl Inner {
     /// (see `lease`). `Ok(Some(owner))`: by its lease (it dropped the
     /// connection without its will), the owner (node, epoch) then;
     /// `Ok(None)`: nothing to let go of, or it answered the fence;
-    /// `Err(wait)` while neither.
-    async fn let_go(&self, client_id: &str, claimant: u64) -> Result<Option<(u64, u64)>, Duration> {
+    /// `Err(wait)` while neither. `clean_start`: the claimant's client
+    /// starts clean (the fence says so).
+    async fn let_go(
+        &self,
+        client_id: &str,
+        claimant: u64,
+        clean_start: bool,
+    ) -> Result<Option<(u64, u64)>, Duration> {
         let held = self.sm.owner(client_id);
         if held.is_some_and(|(o, _)| o == self.id && o != claimant)
             && !self.holder().held(Instant::now())
@@ -1619,6 +1643,7 @@ impl Inner {
             req: admin::Request::Fence {
                 client_id: client_id.to_string(),
                 new_owner: claimant,
+                clean_start,
             },
             forwarded: true,
         };

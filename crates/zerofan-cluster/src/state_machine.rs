@@ -33,6 +33,10 @@ pub struct OwnershipLost {
     pub new_owner: u64,
     /// The new owner's epoch.
     pub epoch: u64,
+    /// A fence only (epoch 0): the client at the new owner starts clean,
+    /// so the session ends here with the connection rather than moving
+    /// (a will left waiting for its delay is then due).
+    pub clean_start: bool,
 }
 
 /// The state the log builds.
@@ -170,6 +174,7 @@ impl SmShared {
                         client_id,
                         new_owner: node,
                         epoch,
+                        clean_start: false,
                     };
                     if self.events.try_send(lost).is_err() {
                         self.events_dropped.fetch_add(1, Ordering::Relaxed);
@@ -432,7 +437,8 @@ mod tests {
             Some(OwnershipLost {
                 client_id: "c".into(),
                 new_owner: 2,
-                epoch: 3
+                epoch: 3,
+                clean_start: false,
             })
         );
         // A second taker naming the same dead owner finds it moved.

@@ -58,6 +58,7 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
     // Node 2 claims (through the leader), then node 3 takes over: the epoch
     // rises and node 2 hears it lost the client id.
     let mut lost2 = n2.take_ownership_lost().expect("receiver");
+    let mut fences2 = n2.take_fences().expect("fences");
     assert_eq!(n2.claim("sensor-7").await.unwrap(), (2, 1));
     // Taken from a live owner, which let go when fenced: not by its lease.
     let fenced = Previous {
@@ -66,9 +67,17 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
         lapsed: false,
     };
     assert_eq!(
-        n3.claim_from("sensor-7").await.unwrap(),
+        n3.claim_starting("sensor-7", true).await.unwrap(),
         (3, 2, Some(fenced))
     );
+    // The fence came first, saying the new client starts clean.
+    let fence = OwnershipLost {
+        client_id: "sensor-7".into(),
+        new_owner: 3,
+        epoch: 0,
+        clean_start: true,
+    };
+    assert_eq!(fences2.try_recv().ok(), Some(fence));
     let ev = timeout(Duration::from_secs(10), lost2.recv())
         .await
         .unwrap();
@@ -77,7 +86,8 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
         Some(OwnershipLost {
             client_id: "sensor-7".into(),
             new_owner: 3,
-            epoch: 2
+            epoch: 2,
+            clean_start: false,
         })
     );
     until("every node applied the takeover", || {

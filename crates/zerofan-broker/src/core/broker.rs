@@ -1769,10 +1769,18 @@ impl Broker {
     /// The leader is about to give `client_id` to another node (`to`)
     /// and this node let go (it answered the fence), so that node is told
     /// the id was not taken by a lapsed lease and publishes no will of this
-    /// node's: a fenced will here is settled now, as at a return. Then as
-    /// [`Broker::client_taken_from`].
-    pub fn client_fenced(&mut self, now: Instant, client_id: &str, to: Option<PeerId>, held: u64) {
-        self.fenced_will_returned(now, client_id, false);
+    /// node's: a fenced will here is settled now, as at a return (one
+    /// with `clean_start` ends the session: the will is due, whatever its
+    /// delay). Then as [`Broker::client_taken_from`].
+    pub fn client_fenced(
+        &mut self,
+        now: Instant,
+        client_id: &str,
+        to: Option<PeerId>,
+        held: u64,
+        clean_start: bool,
+    ) {
+        self.fenced_will_returned(now, client_id, clean_start);
         self.client_taken_from(now, client_id, to, held);
     }
 

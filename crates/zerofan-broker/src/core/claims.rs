@@ -30,6 +30,8 @@ pub struct ClaimRequest {
     pub conn: ConnId,
     /// Its client id.
     pub client_id: Box<str>,
+    /// Its CONNECT starts clean (the owner it is taken from is told so).
+    pub clean_start: bool,
 }
 
 /// The claims this core waits on. Bounded by the connections: each has at
@@ -83,6 +85,7 @@ impl Claims {
         self.requests.push(ClaimRequest {
             conn,
             client_id: connect.client_id.as_str().into(),
+            clean_start: connect.clean_start,
         });
         self.waiting.insert(conn, connect);
     }

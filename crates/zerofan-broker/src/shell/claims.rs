@@ -68,7 +68,7 @@ pub(super) async fn claim_loop(shared: Rc<Shared>, cluster: Arc<Cluster>) {
             };
             let (s, c) = (shared.clone(), cluster.clone());
             tokio::task::spawn_local(async move {
-                let (got, late) = match claim(&c, &req.client_id).await {
+                let (got, late) = match claim(&c, &req.client_id, req.clean_start).await {
                     Claimed::Granted(epoch, prev) => (Some((epoch, prev)), None),
                     Claimed::Refused => (None, None),
                     Claimed::Late(attempt) => (None, Some(attempt)),
@@ -196,11 +196,11 @@ pub(super) async fn wait_until_not(
 /// Whether this node now owns `client_id`, with the epoch and the owner
 /// before it (node, epoch). A claim that fails for want of a leader is
 /// tried again until [`CLAIM_TIMEOUT`].
-async fn claim<'a>(cluster: &'a Cluster, client_id: &'a str) -> Claimed<'a> {
+async fn claim<'a>(cluster: &'a Cluster, client_id: &'a str, clean_start: bool) -> Claimed<'a> {
     let deadline = tokio::time::Instant::now() + CLAIM_TIMEOUT;
     let mut pause = Duration::from_millis(20);
     loop {
-        let mut attempt: Attempt<'a> = Box::pin(cluster.claim_from(client_id));
+        let mut attempt: Attempt<'a> = Box::pin(cluster.claim_starting(client_id, clean_start));
         match tokio::time::timeout_at(deadline, &mut attempt).await {
             Ok(Ok((owner, epoch, prev))) if owner == cluster.node_id() => {
                 return Claimed::Granted(epoch, prev)
@@ -370,10 +370,13 @@ async fn fence_loop(
             .owner(&f.client_id)
             .filter(|(owner, _)| *owner == cluster.node_id())
             .map_or(0, |(_, epoch)| epoch);
-        shared
-            .broker
-            .borrow_mut()
-            .client_fenced(Instant::now(), &f.client_id, to, held);
+        shared.broker.borrow_mut().client_fenced(
+            Instant::now(),
+            &f.client_id,
+            to,
+            held,
+            f.clean_start,
+        );
         shared.dispatch();
     }
 }

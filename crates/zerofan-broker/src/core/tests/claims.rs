@@ -23,7 +23,8 @@ fn connect_waits_for_its_claim() {
         asked,
         [ClaimRequest {
             conn: c,
-            client_id: "dev".into()
+            client_id: "dev".into(),
+            clean_start: true,
         }]
     );
     assert!(!h.b.has_claims());

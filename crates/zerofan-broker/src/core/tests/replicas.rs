@@ -3773,7 +3773,7 @@ fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
     cl.hs[0].b.cluster_lease(now, true);
     cl.pump();
     for c in ["dev", "later"] {
-        cl.hs[0].b.client_fenced(now, c, Some(remote(2)), 1);
+        cl.hs[0].b.client_fenced(now, c, Some(remote(2)), 1, false);
     }
     cl.pump();
     assert_eq!(topics(&mut cl, w), ["will/dev"]);
@@ -3784,6 +3784,34 @@ fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
         topics(&mut cl, w).is_empty(),
         "once; the return cancelled later's"
     );
+    assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 1);
+}
+
+/// As above, but the client comes back on the other node with a clean
+/// start, which the fence says: that ends the session, so the will is
+/// due at the fence whatever its delay (MQTT-3.1.3-9), published once by
+/// this node; the node that took the id publishes none (it let go, not
+/// lapsed). Before, the fence counted as a return within the delay and
+/// the will was dropped.
+#[test]
+fn a_fenced_will_is_published_when_its_client_comes_back_clean() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    cl.with_will(0, "dev", 30);
+    cl.epoch = 0;
+    let now = cl.hs[0].now;
+    cl.hs[0].b.cluster_lease(now, false);
+    cl.pump();
+    cl.hs[0].b.cluster_lease(now, true);
+    cl.pump();
+    cl.hs[0]
+        .b
+        .client_fenced(now, "dev", Some(remote(2)), 1, true);
+    cl.pump();
+    assert_eq!(topics(&mut cl, w), ["will/dev"], "due at once");
+    cl.hs[0].b.fenced_will_answered(now, "dev", None);
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
     assert_eq!(cl.hs[0].b.metrics().fenced_wills_settled, 1);
 }
 
@@ -3804,7 +3832,9 @@ fn a_woken_nodes_will_is_published_once_when_it_answers_a_fence() {
     }
     let now = cl.hs[0].now;
     cl.hs[0].b.cluster_lease(now, false);
-    cl.hs[0].b.client_fenced(now, "dev", Some(remote(2)), 1);
+    cl.hs[0]
+        .b
+        .client_fenced(now, "dev", Some(remote(2)), 1, false);
     let (_dev, out) = cl.persistent_after(2, "dev", 2, 0, 1);
     assert!(present(&out));
     cl.pump();
