@@ -1198,8 +1198,9 @@ impl Broker {
     /// left as it is; the next owner was told this node held the id, and
     /// publishes nothing. The will this claim was for is the one captured
     /// when it was asked for: published if due at the loss, whatever the
-    /// copy became. One with a delay is not (whether the client's return
-    /// cancelled it is not known here).
+    /// copy became, or if the leader's fence said the client came back
+    /// with a clean start (that ends the session, MQTT-3.1.3-9). One with
+    /// a delay otherwise is not: the client's return cancelled it.
     pub fn orphan_claimed(
         &mut self,
         now: Instant,
@@ -1212,6 +1213,7 @@ impl Broker {
         // loss of an away owner's connection.
         let captured = self.orphans.take_captured(client);
         let lost_at = self.orphans.take_lost_at(client);
+        let clean_back = self.orphans.came_back_clean(client);
         self.orphans.answered(client);
         // The next owner's copy. (This node's own later claim, answered
         // first, names the dead owner as the one before, whose lease ran
@@ -1225,7 +1227,7 @@ impl Broker {
             .is_some_and(|(_, e)| e > epoch)
         {
             let will = captured
-                .filter(|c| c.due)
+                .filter(|c| c.due || clean_back)
                 .map(|c| will_from_stored(&c.will, &self.durable));
             if self.publish_copy_will(now, will) {
                 self.metrics.orphans_adopted += 1;
@@ -1781,6 +1783,11 @@ impl Broker {
         clean_start: bool,
     ) {
         self.fenced_will_returned(now, client_id, clean_start);
+        if clean_start {
+            // An orphan claim of it answered after this finds the copy
+            // replaced: the will it was for is due (see `orphan_claimed`).
+            self.orphans.back_clean(client_id);
+        }
         self.client_taken_from(now, client_id, to, held);
     }
 

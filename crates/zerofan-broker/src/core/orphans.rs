@@ -170,10 +170,12 @@ pub(crate) struct Orphans {
     /// Asked for and not answered: not asked again meanwhile.
     asked: HashSet<Box<str>>,
     /// The armed wills of the copies asked for, as they were when asked,
-    /// until their claim is answered: of every copy whose owner
-    /// restarted, and of an away owner's copies whose will was due at the
-    /// loss. Bounded by the copies: one per copy.
+    /// until their claim is answered. Bounded by the copies: one per copy.
     captured: HashMap<Box<str>, Captured>,
+    /// Asked for, and the leader fenced this node for a client back
+    /// elsewhere with a clean start before the answer came (see
+    /// `Broker::orphan_claimed`). Bounded by `asked`.
+    clean_back: HashSet<Box<str>>,
     /// This node's own fenced wills. Bounded by the connections: one per
     /// client connected when the lease ran out.
     fenced: HashMap<Box<str>, FencedWill>,
@@ -187,9 +189,9 @@ impl Orphans {
     /// id, the claim the copy was written under, 0 if not known). Each is
     /// claimed only from that claim: a copy that missed a later one (its
     /// client back on `owner` since) is not the will to publish. `armed`:
-    /// those armed (see [`Orphans::restarted`]); the ones due at the loss
-    /// are kept as they are now, should a later owner's copy replace them
-    /// before the grant is applied here (see `Broker::orphan_claimed`).
+    /// those armed (see [`Orphans::restarted`]), kept as they are now,
+    /// should a later owner's copy replace them before the grant is
+    /// applied here (see `Broker::orphan_claimed`).
     pub(crate) fn found(
         &mut self,
         owner: PeerId,
@@ -210,13 +212,13 @@ impl Orphans {
                 });
             }
         }
-        for a in armed.into_iter().filter(|a| a.due) {
+        for a in armed {
             if self.asked.contains(&a.client_id) {
                 self.captured.entry(a.client_id).or_insert(Captured {
                     owner,
                     restarted: false,
                     will: a.will,
-                    due: true,
+                    due: a.due,
                 });
             }
         }
@@ -285,6 +287,20 @@ impl Orphans {
         self.fenced.remove(client)
     }
 
+    /// The leader gave `client`, asked for here, to a client that starts
+    /// clean (its fence said so): its session ends with that, and the
+    /// will captured for it is due whatever its delay.
+    pub(crate) fn back_clean(&mut self, client: &str) {
+        if self.asked.contains(client) {
+            self.clean_back.insert(client.into());
+        }
+    }
+
+    /// Whether `client` came back with a clean start ([`Orphans::back_clean`]).
+    pub(crate) fn came_back_clean(&self, client: &str) -> bool {
+        self.clean_back.contains(client)
+    }
+
     /// The will captured for `client`, taken.
     pub(crate) fn take_captured(&mut self, client: &str) -> Option<Captured> {
         self.captured.remove(client)
@@ -309,6 +325,7 @@ impl Orphans {
         self.asked.remove(client);
         self.captured.remove(client);
         self.lost_at.remove(client);
+        self.clean_back.remove(client);
     }
 }
 

@@ -3458,6 +3458,51 @@ fn a_granted_orphan_whose_copy_the_next_owner_replaced_has_its_will_published() 
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
 }
 
+/// As above, with wills of a delay: the leader fenced node 1 for each id
+/// before node 2's claims, and the fence said whether the client came
+/// back with a clean start. That one ends its session, so node 1
+/// publishes its will at the grant; the one resumed cancels its will
+/// (MQTT-3.1.3-9). Before, node 1 published neither.
+#[test]
+fn a_granted_orphan_whose_client_came_back_clean_has_its_delayed_will_published() {
+    let (mut cl, w, prev) = dead_owner_asked(1, &["kept", "later"], |cl| {
+        cl.with_will(0, "later", 30);
+        cl.with_will(0, "kept", 30);
+    });
+    // Fenced before node 1 applied its own grants (held: 0).
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .client_fenced(now, "later", Some(remote(2)), 0, true);
+    cl.hs[1]
+        .b
+        .client_fenced(now, "kept", Some(remote(2)), 0, false);
+    cl.pump();
+    cl.after(3, 1, 2, |cl| {
+        // A persistent session again, started clean: node 2 copies it.
+        let (_, out) = cl.connect(2, "later", Protocol::V5, true, 3600);
+        assert!(!present(&out));
+        cl.persistent(2, "kept");
+    });
+    assert!(topics(&mut cl, w).is_empty(), "node 1 held the ids");
+    for c in ["later", "kept"] {
+        assert_eq!(cl.hs[1].b.copy_owner(c), Some((remote(2), 3)), "{c}");
+    }
+    let now = cl.hs[1].now;
+    for c in ["later", "kept"] {
+        cl.hs[1].b.orphan_claimed(now, c, 2, Some(prev));
+    }
+    cl.pump();
+    assert_eq!(
+        topics(&mut cl, w),
+        ["will/later"],
+        "kept's return cancelled it"
+    );
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
+    assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
 /// As above, but node 1 learns that node 2 took the ids (the log) before
 /// the answer to its own orphan claims, and before node 2's images: it
 /// adopts its copies under its claim to move them on (see
