@@ -1878,6 +1878,54 @@ mod tests {
         }
     }
 
+    /// The leader owns a client id and is out of its own lease: it
+    /// dropped the connection without its will, as any node out of its
+    /// lease does, so another node's claim takes the id told the owner
+    /// before it let go by its lease (`Previous::lapsed`: the will is the
+    /// new owner's to publish). With the lease held, the same claim says
+    /// the owner let go itself (it drops its client when it applies the
+    /// claim, publishing the will).
+    #[tokio::test]
+    async fn a_leader_out_of_its_own_lease_lets_its_ids_go_as_lapsed() {
+        let dir = tempfile::tempdir().unwrap();
+        let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
+        let n2 = Cluster::start(config(2, &dir, Some(n1.local_addr())))
+            .await
+            .unwrap();
+        let mut members = n2.members();
+        timeout(
+            Duration::from_secs(10),
+            members.wait_for(|m| m.nodes.len() == 2 && m.nodes.values().all(|n| n.voter)),
+        )
+        .await
+        .expect("2 voters seen by node 2")
+        .unwrap();
+        assert_eq!(n1.members().borrow().leader, Some(1));
+        assert_eq!(n1.claim("held").await.unwrap(), (1, 1));
+        assert_eq!(n1.claim("dev").await.unwrap(), (1, 1));
+
+        let fenced = Previous {
+            node: 1,
+            epoch: 1,
+            lapsed: false,
+        };
+        assert_eq!(
+            n2.claim_from("held").await.unwrap(),
+            (2, 2, Some(fenced)),
+            "the lease held"
+        );
+
+        n1.inner.holder().lapse();
+        let lapsed = Previous {
+            node: 1,
+            epoch: 1,
+            lapsed: true,
+        };
+        assert_eq!(n2.claim_from("dev").await.unwrap(), (2, 2, Some(lapsed)));
+        n1.shutdown().await;
+        n2.shutdown().await;
+    }
+
     /// A hand-over works from a snapshot of the client ids the drained (or
     /// lost) node owned. One that another node took meanwhile (its client
     /// reconnected there during the drain) stays with that node: no fence

@@ -91,15 +91,36 @@ pub(crate) fn renew_within(lease: Duration) -> Duration {
 pub(crate) struct Holder {
     lease: Duration,
     until: Option<Instant>,
+    /// Tests: renewals no longer count (see [`Holder::lapse`]).
+    #[cfg(test)]
+    lapsed: bool,
 }
 
 impl Holder {
     pub(crate) fn new(lease: Duration) -> Holder {
-        Holder { lease, until: None }
+        Holder {
+            lease,
+            until: None,
+            #[cfg(test)]
+            lapsed: false,
+        }
+    }
+
+    /// Tests: the lease runs out now and is never renewed again, as for a
+    /// node that hears no majority (without losing the one that carries
+    /// the test's claims).
+    #[cfg(test)]
+    pub(crate) fn lapse(&mut self) {
+        self.until = None;
+        self.lapsed = true;
     }
 
     /// A renewal sent at `sent` was confirmed.
     pub(crate) fn renewed(&mut self, sent: Instant) {
+        #[cfg(test)]
+        if self.lapsed {
+            return;
+        }
         let until = sent + self.lease;
         self.until = Some(self.until.map_or(until, |u| u.max(until)));
     }
