@@ -1208,9 +1208,9 @@ impl Broker {
         epoch: u64,
         prev: Option<super::PreviousOwner>,
     ) {
-        // The will of a restarted owner's former connection, which its new
-        // run may have written over (or the copy gone), or one due at the
-        // loss of an away owner's connection.
+        // The copy's armed will as it was when asked for: a restarted
+        // owner's new run, or the next owner, may have written over it
+        // since (or the copy gone).
         let captured = self.orphans.take_captured(client);
         let lost_at = self.orphans.take_lost_at(client);
         let clean_back = self.orphans.came_back_clean(client);

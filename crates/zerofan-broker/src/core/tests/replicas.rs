@@ -2033,11 +2033,8 @@ fn a_restarted_replica_reads_back_what_its_batches_left() {
     assert_eq!(shape(&rs), expect);
 }
 
-/// A replica writes a copy's will to its store once it waits for its
-/// delay, not while its client is connected (armed: kept in memory, see
-/// `Disk::set_will`, which writes past the recording `Mirror`).
-#[test]
-fn a_replica_stores_a_pending_will_not_an_armed_one() {
+/// Three nodes, node 1's store records counted by kind.
+fn counted_at_node_1() -> (Cluster, Counts) {
     let mut cl = Cluster::new(3, 3);
     let counts = Counts::default();
     let now = cl.hs[1].now;
@@ -2046,6 +2043,15 @@ fn a_replica_stores_a_pending_will_not_an_armed_one() {
         now,
         1_000_000,
     );
+    (cl, counts)
+}
+
+/// A replica writes a copy's will to its store once it waits for its
+/// delay, not while its client is connected (armed: kept in memory, see
+/// `Disk::set_will`, which writes past the recording `Mirror`).
+#[test]
+fn a_replica_stores_a_pending_will_not_an_armed_one() {
+    let (mut cl, counts) = counted_at_node_1();
     let dev = cl.with_will(0, "dev", 30);
     assert!(cl.hs[1].b.has_copy("dev"));
     assert_eq!(counts.borrow().get("will"), None, "armed: not stored");
@@ -2058,14 +2064,8 @@ fn a_replica_stores_a_pending_will_not_an_armed_one() {
 /// each batch still answered.
 #[test]
 fn a_link_reads_batches_commit_once() {
-    let mut cl = Cluster::new(3, 3);
-    let counts = Counts::default();
+    let (mut cl, counts) = counted_at_node_1();
     let now = cl.hs[1].now;
-    cl.hs[1].b.set_durable_log(
-        Box::new(Counted(Log::default(), counts.clone())),
-        now,
-        1_000_000,
-    );
     let batch = |seq: u64, entry: u64| crate::core::PeerEvent::Replicate {
         seq,
         ops: vec![
