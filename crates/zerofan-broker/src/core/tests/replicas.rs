@@ -3224,17 +3224,11 @@ fn an_orphaned_will_waits_its_delay_and_a_return_cancels_it() {
 /// lease (before, from the grant: 20 s late here).
 #[test]
 fn an_orphaned_wills_delay_counts_from_the_loss() {
-    let (mut cl, w, prev) = dead_owner_asked(1, &["dev"], |cl| {
-        cl.with_will(0, "dev", 30);
-    });
-    cl.later(20);
+    let (mut cl, w, prev) = dev_lost_20_s_ago();
     let now = cl.hs[1].now;
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.pump();
-    cl.later(9);
-    assert!(topics(&mut cl, w).is_empty(), "29 s after the loss");
-    cl.later(2);
-    assert_eq!(topics(&mut cl, w), ["will/dev"], "31 s after the loss");
+    due_30_s_after_the_loss(&mut cl, w);
     cl.later(60);
     assert!(topics(&mut cl, w).is_empty(), "once");
 }
@@ -3246,26 +3240,39 @@ fn an_orphaned_wills_delay_counts_from_the_loss() {
 /// counts from the loss (before, from that adoption: 20 s late).
 #[test]
 fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
-    let (mut cl, w, prev) = dead_owner_asked(1, &["dev"], |cl| {
-        cl.with_will(0, "dev", 30);
-    });
-    cl.later(20);
+    let (mut cl, w, prev) = dev_lost_20_s_ago();
     let now = cl.hs[1].now;
     cl.hs[1].b.client_taken_from(now, "dev", Some(remote(2)), 2);
     cl.pump();
     let now = cl.hs[2].now;
     assert!(cl.hs[2].b.adopt_replica(now, "dev"), "node 2 has the image");
     cl.pump();
-    cl.later(9);
-    assert!(topics(&mut cl, w).is_empty(), "29 s after the loss");
-    cl.later(2);
-    assert_eq!(topics(&mut cl, w), ["will/dev"], "31 s after the loss");
+    due_30_s_after_the_loss(&mut cl, w);
     let now = cl.hs[1].now;
     cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
     cl.pump();
     cl.later(60);
     assert!(topics(&mut cl, w).is_empty(), "once");
     assert_eq!(cl.hs[1].b.metrics().wills_published, 0);
+}
+
+/// Node 0, which served "dev" with a will of delay 30, was lost 20 s ago;
+/// node 1 asked for "dev" (see [`dead_owner_asked`]).
+fn dev_lost_20_s_ago() -> (Cluster, Cx, PreviousOwner) {
+    let (mut cl, w, prev) = dead_owner_asked(1, &["dev"], |cl| {
+        cl.with_will(0, "dev", 30);
+    });
+    cl.later(20);
+    (cl, w, prev)
+}
+
+/// 20 s after the loss of "dev" (delay 30): `w` gets its will only once
+/// 30 s passed since the loss.
+fn due_30_s_after_the_loss(cl: &mut Cluster, w: Cx) {
+    cl.later(9);
+    assert!(topics(cl, w).is_empty(), "29 s after the loss");
+    cl.later(2);
+    assert_eq!(topics(cl, w), ["will/dev"], "31 s after the loss");
 }
 
 /// A dead node's client back on another node before any node adopted
@@ -3775,22 +3782,30 @@ fn a_lease_back_settles_the_fenced_wills_still_this_nodes() {
     assert_eq!(left, ["moved", "taken"]);
 }
 
-/// A client dropped when its node's lease ran out comes back to that node
-/// before it settled the will: the connection was that node's, so its will
-/// is settled as any lost connection's (delay 0: published; a delay still
-/// running: cancelled by the return).
-#[test]
-fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
+/// Node 0's clients `wills` (client id, delay), then node 0's lease runs
+/// out (it drops them, keeping their wills) and is back.
+fn lease_lost_and_back(wills: &[(&str, u32)]) -> (Cluster, Cx, Instant) {
     let (mut cl, w) = watching_wills();
     cl.epoch = 1;
-    cl.with_will(0, "now", 0);
-    cl.with_will(0, "later", 30);
+    for (c, delay) in wills {
+        cl.with_will(0, c, *delay);
+    }
     cl.epoch = 0;
     let now = cl.hs[0].now;
     cl.hs[0].b.cluster_lease(now, false);
     cl.pump();
     cl.hs[0].b.cluster_lease(now, true);
     cl.pump();
+    (cl, w, now)
+}
+
+/// A client dropped when its node's lease ran out comes back to that node
+/// before it settled the will: the connection was that node's, so its will
+/// is settled as any lost connection's (delay 0: published; a delay still
+/// running: cancelled by the return).
+#[test]
+fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
+    let (mut cl, w, _) = lease_lost_and_back(&[("now", 0), ("later", 30)]);
     cl.persistent_at(0, "now", 2);
     cl.persistent_at(0, "later", 2);
     assert_eq!(topics(&mut cl, w), ["will/now"]);
@@ -3807,16 +3822,7 @@ fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
 /// answer later finds nothing left to publish.
 #[test]
 fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    cl.with_will(0, "dev", 0);
-    cl.with_will(0, "later", 30);
-    cl.epoch = 0;
-    let now = cl.hs[0].now;
-    cl.hs[0].b.cluster_lease(now, false);
-    cl.pump();
-    cl.hs[0].b.cluster_lease(now, true);
-    cl.pump();
+    let (mut cl, w, now) = lease_lost_and_back(&[("dev", 0), ("later", 30)]);
     for c in ["dev", "later"] {
         cl.hs[0].b.client_fenced(now, c, Some(remote(2)), 1, false);
     }
@@ -3840,15 +3846,7 @@ fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
 /// the will was dropped.
 #[test]
 fn a_fenced_will_is_published_when_its_client_comes_back_clean() {
-    let (mut cl, w) = watching_wills();
-    cl.epoch = 1;
-    cl.with_will(0, "dev", 30);
-    cl.epoch = 0;
-    let now = cl.hs[0].now;
-    cl.hs[0].b.cluster_lease(now, false);
-    cl.pump();
-    cl.hs[0].b.cluster_lease(now, true);
-    cl.pump();
+    let (mut cl, w, now) = lease_lost_and_back(&[("dev", 30)]);
     cl.hs[0]
         .b
         .client_fenced(now, "dev", Some(remote(2)), 1, true);
