@@ -104,8 +104,8 @@ fi
 part replicas || exit 0
 echo "## replicated persistent QoS 1, each node on 4 cores of its own"
 for _ in $(seq 1 "${REP_RUNS:-3}"); do
-    CPUS="0-3 4-7 8-11 12-15" SINGLE_ARGS="--threads 1" \
+    BY_THREAD=1 CPUS="0-3 4-7 8-11 12-15" SINGLE_ARGS="--threads 1" \
         scripts/bench_replicas.sh "$DIR" "${REP_WINDOW:-1024}" 5
 done
-SUB_NODE=1 CPUS="0-3 4-7 8-11 12-15" SINGLE_ARGS="--threads 1" \
+BY_THREAD=1 SUB_NODE=1 CPUS="0-3 4-7 8-11 12-15" SINGLE_ARGS="--threads 1" \
     scripts/bench_replicas.sh "$DIR" "${REP_WINDOW:-1024}" 5

@@ -20,7 +20,9 @@
 #
 # CPUS="0-3 4-7 8-11 12-15" pins node 1 (and the single node), node 2,
 # node 3 and the load generator to those cores (taskset lists); unset,
-# nothing is pinned. SINGLE_ARGS: more options for the single node only
+# nothing is pinned. BY_THREAD=1 also prints each broker thread's CPU per
+# message, by thread name (a cluster node's core runs on its `zerofan`
+# thread). SINGLE_ARGS: more options for the single node only
 # (e.g. "--threads 1": a cluster node runs one thread).
 set -euo pipefail
 T=${1:-target}
@@ -100,9 +102,9 @@ run_bench() { # label port [sub_port]
     recv=$(echo "$out" | awk '$1 == "qos1" { print $7 }')
     paste <(echo "$before") <(cpu_ticks) | awk -v n="$recv" -v hz="$(getconf CLK_TCK)" '
         n > 0 { printf "node %d: %.2f us of CPU per message\n", NR, ($2 - $1) / hz * 1e6 / n }'
-    # By thread (THREADS=1): which thread of a node bounds it on cores of
+    # By thread (BY_THREAD=1): which thread of a node bounds it on cores of
     # its own (a cluster node runs its core on one thread).
-    if [ -n "${THREADS:-}" ]; then
+    if [ -n "${BY_THREAD:-}" ]; then
         join <(echo "$threads_before" | awk '{print $1 "/" $2, $3}' | sort) \
             <(thread_ticks | awk '{print $1 "/" $2, $3}' | sort) |
             awk -v n="$recv" -v hz="$(getconf CLK_TCK)" '
