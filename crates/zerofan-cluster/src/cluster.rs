@@ -1878,6 +1878,30 @@ mod tests {
         }
     }
 
+    /// Nodes 1 to `N`, node 1 the leader, once node `N` sees them all as
+    /// voters.
+    async fn started<const N: usize>(dir: &tempfile::TempDir) -> [Cluster; N] {
+        let first = Cluster::start(config(1, dir, None)).await.unwrap();
+        let seed = Some(first.local_addr());
+        let mut nodes = vec![first];
+        for id in 2..=N as u64 {
+            nodes.push(Cluster::start(config(id, dir, seed)).await.unwrap());
+        }
+        let mut members = nodes[N - 1].members();
+        timeout(
+            Duration::from_secs(10),
+            members.wait_for(|m| m.nodes.len() == N && m.nodes.values().all(|n| n.voter)),
+        )
+        .await
+        .expect("every node a voter, seen by the last")
+        .unwrap();
+        assert_eq!(nodes[0].members().borrow().leader, Some(1));
+        match nodes.try_into() {
+            Ok(nodes) => nodes,
+            Err(_) => unreachable!("{N} nodes started"),
+        }
+    }
+
     /// The leader owns a client id and is out of its own lease: it
     /// dropped the connection without its will, as any node out of its
     /// lease does, so another node's claim takes the id told the owner
@@ -1888,19 +1912,7 @@ mod tests {
     #[tokio::test]
     async fn a_leader_out_of_its_own_lease_lets_its_ids_go_as_lapsed() {
         let dir = tempfile::tempdir().unwrap();
-        let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
-        let n2 = Cluster::start(config(2, &dir, Some(n1.local_addr())))
-            .await
-            .unwrap();
-        let mut members = n2.members();
-        timeout(
-            Duration::from_secs(10),
-            members.wait_for(|m| m.nodes.len() == 2 && m.nodes.values().all(|n| n.voter)),
-        )
-        .await
-        .expect("2 voters seen by node 2")
-        .unwrap();
-        assert_eq!(n1.members().borrow().leader, Some(1));
+        let [n1, n2] = started(&dir).await;
         assert_eq!(n1.claim("held").await.unwrap(), (1, 1));
         assert_eq!(n1.claim("dev").await.unwrap(), (1, 1));
 
@@ -1934,19 +1946,7 @@ mod tests {
     #[tokio::test]
     async fn a_hand_over_leaves_an_id_that_moved_on_with_its_new_owner() {
         let dir = tempfile::tempdir().unwrap();
-        let n1 = Cluster::start(config(1, &dir, None)).await.unwrap();
-        let seed = Some(n1.local_addr());
-        let n2 = Cluster::start(config(2, &dir, seed)).await.unwrap();
-        let n3 = Cluster::start(config(3, &dir, seed)).await.unwrap();
-        let mut members = n3.members();
-        timeout(
-            Duration::from_secs(10),
-            members.wait_for(|m| m.nodes.len() == 3 && m.nodes.values().all(|n| n.voter)),
-        )
-        .await
-        .expect("3 voters seen by node 3")
-        .unwrap();
-        assert_eq!(n1.members().borrow().leader, Some(1));
+        let [n1, n2, n3] = started(&dir).await;
         let mut fences3 = n3.take_fences().expect("fences");
         let mut lost3 = n3.take_ownership_lost().expect("losses");
         let mut adopts1 = n1.take_adopts().expect("adopts");

@@ -1274,8 +1274,12 @@ impl Broker {
     /// The copy of `client` is adopted for its will, its owner's link down
     /// here since `lost_at`: the connection its will is armed for was
     /// lost then, and its delay counts from then (MQTT-3.1.3-9), not from
-    /// the adoption, which waited for the owner's lease.
+    /// the adoption, which waited for the owner's lease. A clean session's
+    /// copy is left as it is: its will is due at once whenever it was lost.
     fn orphan_lost_at(&mut self, client: &str, lost_at: Option<Instant>) {
+        if self.repl.images.is_clean(client) {
+            return;
+        }
         if let Some(at) = lost_at {
             let ms = self.durable.unix_ms(at);
             self.with_copies(|im, d| im.will_lost_at(client, ms, d));
@@ -1968,12 +1972,9 @@ impl Broker {
                     self.with_copies(|im, d| im.rearm(client_id, c.will, d));
                 }
             }
-            // As the grant would: a clean session's will is due at once
-            // whenever it was lost.
+            // As the grant would (see `orphan_claimed`).
             let lost_at = self.orphans.take_lost_at(client_id);
-            if !self.repl.images.is_clean(client_id) {
-                self.orphan_lost_at(client_id, lost_at);
-            }
+            self.orphan_lost_at(client_id, lost_at);
             if self.adopt_replica_at(now, client_id, held) {
                 self.metrics.claims_left += 1;
                 tracing::info!(

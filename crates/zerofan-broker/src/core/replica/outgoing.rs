@@ -35,11 +35,6 @@ impl ReplBatch {
         }))
     }
 
-    /// The operations, to read without taking them.
-    pub fn ops(&self) -> &[ReplOp] {
-        &self.0.ops
-    }
-
     /// The operations to apply: moved out when this is the last holder
     /// (a batch read from a link always is), cloned otherwise.
     pub fn into_ops(self) -> Vec<ReplOp> {
