@@ -32,6 +32,10 @@ use crate::packetizer::{bump, packet_channel, Counters, InputSample, Packet, Pac
 /// How long [`Capture::start`] waits for the device to open and start.
 pub const START_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long [`Capture::stop`] waits for the audio backend to let go of
+/// the stream before it returns without it.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What a capture hands its sink, in order, on the pump thread.
 #[derive(Debug)]
 pub enum CaptureEvent {
@@ -126,6 +130,9 @@ pub struct Capture {
     pool: Pool,
     stop: Arc<AtomicBool>,
     pump: Option<JoinHandle<()>>,
+    /// Disconnected when the pump thread's closure returns: lets `stop`
+    /// wait for it with a deadline, which `JoinHandle::join` has not.
+    pump_done: mpsc::Receiver<()>,
     end: Arc<Mutex<Option<EndReason>>>,
 }
 
@@ -158,12 +165,16 @@ impl Capture {
         let stop = Arc::new(AtomicBool::new(false));
         let end = Arc::new(Mutex::new(None));
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let (done_tx, pump_done) = mpsc::sync_channel::<()>(0);
         let pump = {
             let (pool, stop, end) = (pool.clone(), stop.clone(), end.clone());
             let sink: Sink = Box::new(sink);
             thread::Builder::new()
                 .name("zerofan-audio".into())
-                .spawn(move || pump(config, sink, pool, stop, end, ready_tx))
+                .spawn(move || {
+                    let _done = done_tx;
+                    pump(config, sink, pool, stop, end, ready_tx)
+                })
                 .map_err(|e| AudioError::Thread(e.to_string()))?
         };
         match ready_rx.recv_timeout(START_TIMEOUT) {
@@ -174,6 +185,7 @@ impl Capture {
                 pool,
                 stop,
                 pump: Some(pump),
+                pump_done,
                 end,
             }),
             Ok(Err(e)) => {
@@ -250,11 +262,31 @@ impl Capture {
     /// Stops the stream, delivers the packets already captured, sends
     /// `Ended(Stopped)` (unless it ended before) and waits for the pump
     /// thread. Idempotent.
+    ///
+    /// Waits at most [`STOP_TIMEOUT`] for the backend to let go of the
+    /// stream: a sound server that stopped answering (paused, wedged)
+    /// never answers the request cpal's PulseAudio stream waits for when
+    /// dropped. Then `stop` returns all the same, the capture counts as
+    /// ended (`Stopped`), and the pump thread is left to finish on its
+    /// own: its sink gets the rest, `Ended` last, if the server ever
+    /// answers.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(pump) = self.pump.take() {
-            pump.thread().unpark();
-            let _ = pump.join();
+        let Some(pump) = self.pump.take() else {
+            return;
+        };
+        pump.thread().unpark();
+        match self.pump_done.recv_timeout(STOP_TIMEOUT) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Ok(mut end) = self.end.lock() {
+                    end.get_or_insert(EndReason::Stopped);
+                }
+                // Detached: dropping the handle does not wait.
+                drop(pump);
+            }
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = pump.join();
+            }
         }
     }
 }

@@ -54,7 +54,7 @@ mod packetizer;
 pub mod publish;
 
 pub use capture::{
-    Capture, CaptureEvent, CaptureStats, EndReason, Sink, StreamError, START_TIMEOUT,
+    Capture, CaptureEvent, CaptureStats, EndReason, Sink, StreamError, START_TIMEOUT, STOP_TIMEOUT,
 };
 pub use device::{list_devices, DefaultConfig, DeviceInfo, DEFAULT_LOOPBACK, LOOPBACK_PREFIX};
 pub use error::AudioError;
