@@ -1042,9 +1042,7 @@ impl Broker {
             self.hand_over_shared(now, sid, &share, true);
         }
         if let Some((will, delay)) = will {
-            // The will waits for its delay or the session's end, whichever
-            // comes first (MQTT-3.1.3-9).
-            let delay = delay.min(expiry);
+            let delay = super::message::will_wait(delay, expiry);
             if delay == 0 {
                 self.publish_will(now, *will);
             } else if let Some(at) = later(now, delay) {
@@ -1807,7 +1805,7 @@ impl Broker {
             self.publish_will(now, *f.will);
             return;
         };
-        match later(f.at, delay.min(expiry)).filter(|at| *at > now) {
+        match later(f.at, super::message::will_wait(delay, expiry)).filter(|at| *at > now) {
             Some(at) => {
                 if let Some(s) = self.sessions.get_mut(sid) {
                     s.set_pending_will(Box::new(PendingWill { will: *f.will, at }));
@@ -5113,8 +5111,8 @@ impl Broker {
                         // connected there): its connection is lost as of now.
                         let at = match w.armed {
                             Some(delay) => {
-                                let delay = delay.min(s.expiry_interval);
-                                super::message::later(now, delay).unwrap_or(now)
+                                let wait = super::message::will_wait(delay, s.expiry_interval);
+                                super::message::later(now, wait).unwrap_or(now)
                             }
                             None => self.durable.instant(w.due_at_ms),
                         };

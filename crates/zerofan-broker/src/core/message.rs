@@ -240,6 +240,13 @@ pub(crate) fn later(now: Instant, secs: u32) -> Option<Instant> {
     now.checked_add(Duration::from_secs(u64::from(secs)))
 }
 
+/// Seconds from the loss of a will's connection to its publication: its
+/// delay, or the end of its session (`expiry`) if that comes first
+/// (MQTT-3.1.3-9). Every place that makes a will pending counts with this.
+pub(crate) fn will_wait(delay: u32, expiry: u32) -> u32 {
+    delay.min(expiry)
+}
+
 /// Properties that own their bytes (see [`copy_str`]).
 pub(crate) fn own_properties(p: &Properties) -> Properties {
     let mut properties = p.clone();

@@ -1066,7 +1066,8 @@ impl Images {
         let Some(delay) = w.armed.take() else {
             return;
         };
-        w.due_at_ms = ms.saturating_add(u64::from(delay.min(expiry)) * 1000);
+        let wait = crate::core::message::will_wait(delay, expiry);
+        w.due_at_ms = ms.saturating_add(u64::from(wait) * 1000);
         if on_disk {
             disk.set_will(client, w);
         }
