@@ -10,28 +10,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_pulse, which};
+use common::own_pulse;
 use zerofan_audio::{
     Capture, CaptureConfig, CaptureEvent, DeviceSelector, EndReason, SampleFormat,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_sound_server_is_an_error_event() {
-    assert!(
-        which("pulseaudio"),
-        "pulseaudio is missing: run scripts/install-audio-deps.sh (scripts/test.sh does)"
-    );
-    let dir = std::env::temp_dir().join(format!("zerofan-audio-loss-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["home", "run"] {
-        std::fs::create_dir_all(dir.join(sub)).expect("temp dir");
-    }
-    let sock = dir.join("native");
-    // The only test in this binary: nothing else reads the environment.
-    std::env::set_var("HOME", dir.join("home"));
-    std::env::set_var("XDG_RUNTIME_DIR", dir.join("run"));
-    std::env::set_var("PULSE_SERVER", format!("unix:{}", sock.display()));
-    let (mut server, lifeline) = start_pulse(&dir, &sock, "zf_loss").expect("pulseaudio");
+    let (_, (mut server, lifeline)) = own_pulse("loss", "zf_loss");
 
     let config = CaptureConfig {
         device: DeviceSelector::Named("zf_loss.monitor".into()),

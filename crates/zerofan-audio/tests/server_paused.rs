@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{start_pulse, which};
+use common::own_pulse;
 use zerofan_audio::{
     Capture, CaptureConfig, CaptureEvent, DeviceSelector, EndReason, SampleFormat, STOP_TIMEOUT,
 };
@@ -33,21 +33,7 @@ fn signal_server(signal: &str, sock: &std::path::Path) {
 
 #[test]
 fn stopping_a_capture_of_a_paused_sound_server_returns() {
-    assert!(
-        which("pulseaudio"),
-        "pulseaudio is missing: run scripts/install-audio-deps.sh (scripts/test.sh does)"
-    );
-    let dir = std::env::temp_dir().join(format!("zerofan-audio-pause-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["home", "run"] {
-        std::fs::create_dir_all(dir.join(sub)).expect("temp dir");
-    }
-    let sock = dir.join("native");
-    // The only test in this binary: nothing else reads the environment.
-    std::env::set_var("HOME", dir.join("home"));
-    std::env::set_var("XDG_RUNTIME_DIR", dir.join("run"));
-    std::env::set_var("PULSE_SERVER", format!("unix:{}", sock.display()));
-    let (mut server, lifeline) = start_pulse(&dir, &sock, "zf_pause").expect("pulseaudio");
+    let (sock, (mut server, lifeline)) = own_pulse("pause", "zf_pause");
 
     let config = CaptureConfig {
         device: DeviceSelector::Named("zf_pause.monitor".into()),

@@ -23,7 +23,7 @@ mod common;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{lifeline, start_pulse, which};
+use common::{lifeline, own_pulse};
 use zerofan_audio::{Capture, CaptureConfig, CaptureEvent, DeviceSelector, SampleFormat};
 
 /// Median start-up must stay under this: a guard against start-up growing
@@ -55,22 +55,8 @@ fn time_to_first_packet(config: CaptureConfig) -> Duration {
 
 #[test]
 fn the_first_packet_comes_soon_after_start() {
-    assert!(
-        which("pulseaudio"),
-        "pulseaudio is missing: run scripts/install-audio-deps.sh (scripts/test.sh does)"
-    );
-    let dir = std::env::temp_dir().join(format!("zerofan-audio-startup-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    for sub in ["home", "run"] {
-        std::fs::create_dir_all(dir.join(sub)).expect("temp dir");
-    }
-    let sock = dir.join("native");
-    // The only test in this binary: nothing else reads the environment.
-    std::env::set_var("HOME", dir.join("home"));
-    std::env::set_var("XDG_RUNTIME_DIR", dir.join("run"));
-    std::env::set_var("PULSE_SERVER", format!("unix:{}", sock.display()));
+    let (_, _server) = own_pulse("startup", "zf_start");
     std::env::set_var("PULSE_SOURCE", "zf_start.monitor");
-    let _server = start_pulse(&dir, &sock, "zf_start").expect("pulseaudio");
     // Something plays into the sink at a desktop player's latency. An idle
     // null sink renders 2 s ahead (its maximum latency), and a monitor gets
     // data only as the sink renders it: the first packet would then wait up

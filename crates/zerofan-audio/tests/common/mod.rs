@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -84,4 +84,28 @@ kill "$pa" 2>/dev/null; wait "$pa" 2>/dev/null; rm -rf "$dir""#,
     )
     .map_err(|e| format!("pulseaudio did not start: {e}"))?;
     Ok(pulse)
+}
+
+/// For a test binary of one test (nothing else reads the environment):
+/// points this process's PulseAudio environment (`HOME`,
+/// `XDG_RUNTIME_DIR`, `PULSE_SERVER`) at a throwaway server of its own
+/// in a fresh temp dir named after `tag`, and starts it (see
+/// [`start_pulse`]) with a null sink `sink`. Returns the server's socket
+/// and its lifeline (closing the stdin kills it).
+pub fn own_pulse(tag: &str, sink: &str) -> (PathBuf, (Child, ChildStdin)) {
+    assert!(
+        which("pulseaudio"),
+        "pulseaudio is missing: run scripts/install-audio-deps.sh (scripts/test.sh does)"
+    );
+    let dir = std::env::temp_dir().join(format!("zerofan-audio-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["home", "run"] {
+        std::fs::create_dir_all(dir.join(sub)).expect("temp dir");
+    }
+    let sock = dir.join("native");
+    std::env::set_var("HOME", dir.join("home"));
+    std::env::set_var("XDG_RUNTIME_DIR", dir.join("run"));
+    std::env::set_var("PULSE_SERVER", format!("unix:{}", sock.display()));
+    let server = start_pulse(&dir, &sock, sink).expect("pulseaudio");
+    (sock, server)
 }
