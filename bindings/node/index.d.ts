@@ -245,6 +245,10 @@ export declare class AudioCapture extends EventEmitter {
   on(event: 'start', listener: (params: { sampleRate: number; channels: number; format: string; framesPerPacket: number; device: string }) => void): this
   on(event: string, listener: (...args: any[]) => void): this
   readonly params: { sampleRate: number; channels: number; format: string; framesPerPacket: number; device: string } | null
+  /**
+   * Asks the capture to stop; `end` follows with reason 'stopped', at the latest 5 s later:
+   * when the sound server stops answering, the capture's thread is left to end on its own.
+   */
   stop(): this
   getStats(): CaptureStats | null
   /** Streams each packet (32-byte header + samples) to `topic` through the client's native Rust client. */

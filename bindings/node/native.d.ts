@@ -308,11 +308,18 @@ export interface PoolStats {
 export declare function getPoolStats(): PoolStats
 /** A running capture (the JavaScript emitter holds one). */
 export declare class NativeCapture {
-  /** Asks the capture to stop and returns at once; `end` follows. */
+  /**
+   * Asks the capture to stop and returns at once; `end` follows, from
+   * the capture thread, or from a watchdog past `STOP_TIMEOUT` when
+   * the backend keeps that thread waiting (a sound server that stopped
+   * answering).
+   */
   stop(): void
   /**
    * Drops the capture once it has ended (its thread has exited, so this
-   * does not block), keeping its final counters for `stats`.
+   * does not block), keeping its final counters for `stats`. One whose
+   * `end` came from the stop watchdog is dropped on a thread of its own:
+   * its capture thread still waits on the backend.
    */
   release(): void
   /**

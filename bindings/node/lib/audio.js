@@ -82,7 +82,11 @@ class AudioCapture extends EventEmitter {
     return this._native ? this._native.params : null
   }
 
-  /** Asks the capture to stop; `end` follows with reason 'stopped'. */
+  /**
+   * Asks the capture to stop; `end` follows with reason 'stopped', at the
+   * latest STOP_TIMEOUT (5 s) later (a sound server that stopped answering
+   * keeps the capture thread, not `end`, waiting).
+   */
   stop () {
     this._stopRequested = true
     if (this._native) this._native.stop()

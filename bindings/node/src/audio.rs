@@ -8,6 +8,11 @@
 //!   are offered without blocking (a full queue refuses them, counted as
 //!   `drops_sink`), errors too, and `Ended` is delivered blocking, after
 //!   which the threadsafe function is released.
+//! - `NativeCapture::stop` asks the capture to stop and returns; `Ended`
+//!   follows. A sound server that stopped answering keeps the capture
+//!   thread waiting for it (see `Capture::stop`): past `STOP_TIMEOUT` a
+//!   watchdog thread sends `end` itself and releases the function, so
+//!   that neither the emitter nor the event loop waits on the server.
 //! - Each packet reaches JavaScript as `onEvent('data', buffer, info)`:
 //!   with `useExternalBuffer` an external Buffer over the samples in the
 //!   packet's pooled memory, whose finalizer gives the buffer back to the
@@ -31,7 +36,7 @@ use std::time::Duration;
 use zerofan_audio::publish::{PublishConfig, PublishStats, Publisher};
 use zerofan_audio::{
     list_devices, Capture, CaptureConfig, CaptureEvent, CaptureStats, DeviceInfo, DeviceSelector,
-    EndReason, PacketInfo, SampleFormat, HEADER_LEN,
+    EndReason, PacketInfo, SampleFormat, HEADER_LEN, STOP_TIMEOUT,
 };
 use zerofan_client::QoS;
 
@@ -219,15 +224,34 @@ fn js_args(env: &Env, ev: JsEvent, external: bool) -> Result<Vec<JsUnknown>> {
     }
 }
 
-/// Where the sink sends packets besides JavaScript.
+/// What the sink shares with the JavaScript side.
 #[derive(Default)]
 struct Shared {
+    /// The events' way to JavaScript: taken by whoever sends `end`, the
+    /// sink or the stop watchdog, so that `end` comes once and nothing
+    /// after it.
+    events: Mutex<Option<EventFn>>,
+    /// The watchdog sent `end`: the capture thread still waits on the
+    /// backend (see [`NativeCapture::release`]).
+    abandoned: AtomicBool,
     publisher: Mutex<Option<Publisher>>,
     /// The counters of the last publisher, when it was replaced or closed.
     closed_stats: Mutex<Option<PublishStats>>,
 }
 
 impl Shared {
+    /// Sends `end` unless it was sent, then releases the function.
+    fn end(&self, reason: &'static str, message: String) {
+        let f = self.events.lock().ok().and_then(|mut g| g.take());
+        if let Some(f) = f {
+            let _ = f.call(
+                JsEvent::Ended { reason, message },
+                ThreadsafeFunctionCallMode::Blocking,
+            );
+            self.close_publisher();
+        }
+    }
+
     /// Drops the current publisher (its task publishes what is queued and
     /// ends), keeping its counters.
     fn close_publisher(&self) {
@@ -240,15 +264,26 @@ impl Shared {
     }
 }
 
-/// The sink run on the capture thread.
+/// The sink run on the capture thread; `shared.events` holds the function.
 fn make_sink(
-    tsfn: EventFn,
     shared: Arc<Shared>,
     deliver: Arc<AtomicBool>,
 ) -> impl FnMut(CaptureEvent) -> bool + Send + 'static {
-    let mut tsfn = Some(tsfn);
     move |event| {
-        let Some(f) = tsfn.as_ref() else {
+        if let CaptureEvent::Ended(r) = event {
+            let (reason, message) = match r {
+                EndReason::Stopped => ("stopped", String::new()),
+                EndReason::DeviceLost(m) => ("device-lost", m),
+            };
+            // Nothing follows: release the function (and let the event
+            // loop end) now rather than when the thread exits.
+            shared.end(reason, message);
+            return true;
+        }
+        let Ok(events) = shared.events.lock() else {
+            return false;
+        };
+        let Some(f) = events.as_ref() else {
             return false;
         };
         match event {
@@ -275,21 +310,7 @@ fn make_sink(
                 );
                 true
             }
-            CaptureEvent::Ended(r) => {
-                let (reason, message) = match r {
-                    EndReason::Stopped => ("stopped", String::new()),
-                    EndReason::DeviceLost(m) => ("device-lost", m),
-                };
-                let _ = f.call(
-                    JsEvent::Ended { reason, message },
-                    ThreadsafeFunctionCallMode::Blocking,
-                );
-                shared.close_publisher();
-                // Nothing follows: release the function (and let the
-                // event loop end) now rather than when the thread exits.
-                tsfn = None;
-                true
-            }
+            CaptureEvent::Ended(_) => true,
         }
     }
 }
@@ -310,13 +331,18 @@ impl Task for StartCapture {
             .start
             .take()
             .ok_or_else(|| js_err("capture already started"))?;
-        // On failure the sink (and the threadsafe function in it) is
-        // dropped, which releases the function.
-        Capture::start(
-            config,
-            make_sink(tsfn, self.shared.clone(), self.deliver.clone()),
-        )
-        .map_err(js_err)
+        if let Ok(mut events) = self.shared.events.lock() {
+            *events = Some(tsfn);
+        }
+        let started = Capture::start(config, make_sink(self.shared.clone(), self.deliver.clone()))
+            .map_err(js_err);
+        if started.is_err() {
+            // Release the function: nothing will call it.
+            if let Ok(mut events) = self.shared.events.lock() {
+                events.take();
+            }
+        }
+        started
     }
 
     fn resolve(&mut self, _env: Env, capture: Self::Output) -> Result<Self::JsValue> {
@@ -428,27 +454,64 @@ pub struct NativeCapture {
 
 #[napi]
 impl NativeCapture {
-    /// Asks the capture to stop and returns at once; `end` follows.
+    /// Asks the capture to stop and returns at once; `end` follows, from
+    /// the capture thread, or from a watchdog past `STOP_TIMEOUT` when
+    /// the backend keeps that thread waiting (a sound server that stopped
+    /// answering).
     #[napi]
     pub fn stop(&self) {
-        if let Ok(g) = self.capture.lock() {
-            if let Some(c) = g.as_ref() {
-                c.request_stop();
-            }
-        }
+        let Ok(g) = self.capture.lock() else {
+            return;
+        };
+        let Some(c) = g.as_ref() else {
+            return;
+        };
+        c.request_stop();
+        let shared = self.shared.clone();
+        let watchdog = std::thread::Builder::new()
+            .name("zerofan-audio-stop".into())
+            .spawn(move || {
+                let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+                while std::time::Instant::now() < deadline {
+                    let sent = shared.events.lock().map_or(true, |g| g.is_none());
+                    if sent {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                shared.abandoned.store(true, Ordering::Release);
+                shared.end(
+                    "stopped",
+                    format!(
+                        "the audio backend did not let go of the stream within {STOP_TIMEOUT:?} \
+                         (a sound server not answering): its thread ends on its own"
+                    ),
+                );
+            });
+        // No thread for the watchdog: `end` then waits for the backend.
+        drop(watchdog);
     }
 
     /// Drops the capture once it has ended (its thread has exited, so this
-    /// does not block), keeping its final counters for `stats`.
+    /// does not block), keeping its final counters for `stats`. One whose
+    /// `end` came from the stop watchdog is dropped on a thread of its own:
+    /// its capture thread still waits on the backend.
     #[napi]
     pub fn release(&self) {
+        let abandoned = self.shared.abandoned.load(Ordering::Acquire);
         if let Ok(mut g) = self.capture.lock() {
-            if g.as_ref().is_some_and(Capture::is_ended) {
+            if abandoned || g.as_ref().is_some_and(Capture::is_ended) {
                 if let Some(mut c) = g.take() {
                     if let Ok(mut f) = self.final_stats.lock() {
                         *f = Some(c.stats());
                     }
-                    c.stop();
+                    if abandoned {
+                        let _ = std::thread::Builder::new()
+                            .name("zerofan-audio-drop".into())
+                            .spawn(move || c.stop());
+                    } else {
+                        c.stop();
+                    }
                 }
             }
         }
