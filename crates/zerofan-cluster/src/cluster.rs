@@ -900,6 +900,7 @@ impl Inner {
                 let cmd = Command::Claim {
                     client_id,
                     node: node_id,
+                    clean_start,
                 };
                 self.write_claim(cmd, node_id, by_lease).await
             }

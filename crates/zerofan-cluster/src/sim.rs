@@ -320,6 +320,7 @@ impl Sim {
         let cmd = Command::Claim {
             client_id: client.into(),
             node: via,
+            clean_start: false,
         };
         match timeout(Duration::from_secs(2), raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {
@@ -492,6 +493,7 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
         let cmd = Command::Claim {
             client_id: format!("c{i}"),
             node: 1,
+            clean_start: false,
         };
         node.raft.client_write(cmd).await.unwrap();
     }
@@ -505,6 +507,7 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
     let cmd = Command::Claim {
         client_id: "c0".into(),
         node: 1,
+        clean_start: false,
     };
     let r = timeout(Duration::from_secs(10), node.raft.client_write(cmd))
         .await
@@ -654,6 +657,7 @@ impl Leases {
         let cmd = Command::Claim {
             client_id: client.into(),
             node: via,
+            clean_start: false,
         };
         match timeout(Duration::from_secs(2), node.raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {

@@ -33,9 +33,9 @@ pub struct OwnershipLost {
     pub new_owner: u64,
     /// The new owner's epoch.
     pub epoch: u64,
-    /// A fence only (epoch 0): the client at the new owner starts clean,
-    /// so the session ends here with the connection rather than moving
-    /// (a will left waiting for its delay is then due).
+    /// The client at the new owner starts clean (a fence's, or a claim's
+    /// as the log has it): the session ends here rather than moving, and
+    /// a will left waiting for its delay is then due.
     pub clean_start: bool,
 }
 
@@ -102,7 +102,11 @@ impl SmShared {
 
     fn apply_command(&self, data: &mut SmData, cmd: Command) -> Reply {
         match cmd {
-            Command::Claim { client_id, node } => self.claim(data, client_id, node),
+            Command::Claim {
+                client_id,
+                node,
+                clean_start,
+            } => self.claim(data, client_id, node, clean_start),
             Command::ClaimOrphan {
                 client_id,
                 node,
@@ -113,7 +117,8 @@ impl SmShared {
                 // before the write: a claim or release committed in between
                 // wins, and this one changes nothing.
                 if held_by(data.owners.get(&client_id).copied(), owner, epoch) {
-                    self.claim(data, client_id, node)
+                    // A will's claim: no client of its own.
+                    self.claim(data, client_id, node, false)
                 } else {
                     Reply::Moved
                 }
@@ -138,7 +143,7 @@ impl SmShared {
     /// [`Command::ClaimOrphan`] whose owner matched): the epoch rises above
     /// the last one, the owner before is named, and the local node hears
     /// when it lost the id.
-    fn claim(&self, data: &mut SmData, client_id: String, node: u64) -> Reply {
+    fn claim(&self, data: &mut SmData, client_id: String, node: u64, clean_start: bool) -> Reply {
         let prev = data.owners.get(&client_id).copied();
         if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
             data.refused += 1;
@@ -174,7 +179,7 @@ impl SmShared {
                         client_id,
                         new_owner: node,
                         epoch,
-                        clean_start: false,
+                        clean_start,
                     };
                     if self.events.try_send(lost).is_err() {
                         self.events_dropped.fetch_add(1, Ordering::Relaxed);
@@ -359,6 +364,7 @@ mod tests {
         let cmd = Command::Claim {
             client_id: "c".into(),
             node,
+            clean_start: false,
         };
         sm.apply_command(data, cmd)
     }
@@ -393,6 +399,42 @@ mod tests {
         sm.apply_command(&mut d, release);
         assert!(d.previous.is_empty());
         assert_eq!(claim(&sm, &mut d, 1), claimed(7, 1, None));
+    }
+
+    /// The node a claim takes the client id from hears whether the
+    /// claimant's client starts clean, from the log: a node whose lease
+    /// ran out gets no fence that would say so. An entry written before
+    /// the field existed reads as not clean.
+    #[test]
+    fn the_owner_a_claim_takes_from_hears_of_a_clean_start() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let sm = SmShared::new(1, tx);
+        let mut d = SmData::default();
+        assert_eq!(claim(&sm, &mut d, 1), claimed(1, 1, None));
+        let clean = Command::Claim {
+            client_id: "c".into(),
+            node: 2,
+            clean_start: true,
+        };
+        assert_eq!(sm.apply_command(&mut d, clean), claimed(2, 2, Some((1, 1))));
+        let lost = rx.try_recv().ok();
+        assert_eq!(
+            lost.map(|l| (l.new_owner, l.epoch, l.clean_start)),
+            Some((2, 2, true))
+        );
+        let old: Command =
+            serde_json::from_str(r#"{"Claim":{"client_id":"c","node":1}}"#).expect("old entry");
+        assert_eq!(
+            old,
+            Command::Claim {
+                client_id: "c".into(),
+                node: 1,
+                clean_start: false,
+            }
+        );
+        assert_eq!(sm.apply_command(&mut d, old), claimed(3, 1, Some((2, 2))));
+        let back = rx.try_recv();
+        assert!(back.is_err(), "node 1 took it: no loss here");
     }
 
     fn orphan(sm: &SmShared, data: &mut SmData, node: u64, owner: u64, epoch: u64) -> Reply {

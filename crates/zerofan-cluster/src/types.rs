@@ -23,6 +23,12 @@ pub enum Command {
         client_id: String,
         /// Node that now serves the client.
         node: u64,
+        /// Its client starts clean: the session ends, and the owner it
+        /// is taken from hears so (`OwnershipLost::clean_start`) also
+        /// when no fence reached it (its lease ran out). Absent in
+        /// entries written before 2026-12-01: false.
+        #[serde(default)]
+        clean_start: bool,
     },
     /// Forget `client_id` if its epoch is still `epoch` (the session ended
     /// on its owner); a later claim has moved it on otherwise.

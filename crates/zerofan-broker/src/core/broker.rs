@@ -1770,6 +1770,25 @@ impl Broker {
         Some((f, self.clean_wills.disarm(client).is_some()))
     }
 
+    /// [`Broker::client_taken_from`] of a copy held by a claim not yet
+    /// answered, the client at the new owner starting clean: the copy's
+    /// will (the one captured for an orphan claim, else the copy's own) is
+    /// due now, and the copy goes. The captured will is taken, so the
+    /// claim's answer publishes nothing more (see `orphan_claimed`).
+    fn ended_by_clean_start(&mut self, now: Instant, client_id: &str) {
+        let captured = self.orphans.take_captured(client_id).map(|c| c.will);
+        let will = captured
+            .or_else(|| self.repl.images.will_of(client_id).cloned().map(Box::new))
+            .map(|w| will_from_stored(&w, &self.durable));
+        self.with_copies(|im, d| im.forget(client_id, d));
+        if self.publish_copy_will(now, will) {
+            tracing::info!(
+                client_id,
+                "published a will held here: the client id moved on to a clean start"
+            );
+        }
+    }
+
     /// The leader is about to give `client_id` to another node (`to`)
     /// and this node let go (it answered the fence), so that node is told
     /// the id was not taken by a lapsed lease and publishes no will of this
@@ -1790,7 +1809,7 @@ impl Broker {
             // replaced: the will it was for is due (see `orphan_claimed`).
             self.orphans.back_clean(client_id);
         }
-        self.client_taken_from(now, client_id, to, held);
+        self.client_taken_from(now, client_id, to, held, clean_start);
     }
 
     /// `f`'s connection was lost at `f.at`: publish its will now if due
@@ -1926,7 +1945,7 @@ impl Broker {
     /// outside the replica set otherwise had no copy to serve, and the
     /// client found a clean session.
     pub fn client_taken_by(&mut self, now: Instant, client_id: &str, to: Option<PeerId>) {
-        self.client_taken_from(now, client_id, to, 0);
+        self.client_taken_from(now, client_id, to, 0, false);
     }
 
     /// [`Broker::client_taken_by`], with the epoch this node held the id
@@ -1935,12 +1954,19 @@ impl Broker {
     /// it), the copy kept here was the session: it is adopted under that
     /// epoch first, and moves on as a session does. Otherwise `to` would
     /// judge its own copy older than this node's epoch and start clean.
+    ///
+    /// `clean_start`: the client at `to` starts clean, as its claim says.
+    /// That ends the session such a copy holds (MQTT-3.1.3-9), so it is
+    /// not adopted: its will is published now, as `to` publishes none of
+    /// a copy the previous owner (this node) did not write (see
+    /// `Broker::install_replica`).
     pub fn client_taken_from(
         &mut self,
         now: Instant,
         client_id: &str,
         to: Option<PeerId>,
         held: u64,
+        clean_start: bool,
     ) {
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         // The node that took it decided for a fenced will (see
@@ -1957,7 +1983,9 @@ impl Broker {
             .images
             .owner_of(client_id)
             .is_some_and(|(owner, epoch)| Some(owner) != to && epoch > 0 && epoch < held);
-        if to.is_some() && older && !self.sessions.has_client(&id) {
+        if to.is_some() && older && !self.sessions.has_client(&id) && clean_start {
+            self.ended_by_clean_start(now, client_id);
+        } else if to.is_some() && older && !self.sessions.has_client(&id) {
             // Held by an orphan claim whose answer comes after this (the
             // answer and the log reach this node apart): this adoption is
             // that grant's, its will published (a clean session's ends

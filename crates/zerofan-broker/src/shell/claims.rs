@@ -342,10 +342,13 @@ pub(super) async fn lost_loop(
         // adopts no copy written under a later claim than the one held.
         let latest = cluster.owner(&l.client_id) == Some((l.new_owner, l.epoch));
         let held = if latest { l.epoch.saturating_sub(1) } else { 0 };
-        shared
-            .broker
-            .borrow_mut()
-            .client_taken_from(Instant::now(), &l.client_id, to, held);
+        shared.broker.borrow_mut().client_taken_from(
+            Instant::now(),
+            &l.client_id,
+            to,
+            held,
+            l.clean_start,
+        );
         shared.dispatch();
     }
 }

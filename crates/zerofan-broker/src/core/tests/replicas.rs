@@ -3242,7 +3242,9 @@ fn an_orphaned_wills_delay_counts_from_the_loss() {
 fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
     let (mut cl, w, prev) = dev_lost_20_s_ago();
     let now = cl.hs[1].now;
-    cl.hs[1].b.client_taken_from(now, "dev", Some(remote(2)), 2);
+    cl.hs[1]
+        .b
+        .client_taken_from(now, "dev", Some(remote(2)), 2, false);
     cl.pump();
     let now = cl.hs[2].now;
     assert!(cl.hs[2].b.adopt_replica(now, "dev"), "node 2 has the image");
@@ -3254,6 +3256,30 @@ fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
     cl.later(60);
     assert!(topics(&mut cl, w).is_empty(), "once");
     assert_eq!(cl.hs[1].b.metrics().wills_published, 0);
+}
+
+/// As above, but the client comes back on node 2 with a clean start, as
+/// its claim says (from the log: a node whose lease ran out gets no fence
+/// that would say so). That ends the session (MQTT-3.1.3-9): node 1
+/// publishes the will at once rather than moving the session, with its
+/// will still waiting, to a node that started clean and keeps nothing of
+/// it. The grant answered afterwards publishes nothing more.
+#[test]
+fn an_orphaned_will_moved_on_to_a_clean_start_before_its_grant_is_due_at_once() {
+    let (mut cl, w, prev) = dev_lost_20_s_ago();
+    let now = cl.hs[1].now;
+    cl.hs[1]
+        .b
+        .client_taken_from(now, "dev", Some(remote(2)), 2, true);
+    cl.pump();
+    assert_eq!(topics(&mut cl, w), ["will/dev"], "due at the clean start");
+    let now = cl.hs[1].now;
+    cl.hs[1].b.orphan_claimed(now, "dev", 2, Some(prev));
+    cl.pump();
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
+    assert_eq!(cl.hs[1].b.metrics().wills_published, 1);
+    assert_eq!(cl.hs[1].b.metrics().claims_left, 0, "nothing adopted");
 }
 
 /// Node 0, which served "dev" with a will of delay 30, was lost 20 s ago;
@@ -3524,7 +3550,9 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
     });
     let now = cl.hs[1].now;
     for c in ["now", "v3"] {
-        cl.hs[1].b.client_taken_from(now, c, Some(remote(2)), 2);
+        cl.hs[1]
+            .b
+            .client_taken_from(now, c, Some(remote(2)), 2, false);
     }
     cl.pump();
     cl.after(3, 1, 2, |cl| {
@@ -4016,7 +4044,9 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     // Node 1 got the id under epoch 2 and served nothing; node 2's claim
     // takes it from node 1 (the fence reaches node 1 first).
     let now = cl.hs[1].now;
-    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(2)), 2);
+    cl.hs[1]
+        .b
+        .client_taken_from(now, "sub", Some(remote(2)), 2, false);
     cl.pump();
     let (sub, out) = cl.persistent_after(2, "sub", 3, 1, 2);
     assert!(present(&out), "the session started clean");
@@ -4028,7 +4058,9 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     // not a session to adopt.
     cl.later(10);
     let now = cl.hs[1].now;
-    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(2)), 2);
+    cl.hs[1]
+        .b
+        .client_taken_from(now, "sub", Some(remote(2)), 2, false);
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
@@ -4037,7 +4069,9 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     );
     // An old loss re-applied after a restart (node 1 held the id under
     // epoch 2, the copy here was written under 3): nothing to adopt.
-    cl.hs[1].b.client_taken_from(now, "sub", Some(remote(0)), 2);
+    cl.hs[1]
+        .b
+        .client_taken_from(now, "sub", Some(remote(0)), 2, false);
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
