@@ -1983,31 +1983,33 @@ impl Broker {
             .images
             .owner_of(client_id)
             .is_some_and(|(owner, epoch)| Some(owner) != to && epoch > 0 && epoch < held);
-        if to.is_some() && older && !self.sessions.has_client(&id) && clean_start {
-            self.ended_by_clean_start(now, client_id);
-        } else if to.is_some() && older && !self.sessions.has_client(&id) {
-            // Held by an orphan claim whose answer comes after this (the
-            // answer and the log reach this node apart): this adoption is
-            // that grant's, its will published (a clean session's ends
-            // here) or pending in the session now moving on. The will
-            // captured for the claim is not published again (see
-            // `Broker::orphan_claimed`); a restarted owner's goes back
-            // into the copy first, as the grant would have put it.
-            if let Some(c) = self.orphans.take_captured(client_id) {
-                if c.restarted() {
-                    self.with_copies(|im, d| im.rearm(client_id, c.will, d));
+        if to.is_some() && older && !self.sessions.has_client(&id) {
+            if clean_start {
+                self.ended_by_clean_start(now, client_id);
+            } else {
+                // Held by an orphan claim whose answer comes after this (the
+                // answer and the log reach this node apart): this adoption is
+                // that grant's, its will published (a clean session's ends
+                // here) or pending in the session now moving on. The will
+                // captured for the claim is not published again (see
+                // `Broker::orphan_claimed`); a restarted owner's goes back
+                // into the copy first, as the grant would have put it.
+                if let Some(c) = self.orphans.take_captured(client_id) {
+                    if c.restarted() {
+                        self.with_copies(|im, d| im.rearm(client_id, c.will, d));
+                    }
                 }
-            }
-            // As the grant would (see `orphan_claimed`).
-            let lost_at = self.orphans.take_lost_at(client_id);
-            self.orphan_lost_at(client_id, lost_at);
-            if self.adopt_replica_at(now, client_id, held) {
-                self.metrics.claims_left += 1;
-                tracing::info!(
-                    client_id,
-                    epoch = held,
-                    "a client id held here with no session: its copy adopted to move on"
-                );
+                // As the grant would (see `orphan_claimed`).
+                let lost_at = self.orphans.take_lost_at(client_id);
+                self.orphan_lost_at(client_id, lost_at);
+                if self.adopt_replica_at(now, client_id, held) {
+                    self.metrics.claims_left += 1;
+                    tracing::info!(
+                        client_id,
+                        epoch = held,
+                        "a client id held here with no session: its copy adopted to move on"
+                    );
+                }
             }
         }
         let mut sid = self.sessions.of_client(&id);
