@@ -318,8 +318,9 @@ export declare class NativeCapture {
   /**
    * Drops the capture once it has ended (its thread has exited, so this
    * does not block), keeping its final counters for `stats`. One whose
-   * `end` came from the stop watchdog is dropped on a thread of its own:
-   * its capture thread still waits on the backend.
+   * `end` came from the stop watchdog (sent, the capture not ended) is
+   * dropped on a thread of its own: its capture thread still waits on
+   * the backend.
    */
   release(): void
   /**

@@ -31,7 +31,7 @@ use napi::threadsafe_function::{
 use napi::{Env, JsFunction, JsObject, JsUnknown, Status};
 use napi_derive::napi;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use zerofan_audio::publish::{PublishConfig, PublishStats, Publisher};
 use zerofan_audio::{
@@ -231,9 +231,8 @@ struct Shared {
     /// sink or the stop watchdog, so that `end` comes once and nothing
     /// after it.
     events: Mutex<Option<EventFn>>,
-    /// The watchdog sent `end`: the capture thread still waits on the
-    /// backend (see [`NativeCapture::release`]).
-    abandoned: AtomicBool,
+    /// Notified when `events` is taken (the stop watchdog waits on it).
+    ended: Condvar,
     publisher: Mutex<Option<Publisher>>,
     /// The counters of the last publisher, when it was replaced or closed.
     closed_stats: Mutex<Option<PublishStats>>,
@@ -243,6 +242,7 @@ impl Shared {
     /// Sends `end` unless it was sent, then releases the function.
     fn end(&self, reason: &'static str, message: String) {
         let f = self.events.lock().ok().and_then(|mut g| g.take());
+        self.ended.notify_all();
         if let Some(f) = f {
             let _ = f.call(
                 JsEvent::Ended { reason, message },
@@ -250,6 +250,11 @@ impl Shared {
             );
             self.close_publisher();
         }
+    }
+
+    /// Whether `end` was sent (or nothing will send it).
+    fn end_sent(&self) -> bool {
+        self.events.lock().map_or(true, |g| g.is_none())
     }
 
     /// Drops the current publisher (its task publishes what is queued and
@@ -471,15 +476,14 @@ impl NativeCapture {
         let watchdog = std::thread::Builder::new()
             .name("zerofan-audio-stop".into())
             .spawn(move || {
-                let deadline = std::time::Instant::now() + STOP_TIMEOUT;
-                while std::time::Instant::now() < deadline {
-                    let sent = shared.events.lock().map_or(true, |g| g.is_none());
-                    if sent {
+                if let Ok(events) = shared.events.lock() {
+                    let waited = shared
+                        .ended
+                        .wait_timeout_while(events, STOP_TIMEOUT, |e| e.is_some());
+                    if waited.map_or(true, |(e, _)| e.is_none()) {
                         return;
                     }
-                    std::thread::sleep(Duration::from_millis(50));
                 }
-                shared.abandoned.store(true, Ordering::Release);
                 shared.end(
                     "stopped",
                     format!(
@@ -494,18 +498,19 @@ impl NativeCapture {
 
     /// Drops the capture once it has ended (its thread has exited, so this
     /// does not block), keeping its final counters for `stats`. One whose
-    /// `end` came from the stop watchdog is dropped on a thread of its own:
-    /// its capture thread still waits on the backend.
+    /// `end` came from the stop watchdog (sent, the capture not ended) is
+    /// dropped on a thread of its own: its capture thread still waits on
+    /// the backend.
     #[napi]
     pub fn release(&self) {
-        let abandoned = self.shared.abandoned.load(Ordering::Acquire);
+        let end_sent = self.shared.end_sent();
         if let Ok(mut g) = self.capture.lock() {
-            if abandoned || g.as_ref().is_some_and(Capture::is_ended) {
+            if end_sent || g.as_ref().is_some_and(Capture::is_ended) {
                 if let Some(mut c) = g.take() {
                     if let Ok(mut f) = self.final_stats.lock() {
                         *f = Some(c.stats());
                     }
-                    if abandoned {
+                    if !c.is_ended() {
                         let _ = std::thread::Builder::new()
                             .name("zerofan-audio-drop".into())
                             .spawn(move || c.stop());
