@@ -453,6 +453,92 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
         c.close()
 
 
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("kind", ["online", "offline", "clean"])
+@pytest.mark.parametrize("clean_start", [True, False])
+def test_a_live_nodes_client_back_elsewhere_has_its_delayed_will_published_if_it_ends(
+        nodes, clients, size, kind, clean_start):
+    """A client with a will of delay 60 s on node 1, still connected
+    ("online"), gone with DISCONNECT 0x04 so that its session waits out the
+    delay ("offline"), or connected with a clean session (expiry 0,
+    "clean"), comes back on another node, which keeps a copy (3 nodes) or
+    not (4 nodes, three copies), while node 1 lives. As on one node: the
+    will is published at once, once, when the session ends (a clean start,
+    MQTT-3.1.3-9, or a session of expiry 0), and not at all when the client
+    resumes it within the delay. (Before 2026-12-01 the clean start lost
+    the will of a persistent session: node 1 moved it on, delay still
+    running, to a node that started clean.)"""
+    ns = nodes(size, http=True)
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    expiry = 0 if kind == "clean" else 3600
+    c = clients(ns[0], client_id="wd", clean=False,
+                connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry),
+                will={"topic": "will/wd", "payload": b"gone", "qos": 1,
+                      "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)})
+    # The copies hold the session once the SUBACK is out (it waits for them).
+    assert c.subscribe("wd/in", 1) == [1]
+    if kind == "offline":
+        # Read by node 1 before or after the fence of the claim below: the
+        # outcome is the same.
+        c.disconnect(4)
+    target = _without_copies(ns[1:]) if size == 4 else ns[2]
+    deadline = time.monotonic() + WAIT
+    while True:
+        back = PahoClient(target.broker, client_id="wd", clean=clean_start, connect=False,
+                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
+        _, rc, _ = back.connect(expect_rc=None)
+        if rc == 0:
+            break
+        back.close()
+        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
+        time.sleep(0.2)
+    if clean_start or kind == "clean":
+        assert watch.expect_message(WAIT).topic == "will/wd"
+        watch.assert_no_message(2.0)
+    else:
+        watch.assert_no_message(3.0)
+    back.close()
+
+
+@pytest.mark.parametrize("kind", ["online", "offline"])
+def test_a_dead_nodes_client_back_clean_at_a_node_without_a_copy_has_its_will_published(
+        nodes, clients, kind):
+    """Four nodes, three copies: node 1 is killed (-9) with a client of a
+    persistent session that has a will of delay 60 s, still connected or
+    gone with DISCONNECT 0x04, and the client comes back with a clean start
+    on the one node that keeps no copy. The clean start ends the session,
+    so the will is due: that node asks the others for the copy, as a resume
+    does, and the will comes once. (Before 2026-12-01 it never came.)"""
+    ns = nodes(4, http=True)
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    c = clients(ns[0], client_id="wd", clean=False,
+                connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
+                will={"topic": "will/wd", "payload": b"gone", "qos": 1,
+                      "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)})
+    assert c.subscribe("wd/in", 1) == [1]
+    if kind == "offline":
+        # Read before node 1 dies or not: the will is due either way.
+        c.disconnect(4)
+    bare = _without_copies(ns[1:])
+    ns[0].kill()
+    c.close()
+    deadline = time.monotonic() + WAIT
+    while True:
+        back = PahoClient(bare.broker, client_id="wd", clean=True, connect=False,
+                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
+        _, rc, _ = back.connect(expect_rc=None)
+        if rc == 0:
+            break
+        back.close()
+        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
+        time.sleep(0.2)
+    assert watch.expect_message(WAIT).topic == "will/wd"
+    watch.assert_no_message(3.0)
+    back.close()
+
+
 def _with_wills(make, owner: Node) -> tuple[PahoClient, PahoClient]:
     """Two clients of `owner` made by `make(node, **kw)`, with QoS 1 wills:
     "dev", persistent MQTT 5 (will delay 0, on will/dev), and "v3", clean

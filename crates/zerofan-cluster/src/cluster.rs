@@ -901,6 +901,7 @@ impl Inner {
                     client_id,
                     node: node_id,
                     clean_start,
+                    by_lease,
                 };
                 self.write_claim(cmd, node_id, by_lease).await
             }
@@ -934,6 +935,8 @@ impl Inner {
                     new_owner,
                     epoch: 0,
                     clean_start,
+                    // Answered: it lets go itself.
+                    lapsed: false,
                 };
                 match self.fences_tx.try_send(fence) {
                     Ok(()) => Reply::Done,
@@ -1752,9 +1755,7 @@ impl Inner {
                     Reply::Claimed {
                         owner,
                         epoch,
-                        lapsed: by_lease
-                            .zip(previous)
-                            .is_some_and(|((n, e), (pn, pe))| n == pn && (e == 0 || e == pe)),
+                        lapsed: crate::state_machine::lapsed(by_lease, previous),
                         previous,
                     }
                 }

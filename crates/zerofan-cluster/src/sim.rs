@@ -321,6 +321,7 @@ impl Sim {
             client_id: client.into(),
             node: via,
             clean_start: false,
+            by_lease: None,
         };
         match timeout(Duration::from_secs(2), raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {
@@ -494,6 +495,7 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
             client_id: format!("c{i}"),
             node: 1,
             clean_start: false,
+            by_lease: None,
         };
         node.raft.client_write(cmd).await.unwrap();
     }
@@ -508,6 +510,7 @@ async fn a_torn_log_tail_is_cut_and_appends_continue() {
         client_id: "c0".into(),
         node: 1,
         clean_start: false,
+        by_lease: None,
     };
     let r = timeout(Duration::from_secs(10), node.raft.client_write(cmd))
         .await
@@ -658,6 +661,7 @@ impl Leases {
             client_id: client.into(),
             node: via,
             clean_start: false,
+            by_lease: None,
         };
         match timeout(Duration::from_secs(2), node.raft.client_write(cmd)).await {
             Ok(Ok(r)) => match r.data {

@@ -37,6 +37,12 @@ pub struct OwnershipLost {
     /// as the log has it): the session ends here rather than moving, and
     /// a will left waiting for its delay is then due.
     pub clean_start: bool,
+    /// It was taken without a fence (this node's lease ran out, or a
+    /// will's claim after its connection ended): the node that took it
+    /// settles the wills of its copy (see `Previous::lapsed`). False when
+    /// this node answered a fence, or led and held its lease: then the
+    /// wills are this node's to settle.
+    pub lapsed: bool,
 }
 
 /// The state the log builds.
@@ -106,7 +112,14 @@ impl SmShared {
                 client_id,
                 node,
                 clean_start,
-            } => self.claim(data, client_id, node, clean_start),
+                by_lease,
+            } => {
+                let taking = Taking {
+                    clean_start,
+                    by_lease,
+                };
+                self.claim(data, client_id, node, taking)
+            }
             Command::ClaimOrphan {
                 client_id,
                 node,
@@ -117,8 +130,13 @@ impl SmShared {
                 // before the write: a claim or release committed in between
                 // wins, and this one changes nothing.
                 if held_by(data.owners.get(&client_id).copied(), owner, epoch) {
-                    // A will's claim: no client of its own.
-                    self.claim(data, client_id, node, false)
+                    // A will's claim: no client of its own, and taken
+                    // without a fence.
+                    let taking = Taking {
+                        clean_start: false,
+                        by_lease: Some((owner, epoch)),
+                    };
+                    self.claim(data, client_id, node, taking)
                 } else {
                     Reply::Moved
                 }
@@ -143,7 +161,7 @@ impl SmShared {
     /// [`Command::ClaimOrphan`] whose owner matched): the epoch rises above
     /// the last one, the owner before is named, and the local node hears
     /// when it lost the id.
-    fn claim(&self, data: &mut SmData, client_id: String, node: u64, clean_start: bool) -> Reply {
+    fn claim(&self, data: &mut SmData, client_id: String, node: u64, taking: Taking) -> Reply {
         let prev = data.owners.get(&client_id).copied();
         if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
             data.refused += 1;
@@ -179,7 +197,8 @@ impl SmShared {
                         client_id,
                         new_owner: node,
                         epoch,
-                        clean_start,
+                        clean_start: taking.clean_start,
+                        lapsed: taking.lapsed_from(prev),
                     };
                     if self.events.try_send(lost).is_err() {
                         self.events_dropped.fetch_add(1, Ordering::Relaxed);
@@ -193,6 +212,29 @@ impl SmShared {
             previous,
         }
     }
+}
+
+/// How a claim takes its client id, as its entry says.
+#[derive(Clone, Copy, Debug, Default)]
+struct Taking {
+    clean_start: bool,
+    by_lease: Option<(u64, u64)>,
+}
+
+impl Taking {
+    /// Whether `owner` (node, epoch), the owner when the entry applies, is
+    /// the one the leader found out of its lease (epoch 0: any of that
+    /// node's), as the claim's answer judges it.
+    fn lapsed_from(&self, owner: Option<(u64, u64)>) -> bool {
+        lapsed(self.by_lease, owner)
+    }
+}
+
+/// Whether the owner found out of its lease (`by_lease`) is `owner`.
+pub(crate) fn lapsed(by_lease: Option<(u64, u64)>, owner: Option<(u64, u64)>) -> bool {
+    by_lease
+        .zip(owner)
+        .is_some_and(|((n, e), (pn, pe))| n == pn && (e == 0 || e == pe))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -365,6 +407,7 @@ mod tests {
             client_id: "c".into(),
             node,
             clean_start: false,
+            by_lease: None,
         };
         sm.apply_command(data, cmd)
     }
@@ -415,12 +458,13 @@ mod tests {
             client_id: "c".into(),
             node: 2,
             clean_start: true,
+            by_lease: None,
         };
         assert_eq!(sm.apply_command(&mut d, clean), claimed(2, 2, Some((1, 1))));
         let lost = rx.try_recv().ok();
         assert_eq!(
-            lost.map(|l| (l.new_owner, l.epoch, l.clean_start)),
-            Some((2, 2, true))
+            lost.map(|l| (l.new_owner, l.epoch, l.clean_start, l.lapsed)),
+            Some((2, 2, true, false))
         );
         let old: Command =
             serde_json::from_str(r#"{"Claim":{"client_id":"c","node":1}}"#).expect("old entry");
@@ -430,11 +474,45 @@ mod tests {
                 client_id: "c".into(),
                 node: 1,
                 clean_start: false,
+                by_lease: None,
             }
         );
         assert_eq!(sm.apply_command(&mut d, old), claimed(3, 1, Some((2, 2))));
         let back = rx.try_recv();
         assert!(back.is_err(), "node 1 took it: no loss here");
+    }
+
+    /// The node a claim takes the client id from hears whether it lost it
+    /// by its lease (no fence reached it), from the log: only when it
+    /// still owns the id under the epoch the leader found out of its lease
+    /// when the entry applies. Then the claimant settles the wills; else
+    /// that node does.
+    #[test]
+    fn the_owner_a_claim_takes_from_hears_whether_by_its_lease() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let sm = SmShared::new(1, tx);
+        let mut d = SmData::default();
+        let mut take = |d: &mut SmData, node, by_lease| {
+            let cmd = Command::Claim {
+                client_id: "c".into(),
+                node,
+                clean_start: true,
+                by_lease,
+            };
+            sm.apply_command(d, cmd);
+            rx.try_recv().ok().map(|l| l.lapsed)
+        };
+        assert_eq!(take(&mut d, 1, None), None);
+        assert_eq!(take(&mut d, 2, Some((1, 1))), Some(true));
+        assert_eq!(take(&mut d, 1, None), None);
+        // Any epoch of that node's.
+        assert_eq!(take(&mut d, 2, Some((1, 0))), Some(true));
+        assert_eq!(take(&mut d, 1, None), None);
+        // Found out of its lease under an older claim: it took the id
+        // again since, and holds it under a newer lease.
+        assert_eq!(take(&mut d, 2, Some((1, 3))), Some(false));
+        assert_eq!(take(&mut d, 1, None), None);
+        assert_eq!(take(&mut d, 2, Some((3, 0))), Some(false), "another node");
     }
 
     fn orphan(sm: &SmShared, data: &mut SmData, node: u64, owner: u64, epoch: u64) -> Reply {
@@ -481,6 +559,7 @@ mod tests {
                 new_owner: 2,
                 epoch: 3,
                 clean_start: false,
+                lapsed: true,
             })
         );
         // A second taker naming the same dead owner finds it moved.

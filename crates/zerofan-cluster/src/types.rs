@@ -29,6 +29,13 @@ pub enum Command {
         /// entries written before 2026-12-01: false.
         #[serde(default)]
         clean_start: bool,
+        /// The owner (node, epoch; 0: any) the leader found out of its
+        /// lease when it wrote the claim: if it still owns the id when the
+        /// entry applies, it let go by its lease, without a fence, and
+        /// hears so (`OwnershipLost::lapsed`). Absent in entries written
+        /// before 2026-12-01: none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by_lease: Option<(u64, u64)>,
     },
     /// Forget `client_id` if its epoch is still `epoch` (the session ended
     /// on its owner); a later claim has moved it on otherwise.

@@ -76,6 +76,7 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
         new_owner: 3,
         epoch: 0,
         clean_start: true,
+        lapsed: false,
     };
     assert_eq!(fences2.try_recv().ok(), Some(fence));
     // The log says so too, for an owner no fence reached (its lease ran
@@ -90,6 +91,7 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
             new_owner: 3,
             epoch: 2,
             clean_start: true,
+            lapsed: false,
         })
     );
     until("every node applied the takeover", || {

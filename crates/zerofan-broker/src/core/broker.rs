@@ -1354,10 +1354,15 @@ impl Broker {
         epoch: u64,
         prev: Option<super::PreviousOwner>,
     ) {
+        // The handover and the asks for a copy are spent (see
+        // `Broker::wants_copy`).
+        let lapsed = prev.is_some_and(|p| p.lapsed);
+        if let Some(client) = self.claims.wants_copies(conn, lapsed).map(Box::<str>::from) {
+            self.claims.settle_handover(&client);
+            self.repl.images.claim_answered(&client);
+        }
         let client: Option<Box<str>> = self.claims.resumes(conn).map(Into::into);
         if let Some(client) = &client {
-            self.claims.settle_handover(client);
-            self.repl.images.claim_answered(client);
             // Its client is back before the relay to its new owner ended:
             // the session here is that owner's now (its handover awaited).
             if let Some(sid) = self.moves.leaving_of(client) {
@@ -1412,9 +1417,12 @@ impl Broker {
     /// queued for the session, acknowledged once this node answers) may
     /// still be on their way, ahead of the mark on the same link, and a
     /// copy taken before them would lack them. The shell waits a bounded
-    /// time, woken by [`Broker::take_handover_news`].
+    /// time, woken by [`Broker::take_handover_news`]. So does a claim
+    /// that starts clean after an owner that let go by its lease: the
+    /// will of the session it ends is this node's to publish, from a
+    /// current copy (see [`Broker::install_replica`]).
     pub fn awaits_handover(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
-        let Some(client) = self.claims.resumes(conn) else {
+        let Some(client) = self.claims.wants_copies(conn, prev.lapsed) else {
             return false;
         };
         let Some(peer) = prev.peer else {
@@ -1440,7 +1448,7 @@ impl Broker {
     /// here is not known (read back from disk). Once asked, true until a
     /// copy came or every node asked answered.
     pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
-        let Some(client) = self.claims.resumes(conn) else {
+        let Some(client) = self.claims.wants_copies(conn, prev.lapsed) else {
             return false;
         };
         if !self.repl.on() || self.serves(client) || prev.epoch == 0 || !self.peers.any() {
@@ -1463,7 +1471,11 @@ impl Broker {
     /// `prev`'s epoch, newer than a current one here (see
     /// [`Broker::wants_copy`]).
     pub fn ask_for_copy(&mut self, conn: ConnId, prev: &super::PreviousOwner) {
-        let Some(client) = self.claims.resumes(conn).map(Box::<str>::from) else {
+        let Some(client) = self
+            .claims
+            .wants_copies(conn, prev.lapsed)
+            .map(Box::<str>::from)
+        else {
             return;
         };
         self.metrics.copies_asked += 1;
@@ -1789,6 +1801,30 @@ impl Broker {
         }
     }
 
+    /// A session served here whose client id another node took with a
+    /// clean start, with this node's knowledge (a fence, or this leader in
+    /// its lease): the session ends rather than moves (MQTT-3.1.3-9), so a
+    /// will waiting out its delay is due now. The new owner started clean
+    /// and publishes none of its copy (see `install_replica`); the session
+    /// still moves as it is, without the will.
+    fn ended_by_takeover(&mut self, now: Instant, sid: SessionId) {
+        let Some(w) = self
+            .sessions
+            .get_mut(sid)
+            .and_then(|s| s.take_pending_will())
+        else {
+            return;
+        };
+        self.publish_will(now, w.will);
+        self.dur_will_published(sid);
+        if let Some(s) = self.sessions.get(sid) {
+            tracing::info!(
+                client_id = &*s.client_id,
+                "published a will: its client id moved on to a clean start"
+            );
+        }
+    }
+
     /// The leader is about to give `client_id` to another node (`to`)
     /// and this node let go (it answered the fence), so that node is told
     /// the id was not taken by a lapsed lease and publishes no will of this
@@ -1809,7 +1845,7 @@ impl Broker {
             // replaced: the will it was for is due (see `orphan_claimed`).
             self.orphans.back_clean(client_id);
         }
-        self.client_taken_from(now, client_id, to, held, clean_start);
+        self.client_taken_from(now, client_id, to, held, clean_start, false);
     }
 
     /// `f`'s connection was lost at `f.at`: publish its will now if due
@@ -1945,7 +1981,7 @@ impl Broker {
     /// outside the replica set otherwise had no copy to serve, and the
     /// client found a clean session.
     pub fn client_taken_by(&mut self, now: Instant, client_id: &str, to: Option<PeerId>) {
-        self.client_taken_from(now, client_id, to, 0, false);
+        self.client_taken_from(now, client_id, to, 0, false, false);
     }
 
     /// [`Broker::client_taken_by`], with the epoch this node held the id
@@ -1960,6 +1996,12 @@ impl Broker {
     /// not adopted: its will is published now, as `to` publishes none of
     /// a copy the previous owner (this node) did not write (see
     /// `Broker::install_replica`).
+    ///
+    /// `lapsed`: taken without a fence (this node's lease ran out), as the
+    /// log says; `to` then settles the wills of its copy. Otherwise a
+    /// clean start ends the session served here, and its will (the
+    /// connection's, closed now, or one waiting out its delay) is
+    /// published here, at once; `to` publishes none of its copy.
     pub fn client_taken_from(
         &mut self,
         now: Instant,
@@ -1967,6 +2009,7 @@ impl Broker {
         to: Option<PeerId>,
         held: u64,
         clean_start: bool,
+        lapsed: bool,
     ) {
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         // The node that took it decided for a fenced will (see
@@ -2048,6 +2091,9 @@ impl Broker {
         }
         if let Some(conn) = self.sessions.get(sid).and_then(|s| s.conn) {
             self.close(now, conn, Some(ReasonCode::SESSION_TAKEN_OVER), true);
+        }
+        if clean_start && !lapsed {
+            self.ended_by_takeover(now, sid);
         }
         let relayed = self
             .sessions
@@ -6780,13 +6826,17 @@ impl Broker {
             // moved here. Only from the copy the previous owner wrote: an
             // older owner's will (a clean start checks no copy's age
             // first) was published by the node that took the id from it.
+            // And only from an owner that let go by its lease: one that
+            // answered the fence (or led in its lease) published the will
+            // itself when the clean start ended the session
+            // (`client_taken_from`).
             let current =
                 prev.is_some_and(|p| self.repl.images.is_current(client, &p) == Some(true));
             let will = self
                 .repl
                 .images
                 .will_of(client)
-                .filter(|w| current && ours(w) && !self.sessions.has_client(&connect.client_id))
+                .filter(|_| current && lapsed && !self.sessions.has_client(&connect.client_id))
                 .map(|w| will_from_stored(w, &self.durable));
             self.with_copies(|im, d| im.forget(client, d));
             self.publish_copy_will(now, will);

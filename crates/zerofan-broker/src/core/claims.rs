@@ -117,6 +117,18 @@ impl Claims {
             .map(|c| c.client_id.as_str())
     }
 
+    /// The client id `conn`'s claim is for, while it waits, when the copy
+    /// of its session matters: it resumes the session, or it starts clean
+    /// after an owner that let go by its lease (`lapsed`), whose wills
+    /// this node then settles from that copy (see
+    /// `Broker::install_replica`).
+    pub(crate) fn wants_copies(&self, conn: ConnId, lapsed: bool) -> Option<&str> {
+        self.waiting
+            .get(&conn)
+            .filter(|c| !c.clean_start || lapsed)
+            .map(|c| c.client_id.as_str())
+    }
+
     /// `conn` closed: forget what it waited for; a claim still unanswered
     /// is remembered with its client id until it is (see [`Claims::left`]).
     pub(crate) fn forget(&mut self, conn: ConnId) {

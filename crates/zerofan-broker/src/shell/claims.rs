@@ -348,6 +348,7 @@ pub(super) async fn lost_loop(
             to,
             held,
             l.clean_start,
+            l.lapsed,
         );
         shared.dispatch();
     }

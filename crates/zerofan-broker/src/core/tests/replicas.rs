@@ -2805,6 +2805,65 @@ fn a_failover_at_a_node_without_a_copy_gets_one_from_a_replica() {
     assert_eq!(cl.hs[3].b.metrics().stale_copies_refused, 0);
 }
 
+/// Four nodes, three copies: node 0 dies with the client of a persistent
+/// session that has a will of delay 30 s (still connected, or gone, its
+/// session waiting out the delay), and the client comes back with a clean
+/// start on node 3, which keeps no copy. Node 0 let go by its lease, so
+/// the will is node 3's to publish: its claim asks the other nodes for a
+/// copy, as a resume does, and the will goes out at once (the clean start
+/// ends the session), once. (Before 2026-12-01 node 3 asked nothing and
+/// the will was lost.)
+#[test]
+fn a_dead_owners_client_back_clean_at_a_node_without_a_copy_has_its_will_published() {
+    for online in [true, false] {
+        let mut cl = Cluster::new(4, 3);
+        let (w, _) = cl.connect(1, "watch", Protocol::V5, true, 0);
+        cl.hs[1].subscribe(w.conn, "will/#", opts(QoS::AtLeastOnce));
+        cl.pump();
+        cl.epoch = 1;
+        let old = cl.with_will(0, "dev", 30);
+        cl.epoch = 0;
+        if !online {
+            cl.lose(old);
+        }
+        cl.kill(0);
+        assert!(!cl.hs[3].b.has_copy("dev"), "online {online}");
+        let conn = cl.persistent_waiting_with(3, "dev", true);
+        let prev = PreviousOwner {
+            lapsed: true,
+            ..prev_owner(0, 1)
+        };
+        assert!(!cl.hs[3].b.awaits_handover(conn, &prev), "node 0 is away");
+        assert!(cl.hs[3].b.wants_copy(conn, &prev), "online {online}");
+        cl.hs[3].b.ask_for_copy(conn, &prev);
+        cl.pump();
+        assert!(
+            !cl.hs[3].b.wants_copy(conn, &prev),
+            "a replica sent its copy"
+        );
+        let s = cl.granted(3, conn, 2, prev);
+        assert!(!present(&cl.out(s)), "online {online}");
+        assert_eq!(topics(&mut cl, w), ["will/dev"], "online {online}");
+        assert!(!cl.hs[3].b.has_copy("dev"), "online {online}");
+        cl.later(60);
+        assert!(topics(&mut cl, w).is_empty(), "online {online}: once");
+        assert_eq!(cl.hs[3].b.metrics().wills_published, 1);
+    }
+}
+
+/// A claim that starts clean after an owner that answered the fence asks
+/// nobody for a copy: that owner published the will itself (see
+/// `Broker::client_taken_from`).
+#[test]
+fn a_clean_start_after_a_fenced_owner_asks_for_no_copy() {
+    let mut cl = Cluster::new(4, 3);
+    cl.offline_at(0, "x", 1, "t/x");
+    let conn = cl.persistent_waiting_with(3, "x", true);
+    let prev = prev_owner(0, 1);
+    assert!(!cl.hs[3].b.awaits_handover(conn, &prev));
+    assert!(!cl.hs[3].b.wants_copy(conn, &prev));
+}
+
 /// A copy written under another epoch than the one asked for is not sent:
 /// it is not the previous owner's newest. The nodes say so, and the claim
 /// waits no longer.
@@ -3244,7 +3303,7 @@ fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "dev", Some(remote(2)), 2, false);
+        .client_taken_from(now, "dev", Some(remote(2)), 2, false, false);
     cl.pump();
     let now = cl.hs[2].now;
     assert!(cl.hs[2].b.adopt_replica(now, "dev"), "node 2 has the image");
@@ -3270,7 +3329,7 @@ fn an_orphaned_will_moved_on_to_a_clean_start_before_its_grant_is_due_at_once() 
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "dev", Some(remote(2)), 2, true);
+        .client_taken_from(now, "dev", Some(remote(2)), 2, true, false);
     cl.pump();
     assert_eq!(topics(&mut cl, w), ["will/dev"], "due at the clean start");
     let now = cl.hs[1].now;
@@ -3359,6 +3418,53 @@ fn a_live_owners_client_taken_with_a_clean_start_has_its_will_published_once() {
     cl.later(60);
     assert!(cl.out(w).publishes().is_empty(), "once");
     assert_eq!(cl.hs[2].b.metrics().wills_published, 0);
+}
+
+/// As above, the will with a delay of 30 s, its client connected or gone
+/// (its session waiting out the delay): the clean start ends the session
+/// (MQTT-3.1.3-9), so node 0, which let go knowingly (it answered the
+/// leader's fence, or led in its lease and heard it from the log),
+/// publishes the will at once, once; node 2, which started clean, none of
+/// its copy. (Before 2026-12-01 node 0 moved the session on with the will
+/// still waiting, and node 2 dropped it: no will, also in a real cluster.)
+#[test]
+fn a_live_owners_client_taken_with_a_clean_start_has_its_delayed_will_published_at_once() {
+    for (online, fenced) in [(true, true), (false, true), (true, false), (false, false)] {
+        let case = format!("online {online}, fenced {fenced}");
+        let (mut cl, w) = watching_wills();
+        cl.epoch = 1;
+        let old = cl.with_will(0, "dev", 30);
+        cl.epoch = 0;
+        if !online {
+            cl.lose(old);
+        }
+        assert!(cl.hs[2].b.has_copy("dev"), "{case}");
+        let now = cl.hs[0].now;
+        if fenced {
+            cl.hs[0]
+                .b
+                .client_fenced(now, "dev", Some(remote(2)), 1, true);
+            cl.pump();
+            assert_eq!(topics(&mut cl, w), ["will/dev"], "{case}: at the fence");
+        }
+        let (_new, out) = cl.after(2, 0, 1, |cl| cl.connect(2, "dev", Protocol::V5, true, 0));
+        assert!(!present(&out), "{case}");
+        if !fenced {
+            let now = cl.hs[0].now;
+            cl.hs[0]
+                .b
+                .client_taken_from(now, "dev", Some(remote(2)), 1, true, false);
+            cl.pump();
+            assert_eq!(topics(&mut cl, w), ["will/dev"], "{case}: from the log");
+        }
+        if online {
+            assert!(cl.out(old).closed, "{case}");
+        }
+        cl.later(60);
+        assert!(topics(&mut cl, w).is_empty(), "{case}: once");
+        assert_eq!(cl.hs[0].b.metrics().wills_published, 1, "{case}");
+        assert_eq!(cl.hs[2].b.metrics().wills_published, 0, "{case}");
+    }
 }
 
 /// A clean client (MQTT 5 expiry 0, 3.1.1 clean session) at `node`, still
@@ -3552,7 +3658,7 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
     for c in ["now", "v3"] {
         cl.hs[1]
             .b
-            .client_taken_from(now, c, Some(remote(2)), 2, false);
+            .client_taken_from(now, c, Some(remote(2)), 2, false, false);
     }
     cl.pump();
     cl.after(3, 1, 2, |cl| {
@@ -4046,7 +4152,7 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(2)), 2, false);
+        .client_taken_from(now, "sub", Some(remote(2)), 2, false, false);
     cl.pump();
     let (sub, out) = cl.persistent_after(2, "sub", 3, 1, 2);
     assert!(present(&out), "the session started clean");
@@ -4060,7 +4166,7 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(2)), 2, false);
+        .client_taken_from(now, "sub", Some(remote(2)), 2, false, false);
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
@@ -4071,7 +4177,7 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     // epoch 2, the copy here was written under 3): nothing to adopt.
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(0)), 2, false);
+        .client_taken_from(now, "sub", Some(remote(0)), 2, false, false);
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
