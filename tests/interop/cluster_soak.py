@@ -20,7 +20,12 @@ by the seed, the cluster healthy again before the next:
 - split (only with `--faults ...,split`): a node and the next one cut from
   each other for 2-6 s, both still reaching the third.
 
-Clients reconnect to the next live node, as a client given several servers
+Will clients (three clean 3.1.1 ones, and two MQTT 5 ones of persistent
+sessions whose wills have a delay of 60 s, coming back alternately with a
+clean start and to resume) reconnect whenever their connection ends, and at
+each move one of the two MQTT 5 ones takes its session over on the next node
+while connected; each will must come at most once, and not for a session
+resumed within its delay. Clients reconnect to the next live node, as a client given several servers
 would (one paho client per subscriber throughout, so a QoS 2 delivery past
 PUBREC completes on the next node). At the end the faults stop and every
 promise is checked: each acknowledged QoS 1/2 message at every subscriber,
@@ -50,11 +55,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_check import History, parse, payload  # noqa: E402
 from conftest import free_port  # noqa: E402
 import mqttraw  # noqa: E402
-from pahoclient import PahoClient  # noqa: E402
+from paho.mqtt.packettypes import PacketTypes  # noqa: E402
+from pahoclient import PahoClient, props  # noqa: E402
 from test_cluster import (  # noqa: E402
     Node, Partitioner, _acked, _persistent, metric, status, voters_with_leader)
 
 SETTLE = 60.0
+
+
+def drop(c: PahoClient):
+    """Close a client's socket without a DISCONNECT."""
+    try:
+        c.c.loop_stop()
+        sock = c.c.socket()
+        if sock is not None:
+            sock.close()
+    except Exception:
+        pass
 
 
 def shut(c: PahoClient):
@@ -259,33 +276,68 @@ class WillClient(threading.Thread):
     soak-will/NAME whose payload names its connection (NAME:K). It never
     disconnects of itself until the end (a normal DISCONNECT, no will), and
     reconnects to the next live node whenever its connection ends; a
-    short keep alive finds a paused node."""
+    short keep alive finds a paused node.
 
-    def __init__(self, name: str, first: int, nodes: list[Node]):
+    `delayed`: an MQTT 5 client of a persistent session (expiry 3600 s)
+    whose will has a delay of 60 s instead. Its connections alternate: an
+    odd one resumes the session, which cancels the will of the one before
+    (back within the delay), and an even one starts clean, which ends the
+    session and makes that will due at once (MQTT-3.1.3-9). K counts its
+    CONNECTs; one with no CONNACK is abandoned (`abandoned`), its will
+    not judged."""
+
+    def __init__(self, name: str, first: int, nodes: list[Node], delayed: bool = False):
         super().__init__(daemon=True)
-        self.name, self.nodes, self.at = name, nodes, first
+        self.name, self.nodes, self.at, self.delayed = name, nodes, first, delayed
         self.stop = threading.Event()
         self.errors: list[str] = []
-        # [start, end or None, node id] of each connection, K its index.
+        # [start, end or None, node id, K, clean start] of each connection.
         self.conns: list[list] = []
+        self.tries = 0
+        self.abandoned: set[bytes] = set()
+        self.jumping = threading.Event()
+        self.jumps = 0
+
+    def jump(self):
+        """Connect to the next node while connected (a takeover: the old
+        connection ends with DISCONNECT 0x8E, its will judged as a lost
+        connection's); a delayed client only."""
+        if self.delayed:
+            self.jumps += 1
+            self.jumping.set()
+
+    def _connect(self, node: Node, k: int, clean: bool) -> PahoClient:
+        will = {"topic": f"soak-will/{self.name}", "payload": f"{self.name}:{k}".encode(),
+                "qos": 2}
+        if not self.delayed:
+            return PahoClient(node.broker, client_id=self.name, version=311, keepalive=5,
+                              connect=False, will=will)
+        will["props"] = props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)
+        return PahoClient(node.broker, client_id=self.name, keepalive=5, clean=clean,
+                          connect=False, will=will,
+                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
 
     def _client(self) -> PahoClient | None:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not self.stop.is_set():
             node = self.nodes[self.at % len(self.nodes)]
             if node.broker is not None and node.broker.alive():
-                k = len(self.conns)
-                c = PahoClient(node.broker, client_id=self.name, version=311, keepalive=5,
-                               connect=False,
-                               will={"topic": f"soak-will/{self.name}",
-                                     "payload": f"{self.name}:{k}".encode(), "qos": 2})
+                k = self.tries
+                self.tries += 1
+                clean = len(self.conns) % 2 == 0
+                c = self._connect(node, k, clean)
                 try:
-                    _, rc, _ = c.connect(expect_rc=None)
+                    present, rc, _ = c.connect(expect_rc=None)
                 except Exception:  # refused, reset, no CONNACK in time
-                    rc = -1
+                    present, rc = False, -1
                 if rc == 0:
-                    self.conns.append([time.monotonic(), None, node.node_id])
+                    if self.delayed and not clean and not present:
+                        self.errors.append(f"{self.name}:{k} at node {node.node_id}: "
+                                           "its session was not present")
+                    self.conns.append([time.monotonic(), None, node.node_id, k, clean])
                     return c
+                if rc == -1:
+                    self.abandoned.add(f"{self.name}:{k}".encode())
                 shut(c)
             self.at += 1
             self.stop.wait(0.2)
@@ -296,6 +348,14 @@ class WillClient(threading.Thread):
     def run(self):
         c = self._client()
         while c is not None and not self.stop.is_set():
+            if self.jumping.is_set():
+                self.jumping.clear()
+                self.conns[-1][1] = time.monotonic()
+                self.at += 1
+                old, c = c, self._client()
+                # Taken over: closed without a DISCONNECT of its own.
+                drop(old)
+                continue
             try:
                 c.disconnects.get(timeout=0.2)
             except Exception:
@@ -317,16 +377,39 @@ def will_problems(received: list[bytes], clients: list[WillClient]) -> tuple[lis
     counts = Counter(received)
     out, missing = [], []
     for w in clients:
-        for k, (start, end, node) in enumerate(w.conns):
+        for i, (start, end, node, k, _) in enumerate(w.conns):
             n = counts.pop(f"{w.name}:{k}".encode(), 0)
             if n > 1:
                 out.append(f"will {w.name}:{k} (node {node}) published {n} times")
             if end is None and n:
                 out.append(f"will {w.name}:{k} (node {node}) of a connection closed normally")
-            if end is not None and n == 0 and end - start >= 3:
-                missing.append(f"{w.name}:{k} node {node}")
+            if end is None or not w.delayed:
+                if end is not None and n == 0 and end - start >= 3:
+                    missing.append(f"{w.name}:{k} node {node}")
+                continue
+            after = w.conns[i + 1] if i + 1 < len(w.conns) else None
+            if after is not None and after[4] and n == 0 and end - start >= 3:
+                missing.append(f"{w.name}:{k} node {node} (a clean start ended it)")
+            if after is not None and not after[4] and n and after[0] - end < 50:
+                out.append(f"will {w.name}:{k} (node {node}) published although its "
+                           f"session resumed {after[0] - end:.1f} s later (delay 60 s)")
+        for p in w.abandoned:
+            counts.pop(p, None)
     out += [f"will {p!r} of no connection" for p in counts]
     return out, missing
+
+
+def wills_due(clients: list[WillClient]) -> set[bytes]:
+    """The wills that must come: of each connection that ended otherwise
+    than by a DISCONNECT, where its session ended (a clean client's, or a
+    delayed one's whose next connection started clean)."""
+    due = set()
+    for w in clients:
+        for i, (_, end, _, k, _) in enumerate(w.conns):
+            after = w.conns[i + 1] if i + 1 < len(w.conns) else None
+            if end is not None and (not w.delayed or (after is not None and after[4])):
+                due.add(f"{w.name}:{k}".encode())
+    return due
 
 
 def problems(h: History, subs: list[str], conns: dict[str, list[int]]) -> list[str]:
@@ -414,6 +497,9 @@ def main() -> int:
                 for i in range(3) for qos in (1, 2)]
         watch = Sub("w5", 5, 1, ns, h, "soak-will/#")
         wills = [WillClient(f"will{i}", i, ns) for i in range(3)]
+        delayed = [WillClient(f"delayed{i}", i + 1, ns, delayed=True) for i in range(2)]
+        wills += delayed
+        jumper = random.Random(args.seed)
         for t in subs + pubs + wills + [watch]:
             t.start()
         end = started + args.seconds
@@ -446,6 +532,9 @@ def main() -> int:
                 proxy.heal()
             else:
                 rng.choice(subs).move()
+                # A delayed will client moves too, by a takeover; drawn
+                # apart so that a seed's faults stay what they were.
+                jumper.choice(delayed).jump()
         if not healthy(ns, SETTLE):
             raise AssertionError(f"the cluster did not recover in {SETTLE} s")
         for p in pubs:
@@ -465,8 +554,7 @@ def main() -> int:
             w.join(30)
         # The last wills: a failover's claim, or the lost node's hand-over
         # (10 s), then delivery to the watcher (bounded).
-        want = {f"{w.name}:{k}".encode() for w in wills
-                for k, (start, end, _) in enumerate(w.conns) if end is not None}
+        want = wills_due(wills)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             with watch.lock:
@@ -526,7 +614,11 @@ def main() -> int:
               f"descriptors open here {len(os.listdir('/proc/self/fd'))}; "
               f"since the last restarts {moves}; "
               f"wills: connections ended {sum(1 for w in wills for c in w.conns if c[1])}, "
-              f"published {len(h.received['w5'])}, missing {len(wills_missing)}; "
+              f"due {len(wills_due(wills))}, published {len(h.received['w5'])}, "
+              f"takeovers {sum(w.jumps for w in wills)} (clean start "
+              f"{sum(1 for w in wills for c in w.conns[1:] if w.delayed and c[4])} of "
+              f"{sum(len(w.conns) - 1 for w in wills if w.delayed)} returns), "
+              f"missing {len(wills_missing)}; "
               f"problems {len(found)}")
         if wills_missing:
             print(f"  wills missing: {', '.join(wills_missing[:20])}")

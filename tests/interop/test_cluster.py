@@ -240,6 +240,30 @@ def test_checker_finds_each_broken_promise():
     assert "messages of p reached two members" in found
 
 
+def test_the_soaks_will_checker_finds_each_broken_promise():
+    """`cluster_soak.py`'s will checker: a clean client's will is due when
+    its connection ends abnormally; a delayed one's only when the next
+    connection starts clean, and never when it resumes within the delay;
+    an abandoned CONNECT's is not judged."""
+    from cluster_soak import WillClient, will_problems, wills_due
+    clean = WillClient("c", 0, [])
+    clean.conns = [[0.0, 5.0, 1, 0, True], [6.0, None, 2, 1, True]]
+    delayed = WillClient("d", 0, [], delayed=True)
+    delayed.conns = [[0.0, 5.0, 1, 0, True], [6.0, 10.0, 2, 1, False],
+                     [11.0, None, 3, 3, True]]
+    delayed.abandoned = {b"d:2"}
+    assert wills_due([clean, delayed]) == {b"c:0", b"d:1"}
+    assert will_problems([b"c:0", b"d:1", b"d:2"], [clean, delayed]) == ([], [])
+    found, missing = will_problems([b"d:0", b"d:1", b"d:1", b"d:3", b"x:0"], [clean, delayed])
+    assert missing == ["c:0 node 1"]
+    assert any("d:0" in f and "resumed" in f for f in found), found
+    assert any("d:1" in f and "2 times" in f for f in found), found
+    assert any("d:3" in f and "closed normally" in f for f in found), found
+    assert any("x:0" in f and "no connection" in f for f in found), found
+    _, missing = will_problems([], [delayed])
+    assert missing == ["d:1 node 2 (a clean start ended it)"]
+
+
 def test_status_lists_every_member(nodes):
     ns = nodes(3)
     s = status(ns[2])
