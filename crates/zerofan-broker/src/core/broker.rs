@@ -1445,8 +1445,10 @@ impl Broker {
     /// replicas hold the copy), and when the one here was, for a newer one
     /// (`prev`, cut off from this node only, may have gone on with the
     /// others: see `replica::previous`); not when the version of the one
-    /// here is not known (read back from disk). Once asked, true until a
-    /// copy came or every node asked answered.
+    /// here is not known (read back from disk). A claim that starts clean
+    /// (after an owner that let go by its lease, for the will of the
+    /// session it ends) asks only when no copy here is current. Once
+    /// asked, true until a copy came or every node asked answered.
     pub fn wants_copy(&self, conn: ConnId, prev: &super::PreviousOwner) -> bool {
         let Some(client) = self.claims.wants_copies(conn, prev.lapsed) else {
             return false;
@@ -1462,8 +1464,13 @@ impl Broker {
         if let Some(waiting) = self.claims.copy_asked(client) {
             return waiting;
         }
-        self.repl.images.is_current(client, prev) != Some(true)
-            || self.repl.images.version(client) > 0
+        let current = self.repl.images.is_current(client, prev) == Some(true);
+        if self.claims.starts_clean(conn) {
+            // Only for the will of the session it ends: any copy under
+            // `prev`'s epoch has it.
+            return !current;
+        }
+        !current || self.repl.images.version(client) > 0
     }
 
     /// Ask every reachable node but `prev` (the owner, which keeps no copy

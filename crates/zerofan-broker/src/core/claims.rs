@@ -129,6 +129,12 @@ impl Claims {
             .map(|c| c.client_id.as_str())
     }
 
+    /// Whether `conn`'s claim, while it waits, is for a CONNECT that
+    /// starts clean.
+    pub(crate) fn starts_clean(&self, conn: ConnId) -> bool {
+        self.waiting.get(&conn).is_some_and(|c| c.clean_start)
+    }
+
     /// `conn` closed: forget what it waited for; a claim still unanswered
     /// is remembered with its client id until it is (see [`Claims::left`]).
     pub(crate) fn forget(&mut self, conn: ConnId) {

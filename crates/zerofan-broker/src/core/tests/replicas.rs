@@ -2853,15 +2853,31 @@ fn a_dead_owners_client_back_clean_at_a_node_without_a_copy_has_its_will_publish
 
 /// A claim that starts clean after an owner that answered the fence asks
 /// nobody for a copy: that owner published the will itself (see
-/// `Broker::client_taken_from`).
+/// `Broker::client_taken_from`). After one that let go by its lease, it
+/// asks only when it keeps no current copy: any copy under that owner's
+/// epoch holds the will (a resume asks for a newer one too).
 #[test]
-fn a_clean_start_after_a_fenced_owner_asks_for_no_copy() {
+fn a_clean_start_asks_for_a_copy_only_after_a_lapsed_owner_and_with_none() {
     let mut cl = Cluster::new(4, 3);
     cl.offline_at(0, "x", 1, "t/x");
+    cl.publish_acked(2, "t/x", "queued");
+    let fenced = prev_owner(0, 1);
+    let lapsed = PreviousOwner {
+        lapsed: true,
+        ..fenced
+    };
     let conn = cl.persistent_waiting_with(3, "x", true);
-    let prev = prev_owner(0, 1);
-    assert!(!cl.hs[3].b.awaits_handover(conn, &prev));
-    assert!(!cl.hs[3].b.wants_copy(conn, &prev));
+    assert!(!cl.hs[3].b.awaits_handover(conn, &fenced));
+    assert!(!cl.hs[3].b.wants_copy(conn, &fenced));
+    assert!(cl.hs[3].b.wants_copy(conn, &lapsed), "no copy at node 3");
+    assert!(cl.hs[1].b.has_copy("x"));
+    let conn = cl.persistent_waiting_with(1, "x", true);
+    assert!(!cl.hs[1].b.wants_copy(conn, &lapsed), "a current copy");
+    let conn = cl.persistent_waiting_with(1, "x", false);
+    assert!(
+        cl.hs[1].b.wants_copy(conn, &lapsed),
+        "a resume asks for a newer one"
+    );
 }
 
 /// A copy written under another epoch than the one asked for is not sent:
