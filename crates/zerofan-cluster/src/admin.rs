@@ -104,6 +104,10 @@ pub(crate) enum Request {
         /// with the connection (see [`crate::OwnershipLost::clean_start`]).
         #[serde(default)]
         clean_start: bool,
+        /// The owner before the fenced node's claims of the id (see
+        /// [`crate::OwnershipLost::before`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<(u64, u64)>,
     },
     /// `node_id` takes `client_id` only if `owner` still owns it (at
     /// `epoch`; 0: any) and `owner`'s lease has run out: never fenced (see

@@ -929,6 +929,7 @@ impl Inner {
                 client_id,
                 new_owner,
                 clean_start,
+                before,
             } => {
                 let fence = OwnershipLost {
                     client_id,
@@ -937,6 +938,7 @@ impl Inner {
                     clean_start,
                     // Answered: it lets go itself.
                     lapsed: false,
+                    before,
                 };
                 match self.fences_tx.try_send(fence) {
                     Ok(()) => Reply::Done,
@@ -1648,6 +1650,7 @@ impl Inner {
                 client_id: client_id.to_string(),
                 new_owner: claimant,
                 clean_start,
+                before: self.sm.previous(client_id),
             },
             forwarded: true,
         };

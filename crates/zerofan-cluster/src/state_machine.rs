@@ -43,6 +43,12 @@ pub struct OwnershipLost {
     /// this node answered a fence, or led and held its lease: then the
     /// wills are this node's to settle.
     pub lapsed: bool,
+    /// The owner (node, epoch) before this node's claims of the id, as the
+    /// log's table had it (`None`: none, or not known): a copy this node
+    /// keeps is the session's only if that owner wrote it under that
+    /// epoch. One of an owner before that (whose will another node
+    /// published when it took the id) is stale.
+    pub before: Option<(u64, u64)>,
 }
 
 /// The state the log builds.
@@ -99,6 +105,12 @@ impl SmShared {
     /// Owner and epoch of `client_id` as applied here.
     pub fn owner(&self, client_id: &str) -> Option<(u64, u64)> {
         self.lock().owners.get(client_id).copied()
+    }
+
+    /// The owner (node, epoch) before the current owner's claims of
+    /// `client_id`, when another node.
+    pub fn previous(&self, client_id: &str) -> Option<(u64, u64)> {
+        self.lock().previous.get(client_id).copied()
     }
 
     /// Ownership-loss events dropped because the queue was full.
@@ -173,6 +185,8 @@ impl SmShared {
             .unwrap_or(0);
         let epoch = base + 1;
         data.released.remove(&client_id);
+        // The owner before the one this claim takes from, for its loss.
+        let before = data.previous.get(&client_id).copied();
         // The claimant's own earlier claims (retries that committed, clients
         // that left before the answer) wrote nothing another node could
         // hold: name the owner before.
@@ -199,6 +213,7 @@ impl SmShared {
                         epoch,
                         clean_start: taking.clean_start,
                         lapsed: taking.lapsed_from(prev),
+                        before,
                     };
                     if self.events.try_send(lost).is_err() {
                         self.events_dropped.fetch_add(1, Ordering::Relaxed);
@@ -515,6 +530,27 @@ mod tests {
         assert_eq!(take(&mut d, 2, Some((3, 0))), Some(false), "another node");
     }
 
+    /// The node a claim takes the client id from hears which owner came
+    /// before its own claims: its copy is the session's only if that owner
+    /// wrote it (see `OwnershipLost::before`).
+    #[test]
+    fn the_owner_a_claim_takes_from_hears_the_owner_before_it() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let sm = SmShared::new(1, tx);
+        let mut d = SmData::default();
+        let mut take = |d: &mut SmData, node| {
+            claim(&sm, d, node);
+            rx.try_recv().ok().map(|l| l.before)
+        };
+        assert_eq!(take(&mut d, 3), None);
+        assert_eq!(take(&mut d, 1), None, "no loss here");
+        assert_eq!(take(&mut d, 1), None, "its own claim again");
+        assert_eq!(take(&mut d, 2), Some(Some((3, 1))));
+        assert_eq!(take(&mut d, 1), None);
+        assert_eq!(take(&mut d, 2), Some(Some((2, 4))));
+        assert_eq!(d.previous.get("c"), Some(&(1, 5)));
+    }
+
     fn orphan(sm: &SmShared, data: &mut SmData, node: u64, owner: u64, epoch: u64) -> Reply {
         let cmd = Command::ClaimOrphan {
             client_id: "c".into(),
@@ -560,6 +596,7 @@ mod tests {
                 epoch: 3,
                 clean_start: false,
                 lapsed: true,
+                before: None,
             })
         );
         // A second taker naming the same dead owner finds it moved.

@@ -77,6 +77,7 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
         epoch: 0,
         clean_start: true,
         lapsed: false,
+        before: None,
     };
     assert_eq!(fences2.try_recv().ok(), Some(fence));
     // The log says so too, for an owner no fence reached (its lease ran
@@ -92,6 +93,7 @@ async fn claims_fence_links_flow_and_status_names_everyone() {
             epoch: 2,
             clean_start: true,
             lapsed: false,
+            before: None,
         })
     );
     until("every node applied the takeover", || {

@@ -1838,21 +1838,18 @@ impl Broker {
     /// node's: a fenced will here is settled now, as at a return (one
     /// with `clean_start` ends the session: the will is due, whatever its
     /// delay). Then as [`Broker::client_taken_from`].
-    pub fn client_fenced(
-        &mut self,
-        now: Instant,
-        client_id: &str,
-        to: Option<PeerId>,
-        held: u64,
-        clean_start: bool,
-    ) {
-        self.fenced_will_returned(now, client_id, clean_start);
-        if clean_start {
+    pub fn client_fenced(&mut self, now: Instant, client_id: &str, loss: super::Loss) {
+        self.fenced_will_returned(now, client_id, loss.clean_start);
+        if loss.clean_start {
             // An orphan claim of it answered after this finds the copy
             // replaced: the will it was for is due (see `orphan_claimed`).
             self.orphans.back_clean(client_id);
         }
-        self.client_taken_from(now, client_id, to, held, clean_start, false);
+        let loss = super::Loss {
+            lapsed: false,
+            ..loss
+        };
+        self.client_taken_from(now, client_id, loss);
     }
 
     /// `f`'s connection was lost at `f.at`: publish its will now if due
@@ -1988,11 +1985,16 @@ impl Broker {
     /// outside the replica set otherwise had no copy to serve, and the
     /// client found a clean session.
     pub fn client_taken_by(&mut self, now: Instant, client_id: &str, to: Option<PeerId>) {
-        self.client_taken_from(now, client_id, to, 0, false, false);
+        let loss = super::Loss {
+            to,
+            ..Default::default()
+        };
+        self.client_taken_from(now, client_id, loss);
     }
 
-    /// [`Broker::client_taken_by`], with the epoch this node held the id
-    /// under (0: not known). Held with no session here (a claim that
+    /// [`Broker::client_taken_by`], as `loss` says: with the epoch this
+    /// node held the id under (`held`; 0: not known). Held with no session
+    /// here (a claim that
     /// committed after its CONNECT gave up, or after an error answered
     /// it), the copy kept here was the session: it is adopted under that
     /// epoch first, and moves on as a session does. Otherwise `to` would
@@ -2009,15 +2011,21 @@ impl Broker {
     /// clean start ends the session served here, and its will (the
     /// connection's, closed now, or one waiting out its delay) is
     /// published here, at once; `to` publishes none of its copy.
-    pub fn client_taken_from(
-        &mut self,
-        now: Instant,
-        client_id: &str,
-        to: Option<PeerId>,
-        held: u64,
-        clean_start: bool,
-        lapsed: bool,
-    ) {
+    ///
+    /// `before`: a copy written by an owner before it (this node's claim
+    /// took the id from a newer one, which settled that copy's will and
+    /// session) is stale: it goes, neither adopted nor its will published.
+    /// Before 2026-12-01 it was, and a will came twice: a second
+    /// unanswered claim here, taken by a clean start, published again
+    /// what the owner in between had published.
+    pub fn client_taken_from(&mut self, now: Instant, client_id: &str, loss: super::Loss) {
+        let super::Loss {
+            to,
+            held,
+            clean_start,
+            lapsed,
+            before,
+        } = loss;
         let to = to.filter(|p| self.repl.on() && self.peers.ids().any(|q| q == *p));
         // The node that took it decided for a fenced will (see
         // `PreviousOwner::lapsed`).
@@ -2033,7 +2041,15 @@ impl Broker {
             .images
             .owner_of(client_id)
             .is_some_and(|(owner, epoch)| Some(owner) != to && epoch > 0 && epoch < held);
-        if to.is_some() && older && !self.sessions.has_client(&id) {
+        let stale =
+            before.is_some_and(|b| self.repl.images.is_current(client_id, &b) == Some(false));
+        if older && stale && !self.sessions.has_client(&id) {
+            self.with_copies(|im, d| im.forget(client_id, d));
+            tracing::info!(
+                client_id,
+                "a copy older than the owner before this node's claim: dropped"
+            );
+        } else if to.is_some() && older && !self.sessions.has_client(&id) {
             if clean_start {
                 self.ended_by_clean_start(now, client_id);
             } else {

@@ -23,6 +23,25 @@ use zerofan_codec::Connect;
 /// hundred in flight, so this is reached only if answers stop coming.
 const MAX_LEFT: usize = 4096;
 
+/// How this node lost a client id to another node's claim, as the
+/// leader's fence or the log says (see `Broker::client_taken_from`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Loss {
+    /// The node that took it (`None`: not known here).
+    pub to: Option<PeerId>,
+    /// The epoch this node held it under (0: not known).
+    pub held: u64,
+    /// The client at `to` starts clean: the session here ends.
+    pub clean_start: bool,
+    /// Taken without a fence (this node's lease ran out): `to` settles
+    /// the wills.
+    pub lapsed: bool,
+    /// The owner before this node's claims of the id (`None`: none, or
+    /// not known): a copy kept here is the session only if that owner
+    /// wrote it under its epoch.
+    pub before: Option<super::PreviousOwner>,
+}
+
 /// A client id the shell must claim for a waiting connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClaimRequest {

@@ -139,7 +139,7 @@ mod tests;
 pub use admission::Admission;
 pub use auth::{ConnectionMeta, ListenerAuth, SecurityConfig};
 pub use broker::{Broker, InputState};
-pub use claims::ClaimRequest;
+pub use claims::{ClaimRequest, Loss};
 pub use http_auth::{AuthRequest, HttpAnswer, HttpAuthSettings};
 pub use ids::{ConnId, SessionId};
 pub use message::Message;

@@ -6,7 +6,7 @@
 
 use super::links::{DialFn, IncomingLink, LinkSetup, LinkStream};
 use super::state::Shared;
-use crate::core::{OrphanRequest, Orphaned, PreviousOwner};
+use crate::core::{Loss, OrphanRequest, Orphaned, PreviousOwner};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -104,6 +104,19 @@ fn previous_owner(shared: &Shared, p: Previous) -> PreviousOwner {
         epoch: p.epoch,
         lapsed: p.lapsed,
     }
+}
+
+/// The owner (node, epoch) before a lost client id's claims here, as the
+/// core names it (see `Loss::before`).
+fn owner_before(shared: &Shared, (node, epoch): (u64, u64)) -> PreviousOwner {
+    previous_owner(
+        shared,
+        Previous {
+            node,
+            epoch,
+            lapsed: false,
+        },
+    )
 }
 
 /// A claim attempt: the owner, its epoch and the owner before.
@@ -342,14 +355,17 @@ pub(super) async fn lost_loop(
         // adopts no copy written under a later claim than the one held.
         let latest = cluster.owner(&l.client_id) == Some((l.new_owner, l.epoch));
         let held = if latest { l.epoch.saturating_sub(1) } else { 0 };
-        shared.broker.borrow_mut().client_taken_from(
-            Instant::now(),
-            &l.client_id,
+        let loss = Loss {
             to,
             held,
-            l.clean_start,
-            l.lapsed,
-        );
+            clean_start: l.clean_start,
+            lapsed: l.lapsed,
+            before: l.before.map(|b| owner_before(&shared, b)),
+        };
+        shared
+            .broker
+            .borrow_mut()
+            .client_taken_from(Instant::now(), &l.client_id, loss);
         shared.dispatch();
     }
 }
@@ -374,13 +390,17 @@ async fn fence_loop(
             .owner(&f.client_id)
             .filter(|(owner, _)| *owner == cluster.node_id())
             .map_or(0, |(_, epoch)| epoch);
-        shared.broker.borrow_mut().client_fenced(
-            Instant::now(),
-            &f.client_id,
+        let loss = Loss {
             to,
             held,
-            f.clean_start,
-        );
+            clean_start: f.clean_start,
+            lapsed: false,
+            before: f.before.map(|b| owner_before(&shared, b)),
+        };
+        shared
+            .broker
+            .borrow_mut()
+            .client_fenced(Instant::now(), &f.client_id, loss);
         shared.dispatch();
     }
 }

@@ -10,7 +10,7 @@ use crate::core::durable::{
     StoredWill, SubOptions,
 };
 use crate::core::peer_wire::{FrameDecoder, FrameEncoder, LinkFrame};
-use crate::core::{ClaimRequest, Orphaned, PeerId, PreviousOwner};
+use crate::core::{ClaimRequest, Loss, Orphaned, PeerId, PreviousOwner};
 use std::collections::HashMap;
 
 /// A store that keeps nothing but counts, and is durable at each commit
@@ -2276,6 +2276,17 @@ fn a_claim_serves_the_previous_owners_copy_whatever_its_own_epoch() {
 }
 
 /// The owner before a claim: `node` under the claim of `epoch`.
+/// How a node lost a client id to `to`, holding it under `held`.
+fn loss(to: Option<PeerId>, held: u64, clean_start: bool, lapsed: bool) -> Loss {
+    Loss {
+        to,
+        held,
+        clean_start,
+        lapsed,
+        before: None,
+    }
+}
+
 fn prev_owner(node: usize, epoch: u64) -> PreviousOwner {
     PreviousOwner {
         peer: Some(remote(node)),
@@ -3319,7 +3330,7 @@ fn an_orphaned_will_moved_on_before_its_grant_counts_from_the_loss() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "dev", Some(remote(2)), 2, false, false);
+        .client_taken_from(now, "dev", loss(Some(remote(2)), 2, false, false));
     cl.pump();
     let now = cl.hs[2].now;
     assert!(cl.hs[2].b.adopt_replica(now, "dev"), "node 2 has the image");
@@ -3345,7 +3356,7 @@ fn an_orphaned_will_moved_on_to_a_clean_start_before_its_grant_is_due_at_once() 
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "dev", Some(remote(2)), 2, true, false);
+        .client_taken_from(now, "dev", loss(Some(remote(2)), 2, true, false));
     cl.pump();
     assert_eq!(topics(&mut cl, w), ["will/dev"], "due at the clean start");
     let now = cl.hs[1].now;
@@ -3459,7 +3470,7 @@ fn a_live_owners_client_taken_with_a_clean_start_has_its_delayed_will_published_
         if fenced {
             cl.hs[0]
                 .b
-                .client_fenced(now, "dev", Some(remote(2)), 1, true);
+                .client_fenced(now, "dev", loss(Some(remote(2)), 1, true, false));
             cl.pump();
             assert_eq!(topics(&mut cl, w), ["will/dev"], "{case}: at the fence");
         }
@@ -3469,7 +3480,7 @@ fn a_live_owners_client_taken_with_a_clean_start_has_its_delayed_will_published_
             let now = cl.hs[0].now;
             cl.hs[0]
                 .b
-                .client_taken_from(now, "dev", Some(remote(2)), 1, true, false);
+                .client_taken_from(now, "dev", loss(Some(remote(2)), 1, true, false));
             cl.pump();
             assert_eq!(topics(&mut cl, w), ["will/dev"], "{case}: from the log");
         }
@@ -3628,10 +3639,10 @@ fn a_granted_orphan_whose_client_came_back_clean_has_its_delayed_will_published(
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_fenced(now, "later", Some(remote(2)), 0, true);
+        .client_fenced(now, "later", loss(Some(remote(2)), 0, true, false));
     cl.hs[1]
         .b
-        .client_fenced(now, "kept", Some(remote(2)), 0, false);
+        .client_fenced(now, "kept", loss(Some(remote(2)), 0, false, false));
     cl.pump();
     cl.after(3, 1, 2, |cl| {
         // A persistent session again, started clean: node 2 copies it.
@@ -3674,7 +3685,7 @@ fn an_orphan_grant_answered_after_the_id_moved_on_publishes_nothing_again() {
     for c in ["now", "v3"] {
         cl.hs[1]
             .b
-            .client_taken_from(now, c, Some(remote(2)), 2, false, false);
+            .client_taken_from(now, c, loss(Some(remote(2)), 2, false, false));
     }
     cl.pump();
     cl.after(3, 1, 2, |cl| {
@@ -3974,7 +3985,9 @@ fn a_fenced_client_back_on_its_node_has_its_due_will_published() {
 fn a_fenced_will_is_settled_when_its_node_answers_a_fence() {
     let (mut cl, w, now) = lease_lost_and_back(&[("dev", 0), ("later", 30)]);
     for c in ["dev", "later"] {
-        cl.hs[0].b.client_fenced(now, c, Some(remote(2)), 1, false);
+        cl.hs[0]
+            .b
+            .client_fenced(now, c, loss(Some(remote(2)), 1, false, false));
     }
     cl.pump();
     assert_eq!(topics(&mut cl, w), ["will/dev"]);
@@ -3999,7 +4012,7 @@ fn a_fenced_will_is_published_when_its_client_comes_back_clean() {
     let (mut cl, w, now) = lease_lost_and_back(&[("dev", 30)]);
     cl.hs[0]
         .b
-        .client_fenced(now, "dev", Some(remote(2)), 1, true);
+        .client_fenced(now, "dev", loss(Some(remote(2)), 1, true, false));
     cl.pump();
     assert_eq!(topics(&mut cl, w), ["will/dev"], "due at once");
     cl.hs[0].b.fenced_will_answered(now, "dev", None);
@@ -4027,7 +4040,7 @@ fn a_woken_nodes_will_is_published_once_when_it_answers_a_fence() {
     cl.hs[0].b.cluster_lease(now, false);
     cl.hs[0]
         .b
-        .client_fenced(now, "dev", Some(remote(2)), 1, false);
+        .client_fenced(now, "dev", loss(Some(remote(2)), 1, false, false));
     let (_dev, out) = cl.persistent_after(2, "dev", 2, 0, 1);
     assert!(present(&out));
     cl.pump();
@@ -4168,7 +4181,7 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(2)), 2, false, false);
+        .client_taken_from(now, "sub", loss(Some(remote(2)), 2, false, false));
     cl.pump();
     let (sub, out) = cl.persistent_after(2, "sub", 3, 1, 2);
     assert!(present(&out), "the session started clean");
@@ -4182,7 +4195,7 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     let now = cl.hs[1].now;
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(2)), 2, false, false);
+        .client_taken_from(now, "sub", loss(Some(remote(2)), 2, false, false));
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
@@ -4193,11 +4206,51 @@ fn a_client_id_held_without_a_session_hands_its_copy_on() {
     // epoch 2, the copy here was written under 3): nothing to adopt.
     cl.hs[1]
         .b
-        .client_taken_from(now, "sub", Some(remote(0)), 2, false, false);
+        .client_taken_from(now, "sub", loss(Some(remote(0)), 2, false, false));
     cl.pump();
     assert_eq!(
         cl.hs[1].b.metrics().claims_left,
         1,
         "adopted a copy newer than the claim held"
     );
+}
+
+/// Node 0 dies with a clean client "x" (3.1.1, a will) connected; nodes
+/// 1 and 2 keep the will's copy. Node 2's orphan claim is granted but not
+/// yet answered when the client's clean claim at node 1 takes the id from
+/// it: node 2 publishes the will (its copy is the one of node 0, the
+/// owner before its claim). Node 1's claim is not answered either (its
+/// CONNECT timed out) when the client's next clean claim, at node 2, takes
+/// the id from node 1: node 1's copy is node 0's too, written before node
+/// 2 held the id, so it is stale and goes; the will comes once. (Before
+/// 2026-12-01 node 1 published it again: a soak met it, seed 35.)
+#[test]
+fn a_copy_older_than_the_owner_before_a_claim_publishes_no_will_again() {
+    let (mut cl, w) = watching_wills();
+    cl.epoch = 1;
+    clean_with_will(&mut cl, 0, "x", Protocol::V311, 0);
+    cl.epoch = 0;
+    assert!(cl.hs[1].b.has_copy("x") && cl.hs[2].b.has_copy("x"));
+    cl.kill(0);
+    assert_eq!(orphans(&mut cl, 1), ["x"]);
+    assert_eq!(orphans(&mut cl, 2), ["x"]);
+    let now = cl.hs[2].now;
+    let taken = Loss {
+        before: Some(prev_owner(0, 1)),
+        ..loss(Some(remote(1)), 2, true, false)
+    };
+    cl.hs[2].b.client_fenced(now, "x", taken);
+    cl.pump();
+    assert_eq!(topics(&mut cl, w), ["will/x"], "node 2 publishes it");
+    let now = cl.hs[1].now;
+    let taken = Loss {
+        before: Some(prev_owner(2, 2)),
+        ..loss(Some(remote(2)), 3, true, false)
+    };
+    cl.hs[1].b.client_fenced(now, "x", taken);
+    cl.pump();
+    assert!(!cl.hs[1].b.has_copy("x"), "the stale copy went");
+    cl.later(60);
+    assert!(topics(&mut cl, w).is_empty(), "once");
+    assert_eq!(cl.hs[1].b.metrics().wills_published, 0);
 }
