@@ -79,13 +79,7 @@ def shut(c: PahoClient):
     stopped client no longer runs, and a long run must not pile up
     sockets (paho waits on `select`, which takes descriptors below 1024)."""
     c.close()
-    try:
-        c.c.loop_stop()
-        sock = c.c.socket()
-        if sock is not None:
-            sock.close()
-    except Exception:
-        pass
+    drop(c)
 
 
 def live(nodes: list[Node]) -> list[Node]:

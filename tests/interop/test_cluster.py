@@ -176,13 +176,13 @@ def clients():
         c.close()
 
 
-def served(node: Node, client_id: str, timeout: float = WAIT) -> PahoClient:
+def served(node: Node, client_id: str, timeout: float = WAIT, **kw) -> PahoClient:
     """Connect to `node` once it serves again: a node whose cluster lease
     ran out refuses CONNECTs (0x88) until it renews it (no event to wait on
-    from outside, so a bounded retry)."""
+    from outside, so a bounded retry). `kw`: more for `PahoClient`."""
     deadline = time.monotonic() + timeout
     while True:
-        c = PahoClient(node.broker, client_id=client_id, connect=False)
+        c = PahoClient(node.broker, client_id=client_id, connect=False, **kw)
         _, rc, _ = c.connect(expect_rc=None)
         if rc == 0:
             return c
@@ -477,6 +477,27 @@ def test_a_dead_nodes_client_back_elsewhere_has_its_will_published(nodes, client
         c.close()
 
 
+def _watched_delayed_will(ns: list[Node], clients, expiry: int) -> tuple[PahoClient, PahoClient]:
+    """A watcher of will/# on node 2, and client "wd" on node 1 (session
+    expiry `expiry`) with a QoS 1 will of delay 60 s on will/wd, returned
+    once the copies hold its session (the SUBACK waits for them)."""
+    watch = clients(ns[1])
+    assert watch.subscribe("will/#", 1) == [1]
+    c = clients(ns[0], client_id="wd", clean=False,
+                connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry),
+                will={"topic": "will/wd", "payload": b"gone", "qos": 1,
+                      "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)})
+    assert c.subscribe("wd/in", 1) == [1]
+    return watch, c
+
+
+def _back_with_expiry(node: Node, cid: str, clean_start: bool) -> PahoClient:
+    """`cid` (MQTT 5, session expiry 3600 s) connected to `node` once it
+    serves it (see `served`)."""
+    return served(node, cid, clean=clean_start,
+                  connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
+
+
 @pytest.mark.parametrize("size", [3, 4])
 @pytest.mark.parametrize("kind", ["online", "offline", "clean"])
 @pytest.mark.parametrize("clean_start", [True, False])
@@ -493,30 +514,13 @@ def test_a_live_nodes_client_back_elsewhere_has_its_delayed_will_published_if_it
     the will of a persistent session: node 1 moved it on, delay still
     running, to a node that started clean.)"""
     ns = nodes(size, http=True)
-    watch = clients(ns[1])
-    assert watch.subscribe("will/#", 1) == [1]
-    expiry = 0 if kind == "clean" else 3600
-    c = clients(ns[0], client_id="wd", clean=False,
-                connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry),
-                will={"topic": "will/wd", "payload": b"gone", "qos": 1,
-                      "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)})
-    # The copies hold the session once the SUBACK is out (it waits for them).
-    assert c.subscribe("wd/in", 1) == [1]
+    watch, c = _watched_delayed_will(ns, clients, 0 if kind == "clean" else 3600)
     if kind == "offline":
         # Read by node 1 before or after the fence of the claim below: the
         # outcome is the same.
         c.disconnect(4)
     target = _without_copies(ns[1:]) if size == 4 else ns[2]
-    deadline = time.monotonic() + WAIT
-    while True:
-        back = PahoClient(target.broker, client_id="wd", clean=clean_start, connect=False,
-                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
-        _, rc, _ = back.connect(expect_rc=None)
-        if rc == 0:
-            break
-        back.close()
-        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
-        time.sleep(0.2)
+    back = _back_with_expiry(target, "wd", clean_start)
     if clean_start or kind == "clean":
         assert watch.expect_message(WAIT).topic == "will/wd"
         watch.assert_no_message(2.0)
@@ -535,29 +539,14 @@ def test_a_dead_nodes_client_back_clean_at_a_node_without_a_copy_has_its_will_pu
     so the will is due: that node asks the others for the copy, as a resume
     does, and the will comes once. (Before 2026-12-01 it never came.)"""
     ns = nodes(4, http=True)
-    watch = clients(ns[1])
-    assert watch.subscribe("will/#", 1) == [1]
-    c = clients(ns[0], client_id="wd", clean=False,
-                connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600),
-                will={"topic": "will/wd", "payload": b"gone", "qos": 1,
-                      "props": props(PacketTypes.WILLMESSAGE, WillDelayInterval=60)})
-    assert c.subscribe("wd/in", 1) == [1]
+    watch, c = _watched_delayed_will(ns, clients, 3600)
     if kind == "offline":
         # Read before node 1 dies or not: the will is due either way.
         c.disconnect(4)
     bare = _without_copies(ns[1:])
     ns[0].kill()
     c.close()
-    deadline = time.monotonic() + WAIT
-    while True:
-        back = PahoClient(bare.broker, client_id="wd", clean=True, connect=False,
-                          connect_props=props(PacketTypes.CONNECT, SessionExpiryInterval=3600))
-        _, rc, _ = back.connect(expect_rc=None)
-        if rc == 0:
-            break
-        back.close()
-        assert rc == 0x88 and time.monotonic() < deadline, f"CONNACK {rc:#x}"
-        time.sleep(0.2)
+    back = _back_with_expiry(bare, "wd", True)
     assert watch.expect_message(WAIT).topic == "will/wd"
     watch.assert_no_message(3.0)
     back.close()

@@ -1994,9 +1994,8 @@ impl Broker {
 
     /// [`Broker::client_taken_by`], as `loss` says: with the epoch this
     /// node held the id under (`held`; 0: not known). Held with no session
-    /// here (a claim that
-    /// committed after its CONNECT gave up, or after an error answered
-    /// it), the copy kept here was the session: it is adopted under that
+    /// here (a claim that committed after its CONNECT gave up, or after an
+    /// error answered it), the copy kept here was the session: it is adopted under that
     /// epoch first, and moves on as a session does. Otherwise `to` would
     /// judge its own copy older than this node's epoch and start clean.
     ///
