@@ -125,13 +125,7 @@ impl SmShared {
                 node,
                 clean_start,
                 by_lease,
-            } => {
-                let taking = Taking {
-                    clean_start,
-                    by_lease,
-                };
-                self.claim(data, client_id, node, taking)
-            }
+            } => self.claim(data, client_id, node, clean_start, by_lease),
             Command::ClaimOrphan {
                 client_id,
                 node,
@@ -144,11 +138,7 @@ impl SmShared {
                 if held_by(data.owners.get(&client_id).copied(), owner, epoch) {
                     // A will's claim: no client of its own, and taken
                     // without a fence.
-                    let taking = Taking {
-                        clean_start: false,
-                        by_lease: Some((owner, epoch)),
-                    };
-                    self.claim(data, client_id, node, taking)
+                    self.claim(data, client_id, node, false, Some((owner, epoch)))
                 } else {
                     Reply::Moved
                 }
@@ -172,8 +162,16 @@ impl SmShared {
     /// `node` takes `client_id` (a [`Command::Claim`], or a
     /// [`Command::ClaimOrphan`] whose owner matched): the epoch rises above
     /// the last one, the owner before is named, and the local node hears
-    /// when it lost the id.
-    fn claim(&self, data: &mut SmData, client_id: String, node: u64, taking: Taking) -> Reply {
+    /// when it lost the id: whether its client starts clean, and whether
+    /// it is the owner the leader found out of its lease (`by_lease`).
+    fn claim(
+        &self,
+        data: &mut SmData,
+        client_id: String,
+        node: u64,
+        clean_start: bool,
+        by_lease: Option<(u64, u64)>,
+    ) -> Reply {
         let prev = data.owners.get(&client_id).copied();
         if prev.is_none() && data.owners.len() >= MAX_CLIENT_IDS {
             data.refused += 1;
@@ -211,8 +209,8 @@ impl SmShared {
                         client_id,
                         new_owner: node,
                         epoch,
-                        clean_start: taking.clean_start,
-                        lapsed: taking.lapsed_from(prev),
+                        clean_start,
+                        lapsed: lapsed(by_lease, prev),
                         before,
                     };
                     if self.events.try_send(lost).is_err() {
@@ -229,23 +227,9 @@ impl SmShared {
     }
 }
 
-/// How a claim takes its client id, as its entry says.
-#[derive(Clone, Copy, Debug, Default)]
-struct Taking {
-    clean_start: bool,
-    by_lease: Option<(u64, u64)>,
-}
-
-impl Taking {
-    /// Whether `owner` (node, epoch), the owner when the entry applies, is
-    /// the one the leader found out of its lease (epoch 0: any of that
-    /// node's), as the claim's answer judges it.
-    fn lapsed_from(&self, owner: Option<(u64, u64)>) -> bool {
-        lapsed(self.by_lease, owner)
-    }
-}
-
-/// Whether the owner found out of its lease (`by_lease`) is `owner`.
+/// Whether `owner` (node, epoch), the owner when a claim applies, is the
+/// one the leader found out of its lease (`by_lease`; epoch 0: any of
+/// that node's): the claim's answer and the loss judge it alike.
 pub(crate) fn lapsed(by_lease: Option<(u64, u64)>, owner: Option<(u64, u64)>) -> bool {
     by_lease
         .zip(owner)
