@@ -6675,8 +6675,14 @@ impl Broker {
             }
             self.metrics.replica_images_sent += targets.len() as u64;
         }
-        if !ops.is_empty() {
-            self.send_replicated(&targets, ops);
+        self.send_image_batches(&targets, ops);
+    }
+
+    /// Full images for `targets`, in batches that stay far below a link
+    /// frame's limit (see `replica::image_batches`).
+    fn send_image_batches(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) {
+        for batch in super::replica::image_batches(ops) {
+            self.send_replicated(targets, batch);
         }
     }
 
@@ -6692,7 +6698,7 @@ impl Broker {
             self.image_ops(sid, &mut ops, &mut std::collections::HashSet::new());
             if !ops.is_empty() {
                 self.metrics.sessions_handed_over += 1;
-                self.send_replicated(&[to], ops);
+                self.send_image_batches(&[to], ops);
             }
         }
         self.peers.send(

@@ -51,6 +51,7 @@ mod stranded;
 mod window;
 pub(crate) use disk::{Disk, Drops};
 pub(crate) use fence::Fence;
+pub(crate) use outgoing::image_batches;
 pub use outgoing::ReplBatch;
 pub use previous::PreviousOwner;
 pub(crate) use read::joins_read;

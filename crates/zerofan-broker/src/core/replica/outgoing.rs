@@ -7,11 +7,93 @@
 //! the operations (an allocation per client id and filter) and each link
 //! encoded its own: together about a tenth of an owner's event loop in a
 //! profile of replicated persistent QoS 1 (BENCHMARKS.md).
+//!
+//! Full images (a replica new to the set, or back) go as several batches
+//! ([`image_batches`]): one batch of every session's image could pass a
+//! link frame's limit, and was then not sent at all.
 
 use super::ReplOp;
 use crate::core::peer_wire::WireError;
 use bytes::Bytes;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
+use zerofan_store::MsgId;
+
+/// Bytes of operations past which a batch of full images takes no further
+/// session: the next starts a batch of its own. Far below a link frame's
+/// limit (`peer_wire::MAX_FRAME`), and a replica applies what a node holds
+/// in steps, not in one event.
+pub(crate) const IMAGE_BATCH: usize = 8 << 20;
+
+/// Bytes of operations past which one session's image is split too,
+/// before a message. Below it an image stays whole in one batch: a
+/// replica given only its first part (its owner dying in between) would
+/// hold less than the copy it had. Above it, whole, it could pass a link
+/// frame's limit (a queue of `max_queued_bytes` above 256 MiB).
+pub(crate) const IMAGE_SPLIT: usize = 64 << 20;
+
+/// `ops` (full images, as `Broker::send_images` makes them) as batches to
+/// send in order: a new one before a session's image once a batch holds
+/// [`IMAGE_BATCH`] bytes, and before a message once it holds
+/// [`IMAGE_SPLIT`]. A queue entry whose message went in an earlier batch
+/// gets the message again in its own, so that each batch names every
+/// message it references (a replica forgets one that no entry of its
+/// batch references, and keeps one it holds already without a second
+/// count). Parts of an image after the first carry no epoch: a change
+/// naming none applies to the copy its sender owns (`Fence::judge`), and
+/// a second epoch at the same version would make the replica skip them
+/// as had.
+pub(crate) fn image_batches(ops: Vec<ReplOp>) -> Vec<Vec<ReplOp>> {
+    image_batches_at(ops, IMAGE_BATCH, IMAGE_SPLIT)
+}
+
+fn image_batches_at(ops: Vec<ReplOp>, batch: usize, split: usize) -> Vec<Vec<ReplOp>> {
+    let mut out = Vec::new();
+    let mut cur: Vec<ReplOp> = Vec::new();
+    let mut bytes = 0usize;
+    let mut known: HashMap<MsgId, ReplOp> = HashMap::new();
+    let mut here: HashSet<MsgId> = HashSet::new();
+    for op in ops {
+        // An image starts with its epoch, or with its reset when it has
+        // none: never between the two.
+        let starts = match &op {
+            ReplOp::Epoch { .. } => true,
+            ReplOp::Reset { .. } => !matches!(cur.last(), Some(ReplOp::Epoch { .. })),
+            _ => false,
+        };
+        // Never between a message and the entry after it that needs it.
+        let data = match &op {
+            ReplOp::Message { .. } => true,
+            ReplOp::Enqueue { item, .. } => !here.contains(&item.msg),
+            _ => false,
+        };
+        if !cur.is_empty() && ((starts && bytes >= batch) || (data && bytes >= split)) {
+            out.push(std::mem::take(&mut cur));
+            bytes = 0;
+            here.clear();
+        }
+        match &op {
+            ReplOp::Message { id, .. } => {
+                known.insert(*id, op.clone());
+                here.insert(*id);
+            }
+            ReplOp::Enqueue { item, .. } if !here.contains(&item.msg) => {
+                if let Some(m) = known.get(&item.msg) {
+                    bytes += m.size();
+                    here.insert(item.msg);
+                    cur.push(m.clone());
+                }
+            }
+            _ => {}
+        }
+        bytes += op.size();
+        cur.push(op);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
 
 /// Operations on persistent sessions, oldest first, shared by the
 /// `PeerEvent::Replicate`s of one owner event.
@@ -71,6 +153,107 @@ mod tests {
 
     fn drop_op(c: &str) -> ReplOp {
         ReplOp::Drop { client: c.into() }
+    }
+
+    /// A session's image as `Broker::image_ops` makes it: its epoch (when
+    /// `epoch`), reset, and an entry per message of `msgs` (each message
+    /// before its first entry in `named`), the first one sent.
+    fn image(c: &str, epoch: bool, msgs: &[u64], named: &mut HashSet<u64>) -> Vec<ReplOp> {
+        let mut ops = Vec::new();
+        if epoch {
+            ops.push(ReplOp::Epoch {
+                client: c.into(),
+                epoch: 3,
+                version: 7,
+            });
+        }
+        ops.push(ReplOp::Reset {
+            client: c.into(),
+            meta: Default::default(),
+            read: None,
+        });
+        for (i, &m) in msgs.iter().enumerate() {
+            if named.insert(m) {
+                ops.push(ReplOp::Message {
+                    id: MsgId(m),
+                    msg: Arc::new(zerofan_store::StoredMessage {
+                        payload: Bytes::from(vec![0u8; 968]),
+                        ..Default::default()
+                    }),
+                    mark: None,
+                });
+            }
+            ops.push(ReplOp::Enqueue {
+                client: c.into(),
+                entry: zerofan_store::EntryId(i as u64),
+                item: zerofan_store::QueueEntry {
+                    msg: MsgId(m),
+                    ..Default::default()
+                },
+            });
+            if i == 0 {
+                ops.push(ReplOp::Send {
+                    client: c.into(),
+                    entry: zerofan_store::EntryId(0),
+                    pid: 1,
+                });
+            }
+        }
+        ops
+    }
+
+    /// Each batch's ops, a letter each: Epoch, Reset, Message (its id),
+    /// Enqueue (its message's id), Send.
+    fn shape(batches: &[Vec<ReplOp>]) -> Vec<String> {
+        batches
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|op| match op {
+                        ReplOp::Epoch { client, .. } => format!("E{client}"),
+                        ReplOp::Reset { client, .. } => format!("R{client}"),
+                        ReplOp::Message { id, .. } => format!("m{}", id.0),
+                        ReplOp::Enqueue { item, .. } => format!("q{}", item.msg.0),
+                        ReplOp::Send { .. } => "s".into(),
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn full_images_go_in_batches_of_whole_sessions_below_the_batch_size() {
+        // Each message counts 1,000 bytes (`ReplOp::size`), other ops 32.
+        let mut named = HashSet::new();
+        let mut ops = image("a", true, &[1, 2], &mut named);
+        ops.extend(image("b", false, &[3, 2], &mut named));
+        ops.extend(image("c", true, &[4], &mut named));
+        let batches = image_batches_at(ops.clone(), 1500, 1 << 20);
+        assert_eq!(
+            shape(&batches),
+            [
+                "Ea Ra m1 q1 s m2 q2",
+                // Message 2 went in the batch before: named again.
+                "Rb m3 q3 s m2 q2",
+                "Ec Rc m4 q4 s",
+            ]
+        );
+        // Large enough: one batch, as before.
+        assert_eq!(image_batches_at(ops.clone(), 1 << 20, 1 << 20), [ops]);
+        assert!(image_batches_at(Vec::new(), 1, 1).is_empty());
+    }
+
+    #[test]
+    fn a_session_past_the_split_size_is_split_before_its_messages_only() {
+        let mut named = HashSet::new();
+        let ops = image("a", true, &[1, 2, 3, 1], &mut named);
+        let batches = image_batches_at(ops, 1 << 20, 1500);
+        // Not between the epoch and the reset, nor between a message and
+        // its entry, nor between an entry and its send; the entry of a
+        // message sent in an earlier batch brings it again.
+        assert_eq!(shape(&batches), ["Ea Ra m1 q1 s m2 q2", "m3 q3 m1 q1"]);
     }
 
     #[test]

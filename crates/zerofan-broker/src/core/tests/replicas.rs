@@ -923,6 +923,71 @@ fn an_away_replica_is_not_waited_for_and_gets_full_images_when_back() {
     assert_eq!(got, ["while-away", "later"]);
 }
 
+/// A replica back from away gets every full image, however much they hold:
+/// in one batch, images past a link frame's limit were not sent at all
+/// (the shell logs "event not sent to node"), and the replica that served
+/// the sessions after the owner's death lacked what it missed. Five
+/// sessions of 55 MiB each, within the default queue limit (64 MiB).
+#[test]
+fn full_images_larger_than_a_link_frame_reach_the_replica() {
+    const SESSIONS: usize = 5;
+    const N: usize = 55;
+    const SIZE: usize = 1 << 20;
+    const { assert!(SESSIONS * N * SIZE > crate::core::peer_wire::MAX_FRAME) };
+    let mut cl = Cluster::new(3, 3);
+    for h in &mut cl.hs[1..] {
+        h.b.set_replica_limits(100_000, 1 << 30);
+    }
+    for k in 0..SESSIONS {
+        cl.offline_subscriber(0, &format!("sub{k}"), &format!("t/{k}"), QoS::AtLeastOnce);
+    }
+    cl.cut(0, 2, true);
+    cl.hs[0].b.set_peer_away(remote(2), true);
+    cl.pump();
+    let (p, _) = cl.connect(0, "p", Protocol::V5, true, 0);
+    let filler = vec![b'.'; SIZE - 4];
+    let mut pid = 0u16;
+    for k in 0..SESSIONS {
+        for i in 0..N {
+            let mut payload = format!("{i:04}").into_bytes();
+            payload.extend_from_slice(&filler);
+            pid += 1;
+            let mut m = publish(&format!("t/{k}"), "", QoS::AtLeastOnce, pid);
+            m.payload = Bytes::from(payload);
+            cl.send(p, Packet::Publish(m));
+        }
+    }
+    assert_eq!(acks(&cl.out(p)).len(), SESSIONS * N);
+    // Back, with nothing of what it missed: it gets the full images.
+    cl.wires[0][2].clear();
+    cl.cut(0, 2, false);
+    let batches = cl.hs[0].b.metrics().replicated_batches;
+    cl.hs[0].b.set_peer_away(remote(2), false);
+    cl.pump();
+    assert!(
+        cl.hs[0].b.metrics().replicated_batches >= batches + 2,
+        "split"
+    );
+    assert_eq!(cl.hs[2].b.replica_images().1, SESSIONS * N * (SIZE + 3));
+    cl.kill(0);
+    let want: Vec<String> = (0..N).map(|i| format!("{i:04}")).collect();
+    for k in 0..SESSIONS {
+        let (sub, out) = cl.persistent(2, &format!("sub{k}"));
+        assert!(present(&out));
+        let mut got = out
+            .publishes()
+            .iter()
+            .map(|m| m.payload.clone())
+            .collect::<Vec<_>>();
+        got.extend(cl.out(sub).publishes().iter().map(|m| m.payload.clone()));
+        let got: Vec<String> = got
+            .iter()
+            .map(|p| String::from_utf8_lossy(&p[..4]).into_owned())
+            .collect();
+        assert_eq!(got, want, "sub{k}");
+    }
+}
+
 /// Images of sessions whose owner died and whose expiry passed make room
 /// when a replica's images are full.
 #[test]
