@@ -1175,6 +1175,8 @@ impl Broker {
         if !self.repl.on() {
             return;
         }
+        self.repl.parts.forget(peer);
+        self.metrics.replica_parts_dropped += self.repl.parts.take_dropped();
         let wills = self.repl.images.armed_wills_of(peer);
         if !wills.is_empty() {
             tracing::info!(
@@ -6222,6 +6224,8 @@ impl Broker {
         self.refuse_unconfirmed(peer);
         self.moves_peer_gone(peer);
         self.strands.peer_left(peer);
+        self.repl.parts.forget(peer);
+        self.metrics.replica_parts_dropped += self.repl.parts.take_dropped();
         self.router.forget_peer(peer);
         self.router.set_away(peer, false);
         let (wake, ready) = self.peers.remove(peer);
@@ -6433,14 +6437,39 @@ impl Broker {
         });
     }
 
+    /// `ops` to `targets` as one batch: in parts when one frame could not
+    /// hold it (see `replica::frame_parts`). Returns its change number.
     fn send_replicated(&mut self, targets: &[PeerId], ops: Vec<super::replica::ReplOp>) -> u64 {
+        let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
+        if bytes <= super::replica::IMAGE_SPLIT {
+            return self.send_batch(targets, ops, bytes);
+        }
+        let mut seq = 0;
+        for part in super::replica::frame_parts(ops) {
+            let bytes = part.iter().map(super::replica::ReplOp::size).sum();
+            seq = self.send_batch(targets, part, bytes);
+        }
+        seq
+    }
+
+    fn send_batch(
+        &mut self,
+        targets: &[PeerId],
+        ops: Vec<super::replica::ReplOp>,
+        bytes: usize,
+    ) -> u64 {
         let seq = self.repl.stamp(targets);
-        // The epochs that name each client id's claim change no session.
+        // The epochs that name each client id's claim change no session,
+        // nor does a part's mark.
         let n = ops
             .iter()
-            .filter(|op| !matches!(op, super::replica::ReplOp::Epoch { .. }))
+            .filter(|op| {
+                !matches!(
+                    op,
+                    super::replica::ReplOp::Epoch { .. } | super::replica::ReplOp::Part { .. }
+                )
+            })
             .count() as u64;
-        let bytes: usize = ops.iter().map(super::replica::ReplOp::size).sum();
         // One batch for every replica, encoded once (see `ReplBatch`).
         let ops = super::replica::ReplBatch::new(ops);
         for p in targets {
@@ -6573,6 +6602,21 @@ impl Broker {
         seq: u64,
         ops: Vec<super::replica::ReplOp>,
     ) {
+        let joined = self.repl.parts.join(from, ops);
+        self.metrics.replica_parts_dropped += self.repl.parts.take_dropped();
+        let ops = match joined {
+            super::replica::Joined::Whole(ops) => ops,
+            // Answered with the last part (an answer covers every change
+            // up to its own).
+            super::replica::Joined::Held => return,
+            // Answered all the same, behind what waits for the store.
+            super::replica::Joined::Dropped => {
+                if !self.durable.hold_replica_ack(from, seq) {
+                    self.peers.send(from, PeerEvent::ReplicaAck { seq });
+                }
+                return;
+            }
+        };
         let (applied, refused) = (self.repl.images.applied, self.repl.images.refused);
         let had = self.repl.images.batches_had;
         let (stale, forgotten) = (

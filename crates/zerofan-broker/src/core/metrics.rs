@@ -432,6 +432,15 @@ counters! {
                 "zerofan_cluster_copies_sent_total",
                 "Session copies kept here sent to a node that was granted their client id.",
             )),
+        /// Batches sent here in parts (too large for one link frame)
+        /// dropped unfinished: a part out of order or past its bound
+        /// (4 GiB), or its sender restarted or left between two.
+        pub replica_parts_dropped: u64 = CounterDef::NEW
+            .sys("cluster/replica_parts_dropped")
+            .prom(Family::new(
+                "zerofan_cluster_replica_parts_dropped_total",
+                "Replicated batches sent to this node in parts that were dropped unfinished (a part out of order or past its bound, or the sender restarted or left).",
+            )),
         /// Sessions here ended because another node claimed their client id.
         pub fenced_takeovers: u64 = CounterDef::NEW
             .sys("cluster/fenced_takeovers")

@@ -44,6 +44,7 @@ mod batch;
 mod disk;
 mod fence;
 mod outgoing;
+mod parts;
 mod previous;
 mod queue;
 mod read;
@@ -51,8 +52,9 @@ mod stranded;
 mod window;
 pub(crate) use disk::{Disk, Drops};
 pub(crate) use fence::Fence;
-pub(crate) use outgoing::image_batches;
 pub use outgoing::ReplBatch;
+pub(crate) use outgoing::{frame_parts, image_batches, IMAGE_SPLIT};
+pub(crate) use parts::Joined;
 pub use previous::PreviousOwner;
 pub(crate) use read::joins_read;
 pub(crate) use stranded::QueueBound;
@@ -184,6 +186,16 @@ pub enum ReplOp {
     /// The receiver left the sender's replica set: forget every copy of
     /// the sender's sessions (one operation, however many there are).
     ForgetOwner,
+    /// Part `index` of a batch sent in several because one link frame
+    /// could not hold it ([`frame_parts`]), `last` on its final one: the
+    /// receiver keeps the parts and applies them as one batch (see
+    /// `parts`).
+    Part {
+        /// From 0, one more in each part.
+        index: u32,
+        /// The copy's last part.
+        last: bool,
+    },
     /// A will waits for its delay.
     SetWill {
         /// Client id.
@@ -202,7 +214,7 @@ impl ReplOp {
     /// The session it is about (none for a message).
     pub(crate) fn client(&self) -> Option<&str> {
         match self {
-            ReplOp::Message { .. } | ReplOp::ForgetOwner => None,
+            ReplOp::Message { .. } | ReplOp::ForgetOwner | ReplOp::Part { .. } => None,
             ReplOp::Session { client, .. }
             | ReplOp::Epoch { client, .. }
             | ReplOp::Reset { client, .. }
@@ -494,6 +506,9 @@ pub(crate) struct Replication {
     pub(crate) drops: Drops,
     /// The link read in progress, if any (see `read`).
     read: read::LinkRead,
+    /// Parts of batches too large for one frame, held until their last
+    /// (see `parts`).
+    pub(crate) parts: parts::Parts,
     /// Changes a replica called stale, as ranges (after, up to]: what
     /// waits on them is refused, not released (see
     /// [`Replication::taint`]). Bounded by the replicas' answers: each
@@ -1652,8 +1667,8 @@ impl Images {
                 }
                 None => false,
             },
-            // Taken out in `apply`.
-            ReplOp::Epoch { .. } | ReplOp::ForgetOwner => true,
+            // Taken out in `apply` (a part's mark on its link's arrival).
+            ReplOp::Epoch { .. } | ReplOp::ForgetOwner | ReplOp::Part { .. } => true,
             ReplOp::ClearWill { client } => {
                 if let Some(i) = self.owned(from, &client) {
                     if i.will.take().is_some() && i.on_disk() {

@@ -35,6 +35,8 @@ const EPOCH: u8 = 16;
 const FORGET_OWNER: u8 = 17;
 /// A will whose client is still connected (link format 8).
 const ARMED_WILL: u8 = 18;
+/// A part of a copy sent in several batches (link format 9).
+const PART: u8 = 19;
 /// Room reserved per operation: an enqueue of a 23-byte client id, or a
 /// message's header with a short topic, fits.
 const OP_HEAD: usize = 64;
@@ -190,6 +192,11 @@ pub(crate) fn encode(ops: &[ReplOp], parts: &mut Vec<Bytes>) -> Result<(), WireE
                 buf.put_u64(*version);
             }
             ReplOp::ForgetOwner => buf.put_u8(FORGET_OWNER),
+            ReplOp::Part { index, last } => {
+                buf.put_u8(PART);
+                buf.put_u32(*index);
+                buf.put_u8(u8::from(*last));
+            }
         }
     }
     if !buf.is_empty() {
@@ -422,6 +429,10 @@ pub(crate) fn decode(f: &mut Bytes) -> Result<Vec<ReplOp>, WireError> {
                 version: get_u64(f)?,
             },
             FORGET_OWNER => ReplOp::ForgetOwner,
+            PART => ReplOp::Part {
+                index: get_u32(f)?,
+                last: get_u8(f)? != 0,
+            },
             SET_WILL | ARMED_WILL => {
                 let client = get_str(f)?;
                 let (due_at_ms, armed) = if tag == SET_WILL {
@@ -675,6 +686,10 @@ mod tests {
                 version: 7,
             },
             ReplOp::ForgetOwner,
+            ReplOp::Part {
+                index: 3,
+                last: true,
+            },
             ReplOp::Drop { client: c },
         ]
     }

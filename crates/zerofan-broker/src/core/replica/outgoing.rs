@@ -10,7 +10,9 @@
 //!
 //! Full images (a replica new to the set, or back) go as several batches
 //! ([`image_batches`]): one batch of every session's image could pass a
-//! link frame's limit, and was then not sent at all.
+//! link frame's limit, and was then not sent at all. Any other batch
+//! past [`IMAGE_SPLIT`] goes in parts, joined again before it is applied
+//! ([`frame_parts`]).
 
 use super::ReplOp;
 use crate::core::peer_wire::WireError;
@@ -91,6 +93,40 @@ fn image_batches_at(ops: Vec<ReplOp>, batch: usize, split: usize) -> Vec<Vec<Rep
     }
     if !cur.is_empty() {
         out.push(cur);
+    }
+    out
+}
+
+/// `ops`, a batch larger than [`IMAGE_SPLIT`], as parts to send in
+/// order, each of at most that (or of one operation) and led by its
+/// `ReplOp::Part`. Unlike [`image_batches`], the cuts fall anywhere: the
+/// receiver joins the parts and applies them as the one batch they were
+/// (see `parts`). That is what a copy sent to a claimant needs (judged as
+/// a whole against the claimant's own, `previous`), and what the batch
+/// of a session a new owner installs from a copy needs (its records in
+/// one event, acknowledged together).
+pub(crate) fn frame_parts(ops: Vec<ReplOp>) -> Vec<Vec<ReplOp>> {
+    frame_parts_at(ops, IMAGE_SPLIT)
+}
+
+fn frame_parts_at(ops: Vec<ReplOp>, split: usize) -> Vec<Vec<ReplOp>> {
+    let mut out: Vec<Vec<ReplOp>> = Vec::new();
+    let mut bytes = 0usize;
+    for op in ops {
+        let size = op.size();
+        let full = bytes > 0 && bytes + size > split;
+        match out.last_mut() {
+            Some(cur) if !full => cur.push(op),
+            _ => {
+                let index = u32::try_from(out.len()).unwrap_or(u32::MAX);
+                out.push(vec![ReplOp::Part { index, last: false }, op]);
+                bytes = 0;
+            }
+        }
+        bytes += size;
+    }
+    if let Some(ReplOp::Part { last, .. }) = out.last_mut().and_then(|p| p.first_mut()) {
+        *last = true;
     }
     out
 }
@@ -254,6 +290,36 @@ mod tests {
         // its entry, nor between an entry and its send; the entry of a
         // message sent in an earlier batch brings it again.
         assert_eq!(shape(&batches), ["Ea Ra m1 q1 s m2 q2", "m3 q3 m1 q1"]);
+    }
+
+    #[test]
+    fn a_batch_past_the_split_size_goes_in_numbered_parts_cut_anywhere() {
+        let mut named = HashSet::new();
+        let ops = image("a", true, &[1, 2, 3], &mut named);
+        // Each message counts 1,000 bytes, other ops 32: cut before the
+        // op that would pass 1,100, wherever it falls.
+        let parts = frame_parts_at(ops.clone(), 1100);
+        assert_eq!(
+            shape(&parts),
+            [
+                "Part { index: 0, last: false } Ea Ra m1 q1",
+                "Part { index: 1, last: false } s m2 q2",
+                "Part { index: 2, last: true } m3 q3",
+            ]
+        );
+        // Joined without their marks, the parts are the copy.
+        let joined: Vec<ReplOp> = parts
+            .into_iter()
+            .flat_map(|p| p.into_iter().skip(1))
+            .collect();
+        assert_eq!(joined, ops);
+        // An operation larger than the split size is a part of its own.
+        let parts = frame_parts_at(ops, 500);
+        assert_eq!(parts.len(), 7);
+        for p in &parts {
+            let bytes: usize = p[1..].iter().map(ReplOp::size).sum();
+            assert!(bytes <= 500 || p.len() == 2, "{p:?}");
+        }
     }
 
     #[test]

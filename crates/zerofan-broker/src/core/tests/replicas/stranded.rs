@@ -1321,3 +1321,80 @@ fn a_restarted_owner_gives_no_id_its_former_self_gave() {
     got.sort();
     assert_eq!(got, ["first", "new", "old"]);
 }
+
+/// A copy sent to a claimant (the answer to `CopyWanted`) larger than a
+/// link frame: 270 messages of 1 MiB for "s" (its queue limit and the
+/// replicas' raised to 1 GiB), acknowledged while node 0 and node 1 are cut from each other,
+/// so node 2 alone holds them beside the owner. "s" comes back on node 1,
+/// whose copy is older: node 2's goes to it in parts. Node 1 then sends
+/// its replicas the session it installed, also past a frame, also in
+/// parts: node 1 killed before its client acknowledged anything, node 2
+/// serves all 270. Before, each of those batches was one frame, which the
+/// link refused ("frame too large"): the claim served node 1's old copy
+/// without the messages, and node 2 never got node 1's.
+#[test]
+fn batches_larger_than_a_link_frame_reach_the_claimant_and_its_replicas() {
+    const N: usize = 270;
+    const SIZE: usize = 1 << 20;
+    const { assert!(N * SIZE > crate::core::peer_wire::MAX_FRAME) };
+    let mut cl = Cluster::with(3, 3, || Config {
+        max_queued_bytes: 1 << 30,
+        ..Config::default()
+    });
+    for h in &mut cl.hs {
+        h.b.set_replica_limits(100_000, 1 << 30);
+    }
+    cl.offline_at(0, "s", 1, "t");
+    cl.away(0, 1, true);
+    let (p, _) = cl.connect(2, "p", Protocol::V5, true, 0);
+    let filler = vec![b'.'; SIZE - 4];
+    for i in 0..N {
+        let mut payload = format!("{i:04}").into_bytes();
+        payload.extend_from_slice(&filler);
+        let mut m = publish("t", "", QoS::AtLeastOnce, i as u16 + 1);
+        m.payload = Bytes::from(payload);
+        cl.send(p, Packet::Publish(m));
+    }
+    assert_eq!(acks(&cl.out(p)).len(), N);
+    let want: Vec<String> = (0..N).map(|i| format!("{i:04}")).collect();
+    let heads = |out: &Out| -> Vec<String> {
+        out.publishes()
+            .iter()
+            .map(|m| String::from_utf8_lossy(&m.payload[..4]).into_owned())
+            .collect()
+    };
+
+    let conn = cl.persistent_waiting(1, "s");
+    let prev = prev_owner(0, 1);
+    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its copy may be older");
+    cl.hs[1].b.ask_for_copy(conn, &prev);
+    cl.pump();
+    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
+    assert_eq!(cl.hs[2].b.metrics().copies_sent, 1);
+    let s1 = cl.granted(1, conn, 2, prev);
+    let out = cl.out(s1);
+    assert!(present(&out));
+    assert_eq!(heads(&out), want, "node 1 serves node 2's copy");
+    assert_eq!(cl.hs[1].b.metrics().replica_parts_dropped, 0);
+
+    // Nothing acknowledged: all 270 are still owed, now by node 1's copies.
+    cl.lose(s1);
+    cl.kill(1);
+    let (s2, out) = cl.persistent_after(2, "s", 3, 1, 2);
+    assert!(present(&out));
+    let mut got = Vec::new();
+    let mut out = out;
+    for _ in 0..N {
+        let ps = out.publishes();
+        if ps.is_empty() {
+            break;
+        }
+        for m in ps {
+            got.push(String::from_utf8_lossy(&m.payload[..4]).into_owned());
+            cl.send(s2, Packet::PubAck(ack(m.packet_id)));
+        }
+        out = cl.out(s2);
+    }
+    assert_eq!(got, want, "node 2 has node 1's copy");
+    assert_eq!(cl.hs[2].b.metrics().replica_parts_dropped, 0);
+}
