@@ -1218,14 +1218,22 @@ fn a_copy_read_back_from_disk_that_missed_changes_is_not_served_as_it_is() {
 /// owner, dead), serves it: it asks the other nodes for a newer copy (the
 /// version of its own is known), `sent` come. What the client gets.
 fn read_back_and_served(cl: &mut Cluster, sent: u64) -> Vec<String> {
+    let conn = copy_asked_at_node_1(cl, sent);
+    claimed_at_node_1(cl, conn).1
+}
+
+/// "s"'s client back at node 1, whose claim (node 0's at epoch 1 before
+/// it) wants a copy (its own may be older, or it has none), asks the
+/// other nodes and is answered, node 2 sending `sent` copies.
+fn copy_asked_at_node_1(cl: &mut Cluster, sent: u64) -> ConnId {
     let conn = cl.persistent_waiting(1, "s");
     let prev = prev_owner(0, 1);
-    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its version is known");
+    assert!(cl.hs[1].b.wants_copy(conn, &prev), "a copy wanted");
     cl.hs[1].b.ask_for_copy(conn, &prev);
     cl.pump();
     assert!(!cl.hs[1].b.wants_copy(conn, &prev), "answered");
     assert_eq!(cl.hs[2].b.metrics().copies_sent, sent, "copies sent");
-    claimed_at_node_1(cl, conn).1
+    conn
 }
 
 /// The other way round: node 2 was cut off from node 0, the owner, which
@@ -1364,14 +1372,8 @@ fn batches_larger_than_a_link_frame_reach_the_claimant_and_its_replicas() {
             .collect()
     };
 
-    let conn = cl.persistent_waiting(1, "s");
-    let prev = prev_owner(0, 1);
-    assert!(cl.hs[1].b.wants_copy(conn, &prev), "its copy may be older");
-    cl.hs[1].b.ask_for_copy(conn, &prev);
-    cl.pump();
-    assert!(!cl.hs[1].b.wants_copy(conn, &prev), "node 2 sent its copy");
-    assert_eq!(cl.hs[2].b.metrics().copies_sent, 1);
-    let s1 = cl.granted(1, conn, 2, prev);
+    let conn = copy_asked_at_node_1(&mut cl, 1);
+    let s1 = cl.granted(1, conn, 2, prev_owner(0, 1));
     let out = cl.out(s1);
     assert!(present(&out));
     assert_eq!(heads(&out), want, "node 1 serves node 2's copy");
