@@ -146,13 +146,21 @@ def voters_with_leader(n: int):
 def nodes(tmp_path):
     made: list[Node] = []
 
-    def make(n: int, http: bool = False) -> list[Node]:
+    def make(n: int, http: bool = False, cluster_conf: str = "") -> list[Node]:
+        """`cluster_conf`: more lines of every node's `[cluster]` table."""
         for i in range(1, n + 1):
             made.append(Node(i, free_port(), free_port(), tmp_path / f"n{i}"))
         if http:
             for node in made:
                 node.http_port = free_port()
                 node.extra = node.extra + ["--http", f"127.0.0.1:{node.http_port}"]
+        if cluster_conf:
+            for node in made:
+                node.tmp.mkdir(parents=True, exist_ok=True)
+                conf = node.tmp / "cluster.toml"
+                conf.write_text(f"[cluster]\nnode_id = {node.node_id}\n"
+                                f"listen = \"{node.cluster_addr}\"\n{cluster_conf}")
+                node.extra = node.extra + ["--config", str(conf)]
         made[0].start()
         wait_status(made[0], voters_with_leader(1), "node 1 alone")
         for node in made[1:]:
@@ -1278,6 +1286,28 @@ def test_killing_the_owner_of_persistent_sessions_loses_nothing(nodes, clients):
     # The time is a figure for BENCHMARKS.md, not asserted here (a loaded
     # machine stretches elections).
     print(f"failover: session served on node 3 {served:.2f} s after kill -9 of its owner")
+
+
+def test_a_replicas_limit_on_message_bytes_is_set_in_the_cluster_table(nodes, clients):
+    """`[cluster] max_replica_bytes` bounds the message bytes a node keeps
+    in copies of other nodes' sessions (256 MiB unless set). At 1 MiB, node
+    2 keeps the first of three 600 KiB messages queued for node 1's
+    offline session and refuses the others (counted); node 1, the owner,
+    still delivers all three."""
+    ns = nodes(2, http=True, cluster_conf="max_replica_bytes = 1048576\n")
+    _offline_at(ns[0], {"s5": 5}, "big/#")
+    refused = metric(ns[1].http_port, "zerofan_cluster_replica_ops_refused_total")
+    p = clients(ns[0])
+    body = b"x" * (600 << 10)
+    for i in range(3):
+        p.publish(f"big/{i}", body, qos=1)
+    assert metric(ns[1].http_port, "zerofan_cluster_replica_ops_refused_total") > refused, \
+        cluster_figures(ns)
+    c = _persistent_served(ns[0], "s5", 5)
+    assert c.session_present
+    got = sorted(m.topic for m in c.expect_messages(3))
+    assert got == ["big/0", "big/1", "big/2"]
+    c.close()
 
 
 def _publish_sent_again_if_refused(clients, node: Node, topic: str, n: int,

@@ -65,6 +65,24 @@ pub struct ClusterSettings {
     /// after this node was last heard from.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
+    /// Most copies of other nodes' persistent sessions this node keeps;
+    /// a new one past it is refused (counted). Raise it with the number
+    /// of persistent sessions the cluster holds.
+    #[serde(default = "default_max_replica_sessions")]
+    pub max_replica_sessions: usize,
+    /// Most message bytes (topic and payload) those copies hold; a
+    /// message past it is refused (counted), so that copy lacks it. Raise
+    /// it with the offline backlog the cluster's sessions may hold.
+    #[serde(default = "default_max_replica_bytes")]
+    pub max_replica_bytes: usize,
+}
+
+fn default_max_replica_sessions() -> usize {
+    crate::core::REPLICA_MAX_SESSIONS
+}
+
+fn default_max_replica_bytes() -> usize {
+    crate::core::REPLICA_MAX_BYTES
 }
 
 fn default_lease_ms() -> u64 {
@@ -88,6 +106,8 @@ impl ClusterSettings {
             tls: None,
             lease_ms: default_lease_ms(),
             advertise_cluster: None,
+            max_replica_sessions: default_max_replica_sessions(),
+            max_replica_bytes: default_max_replica_bytes(),
         }
     }
 
@@ -116,6 +136,15 @@ impl ClusterSettings {
         }
         if self.replicas == 0 {
             return bad("cluster.replicas", "must be at least 1");
+        }
+        if self.max_replica_sessions == 0 {
+            return bad("cluster.max_replica_sessions", "must be at least 1");
+        }
+        if self.max_replica_bytes < 1 << 20 {
+            return bad(
+                "cluster.max_replica_bytes",
+                "must be at least 1048576 (1 MiB)",
+            );
         }
         if Duration::from_millis(self.lease_ms) < zerofan_cluster::MIN_LEASE {
             return bad(
@@ -423,6 +452,28 @@ mod tests {
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nlease_ms = 500\n");
         assert!(e.contains("cluster.lease_ms"), "{e}");
         assert_eq!(s.lease_ms, 2500, "a 2.5 s lease unless told");
+        assert_eq!(s.max_replica_sessions, 100_000);
+        assert_eq!(s.max_replica_bytes, 256 << 20);
+        let c = Config::from_toml(
+            "[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\n\
+             max_replica_sessions = 7\nmax_replica_bytes = 1073741824\n",
+            "t",
+        )
+        .unwrap();
+        let s2 = c.cluster.unwrap();
+        assert_eq!(
+            (s2.max_replica_sessions, s2.max_replica_bytes),
+            (7, 1 << 30)
+        );
+        let e =
+            bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nmax_replica_sessions = 0\n");
+        assert!(e.contains("cluster.max_replica_sessions"), "{e}");
+        let e =
+            bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nmax_replica_bytes = 1000\n");
+        assert!(
+            e.contains("cluster.max_replica_bytes") && e.contains("1 MiB"),
+            "{e}"
+        );
         let e = bad("[cluster]\nnode_id = 1\nlisten = \"127.0.0.1:7101\"\nleader = 1\n");
         assert!(e.contains("unknown field"), "{e}");
 

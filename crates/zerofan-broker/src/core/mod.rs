@@ -152,6 +152,7 @@ pub use outbox::{AckKind, Delivery, Outgoing, Transmit};
 pub use peer::{shard_of, PeerBatch, PeerEvent, PeerId, Stranded};
 pub use replica::PreviousOwner;
 pub use replica::{ReplBatch, ReplOp};
+pub(crate) use replica::{MAX_BYTES as REPLICA_MAX_BYTES, MAX_IMAGES as REPLICA_MAX_SESSIONS};
 pub use retain_order::Stamp;
 pub use slots::ConnTable;
 pub use strand::Mark;

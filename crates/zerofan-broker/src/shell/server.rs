@@ -311,8 +311,16 @@ impl Shard {
         };
         // Persistent sessions are copied to `[cluster] replicas` nodes.
         let copies = self.config.cluster.as_ref().map_or(1, |c| c.replicas);
+        let limits = self
+            .config
+            .cluster
+            .as_ref()
+            .map(|c| (c.max_replica_sessions, c.max_replica_bytes));
         let mut broker = Broker::new(self.config, Instant::now());
         broker.set_replicas(copies);
+        if let Some((sessions, bytes)) = limits {
+            broker.set_replica_limits(sessions, bytes);
+        }
         broker.set_security(self.security);
         if let Some(t) = self.throttle {
             broker.share_login_throttle(t);
