@@ -34,8 +34,8 @@ use zerofan_store::MsgId;
 /// `NoCopy` answers `CopyWanted`. 6: a replicated batch names its
 /// session's version, and `CopyWanted` the asker's. 7: `Flushed` may name
 /// the move's new owner. 8: a replicated will may be armed (its client
-/// still connected to the owner). 9: a copy sent to a claimant may come
-/// in parts (`ReplOp::Part`).
+/// still connected to the owner). 9: a replicated batch too large for
+/// one frame comes in parts (`ReplOp::Part`).
 pub const VERSION: u8 = 9;
 /// The largest frame accepted: an MQTT packet of the largest size, with
 /// room for the shared group names and fields around it.

@@ -193,7 +193,7 @@ pub enum ReplOp {
     Part {
         /// From 0, one more in each part.
         index: u32,
-        /// The copy's last part.
+        /// The batch's last part.
         last: bool,
     },
     /// A will waits for its delay.

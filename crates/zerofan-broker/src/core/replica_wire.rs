@@ -35,7 +35,7 @@ const EPOCH: u8 = 16;
 const FORGET_OWNER: u8 = 17;
 /// A will whose client is still connected (link format 8).
 const ARMED_WILL: u8 = 18;
-/// A part of a copy sent in several batches (link format 9).
+/// A part of a batch too large for one frame (link format 9).
 const PART: u8 = 19;
 /// Room reserved per operation: an enqueue of a 23-byte client id, or a
 /// message's header with a short topic, fits.

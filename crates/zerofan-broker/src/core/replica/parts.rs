@@ -2,13 +2,13 @@
 //! ([`super::frame_parts`]): a copy sent to a claimant (the answer to
 //! `PeerEvent::CopyWanted`), or the records of a session a new owner
 //! installed from a copy, of a session of about 256 MiB (queue limits
-//! raised far above their defaults). Unlike
-//! full images to a replica (`image_batches`), such a batch cannot be
-//! applied part by part: a claimant judges a copy as a whole against its
-//! own (`previous`: the epoch and version that lead its first part), and
-//! a replica keys a session's version to whole batches. So the parts are
-//! kept here and go on as the one batch they were when the last arrives;
-//! only that one is answered (an answer covers every change up to its).
+//! raised far above their defaults). Unlike full images to a replica
+//! (`image_batches`), such a batch cannot be applied part by part: a
+//! claimant judges a copy as a whole against its own (`previous`: the
+//! epoch and version that lead its first part), and a replica keys a
+//! session's version to whole batches. So the parts are kept here and go
+//! on as the one batch they were when the last arrives; only that one is
+//! answered (an answer covers every change up to its own).
 //!
 //! A link delivers a sender's parts in order with nothing between them
 //! (they leave in one event). A part out of order (its sender restarted
@@ -27,7 +27,7 @@ pub(super) const MAX_HELD: usize = 4 << 30;
 /// What a batch from a link is, parts considered.
 #[derive(Debug)]
 pub(crate) enum Joined {
-    /// A whole batch: a plain one, or every part of a copy, in order,
+    /// A whole batch: a plain one, or every part of one, in order,
     /// without their marks.
     Whole(Vec<ReplOp>),
     /// A part, kept until the last one; not answered.
@@ -36,7 +36,7 @@ pub(crate) enum Joined {
     Dropped,
 }
 
-/// The parts held per sender, and how many copies were dropped.
+/// The parts held per sender, and how many batches were dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Parts {
     held: HashMap<PeerId, Held>,
@@ -62,7 +62,7 @@ impl Parts {
             return Joined::Whole(ops);
         };
         if index == 0 {
-            // An earlier copy left unfinished is superseded.
+            // An earlier batch left unfinished is superseded.
             if self.held.insert(from, Held::default()).is_some() {
                 self.dropped += 1;
             }
@@ -157,7 +157,7 @@ mod tests {
     }
 
     #[test]
-    fn a_part_out_of_order_or_past_the_bound_drops_the_copy() {
+    fn a_part_out_of_order_or_past_the_bound_drops_the_batch() {
         let a = PeerId(1);
         let mut p = Parts::default();
         // Missing its first part.
@@ -168,7 +168,7 @@ mod tests {
         // Nothing held any more: its last part alone is dropped too.
         assert!(matches!(p.join(a, part(1, true, &["y"])), Joined::Dropped));
         assert_eq!(p.take_dropped(), 3);
-        // A new copy supersedes one left unfinished.
+        // A new batch supersedes one left unfinished.
         assert!(matches!(p.join(a, part(0, false, &["x"])), Joined::Held));
         assert!(matches!(p.join(a, part(0, false, &["z"])), Joined::Held));
         assert_eq!(clients(p.join(a, part(1, true, &["w"]))), ["z", "w"]);

@@ -1332,8 +1332,8 @@ fn a_restarted_owner_gives_no_id_its_former_self_gave() {
 
 /// A copy sent to a claimant (the answer to `CopyWanted`) larger than a
 /// link frame: 270 messages of 1 MiB for "s" (its queue limit and the
-/// replicas' raised to 1 GiB), acknowledged while node 0 and node 1 are cut from each other,
-/// so node 2 alone holds them beside the owner. "s" comes back on node 1,
+/// replicas' raised to 1 GiB), acknowledged while node 0 and node 1 are
+/// cut from each other, so node 2 alone holds them beside the owner. "s" comes back on node 1,
 /// whose copy is older: node 2's goes to it in parts. Node 1 then sends
 /// its replicas the session it installed, also past a frame, also in
 /// parts: node 1 killed before its client acknowledged anything, node 2
